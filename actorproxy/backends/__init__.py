@@ -1,0 +1,1 @@
+"""Inference engine clients behind one interface (see ``base``)."""

@@ -1,0 +1,134 @@
+"""The interface every inference engine client implements.
+
+A backend turns a :class:`GenerateRequest` (token ids in) into a stream of
+:class:`TokenDelta` events (token ids, logprobs and weight version out) that
+ends with exactly one :class:`GenerateFinish`.  The simulated engine, the
+SGLang client and the vLLM client all implement :class:`Backend`, so the
+session actors never know which engine they talk to.
+
+Cancellation is structured: a caller that stops early simply leaves the
+``async with backend.open_generation(...)`` block (or has its cancel scope
+cancelled); the backend then closes its stream and tells the engine to stop.
+:meth:`Generation.abort` is the *acknowledged* form: the engine is asked to stop
+at the next token boundary and the stream goes on to a final
+``GenerateFinish(reason="abort")``, so every token the engine produced is
+delivered before the stream ends.
+"""
+
+from __future__ import annotations
+
+import uuid
+from array import array
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import Literal, Protocol
+
+import attrs
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+def new_rid() -> str:
+    """A fresh request id: 32 hex digits, so no id is a prefix of another.
+
+    SGLang aborts by rid *prefix*; fixed-length random ids keep that safe.
+    """
+    return uuid.uuid4().hex
+
+
+@attrs.frozen
+class SamplingParams:
+    """Sampling settings sent to the engine explicitly (never a server default)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@attrs.frozen
+class GenerateRequest:
+    """One generation: the exact prompt token ids and how to sample."""
+
+    input_ids: array  # array('i'): the prompt, exactly as the engine must see it
+    sampling: SamplingParams
+    rid: str = attrs.field(factory=new_rid)
+    #: Keeps a session on one engine worker (sent as ``X-SMG-Routing-Key``).
+    routing_key: str | None = None
+
+
+@attrs.frozen
+class TokenDelta:
+    """Tokens the engine sampled since the previous event, in order."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    #: The weight version that sampled these tokens, as the engine names it.
+    weight_version: str
+
+
+@attrs.frozen
+class GenerateFinish:
+    """The last event of every generation stream."""
+
+    reason: FinishReason
+    #: The stop token id that ended the generation (it is also the last
+    #: sampled token), when ``reason == "stop"``.
+    matched_stop: int | None = None
+    weight_version: str = "0"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    message: str = ""
+
+
+GenerationEvent = TokenDelta | GenerateFinish
+
+
+@attrs.frozen
+class ModelInfo:
+    model_id: str
+    max_model_len: int | None
+    weight_version: str
+
+
+class Generation(Protocol):
+    """A running generation: iterate it for events, abort it for a clean stop."""
+
+    rid: str
+
+    def __aiter__(self) -> AsyncIterator[GenerationEvent]: ...
+
+    async def abort(self) -> None:
+        """Ask the engine to stop at the next token boundary.
+
+        The iterator then yields the remaining tokens and a final
+        ``GenerateFinish(reason="abort")``. Safe to call more than once and
+        after the stream ended.
+        """
+        ...
+
+
+class Backend(Protocol):
+    """An inference engine as the session actors see it."""
+
+    #: Short kind name: ``"sim"``, ``"sglang"``, ``"vllm"``.
+    kind: str
+
+    def open_generation(self, request: GenerateRequest) -> AbstractAsyncContextManager[Generation]:
+        """Start a generation. Leaving the block stops it (and tells the engine)."""
+        ...
+
+    async def model_info(self) -> ModelInfo: ...
+
+    async def aclose(self) -> None: ...
+
+
+class BackendError(Exception):
+    """The engine failed (connection refused, HTTP error, malformed stream)."""
+
+    def __init__(self, message: str, *, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status

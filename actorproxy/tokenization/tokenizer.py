@@ -1,0 +1,129 @@
+"""`ChatTokenizer`: one tokenizer plus its chat template, as the proxy uses them.
+
+It wraps a Hugging Face fast tokenizer (transformers, no torch). ``load(None)``
+gives the built-in ``qwen3`` tokenizer with our Qwen3-compatible template;
+``load(path)`` loads any tokenizer directory with its own chat template.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from array import array
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .qwen3 import qwen3_tokenizer_file
+
+_TEMPLATES = Path(__file__).parent / "templates"
+BUILTIN_NAME = "qwen3"
+
+#: Marker tokens the parsers and the simulated engine look for, when the vocabulary has them.
+THINK_START = "<think>"
+THINK_END = "</think>"
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+
+
+class ChatTokenizer:
+    """A tokenizer with its chat template; thread-safe for encode/decode/render."""
+
+    def __init__(self, hf: Any, *, name: str, chat_template: str | None = None) -> None:
+        self.hf = hf
+        self.name = name
+        if chat_template is not None:
+            hf.chat_template = chat_template
+        if not getattr(hf, "chat_template", None):
+            raise ValueError(f"tokenizer {name!r} has no chat template")
+        self.vocab_size: int = len(hf)
+        self.think_start_id = self._id_of(THINK_START)
+        self.think_end_id = self._id_of(THINK_END)
+        self.tool_call_start_id = self._id_of(TOOL_CALL_START)
+        self.tool_call_end_id = self._id_of(TOOL_CALL_END)
+        im_end = self._id_of("<|im_end|>")
+        eos = hf.eos_token_id
+        #: The token that ends an assistant turn (``<|im_end|>`` for ChatML models).
+        self.eot_token_id: int = im_end if im_end is not None else int(eos)
+        stops = {self.eot_token_id}
+        if eos is not None:
+            stops.add(int(eos))
+        end_of_text = self._id_of("<|endoftext|>")
+        if end_of_text is not None:
+            stops.add(end_of_text)
+        #: Token ids that end a generation.
+        self.stop_token_ids: tuple[int, ...] = tuple(sorted(stops))
+        self.special_ids: frozenset[int] = frozenset(int(i) for i in hf.all_special_ids)
+
+    def _id_of(self, token: str) -> int | None:
+        tid = self.hf.convert_tokens_to_ids(token)
+        if tid is None or tid == self.hf.unk_token_id:
+            return None
+        return int(tid)
+
+    # -- tokens -------------------------------------------------------------
+
+    def encode(self, text: str) -> array:
+        """Token ids of ``text``; special tokens written in the text are recognised, no BOS."""
+        return array("i", self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``, special tokens included."""
+        return str(self.hf.decode(list(ids), skip_special_tokens=False))
+
+    def token_text(self, token_id: int) -> str:
+        return self.decode([token_id])
+
+    # -- chat template ------------------------------------------------------
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        """The chat template applied to OpenAI-style ``messages`` (dicts), as text."""
+        kwargs: dict[str, Any] = dict(template_kwargs)
+        if enable_thinking is not None:
+            kwargs["enable_thinking"] = enable_thinking
+        text = self.hf.apply_chat_template(
+            [dict(m) for m in messages],
+            tools=[dict(t) for t in tools] if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **kwargs,
+        )
+        return str(text)
+
+
+def _quiet_transformers() -> None:
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(path: str | None = None, cache_dir: str | None = None) -> ChatTokenizer:
+    """Load a tokenizer once per process.
+
+    ``path=None`` is the built-in ``qwen3`` tokenizer (built and cached on
+    first use). Otherwise ``path`` is a Hugging Face tokenizer directory; its
+    own chat template is used.
+    """
+    _quiet_transformers()
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if path is None or path == BUILTIN_NAME:
+        file = qwen3_tokenizer_file(Path(cache_dir) if cache_dir else None)
+        hf = PreTrainedTokenizerFast(
+            tokenizer_file=str(file),
+            eos_token="<|im_end|>",
+            pad_token="<|endoftext|>",
+        )
+        template = (_TEMPLATES / "qwen3.jinja").read_text(encoding="utf-8")
+        return ChatTokenizer(hf, name=BUILTIN_NAME, chat_template=template)
+    hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return ChatTokenizer(hf, name=os.path.basename(os.path.normpath(path)))
