@@ -1,0 +1,53 @@
+"""The proxy's settings, one frozen object shared read-only by every actor."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+BuildMode = Literal["concat"]
+BackendKind = Literal["sim"]
+
+
+def _positive(_inst: object, attribute: attrs.Attribute[object], value: object) -> None:
+    if value is not None and not (isinstance(value, int | float) and value > 0):
+        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+
+
+@attrs.frozen
+class ProxyConfig:
+    """Every knob of ``actorproxy run``; the CLI flags map onto these one to one."""
+
+    host: str = "127.0.0.1"
+    port: int = 8800
+    #: A Hugging Face tokenizer directory; ``None`` is the built-in ``qwen3``.
+    tokenizer_path: str | None = None
+    backend: BackendKind = "sim"
+    trajectory_build_mode: BuildMode = "concat"
+    #: The next turn of a session holding this many steps gets HTTP 400 before generating.
+    max_steps_per_session: int = attrs.field(default=400, validator=_positive)
+    #: Prompt plus completion must fit; ``None`` takes the engine's max model length.
+    context_window: int | None = attrs.field(default=None, validator=_positive)
+    #: Clamp ``max_tokens`` to the room left in the context window.
+    dynamic_max_tokens: bool = True
+    #: ``max_tokens`` when the agent sends none (engines' own defaults are tiny).
+    default_max_tokens: int = attrs.field(default=4096, validator=_positive)
+    #: Forces every request's temperature (rollouts usually sample at 1.0).
+    rollout_temperature: float | None = None
+    #: Seconds a session may stay idle before its steps go to the store.
+    session_ttl: float = attrs.field(default=600.0, validator=_positive)
+    #: Live sessions at most; a new one beyond this gets HTTP 503.
+    max_sessions: int = attrs.field(default=10_000, validator=_positive)
+    #: Tokens the trajectory store keeps; past it the oldest sessions are dropped (and counted).
+    store_max_tokens: int = attrs.field(default=200_000_000, validator=_positive)
+    #: Seconds of the simulated engine between two tokens.
+    sim_token_interval: float = attrs.field(default=0.01, validator=_positive)
+    sim_seed: int = 0
+    #: Seconds shutdown waits for turns in flight before cancelling them.
+    shutdown_grace: float = attrs.field(default=30.0, validator=_positive)
+    model_name: str = "actorproxy"
+
+    def public(self) -> dict[str, object]:
+        """The settings as shown by ``GET /health``."""
+        return attrs.asdict(self)

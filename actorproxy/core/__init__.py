@@ -1,0 +1,1 @@
+"""The sans-IO core: message matching, TITO planning, output parsing, records."""

@@ -1,0 +1,217 @@
+"""Chat messages as the proxy compares them: by meaning, not by bytes.
+
+Agents echo the assistant turns we returned, but rarely byte for byte: tool
+arguments come back re-serialised, ``reasoning_content`` is dropped,
+``content: null`` becomes ``""``. The append-only check therefore compares
+messages through :func:`message_key` (context messages) and
+:func:`echo_matches` (an assistant turn we generated).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from ..errors import BadRequest
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+@attrs.frozen
+class ToolCall:
+    """A parsed tool call: ``arguments`` is the JSON text, ``parsed`` its value."""
+
+    id: str
+    name: str
+    arguments: str
+    parsed: Any = attrs.field(eq=False, default=None)
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@attrs.frozen
+class AssistantOutput:
+    """What a generation meant: the parsed reply we returned to the agent."""
+
+    content: str
+    reasoning: str
+    tool_calls: tuple[ToolCall, ...]
+
+
+def content_text(content: Any) -> str:
+    """The text of an OpenAI ``content`` field: a string, ``None`` or a list of parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "") for part in content if isinstance(part, Mapping) and part.get("type") == "text"
+        )
+    return ""
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError):
+        return text.strip()
+
+
+def _split_inline_reasoning(content: str) -> tuple[str, str]:
+    """Split ``<think>r</think>c`` echoed inside content into ``(r, c)``."""
+    if "</think>" not in content:
+        return "", content
+    head, _, tail = content.partition("</think>")
+    return head.split("<think>")[-1], tail
+
+
+def _tool_call_arguments(raw: Any) -> str:
+    if isinstance(raw, str):
+        return raw
+    return json.dumps(raw, ensure_ascii=False)
+
+
+def message_key(message: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A comparable summary of a context message (what the template renders)."""
+    role = message.get("role")
+    calls: tuple[tuple[str, Any], ...] = ()
+    if role == "assistant":
+        calls = tuple(
+            (
+                str(call.get("function", {}).get("name", "")),
+                _json_value(_tool_call_arguments(call.get("function", {}).get("arguments", ""))),
+            )
+            for call in message.get("tool_calls") or ()
+        )
+        reasoning, content = _split_inline_reasoning(content_text(message.get("content")))
+        return (role, content.strip(), calls)
+    return (
+        role,
+        content_text(message.get("content")),
+        message.get("tool_call_id"),
+        message.get("name"),
+    )
+
+
+def echo_matches(message: Mapping[str, Any], output: AssistantOutput) -> bool:
+    """Whether ``message`` is the agent's echo of the assistant turn we produced.
+
+    Text is compared trimmed; reasoning may be dropped (or echoed inline in
+    ``content``); tool calls must agree in number, id (when the echo has one),
+    name and parsed arguments.
+    """
+    if message.get("role") != "assistant":
+        return False
+    inline_reasoning, content = _split_inline_reasoning(content_text(message.get("content")))
+    if content.strip() != output.content.strip():
+        return False
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or inline_reasoning
+    if isinstance(reasoning, str) and reasoning.strip() and reasoning.strip() != output.reasoning.strip():
+        return False
+    echoed = message.get("tool_calls") or []
+    if len(echoed) != len(output.tool_calls):
+        return False
+    for call, ours in zip(echoed, output.tool_calls, strict=True):
+        function = call.get("function") or {}
+        if call.get("id") and call.get("id") != ours.id:
+            return False
+        if function.get("name") != ours.name:
+            return False
+        if _json_value(_tool_call_arguments(function.get("arguments", ""))) != _json_value(ours.arguments):
+            return False
+    return True
+
+
+def tools_key(tools: Sequence[Mapping[str, Any]] | None) -> str:
+    """Canonical JSON of a tool list: equal keys mean the template renders the same tools."""
+    if not tools:
+        return ""
+    return json.dumps(list(tools), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def output_as_message(output: AssistantOutput) -> dict[str, Any]:
+    """The OpenAI message for an output (how we tell the template what we replied)."""
+    message: dict[str, Any] = {"role": "assistant", "content": output.content}
+    if output.reasoning:
+        message["reasoning_content"] = output.reasoning
+    if output.tool_calls:
+        message["tool_calls"] = [call.to_openai() for call in output.tool_calls]
+    return message
+
+
+def validate_messages(messages: Any) -> list[dict[str, Any]]:
+    """Check an OpenAI ``messages`` array; raise :class:`BadRequest` naming the bad field."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty array", param="messages")
+    checked: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise BadRequest(f"{where} must be an object", param=where)
+        role = message.get("role")
+        if role not in ROLES:
+            raise BadRequest(
+                f"{where}.role must be one of {sorted(ROLES)}, got {role!r}", param=f"{where}.role"
+            )
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise BadRequest(f"{where}.content must be a string, an array or null", param=f"{where}.content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    raise BadRequest(
+                        f"{where}.content[{j}] must be an object with a 'type'",
+                        param=f"{where}.content[{j}]",
+                    )
+                if part["type"] == "text" and not isinstance(part.get("text"), str):
+                    raise BadRequest(f"{where}.content[{j}].text must be a string", param=f"{where}.content[{j}]")
+        if role == "tool" and not isinstance(message.get("tool_call_id", ""), str):
+            raise BadRequest(f"{where}.tool_call_id must be a string", param=f"{where}.tool_call_id")
+        if role in ("user", "system", "developer") and content is None:
+            raise BadRequest(f"{where}.content is required for role {role!r}", param=f"{where}.content")
+        calls = message.get("tool_calls")
+        if calls is not None:
+            if role != "assistant" or not isinstance(calls, list):
+                raise BadRequest(f"{where}.tool_calls must be an array on an assistant message", param=where)
+            for j, call in enumerate(calls):
+                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                    raise BadRequest(
+                        f"{where}.tool_calls[{j}].function.name must be a string",
+                        param=f"{where}.tool_calls[{j}]",
+                    )
+                if not isinstance(function.get("arguments", ""), str | dict):
+                    raise BadRequest(
+                        f"{where}.tool_calls[{j}].function.arguments must be a JSON string",
+                        param=f"{where}.tool_calls[{j}]",
+                    )
+        # Templates know "system", not OpenAI's newer "developer" role.
+        checked.append({**message, "role": "system"} if role == "developer" else message)
+    return checked
+
+
+def validate_tools(tools: Any) -> list[dict[str, Any]]:
+    """Check an OpenAI ``tools`` array (function tools only)."""
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise BadRequest("'tools' must be an array", param="tools")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            raise BadRequest(f"tools[{i}] must be a function tool", param=f"tools[{i}]")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise BadRequest(f"tools[{i}].function.name must be a non-empty string", param=f"tools[{i}]")
+        params = function.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise BadRequest(f"tools[{i}].function.parameters must be an object", param=f"tools[{i}]")
+    return list(tools)

@@ -1,0 +1,230 @@
+"""Steps and segments: what the proxy records and what the trainer reads.
+
+A :class:`Step` is one model call. A :class:`Segment` is one training sample:
+four parallel arrays (``token_ids``, ``loss_mask``, ``logprobs``,
+``versions``) built from the steps that continued one another. Token arrays
+are compact ``array`` objects, never lists of Python ints.
+
+Weight versions are integers on segments: the engine's version label (a string
+such as ``"12"`` or ``"step-12"``) maps to its trailing number, ``"default"``
+to 0. Context tokens (not sampled by the policy) carry version -1. The raw
+label stays on each step as ``weight_version``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from array import array
+from typing import Any, Literal
+
+import attrs
+
+from .messages import AssistantOutput
+
+StepStatus = Literal[
+    "running", "completed", "aborted", "client_disconnected", "error", "superseded"
+]
+
+CONTEXT_VERSION = -1
+_TRAILING_NUMBER = re.compile(r"(\d+)$")
+
+
+def version_number(label: str | int | None) -> int:
+    """The integer form of an engine weight-version label (trailing digits, else 0)."""
+    if label is None:
+        return 0
+    if isinstance(label, int):
+        return label
+    match = _TRAILING_NUMBER.search(label.strip())
+    return int(match.group(1)) if match else 0
+
+
+def int_array(values: Any = ()) -> array:
+    return array("i", values)
+
+
+def float_array(values: Any = ()) -> array:
+    return array("f", values)
+
+
+@attrs.define(eq=False)
+class Step:
+    """One model call, with the exact ids the engine saw and sampled."""
+
+    index: int
+    session_id: str
+    segment_index: int
+    turn_id: str | None
+    instance_id: str | None
+    #: The messages this call added to the conversation (the history is not copied per step).
+    new_messages: list[dict[str, Any]]
+    message_count: int
+    #: Length of the prompt the engine was given; the prompt is the segment's first ``prompt_len`` ids.
+    prompt_len: int
+    #: The context ids this step added to its segment (all of the prompt for a segment's first step).
+    fragment_ids: array
+    max_new_tokens: int
+    rid: str = ""
+    output_ids: array = attrs.field(factory=int_array)
+    output_logprobs: array = attrs.field(factory=float_array)
+    output_versions: array = attrs.field(factory=int_array)
+    weight_version: str = ""
+    finish_reason: str | None = None
+    status: StepStatus = "running"
+    #: True once the step's fragment and output are part of its segment.
+    in_segment: bool = False
+    #: Set on the first step of a segment: why that segment was opened.
+    boundary_reason: str | None = None
+    output: AssistantOutput | None = None
+    tool_call_parse_error: bool = False
+    logprobs_invalid: bool = False
+    incremental_tokenization_failed: bool = False
+    error: str | None = None
+    created_at: float = attrs.field(factory=time.time)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    def to_json(self, *, include_arrays: bool = True) -> dict[str, Any]:
+        """The step as JSON, with the seed's TITO fragment fields."""
+        context = len(self.fragment_ids)
+        out = len(self.output_ids)
+        data: dict[str, Any] = {
+            "step_index": self.index,
+            "session_id": self.session_id,
+            "segment_index": self.segment_index,
+            "turn_id": self.turn_id,
+            "instance_id": self.instance_id,
+            "rid": self.rid,
+            "status": self.status,
+            "in_segment": self.in_segment,
+            "boundary_reason": self.boundary_reason,
+            "finish_reason": self.finish_reason,
+            "weight_version": self.weight_version,
+            "prompt_tokens": self.prompt_len,
+            "completion_tokens": out,
+            "max_new_tokens": self.max_new_tokens,
+            "message_count": self.message_count,
+            "new_messages": self.new_messages,
+            "tool_call_parse_error": self.tool_call_parse_error,
+            "error": self.error,
+            "concat_context_token_count": context,
+            "concat_output_token_count": out,
+            "concat_logprobs_invalid": self.logprobs_invalid,
+            "concat_incremental_tokenization_failed": self.incremental_tokenization_failed,
+            "created_at": self.created_at,
+            "first_token_at": self.first_token_at,
+            "finished_at": self.finished_at,
+        }
+        if self.output is not None:
+            data["output"] = {
+                "content": self.output.content,
+                "reasoning_content": self.output.reasoning,
+                "tool_calls": [call.to_openai() for call in self.output.tool_calls],
+            }
+        if include_arrays:
+            data["output_ids"] = self.output_ids.tolist()
+            data["output_logprobs"] = self.output_logprobs.tolist()
+            data["concat_token_ids"] = self.fragment_ids.tolist() + self.output_ids.tolist()
+            data["concat_response_logprobs"] = [0.0] * context + self.output_logprobs.tolist()
+            data["concat_response_mask"] = [0] * context + [1] * out
+            data["concat_versions"] = [CONTEXT_VERSION] * context + self.output_versions.tolist()
+        return data
+
+
+@attrs.frozen(eq=False)
+class Segment:
+    """One training sample: four arrays of equal length plus its identity."""
+
+    trajectory_id: str
+    parent_traj_id: str
+    instance_id: str | None
+    rollout_id: str
+    segment_index: int
+    token_ids: array
+    loss_mask: array
+    logprobs: array
+    versions: array
+    step_indices: tuple[int, ...]
+    #: Why the segment was opened (``session_start``, ``history_rewrite``, ...).
+    start_reason: str
+    #: Why it was closed (``finalize``, ``history_rewrite``, ``idle_evicted``, ...).
+    boundary_reason: str
+    reward: float | None = None
+    metadata: dict[str, Any] = attrs.field(factory=dict)
+    created_at: float = attrs.field(factory=time.time)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "trajectory_id": self.trajectory_id,
+            "parent_traj_id": self.parent_traj_id,
+            "instance_id": self.instance_id,
+            "rollout_id": self.rollout_id,
+            "segment_index": self.segment_index,
+            "token_ids": self.token_ids.tolist(),
+            "loss_mask": self.loss_mask.tolist(),
+            "logprobs": self.logprobs.tolist(),
+            "versions": self.versions.tolist(),
+            "num_steps": len(self.step_indices),
+            "step_indices": list(self.step_indices),
+            "num_tokens": len(self.token_ids),
+            "num_trained_tokens": sum(self.loss_mask),
+            "start_reason": self.start_reason,
+            "boundary_reason": self.boundary_reason,
+            "reward": self.reward,
+            "metadata": self.metadata,
+            "created_at": self.created_at,
+        }
+
+
+def build_segment(
+    steps: list[Step],
+    *,
+    session_id: str,
+    instance_id: str | None,
+    rollout_id: str,
+    segment_index: int,
+    start_reason: str,
+    boundary_reason: str,
+    reward: float | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Segment:
+    """Stitch the in-segment steps' fragments and outputs into one sample."""
+    token_ids = int_array()
+    loss_mask = array("b")
+    logprobs = float_array()
+    versions = int_array()
+    for step in steps:
+        context = len(step.fragment_ids)
+        out = len(step.output_ids)
+        token_ids.extend(step.fragment_ids)
+        token_ids.extend(step.output_ids)
+        loss_mask.extend(bytes(context))
+        loss_mask.extend(b"\x01" * out)
+        logprobs.extend(float_array(bytes(4 * context)))
+        logprobs.extend(step.output_logprobs)
+        versions.extend(int_array([CONTEXT_VERSION]) * context)
+        versions.extend(step.output_versions)
+    meta = dict(metadata or {})
+    meta.setdefault("logprobs_invalid", any(s.logprobs_invalid for s in steps))
+    meta.setdefault("tool_call_parse_errors", sum(s.tool_call_parse_error for s in steps))
+    return Segment(
+        trajectory_id=f"{session_id}#{segment_index}",
+        parent_traj_id=session_id,
+        instance_id=instance_id,
+        rollout_id=rollout_id,
+        segment_index=segment_index,
+        token_ids=token_ids,
+        loss_mask=loss_mask,
+        logprobs=logprobs,
+        versions=versions,
+        step_indices=tuple(s.index for s in steps),
+        start_reason=start_reason,
+        boundary_reason=boundary_reason,
+        reward=reward,
+        metadata=meta,
+    )

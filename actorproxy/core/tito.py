@@ -1,0 +1,180 @@
+"""Token in, token out: the append-only contract and fragment rendering (sans-IO).
+
+An :class:`OpenSegment` holds the exact ids of one growing training sample and
+the messages those ids account for. For each new request :func:`plan_turn`
+decides:
+
+* **continue** — the request's messages start with the accounted ones (the
+  assistant turns we produced compared by meaning, see ``messages``), the tools
+  are unchanged, and there are new messages. Only the new messages are rendered
+  (:func:`render_fragment`) and tokenized; sampled ids are never re-tokenized.
+* **fresh** — anything else opens a new segment whose prompt is the whole
+  conversation rendered once, with a reason code saying why.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+
+from ..tokenization.tokenizer import ChatTokenizer
+from .messages import AssistantOutput, echo_matches, message_key
+from .records import Step
+
+BoundaryReason = Literal[
+    "session_start",
+    "history_rewrite",
+    "system_changed",
+    "tool_schema_change",
+    "tito_failure",
+]
+
+#: Stands in for an assistant reply when rendering a fragment; cannot occur in real text.
+_MARKER = "\u2063actorproxy-fragment\u2063"
+
+
+class FragmentError(Exception):
+    """The template cannot render the new messages as a continuation."""
+
+
+@attrs.define(eq=False)
+class _Accounted:
+    """One message the segment's ids account for."""
+
+    key: tuple[Any, ...] | None = None
+    #: The assistant reply we generated (matched by meaning, not bytes).
+    output: AssistantOutput | None = None
+    #: The last dict that matched: an identical dict next time matches at C speed.
+    raw: Mapping[str, Any] | None = None
+
+    def matches(self, message: Mapping[str, Any]) -> bool:
+        if self.raw is not None and self.raw == message:
+            return True
+        if self.output is not None:
+            ok = echo_matches(message, self.output)
+        else:
+            ok = message_key(message) == self.key
+        if ok:
+            self.raw = message
+        return ok
+
+
+@attrs.define(eq=False)
+class OpenSegment:
+    """The growing segment of a session: its ids, its messages, its steps."""
+
+    index: int
+    start_reason: str
+    tools_key: str
+    #: Every id of the segment so far: what the engine saw plus what it sampled.
+    context_ids: array = attrs.field(factory=lambda: array("i"))
+    accounted: list[_Accounted] = attrs.field(factory=list)
+    steps: list[Step] = attrs.field(factory=list)
+    #: Whether the last sampled token was the end-of-turn token.
+    closed_by_eot: bool = True
+
+    def account_messages(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        self.accounted.extend(_Accounted(key=message_key(m), raw=m) for m in messages)
+
+    def add_generation(self, step: Step, eot_token_id: int) -> None:
+        """Append a finished step's fragment and sampled ids to the segment."""
+        self.context_ids.extend(step.fragment_ids)
+        self.context_ids.extend(step.output_ids)
+        if step.output is not None:
+            self.accounted.append(_Accounted(output=step.output))
+        self.closed_by_eot = bool(step.output_ids) and step.output_ids[-1] == eot_token_id
+        step.in_segment = True
+        self.steps.append(step)
+
+
+@attrs.frozen
+class Continue:
+    """Extend the open segment with ``new_messages`` rendered as a fragment."""
+
+    new_messages: list[dict[str, Any]]
+
+
+@attrs.frozen
+class Fresh:
+    """Open a new segment (closing the current one, if any) for ``reason``."""
+
+    reason: BoundaryReason
+
+
+TurnPlan = Continue | Fresh
+
+
+def plan_turn(
+    segment: OpenSegment | None, messages: Sequence[dict[str, Any]], tools_key: str
+) -> TurnPlan:
+    """Decide whether ``messages`` append to ``segment`` (see module docstring)."""
+    if segment is None or not segment.steps:
+        return Fresh("session_start")
+    if tools_key != segment.tools_key:
+        return Fresh("tool_schema_change")
+    accounted = segment.accounted
+    for entry, message in zip(accounted, messages, strict=False):
+        if not entry.matches(message):
+            was_system = entry.key is not None and entry.key[0] == "system"
+            if was_system and message.get("role") == "system" and entry is accounted[0]:
+                return Fresh("system_changed")
+            return Fresh("history_rewrite")
+    if len(messages) <= len(accounted):
+        # A prefix of what we have, with nothing new to answer: history was cut.
+        return Fresh("history_rewrite")
+    return Continue(list(messages[len(accounted) :]))
+
+
+def render_fragment(
+    tokenizer: ChatTokenizer,
+    new_messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[Mapping[str, Any]] | None,
+    closed_by_eot: bool,
+    enable_thinking: bool | None,
+) -> str:
+    """The text the template writes after the last sampled token for ``new_messages``.
+
+    The template is applied to a stand-in conversation (a user turn and an
+    assistant reply holding a marker) followed by the new messages; the
+    fragment is what follows the marker. When the reply ended with the
+    end-of-turn token the engine already sampled it, so its text is dropped
+    from the front of the fragment. Cost depends on the new messages and the
+    tool list, never on the history.
+    """
+    stand_in = [{"role": "user", "content": "."}, {"role": "assistant", "content": _MARKER}]
+    try:
+        text = tokenizer.render(
+            stand_in + [dict(m) for m in new_messages],
+            tools=tools,
+            add_generation_prompt=True,
+            enable_thinking=enable_thinking,
+        )
+    except Exception as exc:  # a template may raise anything (jinja, ValueError, TypeError)
+        raise FragmentError(f"template failed on the new messages: {exc}") from exc
+    at = text.rfind(_MARKER)
+    if at < 0:
+        raise FragmentError("template dropped the assistant reply")
+    fragment = text[at + len(_MARKER) :]
+    if closed_by_eot:
+        eot_text = tokenizer.token_text(tokenizer.eot_token_id)
+        if not fragment.startswith(eot_text):
+            raise FragmentError("template does not close assistant turns with the end-of-turn token")
+        fragment = fragment[len(eot_text) :]
+    return fragment
+
+
+def reasoning_opened_by_prompt(tokenizer: ChatTokenizer, prompt_tail: Sequence[int]) -> bool:
+    """Whether the generation prompt leaves a ``<think>`` block open (the model starts inside it)."""
+    start, end = tokenizer.think_start_id, tokenizer.think_end_id
+    if start is None or end is None:
+        return False
+    for tid in reversed(prompt_tail):
+        if tid == end:
+            return False
+        if tid == start:
+            return True
+    return False

@@ -1,0 +1,88 @@
+"""The proxy's error types.
+
+Every error that reaches a caller is a :class:`ProxyError`: it carries the HTTP
+status, a stable machine-readable ``code`` and the offending ``param``. The
+ingress turns it into the caller's own format (OpenAI ``{"error": {...}}``,
+Anthropic ``{"type": "error", ...}``); nothing else becomes a response body.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class ProxyError(Exception):
+    """An error with an HTTP status and a stable code, shown to the caller."""
+
+    status: ClassVar[int] = 400
+    default_code: ClassVar[str] = "invalid_request"
+    #: OpenAI's ``error.type`` for this kind of error.
+    openai_type: ClassVar[str] = "invalid_request_error"
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.param = param
+
+    def to_openai(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.openai_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class BadRequest(ProxyError):
+    """Malformed JSON, a missing field, a value out of range."""
+
+
+class ContextOverflow(ProxyError):
+    """The prompt does not fit the context window."""
+
+    default_code = "context_overflow"
+
+
+class StepLimitExceeded(ProxyError):
+    """The session already holds ``--max-steps-per-session`` steps."""
+
+    default_code = "max_steps_exceeded"
+
+
+class NotFound(ProxyError):
+    status = 404
+    default_code = "not_found"
+    openai_type = "not_found_error"
+
+
+class Conflict(ProxyError):
+    status = 409
+    default_code = "conflict"
+
+
+class Overloaded(ProxyError):
+    """Too many sessions or a full queue; the caller should retry later."""
+
+    status = 503
+    default_code = "overloaded"
+    openai_type = "server_error"
+
+
+class EngineError(ProxyError):
+    """The inference engine failed or returned something unusable."""
+
+    status = 502
+    default_code = "engine_error"
+    openai_type = "server_error"
+
+
+class EngineTimeout(EngineError):
+    status = 504
+    default_code = "engine_timeout"
+
+
+class ShuttingDown(Overloaded):
+    default_code = "shutting_down"

@@ -1,0 +1,90 @@
+"""Messages between the ingress and the actors, and the events of a turn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+
+from ..core.messages import AssistantOutput
+from ..core.parser import OutputDelta
+from ..errors import ProxyError
+from .actor import Reply
+
+
+@attrs.frozen
+class Identity:
+    """Who a request belongs to (from headers, URL or body)."""
+
+    session_id: str
+    instance_id: str | None = None
+    turn_id: str | None = None
+    rollout_id: str | None = None
+
+
+@attrs.frozen
+class ChatRequest:
+    """A chat call, protocol-neutral: what the session actor needs to run a turn."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = attrs.field(factory=list)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    enable_thinking: bool | None = None
+
+
+# -- events a session sends back while it runs a turn ------------------------
+
+
+@attrs.frozen
+class TurnAccepted:
+    step_index: int
+    prompt_tokens: int
+
+
+@attrs.frozen
+class TurnDelta:
+    delta: OutputDelta
+
+
+@attrs.frozen
+class TurnDone:
+    step_index: int
+    output: AssistantOutput
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    tool_call_parse_error: bool
+
+
+@attrs.frozen
+class TurnFailed:
+    error: ProxyError
+
+
+TurnEvent = TurnAccepted | TurnDelta | TurnDone | TurnFailed
+
+
+# -- session mailbox messages -------------------------------------------------
+
+
+@attrs.frozen
+class RunTurn:
+    request: ChatRequest
+    identity: Identity
+    events: trio.MemorySendChannel[TurnEvent]
+
+
+@attrs.frozen
+class FinalizeSession:
+    reward: float | None
+    reason: str
+    reply: Reply
+
+
+@attrs.frozen
+class DescribeSession:
+    reply: Reply

@@ -1,0 +1,142 @@
+"""The session registry actor: finds or spawns the session actor for a session id.
+
+It owns the nursery the session actors live in and the map from session id to
+mailbox. A retiring session tells the registry first (``SessionRetired``); a
+sender that still holds the old mailbox finds it closed and asks again, and
+gets a fresh actor that continues the step and segment numbering.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from ..errors import Overloaded, ShuttingDown
+from .actor import Reply, answer, answer_error, ask
+from .messages import FinalizeSession
+from .session import SessionActor, SessionCounters, SessionRetired
+
+#: How many retired sessions' counters are remembered (so a returning session keeps numbering).
+_RETIRED_MEMORY = 100_000
+
+
+@attrs.frozen
+class Lookup:
+    session_id: str
+    create: bool
+    reply: Reply
+
+
+@attrs.frozen
+class Census:
+    reply: Reply
+
+
+@attrs.frozen
+class CloseAll:
+    """Finalize every live session (shutdown); answered when all have flushed."""
+
+    reason: str
+    reply: Reply
+
+
+@attrs.frozen
+class _Live:
+    mailbox: trio.MemorySendChannel[Any]
+    token: object
+
+
+SessionFactory = Callable[[str, SessionCounters], SessionActor]
+
+
+class SessionRegistry:
+    """Maps session ids to live session actors; spawns and forgets them."""
+
+    def __init__(self, factory: SessionFactory, *, max_sessions: int) -> None:
+        self._factory = factory
+        self._max_sessions = max_sessions
+        self._live: dict[str, _Live] = {}
+        self._retired: OrderedDict[str, SessionCounters] = OrderedDict()
+        self._closing = False
+        self._spawned = 0
+        self._evicted = 0
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[trio.MemorySendChannel[Any]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        send, inbox = trio.open_memory_channel[Any](64)
+        async with trio.open_nursery() as sessions, inbox:
+            task_status.started(send)
+            async for msg in inbox:
+                match msg:
+                    case Lookup():
+                        await self._lookup(msg, sessions)
+                    case SessionRetired():
+                        self._retire(msg)
+                    case Census():
+                        answer(msg.reply, self.census())
+                    case CloseAll():
+                        sessions.start_soon(self._close_all, msg, dict(self._live))
+            sessions.cancel_scope.cancel()
+
+    def census(self) -> dict[str, Any]:
+        return {
+            "active_sessions": len(self._live),
+            "max_sessions": self._max_sessions,
+            "sessions_started": self._spawned,
+            "sessions_evicted": self._evicted,
+        }
+
+    async def _lookup(self, msg: Lookup, sessions: trio.Nursery) -> None:
+        live = self._live.get(msg.session_id)
+        if live is not None:
+            answer(msg.reply, live.mailbox)
+            return
+        if not msg.create:
+            answer(msg.reply, None)
+            return
+        if self._closing:
+            answer_error(msg.reply, ShuttingDown("the proxy is shutting down"))
+            return
+        if len(self._live) >= self._max_sessions:
+            answer_error(
+                msg.reply,
+                Overloaded(f"{len(self._live)} sessions are live (--max-sessions); finalize some first"),
+            )
+            return
+        counters = self._retired.pop(msg.session_id, SessionCounters())
+        actor = self._factory(msg.session_id, counters)
+        mailbox = await sessions.start(actor.run)
+        self._live[msg.session_id] = _Live(mailbox, actor.token)
+        self._spawned += 1
+        answer(msg.reply, mailbox)
+
+    def _retire(self, msg: SessionRetired) -> None:
+        live = self._live.get(msg.session_id)
+        if live is not None and live.token is msg.token:
+            del self._live[msg.session_id]
+            self._evicted += 1
+        self._retired[msg.session_id] = msg.counters
+        self._retired.move_to_end(msg.session_id)
+        while len(self._retired) > _RETIRED_MEMORY:
+            self._retired.popitem(last=False)
+
+    async def _close_all(self, msg: CloseAll, live: dict[str, _Live]) -> None:
+        self._closing = True
+        async with trio.open_nursery() as nursery:
+            for entry in live.values():
+                nursery.start_soon(_finalize_quietly, entry.mailbox, msg.reason)
+        answer(msg.reply, len(live))
+
+
+async def _finalize_quietly(mailbox: trio.MemorySendChannel[Any], reason: str) -> None:
+    from .actor import ActorGone
+
+    try:
+        await ask(mailbox, lambda reply: FinalizeSession(reward=None, reason=reason, reply=reply))
+    except ActorGone:
+        pass

@@ -1,0 +1,1 @@
+"""HTTP ingress: the Quart-trio app and the wire formats it speaks."""

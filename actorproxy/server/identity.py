@@ -1,0 +1,54 @@
+"""Who a request belongs to: session, prompt group and turn, from headers or body."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..errors import BadRequest
+from ..runtime.messages import Identity
+
+MAX_ID_LENGTH = 256
+
+
+def _clean(value: str | None, name: str) -> str | None:
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    if len(value) > MAX_ID_LENGTH or any(ord(c) < 32 for c in value):
+        raise BadRequest(f"{name} must be at most {MAX_ID_LENGTH} printable characters", param=name)
+    return value
+
+
+def resolve_identity(
+    headers: Mapping[str, str],
+    body_session: str | None = None,
+    body_instance: str | None = None,
+    body_turn: str | None = None,
+    *,
+    url_session: str | None = None,
+) -> Identity:
+    """Session from the URL, else ``X-Session-Id``, else ``X-SMG-Routing-Key``, else the body.
+
+    ``X-Instance-Id`` / ``instance_id`` names the prompt group, ``X-Turn-Id`` /
+    ``turn_id`` the turn; headers win over body fields.
+    """
+    session = (
+        _clean(url_session, "session id")
+        or _clean(headers.get("X-Session-Id"), "X-Session-Id")
+        or _clean(headers.get("X-SMG-Routing-Key"), "X-SMG-Routing-Key")
+        or _clean(body_session, "session_id")
+    )
+    if session is None:
+        raise BadRequest(
+            "no session id: send an X-Session-Id header (or X-SMG-Routing-Key, or a 'session_id' body field)",
+            param="session_id",
+            code="missing_session_id",
+        )
+    return Identity(
+        session_id=session,
+        instance_id=_clean(headers.get("X-Instance-Id"), "X-Instance-Id") or _clean(body_instance, "instance_id"),
+        turn_id=_clean(headers.get("X-Turn-Id"), "X-Turn-Id") or _clean(body_turn, "turn_id"),
+        rollout_id=_clean(headers.get("X-Rollout-Id"), "X-Rollout-Id"),
+    )

@@ -1,0 +1,201 @@
+"""OpenAI chat-completions wire format: request validation in, JSON and SSE chunks out (sans-IO)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from typing import Any
+
+import attrs
+
+from ..core.messages import AssistantOutput, validate_messages, validate_tools
+from ..core.parser import OutputDelta
+from ..errors import BadRequest
+from ..runtime.messages import ChatRequest, TurnDone
+
+
+@attrs.frozen
+class OpenAIChatCall:
+    """A validated ``/v1/chat/completions`` body."""
+
+    request: ChatRequest
+    model: str
+    stream: bool
+    include_usage: bool
+    #: Identity fields some clients put in the body instead of headers.
+    session_id: str | None
+    instance_id: str | None
+    turn_id: str | None
+
+
+def _optional(body: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) and kind is not bool and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise BadRequest(f"'{name}' must be a {_kind_name(kind)}", param=name)
+    if not isinstance(value, kind):
+        raise BadRequest(f"'{name}' must be a {_kind_name(kind)}", param=name)
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {int: "integer", float: "number", str: "string", bool: "boolean", dict: "object", list: "array"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
+    value = _optional(body, name, (int, float))
+    if value is None:
+        return None
+    if not math.isfinite(value) or not low <= value <= high:
+        raise BadRequest(f"'{name}' must be between {low} and {high}, got {value}", param=name)
+    return float(value)
+
+
+def parse_chat_body(body: Any) -> OpenAIChatCall:
+    """Validate a chat-completions body; raise :class:`BadRequest` naming the bad field.
+
+    Unknown fields are tolerated (OpenAI clients send many we do not use).
+    """
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    messages = validate_messages(body.get("messages"))
+    tools = validate_tools(body.get("tools"))
+    max_tokens = _optional(body, "max_completion_tokens", int)
+    if max_tokens is None:
+        max_tokens = _optional(body, "max_tokens", int)
+    if max_tokens is not None and max_tokens < 1:
+        raise BadRequest("'max_tokens' must be at least 1", param="max_tokens")
+    n = _optional(body, "n", int)
+    if n not in (None, 1):
+        raise BadRequest("only n=1 is supported", param="n")
+    seed = _optional(body, "seed", int)
+    stream = bool(_optional(body, "stream", bool) or False)
+    options = _optional(body, "stream_options", dict) or {}
+    kwargs = _optional(body, "chat_template_kwargs", dict) or {}
+    thinking = kwargs.get("enable_thinking", body.get("enable_thinking"))
+    if thinking is not None and not isinstance(thinking, bool):
+        raise BadRequest("'enable_thinking' must be a boolean", param="chat_template_kwargs.enable_thinking")
+    ids = {}
+    for name in ("session_id", "instance_id", "turn_id"):
+        ids[name] = _optional(body, name, str)
+    request = ChatRequest(
+        messages=messages,
+        tools=tools,
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 0.0, 2.0),
+        top_p=_number(body, "top_p", 0.0, 1.0),
+        seed=seed,
+        enable_thinking=thinking,
+    )
+    return OpenAIChatCall(
+        request=request,
+        model=str(body.get("model") or ""),
+        stream=stream,
+        include_usage=bool(options.get("include_usage")),
+        **ids,
+    )
+
+
+def new_completion_id() -> str:
+    return "chatcmpl-" + uuid.uuid4().hex
+
+
+def _message(output: AssistantOutput) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": output.content if (output.content or not output.tool_calls) else None,
+    }
+    if output.reasoning:
+        message["reasoning_content"] = output.reasoning
+    if output.tool_calls:
+        message["tool_calls"] = [call.to_openai() for call in output.tool_calls]
+    return message
+
+
+def _usage(done: TurnDone) -> dict[str, int]:
+    return {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+    }
+
+
+def completion_json(done: TurnDone, *, completion_id: str, model: str, session_id: str) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": _message(done.output),
+                "finish_reason": done.finish_reason,
+                "logprobs": None,
+            }
+        ],
+        "usage": _usage(done),
+        "actorproxy": {
+            "session_id": session_id,
+            "step_index": done.step_index,
+            "tool_call_parse_error": done.tool_call_parse_error,
+        },
+    }
+
+
+class ChunkWriter:
+    """Builds the SSE frames of one streamed completion (same id, created, model on every chunk)."""
+
+    def __init__(self, *, completion_id: str, model: str) -> None:
+        self._base = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+        self._tool_index = 0
+
+    def _frame(self, payload: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps({**self._base, **payload}, ensure_ascii=False).encode() + b"\n\n"
+
+    def _choice(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        return self._frame(
+            {"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
+        )
+
+    def start(self) -> bytes:
+        return self._choice({"role": "assistant", "content": ""})
+
+    def delta(self, delta: OutputDelta) -> bytes:
+        frames = []
+        if delta.reasoning:
+            frames.append(self._choice({"reasoning_content": delta.reasoning}))
+        if delta.content:
+            frames.append(self._choice({"content": delta.content}))
+        for call in delta.tool_calls:
+            frames.append(
+                self._choice(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": self._tool_index,
+                                "id": call.id,
+                                "type": "function",
+                                "function": {"name": call.name, "arguments": call.arguments},
+                            }
+                        ]
+                    }
+                )
+            )
+            self._tool_index += 1
+        return b"".join(frames)
+
+    def finish(self, done: TurnDone, *, include_usage: bool) -> bytes:
+        frames = [self._choice({}, done.finish_reason)]
+        if include_usage:
+            frames.append(self._frame({"choices": [], "usage": _usage(done)}))
+        frames.append(b"data: [DONE]\n\n")
+        return b"".join(frames)
+
+    def error(self, error: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps(error, ensure_ascii=False).encode() + b"\n\ndata: [DONE]\n\n"

@@ -1,0 +1,167 @@
+"""Helpers shared by the runtime and end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+from array import array
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import attrs
+
+from actorproxy.backends.base import Generation, GenerateRequest, ModelInfo
+from actorproxy.backends.sim import SimEngine
+from actorproxy.runtime.messages import (
+    ChatRequest,
+    Identity,
+    TurnAccepted,
+    TurnDelta,
+    TurnDone,
+    TurnFailed,
+)
+from actorproxy.runtime.runtime import Runtime
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the web",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"],
+        },
+    },
+}
+
+
+@attrs.define
+class RecordingBackend:
+    """Wraps a backend and remembers the exact prompt ids of every request, by rid."""
+
+    inner: SimEngine
+    prompts: dict[str, array] = attrs.field(factory=dict)
+    kind: str = "sim"
+
+    def open_generation(self, request: GenerateRequest) -> AbstractAsyncContextManager[Generation]:
+        self.prompts[request.rid] = array("i", request.input_ids)
+        return self.inner.open_generation(request)
+
+    async def model_info(self) -> ModelInfo:
+        return await self.inner.model_info()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@attrs.frozen
+class TurnResult:
+    done: TurnDone | None
+    error: Any
+    deltas: list[Any]
+
+    @property
+    def message(self) -> dict[str, Any]:
+        assert self.done is not None, self.error
+        out = self.done.output
+        message: dict[str, Any] = {"role": "assistant", "content": out.content}
+        if out.reasoning:
+            message["reasoning_content"] = out.reasoning
+        if out.tool_calls:
+            message["tool_calls"] = [c.to_openai() for c in out.tool_calls]
+        return message
+
+
+async def run_turn(
+    runtime: Runtime,
+    session_id: str,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    max_tokens: int | None = None,
+    turn_id: str | None = None,
+    enable_thinking: bool | None = None,
+) -> TurnResult:
+    """One turn through the runtime (no HTTP), collecting its events."""
+    request = ChatRequest(
+        messages=messages, tools=tools or [], max_tokens=max_tokens, enable_thinking=enable_thinking
+    )
+    events = await runtime.start_turn(request, Identity(session_id, turn_id=turn_id))
+    deltas: list[Any] = []
+    async with events:
+        async for event in events:
+            match event:
+                case TurnAccepted():
+                    pass
+                case TurnDelta():
+                    deltas.append(event.delta)
+                case TurnDone():
+                    return TurnResult(event, None, deltas)
+                case TurnFailed():
+                    return TurnResult(None, event.error, deltas)
+    raise AssertionError("turn ended without a result")
+
+
+def reserialise(message: dict[str, Any]) -> dict[str, Any]:
+    """An agent's echo of our reply: arguments re-serialised, reasoning dropped, null content."""
+    echo: dict[str, Any] = {"role": "assistant", "content": message.get("content") or None}
+    if message.get("tool_calls"):
+        echo["tool_calls"] = [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": json.dumps(
+                        json.loads(call["function"]["arguments"]), indent=1, sort_keys=True
+                    ),
+                },
+            }
+            for call in message["tool_calls"]
+        ]
+    return echo
+
+
+def check_segment_invariants(segment: dict[str, Any], steps: list[dict[str, Any]], prompts: dict[str, array]) -> None:
+    """The TITO contract of one segment against its steps and the engine's prompts.
+
+    Every sampled token appears exactly once, in order, with mask 1 and its
+    logprob; every other token has mask 0, logprob 0.0 and version -1; each
+    step's prompt (as the engine received it) is a prefix of the segment.
+    """
+    ids = segment["token_ids"]
+    mask = segment["loss_mask"]
+    logprobs = segment["logprobs"]
+    versions = segment["versions"]
+    assert len(ids) == len(mask) == len(logprobs) == len(versions)
+    in_segment = [s for s in steps if s["in_segment"] and s["segment_index"] == segment["segment_index"]]
+    assert [s["step_index"] for s in in_segment] == segment["step_indices"]
+    sampled_positions: list[int] = []
+    for step in in_segment:
+        prompt = prompts[step["rid"]].tolist()
+        start = step["prompt_tokens"]
+        assert len(prompt) == start
+        assert ids[:start] == prompt, f"step {step['step_index']}: prompt is not a prefix of the segment"
+        out = step["output_ids"]
+        assert ids[start : start + len(out)] == out
+        assert logprobs[start : start + len(out)] == step["output_logprobs"]
+        sampled_positions.extend(range(start, start + len(out)))
+    assert sampled_positions == sorted(set(sampled_positions)), "a sampled token appears twice"
+    assert [i for i, m in enumerate(mask) if m == 1] == sampled_positions
+    for i, m in enumerate(mask):
+        if m == 0:
+            assert logprobs[i] == 0.0 and versions[i] == -1
+        else:
+            assert logprobs[i] <= 0.0 and versions[i] >= 0
