@@ -53,7 +53,8 @@ def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(
+        # Joined as the chat template joins them, so a key matches what is rendered.
+        return "\n".join(
             part.get("text", "") for part in content if isinstance(part, Mapping) and part.get("type") == "text"
         )
     return ""

@@ -54,7 +54,13 @@ class ChatTokenizer:
             stops.add(end_of_text)
         #: Token ids that end a generation.
         self.stop_token_ids: tuple[int, ...] = tuple(sorted(stops))
-        self.special_ids: frozenset[int] = frozenset(int(i) for i in hf.all_special_ids)
+        # `all_special_ids` only lists the named ones (eos, pad, ...); added tokens
+        # flagged special (Qwen's <|im_start|>) are special to decode too.
+        added_special = (i for i, t in hf.added_tokens_decoder.items() if t.special)
+        #: Ids that ``skip_special_tokens`` drops.
+        self.special_ids: frozenset[int] = frozenset(
+            int(i) for i in (*hf.all_special_ids, *added_special)
+        )
 
     def _id_of(self, token: str) -> int | None:
         tid = self.hf.convert_tokens_to_ids(token)
@@ -64,7 +70,7 @@ class ChatTokenizer:
 
     # -- tokens -------------------------------------------------------------
 
-    def encode(self, text: str) -> array:
+    def encode(self, text: str) -> array[int]:
         """Token ids of ``text``; special tokens written in the text are recognised, no BOS."""
         return array("i", self.hf.encode(text, add_special_tokens=False))
 

@@ -1,0 +1,148 @@
+"""Session actors under Trio's MockClock: interleaving, serialisation, idle eviction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+import trio.testing
+
+from actorproxy.backends.sim import SimConfig, SimEngine
+from actorproxy.config import ProxyConfig
+from actorproxy.runtime.runtime import open_runtime
+
+from _util import RecordingBackend, run_turn
+
+INTERVAL = 0.01
+
+
+def _engine(tokenizer: Any) -> SimEngine:
+    return SimEngine(tokenizer, SimConfig(seed=1, token_interval=INTERVAL))
+
+
+def _ten_tokens(tokenizer: Any) -> list[int]:
+    ids = tokenizer.encode("one two three four five six seven eight nine").tolist()[:9]
+    return ids + [tokenizer.eot_token_id]
+
+
+async def test_two_sessions_interleave(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
+    engine = _engine(tokenizer)
+    engine.script(_ten_tokens(tokenizer), routing_key="a")
+    engine.script(_ten_tokens(tokenizer), routing_key="b")
+    finished: dict[str, float] = {}
+    async with open_runtime(ProxyConfig(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+        start = trio.current_time()
+
+        async def turn(session: str) -> None:
+            result = await run_turn(runtime, session, [{"role": "user", "content": "go"}])
+            assert result.done is not None and result.done.completion_tokens == 10
+            finished[session] = trio.current_time() - start
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(turn, "a")
+            nursery.start_soon(turn, "b")
+    # Both generated at once: each took ten token intervals, not twenty.
+    assert finished == {"a": 10 * INTERVAL, "b": 10 * INTERVAL}
+
+
+async def test_turns_of_one_session_are_serialised(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    engine = _engine(tokenizer)
+    backend = RecordingBackend(engine)
+    engine.script(_ten_tokens(tokenizer), _ten_tokens(tokenizer), routing_key="s")
+    finished: list[float] = []
+    peak = 0
+    async with open_runtime(ProxyConfig(port=0), backend=backend, tokenizer=tokenizer) as runtime:
+        start = trio.current_time()
+
+        async def turn(text: str) -> None:
+            result = await run_turn(runtime, "s", [{"role": "user", "content": text}])
+            assert result.done is not None
+            finished.append(trio.current_time() - start)
+
+        async def watch() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, engine.running)
+                await trio.sleep(INTERVAL / 2)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            async with trio.open_nursery() as turns:
+                turns.start_soon(turn, "first")
+                turns.start_soon(turn, "second")
+            nursery.cancel_scope.cancel()
+        await runtime.finalize("s")
+        payload = await runtime.read(session_id="s", include_steps=True)
+    assert finished == [10 * INTERVAL, 20 * INTERVAL]
+    assert peak == 1
+    assert [s["step_index"] for s in payload["steps"]] == [0, 1]
+    assert all(s["status"] == "completed" for s in payload["steps"])
+
+
+async def test_idle_session_is_evicted_into_the_store(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    config = ProxyConfig(port=0, session_ttl=30.0)
+    async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
+        messages = [{"role": "user", "content": "hi"}]
+        first = await run_turn(runtime, "idle", messages)
+        assert (await runtime.census())["active_sessions"] == 1
+        await trio.sleep(29.0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await runtime.census())["active_sessions"] == 1
+        assert (await runtime.store_stats())["segments"] == 0
+        await trio.sleep(2.0)
+        await trio.testing.wait_all_tasks_blocked()
+        census = await runtime.census()
+        assert census["active_sessions"] == 0 and census["sessions_evicted"] == 1
+        payload = await runtime.read(session_id="idle", include_steps=True)
+        [segment] = payload["data"]
+        assert segment["boundary_reason"] == "idle_evicted"
+        assert segment["token_ids"][-len(payload["steps"][0]["output_ids"]) :] == payload["steps"][0]["output_ids"]
+        # The agent comes back: a fresh actor continues the numbering.
+        messages += [first.message, {"role": "user", "content": "again"}]
+        await run_turn(runtime, "idle", messages)
+        described = await runtime.describe_session("idle")
+        assert described["next_step"] == 2
+        assert described["open_segment"]["segment_index"] == 1
+
+
+async def test_shutdown_finalizes_open_sessions(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
+    engine = _engine(tokenizer)
+    async with open_runtime(ProxyConfig(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+        await run_turn(runtime, "x", [{"role": "user", "content": "hi"}])
+        await run_turn(runtime, "y", [{"role": "user", "content": "hi"}])
+        store = runtime
+    # After the runtime closed, every session was flushed before the store stopped.
+    del store
+
+
+async def test_max_steps_guard(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
+    config = ProxyConfig(port=0, max_steps_per_session=2)
+    async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "a"}]
+        for text in ("b", "c"):
+            result = await run_turn(runtime, "m", messages)
+            messages += [result.message, {"role": "user", "content": text}]
+        refused = await run_turn(runtime, "m", messages)
+        assert refused.error is not None and refused.error.code == "max_steps_exceeded"
+        assert refused.error.status == 400
+        described = await runtime.describe_session("m")
+        assert described["steps"] == 2
+
+
+async def test_context_overflow_and_clamp(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
+    config = ProxyConfig(port=0, context_window=64)
+    engine = _engine(tokenizer)
+    async with open_runtime(config, backend=engine, tokenizer=tokenizer) as runtime:
+        long = [{"role": "user", "content": "word " * 100}]
+        refused = await run_turn(runtime, "c", long)
+        assert refused.error is not None and refused.error.code == "context_overflow"
+        ok = await run_turn(runtime, "c", [{"role": "user", "content": "hi"}], max_tokens=1000)
+        assert ok.done is not None
+        prompt = ok.done.prompt_tokens
+        assert ok.done.prompt_tokens + ok.done.completion_tokens <= 64
+        described = await runtime.describe_session("c")
+        assert described["recent_steps"][0]["max_new_tokens"] == 64 - prompt
