@@ -1,0 +1,257 @@
+"""End to end over real HTTP: hypercorn on a loopback port, httpx and the official openai SDK."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from actorproxy import ProxyClient, ProxyConfig, open_proxy
+from actorproxy.backends.sim import SimConfig, SimEngine
+from actorproxy.serve import RunningProxy
+
+from _util import WEATHER_TOOL
+
+REPLY = (
+    '<think>\nThe user wants weather.\n</think>\n\n'
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}\n</tool_call>'
+)
+ANSWER = "<think>\nGot it.\n</think>\n\nIt is 18 °C and sunny in Zürich — enjoy! 🌞"
+
+
+@pytest.fixture
+async def engine(tokenizer: Any) -> SimEngine:
+    return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0005))
+
+
+@pytest.fixture
+async def proxy(engine: SimEngine, tokenizer: Any) -> AsyncIterator[RunningProxy]:
+    async with open_proxy(ProxyConfig(port=0), backend=engine, tokenizer=tokenizer) as running:
+        yield running
+
+
+@pytest.fixture
+async def http(proxy: RunningProxy) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
+        yield client
+
+
+def _body(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"model": "policy", "messages": messages, "tools": [WEATHER_TOOL], **extra}
+
+
+def _parse_sse(text: str) -> list[Any]:
+    frames = [block[len("data: ") :] for block in text.split("\n\n") if block.startswith("data: ")]
+    assert frames[-1] == "[DONE]"
+    return [json.loads(f) for f in frames[:-1]]
+
+
+def _assemble(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    content, reasoning, calls, finish, usage = "", "", [], None, None
+    for chunk in chunks:
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            reasoning += delta.get("reasoning_content") or ""
+            calls.extend(delta.get("tool_calls") or [])
+            finish = choice["finish_reason"] or finish
+    return {"content": content, "reasoning": reasoning, "calls": calls, "finish": finish, "usage": usage}
+
+
+async def test_streaming_and_non_streaming_agree(http: httpx.AsyncClient, engine: SimEngine) -> None:
+    engine.script(REPLY, ANSWER, routing_key="plain")
+    engine.script(REPLY, ANSWER, routing_key="streamed")
+    messages = [{"role": "user", "content": "Weather in Zürich?"}]
+    plain = (await http.post("/v1/chat/completions", json=_body(messages), headers={"X-Session-Id": "plain"})).json()
+    response = await http.post(
+        "/v1/chat/completions",
+        json=_body(messages, stream=True, stream_options={"include_usage": True}),
+        headers={"X-Session-Id": "streamed"},
+    )
+    assert response.headers["content-type"].startswith("text/event-stream")
+    chunks = _parse_sse(response.text)
+    assert len({c["id"] for c in chunks}) == 1 and chunks[0]["object"] == "chat.completion.chunk"
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    streamed = _assemble(chunks)
+    message = plain["choices"][0]["message"]
+    assert plain["choices"][0]["finish_reason"] == streamed["finish"] == "tool_calls"
+    assert message["reasoning_content"] == streamed["reasoning"] == "The user wants weather."
+    assert (message["content"] or "") == streamed["content"] == ""
+    assert [c["function"] for c in message["tool_calls"]] == [c["function"] for c in streamed["calls"]]
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"city": "Zürich", "days": 2}
+    assert streamed["usage"] == plain["usage"]
+    # Second turn, with the text answer streamed token by token.
+    streamed_reply = {"role": "assistant", "content": None, "tool_calls": streamed["calls"]}
+    assert streamed["calls"][0]["id"] != message["tool_calls"][0]["id"]  # ids are per session
+    for session, reply in (("plain", message), ("streamed", streamed_reply)):
+        call = reply["tool_calls"][0]
+        follow = messages + [reply, {"role": "tool", "tool_call_id": call["id"], "content": "18 °C"}]
+        if session == "plain":
+            second = (await http.post("/v1/chat/completions", json=_body(follow),
+                                      headers={"X-Session-Id": session})).json()
+            plain_text = second["choices"][0]["message"]["content"]
+        else:
+            response = await http.post("/v1/chat/completions", json=_body(follow, stream=True),
+                                       headers={"X-Session-Id": session})
+            chunks = _parse_sse(response.text)
+            assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")) > 3
+            streamed_text = _assemble(chunks)["content"]
+    assert plain_text == streamed_text == "It is 18 °C and sunny in Zürich — enjoy! 🌞"
+    # Both sessions recorded the same tokens.
+    for session in ("plain", "streamed"):
+        assert (await http.post("/session/finalize", json={"session_id": session})).status_code == 200
+    segments = {}
+    for session in ("plain", "streamed"):
+        data = (await http.post("/trajectory/read", json={"session_id": session, "drain": True})).json()["data"]
+        assert len(data) == 1
+        segments[session] = data[0]
+    assert segments["plain"]["token_ids"] == segments["streamed"]["token_ids"]
+    assert segments["plain"]["loss_mask"] == segments["streamed"]["loss_mask"]
+    assert segments["plain"]["num_steps"] == 2
+
+
+async def test_openai_sdk_both_ways(proxy: RunningProxy, engine: SimEngine) -> None:
+    openai = pytest.importorskip("openai")
+    engine.script(REPLY, ANSWER, REPLY, ANSWER)
+
+    def conversation(stream: bool) -> tuple[str, str]:
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused",
+                               default_headers={"X-Session-Id": f"sdk-{stream}"})
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Zürich?"}]
+        kwargs: dict[str, Any] = {"model": "policy", "tools": [WEATHER_TOOL]}
+        if stream:
+            calls: dict[int, Any] = {}
+            for chunk in client.chat.completions.create(messages=messages, stream=True, **kwargs):
+                for tc in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+                    calls[tc.index] = tc
+            reply = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": tc.id, "type": "function", "function": {"name": tc.function.name,
+                                                               "arguments": tc.function.arguments}}
+                for tc in calls.values()]}
+        else:
+            completion = client.chat.completions.create(messages=messages, **kwargs)
+            reply = completion.choices[0].message.model_dump(exclude_none=True)
+        call_id = reply["tool_calls"][0]["id"]
+        messages += [reply, {"role": "tool", "tool_call_id": call_id, "content": "18 °C"}]
+        if stream:
+            text = "".join(
+                chunk.choices[0].delta.content or ""
+                for chunk in client.chat.completions.create(messages=messages, stream=True, **kwargs)
+                if chunk.choices
+            )
+        else:
+            text = client.chat.completions.create(messages=messages, **kwargs).choices[0].message.content or ""
+        models = client.models.list()
+        client.close()
+        return text, models.data[0].id
+
+    for stream in (False, True):
+        text, model_id = await trio.to_thread.run_sync(conversation, stream)
+        assert text == "It is 18 °C and sunny in Zürich — enjoy! 🌞"
+        assert model_id == "actorproxy"
+    async with ProxyClient(proxy.url) as client:
+        for stream in (False, True):
+            await client.finalize_session(f"sdk-{stream}")
+            payload = await client.read_trajectory(session_id=f"sdk-{stream}", include_steps=True)
+            assert [s["num_steps"] for s in payload["data"]] == [2]
+            assert [s["status"] for s in payload["steps"]] == ["completed", "completed"]
+
+
+BAD_BODIES: list[tuple[Any, str | None]] = [
+    (b"{not json", None),
+    (b"", None),
+    ([1, 2], None),
+    ({"messages": []}, "messages"),
+    ({"messages": "hi"}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"text": "no type"}]}]}, "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": 9}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0]"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+    ({"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"function": {}}]}]},
+     "messages[0].tool_calls[0]"),
+]
+
+
+async def test_bad_input_gets_openai_errors_and_loses_nothing(http: httpx.AsyncClient) -> None:
+    headers = {"X-Session-Id": "keep"}
+    messages = [{"role": "user", "content": "hello"}]
+    first = await http.post("/v1/chat/completions", json={"messages": messages}, headers=headers)
+    assert first.status_code == 200
+    before = (await http.get("/session/keep")).json()
+    for body, param in BAD_BODIES:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        response = await http.post("/v1/chat/completions", content=content,
+                                   headers={**headers, "content-type": "application/json"})
+        assert response.status_code == 400, (body, response.text)
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["message"]
+        assert error["param"] == param, (body, error)
+    # No session id at all.
+    response = await http.post("/v1/chat/completions", json={"messages": messages})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "missing_session_id"
+    after = (await http.get("/session/keep")).json()
+    assert after == before
+    # Unknown sessions and routes: 404 in the same format; bad fields: 400.
+    for path, body in (("/session/finalize", {"session_id": "nope"}),
+                       ("/trajectory/read", {"session_id": "nope"})):
+        response = await http.post(path, json=body)
+        assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
+    assert (await http.post("/session/finalize", json={})).status_code == 400
+    assert (await http.post("/session/finalize", json={"session_id": "keep", "reward": "high"})).status_code == 400
+    assert (await http.post("/trajectory/read", json={"drain": "yes"})).status_code == 400
+    response = await http.get("/no/such/route")
+    assert response.status_code == 404 and "error" in response.json()
+    response = await http.get("/v1/chat/completions")
+    assert response.status_code == 405 and "error" in response.json()
+    # The session still finalizes with its one good step.
+    await http.post("/session/finalize", json={"session_id": "keep"})
+    data = (await http.post("/trajectory/read", json={"session_id": "keep", "include_steps": True})).json()
+    assert [s["status"] for s in data["steps"]] == ["completed"]
+    assert data["data"][0]["num_steps"] == 1
+
+
+async def test_stream_disconnect_stops_generation(http: httpx.AsyncClient, engine: SimEngine) -> None:
+    engine.script("word " * 400, routing_key="gone")
+    body = {"messages": [{"role": "user", "content": "talk"}], "stream": True, "max_tokens": 500}
+    async with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-Session-Id": "gone"}) as resp:
+        seen = 0
+        async for line in resp.aiter_lines():
+            if line.startswith("data: "):
+                seen += 1
+            if seen >= 5:
+                break
+    # The session notices at its next token, records the step and stops the engine.
+    with trio.fail_after(10):
+        while True:
+            described = (await http.get("/session/gone")).json()
+            if described["recent_steps"] and described["recent_steps"][-1]["status"] != "running":
+                break
+            await trio.sleep(0.01)
+    step = described["recent_steps"][-1]
+    assert step["status"] == "client_disconnected" and step["in_segment"] is False
+    assert engine.stats(step["rid"]).cancelled
+    assert 0 < step["completion_tokens"] < 400
+
+
+async def test_health_models_stats(http: httpx.AsyncClient) -> None:
+    health = (await http.get("/health")).json()
+    assert health["status"] == "ok" and health["active_sessions"] == 0
+    assert health["backend"] == "sim" and health["tokenizer"] == "qwen3"
+    assert health["config"]["max_steps_per_session"] == 400
+    models = (await http.get("/v1/models")).json()
+    assert models["data"][0]["id"] == "actorproxy"
+    stats = (await http.get("/trajectory/stats")).json()
+    assert stats["segments"] == 0 and stats["max_tokens"] > 0
