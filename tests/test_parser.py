@@ -1,0 +1,110 @@
+"""The token-level output parser and echo matching (sans-IO)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actorproxy.core.messages import AssistantOutput, ToolCall, echo_matches, message_key
+from actorproxy.core.parser import OutputParser
+
+
+def _parser(tokenizer: Any, **kwargs: Any) -> OutputParser:
+    return OutputParser(tokenizer, tool_call_id=lambda i: f"call_{i}", **kwargs)
+
+
+def _run(tokenizer: Any, text: str, chunks: list[int] | None = None, **kwargs: Any) -> tuple[OutputParser, str, str, list[Any]]:
+    ids = tokenizer.encode(text).tolist() + [tokenizer.eot_token_id]
+    parser = _parser(tokenizer, **kwargs)
+    reasoning, content, calls = "", "", []
+    at = 0
+    sizes = chunks or [1] * len(ids)
+    for size in sizes:
+        delta = parser.feed(ids[at : at + size])
+        at += size
+        reasoning, content = reasoning + delta.reasoning, content + delta.content
+        calls.extend(delta.tool_calls)
+    if at < len(ids):
+        delta = parser.feed(ids[at:])
+        reasoning, content = reasoning + delta.reasoning, content + delta.content
+        calls.extend(delta.tool_calls)
+    tail = parser.finish()
+    return parser, reasoning + tail.reasoning, content + tail.content, calls
+
+
+def test_reasoning_content_and_calls(tokenizer: Any) -> None:
+    text = (
+        "<think>\nI should check.\n</think>\n\nLet me look.\n"
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "nested": {"a": [1, 2]}}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "search", "arguments": {"query": "café 🌞"}}\n</tool_call>'
+    )
+    parser, reasoning, content, calls = _run(tokenizer, text)
+    out = parser.output
+    assert reasoning == out.reasoning == "I should check."
+    assert content == out.content == "Let me look."
+    assert [c.name for c in calls] == ["get_weather", "search"]
+    assert [c.id for c in calls] == ["call_0", "call_1"]
+    assert json.loads(calls[0].arguments) == {"city": "Zürich", "nested": {"a": [1, 2]}}
+    assert calls[1].parsed == {"query": "café 🌞"}
+    assert not parser.tool_call_parse_error
+
+
+def test_reasoning_opened_by_the_prompt(tokenizer: Any) -> None:
+    parser, reasoning, content, _ = _run(tokenizer, "thinking here\n</think>\n\nanswer", reasoning_open=True)
+    assert (reasoning, content) == ("thinking here", "answer")
+
+
+def test_malformed_call_is_returned_as_content_and_flagged(tokenizer: Any) -> None:
+    parser, _, content, calls = _run(tokenizer, "<tool_call>\n{\"name\": \"f\", \"arguments\": {oops}\n</tool_call>")
+    assert calls == [] and parser.tool_call_parse_error
+    assert content == '<tool_call>\n{"name": "f", "arguments": {oops}\n</tool_call>'
+    parser, _, content, calls = _run(tokenizer, 'Sure.\n<tool_call>\n{"name": "f", "argu')
+    assert calls == [] and parser.tool_call_parse_error
+    assert content == 'Sure.\n<tool_call>\n{"name": "f", "argu'
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=80))
+def test_chunking_does_not_change_the_result(tokenizer: Any, chunks: list[int]) -> None:
+    text = (
+        "<think>\n推理 with emoji 🧪 and spaces   \n</think>\n\n  Answer: naïve façade ✓  \n"
+        '<tool_call>\n{"name": "f", "arguments": {"x": "ü"}}\n</tool_call>'
+    )
+    whole = _run(tokenizer, text, chunks=[10_000])
+    pieces = _run(tokenizer, text, chunks=chunks)
+    assert whole[1:3] == pieces[1:3] == ("推理 with emoji 🧪 and spaces", "Answer: naïve façade ✓")
+    assert [c.arguments for c in whole[3]] == [c.arguments for c in pieces[3]]
+
+
+def test_echo_matching_by_meaning() -> None:
+    ours = AssistantOutput(
+        content="Checking.",
+        reasoning="think",
+        tool_calls=(ToolCall("call_a", "f", '{"b": 1, "a": [1, 2]}', {"b": 1, "a": [1, 2]}),),
+    )
+    call = {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": '{\n "a": [1,2], "b": 1}'}}
+    assert echo_matches({"role": "assistant", "content": " Checking. ", "tool_calls": [call]}, ours)
+    assert echo_matches({"role": "assistant", "content": "<think>think</think>Checking.", "tool_calls": [call]}, ours)
+    assert echo_matches(
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "think", "tool_calls": [call]}, ours
+    )
+    other_id = {**call, "id": "call_b"}
+    assert not echo_matches({"role": "assistant", "content": "Checking.", "tool_calls": [other_id]}, ours)
+    other_args = {**call, "function": {"name": "f", "arguments": '{"a": [2, 1], "b": 1}'}}
+    assert not echo_matches({"role": "assistant", "content": "Checking.", "tool_calls": [other_args]}, ours)
+    assert not echo_matches({"role": "assistant", "content": "Checking!", "tool_calls": [call]}, ours)
+    assert not echo_matches({"role": "assistant", "content": "Checking."}, ours)
+    assert not echo_matches({"role": "user", "content": "Checking.", "tool_calls": [call]}, ours)
+    plain = AssistantOutput("Hi", "", ())
+    assert echo_matches({"role": "assistant", "content": [{"type": "text", "text": "Hi"}]}, plain)
+
+
+def test_message_key_distinguishes_what_renders_differently() -> None:
+    assert message_key({"role": "user", "content": "a"}) == message_key({"role": "user", "content": [{"type": "text", "text": "a"}]})
+    assert message_key({"role": "user", "content": "a"}) != message_key({"role": "user", "content": "a "})
+    assert message_key({"role": "tool", "tool_call_id": "1", "content": "x"}) != message_key(
+        {"role": "tool", "tool_call_id": "2", "content": "x"}
+    )
