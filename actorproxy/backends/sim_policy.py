@@ -1,0 +1,211 @@
+"""The simulated engine's output policy and prompt reading (no I/O, no Trio).
+
+Given the prompt ids the engine received, :func:`read_prompt` finds the offered
+tools and what the last turn was; :func:`policy_text` decides what a plausible
+agent model would say (reasoning, tool calls built from the tools' JSON
+schemas, short answers); :func:`token_logprob` gives each sampled token a
+deterministic, float32-exact logprob.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import struct
+from array import array
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from ..tokenization.tokenizer import ChatTokenizer
+
+if TYPE_CHECKING:
+    from .sim import SimConfig
+
+_WORDS = (
+    "the model reads each file and checks what the tests expect before it changes "
+    "anything then it runs the suite again to see which cases still fail and why "
+    "small steps keep the plan clear so the answer stays short useful and correct"
+).split()
+
+Tools = tuple[tuple[str, Mapping[str, Any]], ...]
+
+
+def token_logprob(key: bytes, index: int, token_id: int) -> float:
+    """A deterministic, float32-exact logprob <= 0 for ``token_id`` at ``index``.
+
+    Mostly near 0, sometimes -0.3..-2, rarely -2..-5, like a sampled token's. A later
+    ``prompt_logprobs`` can reuse it with a key derived from the engine seed.
+    """
+    digest = hashlib.blake2b(struct.pack("<qq", index, token_id), digest_size=8, key=key).digest()
+    u = int.from_bytes(digest[:4], "little") / 2**32
+    v = int.from_bytes(digest[4:], "little") / 2**32
+    if u < 0.85:
+        lp = -0.3 * v**4
+    elif u < 0.97:
+        lp = -0.3 - 1.7 * v
+    else:
+        lp = -2.0 - 3.0 * v
+    return min(float(struct.unpack("f", struct.pack("f", lp))[0]), 0.0)
+
+
+@attrs.frozen
+class PromptView:
+    """What the output policy needs from a prompt (see :func:`read_prompt`)."""
+
+    #: ``(name, JSON schema of the parameters)`` of each tool offered.
+    tools: Tools = ()
+    last_turn: Literal["user", "tool"] = "user"
+    #: ``"on"``: write ``<think>`` first; ``"open"``: a ``<think>`` is open; ``"off"``: none.
+    thinking: Literal["on", "open", "off"] = "off"
+
+
+def _rfind(raw: bytes, pattern: bytes, end: int) -> int:
+    """Index of the last int32 item equal to ``pattern`` before item ``end``, or -1."""
+    stop = end * 4
+    while (k := raw.rfind(pattern, 0, stop)) >= 0 and k % 4:
+        stop = k + 3  # a misaligned hit: look for matches starting before it
+    return k // 4 if k >= 0 else -1
+
+
+def _parse_tools(system_text: str) -> Tools:
+    # The last pair: Qwen's preamble mentions "<tools></tools>" before the real list.
+    end = system_text.rfind("</tools>")
+    start = system_text.rfind("<tools>", 0, max(end, 0))
+    if start < 0:
+        return ()
+    block, pos = system_text[start + len("<tools>") : end], 0
+    decoder, tools = json.JSONDecoder(), []
+    while pos < len(block):
+        if block[pos].isspace():
+            pos += 1
+            continue
+        try:
+            obj, pos = decoder.raw_decode(block, pos)
+        except ValueError:
+            break
+        fn = obj.get("function", obj) if isinstance(obj, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            params = fn.get("parameters")
+            tools.append((fn["name"], params if isinstance(params, dict) else {}))
+    return tuple(tools)
+
+
+def read_prompt(tokenizer: ChatTokenizer, ids: array[int], raw: bytes = b"") -> PromptView:
+    """Read the tools, the last turn's kind and the thinking mode off a ChatML prompt.
+
+    Decodes only the first system turn and a few tokens after the last two
+    ``<|im_start|>``; a prompt that is not ChatML reads as a plain user prompt.
+    ``raw`` is ``ids.tobytes()`` if the caller has it already.
+    """
+    start_ids = tokenizer.encode("<|im_start|>")
+    im_start = start_ids[0] if len(start_ids) == 1 else -1
+    if im_start not in tokenizer.special_ids or not ids:
+        return PromptView()
+    raw = raw or ids.tobytes()
+    pattern = array("i", [im_start]).tobytes()
+    last = _rfind(raw, pattern, len(ids))
+    if last < 0:
+        return PromptView()
+    tools: Tools = ()
+    if ids[0] == im_start and tokenizer.decode(ids[1:2]) == "system":
+        end = ids.index(tokenizer.eot_token_id) if tokenizer.eot_token_id in ids else len(ids)
+        tools = _parse_tools(tokenizer.decode(ids[1:end]))
+    prev = _rfind(raw, pattern, last)
+    head = tokenizer.decode(ids[prev + 1 : min(last, prev + 4)]) if prev >= 0 else ""
+    is_tool = head.startswith("tool") or "<tool_response>" in head
+    tail = ids[last + 1 :]
+    thinking: Literal["on", "open", "off"] = "off"
+    if tokenizer.think_start_id is not None and tokenizer.think_end_id is not None:
+        if tokenizer.think_end_id not in tail:
+            thinking = "open" if tokenizer.think_start_id in tail else "on"
+    return PromptView(tools, "tool" if is_tool else "user", thinking)
+
+
+def sample_value(schema: Any, rng: random.Random, depth: int = 0) -> Any:
+    """A value meeting the common parts of a JSON schema: type, enum, const, bounds."""
+    if not isinstance(schema, Mapping):
+        return rng.choice(_WORDS)
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return rng.choice(schema["enum"])
+    if "const" in schema:
+        return schema["const"]
+    for key in ("anyOf", "oneOf"):
+        options = [s for s in schema.get(key) or () if isinstance(s, Mapping)]
+        options = [s for s in options if s.get("type") != "null"] or options
+        if options:
+            return sample_value(rng.choice(options), rng, depth)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if kind is None:
+        kind = "object" if "properties" in schema else "string"
+    if kind == "integer":
+        lo = math.ceil(schema.get("minimum", 0))
+        return rng.randint(lo, max(lo, math.floor(schema.get("maximum", lo + 100))))
+    if kind == "number":
+        lo = float(schema.get("minimum", 0.0))
+        return round(rng.uniform(lo, max(lo, float(schema.get("maximum", lo + 100.0)))), 2)
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    if kind == "array":
+        low = int(schema.get("minItems", 1))
+        count = rng.randint(low, max(low, min(int(schema.get("maxItems", 3)), low + 2)))
+        return [sample_value(schema.get("items"), rng, depth + 1) for _ in range(count)]
+    if kind == "object":
+        return _sample_object(schema, rng, depth + 1)
+    return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 3)))
+
+
+def _sample_object(schema: Mapping[str, Any], rng: random.Random, depth: int) -> dict[str, Any]:
+    props = schema.get("properties")
+    props = props if isinstance(props, Mapping) else {}
+    required = [r for r in schema.get("required") or () if isinstance(r, str)]
+    if depth > 4:  # a recursive schema: stop nesting, keep what is required
+        return {name: rng.choice(_WORDS) for name in required}
+    out = {
+        name: sample_value(sub, rng, depth)
+        for name, sub in props.items()
+        if name in required or rng.random() < 0.3
+    }
+    for name in required:
+        out.setdefault(name, sample_value(None, rng, depth))
+    return out
+
+
+def _sentence(rng: random.Random, low: int, high: int) -> str:
+    text = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(low, high)))
+    return text[0].upper() + text[1:] + "."
+
+
+def policy_text(view: PromptView, rng: random.Random, config: SimConfig) -> str:
+    """The random policy's output as text, without the end-of-turn token."""
+    parts = []
+    if view.thinking != "off":
+        opening = "<think>\n" if view.thinking == "on" else ""
+        parts.append(opening + _sentence(rng, 6, 24) + "\n</think>\n\n")
+    p = config.tool_call_probability
+    if view.last_turn == "tool":
+        later = config.followup_tool_call_probability
+        p = p / 2 if later is None else later
+    if view.tools and rng.random() < p:
+        calls = []
+        for _ in range(2 if rng.random() < config.parallel_tool_call_probability else 1):
+            name, params = rng.choice(view.tools)
+            try:
+                args = _sample_object(params, rng, 0)
+            except (TypeError, ValueError):  # a malformed schema (bounds that are not numbers)
+                args = {}
+            body = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
+            calls.append(f"<tool_call>\n{body}\n</tool_call>")
+        parts.append("\n".join(calls))
+    else:
+        parts.append(_sentence(rng, 4, 30))
+    return "".join(parts)
+
+

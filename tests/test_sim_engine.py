@@ -1,0 +1,728 @@
+"""The simulated engine: determinism, exact timing on MockClock, limits, aborts, scripts."""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+from array import array
+from typing import Any
+
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+from trio.testing import MockClock
+
+from actorproxy.backends.base import (
+    Backend,
+    BackendError,
+    GenerateFinish,
+    GenerateRequest,
+    SamplingParams,
+    TokenDelta,
+)
+from actorproxy.backends.sim import ScriptedOutput, SimConfig, SimEngine
+from actorproxy.backends.sim_policy import policy_text, read_prompt, sample_value, token_logprob
+from actorproxy.tokenization.tokenizer import ChatTokenizer
+
+# Binary-exact times, so MockClock readings compare with ==.
+TIMED = SimConfig(prefill_latency=0.5, token_interval=0.25)
+
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "unit": {"type": "string", "enum": ["c", "f"]},
+            },
+            "required": ["city", "days", "unit"],
+        },
+    },
+}
+SEARCH: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string"},
+                "limit": {"type": "number", "minimum": 0.5, "maximum": 2},
+                "exact": {"type": "boolean"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "filter": {
+                    "type": "object",
+                    "properties": {"lang": {"type": "string"}},
+                    "required": ["lang"],
+                },
+            },
+            "required": ["query", "limit", "exact", "tags", "filter"],
+        },
+    },
+}
+TOOLS = [WEATHER, SEARCH]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def prompt(
+    tok: ChatTokenizer,
+    user: str = "What is up?",
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    thinking: bool = False,
+    after_tool: bool = False,
+) -> array[int]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": user}]
+    if after_tool:
+        call = {"name": "get_weather", "arguments": {"city": "Paris", "days": 1, "unit": "c"}}
+        messages += [
+            {"role": "assistant", "content": "", "tool_calls": [{"function": call}]},
+            {"role": "tool", "content": "sunny"},
+        ]
+    return tok.encode(tok.render(messages, tools=tools, enable_thinking=thinking))
+
+
+def req(ids: array[int], max_new_tokens: int = 512, **kw: Any) -> GenerateRequest:
+    routing_key = kw.pop("routing_key", None)
+    return GenerateRequest(ids, SamplingParams(max_new_tokens, **kw), routing_key=routing_key)
+
+
+async def run(
+    engine: SimEngine, request: GenerateRequest
+) -> tuple[list[tuple[float, TokenDelta]], GenerateFinish, float]:
+    """All events with the clock time each arrived, the finish, and its time."""
+    deltas: list[tuple[float, TokenDelta]] = []
+    async with engine.open_generation(request) as gen:
+        async for event in gen:
+            if isinstance(event, TokenDelta):
+                deltas.append((trio.current_time(), event))
+            else:
+                return deltas, event, trio.current_time()
+    raise AssertionError("stream ended without GenerateFinish")
+
+
+def ids_of(deltas: list[tuple[float, TokenDelta]]) -> list[int]:
+    return [i for _, d in deltas for i in d.token_ids]
+
+
+def lps_of(deltas: list[tuple[float, TokenDelta]]) -> list[float]:
+    return [lp for _, d in deltas for lp in d.logprobs]
+
+
+def tool_calls(tok: ChatTokenizer, ids: list[int]) -> list[dict[str, Any]]:
+    text = tok.decode(ids)
+    calls = []
+    for chunk in text.split("<tool_call>\n")[1:]:
+        body, sep, _ = chunk.partition("\n</tool_call>")
+        assert sep, text
+        calls.append(json.loads(body))
+    return calls
+
+
+def think_end(tok: ChatTokenizer) -> int:
+    assert tok.think_end_id is not None
+    return tok.think_end_id
+
+
+def test_engine_is_a_backend(tokenizer: ChatTokenizer) -> None:
+    backend: Backend = SimEngine(tokenizer)
+    assert backend.kind == "sim"
+
+
+# -- determinism -------------------------------------------------------------
+
+
+async def test_same_seed_and_prompt_give_same_output(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    ids = prompt(tokenizer, tools=TOOLS, thinking=True)
+    a, fa, _ = await run(SimEngine(tokenizer, SimConfig(seed=3)), req(ids, seed=7))
+    b, fb, _ = await run(SimEngine(tokenizer, SimConfig(seed=3)), req(ids, seed=7))
+    assert ids_of(a) == ids_of(b) and lps_of(a) == lps_of(b) and fa == fb
+    assert len(ids_of(a)) > 3
+
+
+async def test_different_seeds_usually_differ(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    ids = prompt(tokenizer)
+    engine = SimEngine(tokenizer)
+    outputs = {tuple(ids_of((await run(engine, req(ids, seed=s)))[0])) for s in range(8)}
+    assert len(outputs) >= 6
+    other = SimEngine(tokenizer, SimConfig(seed=1))
+    first = ids_of((await run(engine, req(ids, seed=0)))[0])
+    assert ids_of((await run(other, req(ids, seed=0)))[0]) != first
+
+
+async def test_temperature_zero_ignores_request_seed(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    ids = prompt(tokenizer)
+    engine = SimEngine(tokenizer)
+    runs = [ids_of((await run(engine, req(ids, temperature=0, seed=s)))[0]) for s in range(4)]
+    assert all(r == runs[0] for r in runs)
+
+
+async def test_unseeded_requests_vary_only_when_asked(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    ids = prompt(tokenizer)
+    fixed = SimEngine(tokenizer)
+    assert len({tuple(ids_of((await run(fixed, req(ids)))[0])) for _ in range(4)}) == 1
+    varied = SimEngine(tokenizer, SimConfig(vary_unseeded=True))
+    assert len({tuple(ids_of((await run(varied, req(ids)))[0])) for _ in range(4)}) > 1
+
+
+# -- timing --------------------------------------------------------------------
+
+
+async def test_token_timing_is_exact(tokenizer: ChatTokenizer, autojump_clock: MockClock) -> None:
+    engine = SimEngine(tokenizer, TIMED)
+    await trio.sleep(10)
+    deltas, finish, t_finish = await run(engine, req(prompt(tokenizer)))
+    assert [t for t, _ in deltas] == [10 + 0.5 + n * 0.25 for n in range(1, len(deltas) + 1)]
+    assert t_finish == deltas[-1][0]
+    assert finish.reason == "stop" and finish.matched_stop == tokenizer.eot_token_id
+
+
+async def test_prefill_cost_per_prompt_token(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, SimConfig(prefill_per_token=0.5, token_interval=1.0))
+    engine.script([1, 2])
+    deltas, _, _ = await run(engine, req(array("i", [5, 6, 7, 8])))
+    assert [t for t, _ in deltas] == [3.0, 4.0]
+
+
+async def test_lagging_consumer_gets_tokens_at_once_with_emission_versions(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, SimConfig(token_interval=1.0))
+    engine.script([10, 11, 12, 13])
+    async with engine.open_generation(req(array("i", [1]))) as gen:
+        await trio.sleep(2.5)
+        engine.set_weight_version("1")
+        assert engine.stats(gen.rid).token_ids == (10, 11)
+        events = [(trio.current_time(), e) async for e in gen]
+    assert [t for t, _ in events] == [2.5, 2.5, 3.0, 4.0, 4.0]
+    versions = [e.weight_version for _, e in events]
+    assert versions == ["0", "0", "1", "1", "1"]
+
+
+# -- limits and stops --------------------------------------------------------
+
+
+async def test_ends_with_eot(tokenizer: ChatTokenizer, autojump_clock: MockClock) -> None:
+    engine = SimEngine(tokenizer)
+    for seed in range(5):
+        deltas, finish, _ = await run(engine, req(prompt(tokenizer), seed=seed))
+        assert ids_of(deltas)[-1] == tokenizer.eot_token_id
+        assert tokenizer.eot_token_id not in ids_of(deltas)[:-1]
+        assert finish.reason == "stop" and finish.matched_stop == tokenizer.eot_token_id
+        assert finish.prompt_tokens == len(prompt(tokenizer))
+        assert all(len(d.token_ids) == 1 == len(d.logprobs) for _, d in deltas)
+
+
+async def test_max_new_tokens_gives_length(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer)
+    ids = prompt(tokenizer, thinking=True)
+    full, _, _ = await run(engine, req(ids))
+    deltas, finish, _ = await run(engine, req(ids, max_new_tokens=3))
+    assert ids_of(deltas) == ids_of(full)[:3]
+    assert finish.reason == "length" and finish.matched_stop is None
+    deltas, finish, _ = await run(engine, req(ids, max_new_tokens=0))
+    assert deltas == [] and finish.reason == "length"
+
+
+async def test_max_model_len_caps_output_and_rejects_long_prompts(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, SimConfig(max_model_len=10))
+    engine.script([1] * 20)
+    deltas, finish, _ = await run(engine, req(array("i", [7] * 6)))
+    assert len(deltas) == 4 and finish.reason == "length"
+    with pytest.raises(BackendError) as err:
+        await run(engine, req(array("i", [7] * 10)))
+    assert err.value.status == 400
+
+
+async def test_stop_token_ids_end_with_stop_token_included(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer)
+    engine.script([5, 6, 7, 8, 9], [5, 6, 7, 8, 9])
+    deltas, finish, _ = await run(engine, req(array("i", [1]), stop_token_ids=(9, 7)))
+    assert ids_of(deltas) == [5, 6, 7]
+    assert finish.reason == "stop" and finish.matched_stop == 7
+    # Length is checked first (as SGLang does) when both apply to the same token.
+    deltas, finish, _ = await run(engine, req(array("i", [1]), 3, stop_token_ids=(7,)))
+    assert ids_of(deltas) == [5, 6, 7] and finish.reason == "length"
+
+
+async def test_eos_stops_unless_ignored(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    eot = tokenizer.eot_token_id
+    engine = SimEngine(tokenizer)
+    engine.script([5, eot, 6])
+    deltas, finish, _ = await run(engine, req(array("i", [1])))
+    assert ids_of(deltas) == [5, eot] and finish.matched_stop == eot
+    engine = SimEngine(tokenizer, SimConfig(ignore_eos=True))
+    engine.script([5, eot, 6])
+    deltas, finish, _ = await run(engine, req(array("i", [1])))
+    assert ids_of(deltas) == [5, eot, 6]
+    assert finish.reason == "stop" and finish.matched_stop is None
+
+
+# -- output policy -----------------------------------------------------------
+
+
+async def test_thinking_on_emits_think_block(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer)
+    deltas, _, _ = await run(engine, req(prompt(tokenizer, thinking=True)))
+    out = ids_of(deltas)
+    assert out[0] == tokenizer.think_start_id
+    assert out.count(think_end(tokenizer)) == 1
+    text = tokenizer.decode(out)
+    assert text.startswith("<think>\n") and "\n</think>\n\n" in text
+    assert len(text.split("</think>\n\n")[1]) > len("<|im_end|>")
+
+
+async def test_thinking_off_emits_no_think_tokens(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer)
+    deltas, _, _ = await run(engine, req(prompt(tokenizer, thinking=False)))
+    out = ids_of(deltas)
+    assert tokenizer.think_start_id not in out and tokenizer.think_end_id not in out
+
+
+async def test_open_think_in_prompt_is_closed(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    ids = tokenizer.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    deltas, _, _ = await run(SimEngine(tokenizer), req(ids))
+    out = ids_of(deltas)
+    assert tokenizer.think_start_id not in out and out.count(think_end(tokenizer)) == 1
+
+
+async def test_tool_calls_are_valid_json_with_required_args(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(
+        tokenizer, SimConfig(tool_call_probability=1.0, parallel_tool_call_probability=0.5)
+    )
+    counts = set()
+    for seed in range(12):
+        ids = prompt(tokenizer, tools=TOOLS, thinking=seed % 2 == 0)
+        deltas, finish, _ = await run(engine, req(ids, seed=seed))
+        calls = tool_calls(tokenizer, ids_of(deltas))
+        counts.add(len(calls))
+        assert finish.reason == "stop"
+        for call in calls:
+            schema = SCHEMAS[call["name"]]
+            assert set(schema["required"]) <= set(call["arguments"])
+            assert set(call["arguments"]) <= set(schema["properties"])
+        for call in (c for c in calls if c["name"] == "get_weather"):
+            args = call["arguments"]
+            assert isinstance(args["city"], str) and args["unit"] in ("c", "f")
+            assert isinstance(args["days"], int) and 1 <= args["days"] <= 7
+        for call in (c for c in calls if c["name"] == "search"):
+            args = call["arguments"]
+            assert isinstance(args["exact"], bool) and 0.5 <= args["limit"] <= 2
+            assert all(isinstance(t, str) for t in args["tags"])
+            assert isinstance(args["filter"]["lang"], str)
+    assert counts == {1, 2}
+
+
+async def test_tool_ids_are_the_real_marker_tokens(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, SimConfig(tool_call_probability=1.0))
+    deltas, _, _ = await run(engine, req(prompt(tokenizer, tools=TOOLS)))
+    out = ids_of(deltas)
+    assert out[0] == tokenizer.tool_call_start_id
+    assert out[-2:] == [tokenizer.tool_call_end_id, tokenizer.eot_token_id]
+
+
+async def test_after_tool_responses_calls_less_often(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, SimConfig(tool_call_probability=1.0))
+    after = prompt(tokenizer, tools=TOOLS, after_tool=True)
+    assert read_prompt(tokenizer, after).last_turn == "tool"
+    called = 0
+    for seed in range(40):
+        deltas, _, _ = await run(engine, req(after, seed=seed))
+        called += bool(tool_calls(tokenizer, ids_of(deltas)))
+    assert 8 <= called <= 32  # about half
+    never = SimEngine(tokenizer, SimConfig(followup_tool_call_probability=0.0))
+    for seed in range(10):
+        deltas, _, _ = await run(never, req(after, seed=seed))
+        assert tokenizer.tool_call_start_id not in ids_of(deltas)
+
+
+async def test_no_tools_no_calls(tokenizer: ChatTokenizer, autojump_clock: MockClock) -> None:
+    engine = SimEngine(tokenizer, SimConfig(tool_call_probability=1.0))
+    deltas, _, _ = await run(engine, req(prompt(tokenizer)))
+    assert tokenizer.tool_call_start_id not in ids_of(deltas)
+
+
+def test_read_prompt_from_plain_chatml(tokenizer: ChatTokenizer) -> None:
+    tools = "\n".join(json.dumps(t) for t in TOOLS)
+    text = (
+        f"<|im_start|>system\nBe nice.\n<tools>\n{tools}\n</tools><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    view = read_prompt(tokenizer, tokenizer.encode(text))
+    assert [name for name, _ in view.tools] == ["get_weather", "search"]
+    assert view.tools[0][1] == SCHEMAS["get_weather"]
+    assert view.last_turn == "tool" and view.thinking == "off"
+    plain = read_prompt(tokenizer, tokenizer.encode("just some text"))
+    assert plain.tools == () and plain.last_turn == "user" and plain.thinking == "off"
+    # An id whose bytes straddle two int32 items must not be found by the search.
+    assert read_prompt(tokenizer, array("i", [0x7FFF0000, 0x0000FFFF])).tools == ()
+
+
+@given(
+    st.lists(
+        st.sampled_from([151643, 151644, 151645, 151657, 151665, 151667, 151668, 198, 872, 8948])
+        | st.integers(0, 151_000)
+    )
+)
+def test_read_prompt_never_fails_on_arbitrary_ids(tokenizer: ChatTokenizer, ids: list[int]) -> None:
+    view = read_prompt(tokenizer, array("i", ids))
+    text = policy_text(view, random.Random(0), SimConfig(tool_call_probability=1.0))
+    assert isinstance(text, str)
+
+
+def test_sample_value_follows_schema() -> None:
+    rng = random.Random(0)
+    for _ in range(50):
+        assert sample_value({"enum": [1, "a"]}, rng) in (1, "a")
+        assert 3 <= sample_value({"type": "integer", "minimum": 3, "maximum": 5}, rng) <= 5
+        assert isinstance(sample_value({"type": ["null", "number"]}, rng), float)
+        assert sample_value({"anyOf": [{"type": "null"}, {"type": "boolean"}]}, rng) in (
+            True,
+            False,
+        )
+        arr = sample_value({"type": "array", "items": {"type": "integer"}, "minItems": 2}, rng)
+        assert len(arr) >= 2 and all(isinstance(x, int) for x in arr)
+        assert sample_value({"const": "x"}, rng) == "x"
+    recursive: dict[str, Any] = {"type": "object", "required": ["child"]}
+    recursive["properties"] = {"child": recursive}
+    assert "child" in sample_value(recursive, rng)
+
+
+# -- logprobs ------------------------------------------------------------------
+
+
+@given(st.binary(min_size=1, max_size=64), st.integers(0, 2**40), st.integers(0, 2**31 - 1))
+def test_token_logprob_is_float32_exact_and_not_positive(key: bytes, i: int, t: int) -> None:
+    lp = token_logprob(key, i, t)
+    assert lp <= 0.0
+    assert struct.unpack("f", struct.pack("f", lp))[0] == lp
+    assert token_logprob(key, i, t) == lp
+
+
+async def test_logprobs_look_real_and_survive_float32_arrays(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer)
+    lps: list[float] = []
+    for seed in range(20):
+        deltas, _, _ = await run(engine, req(prompt(tokenizer, thinking=True), seed=seed))
+        lps += lps_of(deltas)
+    assert list(array("f", lps)) == lps
+    assert all(lp <= 0 for lp in lps)
+    assert sum(lp > -0.3 for lp in lps) > 0.7 * len(lps)
+    assert any(lp < -2 for lp in lps)
+
+
+async def test_scripted_logprobs_are_rounded_to_float32(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer)
+    engine.script(ScriptedOutput([1, 2], logprobs=[-0.1, -1.3]))
+    deltas, _, _ = await run(engine, req(array("i", [1])))
+    assert lps_of(deltas) == list(array("f", [-0.1, -1.3]))
+    with pytest.raises(ValueError):
+        ScriptedOutput([1, 2], logprobs=[-0.1])
+
+
+# -- scripting -------------------------------------------------------------------
+
+
+async def test_scripted_str_and_ids(tokenizer: ChatTokenizer, autojump_clock: MockClock) -> None:
+    eot = tokenizer.eot_token_id
+    engine = SimEngine(tokenizer)
+    engine.script("Hello there", "Done<|im_end|>", [1, 2, 3])
+    a, fa, _ = await run(engine, req(array("i", [1])))
+    assert ids_of(a) == [*tokenizer.encode("Hello there"), eot]
+    assert fa.reason == "stop" and fa.matched_stop == eot
+    b, _, _ = await run(engine, req(array("i", [1])))
+    assert ids_of(b) == [*tokenizer.encode("Done"), eot]  # no second <|im_end|>
+    c, fc, _ = await run(engine, req(array("i", [1])))
+    assert ids_of(c) == [1, 2, 3] and fc.reason == "stop" and fc.matched_stop is None
+    d, _, _ = await run(engine, req(array("i", [1])))  # queue empty: random policy
+    assert ids_of(d)[-1] == eot
+    assert engine.stats(engine_rids(engine)[0]).scripted
+
+
+def engine_rids(engine: SimEngine) -> list[str]:
+    return list(engine._history)
+
+
+async def test_routing_key_queue_comes_first(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer)
+    engine.script([1], [2])
+    engine.script([7], routing_key="s1")
+    first, _, _ = await run(engine, req(array("i", [1]), routing_key="s2"))
+    keyed, _, _ = await run(engine, req(array("i", [1]), routing_key="s1"))
+    fallback, _, _ = await run(engine, req(array("i", [1]), routing_key="s1"))
+    assert (ids_of(first), ids_of(keyed), ids_of(fallback)) == ([1], [7], [2])
+
+
+async def test_scripted_finish_and_limits(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer)
+    engine.script(ScriptedOutput([1, 2], finish="abort"), "a b c d e f g h")
+    deltas, finish, _ = await run(engine, req(array("i", [1])))
+    assert ids_of(deltas) == [1, 2] and finish.reason == "abort"
+    deltas, finish, _ = await run(engine, req(array("i", [1]), max_new_tokens=2))
+    assert ids_of(deltas) == list(tokenizer.encode("a b")) and finish.reason == "length"
+
+
+# -- aborts and cancellation -------------------------------------------------------
+
+
+async def test_abort_from_another_task_at_exact_time(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, TIMED)
+    engine.script(list(range(100, 120)))
+    got: list[tuple[float, Any]] = []
+    async with engine.open_generation(req(array("i", [1]))) as gen:
+        async with trio.open_nursery() as nursery:
+
+            async def abort_later() -> None:
+                await trio.sleep(1.6)  # tokens at 0.75, 1.0, 1.25, 1.5; next due 1.75
+                await gen.abort()
+
+            nursery.start_soon(abort_later)
+            async for event in gen:
+                got.append((trio.current_time(), event))
+    assert [e.token_ids[0] for _, e in got[:-1]] == [100, 101, 102, 103]
+    t_finish, finish = got[-1]
+    assert isinstance(finish, GenerateFinish) and finish.reason == "abort"
+    assert t_finish == 1.6  # woke at once, did not wait for the next token
+    stats = engine.stats(gen.rid)
+    assert stats.token_ids == (100, 101, 102, 103) and stats.finish_reason == "abort"
+    assert stats.aborted and not stats.cancelled
+    assert engine.running == 0
+
+
+async def test_abort_on_a_token_boundary_keeps_that_token(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, TIMED)
+    engine.script(list(range(100, 120)))
+    async with engine.open_generation(req(array("i", [1]))) as gen:
+        async with trio.open_nursery() as nursery:
+
+            async def abort_later() -> None:
+                await trio.sleep(1.5)
+                await gen.abort()
+
+            nursery.start_soon(abort_later)
+            events = [e async for e in gen]
+    assert [e.token_ids[0] for e in events[:-1] if isinstance(e, TokenDelta)] == [
+        100,
+        101,
+        102,
+        103,
+    ]
+    assert engine.stats(gen.rid).token_ids == (100, 101, 102, 103)
+
+
+async def test_abort_before_iteration(tokenizer: ChatTokenizer, autojump_clock: MockClock) -> None:
+    engine = SimEngine(tokenizer, TIMED)
+    gen = engine.open_generation(req(prompt(tokenizer)))
+    await gen.abort()  # even before the block is entered
+    async with gen:
+        events = [e async for e in gen]
+        await gen.abort()  # after the end: a no-op
+    assert len(events) == 1 and isinstance(events[0], GenerateFinish)
+    assert events[0].reason == "abort" and trio.current_time() == 0
+    async with engine.open_generation(req(prompt(tokenizer))) as gen2:
+        await trio.sleep(0.8)
+        await gen2.abort()
+        events = [e async for e in gen2]
+    assert len(events) == 2 and trio.current_time() == 0.8
+
+
+async def test_abort_after_the_engine_finished_is_ignored(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, TIMED)
+    engine.script([1, 2])
+    async with engine.open_generation(req(array("i", [1]))) as gen:
+        await trio.sleep(5)
+        await gen.abort()
+        events = [e async for e in gen]
+    assert isinstance(events[-1], GenerateFinish) and events[-1].reason == "stop"
+    assert len(events) == 3 and not engine.stats(gen.rid).aborted
+
+
+async def test_abort_all_and_aclose(tokenizer: ChatTokenizer, autojump_clock: MockClock) -> None:
+    engine = SimEngine(tokenizer, TIMED)
+    results: dict[int, tuple[list[int], str, float]] = {}
+
+    async def consume(i: int) -> None:
+        deltas, finish, t = await run(engine, req(prompt(tokenizer), seed=i))
+        results[i] = (ids_of(deltas), finish.reason, t)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(consume, i)
+        await trio.sleep(1.1)
+        assert engine.running == 3
+        await engine.abort_all()
+    assert engine.running == 0
+    assert all(len(ids) == 2 and r == "abort" and t == 1.1 for ids, r, t in results.values())
+    await engine.aclose()
+    with pytest.raises(BackendError):
+        await run(engine, req(prompt(tokenizer)))
+
+
+async def test_leaving_the_block_early_records_cancelled(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, TIMED)
+    engine.script(list(range(100, 120)))
+    async with engine.open_generation(req(array("i", [1]))) as gen:
+        async for event in gen:
+            assert isinstance(event, TokenDelta)
+            if event.token_ids == (101,):
+                break
+        assert engine.running == 1
+    assert engine.running == 0
+    stats = engine.stats(gen.rid)
+    assert stats.cancelled and not stats.aborted
+    assert stats.finish_reason == "abort" and stats.token_ids == (100, 101)
+    await trio.sleep(10)
+    assert engine.stats(gen.rid).token_ids == (100, 101)  # nothing after the cancel
+
+
+async def test_cancel_scope_cancels_the_generation(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, TIMED)
+    engine.script(list(range(100, 120)))
+    got: list[int] = []
+    with trio.move_on_after(1.3):
+        async with engine.open_generation(req(array("i", [1]))) as gen:
+            async for event in gen:
+                assert isinstance(event, TokenDelta)
+                got += event.token_ids
+    assert got == [100, 101, 102]
+    stats = engine.stats(gen.rid)
+    assert stats.cancelled and stats.token_ids == (100, 101, 102)
+
+
+async def test_iteration_needs_the_block_and_rids_are_unique(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer)
+    request = req(array("i", [1]))
+    with pytest.raises(RuntimeError):
+        await engine.open_generation(request).__anext__()
+    async with engine.open_generation(request):
+        with pytest.raises(BackendError):
+            async with engine.open_generation(request):
+                pass
+
+
+# -- weights, stats, info ------------------------------------------------------------
+
+
+async def test_weight_version_change_mid_stream(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, SimConfig(token_interval=1.0, weight_version="v1"))
+    engine.script([1, 2, 3, 4])
+    async with engine.open_generation(req(array("i", [1]))) as gen:
+        async with trio.open_nursery() as nursery:
+
+            async def swap() -> None:
+                await trio.sleep(2)  # same instant as token 2: it keeps the old version
+                engine.set_weight_version("v2")
+
+            nursery.start_soon(swap)
+            events = [e async for e in gen]
+    assert [e.weight_version for e in events] == ["v1", "v1", "v2", "v2", "v2"]
+    assert engine.weight_version == "v2"
+    assert (await engine.model_info()).weight_version == "v2"
+
+
+async def test_stats_are_bounded_and_track_running(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, SimConfig(stats_capacity=3, token_interval=1.0))
+    rids = []
+    for _ in range(5):
+        request = req(array("i", [1, 2, 3]))
+        rids.append(request.rid)
+        engine.script([9, 8, 7])
+        await run(engine, request)
+    assert engine.requests_started == 5
+    with pytest.raises(KeyError):
+        engine.stats(rids[1])
+    stats = engine.stats(rids[4])
+    assert stats.prompt_len == 3 and stats.token_ids == (9, 8, 7)
+    assert stats.finish_reason == "stop" and stats.started_at == 12.0
+    engine.script([9, 8, 7])
+    async with engine.open_generation(req(array("i", [1]))) as gen:
+        await trio.sleep(1.5)
+        live = engine.stats(gen.rid)
+        assert live.token_ids == (9,) and live.finish_reason is None
+        async for _ in gen:
+            pass
+    assert len(engine._history) == 3
+
+
+async def test_model_info(tokenizer: ChatTokenizer) -> None:
+    engine = SimEngine(tokenizer, SimConfig(model_id="m", max_model_len=99, weight_version="7"))
+    info = await engine.model_info()
+    assert (info.model_id, info.max_model_len, info.weight_version) == ("m", 99, "7")
+
+
+async def test_runs_under_the_real_clock(tokenizer: ChatTokenizer) -> None:
+    engine = SimEngine(tokenizer, SimConfig(token_interval=0.001))
+    with trio.fail_after(5):
+        deltas, finish, _ = await run(engine, req(prompt(tokenizer, thinking=True)))
+    assert deltas and finish.reason == "stop"
+
+
+def test_stats_outside_trio_after_a_run(tokenizer: ChatTokenizer) -> None:
+    engine = SimEngine(tokenizer)
+    engine.set_weight_version("w")  # before trio.run: applies from the start
+    engine.script([4, 5])
+    request = req(array("i", [1]))
+    deltas, _, _ = trio.run(run, engine, request)
+    assert {d.weight_version for _, d in deltas} == {"w"}
+    assert engine.stats(request.rid).token_ids == (4, 5)
