@@ -180,6 +180,8 @@ BAD_BODIES: list[tuple[Any, str | None]] = [
     ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0]"),
     ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": [""]}, "stop"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 17}, "stop"),
     ({"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"function": {}}]}]},
      "messages[0].tool_calls[0]"),
 ]
@@ -255,3 +257,29 @@ async def test_health_models_stats(http: httpx.AsyncClient) -> None:
     assert models["data"][0]["id"] == "actorproxy"
     stats = (await http.get("/trajectory/stats")).json()
     assert stats["segments"] == 0 and stats["max_tokens"] > 0
+
+
+async def test_stop_sequences_streamed_and_not(http: httpx.AsyncClient, engine: SimEngine) -> None:
+    text = "Thought: look around.\nAction: ls\nObservation: files"
+    for session in ("stop-a", "stop-b"):
+        engine.script(text, "Done.", routing_key=session)
+    messages = [{"role": "user", "content": "go"}]
+    body = {"messages": messages, "stop": ["Observation:"]}
+    plain = (await http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "stop-a"})).json()
+    streamed = _assemble(_parse_sse((await http.post(
+        "/v1/chat/completions", json={**body, "stream": True}, headers={"X-Session-Id": "stop-b"})).text))
+    assert plain["choices"][0]["message"]["content"] == streamed["content"] == "Thought: look around.\nAction: ls\n"
+    assert plain["choices"][0]["finish_reason"] == streamed["finish"] == "stop"
+    # The agent echoes the truncated reply; the session continues the same segment.
+    follow = messages + [{"role": "assistant", "content": "Thought: look around.\nAction: ls\n"},
+                         {"role": "user", "content": "Observation: a.txt"}]
+    second = await http.post("/v1/chat/completions", json={"messages": follow}, headers={"X-Session-Id": "stop-a"})
+    assert second.json()["choices"][0]["message"]["content"] == "Done."
+    await http.post("/session/finalize", json={"session_id": "stop-a"})
+    data = (await http.post("/trajectory/read", json={"session_id": "stop-a", "include_steps": True})).json()
+    assert [s["num_steps"] for s in data["data"]] == [1 + 1]
+    first_step = data["steps"][0]
+    # Every sampled token up to the one completing the stop sequence is recorded; none after.
+    sampled = first_step["output_ids"]
+    assert "Observation:" in "".join(engine.tokenizer.decode(sampled))
+    assert engine.tokenizer.eot_token_id not in sampled

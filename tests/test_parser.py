@@ -108,3 +108,17 @@ def test_message_key_distinguishes_what_renders_differently() -> None:
     assert message_key({"role": "tool", "tool_call_id": "1", "content": "x"}) != message_key(
         {"role": "tool", "tool_call_id": "2", "content": "x"}
     )
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=60))
+def test_stop_sequence_split_across_chunks(tokenizer: Any, chunks: list[int]) -> None:
+    text = "Step one.\nObservation: the file is there\nmore text"
+    parser, _, content, _ = _run(tokenizer, text, chunks=chunks, stop=("Observation:", "never"))
+    assert parser.stopped
+    assert content == parser.output.content == "Step one.\n"
+
+
+def test_stop_sequence_absent_changes_nothing(tokenizer: Any) -> None:
+    parser, _, content, _ = _run(tokenizer, "plain answer", stop=("###",))
+    assert not parser.stopped and content == "plain answer"

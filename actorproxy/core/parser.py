@@ -72,6 +72,7 @@ class OutputParser:
         *,
         tool_call_id: Callable[[int], str],
         reasoning_open: bool = False,
+        stop: tuple[str, ...] = (),
     ) -> None:
         self._tok = tokenizer
         self._tool_call_id = tool_call_id
@@ -83,6 +84,16 @@ class OutputParser:
         self._calls: list[ToolCall] = []
         self.tool_call_parse_error = False
         self._skip = tokenizer.special_ids
+        self._stop = StopMatcher(stop) if stop else None
+
+    @property
+    def stopped(self) -> bool:
+        """A ``stop`` sequence appeared in the content: the caller should end the generation."""
+        return self._stop is not None and self._stop.hit
+
+    def _push_content(self, text: str) -> str:
+        emitted = self._content.push(text)
+        return self._stop.push(emitted) if self._stop is not None else emitted
 
     # -- feeding ------------------------------------------------------------
 
@@ -92,6 +103,8 @@ class OutputParser:
         calls: list[ToolCall] = []
         tok = self._tok
         for tid in token_ids:
+            if self.stopped:
+                break  # a stop sequence ended the reply: later tokens are not shown
             if tid == tok.think_start_id and self._mode != "tool":
                 self._flush_into(reasoning, content)
                 self._mode = "reasoning"
@@ -109,7 +122,7 @@ class OutputParser:
                 if call is not None:
                     calls.append(call)
                 else:
-                    content.append(self._content.push(self._raw_call_text()))
+                    content.append(self._push_content(self._raw_call_text()))
             elif tid in self._skip:
                 continue
             else:
@@ -125,15 +138,18 @@ class OutputParser:
         self._flush_into(reasoning, content)
         if self._mode == "tool":
             self.tool_call_parse_error = True
-            content.append(self._content.push(self._raw_call_text(closed=False)))
+            content.append(self._push_content(self._raw_call_text(closed=False)))
             self._mode = "content"
+        if self._stop is not None:
+            content.append(self._stop.flush())
         return OutputDelta("".join(reasoning), "".join(content), ())
 
     # -- results ------------------------------------------------------------
 
     @property
     def output(self) -> AssistantOutput:
-        return AssistantOutput(self._content.text, self._reasoning.text, tuple(self._calls))
+        content = self._stop.text if self._stop is not None else self._content.text
+        return AssistantOutput(content, self._reasoning.text, tuple(self._calls))
 
     # -- internals ----------------------------------------------------------
 
@@ -143,7 +159,7 @@ class OutputParser:
         elif self._mode == "tool":
             self._call_body.append(text)
         else:
-            content.append(self._content.push(text))
+            content.append(self._push_content(text))
 
     def _flush_into(self, reasoning: list[str], content: list[str]) -> None:
         text = self._detok.flush()
@@ -180,3 +196,45 @@ class OutputParser:
         )
         self._calls.append(call)
         return call
+
+
+class StopMatcher:
+    """Applies OpenAI ``stop`` sequences to streamed content.
+
+    Content passes through with the last ``len(longest stop) - 1`` characters
+    held back, so a stop sequence split across chunks is still caught and never
+    half-sent. After a match, :attr:`hit` is set and nothing more passes.
+    """
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._buffer = ""
+        self._parts: list[str] = []
+        self.hit = False
+
+    def push(self, text: str) -> str:
+        if self.hit or not text:
+            return ""
+        buffer = self._buffer + text
+        found = [at for at in (buffer.find(s) for s in self._stops) if at >= 0]
+        if found:
+            emitted = buffer[: min(found)]
+            self.hit = True
+            self._buffer = ""
+        else:
+            cut = max(0, len(buffer) - self._hold)
+            emitted, self._buffer = buffer[:cut], buffer[cut:]
+        if emitted:
+            self._parts.append(emitted)
+        return emitted
+
+    def flush(self) -> str:
+        emitted, self._buffer = self._buffer, ""
+        if emitted:
+            self._parts.append(emitted)
+        return emitted
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)

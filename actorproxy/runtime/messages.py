@@ -34,6 +34,8 @@ class ChatRequest:
     top_p: float | None = None
     seed: int | None = None
     enable_thinking: bool | None = None
+    #: OpenAI ``stop`` sequences, applied to the reply's content.
+    stop: tuple[str, ...] = ()
 
 
 # -- events a session sends back while it runs a turn ------------------------

@@ -82,6 +82,7 @@ class _Prepared:
     plan: Continue | Fresh
     new_messages: list[dict[str, Any]]
     sampling: SamplingParams
+    stop: tuple[str, ...]
     #: Segments this turn closed (a boundary): they go to the store before generating.
     closed: list[Any]
 
@@ -309,7 +310,7 @@ class SessionActor:
             stop_token_ids=self._tok.stop_token_ids,
             seed=request.seed,
         )
-        return _Prepared(step, input_ids, plan, new_messages, sampling, closed)
+        return _Prepared(step, input_ids, plan, new_messages, sampling, request.stop, closed)
 
     def _open_segment(self, reason: str, key: str) -> tuple[str, list[Any]]:
         """Start a new segment for ``reason``; returns the reason recorded and the closed segments.
@@ -338,6 +339,7 @@ class SessionActor:
             self._tok,
             tool_call_id=lambda i: tool_call_id(self.session_id, step.index, i),
             reasoning_open=reasoning_opened_by_prompt(self._tok, prepared.input_ids[-8:]),
+            stop=prepared.stop,
         )
         finish: GenerateFinish | None = None
         try:
@@ -356,6 +358,11 @@ class SessionActor:
                     delta = parser.feed(event.token_ids)
                     if delta:
                         await events.send(TurnDelta(delta))
+                    if parser.stopped:
+                        # A stop sequence: leaving the block stops the engine. Every
+                        # token sampled so far stays recorded on the step.
+                        finish = GenerateFinish("stop", weight_version=event.weight_version)
+                        break
         except _GONE:
             step.status = "client_disconnected"
             step.finish_reason = "abort"

@@ -16,6 +16,9 @@ from ..errors import BadRequest
 from ..runtime.messages import ChatRequest, TurnDone
 
 
+MAX_STOP_SEQUENCES = 16
+
+
 @attrs.frozen
 class OpenAIChatCall:
     """A validated ``/v1/chat/completions`` body."""
@@ -80,6 +83,20 @@ def parse_chat_body(body: Any) -> OpenAIChatCall:
     thinking = kwargs.get("enable_thinking", body.get("enable_thinking"))
     if thinking is not None and not isinstance(thinking, bool):
         raise BadRequest("'enable_thinking' must be a boolean", param="chat_template_kwargs.enable_thinking")
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is None:
+        stop = []
+    if (
+        not isinstance(stop, list)
+        or len(stop) > MAX_STOP_SEQUENCES
+        or not all(isinstance(s, str) and 0 < len(s) <= 256 for s in stop)
+    ):
+        raise BadRequest(
+            f"'stop' must be a string or an array of at most {MAX_STOP_SEQUENCES} non-empty strings",
+            param="stop",
+        )
     ids = {}
     for name in ("session_id", "instance_id", "turn_id"):
         ids[name] = _optional(body, name, str)
@@ -91,6 +108,7 @@ def parse_chat_body(body: Any) -> OpenAIChatCall:
         top_p=_number(body, "top_p", 0.0, 1.0),
         seed=seed,
         enable_thinking=thinking,
+        stop=tuple(stop),
     )
     return OpenAIChatCall(
         request=request,
