@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -10,7 +10,7 @@ BuildMode = Literal["concat"]
 BackendKind = Literal["sim"]
 
 
-def _positive(_inst: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _positive(_inst: Any, attribute: Any, value: Any) -> None:
     if value is not None and not (isinstance(value, int | float) and value > 0):
         raise ValueError(f"{attribute.name} must be positive, got {value!r}")
 

@@ -66,7 +66,7 @@ async def serve_proxy(
                 url = (binds or [f"http://{config.host}:{config.port}"])[0]
                 task_status.started(RunningProxy(url, runtime))
 
-        await serve(app, _hypercorn_config(config), shutdown_trigger=shutdown_trigger, task_status=_Status())  # type: ignore[arg-type]
+        await serve(app, _hypercorn_config(config), shutdown_trigger=shutdown_trigger, task_status=_Status())
 
 
 @asynccontextmanager

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from actorproxy.backends.base import Generation, GenerateRequest, ModelInfo
+from actorproxy.backends.base import GenerateRequest, Generation, ModelInfo
 from actorproxy.backends.sim import SimEngine
 from actorproxy.runtime.messages import (
     ChatRequest,

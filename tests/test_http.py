@@ -10,12 +10,11 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from _util import WEATHER_TOOL
 
 from actorproxy import ProxyClient, ProxyConfig, open_proxy
 from actorproxy.backends.sim import SimConfig, SimEngine
 from actorproxy.serve import RunningProxy
-
-from _util import WEATHER_TOOL
 
 REPLY = (
     '<think>\nThe user wants weather.\n</think>\n\n'

@@ -16,7 +16,9 @@ def _parser(tokenizer: Any, **kwargs: Any) -> OutputParser:
     return OutputParser(tokenizer, tool_call_id=lambda i: f"call_{i}", **kwargs)
 
 
-def _run(tokenizer: Any, text: str, chunks: list[int] | None = None, **kwargs: Any) -> tuple[OutputParser, str, str, list[Any]]:
+def _run(
+    tokenizer: Any, text: str, chunks: list[int] | None = None, **kwargs: Any
+) -> tuple[OutputParser, str, str, list[Any]]:
     ids = tokenizer.encode(text).tolist() + [tokenizer.eot_token_id]
     parser = _parser(tokenizer, **kwargs)
     reasoning, content, calls = "", "", []
@@ -103,7 +105,8 @@ def test_echo_matching_by_meaning() -> None:
 
 
 def test_message_key_distinguishes_what_renders_differently() -> None:
-    assert message_key({"role": "user", "content": "a"}) == message_key({"role": "user", "content": [{"type": "text", "text": "a"}]})
+    parts = {"role": "user", "content": [{"type": "text", "text": "a"}]}
+    assert message_key({"role": "user", "content": "a"}) == message_key(parts)
     assert message_key({"role": "user", "content": "a"}) != message_key({"role": "user", "content": "a "})
     assert message_key({"role": "tool", "tool_call_id": "1", "content": "x"}) != message_key(
         {"role": "tool", "tool_call_id": "2", "content": "x"}

@@ -6,12 +6,11 @@ from typing import Any
 
 import trio
 import trio.testing
+from _util import RecordingBackend, run_turn
 
 from actorproxy.backends.sim import SimConfig, SimEngine
 from actorproxy.config import ProxyConfig
 from actorproxy.runtime.runtime import open_runtime
-
-from _util import RecordingBackend, run_turn
 
 INTERVAL = 0.01
 

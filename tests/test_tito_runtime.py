@@ -6,12 +6,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import trio
-
-from actorproxy.backends.sim import SimConfig, SimEngine
-from actorproxy.config import ProxyConfig
-from actorproxy.runtime.runtime import Runtime, open_runtime
-
 from _util import (
     SEARCH_TOOL,
     WEATHER_TOOL,
@@ -20,6 +14,10 @@ from _util import (
     reserialise,
     run_turn,
 )
+
+from actorproxy.backends.sim import SimConfig, SimEngine
+from actorproxy.config import ProxyConfig
+from actorproxy.runtime.runtime import Runtime, open_runtime
 
 
 @pytest.fixture

@@ -53,7 +53,7 @@ class SamplingParams:
 class GenerateRequest:
     """One generation: the exact prompt token ids and how to sample."""
 
-    input_ids: array  # array('i'): the prompt, exactly as the engine must see it
+    input_ids: array[int]  # array('i'): the prompt, exactly as the engine must see it
     sampling: SamplingParams
     rid: str = attrs.field(factory=new_rid)
     #: Keeps a session on one engine worker (sent as ``X-SMG-Routing-Key``).

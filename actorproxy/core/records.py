@@ -40,11 +40,11 @@ def version_number(label: str | int | None) -> int:
     return int(match.group(1)) if match else 0
 
 
-def int_array(values: Any = ()) -> array:
+def int_array(values: Any = ()) -> array[int]:
     return array("i", values)
 
 
-def float_array(values: Any = ()) -> array:
+def float_array(values: Any = ()) -> array[float]:
     return array("f", values)
 
 
@@ -63,12 +63,12 @@ class Step:
     #: Length of the prompt the engine was given; the prompt is the segment's first ``prompt_len`` ids.
     prompt_len: int
     #: The context ids this step added to its segment (all of the prompt for a segment's first step).
-    fragment_ids: array
+    fragment_ids: array[int]
     max_new_tokens: int
     rid: str = ""
-    output_ids: array = attrs.field(factory=int_array)
-    output_logprobs: array = attrs.field(factory=float_array)
-    output_versions: array = attrs.field(factory=int_array)
+    output_ids: array[int] = attrs.field(factory=int_array)
+    output_logprobs: array[float] = attrs.field(factory=float_array)
+    output_versions: array[int] = attrs.field(factory=int_array)
     weight_version: str = ""
     finish_reason: str | None = None
     status: StepStatus = "running"
@@ -141,10 +141,10 @@ class Segment:
     instance_id: str | None
     rollout_id: str
     segment_index: int
-    token_ids: array
-    loss_mask: array
-    logprobs: array
-    versions: array
+    token_ids: array[int]
+    loss_mask: array[int]
+    logprobs: array[float]
+    versions: array[int]
     step_indices: tuple[int, ...]
     #: Why the segment was opened (``session_start``, ``history_rewrite``, ...).
     start_reason: str

@@ -70,7 +70,7 @@ class OpenSegment:
     start_reason: str
     tools_key: str
     #: Every id of the segment so far: what the engine saw plus what it sampled.
-    context_ids: array = attrs.field(factory=lambda: array("i"))
+    context_ids: array[int] = attrs.field(factory=lambda: array("i"))
     accounted: list[_Accounted] = attrs.field(factory=list)
     steps: list[Step] = attrs.field(factory=list)
     #: Whether the last sampled token was the end-of-turn token.

@@ -30,8 +30,8 @@ from ..core.parser import OutputParser
 from ..core.records import Step, build_segment, version_number
 from ..core.tito import (
     Continue,
-    Fresh,
     FragmentError,
+    Fresh,
     OpenSegment,
     plan_turn,
     reasoning_opened_by_prompt,
@@ -44,7 +44,6 @@ from .actor import answer
 from .messages import (
     DescribeSession,
     FinalizeSession,
-    Identity,
     RunTurn,
     TurnAccepted,
     TurnDelta,
@@ -78,7 +77,7 @@ class SessionRetired:
 @attrs.define(eq=False)
 class _Prepared:
     step: Step
-    input_ids: array
+    input_ids: array[int]
     plan: Continue | Fresh
     new_messages: list[dict[str, Any]]
     sampling: SamplingParams
@@ -232,7 +231,7 @@ class SessionActor:
         key = tools_key(request.tools)
         plan = plan_turn(self._segment, request.messages, key)
         fragment_failed = False
-        fragment: array | None = None
+        fragment: array[int] | None = None
         if isinstance(plan, Continue):
             assert self._segment is not None
             try:
@@ -395,7 +394,7 @@ class SessionActor:
         step.status = "completed"
         seg.account_messages(prepared.new_messages)
         seg.add_generation(step, self._tok.eot_token_id)
-        finish_reason = finish.reason if finish.reason != "abort" else "stop"
+        finish_reason: str = finish.reason if finish.reason != "abort" else "stop"
         if step.output.tool_calls and finish_reason == "stop":
             finish_reason = "tool_calls"
         await _tell(

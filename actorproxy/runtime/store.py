@@ -68,7 +68,9 @@ class TrajectoryStore:
         self._counters: Counter[str] = Counter()
         self._boundaries: Counter[str] = Counter()
 
-    async def run(self, *, task_status: trio.TaskStatus[trio.MemorySendChannel[Any]] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: trio.TaskStatus[trio.MemorySendChannel[Any]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         send, inbox = trio.open_memory_channel[Any](64)
         task_status.started(send)
         async with inbox:

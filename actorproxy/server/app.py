@@ -140,7 +140,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-        response.timeout = None  # type: ignore[attr-defined]
+        response.timeout = None
         return response
 
     @app.post("/session/finalize")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import Any
 
 from ..errors import BadRequest
 from ..runtime.messages import Identity
@@ -22,7 +22,7 @@ def _clean(value: str | None, name: str) -> str | None:
 
 
 def resolve_identity(
-    headers: Mapping[str, str],
+    headers: Any,
     body_session: str | None = None,
     body_instance: str | None = None,
     body_turn: str | None = None,

@@ -15,7 +15,6 @@ from ..core.parser import OutputDelta
 from ..errors import BadRequest
 from ..runtime.messages import ChatRequest, TurnDone
 
-
 MAX_STOP_SEQUENCES = 16
 
 
@@ -170,7 +169,12 @@ class ChunkWriter:
     """Builds the SSE frames of one streamed completion (same id, created, model on every chunk)."""
 
     def __init__(self, *, completion_id: str, model: str) -> None:
-        self._base = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+        self._base = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
         self._tool_index = 0
 
     def _frame(self, payload: dict[str, Any]) -> bytes:

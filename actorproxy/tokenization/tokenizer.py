@@ -124,7 +124,7 @@ def load_tokenizer(path: str | None = None, cache_dir: str | None = None) -> Cha
 
     if path is None or path == BUILTIN_NAME:
         file = qwen3_tokenizer_file(Path(cache_dir) if cache_dir else None)
-        hf = PreTrainedTokenizerFast(
+        hf: Any = PreTrainedTokenizerFast(
             tokenizer_file=str(file),
             eos_token="<|im_end|>",
             pad_token="<|endoftext|>",
