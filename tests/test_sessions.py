@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from _util import RecordingBackend, run_turn
 
 from actorproxy.backends.sim import SimConfig, SimEngine
 from actorproxy.config import ProxyConfig
+from actorproxy.errors import ShuttingDown
+from actorproxy.runtime.messages import ChatRequest, Identity
 from actorproxy.runtime.runtime import open_runtime
 
 INTERVAL = 0.01
@@ -110,12 +113,21 @@ async def test_idle_session_is_evicted_into_the_store(
 
 async def test_shutdown_finalizes_open_sessions(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
     engine = _engine(tokenizer)
+    engine.script(_ten_tokens(tokenizer), routing_key="y")
     async with open_runtime(ProxyConfig(port=0), backend=engine, tokenizer=tokenizer) as runtime:
         await run_turn(runtime, "x", [{"role": "user", "content": "hi"}])
-        await run_turn(runtime, "y", [{"role": "user", "content": "hi"}])
-        store = runtime
-    # After the runtime closed, every session was flushed before the store stopped.
-    del store
+        async with trio.open_nursery() as nursery:
+            # "y" is mid-generation when shutdown begins: its turn finishes first.
+            nursery.start_soon(run_turn, runtime, "y", [{"role": "user", "content": "hi"}])
+            await trio.sleep(3 * INTERVAL)
+            assert await runtime.close_all("shutdown") == 2
+            assert trio.current_time() >= 10 * INTERVAL  # waited for y's turn to complete
+        for session in ("x", "y"):
+            payload = await runtime.read(session_id=session, include_steps=True)
+            assert [s["boundary_reason"] for s in payload["data"]] == ["shutdown"]
+            assert [s["status"] for s in payload["steps"]] == ["completed"]
+        with pytest.raises(ShuttingDown):
+            await runtime.start_turn(ChatRequest(messages=[{"role": "user", "content": "late"}]), Identity("z"))
 
 
 async def test_max_steps_guard(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
