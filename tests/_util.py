@@ -11,6 +11,7 @@ import attrs
 
 from actorproxy.backends.base import GenerateRequest, Generation, ModelInfo
 from actorproxy.backends.sim import SimEngine
+from actorproxy.core.messages import output_as_message
 from actorproxy.runtime.messages import (
     ChatRequest,
     Identity,
@@ -75,13 +76,7 @@ class TurnResult:
     @property
     def message(self) -> dict[str, Any]:
         assert self.done is not None, self.error
-        out = self.done.output
-        message: dict[str, Any] = {"role": "assistant", "content": out.content}
-        if out.reasoning:
-            message["reasoning_content"] = out.reasoning
-        if out.tool_calls:
-            message["tool_calls"] = [c.to_openai() for c in out.tool_calls]
-        return message
+        return output_as_message(self.done.output)
 
 
 async def run_turn(

@@ -140,8 +140,9 @@ def tools_key(tools: Sequence[Mapping[str, Any]] | None) -> str:
 
 
 def output_as_message(output: AssistantOutput) -> dict[str, Any]:
-    """The OpenAI message for an output (how we tell the template what we replied)."""
-    message: dict[str, Any] = {"role": "assistant", "content": output.content}
+    """The OpenAI assistant message for an output; ``content`` is null for a bare tool call."""
+    content = output.content if (output.content or not output.tool_calls) else None
+    message: dict[str, Any] = {"role": "assistant", "content": content}
     if output.reasoning:
         message["reasoning_content"] = output.reasoning
     if output.tool_calls:

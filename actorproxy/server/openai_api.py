@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from ..core.messages import AssistantOutput, validate_messages, validate_tools
+from ..core.messages import output_as_message, validate_messages, validate_tools
 from ..core.parser import OutputDelta
 from ..errors import BadRequest
 from ..runtime.messages import ChatRequest, TurnDone
@@ -122,18 +122,6 @@ def new_completion_id() -> str:
     return "chatcmpl-" + uuid.uuid4().hex
 
 
-def _message(output: AssistantOutput) -> dict[str, Any]:
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": output.content if (output.content or not output.tool_calls) else None,
-    }
-    if output.reasoning:
-        message["reasoning_content"] = output.reasoning
-    if output.tool_calls:
-        message["tool_calls"] = [call.to_openai() for call in output.tool_calls]
-    return message
-
-
 def _usage(done: TurnDone) -> dict[str, int]:
     return {
         "prompt_tokens": done.prompt_tokens,
@@ -151,7 +139,7 @@ def completion_json(done: TurnDone, *, completion_id: str, model: str, session_i
         "choices": [
             {
                 "index": 0,
-                "message": _message(done.output),
+                "message": output_as_message(done.output),
                 "finish_reason": done.finish_reason,
                 "logprobs": None,
             }
