@@ -58,6 +58,8 @@ class GenerateRequest:
     rid: str = attrs.field(factory=new_rid)
     #: Keeps a session on one engine worker (sent as ``X-SMG-Routing-Key``).
     routing_key: str | None = None
+    #: Ask the engine for the MoE experts each token was routed to (R3).
+    return_routed_experts: bool = False
 
 
 @attrs.frozen
@@ -82,6 +84,9 @@ class GenerateFinish:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     message: str = ""
+    #: Base64 of little-endian int32 ``[prompt + completion - 1, layers, topk]``
+    #: when ``return_routed_experts`` was asked and the engine supports it.
+    routed_experts: str | None = None
 
 
 GenerationEvent = TokenDelta | GenerateFinish
@@ -122,6 +127,14 @@ class Backend(Protocol):
         ...
 
     async def model_info(self) -> ModelInfo: ...
+
+    async def prompt_logprobs(self, input_ids: array[int]) -> list[float | None]:
+        """The engine's logprob of every prompt token given the ones before it.
+
+        The first entry is ``None`` (nothing precedes it). Used to recompute
+        real logprobs for a rebuilt prefix.
+        """
+        ...
 
     async def aclose(self) -> None: ...
 

@@ -1,0 +1,256 @@
+"""The engine pool: several engines behind the one :class:`Backend` interface.
+
+* New sessions go to the healthy engine with the fewest generations in flight
+  (ties broken round-robin); a session's later turns stick to the engine that
+  served it before, so its prefix stays in that engine's cache.
+* Each engine has a concurrency limit; turns beyond it queue (backpressure)
+  and the queue length is visible in ``statistics()``.
+* A turn whose engine fails before the first token (connection refused, HTTP
+  error, dropped stream) is retried on another healthy engine, and the failed
+  engine is marked down. After the first token an error is the turn's error.
+* :meth:`EnginePool.run` checks every engine's health on an interval and
+  brings engines back up.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from array import array
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from .base import Backend, BackendError, GenerateRequest, Generation, GenerationEvent, ModelInfo, TokenDelta
+
+log = logging.getLogger(__name__)
+
+#: Sessions whose engine the pool remembers (least recently used forgotten first).
+STICKY_CAPACITY = 100_000
+
+
+@attrs.define(eq=False)
+class _Engine:
+    backend: Backend
+    name: str
+    limiter: trio.CapacityLimiter
+    healthy: bool = True
+    in_flight: int = 0
+    queued: int = 0
+    requests: int = 0
+    failures: int = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.backend.kind,
+            "healthy": self.healthy,
+            "in_flight": self.in_flight,
+            "queued": self.queued,
+            "limit": int(self.limiter.total_tokens),
+            "requests": self.requests,
+            "failures": self.failures,
+        }
+
+
+async def _check(backend: Backend) -> bool:
+    health = getattr(backend, "health", None)
+    if health is None:
+        return True
+    try:
+        return bool(await health())
+    except (BackendError, OSError):
+        return False
+
+
+class EnginePool:
+    """Routes generations over several engines (see module docstring)."""
+
+    def __init__(
+        self,
+        backends: list[Backend],
+        *,
+        names: list[str] | None = None,
+        max_concurrency: int = 256,
+        health_interval: float = 5.0,
+    ) -> None:
+        if not backends:
+            raise ValueError("an engine pool needs at least one engine")
+        self.kind = backends[0].kind
+        names = names or [f"{b.kind}-{i}" for i, b in enumerate(backends)]
+        self._engines = [
+            _Engine(b, n, trio.CapacityLimiter(max_concurrency)) for b, n in zip(backends, names, strict=True)
+        ]
+        self._health_interval = health_interval
+        self._sticky: OrderedDict[str, _Engine] = OrderedDict()
+        self._turn = itertools.count()
+        self.retries = 0
+
+    # -- routing ------------------------------------------------------------
+
+    def _choose(self, routing_key: str | None, exclude: set[int]) -> _Engine:
+        if routing_key is not None:
+            engine = self._sticky.get(routing_key)
+            if engine is not None and engine.healthy and id(engine) not in exclude:
+                self._sticky.move_to_end(routing_key)
+                return engine
+        candidates = [e for e in self._engines if e.healthy and id(e) not in exclude]
+        if not candidates:
+            raise BackendError("no healthy inference engine", status=503)
+        start = next(self._turn) % len(self._engines)
+        order = self._engines[start:] + self._engines[:start]
+        engine = min((e for e in order if e in candidates), key=lambda e: e.in_flight + e.queued)
+        if routing_key is not None:
+            self._sticky[routing_key] = engine
+            self._sticky.move_to_end(routing_key)
+            while len(self._sticky) > STICKY_CAPACITY:
+                self._sticky.popitem(last=False)
+        return engine
+
+    def engine_for(self, routing_key: str) -> str | None:
+        """The engine a session is pinned to, if any."""
+        engine = self._sticky.get(routing_key)
+        return None if engine is None else engine.name
+
+    def open_generation(self, request: GenerateRequest) -> AbstractAsyncContextManager[Generation]:
+        return self._open(request)
+
+    @asynccontextmanager
+    async def _open(self, request: GenerateRequest) -> AsyncIterator[Generation]:
+        async with AsyncExitStack() as stack:
+            generation = _PoolGeneration(self, request, stack)
+            await generation.connect(set())
+            yield generation
+
+    def _mark_down(self, engine: _Engine, error: BaseException) -> None:
+        engine.failures += 1
+        if engine.healthy:
+            log.warning("engine %s marked down: %s", engine.name, error)
+        engine.healthy = False
+
+    # -- health -------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Check every engine's health forever (start it in a nursery)."""
+        task_status.started()
+        while True:
+            await self.check_health()
+            await trio.sleep(self._health_interval)
+
+    async def check_health(self) -> None:
+        async def one(engine: _Engine) -> None:
+            with trio.move_on_after(max(1.0, self._health_interval)):
+                healthy = await _check(engine.backend)
+                if healthy != engine.healthy:
+                    log.info("engine %s is %s", engine.name, "up" if healthy else "down")
+                engine.healthy = healthy
+
+        async with trio.open_nursery() as nursery:
+            for engine in self._engines:
+                nursery.start_soon(one, engine)
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "engines": [e.snapshot() for e in self._engines],
+            "sticky_sessions": len(self._sticky),
+            "retries": self.retries,
+        }
+
+    # -- the rest of Backend ------------------------------------------------
+
+    async def model_info(self) -> ModelInfo:
+        errors = []
+        for engine in self._engines:
+            try:
+                return await engine.backend.model_info()
+            except BackendError as exc:
+                errors.append(exc)
+        raise BackendError(f"no engine answered model info: {errors[-1]}")
+
+    async def prompt_logprobs(self, input_ids: array[int]) -> list[float | None]:
+        engine = self._choose(None, set())
+        async with engine.limiter:
+            return await engine.backend.prompt_logprobs(input_ids)
+
+    async def health(self) -> bool:
+        return any(e.healthy for e in self._engines)
+
+    async def aclose(self) -> None:
+        for engine in self._engines:
+            await engine.backend.aclose()
+
+
+class _PoolGeneration:
+    """A generation that may move to another engine until its first token arrives."""
+
+    def __init__(self, pool: EnginePool, request: GenerateRequest, stack: AsyncExitStack) -> None:
+        self._pool = pool
+        self._request = request
+        self._outer = stack
+        self._inner: AsyncExitStack | None = None
+        self._generation: Generation | None = None
+        self._iterator: AsyncIterator[GenerationEvent] | None = None
+        self._engine: _Engine | None = None
+        self._started = False
+        self._tried: set[int] = set()
+        self.rid = request.rid
+
+    async def connect(self, tried: set[int]) -> None:
+        while True:
+            engine = self._pool._choose(self._request.routing_key, tried)
+            tried.add(id(engine))
+            inner = AsyncExitStack()
+            engine.queued += 1
+            try:
+                await inner.enter_async_context(engine.limiter)
+            finally:
+                engine.queued -= 1
+            engine.in_flight += 1
+            inner.callback(self._release, engine)
+            engine.requests += 1
+            try:
+                generation = await inner.enter_async_context(engine.backend.open_generation(self._request))
+            except BackendError as exc:
+                await inner.aclose()
+                self._pool._mark_down(engine, exc)
+                self._pool.retries += 1
+                continue
+            self._inner, self._engine, self._generation = inner, engine, generation
+            self._iterator = generation.__aiter__()
+            self._outer.push_async_callback(inner.aclose)
+            self._tried = tried
+            return
+
+
+    @staticmethod
+    def _release(engine: _Engine) -> None:
+        engine.in_flight -= 1
+
+    def __aiter__(self) -> _PoolGeneration:
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        while True:
+            assert self._iterator is not None and self._inner is not None and self._engine is not None
+            try:
+                event = await self._iterator.__anext__()
+            except BackendError as exc:
+                if self._started:
+                    raise
+                # Nothing was generated yet: the turn can move to another engine.
+                await self._inner.aclose()
+                self._pool._mark_down(self._engine, exc)
+                self._pool.retries += 1
+                await self.connect(self._tried)
+                continue
+            if isinstance(event, TokenDelta):
+                self._started = True
+            return event
+
+    async def abort(self) -> None:
+        if self._generation is not None:
+            await self._generation.abort()
