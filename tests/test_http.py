@@ -213,6 +213,10 @@ async def test_bad_input_gets_openai_errors_and_loses_nothing(http: httpx.AsyncC
     assert (await http.post("/session/finalize", json={})).status_code == 400
     assert (await http.post("/session/finalize", json={"session_id": "keep", "reward": "high"})).status_code == 400
     assert (await http.post("/trajectory/read", json={"drain": "yes"})).status_code == 400
+    typo = await http.post("/session/finalize", json={"session_id": "keep", "rewrad": 1.0})
+    assert typo.status_code == 400 and typo.json()["error"]["param"] == "rewrad"
+    nan = await http.post("/session/finalize", content=b'{"session_id": "keep", "reward": NaN}')
+    assert nan.status_code == 400 and nan.json()["error"]["param"] == "reward"
     response = await http.get("/no/such/route")
     assert response.status_code == 404 and "error" in response.json()
     response = await http.get("/v1/chat/completions")
@@ -267,10 +271,10 @@ async def test_stop_sequences_streamed_and_not(http: httpx.AsyncClient, engine: 
     plain = (await http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "stop-a"})).json()
     streamed = _assemble(_parse_sse((await http.post(
         "/v1/chat/completions", json={**body, "stream": True}, headers={"X-Session-Id": "stop-b"})).text))
-    assert plain["choices"][0]["message"]["content"] == streamed["content"] == "Thought: look around.\nAction: ls\n"
+    assert plain["choices"][0]["message"]["content"] == streamed["content"] == "Thought: look around.\nAction: ls"
     assert plain["choices"][0]["finish_reason"] == streamed["finish"] == "stop"
     # The agent echoes the truncated reply; the session continues the same segment.
-    follow = messages + [{"role": "assistant", "content": "Thought: look around.\nAction: ls\n"},
+    follow = messages + [{"role": "assistant", "content": "Thought: look around.\nAction: ls"},
                          {"role": "user", "content": "Observation: a.txt"}]
     second = await http.post("/v1/chat/completions", json={"messages": follow}, headers={"X-Session-Id": "stop-a"})
     assert second.json()["choices"][0]["message"]["content"] == "Done."

@@ -119,7 +119,7 @@ def test_stop_sequence_split_across_chunks(tokenizer: Any, chunks: list[int]) ->
     text = "Step one.\nObservation: the file is there\nmore text"
     parser, _, content, _ = _run(tokenizer, text, chunks=chunks, stop=("Observation:", "never"))
     assert parser.stopped
-    assert content == parser.output.content == "Step one.\n"
+    assert content == parser.output.content == "Step one."
 
 
 def test_stop_sequence_absent_changes_nothing(tokenizer: Any) -> None:

@@ -11,8 +11,8 @@ from _util import RecordingBackend, run_turn
 
 from actorproxy.backends.sim import SimConfig, SimEngine
 from actorproxy.config import ProxyConfig
-from actorproxy.errors import ShuttingDown
-from actorproxy.runtime.messages import ChatRequest, Identity
+from actorproxy.errors import NotFound, Overloaded, ShuttingDown
+from actorproxy.runtime.messages import ChatRequest, Identity, TurnDelta
 from actorproxy.runtime.runtime import open_runtime
 
 INTERVAL = 0.01
@@ -157,3 +157,79 @@ async def test_context_overflow_and_clamp(tokenizer: Any, autojump_clock: trio.t
         assert ok.done.prompt_tokens + ok.done.completion_tokens <= 64
         described = await runtime.describe_session("c")
         assert described["recent_steps"][0]["max_new_tokens"] == 64 - prompt
+
+
+async def test_a_long_turn_is_not_cut_by_the_idle_timer(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    config = ProxyConfig(port=0, session_ttl=0.5)
+    engine = _engine(tokenizer)
+    engine.script(tokenizer.encode("word" + " word" * 98).tolist() + [tokenizer.eot_token_id], routing_key="long")
+    async with open_runtime(config, backend=engine, tokenizer=tokenizer) as runtime:
+        result = await run_turn(runtime, "long", [{"role": "user", "content": "talk"}], max_tokens=200)
+        assert result.done is not None and result.done.completion_tokens == 100
+        assert trio.current_time() >= 100 * INTERVAL > config.session_ttl
+        described = await runtime.describe_session("long")
+        assert described["recent_steps"][-1]["status"] == "completed"
+
+
+async def test_finalize_frees_the_slot_and_numbering_continues(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    config = ProxyConfig(port=0, max_sessions=1)
+    async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
+        await run_turn(runtime, "a", [{"role": "user", "content": "hi"}])
+        with pytest.raises(Overloaded):
+            await run_turn(runtime, "b", [{"role": "user", "content": "hi"}])
+        summary = await runtime.finalize("a", instance_id="group-1")
+        assert summary == {"session_id": "a", "segments": 1, "steps": 1}
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await runtime.census())["active_sessions"] == 0
+        await run_turn(runtime, "b", [{"role": "user", "content": "hi"}])  # the slot is free again
+        await runtime.finalize("b")
+        await run_turn(runtime, "a", [{"role": "user", "content": "again"}])
+        described = await runtime.describe_session("a")
+        assert described["next_step"] == 2 and described["open_segment"]["segment_index"] == 1
+        [segment] = (await runtime.read(session_id="a"))["data"]
+        assert segment["instance_id"] == "group-1"
+        # Finalizing twice is harmless; an unknown session is a 404.
+        await runtime.finalize("a")
+        assert (await runtime.finalize("a")) == {"session_id": "a", "segments": 0, "steps": 0}
+        with pytest.raises(NotFound):
+            await runtime.finalize("never-seen")
+
+
+async def test_a_refused_first_turn_holds_no_slot(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
+    config = ProxyConfig(port=0, context_window=32, max_sessions=1)
+    async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
+        refused = await run_turn(runtime, "big", [{"role": "user", "content": "word " * 100}])
+        assert refused.error is not None and refused.error.code == "context_overflow"
+        await trio.testing.wait_all_tasks_blocked()  # the actor retires right after answering
+        assert (await runtime.census())["active_sessions"] == 0
+        ok = await run_turn(runtime, "small", [{"role": "user", "content": "hi"}], max_tokens=4)
+        assert ok.done is not None
+
+
+async def test_agent_gone_before_the_result_keeps_the_reply_out(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    engine = _engine(tokenizer)
+    engine.script("first reply", routing_key="late")
+    engine.script("Hello world", routing_key="late")
+    async with open_runtime(ProxyConfig(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+        first = await run_turn(runtime, "late", messages)
+        messages += [first.message, {"role": "user", "content": "more"}]
+        async with await runtime.start_turn(ChatRequest(messages=messages), Identity("late")) as events:
+            text = ""
+            async for event in events:
+                if isinstance(event, TurnDelta):
+                    text += event.delta.content
+                    if text == "Hello world":
+                        break  # every visible token arrived, but not the result
+        retry = await run_turn(runtime, "late", messages)
+        assert retry.done is not None
+        await runtime.finalize("late")
+        payload = await runtime.read(session_id="late", include_steps=True)
+    assert [s["status"] for s in payload["steps"]] == ["completed", "client_disconnected", "completed"]
+    assert [s["num_steps"] for s in payload["data"]] == [2]

@@ -92,8 +92,11 @@ class OutputParser:
         return self._stop is not None and self._stop.hit
 
     def _push_content(self, text: str) -> str:
-        emitted = self._content.push(text)
-        return self._stop.push(emitted) if self._stop is not None else emitted
+        # Stop sequences match the raw text; stripping comes after, so a reply cut
+        # by a stop sequence is trimmed like any other.
+        if self._stop is not None:
+            text = self._stop.push(text)
+        return self._content.push(text)
 
     # -- feeding ------------------------------------------------------------
 
@@ -141,15 +144,14 @@ class OutputParser:
             content.append(self._push_content(self._raw_call_text(closed=False)))
             self._mode = "content"
         if self._stop is not None:
-            content.append(self._stop.flush())
+            content.append(self._content.push(self._stop.flush()))
         return OutputDelta("".join(reasoning), "".join(content), ())
 
     # -- results ------------------------------------------------------------
 
     @property
     def output(self) -> AssistantOutput:
-        content = self._stop.text if self._stop is not None else self._content.text
-        return AssistantOutput(content, self._reasoning.text, tuple(self._calls))
+        return AssistantOutput(self._content.text, self._reasoning.text, tuple(self._calls))
 
     # -- internals ----------------------------------------------------------
 
@@ -210,7 +212,6 @@ class StopMatcher:
         self._stops = tuple(s for s in stops if s)
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._buffer = ""
-        self._parts: list[str] = []
         self.hit = False
 
     def push(self, text: str) -> str:
@@ -225,16 +226,8 @@ class StopMatcher:
         else:
             cut = max(0, len(buffer) - self._hold)
             emitted, self._buffer = buffer[:cut], buffer[cut:]
-        if emitted:
-            self._parts.append(emitted)
         return emitted
 
     def flush(self) -> str:
         emitted, self._buffer = self._buffer, ""
-        if emitted:
-            self._parts.append(emitted)
         return emitted
-
-    @property
-    def text(self) -> str:
-        return "".join(self._parts)

@@ -67,7 +67,12 @@ class TurnFailed:
     error: ProxyError
 
 
-TurnEvent = TurnAccepted | TurnDelta | TurnDone | TurnFailed
+@attrs.frozen
+class TurnMoved:
+    """The session actor was retiring: the ingress retries the turn on its successor."""
+
+
+TurnEvent = TurnAccepted | TurnDelta | TurnDone | TurnFailed | TurnMoved
 
 
 # -- session mailbox messages -------------------------------------------------
@@ -85,6 +90,8 @@ class FinalizeSession:
     reward: float | None
     reason: str
     reply: Reply
+    #: Names the prompt group when the session's turns did not.
+    instance_id: str | None = None
 
 
 @attrs.frozen

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,16 +18,69 @@ import trio
 
 from ..backends.base import Backend
 from ..config import ProxyConfig
-from ..errors import NotFound, Overloaded
+from ..errors import EngineError, NotFound, Overloaded
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
 from . import registry as reg
 from . import store as st
 from .actor import ActorGone, ask
-from .messages import ChatRequest, DescribeSession, FinalizeSession, Identity, RunTurn, TurnEvent
+from .messages import (
+    ChatRequest,
+    DescribeSession,
+    FinalizeSession,
+    Identity,
+    RunTurn,
+    TurnEvent,
+    TurnMoved,
+)
 from .session import SessionActor, SessionCounters
+
+log = logging.getLogger(__name__)
 
 #: Events a turn may queue before the session waits for the ingress (backpressure).
 _TURN_EVENT_BUFFER = 16
+
+
+class TurnStream:
+    """The events of one turn: iterate it; close it (``with``) when done."""
+
+    def __init__(self, first: TurnEvent, channel: trio.MemoryReceiveChannel[TurnEvent]) -> None:
+        self._first: TurnEvent | None = first
+        self._channel = channel
+
+    @property
+    def first(self) -> TurnEvent:
+        """The event that started the turn (``TurnAccepted`` or ``TurnFailed``)."""
+        return self._first if self._first is not None else TurnMoved()
+
+    async def receive(self) -> TurnEvent:
+        if self._first is not None:
+            event, self._first = self._first, None
+            return event
+        return await self._channel.receive()
+
+    def __aiter__(self) -> TurnStream:
+        return self
+
+    async def __anext__(self) -> TurnEvent:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> TurnStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> TurnStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
 
 
 @attrs.define(eq=False)
@@ -40,33 +94,45 @@ class Runtime:
     store: trio.MemorySendChannel[Any]
     registry: trio.MemorySendChannel[Any]
 
-    async def start_turn(
-        self, request: ChatRequest, identity: Identity
-    ) -> trio.MemoryReceiveChannel[TurnEvent]:
-        """Queue a turn on its session; read the returned channel for its events.
+    async def start_turn(self, request: ChatRequest, identity: Identity) -> TurnStream:
+        """Queue a turn on its session and wait until the session takes it up.
 
-        Close the channel (``async with``) when done: a closed channel tells the
-        session the agent went away, and the generation stops.
+        The returned stream's first event is ``TurnAccepted`` or ``TurnFailed``
+        (a guard refused the turn: nothing was recorded). Close the stream
+        (``with``/``async with``) when done: a closed stream tells the session
+        the agent went away, and the generation stops.
         """
-        send, recv = trio.open_memory_channel[TurnEvent](_TURN_EVENT_BUFFER)
-        for _ in range(3):
+        for _ in range(4):
+            send, recv = trio.open_memory_channel[TurnEvent](_TURN_EVENT_BUFFER)
             mailbox = await ask(self.registry, lambda r: reg.Lookup(identity.session_id, True, r))
             try:
                 await mailbox.send(RunTurn(request, identity, send))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
+                recv.close()
                 continue  # the session retired between lookup and send: ask again
-            return recv
-        send.close()
-        recv.close()
+            try:
+                first = await recv.receive()
+            except trio.EndOfChannel:
+                recv.close()
+                raise EngineError("the session ended the turn without an answer") from None
+            if isinstance(first, TurnMoved):
+                recv.close()
+                continue  # the session was retiring: its successor takes the turn
+            return TurnStream(first, recv)
         raise Overloaded(f"session {identity.session_id!r} is restarting; retry")
 
-    async def finalize(self, session_id: str, *, reward: float | None = None) -> dict[str, Any]:
-        """Close the session's open segment into the store."""
+    async def finalize(
+        self, session_id: str, *, reward: float | None = None, instance_id: str | None = None
+    ) -> dict[str, Any]:
+        """Close the session's open segment into the store; the session actor then retires."""
         mailbox = await ask(self.registry, lambda r: reg.Lookup(session_id, False, r))
         if mailbox is not None:
             try:
                 return dict(
-                    await ask(mailbox, lambda r: FinalizeSession(reward=reward, reason="finalize", reply=r))
+                    await ask(
+                        mailbox,
+                        lambda r: FinalizeSession(reward=reward, reason="finalize", reply=r, instance_id=instance_id),
+                    )
                 )
             except ActorGone:
                 pass  # retired meanwhile: its data is in the store
@@ -131,6 +197,11 @@ async def open_runtime(
     engine = backend or make_backend(config, tok)
     info = await engine.model_info()
     window = config.context_window or info.max_model_len or 32768
+    if info.max_model_len and window > info.max_model_len:
+        # Past the engine's own limit a prompt would fail there as an engine error.
+        log.warning("--context-window %d exceeds the engine's %d; using %d", window, info.max_model_len,
+                    info.max_model_len)
+        window = info.max_model_len
     async with trio.open_nursery() as nursery:
         store_box = await nursery.start(st.TrajectoryStore(max_tokens=config.store_max_tokens).run)
         registry_box: trio.MemorySendChannel[Any] | None = None

@@ -50,6 +50,7 @@ from .messages import (
     TurnDone,
     TurnEvent,
     TurnFailed,
+    TurnMoved,
 )
 
 log = logging.getLogger(__name__)
@@ -131,34 +132,50 @@ class SessionActor:
         task_status.started(send)
         async with inbox:
             while True:
+                msg: Any = None
+                # The idle clock runs only while waiting: a long turn is never cut by it.
                 with trio.move_on_after(self._config.session_ttl):
                     msg = await inbox.receive()
+                if msg is None:
+                    await self._flush("idle_evicted", reward=None)
+                    break
+                await self._handle(msg)
+                if isinstance(msg, FinalizeSession) or self._next_step == 0:
+                    # Finalized (or never recorded anything): free the slot now.
+                    break
+            await self._retire(inbox)
+
+    async def _retire(self, inbox: trio.MemoryReceiveChannel[Any]) -> None:
+        """Leave the registry, bounce what is still queued, close the mailbox.
+
+        From here no turn runs in this actor, so the counters handed to the
+        registry are final: a successor can never reuse a step or segment index.
+        Bounced turns are retried by the ingress and reach the successor.
+        """
+        await self._registry.send(
+            SessionRetired(self.session_id, self.token, SessionCounters(self._next_step, self._next_segment))
+        )
+        while True:
+            try:
+                msg = inbox.receive_nowait()
+            except trio.WouldBlock:
+                break
+            match msg:
+                case RunTurn():
+                    with msg.events:
+                        await _tell(msg.events, TurnMoved())
+                case _:
                     await self._handle(msg)
-                    continue
-                # Idle. Leave the registry first so no new sender finds us, then
-                # serve whatever was already queued, then close the mailbox.
-                try:
-                    while True:
-                        await self._handle(inbox.receive_nowait())
-                except trio.WouldBlock:
-                    pass
-                await self._registry.send(
-                    SessionRetired(self.session_id, self.token, SessionCounters(self._next_step, self._next_segment))
-                )
-                try:
-                    while True:
-                        await self._handle(inbox.receive_nowait())
-                except trio.WouldBlock:
-                    pass
-                inbox.close()
-                await self._flush("idle_evicted", reward=None)
-                return
+        # No await since the last receive_nowait: nothing can slip in before the close.
+        inbox.close()
 
     async def _handle(self, msg: Any) -> None:
         match msg:
             case RunTurn():
                 await self._run_turn(msg)
             case FinalizeSession():
+                if msg.instance_id and not self._instance_id:
+                    self._instance_id = msg.instance_id
                 summary = await self._flush(msg.reason, reward=msg.reward)
                 answer(msg.reply, summary)
             case DescribeSession():
@@ -391,23 +408,26 @@ class SessionActor:
         except _GONE:
             step.status = "client_disconnected"
             return
-        step.status = "completed"
-        seg.account_messages(prepared.new_messages)
-        seg.add_generation(step, self._tok.eot_token_id)
         finish_reason: str = finish.reason if finish.reason != "abort" else "stop"
         if step.output.tool_calls and finish_reason == "stop":
             finish_reason = "tool_calls"
-        await _tell(
-            events,
-            TurnDone(
-                step_index=step.index,
-                output=step.output,
-                finish_reason=finish_reason,
-                prompt_tokens=step.prompt_len,
-                completion_tokens=len(step.output_ids),
-                tool_call_parse_error=step.tool_call_parse_error,
-            ),
+        done = TurnDone(
+            step_index=step.index,
+            output=step.output,
+            finish_reason=finish_reason,
+            prompt_tokens=step.prompt_len,
+            completion_tokens=len(step.output_ids),
+            tool_call_parse_error=step.tool_call_parse_error,
         )
+        try:
+            await events.send(done)
+        except _GONE:
+            # The agent left before the result was handed over: it never saw this reply.
+            step.status = "client_disconnected"
+            return
+        step.status = "completed"
+        seg.account_messages(prepared.new_messages)
+        seg.add_generation(step, self._tok.eot_token_id)
 
 
 async def _tell(events: trio.MemorySendChannel[TurnEvent], event: TurnEvent) -> None:

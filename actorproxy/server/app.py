@@ -8,6 +8,7 @@ OpenAI's format with a 4xx/5xx status, never as a traceback.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +19,7 @@ from werkzeug.exceptions import HTTPException
 
 from ..errors import BadRequest, EngineError, ProxyError
 from ..runtime.messages import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed
-from ..runtime.runtime import Runtime
+from ..runtime.runtime import Runtime, TurnStream
 from .identity import resolve_identity
 from .openai_api import ChunkWriter, completion_json, new_completion_id, parse_chat_body
 
@@ -64,10 +65,18 @@ def _flag(body: dict[str, Any], name: str) -> bool:
     return value
 
 
-def _object(body: Any) -> dict[str, Any]:
+def _object(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
+    """A body of our own protocol: a JSON object with no unknown keys (typos fail loudly)."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise BadRequest(f"unknown field(s) {unknown}; expected some of {sorted(allowed)}", param=unknown[0])
     return body
+
+
+_FINALIZE_FIELDS = frozenset({"session_id", "reward", "instance_id"})
+_READ_FIELDS = frozenset({"session_id", "trajectory_id", "drain", "include_steps"})
 
 
 def _str_field(body: dict[str, Any], name: str, *, required: bool) -> str | None:
@@ -145,18 +154,24 @@ def create_app(runtime: Runtime) -> QuartTrio:
 
     @app.post("/session/finalize")
     async def finalize() -> Response:
-        body = _object(await _body())
+        body = _object(await _body(), _FINALIZE_FIELDS)
         session_id = _str_field(body, "session_id", required=True)
         assert session_id is not None
         reward = body.get("reward")
-        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
-            raise BadRequest("'reward' must be a number", param="reward")
-        result = await runtime.finalize(session_id, reward=None if reward is None else float(reward))
+        if reward is not None and (
+            isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward)
+        ):
+            raise BadRequest("'reward' must be a finite number", param="reward")
+        result = await runtime.finalize(
+            session_id,
+            reward=None if reward is None else float(reward),
+            instance_id=_str_field(body, "instance_id", required=False),
+        )
         return _json({"status": "ok", **result})
 
     @app.post("/trajectory/read")
     async def trajectory_read() -> Response:
-        body = _object(await _body())
+        body = _object(await _body(), _READ_FIELDS)
         session_id = _str_field(body, "session_id", required=False)
         trajectory_id = _str_field(body, "trajectory_id", required=False)
         result = await runtime.read(
@@ -212,7 +227,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
 
 
 async def _sse(
-    events: trio.MemoryReceiveChannel[TurnEvent],
+    events: TurnStream,
     first: TurnEvent,
     writer: ChunkWriter,
     *,

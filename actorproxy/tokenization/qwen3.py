@@ -113,5 +113,6 @@ def qwen3_tokenizer_file(cache_dir: Path | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tokenizer-", suffix=".json")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(document)
+    os.chmod(tmp, 0o644)  # mkstemp makes it private; a shared cache must be readable
     os.replace(tmp, target)
     return target
