@@ -1,4 +1,4 @@
-"""``actorproxy`` command line: ``actorproxy run [flags]``."""
+"""``actorproxy`` command line: ``actorproxy run [flags]``, ``actorproxy sim [flags]``."""
 
 from __future__ import annotations
 
@@ -7,10 +7,14 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
 from .config import ProxyConfig
+
+if TYPE_CHECKING:
+    from .simserver import SimServerSettings
 
 _DEFAULTS = ProxyConfig()
 
@@ -29,6 +33,22 @@ def _positive_float(text: str) -> float:
     return value
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only where it says something (not ``None``, not for on/off switches)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _temperature(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 2.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 2, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="actorproxy",
@@ -43,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
             "X-Session-Id header; the trainer reads finalized segments from /trajectory/read. "
             "With no flags: 127.0.0.1:8800, the built-in qwen3 tokenizer, the simulated engine."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     net = run.add_argument_group("network")
     net.add_argument("--host", default=_DEFAULTS.host, help="address to listen on")
@@ -87,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         help="tokens of prompt plus completion allowed; a longer prompt gets a context_overflow error "
-        "(default: the engine's max model length)",
+        "(default and upper bound: the engine's max model length)",
     )
     rec.add_argument(
         "--no-dynamic-max-tokens",
@@ -103,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rec.add_argument(
         "--rollout-temperature",
-        type=float,
+        type=_temperature,
         default=None,
         help="force this sampling temperature on every request (default: the request's, else 1.0)",
     )
@@ -133,7 +153,91 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds shutdown waits for turns in flight",
     )
     life.add_argument("--log-level", default="INFO", help="logging level")
+    _add_sim_parser(commands)
     return parser
+
+
+def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .simserver import SimServerSettings
+
+    d = SimServerSettings()
+    sim = commands.add_parser(
+        "sim",
+        help="serve a simulated inference engine (SGLang, vLLM and llama.cpp APIs)",
+        description=(
+            "Serve the deterministic simulated engine over HTTP with the native APIs of SGLang "
+            "(/generate), vLLM (/inference/v1/generate, /v1/completions) and llama.cpp (/completion), "
+            "token in / token out, so real engine clients can be tried without a GPU: "
+            "`actorproxy sim --port 30000`, then "
+            "`actorproxy run --backend sglang --backend-url http://127.0.0.1:30000`. "
+            "Faults can be injected with POST /sim/faults."
+        ),
+        formatter_class=_HelpFormatter,
+    )
+    sim.add_argument("--host", default=d.host, help="address to listen on")
+    sim.add_argument("--port", type=int, default=d.port, help="port to listen on (0 picks a free one)")
+    sim.add_argument("--token-interval", type=_positive_float, default=d.token_interval,
+                     help="seconds between two sampled tokens")
+    sim.add_argument("--prefill-latency", type=float, default=d.prefill_latency,
+                     help="seconds before the first token of every request")
+    sim.add_argument("--seed", type=int, default=d.seed, help="random seed of the simulated policy")
+    sim.add_argument("--incremental-streaming-output", action="store_true",
+                     help="SGLang: stream deltas of output_ids/text/logprobs instead of cumulative values")
+    sim.add_argument("--enable-return-routed-experts", action="store_true",
+                     help="return simulated MoE routing (SGLang return_routed_experts; vLLM routed_experts)")
+    sim.add_argument("--weight-version", default=d.weight_version, help="initial weight version")
+    sim.add_argument("--max-model-len", type=_positive_int, default=d.max_model_len,
+                     help="context length: longer prompts are refused, outputs are cut to fit")
+    sim.add_argument("--model-path", default=d.model_path, help="model name reported by /get_model_info and /v1/models")
+    sim.add_argument("--tokenizer-path", default=None,
+                     help="a Hugging Face tokenizer directory (default: the built-in qwen3 tokenizer)")
+    sim.add_argument("--disable-vllm-generate-endpoint", dest="vllm_generate_endpoint", action="store_false",
+                     help="answer 404 on /inference/v1/generate, like a vLLM without the tokens endpoint")
+    sim.add_argument("--log-level", default="INFO", help="logging level")
+
+
+def sim_settings_from_args(args: argparse.Namespace) -> SimServerSettings:
+    """The :class:`SimServerSettings` of parsed ``actorproxy sim`` flags."""
+    from .simserver import SimServerSettings
+
+    return SimServerSettings(
+        host=args.host,
+        port=args.port,
+        token_interval=args.token_interval,
+        prefill_latency=args.prefill_latency,
+        seed=args.seed,
+        incremental_streaming_output=args.incremental_streaming_output,
+        enable_return_routed_experts=args.enable_return_routed_experts,
+        weight_version=args.weight_version,
+        max_model_len=args.max_model_len,
+        model_path=args.model_path,
+        tokenizer_path=args.tokenizer_path,
+        vllm_generate_endpoint=args.vllm_generate_endpoint,
+    )
+
+
+async def _sim_main(settings: SimServerSettings) -> None:
+    from .simserver import RunningSim, serve_sim
+
+    log = logging.getLogger("actorproxy.sim")
+
+    async def until_signal() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("received %s: shutting down", signal.Signals(signum).name)
+                return
+
+    async with trio.open_nursery() as nursery:
+        running: RunningSim = await nursery.start(
+            lambda task_status: serve_sim(settings, shutdown_trigger=until_signal, task_status=task_status)
+        )
+        log.info(
+            "simulated engine serving on %s (SGLang /generate, vLLM /inference/v1/generate and /v1/completions, "
+            "llama.cpp /completion; tokenizer=%s, weight version=%s)",
+            running.url,
+            running.engine.tokenizer.name,
+            running.engine.weight_version,
+        )
 
 
 def config_from_args(args: argparse.Namespace) -> ProxyConfig:
@@ -196,6 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         logging.getLogger("actorproxy").info("loading tokenizer (the first run builds and caches it)")
         trio.run(_run, config)
+    elif args.command == "sim":
+        trio.run(_sim_main, sim_settings_from_args(args))
     return 0
 
 

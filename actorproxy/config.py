@@ -7,7 +7,7 @@ from typing import Any, Literal
 import attrs
 
 BuildMode = Literal["concat"]
-BackendKind = Literal["sim"]
+BackendKind = Literal["sim", "sglang", "vllm", "llamacpp"]
 
 
 def _positive(_inst: Any, attribute: Any, value: Any) -> None:
@@ -24,6 +24,20 @@ class ProxyConfig:
     #: A Hugging Face tokenizer directory; ``None`` is the built-in ``qwen3``.
     tokenizer_path: str | None = None
     backend: BackendKind = "sim"
+    #: Engine base URLs (SGLang workers or router, vLLM servers, llama.cpp servers).
+    backend_urls: tuple[str, ...] = ()
+    #: Generations in flight per engine; more queue in the proxy (backpressure).
+    engine_max_concurrency: int = attrs.field(default=256, validator=_positive)
+    #: Seconds between engine health checks.
+    engine_health_interval: float = attrs.field(default=5.0, validator=_positive)
+    engine_connect_timeout: float = attrs.field(default=10.0, validator=_positive)
+    #: Seconds without a byte from a streaming engine before the turn fails (504).
+    engine_read_timeout: float = attrs.field(default=600.0, validator=_positive)
+    #: Seconds ``actorproxy run`` waits for the engines to answer at start.
+    engine_startup_timeout: float = attrs.field(default=120.0, validator=_positive)
+    #: Record the MoE experts every token was routed to (R3; SGLang needs
+    #: ``--enable-return-routed-experts``).
+    use_rollout_routing_replay: bool = False
     trajectory_build_mode: BuildMode = "concat"
     #: The next turn of a session holding this many steps gets HTTP 400 before generating.
     max_steps_per_session: int = attrs.field(default=400, validator=_positive)
@@ -47,6 +61,10 @@ class ProxyConfig:
     #: Seconds shutdown waits for turns in flight before cancelling them.
     shutdown_grace: float = attrs.field(default=30.0, validator=_positive)
     model_name: str = "actorproxy"
+
+    def __attrs_post_init__(self) -> None:
+        if self.backend != "sim" and not self.backend_urls:
+            raise ValueError(f"--backend {self.backend} needs at least one engine URL (--backend-url)")
 
     def public(self) -> dict[str, object]:
         """The settings as shown by ``GET /health``."""

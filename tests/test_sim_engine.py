@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import struct
@@ -726,3 +727,137 @@ def test_stats_outside_trio_after_a_run(tokenizer: ChatTokenizer) -> None:
     deltas, _, _ = trio.run(run, engine, request)
     assert {d.weight_version for _, d in deltas} == {"w"}
     assert engine.stats(request.rid).token_ids == (4, 5)
+
+
+# -- prompt logprobs, routed experts -------------------------------------------------
+
+
+async def test_prompt_logprobs_are_deterministic_and_prefix_dependent(tokenizer: ChatTokenizer) -> None:
+    ids = list(prompt(tokenizer, tools=TOOLS))
+    engine = SimEngine(tokenizer, SimConfig(seed=3))
+    lps = await engine.prompt_logprobs(ids)
+    assert len(lps) == len(ids) and lps[0] is None
+    values = [lp for lp in lps[1:] if lp is not None]
+    assert len(values) == len(ids) - 1
+    assert all(lp <= 0.0 for lp in values) and list(array("f", values)) == values
+    assert await SimEngine(tokenizer, SimConfig(seed=3)).prompt_logprobs(array("i", ids)) == lps
+    assert await SimEngine(tokenizer, SimConfig(seed=4)).prompt_logprobs(ids) != lps
+    changed = [*ids[:5], ids[5] + 1, *ids[6:]]
+    other = await engine.prompt_logprobs(changed)
+    assert other[:5] == lps[:5]  # the past is unchanged
+    assert sum(a != b for a, b in zip(other[5:], lps[5:], strict=True)) > (len(ids) - 5) // 2
+    assert await engine.prompt_logprobs([]) == [] and await engine.prompt_logprobs([7]) == [None]
+
+
+def _experts(finish: GenerateFinish) -> list[int]:
+    assert finish.routed_experts is not None
+    raw = base64.b64decode(finish.routed_experts)
+    return list(struct.unpack(f"<{len(raw) // 4}i", raw))
+
+
+async def test_routed_experts_shape_range_and_prefix_sharing(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    config = SimConfig(num_layers=3, moe_topk=2, num_experts=8)
+    engine = SimEngine(tokenizer, config)
+    engine.script([10, 11, 12], [10, 11, 12])
+    base = array("i", [1, 2, 3, 4])
+    plain = await run(engine, req(base))
+    assert plain[1].routed_experts is None  # not asked
+    request = GenerateRequest(base, SamplingParams(16), return_routed_experts=True)
+    deltas, finish, _ = await run(engine, request)
+    values = _experts(finish)
+    rows = len(base) + len(ids_of(deltas)) - 1
+    assert len(values) == rows * 3 * 2 == 36
+    assert all(0 <= v < 8 for v in values)
+    pairs = [values[i : i + 2] for i in range(0, len(values), 2)]
+    assert all(a != b for a, b in pairs)  # top-k experts of one layer are distinct
+    # A request continuing this sequence is routed identically over the shared prefix.
+    longer = array("i", [*base, 10, 11, 12, 99])
+    engine.script([5])
+    _, finish2, _ = await run(engine, GenerateRequest(longer, SamplingParams(4), return_routed_experts=True))
+    assert _experts(finish2)[: len(values)] == values
+    with pytest.raises(ValueError):
+        SimConfig(moe_topk=17, num_experts=16)
+
+
+async def test_routed_experts_of_an_aborted_request_cover_what_was_emitted(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, TIMED)
+    engine.script(list(range(100, 120)))
+    request = GenerateRequest(array("i", [1, 2]), SamplingParams(64), return_routed_experts=True)
+    async with engine.open_generation(request) as gen:
+        await trio.sleep(1.1)  # tokens at 0.75 and 1.0
+        await gen.abort()
+        events = [e async for e in gen]
+    finish = events[-1]
+    assert isinstance(finish, GenerateFinish) and finish.reason == "abort"
+    assert len(_experts(finish)) == (2 + 2 - 1) * 4 * 2
+
+
+# -- pause and resume ------------------------------------------------------------------
+
+
+async def test_pause_shifts_the_schedule_and_new_tokens_get_the_new_version(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, SimConfig(token_interval=1.0, weight_version="v1"))
+    engine.script([1, 2, 3, 4])
+    got: list[tuple[float, Any]] = []
+    async with engine.open_generation(req(array("i", [9]))) as gen:
+        async with trio.open_nursery() as nursery:
+
+            async def update_weights() -> None:
+                await trio.sleep(2)  # token 2 is due now: it comes before the pause
+                engine.pause()
+                assert engine.paused
+                await trio.sleep(10)
+                assert engine.stats(gen.rid).token_ids == (1, 2)
+                engine.set_weight_version("v2")
+                engine.resume()
+
+            nursery.start_soon(update_weights)
+            async for event in gen:
+                got.append((trio.current_time(), event))
+    assert [t for t, _ in got] == [1.0, 2.0, 13.0, 14.0, 14.0]
+    assert [e.weight_version for _, e in got] == ["v1", "v1", "v2", "v2", "v2"]
+    assert not engine.paused
+
+
+async def test_pause_holders_overlap_and_abort_during_pause(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    engine = SimEngine(tokenizer, SimConfig(token_interval=1.0))
+    engine.script([1, 2, 3, 4])
+    async with engine.open_generation(req(array("i", [9]))) as gen:
+        await trio.sleep(1.5)
+        engine.pause("a")
+        engine.pause("b")
+        engine.resume("a")
+        assert engine.paused and not gen.final_ready  # token 1 (due at 1.0) comes first
+        events = [await gen.__anext__()]
+        assert not gen.final_ready
+        await trio.sleep(5)
+        assert engine.stats(gen.rid).token_ids == (1,)
+        await gen.abort()
+        assert gen.final_ready
+        events += [e async for e in gen]
+        assert trio.current_time() == 6.5
+        engine.resume("b")
+    assert [e.token_ids for e in events[:-1] if isinstance(e, TokenDelta)] == [(1,)]
+    assert isinstance(events[-1], GenerateFinish) and events[-1].reason == "abort"
+    assert engine.stats(gen.rid).token_ids == (1,)
+
+
+async def test_final_ready_after_the_last_token(tokenizer: ChatTokenizer, autojump_clock: MockClock) -> None:
+    engine = SimEngine(tokenizer, SimConfig(token_interval=1.0))
+    engine.script([1, 2])
+    async with engine.open_generation(req(array("i", [9]))) as gen:
+        first = await gen.__anext__()
+        assert isinstance(first, TokenDelta) and not gen.final_ready
+        await gen.__anext__()
+        assert gen.final_ready
+        t = trio.current_time()
+        assert isinstance(await gen.__anext__(), GenerateFinish) and trio.current_time() == t
+        assert not gen.final_ready

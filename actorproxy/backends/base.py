@@ -73,6 +73,15 @@ class TokenDelta:
 
 
 @attrs.frozen
+class WeightVersionSpan:
+    """Output tokens ``[start, end)`` (indexes into the generation) sampled by ``version``."""
+
+    version: str
+    start: int
+    end: int
+
+
+@attrs.frozen
 class GenerateFinish:
     """The last event of every generation stream."""
 
@@ -87,6 +96,10 @@ class GenerateFinish:
     #: Base64 of little-endian int32 ``[prompt + completion - 1, layers, topk]``
     #: when ``return_routed_experts`` was asked and the engine supports it.
     routed_experts: str | None = None
+    #: The engine's authoritative per-token versions, when it reports spans. vLLM
+    #: sends them only at the end, so its TokenDelta stamps are a best guess and
+    #: these spans win; empty when the engine reports none.
+    weight_versions: tuple[WeightVersionSpan, ...] = ()
 
 
 GenerationEvent = TokenDelta | GenerateFinish

@@ -15,10 +15,16 @@ system turn; last turn a user message or tool responses; thinking disabled by
 ``<think>\\n\\n</think>``, left open, or on) and writes optional reasoning, then
 Hermes tool calls with arguments drawn from the tools' JSON schemas or a short
 text answer, then the end-of-turn token. Temperature 0 ignores the request seed.
+
+:meth:`SimEngine.pause` freezes every schedule (a weight update, a stalled engine):
+the tokens due after the pause began come that much later once it is resumed.
+:meth:`SimEngine.prompt_logprobs` and, on request, ``GenerateFinish.routed_experts``
+are deterministic functions of the engine seed and the token prefix.
 """
 
 from __future__ import annotations
 
+import base64
 import bisect
 import hashlib
 import math
@@ -40,7 +46,7 @@ from .base import (
     ModelInfo,
     TokenDelta,
 )
-from .sim_policy import policy_text, read_prompt, token_logprob
+from .sim_policy import policy_text, prompt_logprobs, read_prompt, routed_experts, token_logprob
 
 
 @attrs.frozen
@@ -69,6 +75,14 @@ class SimConfig:
     stats_capacity: int = 10_000
     #: Weight-version changes kept to stamp the tokens of lagging consumers.
     version_history: int = 64
+    #: Shape of the simulated MoE routing returned with ``return_routed_experts``.
+    num_layers: int = 4
+    moe_topk: int = 2
+    num_experts: int = 16
+
+    def __attrs_post_init__(self) -> None:
+        if self.num_layers < 1 or not 0 < self.moe_topk <= self.num_experts:
+            raise ValueError("SimConfig: need num_layers >= 1 and 0 < moe_topk <= num_experts")
 
 
 def _ids_converter(value: Sequence[int]) -> tuple[int, ...]:
@@ -145,9 +159,12 @@ class SimGeneration:
         self._request: GenerateRequest | None = request
         self._prompt_len = len(request.input_ids)
         self._routing_key = request.routing_key
+        #: The prompt, kept only until the end when routed experts are asked for.
+        self._routed_prompt: array[int] | None = None
         self._engine = engine
         self._plan = _Plan(array("i"), array("f"), "abort", None, "", False)
-        self._start = 0.0
+        self._start = 0.0  # wall clock
+        # Schedule times below are on the engine's active clock (see _PauseClock).
         self._first = 0.0  # start + prefill
         self._entered = False
         self._done = False  # the final event was delivered, or the block was left
@@ -180,12 +197,32 @@ class SimGeneration:
         # No await: this runs during cancellation too and must not be interrupted.
         if self._entered and not self._done:
             self._cancelled = True
-            self._stop_at = min(self._stop_at, trio.current_time())
+            self._stop_at = min(self._stop_at, self._engine._clock.active())
+            self._routed_prompt = None
             self._close()
 
     def _close(self) -> None:
         self._done = True
         self._engine._running.pop(self.rid, None)
+
+    def _kick(self) -> None:
+        """Wake a sleeping ``__anext__`` so it re-reads the (resumed) clock."""
+        wake, self._wake = self._wake, trio.Event()
+        wake.set()
+
+    @property
+    def final_ready(self) -> bool:
+        """True when the next event is the ``GenerateFinish`` and is due: iterating returns it at once.
+
+        Lets a server attach the finish reason to the chunk of the last token.
+        """
+        if not self._entered or self._done:
+            return False
+        n, plan = self._next, self._plan
+        target = self._due(n) if n < len(plan.ids) else self._finish_time
+        if target > self._stop_at:
+            return True
+        return n >= len(plan.ids) and self._engine._clock.active() >= target
 
     def __aiter__(self) -> SimGeneration:
         return self
@@ -202,14 +239,16 @@ class SimGeneration:
             if target > self._stop_at:
                 await trio.lowlevel.checkpoint()
                 return self._final("abort", None, "aborted")
-            if trio.current_time() >= target:
+            clock = self._engine._clock
+            if clock.active() >= target:
                 await trio.lowlevel.checkpoint()
                 break
-            with trio.move_on_at(target):  # sleep until due, but wake at once on abort
+            # Sleep until due, but wake at once on abort or resume.
+            with trio.move_on_at(clock.wall(target)):
                 await self._wake.wait()
         if n < len(plan.ids):
             self._next += 1
-            version = self._engine._version_at(target)
+            version = self._engine._version_at(self._engine._clock.wall(target))
             return TokenDelta(
                 token_ids=(plan.ids[n],), logprobs=(plan.logprobs[n],), weight_version=version
             )
@@ -217,13 +256,24 @@ class SimGeneration:
 
     def _final(self, reason: FinishReason, matched: int | None, message: str) -> GenerateFinish:
         self._close()
-        version = self._engine._version_at(min(self._finish_time, self._stop_at))
+        engine = self._engine
+        version = engine._version_at(engine._clock.wall(min(self._finish_time, self._stop_at)))
+        experts = None
+        if self._routed_prompt is not None:
+            ids = self._routed_prompt + self._plan.ids[: self._next]
+            self._routed_prompt = None
+            cfg = engine.config
+            raw = routed_experts(
+                engine._route_key, ids, layers=cfg.num_layers, topk=cfg.moe_topk, experts=cfg.num_experts
+            )
+            experts = base64.b64encode(raw).decode("ascii")
         return GenerateFinish(
             reason=reason,
             matched_stop=matched,
             weight_version=version,
             prompt_tokens=self._prompt_len,
             message=message,
+            routed_experts=experts,
         )
 
     async def abort(self) -> None:
@@ -234,13 +284,17 @@ class SimGeneration:
         self._request_abort()
         await trio.lowlevel.checkpoint()
 
+    def abort_nowait(self) -> None:
+        """The synchronous twin of :meth:`abort` (for servers aborting many at once)."""
+        self._request_abort()
+
     def _request_abort(self) -> None:
         if self._done:
             return
         if not self._entered:
             self._abort_early = True
             return
-        now = trio.current_time()
+        now = self._engine._clock.active()
         if now < self._finish_time and now < self._stop_at:
             self._stop_at = now
             self._aborted = True
@@ -248,7 +302,7 @@ class SimGeneration:
 
     def _stats(self) -> SimRequestStats:
         try:
-            now = trio.current_time()
+            now = self._engine._clock.active()
         except RuntimeError:  # outside trio.run: everything scheduled has happened
             now = math.inf
         end = min(now, self._stop_at)
@@ -276,6 +330,51 @@ class SimGeneration:
 ScriptItem = str | Sequence[int] | ScriptedOutput
 
 
+class _PauseClock:
+    """The engine's active clock: Trio's clock minus the time spent paused.
+
+    Schedules are kept in active time, so a pause shifts every token due after it.
+    ``wall(a)`` is when active time ``a`` is (or was) reached: ``inf`` while paused
+    before it. Pause intervals are kept to stamp lagging tokens with their version.
+    """
+
+    _MAX_LOG = 4096
+
+    def __init__(self) -> None:
+        self.offset = 0.0  # wall - active, outside pauses
+        self.paused_at: float | None = None  # active time the current pause began
+        self.holders: set[str] = set()
+        self._log: list[tuple[float, float]] = []  # (active start of a pause, offset after it)
+
+    def active(self) -> float:
+        if self.paused_at is not None:
+            return self.paused_at
+        return trio.current_time() - self.offset
+
+    def wall(self, active: float) -> float:
+        if self.paused_at is not None and active > self.paused_at:
+            return math.inf
+        i = bisect.bisect_left(self._log, active, key=lambda entry: entry[0])
+        return active + (self._log[i - 1][1] if i else 0.0)
+
+    def pause(self, holder: str) -> None:
+        if not self.holders:
+            self.paused_at = self.active()
+        self.holders.add(holder)
+
+    def resume(self, holder: str) -> bool:
+        """Drop ``holder``; True if that ended the pause."""
+        self.holders.discard(holder)
+        if self.holders or self.paused_at is None:
+            return False
+        self.offset = trio.current_time() - self.paused_at
+        self._log.append((self.paused_at, self.offset))
+        if len(self._log) > 2 * self._MAX_LOG:
+            del self._log[: -self._MAX_LOG]
+        self.paused_at = None
+        return True
+
+
 class SimEngine:
     """A deterministic in-process engine implementing :class:`Backend` (``kind="sim"``)."""
 
@@ -294,6 +393,14 @@ class SimEngine:
         self._history: OrderedDict[str, SimGeneration] = OrderedDict()
         self._closed = False
         self._eos = frozenset(() if config.ignore_eos else tokenizer.stop_token_ids)
+        self._clock = _PauseClock()
+        self._prompt_key = self._derived_key(b"prompt-logprobs")
+        self._route_key = self._derived_key(b"routed-experts")
+
+    def _derived_key(self, purpose: bytes) -> bytes:
+        h = hashlib.blake2b(digest_size=32, person=b"actorproxy-sim")
+        h.update(f"{self.config.seed}|".encode() + purpose)
+        return h.digest()
 
     @property
     def weight_version(self) -> str:
@@ -306,6 +413,34 @@ class SimEngine:
         except RuntimeError:  # before trio.run: applies to everything
             now = -math.inf
         self._versions.append((now, version))
+
+    def pause(self, holder: str = "pause") -> None:
+        """Freeze every generation (running and new) until :meth:`resume` with each holder.
+
+        Tokens due up to now are still delivered; later ones come after the resume,
+        as late as the pause lasted, stamped with the version current when they come.
+        Holders let independent pauses (a weight update, a stall) overlap.
+        """
+        self._clock.pause(holder)
+
+    def resume(self, holder: str = "pause") -> None:
+        """Release ``holder``'s pause; generation goes on when no holder is left."""
+        if self._clock.resume(holder):
+            for gen in list(self._running.values()):
+                gen._kick()
+
+    @property
+    def paused(self) -> bool:
+        return self._clock.paused_at is not None
+
+    async def prompt_logprobs(self, input_ids: Sequence[int]) -> list[float | None]:
+        """Deterministic logprobs of every prompt token given the ones before it.
+
+        The first entry is ``None``; the others are float32-exact, <= 0, and depend on
+        the engine seed and the whole prefix. O(len(input_ids)).
+        """
+        await trio.lowlevel.checkpoint()
+        return prompt_logprobs(self._prompt_key, input_ids)
 
     def _version_at(self, t: float) -> str:
         for since, version in reversed(self._versions):
@@ -364,8 +499,10 @@ class SimEngine:
         self.requests_started += 1
         gen._plan = self._make_plan(request, ids)
         gen._start = trio.current_time()
-        gen._first = gen._start + self.config.prefill_latency
+        gen._first = self._clock.active() + self.config.prefill_latency
         gen._first += self.config.prefill_per_token * len(ids)
+        if request.return_routed_experts:
+            gen._routed_prompt = array("i", ids)  # a copy: the caller may reuse its array
         self._running[request.rid] = gen
         self._history[request.rid] = gen
         self._history.move_to_end(request.rid)

@@ -4,7 +4,9 @@ Given the prompt ids the engine received, :func:`read_prompt` finds the offered
 tools and what the last turn was; :func:`policy_text` decides what a plausible
 agent model would say (reasoning, tool calls built from the tools' JSON
 schemas, short answers); :func:`token_logprob` gives each sampled token a
-deterministic, float32-exact logprob.
+deterministic, float32-exact logprob; :func:`prompt_logprobs` and
+:func:`routed_experts` derive per-position values from a rolling hash of the
+prefix, so they change wherever an earlier token changes (as a model's would).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import json
 import math
 import random
 import struct
+import sys
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -41,8 +44,13 @@ def token_logprob(key: bytes, index: int, token_id: int) -> float:
     ``prompt_logprobs`` can reuse it with a key derived from the engine seed.
     """
     digest = hashlib.blake2b(struct.pack("<qq", index, token_id), digest_size=8, key=key).digest()
+    return _logprob_of(digest)
+
+
+def _logprob_of(digest: bytes) -> float:
+    """Map 8 hash bytes to a float32-exact logprob <= 0 (the shape ``token_logprob`` promises)."""
     u = int.from_bytes(digest[:4], "little") / 2**32
-    v = int.from_bytes(digest[4:], "little") / 2**32
+    v = int.from_bytes(digest[4:8], "little") / 2**32
     if u < 0.85:
         lp = -0.3 * v**4
     elif u < 0.97:
@@ -209,3 +217,49 @@ def policy_text(view: PromptView, rng: random.Random, config: SimConfig) -> str:
     return "".join(parts)
 
 
+
+
+def _prefix_states(key: bytes, ids: Sequence[int], count: int) -> list[bytes]:
+    """A 16-byte hash of each prefix ``ids[: i + 1]`` for ``i < count``: O(count)."""
+    states, state = [], b""
+    for tok in ids[:count]:
+        state = hashlib.blake2b(state + struct.pack("<i", tok), digest_size=16, key=key).digest()
+        states.append(state)
+    return states
+
+
+def prompt_logprobs(key: bytes, ids: Sequence[int]) -> list[float | None]:
+    """A logprob for every token given the ones before it; the first is ``None``.
+
+    Float32-exact and <= 0; each depends on the whole prefix up to that token.
+    """
+    out: list[float | None] = [None] if ids else []
+    out.extend(_logprob_of(state) for state in _prefix_states(key, ids, len(ids))[1:])
+    return out
+
+
+def routed_experts(key: bytes, ids: Sequence[int], *, layers: int, topk: int, experts: int) -> bytes:
+    """Simulated MoE routing of every forwarded token: little-endian int32 bytes.
+
+    Shape ``[len(ids) - 1, layers, topk]`` (the last token is sampled, never forwarded);
+    each row holds ``topk`` distinct experts in ``[0, experts)`` per layer and depends
+    on the prefix up to that token.
+    """
+    if not 0 < topk <= experts:
+        raise ValueError(f"need 0 < topk <= experts, got topk={topk}, experts={experts}")
+    out = array("i")
+    for state in _prefix_states(key, ids, max(len(ids) - 1, 0)):
+        pool, counter = b"", 0
+        for _ in range(layers):
+            chosen: list[int] = []
+            while len(chosen) < topk:
+                if len(pool) < 2:
+                    pool += hashlib.blake2b(state + bytes([counter]), digest_size=64).digest()
+                    counter = (counter + 1) % 256
+                expert, pool = int.from_bytes(pool[:2], "little") % experts, pool[2:]
+                if expert not in chosen:
+                    chosen.append(expert)
+            out.extend(chosen)
+    if sys.byteorder == "big":
+        out.byteswap()
+    return out.tobytes()

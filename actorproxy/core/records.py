@@ -81,6 +81,8 @@ class Step:
     logprobs_invalid: bool = False
     incremental_tokenization_failed: bool = False
     error: str | None = None
+    #: R3: base64 little-endian int32 ``[prompt + completion - 1, layers, topk]`` from the engine.
+    routed_experts: str | None = None
     created_at: float = attrs.field(factory=time.time)
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -122,6 +124,8 @@ class Step:
                 "reasoning_content": self.output.reasoning,
                 "tool_calls": [call.to_openai() for call in self.output.tool_calls],
             }
+        if self.routed_experts is not None:
+            data["routed_experts"] = self.routed_experts if include_arrays else "..."
         if include_arrays:
             data["output_ids"] = self.output_ids.tolist()
             data["output_logprobs"] = self.output_logprobs.tolist()

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..backends.base import Backend
+from ..backends.base import Backend, BackendError, ModelInfo
 from ..config import ProxyConfig
 from ..errors import EngineError, NotFound, Overloaded
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
@@ -174,7 +174,7 @@ class Runtime:
 
 
 def make_backend(config: ProxyConfig, tokenizer: ChatTokenizer) -> Backend:
-    """The engine client ``config.backend`` names."""
+    """The engine ``config.backend`` names: the in-process sim, or a pool of engine clients."""
     if config.backend == "sim":
         from ..backends.sim import SimConfig, SimEngine
 
@@ -182,7 +182,47 @@ def make_backend(config: ProxyConfig, tokenizer: ChatTokenizer) -> Backend:
             tokenizer,
             SimConfig(seed=config.sim_seed, token_interval=config.sim_token_interval),
         )
-    raise ValueError(f"unknown backend {config.backend!r}")
+    from ..backends.pool import EnginePool
+
+    connect, read = config.engine_connect_timeout, config.engine_read_timeout
+    clients: list[Backend]
+    if config.backend == "sglang":
+        from ..backends.sglang import SGLangBackend
+
+        clients = [
+            SGLangBackend(
+                url, connect_timeout=connect, read_timeout=read, routed_experts=config.use_rollout_routing_replay
+            )
+            for url in config.backend_urls
+        ]
+    elif config.backend == "vllm":
+        from ..backends.vllm import VLLMBackend
+
+        clients = [VLLMBackend(url, connect_timeout=connect, read_timeout=read) for url in config.backend_urls]
+    elif config.backend == "llamacpp":
+        from ..backends.llamacpp import LlamaCppBackend
+
+        clients = [LlamaCppBackend(url, connect_timeout=connect, read_timeout=read) for url in config.backend_urls]
+    else:
+        raise ValueError(f"unknown backend {config.backend!r}")
+    return EnginePool(
+        clients,
+        names=list(config.backend_urls),
+        max_concurrency=config.engine_max_concurrency,
+        health_interval=config.engine_health_interval,
+    )
+
+
+async def _wait_for_engine(engine: Backend) -> ModelInfo:
+    """The engine's model info, retrying while it starts up (engines take minutes to load)."""
+    delay = 0.5
+    while True:
+        try:
+            return await engine.model_info()
+        except BackendError as exc:
+            log.warning("waiting for the inference engine: %s", exc)
+        await trio.sleep(delay)
+        delay = min(delay * 2, 5.0)
 
 
 @asynccontextmanager
@@ -195,7 +235,11 @@ async def open_runtime(
     """Start the actors; on exit finalize every session into the store, then stop."""
     tok = tokenizer or load_tokenizer(config.tokenizer_path)
     engine = backend or make_backend(config, tok)
-    info = await engine.model_info()
+    info: ModelInfo | None = None
+    with trio.move_on_after(config.engine_startup_timeout):
+        info = await _wait_for_engine(engine)
+    if info is None:
+        raise BackendError(f"the inference engine did not answer within {config.engine_startup_timeout:g} s", status=503)
     window = config.context_window or info.max_model_len or 32768
     if info.max_model_len and window > info.max_model_len:
         # Past the engine's own limit a prompt would fail there as an engine error.
@@ -203,6 +247,9 @@ async def open_runtime(
                     info.max_model_len)
         window = info.max_model_len
     async with trio.open_nursery() as nursery:
+        health_loop = getattr(engine, "run", None)
+        if health_loop is not None:
+            await nursery.start(health_loop)  # the engine pool's health checks
         store_box = await nursery.start(st.TrajectoryStore(max_tokens=config.store_max_tokens).run)
         registry_box: trio.MemorySendChannel[Any] | None = None
 

@@ -349,7 +349,12 @@ class SessionActor:
         assert seg is not None
         if prepared.closed:
             await self._store.send(store_msgs.Put(self.session_id, tuple(prepared.closed)))
-        gen_request = GenerateRequest(prepared.input_ids, prepared.sampling, routing_key=self.session_id)
+        gen_request = GenerateRequest(
+            prepared.input_ids,
+            prepared.sampling,
+            routing_key=self.session_id,
+            return_routed_experts=self._config.use_rollout_routing_replay,
+        )
         step.rid = gen_request.rid
         parser = OutputParser(
             self._tok,
@@ -402,6 +407,11 @@ class SessionActor:
         step.finish_reason = finish.reason
         if finish.weight_version and not step.weight_version:
             step.weight_version = finish.weight_version
+        for span in finish.weight_versions:
+            # The engine's spans are authoritative (vLLM reports them only at the end).
+            end = min(span.end, len(step.output_versions))
+            step.output_versions[span.start : end] = array("i", [version_number(span.version)] * (end - span.start))
+        step.routed_experts = finish.routed_experts
         try:
             if tail:
                 await events.send(TurnDelta(tail))

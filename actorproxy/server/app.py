@@ -198,6 +198,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
                 **await runtime.census(),
                 "store": await runtime.store_stats(),
                 "backend": runtime.backend.kind,
+                **({"engines": runtime.backend.statistics()} if hasattr(runtime.backend, "statistics") else {}),
                 "context_window": runtime.context_window,
                 "tokenizer": runtime.tokenizer.name,
                 "config": runtime.config.public(),

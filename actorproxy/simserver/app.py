@@ -1,0 +1,216 @@
+"""The simulated engine server: one Quart-trio app speaking SGLang, vLLM and llama.cpp.
+
+:func:`serve_sim` is what ``actorproxy sim`` runs; :func:`open_sim_server` is the
+same as an async context manager for tests (port 0 by default: read the URL from
+the yielded :class:`RunningSim`). Routes shared by the engines (``/health``,
+``/v1/models``, ``/update_weight_version``) answer in a shape all their clients
+accept; ``/sim/faults`` and ``/sim/requests`` are the simulator's own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+
+import attrs
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from ..backends.sim import SimEngine
+from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
+from .core import SimServerSettings, SimState
+from .faults import DropConnection, SimFaults
+from .llamacpp_routes import llamacpp_blueprint
+from .sglang_routes import sglang_blueprint
+from .vllm_routes import vllm_blueprint
+from .wire import BadField, bool_field, json_response, read_object, str_field
+
+log = logging.getLogger(__name__)
+
+_STATE_KEY = "actorproxy.simserver"
+
+
+@attrs.frozen
+class RunningSim:
+    """A simulated engine being served: its base URL, engine, faults and server state."""
+
+    url: str
+    engine: SimEngine
+    faults: SimFaults
+    state: SimState
+
+
+def sim_state(app: QuartTrio) -> SimState:
+    """The :class:`SimState` of an app made by :func:`create_sim_app`."""
+    state = app.extensions[_STATE_KEY]
+    assert isinstance(state, SimState)
+    return state
+
+
+def create_sim_app(engine: SimEngine, *, settings: SimServerSettings) -> QuartTrio:
+    """The HTTP app serving ``engine``; its state is :func:`sim_state` (app)."""
+    state = SimState(engine, settings)
+    app = QuartTrio("actorproxy-sim")
+    app.extensions[_STATE_KEY] = state
+    app.config["RESPONSE_TIMEOUT"] = None  # streams last as long as generations do
+    app.config["BODY_TIMEOUT"] = 600
+    app.config["MAX_CONTENT_LENGTH"] = 256 * 1024 * 1024
+    app.config["BACKGROUND_TASK_SHUTDOWN_TIMEOUT"] = None  # cancel the fault timer at once on shutdown
+
+    @app.before_serving
+    async def _start_fault_timer() -> None:
+        app.nursery.start_soon(state.faults.run_timer)
+
+    @app.errorhandler(BadField)
+    async def _bad(error: BadField) -> Response:
+        return json_response({"error": {"message": error.message}}, error.status)
+
+    @app.errorhandler(HTTPException)
+    async def _http(error: HTTPException) -> Response:
+        return json_response({"detail": error.name}, error.code or 500)  # FastAPI's shape
+
+    @app.errorhandler(Exception)
+    async def _unexpected(error: Exception) -> Response:
+        log.exception("simulated server: unexpected error")
+        return json_response({"error": {"message": f"internal error: {type(error).__name__}: {error}"}}, 500)
+
+    @app.get("/health")
+    @app.get("/health_generate")
+    async def health() -> Response:
+        if state.faults.unhealthy or state.closing:
+            return json_response({"error": {"code": 503, "message": "unhealthy", "type": "unavailable_error"}}, 503)
+        return json_response({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        path = settings.model_path
+        card = {"id": path, "object": "model", "created": 0, "owned_by": "actorproxy-sim", "root": path,
+                "parent": None, "max_model_len": engine.config.max_model_len, "permission": []}
+        return json_response({"object": "list", "data": [card]})
+
+    @app.post("/update_weight_version")
+    async def update_weight_version() -> Response:
+        body = await read_object()
+        version = str_field(body, "new_version")
+        if not version:
+            raise BadField("'new_version' is required")
+        if bool_field(body, "abort_all_requests", False):
+            state.abort_matching(lambda names: True)
+        engine.set_weight_version(version)
+        message = f"Weight version updated to {version}"
+        return json_response({"success": True, "message": message, "new_version": version})
+
+    @app.route("/sim/faults", methods=["GET", "POST"])
+    async def faults() -> Response:
+        if request.method == "POST":
+            state.faults.apply(await read_object())
+        return json_response(state.faults.snapshot())
+
+    @app.get("/sim/requests")
+    async def requests() -> Response:
+        return json_response([record.to_json(engine) for record in state.records.values()])
+
+    @app.get("/sim/requests/<rid>")
+    async def one_request(rid: str) -> Response:
+        record = state.records.get(rid)
+        if record is None:
+            return json_response({"detail": "Not Found"}, 404)
+        return json_response(record.to_json(engine))
+
+    app.register_blueprint(sglang_blueprint(state))
+    app.register_blueprint(vllm_blueprint(state))
+    app.register_blueprint(llamacpp_blueprint(state))
+    return app
+
+
+class _NoInjectedDrops(logging.Filter):
+    """Injected connection drops are expected: keep their tracebacks out of the error log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, BaseExceptionGroup):
+            # False for a group makes subgroup() look inside it; keep records with any other error.
+            rest = error.subgroup(lambda e: not isinstance(e, BaseExceptionGroup | DropConnection | trio.Cancelled))
+            return rest is not None
+        return not isinstance(error, DropConnection)
+
+
+def _server_log() -> logging.Logger:
+    server_log = logging.getLogger("actorproxy.simserver.http")
+    if not any(isinstance(f, _NoInjectedDrops) for f in server_log.filters):
+        server_log.addFilter(_NoInjectedDrops())
+    return server_log
+
+
+def _hypercorn_config(settings: SimServerSettings) -> HypercornConfig:
+    hc = HypercornConfig()
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    hc.bind = [f"{host}:{settings.port}"]
+    hc.accesslog = None
+    hc.errorlog = _server_log()
+    hc.graceful_timeout = settings.shutdown_grace
+    hc.keep_alive_timeout = 75
+    return hc
+
+
+async def serve_sim(
+    settings: SimServerSettings,
+    *,
+    engine: SimEngine | None = None,
+    tokenizer: ChatTokenizer | None = None,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[RunningSim] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until ``shutdown_trigger`` returns (or forever), then abort what runs and stop.
+
+    Without ``engine`` one is built from ``settings`` and ``tokenizer`` (default:
+    the tokenizer at ``settings.tokenizer_path``, else the built-in qwen3).
+    """
+    if engine is None:
+        if tokenizer is None:
+            tokenizer = await trio.to_thread.run_sync(load_tokenizer, settings.tokenizer_path)
+        engine = SimEngine(tokenizer, settings.engine_config())
+    app = create_sim_app(engine, settings=settings)
+    state = sim_state(app)
+
+    async def trigger() -> None:
+        await (shutdown_trigger or trio.sleep_forever)()
+        state.closing = True
+        state.gate.open()  # requests held by a pause fail fast instead of hanging the shutdown
+        state.faults.clear()
+        state.abort_matching(lambda names: True)
+
+    class _Status:
+        def started(self, binds: list[str] | None = None) -> None:
+            url = (binds or [f"http://{settings.host}:{settings.port}"])[0]
+            assert engine is not None
+            task_status.started(RunningSim(url, engine, state.faults, state))
+
+    await serve(app, _hypercorn_config(settings), shutdown_trigger=trigger, task_status=_Status())
+
+
+@asynccontextmanager
+async def open_sim_server(
+    settings: SimServerSettings | None = None,
+    *,
+    engine: SimEngine | None = None,
+    tokenizer: ChatTokenizer | None = None,
+) -> AsyncIterator[RunningSim]:
+    """Serve a simulated engine inside the caller's Trio code (port 0 by default); stop on exit."""
+    settings = settings or SimServerSettings(port=0)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        running: RunningSim = await nursery.start(
+            partial(serve_sim, settings, engine=engine, tokenizer=tokenizer, shutdown_trigger=stop.wait)
+        )
+        try:
+            yield running
+        finally:
+            stop.set()
+

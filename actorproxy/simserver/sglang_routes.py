@@ -1,0 +1,275 @@
+"""SGLang's native API over the simulated engine: ``/generate`` and the RL control routes.
+
+Token in, token out: ``input_ids`` is required and ``text`` is refused. Errors are
+``{"error": {"message": ...}}`` with HTTP 400 (500 for an injected failure), as
+SGLang's ``/generate`` answers a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from array import array
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+import attrs
+from quart import Blueprint, Response, request
+
+from ..backends.base import BackendError, GenerateFinish, GenerateRequest, SamplingParams
+from .core import Chunk, SimState, collect, run_generation
+from .wire import (
+    BadField,
+    IncrementalText,
+    bool_field,
+    decode_text,
+    float_field,
+    ids_field,
+    int_field,
+    json_response,
+    opt_int,
+    read_object,
+    section,
+    sse,
+    str_field,
+    token_prompt,
+    weight_spans,
+)
+
+ROUTING_HEADER = "X-SMG-Routing-Key"
+
+
+@attrs.frozen
+class _Options:
+    """How to write the response (the request's output options)."""
+
+    stream: bool
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+    skip_special: bool
+    no_stop_trim: bool
+    max_new_tokens: int
+
+
+def _error(message: str, status: int = 400) -> Response:
+    return json_response({"error": {"message": message}}, status)
+
+
+def _finish_reason(finish: GenerateFinish, completion_tokens: int) -> dict[str, Any]:
+    if finish.reason == "stop":
+        return {"type": "stop", "matched": finish.matched_stop}
+    if finish.reason == "length":
+        return {"type": "length", "length": completion_tokens}
+    return {"type": "abort", "message": finish.message or "Abort request"}
+
+
+def check_common_sampling(state: SimState, params: dict[str, Any]) -> None:
+    """Refuse what the simulator cannot honour rather than silently ignore it."""
+    if params.get("stop"):
+        raise BadField("stop strings are not supported by the simulated engine; use stop_token_ids")
+    ignore_eos = bool_field(params, "ignore_eos", state.engine.config.ignore_eos)
+    if ignore_eos != state.engine.config.ignore_eos:
+        raise BadField(f"this simulated engine runs with ignore_eos={state.engine.config.ignore_eos} for every request")
+
+
+def _parse(state: SimState, body: dict[str, Any]) -> tuple[GenerateRequest, _Options]:
+    if body.get("input_ids") is None:
+        if body.get("text") is not None:
+            raise BadField("'text' is not supported: the simulated engine is token-in only; send 'input_ids'")
+        raise BadField("Either text, input_ids or input_embeds should be provided.")
+    ids = token_prompt(body, "input_ids", vocab_size=state.engine.tokenizer.vocab_size)
+    params = section(body, "sampling_params")
+    check_common_sampling(state, params)
+    seed = opt_int(params, "sampling_seed")
+    sampling = SamplingParams(
+        max_new_tokens=int_field(params, "max_new_tokens", 128, minimum=0),
+        temperature=float_field(params, "temperature", 1.0, minimum=0.0),
+        top_p=float_field(params, "top_p", 1.0, minimum=0.0),
+        top_k=int_field(params, "top_k", -1),
+        min_p=float_field(params, "min_p", 0.0, minimum=0.0),
+        stop_token_ids=tuple(ids_field(params, "stop_token_ids") or ()),
+        seed=seed if seed is not None else opt_int(params, "seed"),
+    )
+    experts = bool_field(body, "return_routed_experts", False)
+    if experts and not state.settings.enable_return_routed_experts:
+        raise BadField("return_routed_experts needs the server flag --enable-return-routed-experts")
+    rid = str_field(body, "rid") or uuid.uuid4().hex
+    generate = GenerateRequest(
+        array("i", ids),
+        sampling,
+        rid=rid,
+        routing_key=request.headers.get(ROUTING_HEADER),
+        return_routed_experts=experts,
+    )
+    options = _Options(
+        stream=bool_field(body, "stream", False),
+        return_logprob=bool_field(body, "return_logprob", False),
+        logprob_start_len=int_field(body, "logprob_start_len", -1, minimum=-1),
+        top_logprobs_num=int_field(body, "top_logprobs_num", 0, minimum=0),
+        skip_special=bool_field(params, "skip_special_tokens", True),
+        no_stop_trim=bool_field(params, "no_stop_trim", False),
+        max_new_tokens=sampling.max_new_tokens,
+    )
+    return generate, options
+
+
+class _Writer:
+    """Builds ``/generate`` outputs (whole, cumulative stream events, or incremental ones)."""
+
+    def __init__(self, state: SimState, req: GenerateRequest, options: _Options, prompt_lps: list[Any]) -> None:
+        self.state, self.req, self.options = state, req, options
+        skip = state.engine.tokenizer.special_ids if options.skip_special else frozenset()
+        self.skip = skip
+        self.text = IncrementalText(state.engine.tokenizer, skip)
+        self.ids: list[int] = []
+        self.lps: list[float] = []
+        self.versions: list[str] = []
+        self.input_lps = prompt_lps
+
+    def _trimmed(self, ids: list[int], finish: GenerateFinish | None) -> list[int]:
+        # SGLang drops a matched stop token from the text (not from output_ids) unless no_stop_trim.
+        if finish is not None and finish.matched_stop is not None and not self.options.no_stop_trim and ids:
+            return ids[:-1]
+        return ids
+
+    def meta(self, finish: GenerateFinish | None, version: str, start: int) -> dict[str, Any]:
+        opts = self.options
+        meta: dict[str, Any] = {
+            "id": self.req.rid,
+            "finish_reason": None if finish is None else _finish_reason(finish, len(self.ids)),
+            "prompt_tokens": len(self.req.input_ids),
+            "completion_tokens": len(self.ids),
+            "cached_tokens": 0,
+            "weight_version": version,
+        }
+        if opts.return_logprob:
+            meta["input_token_logprobs"] = self.input_lps
+            pairs = zip(self.lps[start:], self.ids[start:], strict=True)
+            meta["output_token_logprobs"] = [[lp, i, None] for lp, i in pairs]
+            if opts.top_logprobs_num > 0:
+                # Only the sampled token's logprob is known to the simulator.
+                meta["input_top_logprobs"] = [None if e[0] is None else [e] for e in self.input_lps]
+                meta["output_top_logprobs"] = [[e] for e in meta["output_token_logprobs"]]
+        if finish is not None:
+            meta["weight_versions"] = weight_spans(self.versions)
+            if finish.routed_experts is not None:
+                meta["routed_experts"] = finish.routed_experts
+        return meta
+
+    def event(self, chunk: Chunk) -> dict[str, Any]:
+        start = len(self.ids)
+        self.ids += chunk.token_ids
+        self.lps += chunk.logprobs
+        self.versions += chunk.versions
+        new = self._trimmed(list(chunk.token_ids), chunk.finish)
+        delta = self.text.push(new, final=chunk.finish is not None)
+        version = chunk.versions[-1] if chunk.versions else self.state.engine.weight_version
+        if chunk.finish is not None:
+            version = chunk.finish.weight_version
+        if self.state.settings.incremental_streaming_output:
+            meta = self.meta(chunk.finish, version, start)
+            return {"text": delta, "output_ids": list(chunk.token_ids), "meta_info": meta}
+        meta = self.meta(chunk.finish, version, 0)
+        return {"text": self.text.text, "output_ids": list(self.ids), "meta_info": meta}
+
+    def whole(self, ids: list[int], lps: list[float], versions: list[str], finish: GenerateFinish) -> dict[str, Any]:
+        self.ids, self.lps, self.versions = ids, lps, versions
+        text = decode_text(self.state.engine.tokenizer, self._trimmed(ids, finish), self.skip)
+        return {"text": text, "output_ids": ids, "meta_info": self.meta(finish, finish.weight_version, 0)}
+
+
+async def _input_logprobs(state: SimState, req: GenerateRequest, options: _Options) -> list[Any]:
+    if not options.return_logprob or options.logprob_start_len < 0:
+        return []
+    lps = await state.engine.prompt_logprobs(req.input_ids)
+    start = options.logprob_start_len
+    return [[lp, tok, None] for lp, tok in zip(lps[start:], req.input_ids[start:], strict=True)]
+
+
+async def _stream(
+    state: SimState, req: GenerateRequest, writer: _Writer, drop_after: int | None
+) -> AsyncIterator[bytes]:
+    try:
+        gen = run_generation(state, req, protocol="sglang", stream=True, drop_after=drop_after)
+        async with aclosing(gen) as chunks:
+            async for chunk in chunks:
+                yield sse(writer.event(chunk))
+    except BackendError as exc:
+        yield sse({"error": {"message": str(exc)}})
+    yield sse("[DONE]")
+
+
+def sglang_blueprint(state: SimState) -> Blueprint:
+    """SGLang's routes: generate, abort, weight version, pause/continue, model info."""
+    bp = Blueprint("sglang", __name__)
+
+    @bp.errorhandler(BadField)
+    async def _bad(error: BadField) -> Response:
+        return _error(error.message, error.status)
+
+    @bp.errorhandler(BackendError)
+    async def _engine(error: BackendError) -> Response:
+        return _error(str(error), error.status)
+
+    @bp.post("/generate")
+    async def generate() -> Response:
+        req, options = _parse(state, await read_object())
+        if not options.stream:  # a stream reports these as an error event, as SGLang does
+            state.check_new(req)
+        if state.faults.take_failure():
+            state.fail(req.rid, "sglang", options.stream, len(req.input_ids), "injected failure")
+            return _error("simulated engine failure (injected fault)", 500)
+        writer = _Writer(state, req, options, await _input_logprobs(state, req, options))
+        headers = {"X-Sim-Rid": req.rid}
+        if options.stream:
+            body = _stream(state, req, writer, state.faults.take_drop())
+            response = Response(body, mimetype="text/event-stream", headers=headers)
+            response.timeout = None
+            return response
+        ids, lps, versions, finish = await collect(state, req, protocol="sglang")
+        return json_response(writer.whole(ids, lps, versions, finish), headers=headers)
+
+    @bp.post("/abort_request")
+    async def abort_request() -> Response:
+        body = await read_object()
+        state.abort_prefix(str_field(body, "rid") or "", abort_all=bool_field(body, "abort_all", False))
+        return Response("", status=200)
+
+    @bp.get("/get_model_info")
+    async def get_model_info() -> Response:
+        return json_response(
+            {
+                "model_path": state.settings.model_path,
+                "tokenizer_path": state.tokenizer_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": state.engine.weight_version,
+            }
+        )
+
+    @bp.get("/get_weight_version")
+    async def get_weight_version() -> Response:
+        return json_response({"weight_version": state.engine.weight_version})
+
+    @bp.post("/pause_generation")
+    async def pause_generation() -> Response:
+        body = await read_object(optional=True)
+        mode = str_field(body, "mode") or "abort"
+        if mode not in ("abort", "retract", "in_place"):
+            raise BadField(f"mode must be abort, retract or in_place, got {mode!r}")
+        state.gate.close()
+        if mode == "abort":  # SGLang returns once the running requests are gone
+            state.abort_matching(lambda names: True)
+            await state.wait_idle()
+        else:  # the running requests keep their state and go on after /continue_generation
+            state.engine.pause("server-pause")
+        return json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    @bp.post("/continue_generation")
+    async def continue_generation() -> Response:
+        state.gate.open()
+        state.engine.resume("server-pause")
+        return json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    return bp

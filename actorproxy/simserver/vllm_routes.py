@@ -1,0 +1,339 @@
+"""vLLM's token routes over the simulated engine.
+
+``/inference/v1/generate`` (tokens in, tokens out; optional, see
+``SimServerSettings.vllm_generate_endpoint``), the ``/v1/completions`` fallback
+with a token-id prompt, aborts and the RL pause routes. Errors are
+``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from array import array
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+import attrs
+from quart import Blueprint, Response, request
+
+from ..backends.base import BackendError, GenerateFinish, GenerateRequest, SamplingParams
+from .core import Chunk, SimState, collect, default_max_tokens, run_generation
+from .sglang_routes import ROUTING_HEADER, check_common_sampling
+from .wire import (
+    BadField,
+    IncrementalText,
+    bool_field,
+    decode_text,
+    float_field,
+    ids_field,
+    int_field,
+    json_response,
+    npy_base64,
+    opt_int,
+    read_object,
+    section,
+    sse,
+    str_field,
+    token_prompt,
+    weight_spans,
+)
+
+
+@attrs.frozen
+class _Call:
+    """One parsed vLLM request: what to run and how to answer."""
+
+    req: GenerateRequest
+    response_id: str
+    stream: bool
+    include_usage: bool
+    logprobs: int | None
+    prompt_logprobs: int | None
+    skip_special: bool
+    include_stop: bool
+    return_token_ids: bool
+    tokens_as_ids: bool
+    experts_start: int
+
+
+def _error(message: str, status: int = 400) -> Response:
+    kinds = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
+    kind = kinds.get(status, "InternalServerError")
+    return json_response({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
+
+
+def _parse(state: SimState, body: dict[str, Any], *, completions: bool) -> _Call:
+    params = body if completions else section(body, "sampling_params")
+    prompt_field = "prompt" if completions else "token_ids"
+    ids = token_prompt(body, prompt_field, vocab_size=state.engine.tokenizer.vocab_size)
+    check_common_sampling(state, params)
+    if int_field(params, "n", 1) != 1:
+        raise BadField("the simulated engine supports n=1 only")
+    if completions and bool_field(body, "echo", False):
+        raise BadField("echo is not supported by the simulated engine")
+    stream = bool_field(body, "stream", False)
+    prompt_logprobs = opt_int(params, "prompt_logprobs", minimum=-1)
+    if stream and prompt_logprobs is not None and prompt_logprobs != 0:
+        raise BadField("`prompt_logprobs` are not available when `stream=True`.")
+    default_max = 16 if completions else default_max_tokens(state, len(ids))
+    top_k = int_field(params, "top_k", 0)
+    sampling = SamplingParams(
+        max_new_tokens=int_field(params, "max_tokens", default_max, minimum=1),  # vLLM refuses 0
+        temperature=float_field(params, "temperature", 1.0, minimum=0.0),
+        top_p=float_field(params, "top_p", 1.0, minimum=0.0),
+        top_k=-1 if top_k == 0 else top_k,
+        min_p=float_field(params, "min_p", 0.0, minimum=0.0),
+        stop_token_ids=tuple(ids_field(params, "stop_token_ids") or ()),
+        seed=opt_int(params, "seed"),
+    )
+    rid = str_field(body, "request_id") or uuid.uuid4().hex
+    req = GenerateRequest(
+        array("i", ids),
+        sampling,
+        rid=rid,
+        routing_key=request.headers.get(ROUTING_HEADER),
+        return_routed_experts=state.settings.enable_return_routed_experts,
+    )
+    return _Call(
+        req=req,
+        response_id=("cmpl-" if completions else "generate-tokens-") + rid,
+        stream=stream,
+        include_usage=bool_field(section(body, "stream_options"), "include_usage", False),
+        logprobs=opt_int(params, "logprobs", minimum=-1),
+        prompt_logprobs=prompt_logprobs,
+        skip_special=bool_field(params, "skip_special_tokens", True),
+        include_stop=bool_field(params, "include_stop_str_in_output", False),
+        return_token_ids=bool_field(body, "return_token_ids", False) or not completions,
+        tokens_as_ids=bool_field(body, "return_tokens_as_token_ids", False),
+        experts_start=int_field(body, "routed_experts_prompt_start", 0, minimum=0),
+    )
+
+
+class _Writer:
+    """Builds the response bodies of one call; remembers what it already sent."""
+
+    def __init__(self, state: SimState, call: _Call) -> None:
+        self.state, self.call = state, call
+        tok = state.engine.tokenizer
+        self.skip = tok.special_ids if call.skip_special else frozenset()
+        self.text = IncrementalText(tok, self.skip)
+        self.count = 0
+        self.versions: list[str] = []
+        self.offset = 0  # characters of text sent (completions' text_offset)
+
+    def _visible(self, ids: list[int], finish: GenerateFinish | None) -> list[int]:
+        # vLLM's detokenizer leaves out the token that stopped the generation (EOS or stop id).
+        if finish is not None and finish.matched_stop is not None and not self.call.include_stop and ids:
+            return ids[:-1]
+        return ids
+
+    def _token_str(self, token_id: int) -> str:
+        if self.call.tokens_as_ids:
+            return f"token_id:{token_id}"
+        return self.state.engine.tokenizer.decode([token_id])
+
+    def tokens_logprobs(self, ids: tuple[int, ...], lps: tuple[float, ...]) -> dict[str, Any] | None:
+        if self.call.logprobs is None:
+            return None
+        content = []
+        for token_id, lp in zip(ids, lps, strict=True):
+            entry: dict[str, Any] = {"token": f"token_id:{token_id}", "token_id": token_id, "logprob": lp}
+            top = [{"token": f"token_id:{token_id}", "logprob": lp, "bytes": None}] if self.call.logprobs else []
+            content.append(entry | {"bytes": None, "top_logprobs": top})
+        return {"content": content}
+
+    def completion_logprobs(self, ids: tuple[int, ...], lps: tuple[float, ...]) -> dict[str, Any] | None:
+        if self.call.logprobs is None:
+            return None
+        tokens = [self._token_str(i) for i in ids]
+        offsets = []
+        for token in tokens:
+            offsets.append(self.offset)
+            self.offset += len(token)
+        return {
+            "text_offset": offsets,
+            "token_logprobs": list(lps),
+            "tokens": tokens,
+            "top_logprobs": [{t: lp} for t, lp in zip(tokens, lps, strict=True)],
+        }
+
+    def finish_fields(self, finish: GenerateFinish) -> dict[str, Any]:
+        experts = None
+        if finish.routed_experts is not None:
+            raw = base64.b64decode(finish.routed_experts)
+            cfg = self.state.engine.config
+            width = cfg.num_layers * cfg.moe_topk
+            skip = min(self.call.experts_start, len(raw) // (4 * width))
+            raw = raw[skip * width * 4 :]
+            experts = npy_base64(raw, (len(raw) // (4 * width), cfg.num_layers, cfg.moe_topk))
+        return {"routed_experts": experts, "weight_versions": weight_spans(self.versions)}
+
+    def usage(self) -> dict[str, int]:
+        prompt = len(self.call.req.input_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": self.count, "total_tokens": prompt + self.count}
+
+    def stop_reason(self, finish: GenerateFinish) -> int | None:
+        matched = finish.matched_stop
+        return matched if matched is not None and matched in self.call.req.sampling.stop_token_ids else None
+
+    def generate_chunk(self, chunk: Chunk) -> dict[str, Any]:
+        self.count += len(chunk.token_ids)
+        self.versions += chunk.versions
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": self.tokens_logprobs(chunk.token_ids, chunk.logprobs),
+            "finish_reason": None if chunk.finish is None else chunk.finish.reason,
+            "token_ids": list(chunk.token_ids),
+        }
+        if chunk.finish is not None:
+            choice |= self.finish_fields(chunk.finish)
+        return {"request_id": self.call.response_id, "choices": [choice]}
+
+    def completion_chunk(self, chunk: Chunk, *, created: int) -> dict[str, Any]:
+        first = self.count == 0 and not self.versions
+        self.count += len(chunk.token_ids)
+        self.versions += chunk.versions
+        visible = self._visible(list(chunk.token_ids), chunk.finish)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": self.text.push(visible, final=chunk.finish is not None),
+            "logprobs": self.completion_logprobs(chunk.token_ids, chunk.logprobs),
+            "finish_reason": None if chunk.finish is None else chunk.finish.reason,
+            "stop_reason": None if chunk.finish is None else self.stop_reason(chunk.finish),
+        }
+        if self.call.return_token_ids:
+            if first:
+                choice["prompt_token_ids"] = list(self.call.req.input_ids)
+            choice["token_ids"] = list(chunk.token_ids)
+        model = self.state.settings.model_path
+        return {"id": self.call.response_id, "object": "text_completion", "created": created, "model": model,
+                "choices": [choice], "usage": None}
+
+
+async def _prompt_logprobs(state: SimState, call: _Call) -> list[Any] | None:
+    if call.prompt_logprobs is None:
+        return None
+    tok = state.engine.tokenizer
+    lps = await state.engine.prompt_logprobs(call.req.input_ids)
+    return [
+        None if lp is None else {str(i): {"logprob": lp, "rank": 1, "decoded_token": tok.decode([i])}}
+        for lp, i in zip(lps, call.req.input_ids, strict=True)
+    ]
+
+
+async def _stream(state: SimState, call: _Call, drop_after: int | None, *, completions: bool) -> AsyncIterator[bytes]:
+    writer, created = _Writer(state, call), int(time.time())
+    names = (call.response_id,)
+    try:
+        gen = run_generation(state, call.req, protocol="vllm", stream=True, names=names, drop_after=drop_after)
+        async with aclosing(gen) as chunks:
+            async for chunk in chunks:
+                data = writer.completion_chunk(chunk, created=created) if completions else writer.generate_chunk(chunk)
+                yield sse(data)
+        if call.include_usage:
+            head = {"id": call.response_id, "object": "text_completion", "created": created,
+                    "model": state.settings.model_path} if completions else {"request_id": call.response_id}
+            yield sse(head | {"choices": [], "usage": writer.usage()})
+    except BackendError as exc:
+        yield sse({"error": {"message": str(exc), "type": "InternalServerError", "param": None, "code": exc.status}})
+    yield sse("[DONE]")
+
+
+async def _answer(state: SimState, *, completions: bool) -> Response:
+    call = _parse(state, await read_object(), completions=completions)
+    state.check_new(call.req)
+    if state.faults.take_failure():
+        state.fail(call.req.rid, "vllm", call.stream, len(call.req.input_ids), "injected failure")
+        return _error("simulated engine failure (injected fault)", 500)
+    headers = {"X-Sim-Rid": call.req.rid}
+    if call.stream:
+        body = _stream(state, call, state.faults.take_drop(), completions=completions)
+        response = Response(body, mimetype="text/event-stream", headers=headers)
+        response.timeout = None
+        return response
+    prompt_lps = await _prompt_logprobs(state, call)
+    ids, lps, versions, finish = await collect(state, call.req, protocol="vllm")
+    writer = _Writer(state, call)
+    chunk = Chunk(tuple(ids), tuple(lps), tuple(versions), finish)
+    if not completions:
+        data = writer.generate_chunk(chunk)
+        return json_response(data | {"usage": writer.usage(), "prompt_logprobs": prompt_lps}, headers=headers)
+    data = writer.completion_chunk(chunk, created=int(time.time()))
+    data["choices"][0]["text"] = decode_text(state.engine.tokenizer, writer._visible(ids, finish), writer.skip)
+    data["choices"][0] |= writer.finish_fields(finish) | {"prompt_logprobs": prompt_lps}
+    if not call.return_token_ids:
+        data["choices"][0] |= {"token_ids": None, "prompt_token_ids": None}
+    data["choices"][0].pop("weight_versions")
+    return json_response(data | {"usage": writer.usage()}, headers=headers)
+
+
+def vllm_blueprint(state: SimState) -> Blueprint:
+    """vLLM's routes: generate (if enabled), completions, aborts, pause/resume."""
+    bp = Blueprint("vllm", __name__)
+
+    @bp.errorhandler(BadField)
+    async def _bad(error: BadField) -> Response:
+        return _error(error.message, error.status)
+
+    @bp.errorhandler(BackendError)
+    async def _engine(error: BackendError) -> Response:
+        return _error(str(error), error.status)
+
+    if state.settings.vllm_generate_endpoint:
+
+        @bp.post("/inference/v1/generate")
+        async def generate() -> Response:
+            return await _answer(state, completions=False)
+
+    @bp.post("/v1/completions")
+    async def completions() -> Response:
+        return await _answer(state, completions=True)
+
+    @bp.post("/inference/v1/abort_requests")
+    async def abort_tokens_requests() -> Response:
+        ids = (await read_object()).get("request_ids")
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise BadField("Missing 'request_ids' in request body")
+        state.abort_ids(ids)
+        return Response("", status=200)
+
+    @bp.post("/abort_requests")
+    async def abort_requests() -> Response:
+        ids = (await read_object(optional=True)).get("request_ids") or []
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise BadField("'request_ids' must be a list of strings")
+        count = state.abort_ids(ids) if ids else state.abort_matching(lambda names: True)
+        return json_response({"status": "aborted", "aborted": count})
+
+    @bp.post("/pause")
+    async def pause() -> Response:
+        mode = request.args.get("mode", "abort")
+        if mode not in ("abort", "wait", "keep"):
+            raise BadField(f"mode must be abort, wait or keep, got {mode!r}")
+        state.gate.close()
+        if mode == "keep":  # in-flight requests freeze and go on after /resume
+            state.engine.pause("server-pause")
+        else:
+            if mode == "abort":
+                state.abort_matching(lambda names: True)
+            await state.wait_idle()
+        return json_response({"status": "paused"})
+
+    @bp.post("/resume")
+    async def resume() -> Response:
+        state.gate.open()
+        state.engine.resume("server-pause")
+        return json_response({"status": "resumed"})
+
+    @bp.get("/is_paused")
+    async def is_paused() -> Response:
+        return json_response({"is_paused": state.gate.paused})
+
+    @bp.get("/weight_info")
+    async def weight_info() -> Response:
+        return json_response({"weight_version": state.engine.weight_version})
+
+    return bp

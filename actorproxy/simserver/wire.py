@@ -1,0 +1,206 @@
+"""Wire helpers shared by the simulated engines' routes (no Trio, no app state).
+
+Request fields are read tolerantly (unknown keys are ignored, as the real
+servers do) but typed strictly: a wrong type raises :class:`BadField`, which
+each protocol's blueprint renders in that engine's own error format.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import sys
+from array import array
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from quart import Response, request
+
+from ..tokenization.tokenizer import ChatTokenizer
+
+
+class BadField(ValueError):
+    """A request the engine would reject with HTTP 400 (or ``status``)."""
+
+    def __init__(self, message: str, *, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+def dumps(data: Any) -> str:
+    """Compact JSON, as orjson / pydantic write it."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(dumps(data), status=status, mimetype="application/json", headers=dict(headers or {}))
+
+
+def sse(data: Any) -> bytes:
+    """One server-sent event: ``data: <json>\\n\\n`` (``[DONE]`` passes as a str)."""
+    body = data if isinstance(data, str) else dumps(data)
+    return f"data: {body}\n\n".encode()
+
+
+async def read_object(*, optional: bool = False) -> dict[str, Any]:
+    """The request body as a JSON object, else :class:`BadField`; ``optional``: empty is ``{}``."""
+    raw = await request.get_data(cache=False, as_text=False)
+    if optional and not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw) if raw else None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadField(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadField("the request body must be a JSON object")
+    return body
+
+
+def section(body: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """A nested object such as ``sampling_params``; missing or null is ``{}``."""
+    value = body.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadField(f"'{name}' must be an object")
+    return value
+
+
+def opt_int(body: Mapping[str, Any], name: str, *, minimum: int | None = None) -> int | None:
+    """An integer field, ``None`` when absent or null."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+        raise BadField(f"'{name}' must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise BadField(f"'{name}' must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def int_field(body: Mapping[str, Any], name: str, default: int, *, minimum: int | None = None) -> int:
+    value = opt_int(body, name, minimum=minimum)
+    return default if value is None else value
+
+
+def float_field(body: Mapping[str, Any], name: str, default: float, *, minimum: float | None = None) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadField(f"'{name}' must be a number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise BadField(f"'{name}' must be >= {minimum}, got {value}")
+    return float(value)
+
+
+def bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadField(f"'{name}' must be a boolean, got {value!r}")
+    return value
+
+
+def str_field(body: Mapping[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadField(f"'{name}' must be a string, got {value!r}")
+    return value
+
+
+def ids_field(body: Mapping[str, Any], name: str, *, vocab_size: int | None = None) -> list[int] | None:
+    """A list of token ids, or ``None`` when absent."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise BadField(f"'{name}' must be a list of token ids (integers)")
+    if any(i < 0 or (vocab_size is not None and i >= vocab_size) for i in value):
+        raise BadField(f"'{name}' holds a token id outside the vocabulary")
+    return value
+
+
+def token_prompt(body: Mapping[str, Any], name: str, *, vocab_size: int) -> list[int]:
+    """A required token-id prompt; a text prompt is refused (the simulator is token-in only)."""
+    value = body.get(name)
+    if isinstance(value, str) or (isinstance(value, list) and value and isinstance(value[0], str)):
+        raise BadField(
+            f"'{name}' is text: the simulated engine is token-in only; send token ids "
+            "(tokenize with the model's tokenizer first)"
+        )
+    if isinstance(value, list) and value and isinstance(value[0], list):
+        if len(value) != 1:
+            raise BadField(f"'{name}': batches of prompts are not supported by the simulator")
+        value = value[0]
+    ids = ids_field({name: value}, name, vocab_size=vocab_size)
+    if not ids:
+        raise BadField(f"'{name}' is required: a non-empty list of token ids")
+    return ids
+
+
+class IncrementalText:
+    """Detokenize a growing id list into stable text deltas (as engines' detokenizers do).
+
+    Text is held back while it ends in an incomplete UTF-8 sequence; ``skip`` ids
+    (special tokens, for ``skip_special_tokens``) are left out.
+    """
+
+    def __init__(self, tokenizer: ChatTokenizer, skip: frozenset[int] = frozenset()) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip
+        self._ids: list[int] = []
+        self._prefix = 0  # ids before this were fully emitted
+        self._read = 0  # ids before this are covered by the emitted text
+        self.text = ""
+
+    def push(self, ids: Sequence[int], *, final: bool = False) -> str:
+        """Add ids; return the new text (possibly empty)."""
+        self._ids.extend(i for i in ids if i not in self._skip)
+        decode = self._tokenizer.decode
+        done = decode(self._ids[self._prefix : self._read])
+        full = decode(self._ids[self._prefix :])
+        if len(full) <= len(done) or (full.endswith("\ufffd") and not final):
+            return ""
+        delta = full[len(done) :]
+        self._prefix, self._read = self._read, len(self._ids)
+        self.text += delta
+        return delta
+
+
+def decode_text(tokenizer: ChatTokenizer, ids: Sequence[int], skip: frozenset[int] = frozenset()) -> str:
+    return tokenizer.decode([i for i in ids if i not in skip])
+
+
+def int32_le(raw: bytes) -> array[int]:
+    """Little-endian int32 bytes as an ``array('i')``."""
+    values = array("i", raw)
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values
+
+
+def npy_base64(raw_le_int32: bytes, shape: tuple[int, ...]) -> str:
+    """Base64 of a ``.npy`` file holding little-endian int32 data of ``shape`` (vLLM's format)."""
+    dims = ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "")
+    header = f"{{'descr': '<i4', 'fortran_order': False, 'shape': ({dims}), }}"
+    pad = 64 - (10 + len(header) + 1) % 64
+    header += " " * (pad % 64) + "\n"
+    blob = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode("latin1") + raw_le_int32
+    return base64.b64encode(blob).decode("ascii")
+
+
+def weight_spans(versions: Sequence[str]) -> list[dict[str, Any]]:
+    """Half-open ``[start, end)`` spans of output indexes sampled by each weight version."""
+    spans: list[dict[str, Any]] = []
+    for i, version in enumerate(versions):
+        if spans and spans[-1]["version"] == version:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": version, "start": i, "end": i + 1})
+    return spans
