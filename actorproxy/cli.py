@@ -77,9 +77,63 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model.add_argument(
         "--backend",
-        choices=["sim"],
+        choices=["sim", "sglang", "vllm", "llamacpp"],
         default=_DEFAULTS.backend,
-        help="inference engine: 'sim' is the built-in simulated engine",
+        help="inference engine: 'sim' is the built-in simulated engine; the others need --backend-url",
+    )
+    model.add_argument(
+        "--backend-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an engine's base URL; repeat it (or separate with commas) for a pool of engines",
+    )
+    model.add_argument(
+        "--sglang-router-url",
+        metavar="URL",
+        help="shorthand for --backend sglang --backend-url URL (an SGLang worker or sgl-router)",
+    )
+    model.add_argument(
+        "--vllm-addresses",
+        metavar="URL,URL",
+        help="shorthand for --backend vllm --backend-url URL,URL",
+    )
+    engines = run.add_argument_group("engine pool")
+    engines.add_argument(
+        "--engine-max-concurrency",
+        type=_positive_int,
+        default=_DEFAULTS.engine_max_concurrency,
+        help="generations in flight per engine; more wait in the proxy (shown in /health)",
+    )
+    engines.add_argument(
+        "--engine-health-interval",
+        type=_positive_float,
+        default=_DEFAULTS.engine_health_interval,
+        help="seconds between health checks of every engine",
+    )
+    engines.add_argument(
+        "--engine-connect-timeout",
+        type=_positive_float,
+        default=_DEFAULTS.engine_connect_timeout,
+        help="seconds to connect to an engine before the turn fails over or gets 502",
+    )
+    engines.add_argument(
+        "--engine-read-timeout",
+        type=_positive_float,
+        default=_DEFAULTS.engine_read_timeout,
+        help="seconds without a byte from a streaming engine before the turn gets 504",
+    )
+    engines.add_argument(
+        "--engine-startup-timeout",
+        type=_positive_float,
+        default=_DEFAULTS.engine_startup_timeout,
+        help="seconds to wait at start for the engines to answer",
+    )
+    engines.add_argument(
+        "--use-rollout-routing-replay",
+        action="store_true",
+        help="record the MoE experts of every token on each step (R3; SGLang needs "
+        "--enable-return-routed-experts)",
     )
     model.add_argument(
         "--sim-token-interval",
@@ -240,12 +294,38 @@ async def _sim_main(settings: SimServerSettings) -> None:
         )
 
 
+def _engine_choice(args: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
+    """The backend kind and URLs from --backend/--backend-url and the two shorthands."""
+    backend = args.backend
+    urls = [u.strip() for raw in args.backend_url for u in raw.split(",") if u.strip()]
+    if args.sglang_router_url:
+        backend = "sglang" if backend == "sim" else backend
+        urls.append(args.sglang_router_url.strip())
+    if args.vllm_addresses:
+        backend = "vllm" if backend == "sim" else backend
+        urls.extend(u.strip() for u in args.vllm_addresses.split(",") if u.strip())
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"engine URL {url!r} must start with http:// or https://")
+    if backend == "sim" and urls:
+        raise ValueError("--backend-url needs --backend sglang, vllm or llamacpp")
+    return backend, tuple(urls)
+
+
 def config_from_args(args: argparse.Namespace) -> ProxyConfig:
+    backend, urls = _engine_choice(args)
     return ProxyConfig(
         host=args.host,
         port=args.port,
         tokenizer_path=args.tokenizer_path,
-        backend=args.backend,
+        backend=backend,  # type: ignore[arg-type]
+        backend_urls=urls,
+        engine_max_concurrency=args.engine_max_concurrency,
+        engine_health_interval=args.engine_health_interval,
+        engine_connect_timeout=args.engine_connect_timeout,
+        engine_read_timeout=args.engine_read_timeout,
+        engine_startup_timeout=args.engine_startup_timeout,
+        use_rollout_routing_replay=args.use_rollout_routing_replay,
         trajectory_build_mode=args.trajectory_build_mode,
         max_steps_per_session=args.max_steps_per_session,
         context_window=args.context_window,

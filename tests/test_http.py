@@ -247,8 +247,9 @@ async def test_stream_disconnect_stops_generation(http: httpx.AsyncClient, engin
             await trio.sleep(0.01)
     step = described["recent_steps"][-1]
     assert step["status"] == "client_disconnected" and step["in_segment"] is False
-    assert engine.stats(step["rid"]).cancelled
-    assert 0 < step["completion_tokens"] < 400
+    stats = engine.stats(step["rid"])
+    assert stats.aborted and stats.finish_reason == "abort"
+    assert 0 < step["completion_tokens"] == len(stats.token_ids) < 400
 
 
 async def test_health_models_stats(http: httpx.AsyncClient) -> None:

@@ -29,13 +29,14 @@ class Flaky:
     kind: str = "sim"
     opened: int = 0
     up: bool = True
+    error: BackendError | None = None
 
     @asynccontextmanager
     async def open_generation(self, request: GenerateRequest) -> AsyncIterator[Any]:
         self.opened += 1
         if self.fail_open > 0:
             self.fail_open -= 1
-            raise BackendError("connection refused")
+            raise self.error or BackendError("connection refused", unreachable=True)
         if self.fail_first > 0:
             self.fail_first -= 1
             yield _Broken()
@@ -63,7 +64,7 @@ class _Broken:
         return self
 
     async def __anext__(self) -> Any:
-        raise BackendError("stream dropped before the first token")
+        raise BackendError("stream dropped before the first token", unreachable=True)
 
     async def abort(self) -> None:
         pass
@@ -129,6 +130,23 @@ async def test_all_engines_down(tokenizer: Any, autojump_clock: trio.testing.Moc
     await pool.check_health()
     with pytest.raises(BackendError, match="no healthy"):
         await _drain(pool, _request(tokenizer, "s"))
+
+
+async def test_an_engine_error_is_retried_but_does_not_mark_it_down(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    engines = _engines(tokenizer, 2)
+    pool = EnginePool(list(engines), names=["a", "b"])
+    engines[0].fail_open = 1
+    engines[1].fail_open = 1
+    failing = BackendError("HTTP 500 from the engine")
+    for engine in engines:
+        engine.error = failing
+    with pytest.raises(BackendError, match="500"):
+        await _drain(pool, _request(tokenizer, "s"))  # both answered 500: the error reaches the turn
+    assert all(e["healthy"] for e in pool.statistics()["engines"])
+    assert pool.retries == 1
+    await _drain(pool, _request(tokenizer, "s"))  # and the next turn works
 
 
 async def test_errors_after_first_token_are_not_retried(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:

@@ -161,6 +161,7 @@ async def test_client_gone_leaves_segment_untouched(rig: tuple[Runtime, Recordin
     assert payload["steps"][1]["in_segment"] is False
     assert len(payload["data"]) == 1
     check_segment_invariants(payload["data"][0], payload["steps"], backend.prompts)
-    # The engine stopped decoding for nobody.
+    # The engine stopped decoding for nobody, and every token it generated was recorded.
     aborted = backend.inner.stats(payload["steps"][1]["rid"])
-    assert aborted.cancelled
+    assert aborted.aborted and aborted.finish_reason == "abort"
+    assert payload["steps"][1]["output_ids"] == list(aborted.token_ids)

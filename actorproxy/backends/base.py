@@ -155,6 +155,9 @@ class Backend(Protocol):
 class BackendError(Exception):
     """The engine failed (connection refused, HTTP error, malformed stream)."""
 
-    def __init__(self, message: str, *, status: int = 502) -> None:
+    def __init__(self, message: str, *, status: int = 502, unreachable: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        #: The engine could not be reached at all (connection refused, reset, dropped):
+        #: the pool marks it down, rather than blaming one request.
+        self.unreachable = unreachable

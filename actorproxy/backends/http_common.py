@@ -51,9 +51,11 @@ def mapped_errors(what: str) -> Iterator[None]:
     try:
         yield
     except httpx.TimeoutException as exc:
-        raise BackendError(f"{what}: timed out ({type(exc).__name__})", status=504) from exc
+        unreachable = isinstance(exc, httpx.ConnectTimeout)
+        raise BackendError(f"{what}: timed out ({type(exc).__name__})", status=504, unreachable=unreachable) from exc
     except httpx.HTTPError as exc:
-        raise BackendError(f"{what}: {type(exc).__name__}: {exc}", status=502) from exc
+        unreachable = isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError)
+        raise BackendError(f"{what}: {type(exc).__name__}: {exc}", status=502, unreachable=unreachable) from exc
 
 
 def error_message(body: object) -> str:

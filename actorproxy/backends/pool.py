@@ -126,11 +126,23 @@ class EnginePool:
             await generation.connect(set())
             yield generation
 
-    def _mark_down(self, engine: _Engine, error: BaseException) -> None:
+    def _failed(self, engine: _Engine, error: BackendError, tried: set[int]) -> bool:
+        """Account a failure before the first token; whether to retry on another engine.
+
+        An unreachable engine is marked down until a health check brings it
+        back; an engine that answered with an error stays up (the error may be
+        this request's). A request the engine called invalid is not retried.
+        """
         engine.failures += 1
-        if engine.healthy:
+        if error.unreachable and engine.healthy:
             log.warning("engine %s marked down: %s", engine.name, error)
-        engine.healthy = False
+            engine.healthy = False
+        if error.status == 400:
+            return False
+        retry = any(e.healthy and id(e) not in tried for e in self._engines)
+        if retry:
+            self.retries += 1
+        return retry
 
     # -- health -------------------------------------------------------------
 
@@ -216,9 +228,9 @@ class _PoolGeneration:
                 generation = await inner.enter_async_context(engine.backend.open_generation(self._request))
             except BackendError as exc:
                 await inner.aclose()
-                self._pool._mark_down(engine, exc)
-                self._pool.retries += 1
-                continue
+                if self._pool._failed(engine, exc, tried):
+                    continue
+                raise
             self._inner, self._engine, self._generation = inner, engine, generation
             self._iterator = generation.__aiter__()
             self._outer.push_async_callback(inner.aclose)
@@ -243,8 +255,8 @@ class _PoolGeneration:
                     raise
                 # Nothing was generated yet: the turn can move to another engine.
                 await self._inner.aclose()
-                self._pool._mark_down(self._engine, exc)
-                self._pool.retries += 1
+                if not self._pool._failed(self._engine, exc, self._tried):
+                    raise
                 await self.connect(self._tried)
                 continue
             if isinstance(event, TokenDelta):

@@ -239,7 +239,8 @@ async def open_runtime(
     with trio.move_on_after(config.engine_startup_timeout):
         info = await _wait_for_engine(engine)
     if info is None:
-        raise BackendError(f"the inference engine did not answer within {config.engine_startup_timeout:g} s", status=503)
+        waited = config.engine_startup_timeout
+        raise BackendError(f"the inference engine did not answer within {waited:g} s", status=503)
     window = config.context_window or info.max_model_len or 32768
     if info.max_model_len and window > info.max_model_len:
         # Past the engine's own limit a prompt would fail there as an engine error.

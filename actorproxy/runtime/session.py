@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..backends.base import Backend, BackendError, GenerateFinish, GenerateRequest, SamplingParams
+from ..backends.base import Backend, BackendError, GenerateFinish, GenerateRequest, SamplingParams, TokenDelta
 from ..config import ProxyConfig
 from ..core.messages import tools_key
 from ..core.parser import OutputParser
@@ -37,7 +37,15 @@ from ..core.tito import (
     reasoning_opened_by_prompt,
     render_fragment,
 )
-from ..errors import BadRequest, ContextOverflow, EngineError, ProxyError, StepLimitExceeded
+from ..errors import (
+    BadRequest,
+    ContextOverflow,
+    EngineError,
+    EngineTimeout,
+    Overloaded,
+    ProxyError,
+    StepLimitExceeded,
+)
 from ..tokenization.tokenizer import ChatTokenizer
 from . import store as store_msgs
 from .actor import answer
@@ -56,6 +64,9 @@ from .messages import (
 log = logging.getLogger(__name__)
 
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+#: Seconds a turn whose agent left may read on to the engine's abort finish.
+ABORT_DRAIN_SECONDS = 5.0
 
 
 @attrs.frozen
@@ -328,6 +339,22 @@ class SessionActor:
         )
         return _Prepared(step, input_ids, plan, new_messages, sampling, request.stop, closed)
 
+    @staticmethod
+    def _record(step: Step, event: TokenDelta) -> None:
+        if step.first_token_at is None:
+            step.first_token_at = time.time()
+        step.output_ids.extend(event.token_ids)
+        step.output_logprobs.extend(event.logprobs)
+        step.output_versions.extend([version_number(event.weight_version)] * len(event.token_ids))
+        step.weight_version = event.weight_version
+
+    @staticmethod
+    def _gone(step: Step, finish: GenerateFinish | None) -> None:
+        """The agent went away: the step keeps what was sampled, out of the segment."""
+        step.status = "client_disconnected"
+        step.finish_reason = finish.reason if finish is not None else "abort"
+        step.finished_at = time.time()
+
     def _open_segment(self, reason: str, key: str) -> tuple[str, list[Any]]:
         """Start a new segment for ``reason``; returns the reason recorded and the closed segments.
 
@@ -363,37 +390,50 @@ class SessionActor:
             stop=prepared.stop,
         )
         finish: GenerateFinish | None = None
+        client_gone = False
         try:
             await events.send(TurnAccepted(step.index, step.prompt_len))
-            async with self._backend.open_generation(gen_request) as generation:
-                async for event in generation:
-                    if isinstance(event, GenerateFinish):
-                        finish = event
-                        continue
-                    if step.first_token_at is None:
-                        step.first_token_at = time.time()
-                    step.output_ids.extend(event.token_ids)
-                    step.output_logprobs.extend(event.logprobs)
-                    step.output_versions.extend([version_number(event.weight_version)] * len(event.token_ids))
-                    step.weight_version = event.weight_version
-                    delta = parser.feed(event.token_ids)
-                    if delta:
-                        await events.send(TurnDelta(delta))
-                    if parser.stopped:
-                        # A stop sequence: leaving the block stops the engine. Every
-                        # token sampled so far stays recorded on the step.
-                        finish = GenerateFinish("stop", weight_version=event.weight_version)
-                        break
         except _GONE:
-            step.status = "client_disconnected"
-            step.finish_reason = "abort"
-            step.finished_at = time.time()
+            self._gone(step, None)
             return
+        try:
+            with trio.CancelScope() as drain:
+                async with self._backend.open_generation(gen_request) as generation:
+                    async for event in generation:
+                        if isinstance(event, GenerateFinish):
+                            finish = event
+                            continue
+                        self._record(step, event)
+                        delta = parser.feed(event.token_ids)
+                        if client_gone:
+                            continue
+                        if delta:
+                            try:
+                                await events.send(TurnDelta(delta))
+                            except _GONE:
+                                # The agent left. Abort at a token boundary and read on to the
+                                # engine's abort finish, so every token it generated is recorded;
+                                # bounded, after which leaving the block cuts the stream.
+                                client_gone = True
+                                drain.deadline = trio.current_time() + ABORT_DRAIN_SECONDS
+                                await generation.abort()
+                                continue
+                        if parser.stopped:
+                            # A stop sequence: leaving the block stops the engine. Every
+                            # token sampled so far stays recorded on the step.
+                            finish = GenerateFinish("stop", weight_version=event.weight_version)
+                            break
         except BackendError as exc:
+            if client_gone:
+                self._gone(step, finish)
+                return
             step.status = "error"
             step.error = str(exc)
             step.finished_at = time.time()
-            await _tell(events, TurnFailed(EngineError(f"inference engine failed: {exc}")))
+            await _tell(events, TurnFailed(_engine_error(exc)))
+            return
+        if client_gone:
+            self._gone(step, finish)
             return
         step.finished_at = time.time()
         if finish is None:
@@ -438,6 +478,18 @@ class SessionActor:
         step.status = "completed"
         seg.account_messages(prepared.new_messages)
         seg.add_generation(step, self._tok.eot_token_id)
+
+
+def _engine_error(exc: BackendError) -> ProxyError:
+    """The agent-facing error for an engine failure (502, 504 on timeouts, 400 if the engine refused the input)."""
+    message = f"inference engine failed: {exc}"
+    if exc.status == 504:
+        return EngineTimeout(message)
+    if exc.status == 400:
+        return BadRequest(f"the inference engine rejected the request: {exc}", code="engine_rejected")
+    if exc.status == 503:
+        return Overloaded(message, code="engine_unavailable")
+    return EngineError(message)
 
 
 async def _tell(events: trio.MemorySendChannel[TurnEvent], event: TurnEvent) -> None:
