@@ -275,7 +275,11 @@ async def open_runtime(
         finally:
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(config.shutdown_grace):
-                    await runtime.close_all("shutdown")
+                    try:
+                        await runtime.close_all("shutdown")
+                    except ActorGone:
+                        # The actors were already cancelled (an outer scope is unwinding).
+                        log.warning("shutdown: the session registry was already gone; open sessions were not flushed")
                 nursery.cancel_scope.cancel()
                 if backend is None:
                     await engine.aclose()
