@@ -206,7 +206,8 @@ async def test_routed_experts_and_versions_arrive_on_steps(tokenizer: Any) -> No
         rows = step["prompt_tokens"] + step["completion_tokens"] - 1
         assert len(experts) == rows * config.num_layers * config.moe_topk
         assert all(0 <= e < config.num_experts for e in experts)
-        assert step["weight_version"] == "7" and set(step["concat_versions"][step["concat_context_token_count"]:]) == {7}
+        assert step["weight_version"] == "7"
+        assert set(step["concat_versions"][step["concat_context_token_count"] :]) == {7}
 
 
 async def test_a_stopped_engine_is_failed_over(tokenizer: Any) -> None:
