@@ -50,7 +50,8 @@ def test_reasoning_content_and_calls(tokenizer: Any) -> None:
     assert [c.name for c in calls] == ["get_weather", "search"]
     assert [c.id for c in calls] == ["call_0", "call_1"]
     assert json.loads(calls[0].arguments) == {"city": "Zürich", "nested": {"a": [1, 2]}}
-    assert calls[1].parsed == {"query": "café 🌞"}
+    assert out.tool_calls[1].parsed == {"query": "café 🌞"}
+    assert [c.index for c in calls] == [0, 1]
     assert not parser.tool_call_parse_error
 
 

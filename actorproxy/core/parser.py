@@ -28,10 +28,25 @@ from .messages import AssistantOutput, ToolCall
 
 
 @attrs.frozen
+class ToolCallDelta:
+    """A piece of a streamed tool call.
+
+    The first piece of call ``index`` carries its ``id`` and ``name``; the
+    ``arguments`` fragments of all pieces of a call concatenate to the final
+    call's ``arguments`` exactly.
+    """
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@attrs.frozen
 class OutputDelta:
     reasoning: str = ""
     content: str = ""
-    tool_calls: tuple[ToolCall, ...] = ()
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.reasoning or self.content or self.tool_calls)
@@ -103,7 +118,7 @@ class OutputParser:
     def feed(self, token_ids: Iterable[int]) -> OutputDelta:
         reasoning: list[str] = []
         content: list[str] = []
-        calls: list[ToolCall] = []
+        calls: list[ToolCallDelta] = []
         tok = self._tok
         for tid in token_ids:
             if self.stopped:
@@ -123,7 +138,7 @@ class OutputParser:
                 self._mode = "content"
                 call = self._close_call()
                 if call is not None:
-                    calls.append(call)
+                    calls.append(ToolCallDelta(len(self._calls) - 1, call.id, call.name, call.arguments))
                 else:
                     content.append(self._push_content(self._raw_call_text()))
             elif tid in self._skip:

@@ -163,7 +163,6 @@ class ChunkWriter:
             "created": int(time.time()),
             "model": model,
         }
-        self._tool_index = 0
 
     def _frame(self, payload: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps({**self._base, **payload}, ensure_ascii=False).encode() + b"\n\n"
@@ -182,22 +181,13 @@ class ChunkWriter:
             frames.append(self._choice({"reasoning_content": delta.reasoning}))
         if delta.content:
             frames.append(self._choice({"content": delta.content}))
-        for call in delta.tool_calls:
-            frames.append(
-                self._choice(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": self._tool_index,
-                                "id": call.id,
-                                "type": "function",
-                                "function": {"name": call.name, "arguments": call.arguments},
-                            }
-                        ]
-                    }
-                )
-            )
-            self._tool_index += 1
+        for piece in delta.tool_calls:
+            call: dict[str, Any] = {"index": piece.index}
+            if piece.id is not None:
+                call.update(id=piece.id, type="function", function={"name": piece.name, "arguments": piece.arguments})
+            else:
+                call["function"] = {"arguments": piece.arguments}
+            frames.append(self._choice({"tool_calls": [call]}))
         return b"".join(frames)
 
     def finish(self, done: TurnDone, *, include_usage: bool) -> bytes:
