@@ -119,7 +119,7 @@ def test_message_key_distinguishes_what_renders_differently() -> None:
 def test_stop_sequence_split_across_chunks(tokenizer: Any, chunks: list[int]) -> None:
     text = "Step one.\nObservation: the file is there\nmore text"
     parser, _, content, _ = _run(tokenizer, text, chunks=chunks, stop=("Observation:", "never"))
-    assert parser.stopped
+    assert parser.stopped and parser.stop_sequence == "Observation:"
     assert content == parser.output.content == "Step one."
 
 

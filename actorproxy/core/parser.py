@@ -102,6 +102,11 @@ class OutputParser:
         self._stop = StopMatcher(stop) if stop else None
 
     @property
+    def stop_sequence(self) -> str | None:
+        """The ``stop`` sequence that ended the reply, if one did."""
+        return self._stop.matched if self._stop is not None else None
+
+    @property
     def stopped(self) -> bool:
         """A ``stop`` sequence appeared in the content: the caller should end the generation."""
         return self._stop is not None and self._stop.hit
@@ -228,14 +233,17 @@ class StopMatcher:
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._buffer = ""
         self.hit = False
+        #: The stop sequence that matched (Anthropic reports it as ``stop_sequence``).
+        self.matched: str | None = None
 
     def push(self, text: str) -> str:
         if self.hit or not text:
             return ""
         buffer = self._buffer + text
-        found = [at for at in (buffer.find(s) for s in self._stops) if at >= 0]
+        found = [(at, stop) for stop in self._stops if (at := buffer.find(stop)) >= 0]
         if found:
-            emitted = buffer[: min(found)]
+            at, self.matched = min(found)
+            emitted = buffer[:at]
             self.hit = True
             self._buffer = ""
         else:

@@ -60,6 +60,8 @@ class TurnDone:
     prompt_tokens: int
     completion_tokens: int
     tool_call_parse_error: bool
+    #: The request's stop sequence that ended the reply, if one did.
+    stop_sequence: str | None = None
 
 
 @attrs.frozen

@@ -468,6 +468,7 @@ class SessionActor:
             prompt_tokens=step.prompt_len,
             completion_tokens=len(step.output_ids),
             tool_call_parse_error=step.tool_call_parse_error,
+            stop_sequence=parser.stop_sequence,
         )
         try:
             await events.send(done)
