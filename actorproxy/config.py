@@ -38,6 +38,19 @@ class ProxyConfig:
     #: Record the MoE experts every token was routed to (R3; SGLang needs
     #: ``--enable-return-routed-experts``).
     use_rollout_routing_replay: bool = False
+    #: Continue a generation interrupted by a pause after resume (else: regenerate it afresh
+    #: and reject sessions whose weight version or epoch changed with 409).
+    partial_rollout: bool = False
+    #: Seconds a turn waits while generation is paused before it gets 503 + Retry-After.
+    pause_wait_timeout: float = attrs.field(default=600.0, validator=_positive)
+    #: Loss mask 0 on sampled tokens of versions older than the segment's newest.
+    mask_nonlast_version_tokens: bool = False
+    #: Per-token versions are always on segments; kept for command-line compatibility.
+    record_token_versions: bool = True
+    #: Forward pause/resume to the engines' own endpoints (SGLang, vLLM dev mode).
+    engine_pause: bool = False
+    #: Seconds between SSE heartbeat comments while a streamed turn produces nothing.
+    heartbeat_interval: float = attrs.field(default=10.0, validator=_positive)
     trajectory_build_mode: BuildMode = "concat"
     #: The next turn of a session holding this many steps gets HTTP 400 before generating.
     max_steps_per_session: int = attrs.field(default=400, validator=_positive)

@@ -24,6 +24,8 @@ class ProxyError(Exception):
         self.message = message
         self.code = code or self.default_code
         self.param = param
+        #: Seconds a client should wait before retrying (sent as ``Retry-After``).
+        self.retry_after: float | None = None
 
     def to_openai(self) -> dict[str, object]:
         return {

@@ -111,6 +111,10 @@ class EnginePool:
                 self._sticky.popitem(last=False)
         return engine
 
+    def engines(self) -> list[Backend]:
+        """The engines behind the pool (for engine-control calls such as pause)."""
+        return [e.backend for e in self._engines]
+
     def engine_for(self, routing_key: str) -> str | None:
         """The engine a session is pinned to, if any."""
         engine = self._sticky.get(routing_key)

@@ -23,7 +23,7 @@ import attrs
 from .messages import AssistantOutput
 
 StepStatus = Literal[
-    "running", "completed", "aborted", "client_disconnected", "error", "superseded"
+    "running", "completed", "aborted", "client_disconnected", "error", "rejected", "superseded"
 ]
 
 CONTEXT_VERSION = -1
@@ -83,6 +83,12 @@ class Step:
     error: str | None = None
     #: R3: base64 little-endian int32 ``[prompt + completion - 1, layers, topk]`` from the engine.
     routed_experts: str | None = None
+    #: R3 of a generation resumed after pauses: one payload per attempt, in order.
+    routed_experts_chunks: list[str] | None = None
+    #: How many times a pause interrupted this step's generation.
+    preemptions: int = 0
+    #: Non-partial mode: attempts interrupted by a pause, kept here and never trained.
+    discarded: list[dict[str, Any]] = attrs.field(factory=list)
     created_at: float = attrs.field(factory=time.time)
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -124,8 +130,13 @@ class Step:
                 "reasoning_content": self.output.reasoning,
                 "tool_calls": [call.to_openai() for call in self.output.tool_calls],
             }
+        data["preemptions"] = self.preemptions
+        if self.discarded:
+            data["discarded"] = self.discarded if include_arrays else len(self.discarded)
         if self.routed_experts is not None:
             data["routed_experts"] = self.routed_experts if include_arrays else "..."
+        if self.routed_experts_chunks is not None:
+            data["routed_experts_chunks"] = self.routed_experts_chunks if include_arrays else len(self.routed_experts_chunks)
         if include_arrays:
             data["output_ids"] = self.output_ids.tolist()
             data["output_logprobs"] = self.output_logprobs.tolist()

@@ -36,6 +36,8 @@ class ChatRequest:
     enable_thinking: bool | None = None
     #: OpenAI ``stop`` sequences, applied to the reply's content.
     stop: tuple[str, ...] = ()
+    #: The agent reads the reply as a stream (it may already have seen part of it).
+    stream: bool = False
 
 
 # -- events a session sends back while it runs a turn ------------------------

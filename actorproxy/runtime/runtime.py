@@ -20,9 +20,11 @@ from ..backends.base import Backend, BackendError, ModelInfo
 from ..config import ProxyConfig
 from ..errors import EngineError, NotFound, Overloaded
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
+from . import controller as ctl
 from . import registry as reg
 from . import store as st
 from .actor import ActorGone, ask
+from .controller import PauseMode
 from .messages import (
     ChatRequest,
     DescribeSession,
@@ -93,6 +95,7 @@ class Runtime:
     context_window: int
     store: trio.MemorySendChannel[Any]
     registry: trio.MemorySendChannel[Any]
+    controller: trio.MemorySendChannel[Any]
 
     async def start_turn(self, request: ChatRequest, identity: Identity) -> TurnStream:
         """Queue a turn on its session and wait until the session takes it up.
@@ -168,9 +171,66 @@ class Runtime:
     async def census(self) -> dict[str, Any]:
         return dict(await ask(self.registry, lambda r: reg.Census(r)))
 
+    async def pause(self, mode: PauseMode = "abort") -> dict[str, Any]:
+        """Pause generation; answers once every generation in flight stopped and recorded its output.
+
+        ``abort`` stops them at the next token boundary; ``wait`` lets them finish
+        but admits nothing new. With ``engine_pause`` the engines are paused too.
+        """
+        result = dict(await ask(self.controller, lambda r: ctl.Pause(mode, r)))
+        if self.config.engine_pause:
+            result["engines"] = await _forward(self.backend, "pause", "abort" if mode == "abort" else "wait")
+        return result
+
+    async def resume(self, *, weight_version: str | None = None, bump_epoch: bool = False) -> dict[str, Any]:
+        """Install the new weight version (given, or asked of the engine) and wake waiting turns."""
+        if self.config.engine_pause:
+            await _forward(self.backend, "resume")
+        if weight_version is None:
+            try:
+                weight_version = (await self.backend.model_info()).weight_version
+            except BackendError as exc:
+                log.warning("resume: could not ask the engine for its weight version: %s", exc)
+        else:
+            await _forward(self.backend, "set_weight_version", weight_version)
+        return dict(await ask(self.controller, lambda r: ctl.Resume(weight_version, bump_epoch, r)))
+
+    async def pause_state(self) -> dict[str, Any]:
+        return dict(await ask(self.controller, lambda r: ctl.State(r)))
+
     async def close_all(self, reason: str = "shutdown") -> int:
         """Finalize every live session; returns how many there were."""
         return int(await ask(self.registry, lambda r: reg.CloseAll(reason, r)))
+
+
+#: Engine-control method names per action, in the order tried (the clients differ).
+_ENGINE_METHODS = {
+    "pause": ("pause",),
+    "resume": ("resume", "continue_generation"),
+    "set_weight_version": ("set_weight_version", "update_weight_version"),
+}
+
+
+async def _forward(backend: Backend, action: str, *args: Any) -> list[Any]:
+    """Call an optional engine-control method on the backend (or on every engine of a pool)."""
+    engines = getattr(backend, "engines", None)
+    targets = list(engines()) if callable(engines) else [backend]
+    results: list[Any] = []
+    for target in targets:
+        if action in ("pause", "resume") and target.kind == "sim":
+            continue  # the in-process engine is stopped by the controller's aborts alone
+        method = next((getattr(target, n) for n in _ENGINE_METHODS[action] if hasattr(target, n)), None)
+        if method is None:
+            continue
+        try:
+            outcome = method(*args)
+            if hasattr(outcome, "__await__"):
+                outcome = await outcome
+            results.append({"engine": getattr(target, "kind", "?"), "ok": True})
+        except BackendError as exc:
+            log.warning("%s on an engine failed: %s", action, exc)
+            results.append({"engine": getattr(target, "kind", "?"), "ok": False, "error": str(exc)})
+    return results
 
 
 def make_backend(config: ProxyConfig, tokenizer: ChatTokenizer) -> Backend:
@@ -252,6 +312,7 @@ async def open_runtime(
         if health_loop is not None:
             await nursery.start(health_loop)  # the engine pool's health checks
         store_box = await nursery.start(st.TrajectoryStore(max_tokens=config.store_max_tokens).run)
+        controller_box = await nursery.start(ctl.GenerationController(weight_version=info.weight_version).run)
         registry_box: trio.MemorySendChannel[Any] | None = None
 
         def factory(session_id: str, counters: SessionCounters) -> SessionActor:
@@ -263,13 +324,14 @@ async def open_runtime(
                 backend=engine,
                 store=store_box,
                 registry=registry_box,
+                controller=controller_box,
                 context_window=window,
                 counters=counters,
             )
 
         registry = reg.SessionRegistry(factory, max_sessions=config.max_sessions)
         registry_box = await nursery.start(registry.run)
-        runtime = Runtime(config, tok, engine, window, store_box, registry_box)
+        runtime = Runtime(config, tok, engine, window, store_box, registry_box, controller_box)
         try:
             yield runtime
         finally:

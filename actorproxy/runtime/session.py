@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..backends.base import Backend, BackendError, GenerateFinish, GenerateRequest, SamplingParams, TokenDelta
+from ..backends.base import Backend, GenerateFinish, SamplingParams
 from ..config import ProxyConfig
 from ..core.messages import tools_key
 from ..core.parser import OutputParser
@@ -39,6 +39,7 @@ from ..core.tito import (
 )
 from ..errors import (
     BadRequest,
+    Conflict,
     ContextOverflow,
     EngineError,
     EngineTimeout,
@@ -49,6 +50,8 @@ from ..errors import (
 from ..tokenization.tokenizer import ChatTokenizer
 from . import store as store_msgs
 from .actor import answer
+from .controller import Permit
+from .generate import GenerationSettings, TurnFailure, TurnGeneration
 from .messages import (
     DescribeSession,
     FinalizeSession,
@@ -64,9 +67,6 @@ from .messages import (
 log = logging.getLogger(__name__)
 
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
-
-#: Seconds a turn whose agent left may read on to the engine's abort finish.
-ABORT_DRAIN_SECONDS = 5.0
 
 
 @attrs.frozen
@@ -94,6 +94,7 @@ class _Prepared:
     new_messages: list[dict[str, Any]]
     sampling: SamplingParams
     stop: tuple[str, ...]
+    streaming: bool
     #: Segments this turn closed (a boundary): they go to the store before generating.
     closed: list[Any]
 
@@ -116,6 +117,7 @@ class SessionActor:
         backend: Backend,
         store: trio.MemorySendChannel[Any],
         registry: trio.MemorySendChannel[Any],
+        controller: trio.MemorySendChannel[Any],
         context_window: int,
         counters: SessionCounters = SessionCounters(),
     ) -> None:
@@ -126,6 +128,13 @@ class SessionActor:
         self._backend = backend
         self._store = store
         self._registry = registry
+        self._controller = controller
+        self._generation_settings = GenerationSettings(
+            partial_rollout=config.partial_rollout,
+            pause_wait_timeout=config.pause_wait_timeout,
+            routed_experts=config.use_rollout_routing_replay,
+        )
+        self._first_permit: Permit | None = None
         self._window = context_window
         self._next_step = counters.next_step
         self._next_segment = counters.next_segment
@@ -337,16 +346,7 @@ class SessionActor:
             stop_token_ids=self._tok.stop_token_ids,
             seed=request.seed,
         )
-        return _Prepared(step, input_ids, plan, new_messages, sampling, request.stop, closed)
-
-    @staticmethod
-    def _record(step: Step, event: TokenDelta) -> None:
-        if step.first_token_at is None:
-            step.first_token_at = time.time()
-        step.output_ids.extend(event.token_ids)
-        step.output_logprobs.extend(event.logprobs)
-        step.output_versions.extend([version_number(event.weight_version)] * len(event.token_ids))
-        step.weight_version = event.weight_version
+        return _Prepared(step, input_ids, plan, new_messages, sampling, request.stop, request.stream, closed)
 
     @staticmethod
     def _gone(step: Step, finish: GenerateFinish | None) -> None:
@@ -376,87 +376,55 @@ class SessionActor:
         assert seg is not None
         if prepared.closed:
             await self._store.send(store_msgs.Put(self.session_id, tuple(prepared.closed)))
-        gen_request = GenerateRequest(
-            prepared.input_ids,
-            prepared.sampling,
-            routing_key=self.session_id,
-            return_routed_experts=self._config.use_rollout_routing_replay,
-        )
-        step.rid = gen_request.rid
-        parser = OutputParser(
-            self._tok,
-            tool_call_id=lambda i: tool_call_id(self.session_id, step.index, i),
-            reasoning_open=reasoning_opened_by_prompt(self._tok, prepared.input_ids[-8:]),
-            stop=prepared.stop,
-        )
-        finish: GenerateFinish | None = None
-        client_gone = False
         try:
             await events.send(TurnAccepted(step.index, step.prompt_len))
         except _GONE:
             self._gone(step, None)
             return
+
+        def new_parser() -> OutputParser:
+            return OutputParser(
+                self._tok,
+                tool_call_id=lambda i: tool_call_id(self.session_id, step.index, i),
+                reasoning_open=reasoning_opened_by_prompt(self._tok, prepared.input_ids[-8:]),
+                stop=prepared.stop,
+            )
+
+        turn = TurnGeneration(
+            step=step,
+            input_ids=prepared.input_ids,
+            sampling=prepared.sampling,
+            new_parser=new_parser,
+            backend=self._backend,
+            controller=self._controller,
+            events=events,
+            settings=self._generation_settings,
+            streaming=prepared.streaming,
+            check_permit=self._check_version,
+        )
         try:
-            with trio.CancelScope() as drain:
-                async with self._backend.open_generation(gen_request) as generation:
-                    async for event in generation:
-                        if isinstance(event, GenerateFinish):
-                            finish = event
-                            continue
-                        self._record(step, event)
-                        delta = parser.feed(event.token_ids)
-                        if client_gone:
-                            continue
-                        if delta:
-                            try:
-                                await events.send(TurnDelta(delta))
-                            except _GONE:
-                                # The agent left. Abort at a token boundary and read on to the
-                                # engine's abort finish, so every token it generated is recorded;
-                                # bounded, after which leaving the block cuts the stream.
-                                client_gone = True
-                                drain.deadline = trio.current_time() + ABORT_DRAIN_SECONDS
-                                await generation.abort()
-                                continue
-                        if parser.stopped:
-                            # A stop sequence: leaving the block stops the engine. Every
-                            # token sampled so far stays recorded on the step.
-                            finish = GenerateFinish("stop", weight_version=event.weight_version)
-                            break
-        except BackendError as exc:
-            if client_gone:
-                self._gone(step, finish)
-                return
-            step.status = "error"
-            step.error = str(exc)
+            finish = await turn.run()
+        except TurnFailure as failure:
+            step.status = failure.status  # type: ignore[assignment]
             step.finished_at = time.time()
-            await _tell(events, TurnFailed(_engine_error(exc)))
+            if failure.error is not None:
+                step.error = step.error or failure.error.message
+                await _tell(events, TurnFailed(failure.error))
             return
-        if client_gone:
+        if turn.client_gone:
             self._gone(step, finish)
             return
+        parser = turn.parser
         step.finished_at = time.time()
-        if finish is None:
-            step.status = "error"
-            step.error = "engine stream ended without a finish event"
-            await _tell(events, TurnFailed(EngineError(step.error)))
-            return
         tail = parser.finish()
         step.output = parser.output
         step.tool_call_parse_error = parser.tool_call_parse_error
         step.finish_reason = finish.reason
-        if finish.weight_version and not step.weight_version:
-            step.weight_version = finish.weight_version
-        for span in finish.weight_versions:
-            # The engine's spans are authoritative (vLLM reports them only at the end).
-            end = min(span.end, len(step.output_versions))
-            step.output_versions[span.start : end] = array("i", [version_number(span.version)] * (end - span.start))
-        step.routed_experts = finish.routed_experts
         try:
             if tail:
                 await events.send(TurnDelta(tail))
         except _GONE:
-            step.status = "client_disconnected"
+            self._gone(step, finish)
             return
         finish_reason: str = finish.reason if finish.reason != "abort" else "stop"
         if step.output.tool_calls and finish_reason == "stop":
@@ -474,23 +442,26 @@ class SessionActor:
             await events.send(done)
         except _GONE:
             # The agent left before the result was handed over: it never saw this reply.
-            step.status = "client_disconnected"
+            self._gone(step, finish)
             return
         step.status = "completed"
         seg.account_messages(prepared.new_messages)
         seg.add_generation(step, self._tok.eot_token_id)
 
-
-def _engine_error(exc: BackendError) -> ProxyError:
-    """The agent-facing error for an engine failure (502, 504 on timeouts, 400 if the engine refused the input)."""
-    message = f"inference engine failed: {exc}"
-    if exc.status == 504:
-        return EngineTimeout(message)
-    if exc.status == 400:
-        return BadRequest(f"the inference engine rejected the request: {exc}", code="engine_rejected")
-    if exc.status == 503:
-        return Overloaded(message, code="engine_unavailable")
-    return EngineError(message)
+    def _check_version(self, permit: Permit) -> None:
+        """Without partial rollout a session's turns must all run under one weight version and epoch."""
+        if self._generation_settings.partial_rollout:
+            return
+        if self._first_permit is None:
+            self._first_permit = permit
+            return
+        if permit != self._first_permit:
+            raise Conflict(
+                f"the weight version or rollout epoch changed during this trajectory "
+                f"(started at version {self._first_permit.weight_version!r} epoch {self._first_permit.epoch}, "
+                f"now {permit.weight_version!r} epoch {permit.epoch}); start a new session",
+                code="trajectory_version_changed",
+            )
 
 
 async def _tell(events: trio.MemorySendChannel[TurnEvent], event: TurnEvent) -> None:

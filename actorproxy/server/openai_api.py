@@ -108,6 +108,7 @@ def parse_chat_body(body: Any) -> OpenAIChatCall:
         seed=seed,
         enable_thinking=thinking,
         stop=tuple(stop),
+        stream=stream,
     )
     return OpenAIChatCall(
         request=request,

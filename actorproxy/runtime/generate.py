@@ -1,0 +1,274 @@
+"""One turn's generation, as the session actor runs it: permission, streaming, preemption.
+
+:class:`TurnGeneration` asks the :class:`GenerationController` for permission,
+streams the engine's tokens into the step and the agent's channel, and
+handles every way a generation can stop:
+
+* **finished** — the engine's stop, length, or one of the request's stop
+  sequences;
+* **paused** — the controller aborted it at a token boundary for a weight
+  update. With partial rollout it waits for resume and continues from the
+  prompt plus the tokens already sampled, with the remaining budget, so the
+  agent gets one reply and the step holds every token once, in order, each
+  stamped with the version that sampled it. Without it the partial attempt is
+  kept on the step as ``discarded`` and the turn is generated afresh (a
+  streaming agent that already saw part of it gets ``generation_interrupted``);
+* **agent gone** — an acknowledged abort, reading on to the engine's finish
+  (bounded) so the step keeps every token the engine produced;
+* **engine failure** — the step records the error and the agent gets 502/504.
+
+Whatever happens, the controller is told the generation ended (``End``), so a
+pause is acknowledged only once every output is recorded.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from ..backends.base import Backend, BackendError, GenerateFinish, GenerateRequest, SamplingParams, TokenDelta
+from ..core.parser import OutputParser
+from ..core.records import Step, version_number
+from ..errors import BadRequest, Conflict, EngineError, EngineTimeout, Overloaded, ProxyError
+from .actor import ActorGone, ask
+from .controller import Begin, End, GenerationHandle, Permit, Withdraw
+from .messages import TurnDelta, TurnEvent
+
+_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+#: Seconds a turn whose agent left may read on to the engine's abort finish.
+ABORT_DRAIN_SECONDS = 5.0
+
+
+class TurnFailure(Exception):
+    """The turn cannot go on; the step is marked and the agent told (unless gone)."""
+
+    def __init__(self, error: ProxyError | None, status: str) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.status = status
+
+
+@attrs.define
+class GenerationSettings:
+    partial_rollout: bool = False
+    #: Seconds a turn waits for permission while paused before it gets 503.
+    pause_wait_timeout: float = 600.0
+    routed_experts: bool = False
+
+
+def engine_error(exc: BackendError) -> ProxyError:
+    """The agent-facing error for an engine failure (502, 504 on timeouts, 400 if the engine refused the input)."""
+    message = f"inference engine failed: {exc}"
+    if exc.status == 504:
+        return EngineTimeout(message)
+    if exc.status == 400:
+        return BadRequest(f"the inference engine rejected the request: {exc}", code="engine_rejected")
+    if exc.status == 503:
+        return Overloaded(message, code="engine_unavailable")
+    return EngineError(message)
+
+
+class TurnGeneration:
+    """Runs the generation of one step until it finished, failed, or the agent left."""
+
+    def __init__(
+        self,
+        *,
+        step: Step,
+        input_ids: array[int],
+        sampling: SamplingParams,
+        new_parser: Callable[[], OutputParser],
+        backend: Backend,
+        controller: trio.MemorySendChannel[Any],
+        events: trio.MemorySendChannel[TurnEvent],
+        settings: GenerationSettings,
+        streaming: bool,
+        check_permit: Callable[[Permit], None] = lambda permit: None,
+    ) -> None:
+        self.step = step
+        self._input_ids = input_ids
+        self._sampling = sampling
+        self._new_parser = new_parser
+        self.parser = new_parser()
+        self._backend = backend
+        self._controller = controller
+        self._events = events
+        self._settings = settings
+        self._streaming = streaming
+        self._check_permit = check_permit
+        self._shown = False  # a visible delta reached the agent
+        self.client_gone = False
+        self.finish: GenerateFinish | None = None
+        self._experts: list[str] = []
+
+    async def run(self) -> GenerateFinish:
+        """Generate to the end; raises :class:`TurnFailure` if the turn cannot complete."""
+        step = self.step
+        prompt = self._input_ids
+        first = True
+        while True:
+            handle = GenerationHandle(step.session_id)
+            permit = await self._permission(handle)
+            if first:
+                first = False
+                try:
+                    self._check_permit(permit)
+                except ProxyError as exc:
+                    await self._controller.send(End(handle, aborted=False))
+                    raise TurnFailure(exc, "rejected") from None
+            budget = self._sampling.max_new_tokens - len(step.output_ids)
+            start = len(step.output_ids)
+            interrupted = False
+            try:
+                finish = await self._attempt(prompt, budget, handle)
+                interrupted = finish.reason == "abort" and handle.abort_requested.is_set()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._controller.send(End(handle, aborted=handle.abort_requested.is_set()))
+            self._apply_finish(finish, start)
+            if self.client_gone or not interrupted:
+                self.finish = finish
+                return finish
+            step.preemptions += 1
+            if self._settings.partial_rollout:
+                if len(step.output_ids) >= self._sampling.max_new_tokens:
+                    self.finish = GenerateFinish("length", weight_version=finish.weight_version)
+                    return self.finish
+                prompt = self._input_ids + step.output_ids
+                continue
+            await self._discard(start)
+
+    # -- permission -------------------------------------------------------------
+
+    async def _permission(self, handle: GenerationHandle) -> Permit:
+        with trio.move_on_after(self._settings.pause_wait_timeout):
+            try:
+                permit: Permit = await ask(self._controller, lambda reply: Begin(handle, reply))
+            except ActorGone:
+                raise TurnFailure(Overloaded("the proxy is shutting down", code="shutting_down"), "error") from None
+            return permit
+        with trio.CancelScope(shield=True):
+            await self._controller.send(Withdraw(handle))
+        wait = self._settings.pause_wait_timeout
+        error = Overloaded(
+            f"generation is paused for a weight update and did not resume within {wait:g} s; retry",
+            code="generation_paused",
+        )
+        error.retry_after = 5
+        raise TurnFailure(error, "error")
+
+    # -- one attempt ------------------------------------------------------------
+
+    async def _attempt(self, prompt: array[int], budget: int, handle: GenerationHandle) -> GenerateFinish:
+        step = self.step
+        sampling = attrs.evolve(self._sampling, max_new_tokens=budget)
+        request = GenerateRequest(
+            prompt,
+            sampling,
+            routing_key=step.session_id,
+            return_routed_experts=self._settings.routed_experts,
+        )
+        if not step.rid:
+            step.rid = request.rid
+        finish: GenerateFinish | None = None
+        try:
+            with handle.scope, trio.CancelScope() as drain:
+                async with self._backend.open_generation(request) as generation:
+                    handle.generation = generation
+                    if handle.abort_requested.is_set():
+                        await generation.abort()  # paused before the engine had it
+                    async for event in generation:
+                        if isinstance(event, GenerateFinish):
+                            finish = event
+                            continue
+                        self._record(event)
+                        handle.tokens += len(event.token_ids)
+                        delta = self.parser.feed(event.token_ids)
+                        if self.client_gone:
+                            continue
+                        if delta:
+                            try:
+                                await self._events.send(TurnDelta(delta))
+                                self._shown = True
+                            except _GONE:
+                                # The agent left. Abort at a token boundary and read on to the
+                                # engine's abort finish, so every token it generated is recorded;
+                                # bounded, after which leaving the block cuts the stream.
+                                self.client_gone = True
+                                drain.deadline = trio.current_time() + ABORT_DRAIN_SECONDS
+                                await generation.abort()
+                                continue
+                        if self.parser.stopped:
+                            # A stop sequence: leaving the block stops the engine; every
+                            # token sampled so far stays recorded on the step.
+                            return GenerateFinish("stop", weight_version=event.weight_version)
+        except BackendError as exc:
+            if self.client_gone:
+                return GenerateFinish("abort")
+            step.error = str(exc)
+            raise TurnFailure(engine_error(exc), "error") from None
+        finally:
+            handle.generation = None
+        if finish is None:
+            if self.client_gone or handle.forced:
+                return GenerateFinish("abort")  # the stream was cut at its bound
+            step.error = "engine stream ended without a finish event"
+            raise TurnFailure(EngineError(step.error), "error")
+        return finish
+
+    def _record(self, event: TokenDelta) -> None:
+        step = self.step
+        if step.first_token_at is None:
+            step.first_token_at = time.time()
+        step.output_ids.extend(event.token_ids)
+        step.output_logprobs.extend(event.logprobs)
+        step.output_versions.extend([version_number(event.weight_version)] * len(event.token_ids))
+        step.weight_version = event.weight_version
+
+    def _apply_finish(self, finish: GenerateFinish, start: int) -> None:
+        """Fold an attempt's finish into the step: authoritative version spans, routed experts."""
+        step = self.step
+        if finish.weight_version and not step.weight_version:
+            step.weight_version = finish.weight_version
+        versions = step.output_versions
+        for span in finish.weight_versions:
+            # The engine's spans are authoritative (vLLM reports them only at the end).
+            lo, hi = start + span.start, min(start + span.end, len(versions))
+            if hi > lo:
+                versions[lo:hi] = array("i", [version_number(span.version)] * (hi - lo))
+        if finish.routed_experts is not None:
+            self._experts.append(finish.routed_experts)
+            if len(self._experts) == 1:
+                step.routed_experts = finish.routed_experts
+            else:
+                step.routed_experts, step.routed_experts_chunks = None, list(self._experts)
+
+    async def _discard(self, start: int) -> None:
+        """Non-partial mode: keep the interrupted attempt on the step, out of training, and start over."""
+        step = self.step
+        if self._streaming and self._shown:
+            raise TurnFailure(
+                Conflict(
+                    "the generation was interrupted by a weight update after part of it was streamed; retry the turn",
+                    code="generation_interrupted",
+                ),
+                "aborted",
+            )
+        step.discarded.append(
+            {
+                "output_ids": step.output_ids[start:].tolist(),
+                "output_logprobs": step.output_logprobs[start:].tolist(),
+                "output_versions": step.output_versions[start:].tolist(),
+                "weight_version": step.weight_version,
+            }
+        )
+        del step.output_ids[start:], step.output_logprobs[start:], step.output_versions[start:]
+        step.weight_version = ""
+        step.routed_experts, step.routed_experts_chunks, self._experts = None, None, []
+        self.parser = self._new_parser()
