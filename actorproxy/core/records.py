@@ -136,7 +136,8 @@ class Step:
         if self.routed_experts is not None:
             data["routed_experts"] = self.routed_experts if include_arrays else "..."
         if self.routed_experts_chunks is not None:
-            data["routed_experts_chunks"] = self.routed_experts_chunks if include_arrays else len(self.routed_experts_chunks)
+            chunks = self.routed_experts_chunks
+            data["routed_experts_chunks"] = chunks if include_arrays else len(chunks)
         if include_arrays:
             data["output_ids"] = self.output_ids.tolist()
             data["output_logprobs"] = self.output_logprobs.tolist()

@@ -27,7 +27,7 @@ from ..backends.base import Backend, GenerateFinish, SamplingParams
 from ..config import ProxyConfig
 from ..core.messages import tools_key
 from ..core.parser import OutputParser
-from ..core.records import Step, build_segment, version_number
+from ..core.records import Step, build_segment
 from ..core.tito import (
     Continue,
     FragmentError,
@@ -41,9 +41,6 @@ from ..errors import (
     BadRequest,
     Conflict,
     ContextOverflow,
-    EngineError,
-    EngineTimeout,
-    Overloaded,
     ProxyError,
     StepLimitExceeded,
 )
