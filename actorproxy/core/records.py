@@ -168,6 +168,8 @@ class Segment:
     boundary_reason: str
     reward: float | None = None
     metadata: dict[str, Any] = attrs.field(factory=dict)
+    #: R3 per step: ``{"step_index", "routed_experts"}`` or ``{"step_index", "routed_experts_chunks"}``.
+    routed_experts_parts: list[dict[str, Any]] | None = None
     created_at: float = attrs.field(factory=time.time)
 
     @property
@@ -194,6 +196,7 @@ class Segment:
             "reward": self.reward,
             "metadata": self.metadata,
             "created_at": self.created_at,
+            **({"routed_experts_parts": self.routed_experts_parts} if self.routed_experts_parts else {}),
         }
 
 
@@ -208,8 +211,14 @@ def build_segment(
     boundary_reason: str,
     reward: float | None = None,
     metadata: dict[str, Any] | None = None,
+    mask_nonlast_version: bool = False,
 ) -> Segment:
-    """Stitch the in-segment steps' fragments and outputs into one sample."""
+    """Stitch the in-segment steps' fragments and outputs into one sample.
+
+    ``mask_nonlast_version`` sets the loss mask to 0 on sampled tokens whose
+    weight version is older than the newest in the segment (partial rollout
+    across a weight update).
+    """
     token_ids = int_array()
     loss_mask = array("b")
     logprobs = float_array()
@@ -225,7 +234,18 @@ def build_segment(
         logprobs.extend(step.output_logprobs)
         versions.extend(int_array([CONTEXT_VERSION]) * context)
         versions.extend(step.output_versions)
+    if mask_nonlast_version and versions:
+        newest = max(versions)
+        for i, version in enumerate(versions):
+            if loss_mask[i] and version < newest:
+                loss_mask[i] = 0
     meta = dict(metadata or {})
+    parts = [
+        {"step_index": s.index, **({"routed_experts_chunks": s.routed_experts_chunks}
+                                  if s.routed_experts_chunks is not None else {"routed_experts": s.routed_experts})}
+        for s in steps
+        if s.routed_experts is not None or s.routed_experts_chunks is not None
+    ]
     meta.setdefault("logprobs_invalid", any(s.logprobs_invalid for s in steps))
     meta.setdefault("tool_call_parse_errors", sum(s.tool_call_parse_error for s in steps))
     return Segment(
@@ -243,4 +263,5 @@ def build_segment(
         boundary_reason=boundary_reason,
         reward=reward,
         metadata=meta,
+        routed_experts_parts=parts or None,
     )

@@ -32,7 +32,7 @@ import attrs
 import trio
 
 from ..backends.base import Backend, BackendError, GenerateFinish, GenerateRequest, SamplingParams, TokenDelta
-from ..core.parser import OutputParser
+from ..core.parser import OutputDelta, OutputParser
 from ..core.records import Step, version_number
 from ..errors import BadRequest, Conflict, EngineError, EngineTimeout, Overloaded, ProxyError
 from .actor import ActorGone, ask
@@ -136,6 +136,10 @@ class TurnGeneration:
                 self.finish = finish
                 return finish
             step.preemptions += 1
+            if not await self._agent_still_there():
+                self.client_gone = True
+                self.finish = finish
+                return finish
             if self._settings.partial_rollout:
                 if len(step.output_ids) >= self._sampling.max_new_tokens:
                     self.finish = GenerateFinish("length", weight_version=finish.weight_version)
@@ -143,6 +147,14 @@ class TurnGeneration:
                 prompt = self._input_ids + step.output_ids
                 continue
             await self._discard(start)
+
+    async def _agent_still_there(self) -> bool:
+        """Probe the agent's channel with an empty delta (the ingress sends nothing for it)."""
+        try:
+            await self._events.send(TurnDelta(OutputDelta()))
+        except _GONE:
+            return False
+        return True
 
     # -- permission -------------------------------------------------------------
 

@@ -230,6 +230,7 @@ class SessionActor:
                 start_reason=seg.start_reason,
                 boundary_reason=reason,
                 reward=reward,
+                mask_nonlast_version=self._config.mask_nonlast_version_tokens,
             )
         ]
 

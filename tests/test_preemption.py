@@ -1,0 +1,260 @@
+"""Preemptible generation under MockClock: acknowledged pause, resume, partial rollout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from actorproxy.backends.sim import SimConfig
+from actorproxy.testing import SimulatedProxy, TurnResult, open_simulated_proxy
+
+INTERVAL = 0.01
+USER = [{"role": "user", "content": "Tell me a story."}]
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer.encode(text).tolist() + [tokenizer.eot_token_id]
+
+
+async def _steps(sim: SimulatedProxy, session: str) -> list[dict[str, Any]]:
+    await sim.finalize(session)
+    return list((await sim.read(session))["steps"])
+
+
+async def test_pause_at_an_exact_token_then_resume_with_a_new_version(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    stories = {f"s{i}": _ids(tokenizer, f"Once upon a time number {i} there was a very long story indeed.")
+               for i in range(3)}
+    async with open_simulated_proxy(
+        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL), partial_rollout=True
+    ) as sim:
+        pause_at = 5
+        for session, ids in stories.items():
+            sim.engine.script(ids[:pause_at + 1] + ids, routing_key=session)  # more than the pause will let out
+            sim.engine.script(ids[pause_at:], routing_key=session)  # what it samples after resume
+        results: dict[str, TurnResult] = {}
+
+        async def turn(session: str) -> None:
+            results[session] = await sim.chat(session, USER, stream=True)
+
+        async with trio.open_nursery() as nursery:
+            for session in stories:
+                nursery.start_soon(turn, session)
+            for session in stories:
+                await sim.wait_for_tokens(session, pause_at)
+            ack = await sim.pause()
+            assert ack["status"] == "paused"
+            assert (ack["aborted"], ack["partial_tokens"]) == (3, 3 * pause_at)
+            assert (await sim.pause_state())["waiting"] == 3  # each asks to continue
+            await trio.sleep(1.0)  # the trainer updates the weights
+            resumed = await sim.resume(weight_version="1")
+            assert resumed["woken"] == 3 and resumed["weight_version"] == "1"
+        for session, ids in stories.items():
+            result = results[session]
+            text = tokenizer.decode(ids[:-1])
+            assert result.output.content == result.streamed_content == text  # one reply, nothing twice
+            [step] = await _steps(sim, session)
+            assert step["output_ids"] == ids  # every token once, in order
+            assert step["concat_versions"][-len(ids):] == [0] * pause_at + [1] * (len(ids) - pause_at)
+            assert step["preemptions"] == 1 and step["status"] == "completed"
+
+
+async def test_pause_with_a_thousand_sessions_in_flight(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
+    async with open_simulated_proxy(
+        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL), partial_rollout=True,
+        max_sessions=2000,
+    ) as sim:
+        done = 0
+
+        async def turn(i: int) -> None:
+            nonlocal done
+            result = await sim.chat(f"s{i}", USER, max_tokens=40)
+            assert result.done is not None and result.done.completion_tokens <= 40
+            done += 1
+
+        async with trio.open_nursery() as nursery:
+            for i in range(1000):
+                nursery.start_soon(turn, i)
+            await trio.sleep(10.5 * INTERVAL)
+            await trio.testing.wait_all_tasks_blocked()
+            state = await sim.pause_state()
+            assert state["in_flight"] == 1000
+            assert set(state["in_flight_tokens"].values()) == {10}
+            ack = await sim.pause()
+            assert (ack["aborted"], ack["partial_tokens"]) == (1000, 10_000)
+            after = await sim.pause_state()
+            assert after["in_flight"] == 0 and after["waiting"] == 1000
+            await sim.resume()
+        assert done == 1000
+
+
+async def test_pause_during_prompt_processing(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
+    config = SimConfig(token_interval=INTERVAL, prefill_latency=1.0)
+    async with open_simulated_proxy(tokenizer=tokenizer, sim_config=config, partial_rollout=True) as sim:
+        ids = _ids(tokenizer, "Short answer.")
+        sim.engine.script(ids, routing_key="p")
+        sim.engine.script(ids, routing_key="p")
+        async with trio.open_nursery() as nursery:
+            result: list[TurnResult] = []
+
+            async def turn() -> None:
+                result.append(await sim.chat("p", USER))
+
+            nursery.start_soon(turn)
+            await trio.sleep(0.5)  # the engine is still reading the prompt
+            ack = await sim.pause()
+            assert (ack["aborted"], ack["partial_tokens"]) == (1, 0)
+            await sim.resume(weight_version="3")
+        [step] = await _steps(sim, "p")
+        assert step["output_ids"] == ids and set(step["concat_versions"][-len(ids):]) == {3}
+        assert result[0].output.content == "Short answer."
+
+
+async def test_pause_between_turns_twice_and_resume_without_pause(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL)) as sim:
+        first = await sim.chat("b", USER, max_tokens=5)
+        assert first.done is not None
+        assert (await sim.resume())["resumed"] is False  # resume without pause: a no-op
+        ack = await sim.pause()
+        assert (ack["aborted"], ack["partial_tokens"]) == (0, 0)  # nothing in flight
+        again = await sim.pause()
+        assert again["status"] == "paused" and again["aborted"] == 0  # idempotent
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            waited: list[float] = []
+
+            async def turn() -> None:
+                await sim.chat("b", [*USER, first.message, {"role": "user", "content": "more"}], max_tokens=5)
+                waited.append(trio.current_time() - started)
+
+            nursery.start_soon(turn)
+            await trio.sleep(2.0)
+            assert (await sim.pause_state())["waiting"] == 1  # the new turn waits, it does not fail
+            await sim.resume()
+        assert waited[0] >= 2.0
+        state = await sim.pause_state()
+        assert (state["state"], state["pauses"], state["resumes"]) == ("running", 1, 1)
+
+
+async def test_waiting_too_long_gets_503_with_retry_after(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_proxy(
+        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL), pause_wait_timeout=5.0
+    ) as sim:
+        await sim.pause()
+        started = trio.current_time()
+        result = await sim.chat("w", USER)
+        assert trio.current_time() - started == pytest.approx(5.0)
+        assert result.error is not None and result.error.status == 503
+        assert result.error.code == "generation_paused" and result.error.retry_after
+        assert (await sim.pause_state())["waiting"] == 0
+
+
+async def test_pause_while_the_client_disconnects(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
+    async with open_simulated_proxy(
+        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL), partial_rollout=True
+    ) as sim:
+        ids = _ids(tokenizer, "one two three four five six seven eight nine ten eleven twelve")
+        sim.engine.script(ids, routing_key="d")
+        from actorproxy.runtime.messages import ChatRequest, Identity, TurnDelta
+
+        async with trio.open_nursery() as nursery:
+            async def hang_up() -> None:
+                stream = await sim.runtime.start_turn(ChatRequest(messages=USER, stream=True), Identity("d"))
+                async with stream:
+                    seen = 0
+                    async for event in stream:
+                        seen += isinstance(event, TurnDelta)
+                        if seen == 4:
+                            return  # the agent goes away...
+
+            nursery.start_soon(hang_up)
+            await sim.wait_for_tokens("d", 4)
+            ack = await sim.pause()  # ...while the trainer pauses
+            assert ack["aborted"] <= 1
+        await sim.resume()
+        [step] = await _steps(sim, "d")
+        assert step["status"] == "client_disconnected" and not step["in_segment"]
+        rid_stats = sim.engine.stats(step["rid"])
+        assert step["output_ids"] == list(rid_stats.token_ids)  # nothing generated was lost
+        assert (await sim.pause_state())["in_flight"] == 0
+
+
+async def test_non_partial_mode(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
+    async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL)) as sim:
+        ids = _ids(tokenizer, "alpha beta gamma delta epsilon zeta eta theta")
+        sim.engine.script(ids, ids, routing_key="n")
+        results: list[TurnResult] = []
+        async with trio.open_nursery() as nursery:
+
+            async def turn() -> None:
+                results.append(await sim.chat("n", USER))
+
+            nursery.start_soon(turn)
+            await sim.wait_for_tokens("n", 3)
+            ack = await sim.pause()
+            assert (ack["aborted"], ack["partial_tokens"]) == (1, 3)
+            await sim.resume(weight_version="1")
+        # The interrupted attempt was discarded and the turn generated afresh under version 1.
+        assert results[0].output.content == tokenizer.decode(ids[:-1])
+        follow = [*USER, results[0].message, {"role": "user", "content": "go on"}]
+        # The weight version changed during this trajectory: the next turn is refused.
+        refused = await sim.chat("n", follow)
+        assert refused.error is not None and refused.error.status == 409
+        assert refused.error.code == "trajectory_version_changed"
+        # A fresh session runs at the new version.
+        assert (await sim.chat("n2", USER, max_tokens=4)).done is not None
+        steps = await _steps(sim, "n")
+        assert [s["status"] for s in steps] == ["completed", "rejected"]
+        first = steps[0]
+        assert first["output_ids"] == ids and set(first["concat_versions"][-len(ids):]) == {1}
+        assert [d["output_ids"] for d in first["discarded"]] == [ids[:3]]
+        assert first["preemptions"] == 1
+        segment = (await sim.read("n"))["data"][0]
+        assert segment["num_steps"] == 1 and sum(segment["loss_mask"]) == len(ids)  # discarded tokens untrained
+
+
+async def test_streamed_turn_interrupted_without_partial_rollout(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL)) as sim:
+        sim.engine.script(_ids(tokenizer, "alpha beta gamma delta"), routing_key="x")
+        results: list[TurnResult] = []
+        async with trio.open_nursery() as nursery:
+
+            async def turn() -> None:
+                results.append(await sim.chat("x", USER, stream=True))
+
+            nursery.start_soon(turn)
+            await sim.wait_for_tokens("x", 2)
+            await sim.pause()
+            await sim.resume()
+        assert results[0].error is not None and results[0].error.code == "generation_interrupted"
+        [step] = await _steps(sim, "x")
+        assert step["status"] == "aborted" and not step["in_segment"]
+
+
+async def test_mask_tokens_of_older_versions(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
+    async with open_simulated_proxy(
+        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL),
+        partial_rollout=True, mask_nonlast_version_tokens=True,
+    ) as sim:
+        ids = _ids(tokenizer, "one two three four five six")
+        sim.engine.script(ids, routing_key="m")
+        sim.engine.script(ids[4:], routing_key="m")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sim.chat, "m", USER)
+            await sim.wait_for_tokens("m", 4)
+            await sim.pause()
+            await sim.resume(weight_version="2")
+        await sim.finalize("m")
+        [segment] = (await sim.read("m"))["data"]
+        sampled = [(v, m) for v, m in zip(segment["versions"], segment["loss_mask"], strict=True) if v >= 0]
+        assert sampled == [(0, 0)] * 4 + [(2, 1)] * (len(ids) - 4)
