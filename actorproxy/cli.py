@@ -181,6 +181,40 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="force this sampling temperature on every request (default: the request's, else 1.0)",
     )
+    pre = run.add_argument_group("preemption (weight updates)")
+    pre.add_argument(
+        "--partial-rollout",
+        action="store_true",
+        help="continue a generation interrupted by a pause after resume (else it is generated afresh, "
+        "and sessions whose weight version or epoch changed get 409 trajectory_version_changed)",
+    )
+    pre.add_argument(
+        "--pause-wait-timeout",
+        type=_positive_float,
+        default=_DEFAULTS.pause_wait_timeout,
+        help="seconds a turn waits while generation is paused before it gets 503 with Retry-After",
+    )
+    pre.add_argument(
+        "--record-token-versions",
+        action="store_true",
+        help="kept for compatibility: segments always carry per-token weight versions",
+    )
+    pre.add_argument(
+        "--mask-nonlast-version-tokens",
+        action="store_true",
+        help="loss mask 0 on sampled tokens of weight versions older than the segment's newest",
+    )
+    pre.add_argument(
+        "--engine-pause",
+        action="store_true",
+        help="also pause and resume the engines themselves (SGLang /pause_generation, vLLM dev-mode /pause)",
+    )
+    pre.add_argument(
+        "--heartbeat-interval",
+        type=_positive_float,
+        default=_DEFAULTS.heartbeat_interval,
+        help="seconds of silence after which a streamed reply gets an SSE heartbeat (e.g. while paused)",
+    )
     life = run.add_argument_group("limits and lifecycle")
     life.add_argument(
         "--session-ttl",
@@ -326,6 +360,11 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         engine_read_timeout=args.engine_read_timeout,
         engine_startup_timeout=args.engine_startup_timeout,
         use_rollout_routing_replay=args.use_rollout_routing_replay,
+        partial_rollout=args.partial_rollout,
+        pause_wait_timeout=args.pause_wait_timeout,
+        mask_nonlast_version_tokens=args.mask_nonlast_version_tokens,
+        engine_pause=args.engine_pause,
+        heartbeat_interval=args.heartbeat_interval,
         trajectory_build_mode=args.trajectory_build_mode,
         max_steps_per_session=args.max_steps_per_session,
         context_window=args.context_window,
@@ -366,12 +405,27 @@ async def _run(config: ProxyConfig) -> None:
         )
 
 
+def _first_backend_error(exc: BaseException) -> BaseException | None:
+    from .backends.base import BackendError
+
+    if isinstance(exc, BackendError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first_backend_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # httpx logs every request at INFO (health checks every few seconds): keep it for debugging.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     if args.command == "run":
         try:
             config = config_from_args(args)
@@ -379,7 +433,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"actorproxy: {exc}", file=sys.stderr)
             return 2
         logging.getLogger("actorproxy").info("loading tokenizer (the first run builds and caches it)")
-        trio.run(_run, config)
+        try:
+            trio.run(_run, config)
+        except BaseException as exc:  # a startup failure arrives wrapped in exception groups
+            failure = _first_backend_error(exc)
+            if failure is None:
+                raise
+            print(f"actorproxy: {failure}", file=sys.stderr)
+            return 1
     elif args.command == "sim":
         trio.run(_sim_main, sim_settings_from_args(args))
     return 0

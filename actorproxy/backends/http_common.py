@@ -54,7 +54,8 @@ def mapped_errors(what: str) -> Iterator[None]:
         unreachable = isinstance(exc, httpx.ConnectTimeout)
         raise BackendError(f"{what}: timed out ({type(exc).__name__})", status=504, unreachable=unreachable) from exc
     except httpx.HTTPError as exc:
-        unreachable = isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError)
+        # Only a failed connect says the engine is gone; a dropped stream may be this request's.
+        unreachable = isinstance(exc, httpx.ConnectError)
         raise BackendError(f"{what}: {type(exc).__name__}: {exc}", status=502, unreachable=unreachable) from exc
 
 

@@ -5,9 +5,10 @@
   served it before, so its prefix stays in that engine's cache.
 * Each engine has a concurrency limit; turns beyond it queue (backpressure)
   and the queue length is visible in ``statistics()``.
-* A turn whose engine fails before the first token (connection refused, HTTP
-  error, dropped stream) is retried on another healthy engine, and the failed
-  engine is marked down. After the first token an error is the turn's error.
+* A turn whose engine fails before the first token is retried on another
+  healthy engine (not when the engine called the request invalid). Only an
+  engine that could not be reached at all is marked down; one that answered
+  with an error stays up. After the first token an error is the turn's error.
 * :meth:`EnginePool.run` checks every engine's health on an interval and
   brings engines back up.
 """
@@ -159,11 +160,12 @@ class EnginePool:
 
     async def check_health(self) -> None:
         async def one(engine: _Engine) -> None:
-            with trio.move_on_after(max(1.0, self._health_interval)):
+            healthy = False  # a health check that does not answer in time counts as down
+            with trio.move_on_after(max(2.0, self._health_interval)):
                 healthy = await _check(engine.backend)
-                if healthy != engine.healthy:
-                    log.info("engine %s is %s", engine.name, "up" if healthy else "down")
-                engine.healthy = healthy
+            if healthy != engine.healthy:
+                log.info("engine %s is %s", engine.name, "up" if healthy else "down")
+            engine.healthy = healthy
 
         async with trio.open_nursery() as nursery:
             for engine in self._engines:

@@ -254,6 +254,8 @@ class TurnGeneration:
             lo, hi = start + span.start, min(start + span.end, len(versions))
             if hi > lo:
                 versions[lo:hi] = array("i", [version_number(span.version)] * (hi - lo))
+        if finish.weight_versions:
+            step.weight_version = finish.weight_versions[-1].version
         if finish.routed_experts is not None:
             self._experts.append(finish.routed_experts)
             if len(self._experts) == 1:
