@@ -1,0 +1,111 @@
+"""Pause latency and tokens lost with N streams in flight, everything over real HTTP.
+
+    python benchmarks/pause_latency.py [--streams 100 1000] [--token-interval 0.1]
+
+Per row: ``actorproxy sim`` (SGLang wire format) serves the engine; a proxy in
+front of it (``--backend sglang --partial-rollout``) serves N streaming chat
+turns to N httpx clients. Once every stream has received a few tokens, the
+trainer's ``POST /v1/rollout/pause`` is timed until its acknowledgment; then
+``/v1/rollout/resume`` lets every turn finish. "lost" compares, per session,
+the tokens the engine emitted (over all attempts) with the tokens the proxy
+recorded on the step: it must be 0. The goal is an acknowledgment within one
+token interval plus 50 ms at 1,000 streams.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import httpx
+import trio
+
+from actorproxy import ProxyConfig, open_proxy
+from actorproxy.backends.sim import SimConfig, SimEngine
+from actorproxy.simserver import SimServerSettings, open_sim_server
+from actorproxy.tokenization import load_tokenizer
+
+
+async def one_run(streams: int, interval: float, tokens_before_pause: int) -> dict[str, Any]:
+    tokenizer = load_tokenizer(None)
+    engine = SimEngine(tokenizer, SimConfig(token_interval=interval, seed=1))
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with (
+        open_sim_server(SimServerSettings(port=0), engine=engine, tokenizer=tokenizer) as sim,
+        open_proxy(
+            ProxyConfig(port=0, backend="sglang", backend_urls=(sim.url,), partial_rollout=True,
+                        max_sessions=streams + 10, engine_max_concurrency=streams + 10),
+            tokenizer=tokenizer,
+        ) as proxy,
+        httpx.AsyncClient(base_url=proxy.url, timeout=120, limits=limits) as client,
+    ):
+        received = [0] * streams
+        all_started = trio.Event()
+        started = 0
+
+        async def stream(i: int) -> None:
+            nonlocal started
+            body = {"messages": [{"role": "user", "content": f"Story {i}, please."}], "stream": True,
+                    "max_tokens": 400}
+            counted = False
+            async with client.stream("POST", "/v1/chat/completions", json=body,
+                                     headers={"X-Session-Id": f"s{i}"}) as response:
+                async for line in response.aiter_lines():
+                    visible = '"reasoning_content"' in line or '"content": "' in line
+                    if line.startswith("data: {") and visible and '"role"' not in line:
+                        received[i] += 1
+                        if received[i] >= tokens_before_pause and not counted:
+                            counted = True
+                            started += 1
+                            if started == streams:
+                                all_started.set()
+
+        async with trio.open_nursery() as nursery:
+            for i in range(streams):
+                nursery.start_soon(stream, i)
+            with trio.fail_after(300):
+                await all_started.wait()
+            t0 = time.perf_counter()
+            ack = (await client.post("/v1/rollout/pause", json={"mode": "abort"})).json()
+            latency = time.perf_counter() - t0
+            await client.post("/v1/rollout/resume", json={"weight_version": "1"})
+        lost = 0
+        recorded_total = 0
+        for i in range(streams):
+            await client.post("/session/finalize", json={"session_id": f"s{i}"})
+            data = (await client.post("/trajectory/read", json={"session_id": f"s{i}", "include_steps": True,
+                                                                "drain": True})).json()
+            step = data["steps"][0]
+            recorded_total += len(step["output_ids"])
+        emitted_total = sum(len(engine.stats(r.rid).token_ids) for r in sim.state.records.values())
+        lost = emitted_total - recorded_total
+        return {"streams": streams, "interval_ms": interval * 1000, "ack_ms": latency * 1000,
+                "aborted": ack["aborted"], "partial_tokens": ack["partial_tokens"], "lost": lost,
+                "goal_ms": interval * 1000 + 50}
+
+
+async def main(args: argparse.Namespace) -> None:
+    rows = []
+    for streams in args.streams:
+        samples = [await one_run(streams, args.token_interval, args.tokens_before_pause) for _ in range(args.repeat)]
+        row = dict(samples[-1])
+        row["ack_ms"] = statistics.median(s["ack_ms"] for s in samples)
+        row["lost"] = max(s["lost"] for s in samples)
+        rows.append(row)
+    header = f"{'streams':>8} {'interval ms':>12} {'ack ms (median)':>16} {'goal ms':>8} {'aborted':>8} " \
+             f"{'partial tok':>12} {'lost':>5}"
+    print(header)
+    for r in rows:
+        print(f"{r['streams']:>8} {r['interval_ms']:>12.0f} {r['ack_ms']:>16.1f} {r['goal_ms']:>8.0f} "
+              f"{r['aborted']:>8} {r['partial_tokens']:>12} {r['lost']:>5}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--token-interval", type=float, default=0.1)
+    parser.add_argument("--tokens-before-pause", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=1)
+    trio.run(main, parser.parse_args())
