@@ -59,7 +59,12 @@ def _assemble(chunks: list[dict[str, Any]]) -> dict[str, Any]:
             delta = choice["delta"]
             content += delta.get("content") or ""
             reasoning += delta.get("reasoning_content") or ""
-            calls.extend(delta.get("tool_calls") or [])
+            for piece in delta.get("tool_calls") or []:
+                # OpenAI clients assemble a call from its pieces by index: id and name first.
+                if piece.get("id"):
+                    calls.append({"id": piece["id"], "type": "function",
+                                  "function": {"name": piece["function"]["name"], "arguments": ""}})
+                calls[piece["index"]]["function"]["arguments"] += piece["function"].get("arguments") or ""
             finish = choice["finish_reason"] or finish
     return {"content": content, "reasoning": reasoning, "calls": calls, "finish": finish, "usage": usage}
 
@@ -126,14 +131,14 @@ async def test_openai_sdk_both_ways(proxy: RunningProxy, engine: SimEngine) -> N
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Zürich?"}]
         kwargs: dict[str, Any] = {"model": "policy", "tools": [WEATHER_TOOL]}
         if stream:
-            calls: dict[int, Any] = {}
+            calls: dict[int, dict[str, Any]] = {}
             for chunk in client.chat.completions.create(messages=messages, stream=True, **kwargs):
                 for tc in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
-                    calls[tc.index] = tc
-            reply = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": tc.id, "type": "function", "function": {"name": tc.function.name,
-                                                               "arguments": tc.function.arguments}}
-                for tc in calls.values()]}
+                    call = calls.setdefault(tc.index, {"id": tc.id, "type": "function",
+                                                       "function": {"name": None, "arguments": ""}})
+                    call["function"]["name"] = call["function"]["name"] or tc.function.name
+                    call["function"]["arguments"] += tc.function.arguments or ""
+            reply = {"role": "assistant", "content": None, "tool_calls": list(calls.values())}
         else:
             completion = client.chat.completions.create(messages=messages, **kwargs)
             reply = completion.choices[0].message.model_dump(exclude_none=True)

@@ -21,7 +21,8 @@ def _run(
 ) -> tuple[OutputParser, str, str, list[Any]]:
     ids = tokenizer.encode(text).tolist() + [tokenizer.eot_token_id]
     parser = _parser(tokenizer, **kwargs)
-    reasoning, content, calls = "", "", []
+    reasoning, content = "", ""
+    calls: list[Any] = []
     at = 0
     sizes = chunks or [1] * len(ids)
     for size in sizes:
@@ -34,7 +35,20 @@ def _run(
         reasoning, content = reasoning + delta.reasoning, content + delta.content
         calls.extend(delta.tool_calls)
     tail = parser.finish()
+    calls.extend(tail.tool_calls)
     return parser, reasoning + tail.reasoning, content + tail.content, calls
+
+
+def _joined(pieces: list[Any]) -> list[tuple[int, str | None, str | None, str]]:
+    """Streamed tool-call pieces joined per call: (index, id, name, arguments)."""
+    calls: dict[int, tuple[int, str | None, str | None, str]] = {}
+    for piece in pieces:
+        if piece.id is not None:
+            calls[piece.index] = (piece.index, piece.id, piece.name, piece.arguments)
+        else:
+            index, cid, name, args = calls[piece.index]
+            calls[piece.index] = (index, cid, name, args + piece.arguments)
+    return [calls[i] for i in sorted(calls)]
 
 
 def test_reasoning_content_and_calls(tokenizer: Any) -> None:
@@ -43,15 +57,19 @@ def test_reasoning_content_and_calls(tokenizer: Any) -> None:
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "nested": {"a": [1, 2]}}}\n</tool_call>\n'
         '<tool_call>\n{"name": "search", "arguments": {"query": "café 🌞"}}\n</tool_call>'
     )
-    parser, reasoning, content, calls = _run(tokenizer, text)
+    parser, reasoning, content, pieces = _run(tokenizer, text)
     out = parser.output
+    calls = _joined(pieces)
     assert reasoning == out.reasoning == "I should check."
     assert content == out.content == "Let me look."
-    assert [c.name for c in calls] == ["get_weather", "search"]
-    assert [c.id for c in calls] == ["call_0", "call_1"]
-    assert json.loads(calls[0].arguments) == {"city": "Zürich", "nested": {"a": [1, 2]}}
+    assert [c[2] for c in calls] == ["get_weather", "search"]
+    assert [c[1] for c in calls] == ["call_0", "call_1"]
+    # Arguments are the raw text the model wrote (no longer re-serialised), streamed in pieces.
+    assert calls[0][3] == out.tool_calls[0].arguments == '{"city": "Zürich", "nested": {"a": [1, 2]}}'
+    assert json.loads(calls[0][3]) == {"city": "Zürich", "nested": {"a": [1, 2]}}
     assert out.tool_calls[1].parsed == {"query": "café 🌞"}
-    assert [c.index for c in calls] == [0, 1]
+    assert [c[0] for c in calls] == [0, 1] and len(pieces) > 2
+    assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == [c[1:] for c in calls]
     assert not parser.tool_call_parse_error
 
 
@@ -62,8 +80,13 @@ def test_reasoning_opened_by_the_prompt(tokenizer: Any) -> None:
 
 def test_malformed_call_is_returned_as_content_and_flagged(tokenizer: Any) -> None:
     parser, _, content, calls = _run(tokenizer, "<tool_call>\n{\"name\": \"f\", \"arguments\": {oops}\n</tool_call>")
-    assert calls == [] and parser.tool_call_parse_error
+    # The call was announced (name complete, arguments begun) before it failed: a streaming
+    # client saw its start; the reply itself has no call, the raw text as content, the flag.
+    assert _joined(calls) == [(0, "call_0", "f", "{oops}")]
+    assert parser.output.tool_calls == () and parser.tool_call_parse_error
     assert content == '<tool_call>\n{"name": "f", "arguments": {oops}\n</tool_call>'
+    parser, _, content, calls = _run(tokenizer, "<tool_call>\n[\"not\", \"a call\"]\n</tool_call>")
+    assert calls == [] and parser.tool_call_parse_error
     parser, _, content, calls = _run(tokenizer, 'Sure.\n<tool_call>\n{"name": "f", "argu')
     assert calls == [] and parser.tool_call_parse_error
     assert content == 'Sure.\n<tool_call>\n{"name": "f", "argu'
@@ -79,7 +102,8 @@ def test_chunking_does_not_change_the_result(tokenizer: Any, chunks: list[int]) 
     whole = _run(tokenizer, text, chunks=[10_000])
     pieces = _run(tokenizer, text, chunks=chunks)
     assert whole[1:3] == pieces[1:3] == ("推理 with emoji 🧪 and spaces", "Answer: naïve façade ✓")
-    assert [c.arguments for c in whole[3]] == [c.arguments for c in pieces[3]]
+    assert _joined(whole[3]) == _joined(pieces[3]) == [(0, "call_0", "f", '{"x": "ü"}')]
+    assert whole[0].output == pieces[0].output
 
 
 def test_echo_matching_by_meaning() -> None:
@@ -126,3 +150,39 @@ def test_stop_sequence_split_across_chunks(tokenizer: Any, chunks: list[int]) ->
 def test_stop_sequence_absent_changes_nothing(tokenizer: Any) -> None:
     parser, _, content, _ = _run(tokenizer, "plain answer", stop=("###",))
     assert not parser.stopped and content == "plain answer"
+
+
+def test_tool_call_ends_open_reasoning(tokenizer: Any) -> None:
+    # Qwen3.5 sometimes calls a tool without closing </think> (SGLang's qwen3 parser agrees).
+    text = 'still thinking\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    parser, reasoning, content, calls = _run(tokenizer, text, reasoning_open=True)
+    assert (reasoning, content) == ("still thinking", "")
+    assert [(c.name, c.arguments) for c in parser.output.tool_calls] == [("f", "{}")]
+
+
+def test_text_around_calls_and_stop_sequences_outside_them(tokenizer: Any) -> None:
+    text = (
+        'First.\n<tool_call>\n{"name": "f", "arguments": {"s": "STOP inside"}}\n</tool_call>\n'
+        "Between.\n"
+        '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>\nAfter. STOP here\nnot shown'
+    )
+    parser, _, content, calls = _run(tokenizer, text, stop=("STOP",))
+    # Stop sequences apply to content only: the argument text never ends the reply.
+    assert content == parser.output.content == "First.\n\nBetween.\n\nAfter."
+    assert [c[2:] for c in _joined(calls)] == [("f", '{"s": "STOP inside"}'), ("g", "{}")]
+    assert parser.stopped and not parser.tool_call_parse_error
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=80))
+def test_streamed_deltas_equal_the_final_output(tokenizer: Any, chunks: list[int]) -> None:
+    text = (
+        "<think>\nA plan: call twice.\n</think>\n\nOK 👍\n"
+        '<tool_call>\n{"name": "a", "arguments": {"k": "v\\n\\"q\\"", "emoji": "🧪"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "b", "parameters": {"n": -1.5e3}}\n</tool_call>'
+    )
+    parser, reasoning, content, calls = _run(tokenizer, text, chunks=chunks)
+    out = parser.output
+    assert (reasoning, content) == (out.reasoning, out.content) == ("A plan: call twice.", "OK 👍")
+    assert _joined(calls) == [(i, c.id, c.name, c.arguments) for i, c in enumerate(out.tool_calls)]
+    assert out.tool_calls[1].arguments == '{"n": -1.5e3}' and out.tool_calls[1].parsed == {"n": -1500.0}

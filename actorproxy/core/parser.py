@@ -1,30 +1,71 @@
 """Streaming parser from sampled token ids to reasoning, content and tool calls.
 
 It works on token ids, not text: ``<think>``, ``</think>``, ``<tool_call>`` and
-``</tool_call>`` are single tokens in the Qwen vocabulary, so a tag can never
-be split across stream chunks. Text between them is decoded incrementally
-(exact across multi-byte characters). Feeding a generation in any chunking and
-then calling :meth:`OutputParser.finish` gives the same result as feeding it at
-once: that is what makes streamed and non-streamed replies identical.
+``</tool_call>`` are single tokens in the Qwen vocabulary, so those tags can
+never be split across stream chunks. Text between them is decoded incrementally
+(exact across multi-byte characters); inside a ``<tool_call>`` block it goes to
+a format-specific block parser (:mod:`.tool_parsers`) that streams each call as
+it grows: its name first, then fragments of its ``arguments`` JSON text.
+
+Feeding a generation in any chunking and then calling :meth:`OutputParser.finish`
+gives the same result as feeding it at once, and the deltas concatenate to that
+result: that is what makes streamed and non-streamed replies identical.
 
 Whitespace rule (as the reference parsers do): reasoning and content are
 stripped at both ends. While streaming, trailing whitespace is held back until
 more text follows, so the concatenated deltas equal the final strings.
 
-A tool call that does not parse is never dropped: its raw text goes back as
-content and :attr:`OutputParser.tool_call_parse_error` is set.
+A tool call that does not parse is never dropped: the raw text of its block goes
+back as content and :attr:`OutputParser.tool_call_parse_error` is set. A client
+that streams may already have seen the start of such a call (see docs/parsers.md).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
 
 import attrs
 
 from ..tokenization.detokenize import IncrementalDetokenizer
 from ..tokenization.tokenizer import TOOL_CALL_END, TOOL_CALL_START, ChatTokenizer
 from .messages import AssistantOutput, ToolCall
+from .tool_parsers import TOOL_CALL_FORMATS, BlockParser, CallPiece, HermesBlockParser, ToolCallFormat, XmlBlockParser
+
+__all__ = [
+    "OutputDelta",
+    "OutputParser",
+    "ReasoningFormat",
+    "StopMatcher",
+    "ToolCallDelta",
+    "ToolCallFormat",
+    "default_tool_call_format",
+    "tool_schemas",
+]
+
+ReasoningFormat = Literal["qwen3", "none"]
+
+
+def default_tool_call_format(tokenizer: Any) -> ToolCallFormat:
+    """``qwen3_coder`` when the chat template writes XML calls (``<function=``), else ``qwen3``."""
+    template = getattr(getattr(tokenizer, "hf", tokenizer), "chat_template", None)
+    texts = template.values() if isinstance(template, Mapping) else (template,)
+    if any(isinstance(t, str) and ("<function=" in t or "<parameter=" in t) for t in texts):
+        return "qwen3_coder"
+    return "qwen3"
+
+
+def tool_schemas(tools: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Tool name → the JSON schemas of its parameters (``parameters.properties``)."""
+    schemas: dict[str, Mapping[str, Any]] = {}
+    for tool in tools:
+        function = tool.get("function", tool) if isinstance(tool, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            continue
+        params = function.get("parameters") or function.get("input_schema")
+        props = params.get("properties") if isinstance(params, Mapping) else None
+        schemas[function["name"]] = props if isinstance(props, Mapping) else {}
+    return schemas
 
 
 @attrs.frozen
@@ -78,8 +119,26 @@ class _Stripped:
         return "".join(self.parts)
 
 
+class _Out:
+    """What one call of feed/finish produces."""
+
+    def __init__(self) -> None:
+        self.reasoning: list[str] = []
+        self.content: list[str] = []
+        self.calls: list[ToolCallDelta] = []
+
+    def delta(self) -> OutputDelta:
+        return OutputDelta("".join(self.reasoning), "".join(self.content), tuple(self.calls))
+
+
 class OutputParser:
-    """Parse one generation's token ids as they arrive (Qwen3 / Hermes formats)."""
+    """Parse one generation's token ids as they arrive (Qwen3 / Hermes and Qwen3-Coder formats).
+
+    ``tools`` are the request's tools: the ``qwen3_coder`` format converts each
+    parameter value by its JSON schema type. ``reasoning_format="none"`` treats
+    think tags as plain content. ``tool_call_id(i)`` names the ``i``-th call
+    announced in this generation.
+    """
 
     def __init__(
         self,
@@ -88,14 +147,29 @@ class OutputParser:
         tool_call_id: Callable[[int], str],
         reasoning_open: bool = False,
         stop: tuple[str, ...] = (),
+        tools: Sequence[Mapping[str, Any]] = (),
+        tool_call_format: ToolCallFormat = "qwen3",
+        reasoning_format: ReasoningFormat = "qwen3",
     ) -> None:
+        if tool_call_format not in TOOL_CALL_FORMATS:
+            raise ValueError(f"unknown tool_call_format {tool_call_format!r}")
+        if reasoning_format not in ("qwen3", "none"):
+            raise ValueError(f"unknown reasoning_format {reasoning_format!r}")
         self._tok = tokenizer
         self._tool_call_id = tool_call_id
-        self._mode = "reasoning" if reasoning_open and tokenizer.think_end_id is not None else "content"
+        self._format: ToolCallFormat = tool_call_format
+        self._schemas = tool_schemas(tools)
+        thinking = reasoning_format == "qwen3"
+        self._think_start = tokenizer.think_start_id if thinking else None
+        self._think_end = tokenizer.think_end_id if thinking else None
+        self._mode = "reasoning" if reasoning_open and self._think_end is not None else "content"
         self._detok = IncrementalDetokenizer(tokenizer)
         self._reasoning = _Stripped()
         self._content = _Stripped()
-        self._call_body: list[str] = []
+        self._raw: list[str] = []  # the open block's text, for when it does not parse
+        self._block: BlockParser | None = None
+        self._slots: dict[int, int] = {}  # call of the open block -> its index in the reply
+        self._announced = 0  # calls announced so far (their indexes and ids are taken)
         self._calls: list[ToolCall] = []
         self.tool_call_parse_error = False
         self._skip = tokenizer.special_ids
@@ -121,51 +195,54 @@ class OutputParser:
     # -- feeding ------------------------------------------------------------
 
     def feed(self, token_ids: Iterable[int]) -> OutputDelta:
-        reasoning: list[str] = []
-        content: list[str] = []
-        calls: list[ToolCallDelta] = []
+        out = _Out()
         tok = self._tok
         for tid in token_ids:
             if self.stopped:
                 break  # a stop sequence ended the reply: later tokens are not shown
-            if tid == tok.think_start_id and self._mode != "tool":
-                self._flush_into(reasoning, content)
+            if tid == self._think_start and self._mode != "tool":
+                self._flush_into(out)
                 self._mode = "reasoning"
-            elif tid == tok.think_end_id and self._mode == "reasoning":
-                self._flush_into(reasoning, content)
+            elif tid == self._think_end and self._mode == "reasoning":
+                self._flush_into(out)
                 self._mode = "content"
             elif tid == tok.tool_call_start_id and self._mode != "tool":
-                self._flush_into(reasoning, content)
+                # Also from reasoning: Qwen3.5 sometimes calls without closing </think>
+                # (SGLang's qwen3 reasoning parser treats it the same way).
+                self._flush_into(out)
                 self._mode = "tool"
-                self._call_body = []
+                self._raw = []
+                self._block = (
+                    XmlBlockParser(self._schemas) if self._format == "qwen3_coder" else HermesBlockParser()
+                )
+                self._slots = {}
             elif tid == tok.tool_call_end_id and self._mode == "tool":
-                self._call_body.append(self._detok.flush())
+                self._flush_into(out)
                 self._mode = "content"
-                call = self._close_call()
-                if call is not None:
-                    calls.append(ToolCallDelta(len(self._calls) - 1, call.id, call.name, call.arguments))
-                else:
-                    content.append(self._push_content(self._raw_call_text()))
+                self._close_block(out)
             elif tid in self._skip:
                 continue
             else:
                 text = self._detok.feed((tid,))
                 if text:
-                    self._route(text, reasoning, content)
-        return OutputDelta("".join(reasoning), "".join(content), tuple(calls))
+                    self._route(text, out)
+        return out.delta()
 
     def finish(self) -> OutputDelta:
         """Flush what is held back; an unclosed tool call becomes content (flagged)."""
-        reasoning: list[str] = []
-        content: list[str] = []
-        self._flush_into(reasoning, content)
+        out = _Out()
+        text = self._detok.flush()
         if self._mode == "tool":
+            # Cut off (max_tokens): the call can never complete, so stream nothing more of it.
+            self._raw.append(text)
             self.tool_call_parse_error = True
-            content.append(self._push_content(self._raw_call_text(closed=False)))
-            self._mode = "content"
+            out.content.append(self._push_content(TOOL_CALL_START + "".join(self._raw)))
+            self._mode, self._block = "content", None
+        elif text:
+            self._route(text, out)
         if self._stop is not None:
-            content.append(self._content.push(self._stop.flush()))
-        return OutputDelta("".join(reasoning), "".join(content), ())
+            out.content.append(self._content.push(self._stop.flush()))
+        return out.delta()
 
     # -- results ------------------------------------------------------------
 
@@ -175,49 +252,50 @@ class OutputParser:
 
     # -- internals ----------------------------------------------------------
 
-    def _route(self, text: str, reasoning: list[str], content: list[str]) -> None:
+    def _route(self, text: str, out: _Out) -> None:
         if self._mode == "reasoning":
-            reasoning.append(self._reasoning.push(text))
+            out.reasoning.append(self._reasoning.push(text))
         elif self._mode == "tool":
-            self._call_body.append(text)
+            assert self._block is not None
+            self._raw.append(text)
+            self._stream(self._block.feed(text), out)
         else:
-            content.append(self._push_content(text))
+            out.content.append(self._push_content(text))
 
-    def _flush_into(self, reasoning: list[str], content: list[str]) -> None:
+    def _flush_into(self, out: _Out) -> None:
         text = self._detok.flush()
         if text:
-            self._route(text, reasoning, content)
+            self._route(text, out)
 
-    def _raw_call_text(self, *, closed: bool = True) -> str:
-        return TOOL_CALL_START + "".join(self._call_body) + (TOOL_CALL_END if closed else "")
+    def _stream(self, pieces: Iterable[CallPiece], out: _Out) -> None:
+        """Pieces as deltas; a new call takes the next index, pieces of one call merge."""
+        for piece in pieces:
+            if piece.name is not None:
+                index = self._slots[piece.call] = self._announced
+                self._announced += 1
+                delta = ToolCallDelta(index, self._tool_call_id(index), piece.name, piece.arguments)
+            elif piece.arguments:
+                delta = ToolCallDelta(self._slots[piece.call], arguments=piece.arguments)
+            else:
+                continue
+            last = out.calls[-1] if out.calls else None
+            if last is not None and last.index == delta.index and delta.id is None:
+                out.calls[-1] = attrs.evolve(last, arguments=last.arguments + delta.arguments)
+            else:
+                out.calls.append(delta)
 
-    def _close_call(self) -> ToolCall | None:
-        body = "".join(self._call_body).strip()
-        try:
-            value = json.loads(body)
-        except ValueError:
-            value = None
-        if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
+    def _close_block(self, out: _Out) -> None:
+        assert self._block is not None
+        result = self._block.close()
+        self._block = None
+        if result is None:
             self.tool_call_parse_error = True
-            return None
-        arguments = value.get("arguments", value.get("parameters", {}))
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                self.tool_call_parse_error = True
-                return None
-        if not isinstance(arguments, dict):
-            self.tool_call_parse_error = True
-            return None
-        call = ToolCall(
-            id=self._tool_call_id(len(self._calls)),
-            name=value["name"],
-            arguments=json.dumps(arguments, ensure_ascii=False),
-            parsed=arguments,
-        )
-        self._calls.append(call)
-        return call
+            out.content.append(self._push_content(TOOL_CALL_START + "".join(self._raw) + TOOL_CALL_END))
+            return
+        self._stream(result.pieces, out)
+        for call in result.calls:
+            index = self._slots[call.call]
+            self._calls.append(ToolCall(self._tool_call_id(index), call.name, call.arguments, call.parsed))
 
 
 class StopMatcher:

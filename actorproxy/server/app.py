@@ -1,8 +1,14 @@
 """The ingress: a thin Quart-trio app over a :class:`Runtime`.
 
 Handlers parse and validate at the edge, send one message to the right actor
-and turn its reply into OpenAI JSON or SSE. Every error leaves as JSON in
-OpenAI's format with a 4xx/5xx status, never as a traceback.
+and turn its reply into OpenAI or Anthropic JSON or SSE. Every error leaves as
+JSON in the caller's own format (Anthropic's on ``/v1/messages`` routes,
+OpenAI's elsewhere) with a 4xx/5xx status, never as a traceback.
+
+The model routes also exist per session, for black-box agents that can only
+be given a base URL: ``/sess/{session}/v1/...`` and Claw-R1's
+``/{trajectory_uid}/{prompt_uid}/v1/...``. A session named by the URL beats
+any header.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from werkzeug.exceptions import HTTPException
 from ..errors import BadRequest, EngineError, ProxyError
 from ..runtime.messages import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed
 from ..runtime.runtime import Runtime, TurnStream
+from . import anthropic_api
+from .anthropic_api import EventWriter, message_json, new_message_id, parse_messages_body
 from .identity import resolve_identity
 from .openai_api import ChunkWriter, completion_json, new_completion_id, parse_chat_body
 
@@ -29,11 +37,23 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
+#: Where the model routes are mounted: plain, per session, and Claw-R1 style (session, prompt group).
+_MOUNTS = ("", "/sess/<url_session>", "/<url_session>/<url_instance>")
+
+
+def _anthropic_route() -> bool:
+    """Whether the request is Anthropic's (its errors then take Anthropic's shape)."""
+    return "/v1/messages" in request.path
+
+
+def _error(status: int, message: str, openai_body: dict[str, Any]) -> Response:
+    if _anthropic_route():
+        return _json(anthropic_api.error_json(status, message), status)
+    return _json(openai_body, status)
+
+
 def _json_error(error: ProxyError) -> Response:
-    response = Response(
-        _dumps(error.to_openai()), status=error.status, mimetype="application/json"
-    )
-    return response
+    return _error(error.status, error.message, error.to_openai())
 
 
 def _dumps(data: Any) -> str:
@@ -88,6 +108,38 @@ def _str_field(body: dict[str, Any], name: str, *, required: bool) -> str | None
     return value
 
 
+def _stream(frames: AsyncIterator[bytes]) -> Response:
+    response = Response(
+        frames, mimetype="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+    response.timeout = None  # a long generation must not be cut off
+    return response
+
+
+async def _result(events: TurnStream) -> TurnDone:
+    """The turn's final event; a refused or failed turn raises its error."""
+    async with events:
+        async for event in events:
+            match event:
+                case TurnFailed():
+                    raise event.error
+                case TurnDone():
+                    return event
+    raise EngineError("the turn ended without a result")
+
+
+async def _accepted(events: TurnStream) -> TurnAccepted:
+    """Wait until the turn is accepted, so guard failures stay plain 4xx JSON before a stream starts."""
+    try:
+        first = await events.receive()
+    except trio.EndOfChannel:
+        first = TurnFailed(EngineError("the turn ended without a result"))
+    if isinstance(first, TurnAccepted):
+        return first
+    events.close()
+    raise first.error if isinstance(first, TurnFailed) else EngineError("the turn ended without a result")
+
+
 def create_app(runtime: Runtime) -> QuartTrio:
     """The HTTP app serving ``runtime``."""
     app = QuartTrio("actorproxy")
@@ -95,6 +147,12 @@ def create_app(runtime: Runtime) -> QuartTrio:
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 600
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    # Rendering a long prompt for count_tokens is blocking work: a few threads at most.
+    render_limiter = trio.CapacityLimiter(4)
+
+    def mount(rule: str, view: Any, method: str) -> None:
+        for prefix in _MOUNTS:
+            app.add_url_rule(prefix + rule, view_func=view, methods=[method])
 
     @app.errorhandler(ProxyError)
     async def _proxy_error(error: ProxyError) -> Response:
@@ -104,53 +162,83 @@ def create_app(runtime: Runtime) -> QuartTrio:
     async def _http_error(error: HTTPException) -> Response:
         status = error.code or 500
         kind = "not_found_error" if status == 404 else "invalid_request_error"
-        body = {"error": {"message": error.description or error.name, "type": kind, "param": None,
+        message = error.description or error.name
+        body = {"error": {"message": message, "type": kind, "param": None,
                           "code": error.name.lower().replace(" ", "_")}}
-        return _json(body, status)
+        return _error(status, message, body)
 
     @app.errorhandler(Exception)
     async def _unexpected(error: Exception) -> Response:
         log.exception("unexpected error handling %s %s", request.method, request.path)
-        body = {"error": {"message": f"internal error: {type(error).__name__}", "type": "server_error",
-                          "param": None, "code": "internal_error"}}
-        return _json(body, 500)
+        message = f"internal error: {type(error).__name__}"
+        body = {"error": {"message": message, "type": "server_error", "param": None, "code": "internal_error"}}
+        return _error(500, message, body)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions() -> Response:
+    async def chat_completions(url_session: str | None = None, url_instance: str | None = None) -> Response:
         call = parse_chat_body(await _body())
-        identity = resolve_identity(request.headers, call.session_id, call.instance_id, call.turn_id)
+        identity = resolve_identity(request.headers, call.session_id, call.instance_id, call.turn_id,
+                                    url_session=url_session, url_instance=url_instance)
         model = call.model or runtime.config.model_name
         events = await runtime.start_turn(call.request, identity)
         completion_id = new_completion_id()
         if not call.stream:
-            async with events:
-                async for event in events:
-                    match event:
-                        case TurnFailed():
-                            raise event.error
-                        case TurnDone():
-                            return _json(
-                                completion_json(event, completion_id=completion_id, model=model,
-                                                session_id=identity.session_id)
-                            )
-            raise EngineError("the turn ended without a result")
-        # Streaming: wait for the turn to be accepted so guard failures are plain 4xx JSON.
-        try:
-            first = await events.receive()
-        except trio.EndOfChannel:
-            events.close()
-            raise EngineError("the turn ended without a result") from None
-        if isinstance(first, TurnFailed):
-            events.close()
-            raise first.error
+            done = await _result(events)
+            return _json(completion_json(done, completion_id=completion_id, model=model,
+                                         session_id=identity.session_id))
+        await _accepted(events)
         writer = ChunkWriter(completion_id=completion_id, model=model)
-        response = Response(
-            _sse(events, first, writer, include_usage=call.include_usage),
-            mimetype="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        return _stream(_sse(events, writer, include_usage=call.include_usage))
+
+    async def messages(url_session: str | None = None, url_instance: str | None = None) -> Response:
+        call = parse_messages_body(await _body())
+        identity = resolve_identity(request.headers, call.session_id, call.instance_id, call.turn_id,
+                                    url_session=url_session, url_instance=url_instance)
+        events = await runtime.start_turn(call.request, identity)
+        message_id = new_message_id()
+        if not call.stream:
+            done = await _result(events)
+            return _json(message_json(done, message_id=message_id, model=call.model, session_id=identity.session_id))
+        accepted = await _accepted(events)
+        writer = EventWriter(message_id=message_id, model=call.model)
+        return _stream(_anthropic_sse(events, accepted, writer))
+
+    async def count_tokens(url_session: str | None = None, url_instance: str | None = None) -> Response:
+        """The prompt length the next turn would have if it started a segment (a fresh render)."""
+        chat = parse_messages_body(await _body(), count_only=True).request
+
+        def count() -> int:
+            text = runtime.tokenizer.render(chat.messages, tools=chat.tools, add_generation_prompt=True,
+                                            enable_thinking=chat.enable_thinking)
+            return len(runtime.tokenizer.encode(text))
+
+        try:
+            tokens = await trio.to_thread.run_sync(count, limiter=render_limiter)
+        except Exception as exc:  # the template rejects these messages
+            raise BadRequest(f"the chat template cannot render these messages: {exc}", param="messages") from exc
+        return _json({"input_tokens": tokens})
+
+    async def models(url_session: str | None = None, url_instance: str | None = None) -> Response:
+        info = await runtime.backend.model_info()
+        return _json(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": runtime.config.model_name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "actorproxy",
+                        "root": info.model_id,
+                        "max_model_len": runtime.context_window,
+                    }
+                ],
+            }
         )
-        response.timeout = None
-        return response
+
+    mount("/v1/chat/completions", chat_completions, "POST")
+    mount("/v1/messages", messages, "POST")
+    mount("/v1/messages/count_tokens", count_tokens, "POST")
+    mount("/v1/models", models, "GET")
 
     @app.post("/session/finalize")
     async def finalize() -> Response:
@@ -205,38 +293,12 @@ def create_app(runtime: Runtime) -> QuartTrio:
             }
         )
 
-    @app.get("/v1/models")
-    async def models() -> Response:
-        info = await runtime.backend.model_info()
-        return _json(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": runtime.config.model_name,
-                        "object": "model",
-                        "created": 0,
-                        "owned_by": "actorproxy",
-                        "root": info.model_id,
-                        "max_model_len": runtime.context_window,
-                    }
-                ],
-            }
-        )
-
     return app
 
 
-async def _sse(
-    events: TurnStream,
-    first: TurnEvent,
-    writer: ChunkWriter,
-    *,
-    include_usage: bool,
-) -> AsyncIterator[bytes]:
-    """SSE frames as the session produces them; closing ``events`` stops the generation."""
+async def _sse(events: TurnStream, writer: ChunkWriter, *, include_usage: bool) -> AsyncIterator[bytes]:
+    """OpenAI SSE frames as the session produces them; closing ``events`` stops the generation."""
     with events:
-        assert isinstance(first, TurnAccepted)
         yield writer.start()
         async for event in events:
             match event:
@@ -251,3 +313,35 @@ async def _sse(
                     yield writer.error(event.error.to_openai())
                     return
         yield writer.error(EngineError("the turn ended without a result").to_openai())
+
+
+async def _anthropic_sse(events: TurnStream, accepted: TurnAccepted, writer: EventWriter) -> AsyncIterator[bytes]:
+    """Anthropic SSE events; a ``ping`` after every ``PING_INTERVAL`` seconds with nothing sent."""
+    with events:
+        yield writer.start(accepted.prompt_tokens)
+        deadline = trio.current_time() + anthropic_api.PING_INTERVAL
+        while True:
+            event: TurnEvent | None = None
+            with trio.move_on_at(deadline) as waiting:
+                try:
+                    event = await events.receive()  # cancel-safe: a memory channel loses nothing
+                except trio.EndOfChannel:
+                    pass
+            frame = b""
+            match event:
+                case None if waiting.cancelled_caught:
+                    frame = writer.ping()
+                case TurnDelta():
+                    frame = writer.delta(event.delta)
+                case TurnDone():
+                    yield writer.finish(event)
+                    return
+                case TurnFailed():
+                    yield writer.error(event.error)
+                    return
+                case None:
+                    yield writer.error(EngineError("the turn ended without a result"))
+                    return
+            if frame:
+                yield frame
+                deadline = trio.current_time() + anthropic_api.PING_INTERVAL

@@ -28,27 +28,38 @@ def resolve_identity(
     body_turn: str | None = None,
     *,
     url_session: str | None = None,
+    url_instance: str | None = None,
 ) -> Identity:
-    """Session from the URL, else ``X-Session-Id``, else ``X-SMG-Routing-Key``, else the body.
+    """Who a request belongs to; the first source that names a value wins.
 
-    ``X-Instance-Id`` / ``instance_id`` names the prompt group, ``X-Turn-Id`` /
-    ``turn_id`` the turn; headers win over body fields.
+    Session: the URL (``/sess/{id}/...``, ``/{trajectory_uid}/{prompt_uid}/...``),
+    ``X-Session-Id``, ``X-Claude-Code-Session-Id`` (Claude Code sends it on every
+    call), ``X-SMG-Routing-Key``, the body's ``session_id``. Prompt group: the
+    URL's ``prompt_uid``, ``X-Instance-Id``, ``instance_id``. Turn: ``X-Turn-Id``,
+    ``turn_id``. Anthropic's ``metadata.user_id`` is not a session id.
     """
     session = (
-        _clean(url_session, "session id")
+        _clean(url_session, "the session id in the URL")
         or _clean(headers.get("X-Session-Id"), "X-Session-Id")
+        or _clean(headers.get("X-Claude-Code-Session-Id"), "X-Claude-Code-Session-Id")
         or _clean(headers.get("X-SMG-Routing-Key"), "X-SMG-Routing-Key")
         or _clean(body_session, "session_id")
     )
     if session is None:
         raise BadRequest(
-            "no session id: send an X-Session-Id header (or X-SMG-Routing-Key, or a 'session_id' body field)",
+            "no session id: use a per-session URL (/sess/<id>/v1/...), or send an X-Session-Id header "
+            "(or X-Claude-Code-Session-Id, X-SMG-Routing-Key, or a 'session_id' body field)",
             param="session_id",
             code="missing_session_id",
         )
+    instance = (
+        _clean(url_instance, "the prompt id in the URL")
+        or _clean(headers.get("X-Instance-Id"), "X-Instance-Id")
+        or _clean(body_instance, "instance_id")
+    )
     return Identity(
         session_id=session,
-        instance_id=_clean(headers.get("X-Instance-Id"), "X-Instance-Id") or _clean(body_instance, "instance_id"),
+        instance_id=instance,
         turn_id=_clean(headers.get("X-Turn-Id"), "X-Turn-Id") or _clean(body_turn, "turn_id"),
         rollout_id=_clean(headers.get("X-Rollout-Id"), "X-Rollout-Id"),
     )

@@ -1,0 +1,207 @@
+"""Parsing by SGLang's own parsers, and the choice between that parse and ours.
+
+SGLang serves the reasoning and tool-call parsers of its OpenAI API as two
+native one-shot endpoints (``sglang/srt/entrypoints/http_server.py``):
+
+* ``POST /separate_reasoning`` ``{"text", "reasoning_parser"}`` →
+  ``{"reasoning_text", "text"}``.
+* ``POST /parse_function_call`` ``{"text", "tool_call_parser", "tools"}`` →
+  ``{"normal_text", "calls": [{"tool_index", "name", "parameters"}]}``, where
+  ``parameters`` is the arguments' JSON text. Without tools it finds no calls.
+
+:class:`SGLangParseClient` calls them; :func:`choose_output` (sans-IO) decides,
+for the ``local | sglang_api | hybrid`` parse backends, which parse becomes a
+step's output. Both endpoints parse finished text only: streamed deltas always
+come from the local parser.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+import httpx
+
+from ..core.messages import AssistantOutput, ToolCall
+from ..core.tool_parsers import ToolCallFormat
+from ..tokenization.tokenizer import THINK_START, TOOL_CALL_START
+from .base import BackendError
+from .http_common import make_client, request_json
+
+if TYPE_CHECKING:
+    from ..tokenization.tokenizer import ChatTokenizer
+
+ParseBackend = Literal["local", "sglang_api", "hybrid"]
+PARSE_BACKENDS: tuple[ParseBackend, ...] = ("local", "sglang_api", "hybrid")
+
+#: SGLang's name for the parser of each of our tool-call formats (``qwen25`` is
+#: the Hermes/Qwen JSON detector; newer builds also call it ``qwen``).
+SGLANG_TOOL_CALL_PARSERS: Mapping[ToolCallFormat, str] = {"qwen3": "qwen25", "qwen3_coder": "qwen3_coder"}
+SGLANG_REASONING_PARSER = "qwen3"
+
+
+@attrs.frozen
+class RemoteParse:
+    """What SGLang's parsers made of a generation."""
+
+    reasoning: str
+    content: str
+    #: ``(name, arguments JSON text)`` per call, in order.
+    calls: tuple[tuple[str, str], ...]
+
+
+@attrs.frozen
+class ParseOutcome:
+    output: AssistantOutput
+    tool_call_parse_error: bool
+    source: Literal["local", "sglang"]
+    #: Why a ``hybrid`` parse fell back to the local one.
+    fallback: str | None = None
+
+
+def completion_text(tokenizer: ChatTokenizer, output_ids: Sequence[int], *, reasoning_open: bool = False) -> str:
+    """A generation's text as SGLang's parsers expect it.
+
+    Special tokens (``<|im_end|>``) are dropped as ``skip_special_tokens`` does;
+    ``<think>`` is put back in front when the prompt opened the block, since
+    SGLang's ``qwen3`` reasoning parser only sees reasoning after that tag.
+    """
+    text = tokenizer.decode([t for t in output_ids if t not in tokenizer.special_ids])
+    return THINK_START + text if reasoning_open and tokenizer.think_start_id is not None else text
+
+
+def _sglang_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    # Only the fields SGLang's Tool/Function models know; some builds reject others.
+    function = tool.get("function", tool)
+    return {
+        "type": "function",
+        "function": {k: function[k] for k in ("name", "description", "parameters") if k in function},
+    }
+
+
+class SGLangParseClient:
+    """Client of SGLang's ``/separate_reasoning`` and ``/parse_function_call``.
+
+    Every failure (transport, HTTP status, unexpected body) is a :class:`BackendError`.
+    Pass ``http`` to share a client (then this one does not close it).
+    """
+
+    def __init__(self, base_url: str, http: httpx.AsyncClient | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._own = http is None
+        self._http = http if http is not None else make_client(connect_timeout=10.0, read_timeout=60.0)
+
+    async def aclose(self) -> None:
+        if self._own:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> SGLangParseClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def separate_reasoning(self, text: str, parser_name: str) -> tuple[str, str]:
+        """``(reasoning, content)`` of ``text`` by SGLang's reasoning parser ``parser_name``."""
+        what = "SGLang /separate_reasoning"
+        body = {"text": text, "reasoning_parser": parser_name}
+        answer = await request_json(self._http, "POST", self.base_url + "/separate_reasoning", what, body=body)
+        if not isinstance(answer, Mapping):
+            raise BackendError(f"{what}: unexpected response {str(answer)[:200]}")
+        reasoning, content = answer.get("reasoning_text") or "", answer.get("text") or ""
+        if not isinstance(reasoning, str) or not isinstance(content, str):
+            raise BackendError(f"{what}: unexpected response {str(answer)[:200]}")
+        return reasoning, content
+
+    async def parse_tool_calls(
+        self, text: str, tools: Sequence[Mapping[str, Any]], parser_name: str
+    ) -> tuple[str, list[tuple[str, str]]]:
+        """``(normal_text, [(name, arguments JSON text), ...])`` by SGLang's tool-call parser."""
+        what = "SGLang /parse_function_call"
+        body = {"text": text, "tool_call_parser": parser_name, "tools": [_sglang_tool(t) for t in tools]}
+        answer = await request_json(self._http, "POST", self.base_url + "/parse_function_call", what, body=body)
+        normal = answer.get("normal_text") if isinstance(answer, Mapping) else None
+        raw_calls = answer.get("calls") if isinstance(answer, Mapping) else None
+        if not isinstance(normal, str) or not isinstance(raw_calls, list):
+            raise BackendError(f"{what}: unexpected response {str(answer)[:200]}")
+        calls = []
+        for call in raw_calls:
+            name = call.get("name") if isinstance(call, Mapping) else None
+            params = call.get("parameters") if isinstance(call, Mapping) else None
+            if isinstance(params, Mapping):
+                params = json.dumps(params, ensure_ascii=False)
+            if not isinstance(name, str) or not name or not isinstance(params, str):
+                raise BackendError(f"{what}: unexpected call {str(call)[:200]}")
+            calls.append((name, params))
+        return normal, calls
+
+    async def parse(
+        self,
+        text: str,
+        tools: Sequence[Mapping[str, Any]],
+        *,
+        tool_call_parser: str,
+        reasoning_parser: str | None = SGLANG_REASONING_PARSER,
+    ) -> RemoteParse:
+        """Reasoning first, then tool calls in what follows it (as SGLang's chat API does)."""
+        reasoning, rest = await self.separate_reasoning(text, reasoning_parser) if reasoning_parser else ("", text)
+        if not tools:  # SGLang finds no calls without tools: spare the round trip
+            return RemoteParse(reasoning, rest, ())
+        content, calls = await self.parse_tool_calls(rest, tools, tool_call_parser)
+        return RemoteParse(reasoning, content, tuple(calls))
+
+
+def choose_output(
+    mode: ParseBackend,
+    *,
+    text: str,
+    local: AssistantOutput,
+    local_error: bool,
+    remote: RemoteParse | BackendError | None,
+    tool_call_id: Callable[[int], str],
+    stopped: bool = False,
+) -> ParseOutcome:
+    """The output a step records and a non-streamed reply returns.
+
+    ``local``: the local parse. ``sglang_api``: SGLang's parse (``remote``); its
+    failure is raised. ``hybrid``: SGLang's parse, the local one if it failed.
+    A reply cut by a ``stop`` sequence always takes the local parse (SGLang's
+    parsers know nothing of it). When SGLang found the same calls as we did
+    (names and parsed arguments), our calls are kept: their ids and raw
+    arguments are the ones streamed. ``text`` is :func:`completion_text`.
+    """
+    if mode == "local" or stopped:
+        return ParseOutcome(local, local_error, "local")
+    if isinstance(remote, RemoteParse):
+        try:
+            return _from_remote(text, local, remote, tool_call_id)
+        except BackendError as exc:
+            remote = exc
+    problem = remote if remote is not None else BackendError("SGLang parse: no result")
+    if mode == "hybrid":
+        return ParseOutcome(local, local_error, "local", fallback=str(problem))
+    raise problem
+
+
+def _from_remote(
+    text: str, local: AssistantOutput, remote: RemoteParse, tool_call_id: Callable[[int], str]
+) -> ParseOutcome:
+    found = []
+    for name, arguments in remote.calls:
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise BackendError(f"SGLang parse: arguments of {name!r} are not a JSON object: {arguments[:200]!r}")
+        found.append((name, arguments, parsed))
+    if [(c.name, c.parsed) for c in local.tool_calls] == [(name, parsed) for name, _, parsed in found]:
+        calls = local.tool_calls
+    else:
+        calls = tuple(ToolCall(tool_call_id(i), name, args, parsed) for i, (name, args, parsed) in enumerate(found))
+    # SGLang drops calls it cannot parse without saying so: more blocks than calls is the sign.
+    blocks = text.count(TOOL_CALL_START) - remote.reasoning.count(TOOL_CALL_START)
+    output = AssistantOutput(remote.content.strip(), remote.reasoning.strip(), calls)
+    return ParseOutcome(output, blocks > len(calls), "sglang")
