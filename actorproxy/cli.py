@@ -181,6 +181,39 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="force this sampling temperature on every request (default: the request's, else 1.0)",
     )
+    parse = run.add_argument_group("output parsing")
+    parse.add_argument(
+        "--model-tool-call-type",
+        "--tool-call-format",
+        dest="tool_call_format",
+        choices=["auto", "qwen3", "qwen3_coder"],
+        default=_DEFAULTS.tool_call_format,
+        help="tool-call format: qwen3 = Hermes JSON, qwen3_coder = Qwen3-Coder/Qwen3.5 XML; "
+        "auto reads it from the chat template",
+    )
+    parse.add_argument(
+        "--model-reasoning-type",
+        "--reasoning-format",
+        dest="reasoning_format",
+        choices=["qwen3", "none"],
+        default=_DEFAULTS.reasoning_format,
+        help="qwen3: <think> blocks become reasoning_content / thinking blocks; none: plain content",
+    )
+    parse.add_argument(
+        "--tool-call-parse-backend",
+        "--reasoning-parse-backend",
+        "--parse-backend",
+        dest="parse_backend",
+        choices=["local", "sglang_api", "hybrid"],
+        default=_DEFAULTS.parse_backend,
+        help="who parses the recorded output: local, SGLang's /parse_function_call + /separate_reasoning, "
+        "or hybrid (SGLang, local on failure). Streamed deltas always come from the local parser",
+    )
+    parse.add_argument(
+        "--sglang-parse-url",
+        metavar="URL",
+        help="SGLang server for sglang_api/hybrid parsing (default: the first --backend-url of an sglang backend)",
+    )
     pre = run.add_argument_group("preemption (weight updates)")
     pre.add_argument(
         "--partial-rollout",
@@ -365,6 +398,10 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         mask_nonlast_version_tokens=args.mask_nonlast_version_tokens,
         engine_pause=args.engine_pause,
         heartbeat_interval=args.heartbeat_interval,
+        tool_call_format=args.tool_call_format,
+        reasoning_format=args.reasoning_format,
+        parse_backend=args.parse_backend,
+        sglang_parse_url=args.sglang_parse_url,
         trajectory_build_mode=args.trajectory_build_mode,
         max_steps_per_session=args.max_steps_per_session,
         context_window=args.context_window,

@@ -75,9 +75,29 @@ class ProxyConfig:
     shutdown_grace: float = attrs.field(default=30.0, validator=_positive)
     model_name: str = "actorproxy"
 
+    #: Tool-call format the model writes; ``auto`` reads it from the chat template.
+    tool_call_format: Literal["auto", "qwen3", "qwen3_coder"] = "auto"
+    #: ``qwen3``: ``<think>`` blocks are reasoning; ``none``: they are plain content.
+    reasoning_format: Literal["qwen3", "none"] = "qwen3"
+    #: Who parses tool calls and reasoning for the recorded step: ourselves, SGLang, or SGLang then us.
+    parse_backend: Literal["local", "sglang_api", "hybrid"] = "local"
+    #: SGLang server for ``sglang_api``/``hybrid`` parsing (default: the first SGLang engine).
+    sglang_parse_url: str | None = None
+
     def __attrs_post_init__(self) -> None:
         if self.backend != "sim" and not self.backend_urls:
             raise ValueError(f"--backend {self.backend} needs at least one engine URL (--backend-url)")
+        if self.parse_backend != "local" and self.parse_url is None:
+            raise ValueError(f"--parse-backend {self.parse_backend} needs an SGLang server (--sglang-parse-url)")
+
+    @property
+    def parse_url(self) -> str | None:
+        """The SGLang server that parses outputs, when parsing is not local."""
+        if self.sglang_parse_url:
+            return self.sglang_parse_url
+        if self.backend == "sglang" and self.backend_urls:
+            return self.backend_urls[0]
+        return None
 
     def public(self) -> dict[str, object]:
         """The settings as shown by ``GET /health``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import attrs
@@ -18,6 +18,7 @@ import trio
 
 from ..backends.base import Backend, BackendError, ModelInfo
 from ..config import ProxyConfig
+from ..core.parser import default_tool_call_format
 from ..errors import EngineError, NotFound, Overloaded
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
 from . import controller as ctl
@@ -34,7 +35,7 @@ from .messages import (
     TurnEvent,
     TurnMoved,
 )
-from .session import SessionActor, SessionCounters
+from .session import OutputFormat, SessionActor, SessionCounters
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,13 @@ class Runtime:
             await _forward(self.backend, "set_weight_version", weight_version)
         return dict(await ask(self.controller, lambda r: ctl.Resume(weight_version, bump_epoch, r)))
 
+    async def backend_healthy(self) -> bool:
+        """False only when an engine pool knows every engine is down (no probe is sent)."""
+        stats = getattr(self.backend, "statistics", None)
+        if stats is None:
+            return True
+        return any(engine["healthy"] for engine in stats()["engines"])
+
     async def pause_state(self) -> dict[str, Any]:
         return dict(await ask(self.controller, lambda r: ctl.State(r)))
 
@@ -307,7 +315,18 @@ async def open_runtime(
         log.warning("--context-window %d exceeds the engine's %d; using %d", window, info.max_model_len,
                     info.max_model_len)
         window = info.max_model_len
-    async with trio.open_nursery() as nursery:
+    output_format = OutputFormat(
+        tool_call_format=(
+            default_tool_call_format(tok) if config.tool_call_format == "auto" else config.tool_call_format
+        ),
+        reasoning_format=config.reasoning_format,
+        parse_backend=config.parse_backend,
+    )
+    async with AsyncExitStack() as resources, trio.open_nursery() as nursery:
+        if config.parse_backend != "local" and config.parse_url:
+            from ..backends.sglang_parse import SGLangParseClient
+
+            output_format.client = await resources.enter_async_context(SGLangParseClient(config.parse_url))
         health_loop = getattr(engine, "run", None)
         if health_loop is not None:
             await nursery.start(health_loop)  # the engine pool's health checks
@@ -327,6 +346,7 @@ async def open_runtime(
                 controller=controller_box,
                 context_window=window,
                 counters=counters,
+                output_format=output_format,
             )
 
         registry = reg.SessionRegistry(factory, max_sessions=config.max_sessions)

@@ -18,15 +18,25 @@ import hashlib
 import logging
 import time
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import trio
 
-from ..backends.base import Backend, GenerateFinish, SamplingParams
+from ..backends.base import Backend, BackendError, GenerateFinish, SamplingParams
+from ..backends.sglang_parse import (
+    SGLANG_REASONING_PARSER,
+    SGLANG_TOOL_CALL_PARSERS,
+    ParseBackend,
+    RemoteParse,
+    SGLangParseClient,
+    choose_output,
+    completion_text,
+)
 from ..config import ProxyConfig
 from ..core.messages import tools_key
-from ..core.parser import OutputParser
+from ..core.parser import OutputParser, ReasoningFormat, ToolCallFormat
 from ..core.records import Step, build_segment
 from ..core.tito import (
     Continue,
@@ -48,7 +58,7 @@ from ..tokenization.tokenizer import ChatTokenizer
 from . import store as store_msgs
 from .actor import answer
 from .controller import Permit
-from .generate import GenerationSettings, TurnFailure, TurnGeneration
+from .generate import GenerationSettings, TurnFailure, TurnGeneration, engine_error
 from .messages import (
     DescribeSession,
     FinalizeSession,
@@ -64,6 +74,9 @@ from .messages import (
 log = logging.getLogger(__name__)
 
 _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+#: Seconds SGLang's parsers may take before ``hybrid`` falls back to ours (``sglang_api`` fails).
+REMOTE_PARSE_TIMEOUT = 10.0
 
 
 @attrs.frozen
@@ -92,8 +105,20 @@ class _Prepared:
     sampling: SamplingParams
     stop: tuple[str, ...]
     streaming: bool
+    tools: list[dict[str, Any]]
     #: Segments this turn closed (a boundary): they go to the store before generating.
     closed: list[Any]
+
+
+@attrs.define
+class OutputFormat:
+    """How sampled ids are parsed: the model's formats and who has the last word on the step."""
+
+    tool_call_format: ToolCallFormat = "qwen3"
+    reasoning_format: ReasoningFormat = "qwen3"
+    parse_backend: ParseBackend = "local"
+    #: SGLang's parsers, for ``sglang_api`` and ``hybrid``.
+    client: SGLangParseClient | None = None
 
 
 def tool_call_id(session_id: str, step_index: int, call_index: int) -> str:
@@ -117,6 +142,7 @@ class SessionActor:
         controller: trio.MemorySendChannel[Any],
         context_window: int,
         counters: SessionCounters = SessionCounters(),
+        output_format: OutputFormat | None = None,
     ) -> None:
         self.session_id = session_id
         self.token = object()
@@ -126,6 +152,7 @@ class SessionActor:
         self._store = store
         self._registry = registry
         self._controller = controller
+        self._format = output_format or OutputFormat()
         self._generation_settings = GenerationSettings(
             partial_rollout=config.partial_rollout,
             pause_wait_timeout=config.pause_wait_timeout,
@@ -344,7 +371,9 @@ class SessionActor:
             stop_token_ids=self._tok.stop_token_ids,
             seed=request.seed,
         )
-        return _Prepared(step, input_ids, plan, new_messages, sampling, request.stop, request.stream, closed)
+        return _Prepared(
+            step, input_ids, plan, new_messages, sampling, request.stop, request.stream, request.tools, closed
+        )
 
     @staticmethod
     def _gone(step: Step, finish: GenerateFinish | None) -> None:
@@ -380,12 +409,21 @@ class SessionActor:
             self._gone(step, None)
             return
 
+        reasoning_open = reasoning_opened_by_prompt(self._tok, prepared.input_ids[-8:])
+        fmt = self._format
+
+        def call_id(i: int) -> str:
+            return tool_call_id(self.session_id, step.index, i)
+
         def new_parser() -> OutputParser:
             return OutputParser(
                 self._tok,
-                tool_call_id=lambda i: tool_call_id(self.session_id, step.index, i),
-                reasoning_open=reasoning_opened_by_prompt(self._tok, prepared.input_ids[-8:]),
+                tool_call_id=call_id,
+                reasoning_open=reasoning_open,
                 stop=prepared.stop,
+                tools=prepared.tools,
+                tool_call_format=fmt.tool_call_format,
+                reasoning_format=fmt.reasoning_format,
             )
 
         turn = TurnGeneration(
@@ -417,6 +455,13 @@ class SessionActor:
         tail = parser.finish()
         step.output = parser.output
         step.tool_call_parse_error = parser.tool_call_parse_error
+        if fmt.parse_backend != "local":
+            try:
+                await self._parse_remotely(step, parser, prepared.tools, reasoning_open, call_id)
+            except BackendError as exc:
+                step.status, step.error, step.finished_at = "error", str(exc), time.time()
+                await _tell(events, TurnFailed(engine_error(exc)))
+                return
         step.finish_reason = finish.reason
         try:
             if tail:
@@ -445,6 +490,47 @@ class SessionActor:
         step.status = "completed"
         seg.account_messages(prepared.new_messages)
         seg.add_generation(step, self._tok.eot_token_id)
+
+    async def _parse_remotely(
+        self,
+        step: Step,
+        parser: OutputParser,
+        tools: list[dict[str, Any]],
+        reasoning_open: bool,
+        call_id: Callable[[int], str],
+    ) -> None:
+        """Let SGLang's parsers decide the recorded output (``sglang_api``; ``hybrid`` falls back to ours).
+
+        Streamed deltas came from the local parser; the step and a non-streamed
+        reply take this result.
+        """
+        fmt = self._format
+        assert fmt.client is not None
+        text = completion_text(self._tok, step.output_ids, reasoning_open=reasoning_open)
+        remote: RemoteParse | BackendError | None = None
+        with trio.move_on_after(REMOTE_PARSE_TIMEOUT):
+            try:
+                remote = await fmt.client.parse(
+                    text,
+                    tools,
+                    tool_call_parser=SGLANG_TOOL_CALL_PARSERS[fmt.tool_call_format],
+                    reasoning_parser=SGLANG_REASONING_PARSER if fmt.reasoning_format == "qwen3" else None,
+                )
+            except BackendError as exc:
+                remote = exc
+        outcome = choose_output(
+            fmt.parse_backend,
+            text=text,
+            local=parser.output,
+            local_error=parser.tool_call_parse_error,
+            remote=remote,
+            tool_call_id=call_id,
+            stopped=parser.stopped,
+        )
+        if outcome.fallback:
+            log.warning("session %s step %d: parsed locally: %s", self.session_id, step.index, outcome.fallback)
+        step.output = outcome.output
+        step.tool_call_parse_error = outcome.tool_call_parse_error
 
     def _check_version(self, permit: Permit) -> None:
         """Without partial rollout a session's turns must all run under one weight version and epoch."""

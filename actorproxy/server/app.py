@@ -30,6 +30,7 @@ from . import anthropic_api
 from .anthropic_api import EventWriter, message_json, new_message_id, parse_messages_body
 from .identity import resolve_identity
 from .openai_api import ChunkWriter, completion_json, new_completion_id, parse_chat_body
+from .rollout_api import add_rollout_routes
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,10 @@ def _error(status: int, message: str, openai_body: dict[str, Any]) -> Response:
 
 
 def _json_error(error: ProxyError) -> Response:
-    return _error(error.status, error.message, error.to_openai())
+    response = _error(error.status, error.message, error.to_openai())
+    if error.retry_after is not None:
+        response.headers["Retry-After"] = str(int(error.retry_after))
+    return response
 
 
 def _dumps(data: Any) -> str:
@@ -187,7 +191,9 @@ def create_app(runtime: Runtime) -> QuartTrio:
                                          session_id=identity.session_id))
         await _accepted(events)
         writer = ChunkWriter(completion_id=completion_id, model=model)
-        return _stream(_sse(events, writer, include_usage=call.include_usage))
+        return _stream(
+            _sse(events, writer, include_usage=call.include_usage, heartbeat=runtime.config.heartbeat_interval)
+        )
 
     async def messages(url_session: str | None = None, url_instance: str | None = None) -> Response:
         call = parse_messages_body(await _body())
@@ -282,7 +288,8 @@ def create_app(runtime: Runtime) -> QuartTrio:
     async def health() -> Response:
         return _json(
             {
-                "status": "ok",
+                # "degraded": an engine pool with no healthy engine (turns would fail).
+                "status": "ok" if await runtime.backend_healthy() else "degraded",
                 **await runtime.census(),
                 "store": await runtime.store_stats(),
                 "backend": runtime.backend.kind,
@@ -293,14 +300,34 @@ def create_app(runtime: Runtime) -> QuartTrio:
             }
         )
 
+    add_rollout_routes(app, runtime)
     return app
 
 
-async def _sse(events: TurnStream, writer: ChunkWriter, *, include_usage: bool) -> AsyncIterator[bytes]:
-    """OpenAI SSE frames as the session produces them; closing ``events`` stops the generation."""
+#: An SSE comment: clients ignore it, but it keeps idle-timeout proxies and agents from giving up.
+HEARTBEAT = b": keep-alive\n\n"
+
+
+async def _sse(
+    events: TurnStream, writer: ChunkWriter, *, include_usage: bool, heartbeat: float
+) -> AsyncIterator[bytes]:
+    """OpenAI SSE frames as the session produces them; closing ``events`` stops the generation.
+
+    After ``heartbeat`` seconds with nothing sent (say, the generation is paused
+    for a weight update) an SSE comment goes out, so the connection stays alive.
+    """
     with events:
         yield writer.start()
-        async for event in events:
+        while True:
+            event: TurnEvent | None = None
+            with trio.move_on_after(heartbeat) as waiting:
+                try:
+                    event = await events.receive()  # cancel-safe: a memory channel loses nothing
+                except trio.EndOfChannel:
+                    break
+            if event is None and waiting.cancelled_caught:
+                yield HEARTBEAT
+                continue
             match event:
                 case TurnDelta():
                     frame = writer.delta(event.delta)

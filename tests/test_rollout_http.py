@@ -1,0 +1,79 @@
+"""The trainer's pause/resume over HTTP, with streaming agents kept alive by heartbeats."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import trio
+
+from actorproxy.backends.sim import SimConfig
+from actorproxy.testing import open_simulated_proxy
+
+INTERVAL = 0.005
+
+
+async def test_pause_resume_over_http_with_heartbeats(tokenizer: Any) -> None:
+    async with open_simulated_proxy(
+        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL), serve_http=True,
+        partial_rollout=True, heartbeat_interval=0.05,
+    ) as sim, httpx.AsyncClient(base_url=sim.url or "", timeout=30) as http:
+        text = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
+        ids = tokenizer.encode(text).tolist() + [tokenizer.eot_token_id]
+        sim.engine.script(ids, routing_key="h")
+        lines: list[str] = []
+        body = {"messages": [{"role": "user", "content": "count"}], "stream": True}
+
+        async def agent() -> None:
+            async with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-Session-Id": "h"}) as r:
+                async for line in r.aiter_lines():
+                    lines.append(line)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(agent)
+            await sim.wait_for_tokens("h", 4)
+            ack = await http.post("/v1/rollout/pause", json={"mode": "abort"})
+            assert ack.status_code == 200 and ack.json()["aborted"] == 1
+            # What the new weights sample next: the rest of the text, after the tokens already kept.
+            sim.engine.script(ids[ack.json()["partial_tokens"]:], routing_key="h")
+            state = (await http.get("/v1/rollout/pause_state")).json()
+            assert state["state"] == "paused" and state["waiting"] == 1 and "in_flight_tokens" not in state
+            await trio.sleep(0.3)  # the weight update: several heartbeat intervals of silence
+            resumed = await http.post("/v1/rollout/resume", json={"weight_version": "5", "bump_epoch": True})
+            assert resumed.json()["epoch"] == 1 and resumed.json()["woken"] == 1
+        assert ": keep-alive" in lines  # the paused stream stayed alive
+        content = "".join(
+            json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+            for line in lines
+            if line.startswith("data: {") and '"choices": [{' in line
+        )
+        assert content == text, (content, text)
+        await http.post("/session/finalize", json={"session_id": "h"})
+        step = (await http.post("/trajectory/read", json={"session_id": "h", "include_steps": True})).json()["steps"][0]
+        assert step["output_ids"] == ids and step["preemptions"] == 1
+
+
+async def test_rollout_bad_input_and_retry_after(tokenizer: Any) -> None:
+    async with open_simulated_proxy(
+        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL), serve_http=True, pause_wait_timeout=0.2,
+    ) as sim, httpx.AsyncClient(base_url=sim.url or "", timeout=30) as http:
+        bad = [("/v1/rollout/pause", {"mode": "sleep"}), ("/v1/rollout/pause", {"mood": "abort"}),
+               ("/v1/rollout/resume", {"bump_epoch": "yes"}), ("/v1/rollout/resume", {"weight_version": []})]
+        for path, body in bad:
+            r = await http.post(path, json=body)
+            assert r.status_code == 400 and r.json()["error"]["message"], (path, body)
+        assert (await http.post("/v1/rollout/pause", content=b"{oops")).status_code == 400
+        assert (await http.post("/v1/rollout/pause")).json()["status"] == "paused"  # empty body: defaults
+        r = await http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
+                            headers={"X-Session-Id": "late"})
+        assert r.status_code == 503 and r.headers["Retry-After"] == "5"
+        assert r.json()["error"]["code"] == "generation_paused"
+        r = await http.post("/v1/messages", json={"model": "m", "max_tokens": 8,
+                                                  "messages": [{"role": "user", "content": "hi"}]},
+                            headers={"X-Session-Id": "late2"})
+        assert r.status_code == 503 and r.json()["type"] == "error" and r.headers["Retry-After"] == "5"
+        assert (await http.post("/v1/rollout/resume", json={})).json()["resumed"] is True
+        ok = await http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                           "max_tokens": 4}, headers={"X-Session-Id": "late"})
+        assert ok.status_code == 200
