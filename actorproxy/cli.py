@@ -309,6 +309,8 @@ def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     sim.add_argument("--weight-version", default=d.weight_version, help="initial weight version")
     sim.add_argument("--max-model-len", type=_positive_int, default=d.max_model_len,
                      help="context length: longer prompts are refused, outputs are cut to fit")
+    sim.add_argument("--record-capacity", type=_positive_int, default=d.record_capacity,
+                     help="requests remembered for GET /sim/requests")
     sim.add_argument("--model-path", default=d.model_path, help="model name reported by /get_model_info and /v1/models")
     sim.add_argument("--tokenizer-path", default=None,
                      help="a Hugging Face tokenizer directory (default: the built-in qwen3 tokenizer)")
@@ -334,6 +336,7 @@ def sim_settings_from_args(args: argparse.Namespace) -> SimServerSettings:
         model_path=args.model_path,
         tokenizer_path=args.tokenizer_path,
         vllm_generate_endpoint=args.vllm_generate_endpoint,
+        record_capacity=args.record_capacity,
     )
 
 

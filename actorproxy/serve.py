@@ -36,6 +36,8 @@ class RunningProxy:
 
 def _hypercorn_config(config: ProxyConfig) -> HypercornConfig:
     hc = HypercornConfig()
+    # Rollouts open hundreds of connections at once; hypercorn's default backlog (100) resets them.
+    hc.backlog = 4096
     host = f"[{config.host}]" if ":" in config.host else config.host
     hc.bind = [f"{host}:{config.port}"]
     hc.accesslog = None

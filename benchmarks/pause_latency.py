@@ -2,7 +2,7 @@
 
     python benchmarks/pause_latency.py [--streams 100 1000] [--token-interval 0.1]
 
-Per row: ``actorproxy sim`` (SGLang wire format) serves the engine; a proxy in
+Per row: ``actorproxy sim`` (SGLang wire format, its own process) serves the engine; a proxy in
 front of it (``--backend sglang --partial-rollout``) serves N streaming chat
 turns to N httpx clients. Once every stream has received a few tokens, the
 trainer's ``POST /v1/rollout/pause`` is timed until its acknowledgment; then
@@ -15,27 +15,55 @@ token interval plus 50 ms at 1,000 streams.
 from __future__ import annotations
 
 import argparse
+import socket
 import statistics
+import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import httpx
 import trio
 
 from actorproxy import ProxyConfig, open_proxy
-from actorproxy.backends.sim import SimConfig, SimEngine
-from actorproxy.simserver import SimServerSettings, open_sim_server
 from actorproxy.tokenization import load_tokenizer
+
+
+@asynccontextmanager
+async def _sim_process(interval: float) -> AsyncIterator[str]:
+    """``actorproxy sim`` in its own process (its own core): the proxy is what is measured."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "actorproxy", "sim", "--port", str(port), "--token-interval", str(interval),
+               "--log-level", "WARNING", "--record-capacity", "100000"]
+    async with trio.open_nursery() as nursery:
+        process = await nursery.start(partial(trio.run_process, command, check=False))
+        url = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient() as probe_client:
+            with trio.fail_after(60):
+                while True:
+                    try:
+                        if (await probe_client.get(url + "/health")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await trio.sleep(0.1)
+        try:
+            yield url
+        finally:
+            process.terminate()
 
 
 async def one_run(streams: int, interval: float, tokens_before_pause: int) -> dict[str, Any]:
     tokenizer = load_tokenizer(None)
-    engine = SimEngine(tokenizer, SimConfig(token_interval=interval, seed=1))
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with (
-        open_sim_server(SimServerSettings(port=0), engine=engine, tokenizer=tokenizer) as sim,
+        _sim_process(interval) as sim_url,
         open_proxy(
-            ProxyConfig(port=0, backend="sglang", backend_urls=(sim.url,), partial_rollout=True,
+            ProxyConfig(port=0, backend="sglang", backend_urls=(sim_url,), partial_rollout=True,
                         max_sessions=streams + 10, engine_max_concurrency=streams + 10),
             tokenizer=tokenizer,
         ) as proxy,
@@ -79,7 +107,8 @@ async def one_run(streams: int, interval: float, tokens_before_pause: int) -> di
                                                                 "drain": True})).json()
             step = data["steps"][0]
             recorded_total += len(step["output_ids"])
-        emitted_total = sum(len(engine.stats(r.rid).token_ids) for r in sim.state.records.values())
+        records = (await client.get(sim_url + "/sim/requests")).json()
+        emitted_total = sum(len(r["output_ids"]) for r in records)
         lost = emitted_total - recorded_total
         return {"streams": streams, "interval_ms": interval * 1000, "ack_ms": latency * 1000,
                 "aborted": ack["aborted"], "partial_tokens": ack["partial_tokens"], "lost": lost,
@@ -87,19 +116,15 @@ async def one_run(streams: int, interval: float, tokens_before_pause: int) -> di
 
 
 async def main(args: argparse.Namespace) -> None:
-    rows = []
+    print(f"{'streams':>8} {'interval ms':>12} {'ack ms (median)':>16} {'goal ms':>8} {'aborted':>8} "
+          f"{'partial tok':>12} {'lost':>5}", flush=True)
     for streams in args.streams:
         samples = [await one_run(streams, args.token_interval, args.tokens_before_pause) for _ in range(args.repeat)]
-        row = dict(samples[-1])
-        row["ack_ms"] = statistics.median(s["ack_ms"] for s in samples)
-        row["lost"] = max(s["lost"] for s in samples)
-        rows.append(row)
-    header = f"{'streams':>8} {'interval ms':>12} {'ack ms (median)':>16} {'goal ms':>8} {'aborted':>8} " \
-             f"{'partial tok':>12} {'lost':>5}"
-    print(header)
-    for r in rows:
+        r = dict(samples[-1])
+        r["ack_ms"] = statistics.median(s["ack_ms"] for s in samples)
+        r["lost"] = max(s["lost"] for s in samples)
         print(f"{r['streams']:>8} {r['interval_ms']:>12.0f} {r['ack_ms']:>16.1f} {r['goal_ms']:>8.0f} "
-              f"{r['aborted']:>8} {r['partial_tokens']:>12} {r['lost']:>5}")
+              f"{r['aborted']:>8} {r['partial_tokens']:>12} {r['lost']:>5}", flush=True)
 
 
 if __name__ == "__main__":

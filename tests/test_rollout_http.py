@@ -69,6 +69,11 @@ async def test_rollout_bad_input_and_retry_after(tokenizer: Any) -> None:
                             headers={"X-Session-Id": "late"})
         assert r.status_code == 503 and r.headers["Retry-After"] == "5"
         assert r.json()["error"]["code"] == "generation_paused"
+        # A streamed turn that waited out the pause also gets a plain 503: no stream had started.
+        r = await http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                          "stream": True}, headers={"X-Session-Id": "late3"})
+        assert r.status_code == 503 and r.headers["Retry-After"] == "5"
+        assert r.headers["content-type"].startswith("application/json")
         r = await http.post("/v1/messages", json={"model": "m", "max_tokens": 8,
                                                   "messages": [{"role": "user", "content": "hi"}]},
                             headers={"X-Session-Id": "late2"})

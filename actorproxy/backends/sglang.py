@@ -235,7 +235,7 @@ class SGLangGeneration(StreamedGeneration):
 
     async def _send_abort(self) -> bool:
         body = {"rid": self.rid, "abort_all": False}
-        status = await post_quietly(self._client, self._backend.url("/abort_request"), body, "SGLang abort")
+        status = await post_quietly(self._backend.control, self._backend.url("/abort_request"), body, "SGLang abort")
         return status is not None and status < 400
 
     def _local_finish(self, message: str) -> GenerateFinish:
@@ -264,6 +264,9 @@ class SGLangBackend:
         self.base_url = base_url.rstrip("/")
         self.http = http or make_client(connect_timeout=connect_timeout, read_timeout=read_timeout)
         self._owns_http = http is None
+        #: A separate pool for short control calls (aborts): they never queue behind or scan
+        #: the connections held by hundreds of streams.
+        self.control = http or make_client(connect_timeout=connect_timeout, read_timeout=30.0)
         self.abort_grace = abort_grace
         self.routed_experts = routed_experts
         #: The newest weight version seen in any answer (stamps tokens that carry none).
@@ -353,3 +356,4 @@ class SGLangBackend:
     async def aclose(self) -> None:
         if self._owns_http:
             await self.http.aclose()
+            await self.control.aclose()

@@ -146,7 +146,11 @@ class SGLangParseClient:
         reasoning_parser: str | None = SGLANG_REASONING_PARSER,
     ) -> RemoteParse:
         """Reasoning first, then tool calls in what follows it (as SGLang's chat API does)."""
-        reasoning, rest = await self.separate_reasoning(text, reasoning_parser) if reasoning_parser else ("", text)
+        # Without think tags there is no reasoning to separate; some SGLang builds would
+        # otherwise take untagged text for reasoning (their chat API guards this, the endpoint does not).
+        reasoning, rest = "", text
+        if reasoning_parser and ("<think>" in text or "</think>" in text):
+            reasoning, rest = await self.separate_reasoning(text, reasoning_parser)
         if not tools:  # SGLang finds no calls without tools: spare the round trip
             return RemoteParse(reasoning, rest, ())
         content, calls = await self.parse_tool_calls(rest, tools, tool_call_parser)

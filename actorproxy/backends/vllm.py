@@ -352,6 +352,9 @@ class VLLMBackend:
         self.base_url = base_url.rstrip("/")
         self.http = http or make_client(connect_timeout=connect_timeout, read_timeout=read_timeout)
         self._owns_http = http is None
+        #: A separate pool for short control calls (aborts): they never queue behind or scan
+        #: the connections held by hundreds of streams.
+        self.control = http or make_client(connect_timeout=connect_timeout, read_timeout=30.0)
         self.abort_grace = abort_grace
         self.api: Api | None = api
         self.last_version = DEFAULT_VERSION
@@ -399,7 +402,7 @@ class VLLMBackend:
             return False
         paths = [self._abort_path] if self._abort_path else list(_ABORT_PATHS)
         for path in paths:
-            status = await post_quietly(self.http, self.url(path), {"request_ids": list(request_ids)}, "vLLM abort")
+            status = await post_quietly(self.control, self.url(path), {"request_ids": list(request_ids)}, "vLLM abort")
             if status is None:
                 return False
             if status < 400:
@@ -462,3 +465,4 @@ class VLLMBackend:
     async def aclose(self) -> None:
         if self._owns_http:
             await self.http.aclose()
+            await self.control.aclose()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -90,6 +90,7 @@ class TurnGeneration:
         settings: GenerationSettings,
         streaming: bool,
         check_permit: Callable[[Permit], None] = lambda permit: None,
+        on_started: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.step = step
         self._input_ids = input_ids
@@ -102,6 +103,7 @@ class TurnGeneration:
         self._settings = settings
         self._streaming = streaming
         self._check_permit = check_permit
+        self._on_started = on_started
         self._shown = False  # a visible delta reached the agent
         self.client_gone = False
         self.finish: GenerateFinish | None = None
@@ -122,6 +124,14 @@ class TurnGeneration:
                 except ProxyError as exc:
                     await self._controller.send(End(handle, aborted=False))
                     raise TurnFailure(exc, "rejected") from None
+                if self._on_started is not None:
+                    try:
+                        await self._on_started()
+                    except _GONE:
+                        await self._controller.send(End(handle, aborted=False))
+                        self.client_gone = True
+                        self.finish = GenerateFinish("abort")
+                        return self.finish
             budget = self._sampling.max_new_tokens - len(step.output_ids)
             start = len(step.output_ids)
             interrupted = False

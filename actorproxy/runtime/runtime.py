@@ -179,8 +179,10 @@ class Runtime:
         but admits nothing new. With ``engine_pause`` the engines are paused too.
         """
         result = dict(await ask(self.controller, lambda r: ctl.Pause(mode, r)))
-        if self.config.engine_pause:
-            result["engines"] = await _forward(self.backend, "pause", "abort" if mode == "abort" else "wait")
+        if self.config.engine_pause and mode == "abort":
+            # Only an abort pause is forwarded: engines have no "let running requests finish"
+            # mode (SGLang: abort|retract|in_place), and in wait mode the proxy admits nothing new.
+            result["engines"] = await _forward(self.backend, "pause", "abort")
         return result
 
     async def resume(self, *, weight_version: str | None = None, bump_epoch: bool = False) -> dict[str, Any]:

@@ -51,6 +51,7 @@ from ..errors import (
     BadRequest,
     Conflict,
     ContextOverflow,
+    EngineError,
     ProxyError,
     StepLimitExceeded,
 )
@@ -58,7 +59,7 @@ from ..tokenization.tokenizer import ChatTokenizer
 from . import store as store_msgs
 from .actor import answer
 from .controller import Permit
-from .generate import GenerationSettings, TurnFailure, TurnGeneration, engine_error
+from .generate import GenerationSettings, TurnFailure, TurnGeneration
 from .messages import (
     DescribeSession,
     FinalizeSession,
@@ -403,11 +404,10 @@ class SessionActor:
         assert seg is not None
         if prepared.closed:
             await self._store.send(store_msgs.Put(self.session_id, tuple(prepared.closed)))
-        try:
+        async def accepted() -> None:
+            # Sent once generation is permitted: a turn that waits out a pause and gives
+            # up is a plain 503 with Retry-After, before any stream has started.
             await events.send(TurnAccepted(step.index, step.prompt_len))
-        except _GONE:
-            self._gone(step, None)
-            return
 
         reasoning_open = reasoning_opened_by_prompt(self._tok, prepared.input_ids[-8:])
         fmt = self._format
@@ -437,6 +437,7 @@ class SessionActor:
             settings=self._generation_settings,
             streaming=prepared.streaming,
             check_permit=self._check_version,
+            on_started=accepted,
         )
         try:
             finish = await turn.run()
@@ -455,14 +456,16 @@ class SessionActor:
         tail = parser.finish()
         step.output = parser.output
         step.tool_call_parse_error = parser.tool_call_parse_error
+        step.finish_reason = finish.reason
         if fmt.parse_backend != "local":
             try:
                 await self._parse_remotely(step, parser, prepared.tools, reasoning_open, call_id)
             except BackendError as exc:
+                # The agent's request and the generation were fine: SGLang's parser failed.
                 step.status, step.error, step.finished_at = "error", str(exc), time.time()
-                await _tell(events, TurnFailed(engine_error(exc)))
+                await _tell(events, TurnFailed(EngineError(f"SGLang could not parse the output: {exc}",
+                                                           code="parse_failed")))
                 return
-        step.finish_reason = finish.reason
         try:
             if tail:
                 await events.send(TurnDelta(tail))
@@ -507,7 +510,8 @@ class SessionActor:
         fmt = self._format
         assert fmt.client is not None
         text = completion_text(self._tok, step.output_ids, reasoning_open=reasoning_open)
-        remote: RemoteParse | BackendError | None = None
+        remote: RemoteParse | BackendError | None
+        remote = BackendError(f"SGLang parse: timed out after {REMOTE_PARSE_TIMEOUT:g} s", status=504)
         with trio.move_on_after(REMOTE_PARSE_TIMEOUT):
             try:
                 remote = await fmt.client.parse(

@@ -206,7 +206,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
             return _json(message_json(done, message_id=message_id, model=call.model, session_id=identity.session_id))
         accepted = await _accepted(events)
         writer = EventWriter(message_id=message_id, model=call.model)
-        return _stream(_anthropic_sse(events, accepted, writer))
+        return _stream(_anthropic_sse(events, accepted, writer, heartbeat=runtime.config.heartbeat_interval))
 
     async def count_tokens(url_session: str | None = None, url_instance: str | None = None) -> Response:
         """The prompt length the next turn would have if it started a segment (a fresh render)."""
@@ -342,11 +342,17 @@ async def _sse(
         yield writer.error(EngineError("the turn ended without a result").to_openai())
 
 
-async def _anthropic_sse(events: TurnStream, accepted: TurnAccepted, writer: EventWriter) -> AsyncIterator[bytes]:
-    """Anthropic SSE events; a ``ping`` after every ``PING_INTERVAL`` seconds with nothing sent."""
+async def _anthropic_sse(
+    events: TurnStream, accepted: TurnAccepted, writer: EventWriter, *, heartbeat: float
+) -> AsyncIterator[bytes]:
+    """Anthropic SSE events; a ``ping`` after ``heartbeat`` seconds with nothing sent.
+
+    ``anthropic_api.PING_INTERVAL``, when smaller, wins (tests shorten it).
+    """
+    heartbeat = min(heartbeat, anthropic_api.PING_INTERVAL)
     with events:
         yield writer.start(accepted.prompt_tokens)
-        deadline = trio.current_time() + anthropic_api.PING_INTERVAL
+        deadline = trio.current_time() + heartbeat
         while True:
             event: TurnEvent | None = None
             with trio.move_on_at(deadline) as waiting:
@@ -371,4 +377,4 @@ async def _anthropic_sse(events: TurnStream, accepted: TurnAccepted, writer: Eve
                     return
             if frame:
                 yield frame
-                deadline = trio.current_time() + anthropic_api.PING_INTERVAL
+                deadline = trio.current_time() + heartbeat

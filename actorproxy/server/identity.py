@@ -16,7 +16,7 @@ def _clean(value: str | None, name: str) -> str | None:
     value = value.strip()
     if not value:
         return None
-    if len(value) > MAX_ID_LENGTH or any(ord(c) < 32 for c in value):
+    if len(value) > MAX_ID_LENGTH or any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise BadRequest(f"{name} must be at most {MAX_ID_LENGTH} printable characters", param=name)
     return value
 

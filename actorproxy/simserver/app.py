@@ -2,7 +2,8 @@
 
 :func:`serve_sim` is what ``actorproxy sim`` runs; :func:`open_sim_server` is the
 same as an async context manager for tests (port 0 by default: read the URL from
-the yielded :class:`RunningSim`). Routes shared by the engines (``/health``,
+the yielded :class:`RunningSim`). SGLang's parsing endpoints (``/parse_function_call``,
+``/separate_reasoning``) are in :mod:`.parse_routes`. Routes shared by the engines (``/health``,
 ``/v1/models``, ``/update_weight_version``) answer in a shape all their clients
 accept; ``/sim/faults`` and ``/sim/requests`` are the simulator's own.
 """
@@ -27,6 +28,7 @@ from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
 from .core import SimServerSettings, SimState
 from .faults import DropConnection, SimFaults
 from .llamacpp_routes import llamacpp_blueprint
+from .parse_routes import parse_blueprint
 from .sglang_routes import sglang_blueprint
 from .vllm_routes import vllm_blueprint
 from .wire import BadField, bool_field, json_response, read_object, str_field
@@ -124,6 +126,7 @@ def create_sim_app(engine: SimEngine, *, settings: SimServerSettings) -> QuartTr
         return json_response(record.to_json(engine))
 
     app.register_blueprint(sglang_blueprint(state))
+    app.register_blueprint(parse_blueprint(state))
     app.register_blueprint(vllm_blueprint(state))
     app.register_blueprint(llamacpp_blueprint(state))
     return app
@@ -150,6 +153,8 @@ def _server_log() -> logging.Logger:
 
 def _hypercorn_config(settings: SimServerSettings) -> HypercornConfig:
     hc = HypercornConfig()
+    # Rollouts open hundreds of connections at once; hypercorn's default backlog (100) resets them.
+    hc.backlog = 4096
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     hc.bind = [f"{host}:{settings.port}"]
     hc.accesslog = None

@@ -9,7 +9,7 @@ of what happened, including client disconnects and injected connection drops.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any, Literal
@@ -139,6 +139,8 @@ class SimState:
         self._running: dict[str, tuple[SimGeneration, tuple[str, ...]]] = {}
         self._running_changed = trio.Event()
         self.records: OrderedDict[str, RequestRecord] = OrderedDict()
+        #: ``(path, body)`` of the latest requests to the parsing endpoints (``parse_routes``).
+        self.parse_requests: deque[tuple[str, dict[str, Any]]] = deque(maxlen=settings.record_capacity)
 
     @property
     def running(self) -> int:

@@ -4,6 +4,9 @@ A test (or ``POST /sim/faults``) arms faults; the routes consume them:
 
 - ``fail_next_requests(n)``: the next ``n`` generate requests of any protocol
   get HTTP 500 before anything is generated;
+- ``fail_next_parses(n)``: the next ``n`` requests to SGLang's parsing endpoints
+  (``/parse_function_call``, ``/separate_reasoning``) get HTTP 500; generate
+  requests are not affected (nor do they consume it);
 - ``drop_next_stream(after_tokens=k)``: the next streaming request has its TCP
   connection closed, mid-body, after ``k`` tokens were sent (the client sees an
   incomplete chunked body; the engine records the request as cancelled);
@@ -35,6 +38,7 @@ class SimFaults:
     def __init__(self, engine: SimEngine) -> None:
         self._engine = engine
         self.fail_next = 0
+        self.fail_parses = 0
         self.drop_after: int | None = None
         self.unhealthy = False
         self._stall_until: float | None = None  # Trio time; inf: until cleared
@@ -45,6 +49,10 @@ class SimFaults:
     def fail_next_requests(self, count: int = 1) -> None:
         """The next ``count`` generate requests answer HTTP 500."""
         self.fail_next = max(0, count)
+
+    def fail_next_parses(self, count: int = 1) -> None:
+        """The next ``count`` parse requests (``/parse_function_call``, ``/separate_reasoning``) answer HTTP 500."""
+        self.fail_parses = max(0, count)
 
     def drop_next_stream(self, after_tokens: int = 0) -> None:
         """Close the connection of the next streaming request after ``after_tokens`` tokens."""
@@ -64,7 +72,7 @@ class SimFaults:
 
     def clear(self) -> None:
         """Disarm every fault."""
-        self.fail_next, self.drop_after, self.unhealthy = 0, None, False
+        self.fail_next, self.fail_parses, self.drop_after, self.unhealthy = 0, 0, None, False
         self.clear_stall()
 
     @property
@@ -76,6 +84,12 @@ class SimFaults:
     def take_failure(self) -> bool:
         if self.fail_next > 0:
             self.fail_next -= 1
+            return True
+        return False
+
+    def take_parse_failure(self) -> bool:
+        if self.fail_parses > 0:
+            self.fail_parses -= 1
             return True
         return False
 
@@ -108,6 +122,7 @@ class SimFaults:
             remaining = max(0.0, self._stall_until - trio.current_time())
         return {
             "fail_next": self.fail_next,
+            "fail_next_parses": self.fail_parses,
             "drop_after": self.drop_after,
             "unhealthy": self.unhealthy,
             "stalled": self.stalled,
@@ -115,18 +130,21 @@ class SimFaults:
         }
 
     def apply(self, body: dict[str, Any]) -> None:
-        """Apply ``{"clear", "fail_next", "drop_after", "unhealthy", "stall", "stall_seconds"}``.
+        """Apply ``{"clear", "fail_next", "fail_next_parses", "drop_after", "unhealthy", "stall",
+        "stall_seconds"}``.
 
         ``stall: true`` stalls until ``stall: false`` (or for ``stall_seconds``);
         ``clear: true`` first disarms everything. Unknown keys are refused.
         """
-        known = {"clear", "fail_next", "drop_after", "unhealthy", "stall", "stall_seconds"}
+        known = {"clear", "fail_next", "fail_next_parses", "drop_after", "unhealthy", "stall", "stall_seconds"}
         if unknown := set(body) - known:
             raise BadField(f"unknown fault keys {sorted(unknown)}; known: {sorted(known)}")
         if bool_field(body, "clear", False):
             self.clear()
         if (fail := opt_int(body, "fail_next", minimum=0)) is not None:
             self.fail_next_requests(fail)
+        if (parses := opt_int(body, "fail_next_parses", minimum=0)) is not None:
+            self.fail_next_parses(parses)
         if (after := opt_int(body, "drop_after", minimum=0)) is not None:
             self.drop_next_stream(after)
         if body.get("unhealthy") is not None:
