@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -340,16 +341,20 @@ def sim_settings_from_args(args: argparse.Namespace) -> SimServerSettings:
     )
 
 
+async def _until_signal(log: logging.Logger) -> None:
+    """Return at the first SIGINT or SIGTERM: the servers' graceful shutdown trigger."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s: shutting down", signal.Signals(signum).name)
+            return
+
+
 async def _sim_main(settings: SimServerSettings) -> None:
     from .simserver import RunningSim, serve_sim
 
     log = logging.getLogger("actorproxy.sim")
 
-    async def until_signal() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                log.info("received %s: shutting down", signal.Signals(signum).name)
-                return
+    until_signal = partial(_until_signal, log)
 
     async with trio.open_nursery() as nursery:
         running: RunningSim = await nursery.start(
@@ -426,11 +431,7 @@ async def _run(config: ProxyConfig) -> None:
 
     log = logging.getLogger("actorproxy")
 
-    async def until_signal() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                log.info("received %s: shutting down", signal.Signals(signum).name)
-                return
+    until_signal = partial(_until_signal, log)
 
     async with trio.open_nursery() as nursery:
         running: RunningProxy = await nursery.start(
