@@ -59,6 +59,42 @@ def mapped_errors(what: str) -> Iterator[None]:
         raise BackendError(f"{what}: {type(exc).__name__}: {exc}", status=502, unreachable=unreachable) from exc
 
 
+class EngineConnection:
+    """The HTTP plumbing every engine client shares: base URL, connection pools, cleanup.
+
+    ``control_pool``: short control calls (aborts) get a pool of their own, so they
+    never queue behind, or scan, the connections held by hundreds of streams. A
+    client passed in (tests) serves both and is not closed here.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        http: httpx.AsyncClient | None,
+        connect_timeout: float,
+        read_timeout: float,
+        abort_grace: float,
+        control_pool: bool = False,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.http = http or make_client(connect_timeout=connect_timeout, read_timeout=read_timeout)
+        self._owns_http = http is None
+        self.control = self.http
+        if control_pool and http is None:
+            self.control = make_client(connect_timeout=connect_timeout, read_timeout=30.0)
+        self.abort_grace = abort_grace
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self.http.aclose()
+            if self.control is not self.http:
+                await self.control.aclose()
+
+
 def error_message(body: object) -> str:
     """The human message inside an engine's error body (OpenAI, FastAPI or plain)."""
     if isinstance(body, Mapping):

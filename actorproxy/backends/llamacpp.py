@@ -38,10 +38,10 @@ from .base import (
 )
 from .http_common import (
     DEFAULT_VERSION,
+    EngineConnection,
     StreamedGeneration,
     check_status,
     error_message,
-    make_client,
     mapped_errors,
     request_json,
     stream_error_status,
@@ -209,7 +209,7 @@ class LlamaCppGeneration(StreamedGeneration):
         return self._parser._make("abort", message=message)
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(EngineConnection):
     """One ``llama-server`` behind the :class:`Backend` interface (see module docstring)."""
 
     kind = "llamacpp"
@@ -224,14 +224,11 @@ class LlamaCppBackend:
         abort_grace: float = 2.0,
         weight_version: str = DEFAULT_VERSION,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.http = http or make_client(connect_timeout=connect_timeout, read_timeout=read_timeout)
-        self._owns_http = http is None
-        self.abort_grace = abort_grace
+        super().__init__(
+            base_url, http=http, connect_timeout=connect_timeout, read_timeout=read_timeout, abort_grace=abort_grace
+        )
         self.weight_version = weight_version
 
-    def url(self, path: str) -> str:
-        return self.base_url + path
 
     def open_generation(self, request: GenerateRequest) -> LlamaCppGeneration:
         return LlamaCppGeneration(self, request)
@@ -266,6 +263,3 @@ class LlamaCppBackend:
             return False
         return response.status_code == 200
 
-    async def aclose(self) -> None:
-        if self._owns_http:
-            await self.http.aclose()

@@ -34,10 +34,10 @@ from .base import (
 )
 from .http_common import (
     DEFAULT_VERSION,
+    EngineConnection,
     StreamedGeneration,
     check_status,
     http_status,
-    make_client,
     mapped_errors,
     parse_spans,
     post_quietly,
@@ -242,7 +242,7 @@ class SGLangGeneration(StreamedGeneration):
         return GenerateFinish("abort", weight_version=self._parser.version, message=message)
 
 
-class SGLangBackend:
+class SGLangBackend(EngineConnection):
     """One SGLang server (or sgl-model-gateway) behind the :class:`Backend` interface.
 
     ``routed_experts``: the server runs with ``--enable-return-routed-experts``; only
@@ -261,19 +261,14 @@ class SGLangBackend:
         abort_grace: float = 2.0,
         routed_experts: bool = False,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.http = http or make_client(connect_timeout=connect_timeout, read_timeout=read_timeout)
-        self._owns_http = http is None
-        #: A separate pool for short control calls (aborts): they never queue behind or scan
-        #: the connections held by hundreds of streams.
-        self.control = http or make_client(connect_timeout=connect_timeout, read_timeout=30.0)
-        self.abort_grace = abort_grace
+        super().__init__(
+            base_url, http=http, connect_timeout=connect_timeout, read_timeout=read_timeout,
+            abort_grace=abort_grace, control_pool=True,
+        )
         self.routed_experts = routed_experts
         #: The newest weight version seen in any answer (stamps tokens that carry none).
         self.last_version = DEFAULT_VERSION
 
-    def url(self, path: str) -> str:
-        return self.base_url + path
 
     def open_generation(self, request: GenerateRequest) -> SGLangGeneration:
         return SGLangGeneration(self, request)
@@ -353,7 +348,3 @@ class SGLangBackend:
         await request_json(self.http, "POST", self.url("/update_weight_version"), "SGLang weight version", body=body)
         self.last_version = version
 
-    async def aclose(self) -> None:
-        if self._owns_http:
-            await self.http.aclose()
-            await self.control.aclose()

@@ -45,10 +45,10 @@ from .base import (
 )
 from .http_common import (
     DEFAULT_VERSION,
+    EngineConnection,
     StreamedGeneration,
     check_status,
     error_message,
-    make_client,
     mapped_errors,
     parse_spans,
     post_quietly,
@@ -331,7 +331,7 @@ class VLLMGeneration(StreamedGeneration):
         return GenerateFinish("abort", weight_version=self._parser.version, message=message)
 
 
-class VLLMBackend:
+class VLLMBackend(EngineConnection):
     """One vLLM server behind the :class:`Backend` interface.
 
     ``api``: ``None`` to detect on first use, or force ``"generate"`` / ``"completions"``.
@@ -349,21 +349,16 @@ class VLLMBackend:
         abort_grace: float = 2.0,
         api: Api | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.http = http or make_client(connect_timeout=connect_timeout, read_timeout=read_timeout)
-        self._owns_http = http is None
-        #: A separate pool for short control calls (aborts): they never queue behind or scan
-        #: the connections held by hundreds of streams.
-        self.control = http or make_client(connect_timeout=connect_timeout, read_timeout=30.0)
-        self.abort_grace = abort_grace
+        super().__init__(
+            base_url, http=http, connect_timeout=connect_timeout, read_timeout=read_timeout,
+            abort_grace=abort_grace, control_pool=True,
+        )
         self.api: Api | None = api
         self.last_version = DEFAULT_VERSION
         self._models: Mapping[str, Any] | None = None
         self._abort_path: str | None = None
         self._abort_missing = False
 
-    def url(self, path: str) -> str:
-        return self.base_url + path
 
     def open_generation(self, request: GenerateRequest) -> VLLMGeneration:
         return VLLMGeneration(self, request)
@@ -462,7 +457,3 @@ class VLLMBackend:
         await request_json(self.http, "POST", self.url("/update_weight_version"), "vLLM weight version", body=body)
         self.last_version = version
 
-    async def aclose(self) -> None:
-        if self._owns_http:
-            await self.http.aclose()
-            await self.control.aclose()

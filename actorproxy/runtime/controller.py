@@ -51,8 +51,6 @@ class GenerationHandle:
     ended: trio.Event = attrs.field(factory=trio.Event)
     #: Tokens this generation has produced so far (this attempt).
     tokens: int = 0
-    epoch: int = 0
-    weight_version: str = ""
     #: The running generation (set by the session once the engine accepted it).
     generation: Generation | None = None
     #: Cancelling it cuts the stream: the fallback when an engine ignores an abort.
@@ -179,7 +177,6 @@ class GenerationController:
                 answer(msg.reply, self.state())
 
     def _admit(self, handle: GenerationHandle, reply: Reply) -> None:
-        handle.epoch, handle.weight_version = self.epoch, self.weight_version
         self._in_flight[handle.id] = handle
         answer(reply, Permit(self.epoch, self.weight_version))
 
