@@ -147,9 +147,31 @@ def build_parser() -> argparse.ArgumentParser:
     rec = run.add_argument_group("recording")
     rec.add_argument(
         "--trajectory-build-mode",
-        choices=["concat"],
+        choices=["concat", "last_step"],
         default=_DEFAULTS.trajectory_build_mode,
-        help="concat: token-in/token-out segments stitched from exact per-turn fragments",
+        help="concat: segments stitched from the exact per-turn ids; last_step: each segment is its last "
+        "step's conversation re-rendered, trained on assistant tokens (see docs/trajectories.md)",
+    )
+    rec.add_argument(
+        "--on-history-rewrite",
+        choices=["segment", "recompute"],
+        default=_DEFAULTS.on_history_rewrite,
+        help="when the agent rewrites its history: start a new segment, or rebuild the prefix in the same "
+        "segment with the engine's prompt logprobs for the rebuilt replies "
+        "(ACTORPROXY_RECOMPUTE_MISMATCH_LOGPROBS=0 leaves them 0.0 and flagged)",
+    )
+    rec.add_argument(
+        "--verify-tito",
+        action="store_true",
+        help="when a segment closes, re-render its conversation and report where it differs from the "
+        "recorded ids (segment metadata.verify, /trajectory/stats)",
+    )
+    rec.add_argument(
+        "--sub-agents",
+        choices=["train", "log", "off"],
+        default=_DEFAULTS.sub_agents,
+        help="a turn with another system prompt and first message (Claude Code's Task agents) goes to the "
+        "child session <session>/sub-<n>, recorded as segments (train) or steps only (log); off: no routing",
     )
     rec.add_argument(
         "--max-steps-per-session",
@@ -406,6 +428,9 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         mask_nonlast_version_tokens=args.mask_nonlast_version_tokens,
         engine_pause=args.engine_pause,
         heartbeat_interval=args.heartbeat_interval,
+        on_history_rewrite=args.on_history_rewrite,
+        verify_tito=args.verify_tito,
+        sub_agents=args.sub_agents,
         tool_call_format=args.tool_call_format,
         reasoning_format=args.reasoning_format,
         parse_backend=args.parse_backend,

@@ -6,7 +6,20 @@ from typing import Any, Literal
 
 import attrs
 
-BuildMode = Literal["concat"]
+BuildMode = Literal["concat", "last_step"]
+RewriteMode = Literal["segment", "recompute"]
+SubAgentMode = Literal["train", "log", "off"]
+
+#: Set to ``0`` to keep ``--on-history-rewrite recompute`` from asking the engine for prompt logprobs.
+RECOMPUTE_ENV = "ACTORPROXY_RECOMPUTE_MISMATCH_LOGPROBS"
+
+
+def recompute_logprobs_from_env(environ: Any = None) -> bool:
+    """False when ``$ACTORPROXY_RECOMPUTE_MISMATCH_LOGPROBS`` is ``0``/``false``/``no``/``off``."""
+    import os
+
+    value = (environ if environ is not None else os.environ).get(RECOMPUTE_ENV, "1")
+    return str(value).strip().lower() not in ("0", "false", "no", "off")
 BackendKind = Literal["sim", "sglang", "vllm", "llamacpp"]
 
 
@@ -51,7 +64,17 @@ class ProxyConfig:
     engine_pause: bool = False
     #: Seconds between SSE heartbeat comments while a streamed turn produces nothing.
     heartbeat_interval: float = attrs.field(default=10.0, validator=_positive)
+    #: ``concat``: segments are the exact TITO ids; ``last_step``: the last step's conversation re-rendered.
     trajectory_build_mode: BuildMode = "concat"
+    #: On a broken append-only contract: open a new segment, or rebuild the prefix in the same one.
+    on_history_rewrite: RewriteMode = "segment"
+    #: ``recompute``: ask the engine for the rebuilt assistant spans' logprobs (else they are 0.0, flagged).
+    recompute_logprobs: bool = attrs.field(factory=recompute_logprobs_from_env)
+    #: At segment close, re-render the conversation and report where it differs from the recorded ids.
+    verify_tito: bool = False
+    #: A turn with another system prompt and first message goes to ``<session>/sub-<n>``:
+    #: recorded as segments (``train``), as steps only (``log``), or not routed at all (``off``).
+    sub_agents: SubAgentMode = "train"
     #: The next turn of a session holding this many steps gets HTTP 400 before generating.
     max_steps_per_session: int = attrs.field(default=400, validator=_positive)
     #: Prompt plus completion must fit; ``None`` takes the engine's max model length.

@@ -30,6 +30,15 @@ CONTEXT_VERSION = -1
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
 
+_SUB_AGENT = re.compile(r"^(.+)/(sub-\d+)$")
+
+
+def sub_agent_of(session_id: str) -> tuple[str, str] | None:
+    """``(parent session, "sub-<n>")`` for a sub-agent's child session id, else ``None``."""
+    match = _SUB_AGENT.match(session_id)
+    return (match.group(1), match.group(2)) if match else None
+
+
 def version_number(label: str | int | None) -> int:
     """The integer form of an engine weight-version label (trailing digits, else 0)."""
     if label is None:
@@ -89,6 +98,10 @@ class Step:
     preemptions: int = 0
     #: Non-partial mode: attempts interrupted by a pause, kept here and never trained.
     discarded: list[dict[str, Any]] = attrs.field(factory=list)
+    #: A retry: the step this one replaced (same ``X-Turn-Id``, or the same request again).
+    retry_of: int | None = None
+    #: Set when a retry replaced this step (its status is then ``superseded``).
+    superseded_by: int | None = None
     created_at: float = attrs.field(factory=time.time)
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -131,6 +144,8 @@ class Step:
                 "tool_calls": [call.to_openai() for call in self.output.tool_calls],
             }
         data["preemptions"] = self.preemptions
+        data["retry_of"] = self.retry_of
+        data["superseded_by"] = self.superseded_by
         if self.discarded:
             data["discarded"] = self.discarded if include_arrays else len(self.discarded)
         if self.routed_experts is not None:
@@ -209,6 +224,7 @@ def build_segment(
     segment_index: int,
     start_reason: str,
     boundary_reason: str,
+    parent_traj_id: str | None = None,
     reward: float | None = None,
     metadata: dict[str, Any] | None = None,
     mask_nonlast_version: bool = False,
@@ -250,7 +266,7 @@ def build_segment(
     meta.setdefault("tool_call_parse_errors", sum(s.tool_call_parse_error for s in steps))
     return Segment(
         trajectory_id=f"{session_id}#{segment_index}",
-        parent_traj_id=session_id,
+        parent_traj_id=parent_traj_id or session_id,
         instance_id=instance_id,
         rollout_id=rollout_id,
         segment_index=segment_index,

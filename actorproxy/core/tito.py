@@ -63,6 +63,16 @@ class _Accounted:
 
 
 @attrs.define(eq=False)
+class _Mark:
+    """The segment as it was before a step was added (so a retry can take the step back)."""
+
+    context_len: int
+    accounted_len: int
+    closed_by_eot: bool
+    last_request: Any
+
+
+@attrs.define(eq=False)
 class OpenSegment:
     """The growing segment of a session: its ids, its messages, its steps."""
 
@@ -75,9 +85,21 @@ class OpenSegment:
     steps: list[Step] = attrs.field(factory=list)
     #: Whether the last sampled token was the end-of-turn token.
     closed_by_eot: bool = True
+    #: The request of the last step added (held by reference): last-step mode and verification re-render it.
+    last_request: Any = None
+    #: Times the prefix was rebuilt in place (``--on-history-rewrite recompute``), by reason.
+    rebuilds: list[str] = attrs.field(factory=list)
+    _marks: list[_Mark] = attrs.field(factory=list)
 
     def account_messages(self, messages: Sequence[Mapping[str, Any]]) -> None:
         self.accounted.extend(_Accounted(key=message_key(m), raw=m) for m in messages)
+
+    def add_turn(self, step: Step, new_messages: Sequence[Mapping[str, Any]], request: Any, eot_token_id: int) -> None:
+        """Account a completed turn: its new messages, then its fragment and sampled ids."""
+        self._marks.append(_Mark(len(self.context_ids), len(self.accounted), self.closed_by_eot, self.last_request))
+        self.account_messages(new_messages)
+        self.add_generation(step, eot_token_id)
+        self.last_request = request
 
     def add_generation(self, step: Step, eot_token_id: int) -> None:
         """Append a finished step's fragment and sampled ids to the segment."""
@@ -88,6 +110,30 @@ class OpenSegment:
         self.closed_by_eot = bool(step.output_ids) and step.output_ids[-1] == eot_token_id
         step.in_segment = True
         self.steps.append(step)
+
+    def pop_last(self) -> Step:
+        """Take the last turn back out (a retry replaces it): the segment is as it was before it."""
+        step = self.steps.pop()
+        mark = self._marks.pop()
+        del self.context_ids[mark.context_len :]
+        del self.accounted[mark.accounted_len :]
+        self.closed_by_eot = mark.closed_by_eot
+        self.last_request = mark.last_request
+        step.in_segment = False
+        return step
+
+    def push_back(self, step: Step, new_messages: Sequence[Mapping[str, Any]], request: Any, eot: int) -> None:
+        """Undo :meth:`pop_last` (the retry was refused before anything was recorded)."""
+        self.add_turn(step, new_messages, request, eot)
+
+    def repeats_last_request(self, messages: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether ``messages`` is the last step's request again (compared as the append-only check does)."""
+        if not self._marks or not self.steps:
+            return False
+        count = self.steps[-1].message_count
+        if len(messages) != count:
+            return False
+        return all(entry.matches(m) for entry, m in zip(self.accounted[:count], messages, strict=True))
 
 
 @attrs.frozen

@@ -64,6 +64,8 @@ class TurnDone:
     tool_call_parse_error: bool
     #: The request's stop sequence that ended the reply, if one did.
     stop_sequence: str | None = None
+    #: The session that ran the turn (a sub-agent's child session, when routed there).
+    session_id: str | None = None
 
 
 @attrs.frozen
@@ -73,7 +75,12 @@ class TurnFailed:
 
 @attrs.frozen
 class TurnMoved:
-    """The session actor was retiring: the ingress retries the turn on its successor."""
+    """The ingress sends the turn again: to the session's successor (it was retiring), or to ``session_id``.
+
+    ``session_id`` names a sub-agent's child session the turn belongs to.
+    """
+
+    session_id: str | None = None
 
 
 TurnEvent = TurnAccepted | TurnDelta | TurnDone | TurnFailed | TurnMoved

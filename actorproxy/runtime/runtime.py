@@ -108,7 +108,8 @@ class Runtime:
         """
         for _ in range(4):
             send, recv = trio.open_memory_channel[TurnEvent](_TURN_EVENT_BUFFER)
-            mailbox = await ask(self.registry, lambda r: reg.Lookup(identity.session_id, True, r))
+            session_id = identity.session_id
+            mailbox = await ask(self.registry, lambda r: reg.Lookup(session_id, True, r))  # noqa: B023
             try:
                 await mailbox.send(RunTurn(request, identity, send))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -121,6 +122,8 @@ class Runtime:
                 raise EngineError("the session ended the turn without an answer") from None
             if isinstance(first, TurnMoved):
                 recv.close()
+                if first.session_id is not None:
+                    identity = attrs.evolve(identity, session_id=first.session_id)  # a sub-agent's turn
                 continue  # the session was retiring: its successor takes the turn
             return TurnStream(first, recv)
         raise Overloaded(f"session {identity.session_id!r} is restarting; retry")

@@ -35,9 +35,9 @@ from ..backends.sglang_parse import (
     completion_text,
 )
 from ..config import ProxyConfig
-from ..core.messages import tools_key
+from ..core.messages import message_key, tools_key
 from ..core.parser import OutputParser, ReasoningFormat, ToolCallFormat
-from ..core.records import Step, build_segment
+from ..core.records import Step, build_segment, sub_agent_of
 from ..core.tito import (
     Continue,
     FragmentError,
@@ -61,8 +61,10 @@ from .actor import answer
 from .controller import Permit
 from .generate import GenerationSettings, TurnFailure, TurnGeneration
 from .messages import (
+    ChatRequest,
     DescribeSession,
     FinalizeSession,
+    Identity,
     RunTurn,
     TurnAccepted,
     TurnDelta,
@@ -78,6 +80,9 @@ _GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 
 #: Seconds SGLang's parsers may take before ``hybrid`` falls back to ours (``sglang_api`` fails).
 REMOTE_PARSE_TIMEOUT = 10.0
+
+#: Sub-agent child sessions one session may open; past it, turns stay in the session itself.
+MAX_SUB_AGENTS = 64
 
 
 @attrs.frozen
@@ -109,6 +114,7 @@ class _Prepared:
     tools: list[dict[str, Any]]
     #: Segments this turn closed (a boundary): they go to the store before generating.
     closed: list[Any]
+    request: Any = None
 
 
 @attrs.define
@@ -167,6 +173,12 @@ class SessionActor:
         self._segment: OpenSegment | None = None
         self._instance_id: str | None = None
         self._rollout_id: str | None = None
+        #: Set on a sub-agent's child session: ``(parent session id, "sub-<n>")``.
+        self._sub_agent = sub_agent_of(session_id)
+        #: The main agent's system prompt and first message (keys), set when a segment opens.
+        self._main: tuple[Any, Any] | None = None
+        #: Sub-agent child sessions by (system prompt, first message) key.
+        self._children: dict[tuple[Any, Any], str] = {}
 
     # -- the actor loop ------------------------------------------------------
 
@@ -222,14 +234,35 @@ class SessionActor:
                 if msg.instance_id and not self._instance_id:
                     self._instance_id = msg.instance_id
                 summary = await self._flush(msg.reason, reward=msg.reward)
+                if self._children:
+                    summary["sub_agents"] = await self._finalize_children(msg)
                 answer(msg.reply, summary)
             case DescribeSession():
                 answer(msg.reply, self.describe())
+
+    async def _finalize_children(self, msg: FinalizeSession) -> list[dict[str, Any]]:
+        """Finalize the sub-agents' child sessions with the parent (same reward, same reason)."""
+        from .actor import ActorGone, ask
+        from .registry import Lookup
+
+        summaries: list[dict[str, Any]] = []
+        for child in self._children.values():
+            mailbox = await ask(self._registry, lambda r, c=child: Lookup(c, False, r))  # type: ignore[misc]
+            if mailbox is None:
+                continue  # already retired (idle): its data is in the store
+            try:
+                summaries.append(dict(await ask(mailbox, lambda r: FinalizeSession(
+                    reward=msg.reward, reason=msg.reason, reply=r, instance_id=msg.instance_id or self._instance_id,
+                ))))
+            except ActorGone:
+                pass
+        return summaries
 
     def describe(self) -> dict[str, Any]:
         seg = self._segment
         return {
             "session_id": self.session_id,
+            "sub_agents": sorted(self._children.values()),
             "steps": len(self._steps),
             "next_step": self._next_step,
             "open_segment": None if seg is None else {
@@ -248,16 +281,24 @@ class SessionActor:
         self._segment = None
         if seg is None or not seg.steps:
             return []
+        if self._sub_agent is not None and self._config.sub_agents == "log":
+            return []  # a sub-agent in log mode: its steps are kept, no training sample
+        parent = self._sub_agent[0] if self._sub_agent is not None else self.session_id
+        metadata: dict[str, Any] = {}
+        if self._sub_agent is not None:
+            metadata["sub_agent"] = self._sub_agent[1]
         return [
             build_segment(
                 seg.steps,
                 session_id=self.session_id,
+                parent_traj_id=parent,
                 instance_id=self._instance_id,
-                rollout_id=self._rollout_id or self.session_id,
+                rollout_id=self._rollout_id or parent,
                 segment_index=seg.index,
                 start_reason=seg.start_reason,
                 boundary_reason=reason,
                 reward=reward,
+                metadata=metadata,
                 mask_nonlast_version=self._config.mask_nonlast_version_tokens,
             )
         ]
@@ -276,12 +317,60 @@ class SessionActor:
     async def _run_turn(self, msg: RunTurn) -> None:
         events = msg.events
         with events:
+            child = self._sub_agent_session(msg.request.messages)
+            if child is not None:
+                await _tell(events, TurnMoved(session_id=child))
+                return
             try:
                 prepared = await self._prepare(msg)
             except ProxyError as exc:
                 await _tell(events, TurnFailed(exc))
                 return
             await self._generate(prepared, events)
+
+    def _sub_agent_session(self, messages: list[dict[str, Any]]) -> str | None:
+        """The child session for a sub-agent's turn, or ``None`` when the turn belongs here.
+
+        A sub-agent (Claude Code's Task agents) calls with another system prompt
+        *and* another first message than the main agent. A changed system prompt
+        over the same conversation stays here (a ``system_changed`` boundary).
+        Children are matched by their system prompt and first message.
+        """
+        if self._sub_agent is not None or self._config.sub_agents == "off" or self._main is None:
+            return None
+        system, first = _conversation_key(messages)
+        if system == self._main[0]:
+            return None
+        child = self._children.get((system, first))
+        if child is not None:
+            return child
+        if first == self._main[1]:
+            return None
+        if len(self._children) >= MAX_SUB_AGENTS:
+            log.warning("session %s: %d sub-agents already; this turn stays in the session",
+                        self.session_id, MAX_SUB_AGENTS)
+            return None
+        child = f"{self.session_id}/sub-{len(self._children) + 1}"
+        self._children[(system, first)] = child
+        log.info("session %s: a sub-agent's turn; it goes to %s", self.session_id, child)
+        return child
+
+    def _take_back_retried(self, request: ChatRequest, identity: Identity, key: str) -> tuple[Step, Any] | None:
+        """A retry of the segment's last turn: take that turn back out of the segment.
+
+        A retry is the same ``X-Turn-Id`` as the last step, or the last step's
+        request sent again. Returns the step and its request (to put back if
+        the retry is refused), or ``None``.
+        """
+        seg = self._segment
+        if seg is None or not seg.steps:
+            return None
+        last = seg.steps[-1]
+        same_turn = identity.turn_id is not None and identity.turn_id == last.turn_id
+        if not same_turn and not (key == seg.tools_key and seg.repeats_last_request(request.messages)):
+            return None
+        retried_request = seg.last_request
+        return seg.pop_last(), retried_request
 
     async def _prepare(self, msg: RunTurn) -> _Prepared:
         """Plan the turn and check every guard; raises before anything is recorded."""
@@ -292,6 +381,22 @@ class SessionActor:
                 f"(--max-steps-per-session {self._config.max_steps_per_session})"
             )
         key = tools_key(request.tools)
+        retried = self._take_back_retried(request, identity, key)
+        try:
+            prepared = self._plan_and_guard(request, identity, key)
+        except ProxyError:
+            if retried is not None and self._segment is not None:
+                step, retried_request = retried
+                self._segment.push_back(step, step.new_messages, retried_request, self._tok.eot_token_id)
+            raise
+        if retried is not None:
+            old = retried[0]
+            old.status = "superseded"
+            old.superseded_by = prepared.step.index
+            prepared.step.retry_of = old.index
+        return prepared
+
+    def _plan_and_guard(self, request: ChatRequest, identity: Identity, key: str) -> _Prepared:
         plan = plan_turn(self._segment, request.messages, key)
         fragment_failed = False
         fragment: array[int] | None = None
@@ -344,6 +449,7 @@ class SessionActor:
         closed: list[Any] = []
         if isinstance(plan, Fresh):
             boundary, closed = self._open_segment(plan.reason, key)
+            self._main = _conversation_key(request.messages)
         seg = self._segment
         assert seg is not None
         step = Step(
@@ -373,7 +479,8 @@ class SessionActor:
             seed=request.seed,
         )
         return _Prepared(
-            step, input_ids, plan, new_messages, sampling, request.stop, request.stream, request.tools, closed
+            step, input_ids, plan, new_messages, sampling, request.stop, request.stream, request.tools, closed,
+            request,
         )
 
     @staticmethod
@@ -483,6 +590,7 @@ class SessionActor:
             completion_tokens=len(step.output_ids),
             tool_call_parse_error=step.tool_call_parse_error,
             stop_sequence=parser.stop_sequence,
+            session_id=self.session_id,
         )
         try:
             await events.send(done)
@@ -491,8 +599,7 @@ class SessionActor:
             self._gone(step, finish)
             return
         step.status = "completed"
-        seg.account_messages(prepared.new_messages)
-        seg.add_generation(step, self._tok.eot_token_id)
+        seg.add_turn(step, prepared.new_messages, prepared.request, self._tok.eot_token_id)
 
     async def _parse_remotely(
         self,
@@ -550,6 +657,16 @@ class SessionActor:
                 f"now {permit.weight_version!r} epoch {permit.epoch}); start a new session",
                 code="trajectory_version_changed",
             )
+
+
+def _conversation_key(messages: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """The keys of a conversation's system prompt (``None`` without one) and first other message."""
+    system = messages[0] if messages and messages[0].get("role") == "system" else None
+    first = next((m for m in messages if m.get("role") != "system"), None)
+    return (
+        message_key(system) if system is not None else None,
+        message_key(first) if first is not None else None,
+    )
 
 
 async def _tell(events: trio.MemorySendChannel[TurnEvent], event: TurnEvent) -> None:

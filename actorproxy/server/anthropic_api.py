@@ -332,7 +332,7 @@ def message_json(done: TurnDone, *, message_id: str, model: str, session_id: str
         "stop_sequence": sequence,
         "usage": _usage(done),
         # Our extra object, as on the OpenAI route (clients ignore unknown fields).
-        "actorproxy": {"session_id": session_id, "step_index": done.step_index,
+        "actorproxy": {"session_id": done.session_id or session_id, "step_index": done.step_index,
                        "tool_call_parse_error": done.tool_call_parse_error},
     }
 

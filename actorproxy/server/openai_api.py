@@ -147,7 +147,7 @@ def completion_json(done: TurnDone, *, completion_id: str, model: str, session_i
         ],
         "usage": _usage(done),
         "actorproxy": {
-            "session_id": session_id,
+            "session_id": done.session_id or session_id,
             "step_index": done.step_index,
             "tool_call_parse_error": done.tool_call_parse_error,
         },
