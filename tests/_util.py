@@ -63,6 +63,9 @@ class RecordingBackend:
     async def model_info(self) -> ModelInfo:
         return await self.inner.model_info()
 
+    async def prompt_logprobs(self, input_ids: array) -> list[float | None]:
+        return await self.inner.prompt_logprobs(input_ids)
+
     async def aclose(self) -> None:
         await self.inner.aclose()
 

@@ -98,6 +98,15 @@ class Step:
     preemptions: int = 0
     #: Non-partial mode: attempts interrupted by a pause, kept here and never trained.
     discarded: list[dict[str, Any]] = attrs.field(factory=list)
+    #: ``--on-history-rewrite recompute``: this step's fragment is the whole conversation rebuilt,
+    #: with the earlier replies in it trained. Per fragment token: loss mask, logprob and version.
+    fragment_mask: array[int] | None = None
+    fragment_logprobs: array[float] | None = None
+    fragment_versions: array[int] | None = None
+    #: Token ranges of the fragment holding rebuilt replies (mask 1), relative to the fragment.
+    rebuilt_spans: list[tuple[int, int]] = attrs.field(factory=list)
+    #: The rebuilt replies' logprobs came from the engine's prompt logprobs (else they are 0.0).
+    logprobs_recomputed: bool = False
     #: A retry: the step this one replaced (same ``X-Turn-Id``, or the same request again).
     retry_of: int | None = None
     #: Set when a retry replaced this step (its status is then ``superseded``).
@@ -105,6 +114,13 @@ class Step:
     created_at: float = attrs.field(factory=time.time)
     first_token_at: float | None = None
     finished_at: float | None = None
+
+    def fragment_arrays(self) -> tuple[array[int], array[float], array[int]]:
+        """Loss mask, logprobs and versions of the fragment (all context unless it was rebuilt)."""
+        n = len(self.fragment_ids)
+        if self.fragment_mask is not None and self.fragment_logprobs is not None and self.fragment_versions is not None:
+            return self.fragment_mask, self.fragment_logprobs, self.fragment_versions
+        return array("b", bytes(n)), float_array(bytes(4 * n)), int_array([CONTEXT_VERSION]) * n
 
     def to_json(self, *, include_arrays: bool = True) -> dict[str, Any]:
         """The step as JSON, with the seed's TITO fragment fields."""
@@ -132,6 +148,9 @@ class Step:
             "concat_context_token_count": context,
             "concat_output_token_count": out,
             "concat_logprobs_invalid": self.logprobs_invalid,
+            "prefix_rebuilt": self.fragment_mask is not None,
+            "rebuilt_spans": [list(span) for span in self.rebuilt_spans],
+            "logprobs_recomputed": self.logprobs_recomputed,
             "concat_incremental_tokenization_failed": self.incremental_tokenization_failed,
             "created_at": self.created_at,
             "first_token_at": self.first_token_at,
@@ -156,10 +175,11 @@ class Step:
         if include_arrays:
             data["output_ids"] = self.output_ids.tolist()
             data["output_logprobs"] = self.output_logprobs.tolist()
+            mask, logprobs, versions = self.fragment_arrays()
             data["concat_token_ids"] = self.fragment_ids.tolist() + self.output_ids.tolist()
-            data["concat_response_logprobs"] = [0.0] * context + self.output_logprobs.tolist()
-            data["concat_response_mask"] = [0] * context + [1] * out
-            data["concat_versions"] = [CONTEXT_VERSION] * context + self.output_versions.tolist()
+            data["concat_response_logprobs"] = logprobs.tolist() + self.output_logprobs.tolist()
+            data["concat_response_mask"] = mask.tolist() + [1] * out
+            data["concat_versions"] = versions.tolist() + self.output_versions.tolist()
         return data
 
 
@@ -229,7 +249,7 @@ def build_segment(
     metadata: dict[str, Any] | None = None,
     mask_nonlast_version: bool = False,
 ) -> Segment:
-    """Stitch the in-segment steps' fragments and outputs into one sample.
+    """Stitch the in-segment steps' fragments and outputs into one sample (concat mode).
 
     ``mask_nonlast_version`` sets the loss mask to 0 on sampled tokens whose
     weight version is older than the newest in the segment (partial rollout
@@ -239,31 +259,77 @@ def build_segment(
     loss_mask = array("b")
     logprobs = float_array()
     versions = int_array()
+    recomputed: list[list[int]] = []
+    invalid: list[list[int]] = []
     for step in steps:
-        context = len(step.fragment_ids)
+        start = len(token_ids)
         out = len(step.output_ids)
+        frag_mask, frag_logprobs, frag_versions = step.fragment_arrays()
         token_ids.extend(step.fragment_ids)
         token_ids.extend(step.output_ids)
-        loss_mask.extend(bytes(context))
+        loss_mask.extend(frag_mask)
         loss_mask.extend(b"\x01" * out)
-        logprobs.extend(float_array(bytes(4 * context)))
+        logprobs.extend(frag_logprobs)
         logprobs.extend(step.output_logprobs)
-        versions.extend(int_array([CONTEXT_VERSION]) * context)
+        versions.extend(frag_versions)
         versions.extend(step.output_versions)
+        spans = recomputed if step.logprobs_recomputed else invalid
+        spans.extend([start + a, start + b] for a, b in step.rebuilt_spans)
+    meta = dict(metadata or {})
+    meta.setdefault("build_mode", "concat")
+    meta.setdefault("recomputed_logprob_spans", recomputed)
+    meta.setdefault("invalid_logprob_spans", invalid)
+    meta.setdefault("logprobs_invalid", bool(invalid) or any(s.logprobs_invalid for s in steps))
+    return finish_segment(
+        steps,
+        token_ids=token_ids,
+        loss_mask=loss_mask,
+        logprobs=logprobs,
+        versions=versions,
+        session_id=session_id,
+        parent_traj_id=parent_traj_id,
+        instance_id=instance_id,
+        rollout_id=rollout_id,
+        segment_index=segment_index,
+        start_reason=start_reason,
+        boundary_reason=boundary_reason,
+        reward=reward,
+        metadata=meta,
+        mask_nonlast_version=mask_nonlast_version,
+    )
+
+
+def finish_segment(
+    steps: list[Step],
+    *,
+    token_ids: array[int],
+    loss_mask: array[int],
+    logprobs: array[float],
+    versions: array[int],
+    session_id: str,
+    parent_traj_id: str | None,
+    instance_id: str | None,
+    rollout_id: str,
+    segment_index: int,
+    start_reason: str,
+    boundary_reason: str,
+    reward: float | None,
+    metadata: dict[str, Any],
+    mask_nonlast_version: bool,
+) -> Segment:
+    """The :class:`Segment` of finished arrays, with the fields every build mode shares."""
     if mask_nonlast_version and versions:
         newest = max(versions)
         for i, version in enumerate(versions):
             if loss_mask[i] and version < newest:
                 loss_mask[i] = 0
-    meta = dict(metadata or {})
     parts = [
         {"step_index": s.index, **({"routed_experts_chunks": s.routed_experts_chunks}
                                   if s.routed_experts_chunks is not None else {"routed_experts": s.routed_experts})}
         for s in steps
         if s.routed_experts is not None or s.routed_experts_chunks is not None
     ]
-    meta.setdefault("logprobs_invalid", any(s.logprobs_invalid for s in steps))
-    meta.setdefault("tool_call_parse_errors", sum(s.tool_call_parse_error for s in steps))
+    metadata.setdefault("tool_call_parse_errors", sum(s.tool_call_parse_error for s in steps))
     return Segment(
         trajectory_id=f"{session_id}#{segment_index}",
         parent_traj_id=parent_traj_id or session_id,
@@ -278,6 +344,6 @@ def build_segment(
         start_reason=start_reason,
         boundary_reason=boundary_reason,
         reward=reward,
-        metadata=meta,
+        metadata=metadata,
         routed_experts_parts=parts or None,
     )

@@ -89,6 +89,8 @@ class OpenSegment:
     last_request: Any = None
     #: Times the prefix was rebuilt in place (``--on-history-rewrite recompute``), by reason.
     rebuilds: list[str] = attrs.field(factory=list)
+    #: Steps whose ids a rebuild replaced (their replies live on, re-rendered, in the rebuilt prefix).
+    rebuilt_steps: list[Step] = attrs.field(factory=list)
     _marks: list[_Mark] = attrs.field(factory=list)
 
     def account_messages(self, messages: Sequence[Mapping[str, Any]]) -> None:
@@ -110,6 +112,20 @@ class OpenSegment:
         self.closed_by_eot = bool(step.output_ids) and step.output_ids[-1] == eot_token_id
         step.in_segment = True
         self.steps.append(step)
+
+    def rebuild(self, reason: str, tools_key: str) -> None:
+        """Drop the ids and steps so far: the next step's fragment is the whole conversation rebuilt."""
+        for step in self.steps:
+            step.in_segment = False
+        self.rebuilt_steps.extend(self.steps)
+        self.rebuilds.append(reason)
+        self.steps = []
+        self._marks = []
+        self.accounted = []
+        self.context_ids = array("i")
+        self.closed_by_eot = True
+        self.last_request = None
+        self.tools_key = tools_key
 
     def pop_last(self) -> Step:
         """Take the last turn back out (a retry replaces it): the segment is as it was before it."""

@@ -35,9 +35,11 @@ from ..backends.sglang_parse import (
     completion_text,
 )
 from ..config import ProxyConfig
+from ..core.assemble import RebuiltPrefix, SegmentIdentity, assemble_segment, rebuild_prefix
 from ..core.messages import message_key, tools_key
 from ..core.parser import OutputParser, ReasoningFormat, ToolCallFormat
-from ..core.records import Step, build_segment, sub_agent_of
+from ..core.records import Step, float_array, sub_agent_of
+from ..core.spans import SpanError
 from ..core.tito import (
     Continue,
     FragmentError,
@@ -287,18 +289,22 @@ class SessionActor:
         metadata: dict[str, Any] = {}
         if self._sub_agent is not None:
             metadata["sub_agent"] = self._sub_agent[1]
+        who = SegmentIdentity(
+            session_id=self.session_id,
+            parent_traj_id=parent,
+            instance_id=self._instance_id,
+            rollout_id=self._rollout_id or parent,
+            boundary_reason=reason,
+            reward=reward,
+            metadata=metadata,
+        )
         return [
-            build_segment(
-                seg.steps,
-                session_id=self.session_id,
-                parent_traj_id=parent,
-                instance_id=self._instance_id,
-                rollout_id=self._rollout_id or parent,
-                segment_index=seg.index,
-                start_reason=seg.start_reason,
-                boundary_reason=reason,
-                reward=reward,
-                metadata=metadata,
+            assemble_segment(
+                seg,
+                self._tok,
+                who,
+                mode=self._config.trajectory_build_mode,
+                verify=self._config.verify_tito,
                 mask_nonlast_version=self._config.mask_nonlast_version_tokens,
             )
         ]
@@ -415,17 +421,24 @@ class SessionActor:
                 log.warning("session %s: %s; starting a new segment", self.session_id, exc)
                 plan = Fresh("tito_failure")
                 fragment_failed = True
+        rebuilt: RebuiltPrefix | None = None
         if isinstance(plan, Fresh):
-            try:
-                text = self._tok.render(
-                    request.messages,
-                    tools=request.tools,
-                    add_generation_prompt=True,
-                    enable_thinking=request.enable_thinking,
-                )
-            except Exception as exc:  # the template rejects these messages
-                raise BadRequest(f"the chat template cannot render these messages: {exc}", param="messages") from exc
-            fragment = self._tok.encode(text)
+            rebuilt = self._rebuilt_prefix(plan, request)
+            if rebuilt is not None:
+                fragment = rebuilt.ids
+            else:
+                try:
+                    text = self._tok.render(
+                        request.messages,
+                        tools=request.tools,
+                        add_generation_prompt=True,
+                        enable_thinking=request.enable_thinking,
+                    )
+                except Exception as exc:  # the template rejects these messages
+                    raise BadRequest(
+                        f"the chat template cannot render these messages: {exc}", param="messages"
+                    ) from exc
+                fragment = self._tok.encode(text)
             input_ids = array("i", fragment)
             new_messages = list(request.messages)
         else:
@@ -448,7 +461,10 @@ class SessionActor:
         boundary: str | None = None
         closed: list[Any] = []
         if isinstance(plan, Fresh):
-            boundary, closed = self._open_segment(plan.reason, key)
+            if rebuilt is not None:
+                boundary = self._rebuild_segment(plan.reason, key)
+            else:
+                boundary, closed = self._open_segment(plan.reason, key)
             self._main = _conversation_key(request.messages)
         seg = self._segment
         assert seg is not None
@@ -466,6 +482,12 @@ class SessionActor:
             boundary_reason=boundary,
             incremental_tokenization_failed=fragment_failed,
         )
+        if rebuilt is not None:
+            step.fragment_mask = rebuilt.mask
+            step.fragment_versions = rebuilt.versions
+            step.fragment_logprobs = float_array(bytes(4 * len(rebuilt.ids)))
+            step.rebuilt_spans = rebuilt.spans
+            step.logprobs_invalid = bool(rebuilt.spans)  # until the engine's prompt logprobs fill them in
         self._next_step += 1
         self._steps.append(step)
         temperature = self._config.rollout_temperature
@@ -478,9 +500,10 @@ class SessionActor:
             stop_token_ids=self._tok.stop_token_ids,
             seed=request.seed,
         )
+        # A shallow copy of the message list: a caller in this process may go on appending to its own.
+        kept = attrs.evolve(request, messages=list(request.messages))
         return _Prepared(
-            step, input_ids, plan, new_messages, sampling, request.stop, request.stream, request.tools, closed,
-            request,
+            step, input_ids, plan, new_messages, sampling, request.stop, request.stream, request.tools, closed, kept
         )
 
     @staticmethod
@@ -505,12 +528,72 @@ class SessionActor:
         self._next_segment += 1
         return reason, closed
 
+    def _rebuilt_prefix(self, plan: Fresh, request: ChatRequest) -> RebuiltPrefix | None:
+        """``--on-history-rewrite recompute``: the conversation rebuilt with this segment's replies marked.
+
+        ``None`` when the segment is to be closed instead: segment mode, a
+        session start, or a template whose assistant turns cannot be located.
+        """
+        seg = self._segment
+        if self._config.on_history_rewrite != "recompute" or seg is None:
+            return None
+        if not (seg.steps and plan.reason != "session_start") and not (not seg.steps and seg.rebuilt_steps):
+            return None
+        try:
+            return rebuild_prefix(
+                self._tok,
+                request.messages,
+                tools=request.tools,
+                enable_thinking=request.enable_thinking,
+                steps=[*seg.rebuilt_steps, *seg.steps],
+            )
+        except SpanError as exc:
+            log.warning("session %s: cannot rebuild the prefix (%s); starting a new segment", self.session_id, exc)
+            return None
+        except Exception as exc:  # the template rejects these messages
+            raise BadRequest(f"the chat template cannot render these messages: {exc}", param="messages") from exc
+
+    def _rebuild_segment(self, reason: str, key: str) -> str:
+        """Rebuild the open segment in place (recompute mode); returns the reason recorded on the step."""
+        seg = self._segment
+        assert seg is not None
+        if seg.steps:
+            seg.rebuild(reason, key)
+            return reason
+        # The rebuilding turn failed and this one takes its place.
+        seg.tools_key = key
+        return seg.rebuilds[-1] if seg.rebuilds else seg.start_reason
+
+    async def _recompute_logprobs(self, step: Step, input_ids: array[int]) -> None:
+        """Fill the rebuilt replies' logprobs from the engine's prompt logprobs (left 0.0 and flagged if not)."""
+        if not step.rebuilt_spans or step.fragment_logprobs is None:
+            return
+        if not self._config.recompute_logprobs:
+            return  # switched off (ACTORPROXY_RECOMPUTE_MISMATCH_LOGPROBS=0): trained on 0.0, flagged
+        try:
+            values = await self._backend.prompt_logprobs(input_ids)
+        except (BackendError, NotImplementedError) as exc:
+            log.warning("session %s step %d: prompt logprobs failed (%s); the rebuilt replies keep 0.0",
+                        self.session_id, step.index, exc)
+            return
+        if len(values) != len(input_ids):
+            log.warning("session %s step %d: the engine returned %d prompt logprobs for %d tokens",
+                        self.session_id, step.index, len(values), len(input_ids))
+            return
+        for start, end in step.rebuilt_spans:
+            for i in range(start, end):
+                value = values[i]
+                step.fragment_logprobs[i] = 0.0 if value is None else value
+        step.logprobs_recomputed = True
+        step.logprobs_invalid = False
+
     async def _generate(self, prepared: _Prepared, events: trio.MemorySendChannel[TurnEvent]) -> None:
         step = prepared.step
         seg = self._segment
         assert seg is not None
         if prepared.closed:
             await self._store.send(store_msgs.Put(self.session_id, tuple(prepared.closed)))
+        await self._recompute_logprobs(step, prepared.input_ids)
         async def accepted() -> None:
             # Sent once generation is permitted: a turn that waits out a pause and gives
             # up is a plain 503 with Retry-After, before any stream has started.
