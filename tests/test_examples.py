@@ -21,7 +21,7 @@ def test_user_preemption_test_example_passes() -> None:
     assert "1 passed" in result.stdout
 
 
-@pytest.mark.parametrize("script", ["whitebox_rollout.py"])
+@pytest.mark.parametrize("script", ["whitebox_rollout.py", "agent_rewrites.py"])
 def test_rollout_examples_run(script: str) -> None:
     result = _run(str(EXAMPLES / script))
     assert result.returncode == 0, result.stdout + result.stderr
