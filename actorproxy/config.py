@@ -65,16 +65,20 @@ class ProxyConfig:
     #: Seconds between SSE heartbeat comments while a streamed turn produces nothing.
     heartbeat_interval: float = attrs.field(default=10.0, validator=_positive)
     #: ``concat``: segments are the exact TITO ids; ``last_step``: the last step's conversation re-rendered.
-    trajectory_build_mode: BuildMode = "concat"
+    trajectory_build_mode: BuildMode = attrs.field(
+        default="concat", validator=attrs.validators.in_(("concat", "last_step"))
+    )
     #: On a broken append-only contract: open a new segment, or rebuild the prefix in the same one.
-    on_history_rewrite: RewriteMode = "segment"
+    on_history_rewrite: RewriteMode = attrs.field(
+        default="segment", validator=attrs.validators.in_(("segment", "recompute"))
+    )
     #: ``recompute``: ask the engine for the rebuilt assistant spans' logprobs (else they are 0.0, flagged).
     recompute_logprobs: bool = attrs.field(factory=recompute_logprobs_from_env)
     #: At segment close, re-render the conversation and report where it differs from the recorded ids.
     verify_tito: bool = False
     #: A turn with another system prompt and first message goes to ``<session>/sub-<n>``:
     #: recorded as segments (``train``), as steps only (``log``), or not routed at all (``off``).
-    sub_agents: SubAgentMode = "train"
+    sub_agents: SubAgentMode = attrs.field(default="train", validator=attrs.validators.in_(("train", "log", "off")))
     #: The next turn of a session holding this many steps gets HTTP 400 before generating.
     max_steps_per_session: int = attrs.field(default=400, validator=_positive)
     #: Prompt plus completion must fit; ``None`` takes the engine's max model length.
