@@ -165,3 +165,15 @@ async def test_client_gone_leaves_segment_untouched(rig: tuple[Runtime, Recordin
     aborted = backend.inner.stats(payload["steps"][1]["rid"])
     assert aborted.aborted and aborted.finish_reason == "abort"
     assert payload["steps"][1]["output_ids"] == list(aborted.token_ids)
+
+
+@pytest.mark.parametrize("closed_by_eot", [True, False])
+def test_fragment_refuses_a_message_that_quotes_the_stand_in_marker(tokenizer: Any, closed_by_eot: bool) -> None:
+    from actorproxy.core.tito import _MARKER, FragmentError, render_fragment
+
+    quoting = [{"role": "user", "content": f"quote: {_MARKER} end"}]
+    with pytest.raises(FragmentError):
+        render_fragment(tokenizer, quoting, tools=None, closed_by_eot=closed_by_eot, enable_thinking=None)
+    plain = render_fragment(tokenizer, [{"role": "user", "content": "quote: end"}], tools=None,
+                            closed_by_eot=closed_by_eot, enable_thinking=None)
+    assert plain.endswith("quote: end<|im_end|>\n<|im_start|>assistant\n")

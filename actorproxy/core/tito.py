@@ -89,7 +89,8 @@ class OpenSegment:
     last_request: Any = None
     #: Times the prefix was rebuilt in place (``--on-history-rewrite recompute``), by reason.
     rebuilds: list[str] = attrs.field(factory=list)
-    #: Steps whose ids a rebuild replaced (their replies live on, re-rendered, in the rebuilt prefix).
+    #: Steps whose ids a rebuild replaced. Those whose replies are still in the new conversation are
+    #: trained there, re-rendered (the rebuilding step's ``rebuilt_spans``); the others are gone.
     rebuilt_steps: list[Step] = attrs.field(factory=list)
     _marks: list[_Mark] = attrs.field(factory=list)
 
@@ -217,9 +218,10 @@ def render_fragment(
         )
     except Exception as exc:  # a template may raise anything (jinja, ValueError, TypeError)
         raise FragmentError(f"template failed on the new messages: {exc}") from exc
-    at = text.rfind(_MARKER)
-    if at < 0:
-        raise FragmentError("template dropped the assistant reply")
+    if text.count(_MARKER) != 1:
+        # Dropped by the template, or also written in a new message (then we cannot tell where the reply ends).
+        raise FragmentError("the stand-in reply is missing from the rendering, or occurs more than once")
+    at = text.find(_MARKER)
     fragment = text[at + len(_MARKER) :]
     if closed_by_eot:
         eot_text = tokenizer.token_text(tokenizer.eot_token_id)

@@ -284,7 +284,9 @@ class SessionActor:
         if seg is None or not seg.steps:
             return []
         if self._sub_agent is not None and self._config.sub_agents == "log":
-            return []  # a sub-agent in log mode: its steps are kept, no training sample
+            for step in seg.steps:  # a sub-agent in log mode: its steps are kept, no training sample
+                step.in_segment = False
+            return []
         parent = self._sub_agent[0] if self._sub_agent is not None else self.session_id
         metadata: dict[str, Any] = {}
         if self._sub_agent is not None:
