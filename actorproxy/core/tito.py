@@ -40,6 +40,19 @@ class FragmentError(Exception):
     """The template cannot render the new messages as a continuation."""
 
 
+def snapshot(value: Any) -> Any:
+    """A copy of a JSON-like value down to its strings (which are immutable anyway).
+
+    What the segment remembers of a message must not change when an in-process
+    agent edits its own dict in place afterwards.
+    """
+    if isinstance(value, dict):
+        return {k: snapshot(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [snapshot(v) for v in value]
+    return value
+
+
 @attrs.define(eq=False)
 class _Accounted:
     """One message the segment's ids account for."""
@@ -47,7 +60,7 @@ class _Accounted:
     key: tuple[Any, ...] | None = None
     #: The assistant reply we generated (matched by meaning, not bytes).
     output: AssistantOutput | None = None
-    #: The last dict that matched: an identical dict next time matches at C speed.
+    #: A snapshot of the last dict that matched: an equal dict next time matches at C speed.
     raw: Mapping[str, Any] | None = None
 
     def matches(self, message: Mapping[str, Any]) -> bool:
@@ -58,7 +71,7 @@ class _Accounted:
         else:
             ok = message_key(message) == self.key
         if ok:
-            self.raw = message
+            self.raw = snapshot(message)
         return ok
 
 
@@ -95,6 +108,7 @@ class OpenSegment:
     _marks: list[_Mark] = attrs.field(factory=list)
 
     def account_messages(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        """Account context messages; they must be :func:`snapshot` copies (the segment keeps them)."""
         self.accounted.extend(_Accounted(key=message_key(m), raw=m) for m in messages)
 
     def add_turn(self, step: Step, new_messages: Sequence[Mapping[str, Any]], request: Any, eot_token_id: int) -> None:

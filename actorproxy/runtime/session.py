@@ -48,6 +48,7 @@ from ..core.tito import (
     plan_turn,
     reasoning_opened_by_prompt,
     render_fragment,
+    snapshot,
 )
 from ..errors import (
     BadRequest,
@@ -442,11 +443,11 @@ class SessionActor:
                     ) from exc
                 fragment = self._tok.encode(text)
             input_ids = array("i", fragment)
-            new_messages = list(request.messages)
+            new_messages = [snapshot(m) for m in request.messages]
         else:
             assert self._segment is not None and fragment is not None
             input_ids = self._segment.context_ids + fragment
-            new_messages = plan.new_messages
+            new_messages = [snapshot(m) for m in plan.new_messages]
         prompt_len = len(input_ids)
         if prompt_len >= self._window:
             raise ContextOverflow(

@@ -1,0 +1,472 @@
+"""Property-based TITO tests: generated multi-turn sessions through the real runtime (no HTTP).
+
+Each example drives ONE session with a generated sequence of actions against
+the simulated engine, whose every output is scripted (with a marker word unique
+to the turn), then finalizes it and checks the segments and steps read back:
+
+1. every segment satisfies :func:`check_segment_invariants`;
+2. boundaries fall exactly where the generator broke the append-only contract
+   (``boundary_reason`` per step, ``start_reason``/``boundary_reason`` per segment);
+3. no continuation re-tokenizes sampled text: its fragment never holds an earlier
+   reply's text, and the segment holds each step's sampled ids as the engine
+   emitted them;
+4. every completed step is in exactly one segment.
+
+Actions: ``continue`` (the agent echoes our reply in one of several shapes, then
+adds tool results or a user message), ``history_rewrite`` (an edited user
+message, tool result or reply; compaction; a ``<system-reminder>`` appended to a
+user message), ``system_changed`` (the system text only) and
+``tool_schema_change`` (a tool added, removed, or the list reordered). Requests
+are never the previous request again (a retry) nor a prefix of it.
+
+The last test checks that an in-place edit of a message
+dict the agent already sent is a history rewrite (the segment keeps snapshots).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import attrs
+import hypothesis.strategies as st
+from _util import SEARCH_TOOL, WEATHER_TOOL, RecordingBackend, TurnResult, check_segment_invariants, reserialise
+from hypothesis import HealthCheck, event, given, settings
+
+from actorproxy.backends.sim import ScriptedOutput, SimConfig, SimEngine
+from actorproxy.config import ProxyConfig
+from actorproxy.runtime.messages import ChatRequest, Identity, TurnDelta, TurnDone, TurnFailed
+from actorproxy.runtime.runtime import Runtime, open_runtime
+from actorproxy.tokenization.tokenizer import ChatTokenizer
+
+READ_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a file of the repository",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+}
+TOOL_POOL = (WEATHER_TOOL, SEARCH_TOOL, READ_TOOL)
+STOP = "STOPHERE"
+
+ACTIONS = ("continue", "continue", "history_rewrite", "history_rewrite", "system_changed", "tool_schema_change")
+ECHOES = ("as_is", "reserialise", "drop_reasoning", "inline_reasoning", "reasoning_key", "padded", "parts", "args_dict")
+REWRITES = ("edit", "edit_last", "compaction", "reminder", "edit_tool_result", "edit_reply", "edit_reply")
+FOLLOW_UPS = ("plain", "parts", "agent_note")
+#: The contract breaks, in the order ``plan_turn`` checks them.
+BREAKS = ("tool_schema_change", "system_changed", "history_rewrite")
+
+PROPERTY_SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def marker(turn: int) -> str:
+    """A word only reply ``turn`` contains (no marker is a substring of another)."""
+    return f"Qz{turn}kestrel"
+
+
+def _tool_name(tool: dict[str, Any]) -> str:
+    return str(tool["function"]["name"])
+
+
+def _call_arguments(name: str, mark: str, n: int) -> dict[str, Any]:
+    if name == "get_weather":
+        return {"city": f"{mark} town", "days": n + 1}
+    if name == "search":
+        return {"query": f"{mark} prices"}
+    return {"path": f"src/{mark}.py"}
+
+
+# -- what the engine samples ---------------------------------------------------
+
+
+@attrs.frozen
+class Reply:
+    """What the engine is scripted to sample for one turn."""
+
+    text: str
+    ids: tuple[int, ...]
+    #: Ends without ``<|im_end|>``: a ``length`` finish.
+    truncated: bool = False
+    #: A stop string the request carries; the reply holds it (and text after it).
+    stop: str | None = None
+
+    @property
+    def ends_open(self) -> bool:
+        """The segment's last sampled token is not ``<|im_end|>``."""
+        return self.truncated or self.stop is not None
+
+
+@st.composite
+def replies(
+    draw: st.DrawFn, tokenizer: ChatTokenizer, turn: int, tools: list[dict[str, Any]], thinking: bool
+) -> Reply:
+    """A reply with the turn's marker in every part: reasoning, text, tool-call arguments.
+
+    Endings: the sampled ``<|im_end|>``; ``length`` (no ``<|im_end|>``: after the text, inside
+    the reasoning, or inside a tool call); a stop string with more text sampled after it.
+    """
+    mark = marker(turn)
+    parts: list[str] = []
+    names = [_tool_name(t) for t in tools]
+    calls = draw(st.integers(0, 2)) if names else 0
+    ending = draw(st.sampled_from(["eot", "eot", "eot", "length", "stop", "cut"]))
+    if thinking and (ending == "cut" and not calls or draw(st.booleans())):
+        parts.append(f"<think>\nWeigh the {mark} options, café ☀ before answering.\n</think>\n\n")
+    if calls:
+        if draw(st.booleans()):
+            parts.append(f"Looking up {mark} first.\n")
+        bodies = []
+        for n in range(calls):
+            name = draw(st.sampled_from(names))
+            body = json.dumps({"name": name, "arguments": _call_arguments(name, mark, n)}, ensure_ascii=False)
+            bodies.append(f"<tool_call>\n{body}\n</tool_call>")
+        parts.append("\n".join(bodies))
+        ending = "cut" if ending == "cut" else "eot"
+    else:
+        ending = "length" if ending == "cut" and not parts else ending
+        parts.append(f"The {mark} answer: {mark} fits the plan, 東京 ☀ well.")
+        if ending == "stop":
+            parts.append(f" {STOP} and then {mark} rambles on after the stop string.")
+    text = "".join(parts)
+    ids = list(tokenizer.encode(text))
+    if ending == "cut":
+        # Cut mid-reasoning, or mid-call (the call does not parse and comes back as text).
+        ids = ids[: (ids.index(tokenizer.think_end_id) if not calls else len(ids) - 3)]
+    elif ending != "length":
+        ids.append(tokenizer.eot_token_id)
+    truncated = ending in ("length", "cut")
+    return Reply(tokenizer.decode(ids), tuple(ids), truncated=truncated, stop=STOP if ending == "stop" else None)
+
+
+# -- what the agent sends ---------------------------------------------------------
+
+
+def echo_of(message: dict[str, Any], how: str, null_content: bool) -> dict[str, Any]:
+    """The agent's copy of our reply, written the way ``how`` says (all mean the same turn)."""
+    message = copy.deepcopy(message)
+    reasoning = message.get("reasoning_content")
+    if how == "reserialise":
+        message = reserialise(message)
+    elif how == "drop_reasoning":
+        message.pop("reasoning_content", None)
+    elif how == "inline_reasoning" and reasoning:
+        del message["reasoning_content"]
+        message["content"] = f"<think>\n{reasoning}\n</think>\n\n{message.get('content') or ''}"
+    elif how == "reasoning_key" and reasoning:
+        message["reasoning"] = message.pop("reasoning_content")
+    elif how == "padded" and message.get("content"):
+        message["content"] = f"  {message['content']}\n\n"
+    elif how == "parts" and message.get("content"):
+        message["content"] = [{"type": "text", "text": message["content"]}]
+    elif how == "args_dict":
+        for call in message.get("tool_calls") or ():
+            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+    if not message.get("content") and message.get("tool_calls"):
+        message["content"] = None if null_content else ""
+    return message
+
+
+def follow_up(reply: dict[str, Any], turn: int, how: str, extra_user: bool) -> list[dict[str, Any]]:
+    """What the agent adds after our reply: tool results for its calls, and/or a user message."""
+    out: list[dict[str, Any]] = [
+        {"role": "tool", "tool_call_id": call["id"], "content": f"Tool result {turn}.{i}: 21 degrees, done."}
+        for i, call in enumerate(reply.get("tool_calls") or ())
+    ]
+    if out and not extra_user:
+        return out
+    text = f"Follow-up question number {turn}: what next?"
+    if how == "agent_note":
+        # An assistant turn the agent wrote itself (not sampled): context, like a user message.
+        out.append({"role": "user", "content": f"Note for turn {turn}."})
+        out.append({"role": "assistant", "content": f"Agent-written note {turn}: noted."})
+    out.append({"role": "user", "content": [{"type": "text", "text": text}] if how == "parts" else text})
+    return out
+
+
+def _indices(messages: list[dict[str, Any]], role: str, below: int) -> list[int]:
+    return [i for i, m in enumerate(messages[:below]) if m["role"] == role]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(part["text"] for part in content)
+    return content or ""
+
+
+def rewrite(
+    data: st.DataObject,
+    sent: list[dict[str, Any]],
+    base: list[dict[str, Any]],
+    turn: int,
+    keep_first: bool,
+    sampled_here: set[int],
+) -> list[dict[str, Any]]:
+    """A request that does not extend what the segment accounts for, with something new to answer.
+
+    ``sent`` is the previous request; ``base`` is ``sent`` plus our reply's echo and the follow-up.
+    Only messages of ``sent`` and the echo are edited: the segment accounts for all of them.
+    ``keep_first``: leave the first message after the system prompt alone (with a new system
+    prompt, a new first message is a sub-agent's conversation). ``sampled_here``: where the
+    replies sampled in the open segment are (others are context, compared without reasoning).
+    """
+    replies_at = _indices(base, "assistant", len(sent) + 1)
+    users = [i for i in _indices(base, "user", len(sent)) if i > 1 or not keep_first]
+    kinds = [
+        k
+        for k in REWRITES
+        if (k != "edit_last" or (sent[-1]["role"] == "user" and (len(sent) > 2 or not keep_first)))
+        and (k != "compaction" or not keep_first)
+        and (k not in ("edit", "reminder") or users)
+        and (k != "edit_tool_result" or _indices(base, "tool", len(sent)))
+        and (k != "edit_reply" or replies_at)
+    ]
+    kind = data.draw(st.sampled_from(kinds), label="rewrite")
+    event(f"rewrite: {kind}")
+    out = list(base)
+    if kind == "edit_last":
+        # The agent edits its last message and asks again (our reply is dropped).
+        return [*sent[:-1], {**sent[-1], "content": f"{_text(sent[-1]['content'])} (edited at turn {turn})"}]
+    if kind == "compaction":
+        # The first turns after the system prompt become one summary message.
+        cuts = [i for i in _indices(base, "user", len(base)) if i >= 2]
+        cut = data.draw(st.sampled_from([*cuts, len(base)]), label="compaction cut")
+        summary = {"role": "user", "content": f"Summary of the work so far (compacted at turn {turn})."}
+        tail = base[cut:] or [{"role": "user", "content": f"Go on from the summary, turn {turn}."}]
+        return [base[0], summary, *tail]
+    if kind == "edit_tool_result":
+        index = data.draw(st.sampled_from(_indices(base, "tool", len(sent))), label="tool result")
+        out[index] = {**out[index], "content": f"{out[index]['content']} (truncated at turn {turn})"}
+        return out
+    if kind == "edit_reply":
+        # The agent changes a reply we sampled (its text, or a tool call's arguments).
+        index = data.draw(st.sampled_from(replies_at), label="reply")
+        edited = copy.deepcopy(out[index])
+        targets = ["content", *(["arguments", "name"] if edited.get("tool_calls") else [])]
+        if index in sampled_here:
+            targets.append("reasoning")
+        target = data.draw(st.sampled_from(targets), label="reply part")
+        event(f"edit_reply: {target}")
+        if target == "arguments":
+            edited["tool_calls"][-1]["function"]["arguments"] = json.dumps({"edited": turn})
+        elif target == "name":
+            edited["tool_calls"][-1]["function"]["name"] = f"renamed_{turn}"
+        elif target == "reasoning":
+            # Reasoning may be dropped, but reasoning echoed must be the one sampled.
+            edited.pop("reasoning", None)
+            edited["content"] = _text(edited.get("content")).rpartition("</think>")[2] or edited.get("content")
+            edited["reasoning_content"] = f"Reasoning rewritten by the agent at turn {turn}."
+        else:
+            edited["content"] = f"{_text(edited.get('content'))} Edited by the agent at turn {turn}."
+        out[index] = edited
+        return out
+    index = data.draw(st.sampled_from(users), label="user message")
+    old = _text(out[index]["content"])
+    if kind == "edit":
+        out[index] = {**out[index], "content": f"{old} Actually, make it turn {turn}."}
+    else:
+        reminder = f"<system-reminder>\nThe date changed (turn {turn}).\n</system-reminder>"
+        out[index] = {**out[index], "content": f"{old}\n\n{reminder}"}
+    return out
+
+
+# -- running a session -----------------------------------------------------------
+
+
+@attrs.define
+class Turn:
+    request: ChatRequest
+    reply: Reply
+    #: The step's expected ``boundary_reason``: the reason this turn opens a segment, else None.
+    expected: str | None
+
+
+async def chat(runtime: Runtime, session_id: str, request: ChatRequest) -> TurnResult:
+    """One turn through the runtime, like ``_util.run_turn`` but with the whole request (stop strings)."""
+    deltas: list[Any] = []
+    async with await runtime.start_turn(request, Identity(session_id)) as events:
+        async for ev in events:
+            match ev:
+                case TurnDelta():
+                    deltas.append(ev.delta)
+                case TurnDone():
+                    return TurnResult(ev, None, deltas)
+                case TurnFailed():
+                    return TurnResult(None, ev.error, deltas)
+    raise AssertionError("turn ended without a result")
+
+
+async def drive(data: st.DataObject, tokenizer: ChatTokenizer) -> tuple[dict[str, Any], list[Turn], RecordingBackend]:
+    """Run one generated session; returns what ``read`` gives after finalize, the turns, the backend."""
+    engine = SimEngine(tokenizer, SimConfig(seed=11, token_interval=0))
+    backend = RecordingBackend(engine)
+    session = "prop"
+    turns: list[Turn] = []
+    n_turns = data.draw(st.integers(2, 8), label="turns")
+    tools = data.draw(st.lists(st.sampled_from(TOOL_POOL), unique_by=_tool_name, max_size=2), label="tools")
+    enable_thinking = data.draw(st.sampled_from([None, False]), label="enable_thinking")
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a careful assistant. Version 0."},
+        {"role": "user", "content": "Plan a trip and check the weather first."},
+    ]
+    last: dict[str, Any] = {}
+    async with open_runtime(ProxyConfig(port=0), backend=backend, tokenizer=tokenizer) as runtime:
+        expected: str | None = "session_start"
+        for turn in range(n_turns):
+            if turn > 0:
+                sent = turns[-1].request.messages
+                how = data.draw(st.sampled_from(ECHOES), label="echo")
+                echo = echo_of(last, how, data.draw(st.booleans(), label="null content"))
+                extra_user = bool(last.get("tool_calls")) and data.draw(st.booleans(), label="extra user")
+                follow = data.draw(st.sampled_from(FOLLOW_UPS), label="follow-up")
+                base = [*sent, echo, *follow_up(last, turn, follow, extra_user)]
+                action = data.draw(st.sampled_from(ACTIONS), label="action")
+                changes = {action} - {"continue"}
+                if changes and data.draw(st.integers(0, 3), label="combine") == 0:
+                    # Two contract breaks in one request: the first one checked names the boundary.
+                    changes.add(data.draw(st.sampled_from(BREAKS), label="also"))
+                event(f"changes: {sorted(changes)}")
+                event(f"echo: {how}")
+                expected = next((b for b in BREAKS if b in changes), None)
+                messages = base
+                if "history_rewrite" in changes:
+                    start = max(i for i, t in enumerate(turns) if t.expected is not None)
+                    sampled_here = {len(t.request.messages) for t in turns[start:]}
+                    keep_first = "system_changed" in changes
+                    messages = rewrite(data, sent, base, turn, keep_first, sampled_here)
+                if "system_changed" in changes:
+                    # Only the system text changes: the first user message stays (else: a sub-agent).
+                    system = {"role": "system", "content": f"You are a terse assistant. Version {turn}."}
+                    messages = [system, *messages[1:]]
+                if "tool_schema_change" in changes:
+                    absent = [t for t in TOOL_POOL if t not in tools]
+                    change = data.draw(st.sampled_from(["add", "remove", "reorder"]), label="tool change")
+                    if change == "reorder" and len(tools) >= 2:
+                        tools = [*tools[1:], tools[0]]
+                    elif tools and (change == "remove" or not absent):
+                        gone = data.draw(st.sampled_from(tools), label="removed")
+                        tools = [t for t in tools if t is not gone]
+                    else:
+                        tools = [*tools, data.draw(st.sampled_from(absent), label="added")]
+                # Never a retry (the previous request again) nor a cut-down copy with nothing new.
+                assert messages != sent and messages != [*sent, echo][: len(messages)]
+            reply = data.draw(replies(tokenizer, turn, tools, enable_thinking is None), label="reply")
+            event("reply: " + ("length" if reply.truncated else "stop string" if reply.stop else "eot"))
+            engine.script(ScriptedOutput(reply.ids, finish="length" if reply.truncated else "stop"))
+            request = ChatRequest(
+                messages=messages,
+                tools=list(tools),
+                max_tokens=512,
+                enable_thinking=enable_thinking,
+                stop=(reply.stop,) if reply.stop else (),
+            )
+            turns.append(Turn(request, reply, expected))
+            result = await chat(runtime, session, request)
+            assert result.done is not None, result.error
+            last = result.message
+            # The agent never sees the text from the stop string on.
+            assert STOP not in json.dumps(last) and "rambles" not in json.dumps(last)
+        await runtime.finalize(session)
+        payload = await runtime.read(session_id=session, include_steps=True)
+    event(f"segments: {len(payload['data'])}")
+    return payload, turns, backend
+
+
+# -- the properties ------------------------------------------------------------------
+
+
+def check_session(payload: dict[str, Any], turns: list[Turn], backend: RecordingBackend, tok: ChatTokenizer) -> None:
+    segments, steps = payload["data"], payload["steps"]
+    assert [s["step_index"] for s in steps] == list(range(len(turns)))
+    assert all(s["status"] == "completed" for s in steps), [s["status"] for s in steps]
+
+    # 1. The TITO contract of every segment.
+    for segment in segments:
+        check_segment_invariants(segment, steps, backend.prompts)
+
+    # 2. Boundaries exactly where the generator broke the contract.
+    expected = [t.expected for t in turns]
+    assert [s["boundary_reason"] for s in steps] == expected
+    opened = [r for r in expected if r is not None]
+    assert [s["start_reason"] for s in segments] == opened
+    assert [s["boundary_reason"] for s in segments] == [*opened[1:], "finalize"]
+    assert [s["segment_index"] for s in segments] == list(range(len(segments)))
+
+    # 4. Every completed step is in exactly one segment, and segments take turns in order.
+    listed = [i for s in segments for i in s["step_indices"]]
+    assert listed == [s["step_index"] for s in steps if s["status"] == "completed"]
+    for segment in segments:
+        assert segment["num_steps"] == len(segment["step_indices"])
+        for i in segment["step_indices"]:
+            assert steps[i]["in_segment"] and steps[i]["segment_index"] == segment["segment_index"]
+
+    # 3. Sampled ids are kept as sampled, and never re-tokenized.
+    for segment in segments:
+        ids = segment["token_ids"]
+        first, *later = segment["step_indices"]
+        for i in segment["step_indices"]:
+            step, reply = steps[i], turns[i].reply
+            out = step["output_ids"]
+            emitted = list(backend.inner.stats(step["rid"]).token_ids)
+            assert emitted == list(reply.ids)
+            if reply.stop is None:
+                assert out == emitted
+            else:
+                # Cut where the stop string appeared; the stop text itself stays sampled.
+                assert out == emitted[: len(out)] and len(out) < len(emitted)
+                assert reply.stop in tok.decode(out)
+            start = step["prompt_tokens"]
+            assert ids[start : start + len(out)] == out
+            context = step["concat_context_token_count"]
+            assert step["concat_token_ids"] == ids[start - context : start + len(out)]
+            assert step["finish_reason"] == ("length" if reply.truncated else "stop")
+        # A segment's first prompt is its whole conversation rendered once.
+        request = turns[first].request
+        text = tok.render(
+            request.messages, tools=request.tools, add_generation_prompt=True, enable_thinking=request.enable_thinking
+        )
+        assert backend.prompts[steps[first]["rid"]].tolist() == tok.encode(text).tolist()
+        assert steps[first]["concat_context_token_count"] == steps[first]["prompt_tokens"]
+        for i in later:
+            step = steps[i]
+            fragment = tok.decode(step["concat_token_ids"][: step["concat_context_token_count"]])
+            for k in range(i):
+                assert marker(k) not in fragment, f"step {i}'s fragment re-tokenizes reply {k}: {fragment!r}"
+            # Without a sampled <|im_end|> the fragment closes the reply itself; else it must not.
+            assert fragment.startswith("<|im_end|>") == turns[i - 1].reply.ends_open, fragment
+            assert fragment.startswith(("<|im_end|>\n<|im_start|>", "\n<|im_start|>")), fragment
+            assert "<|im_start|>assistant\n" in fragment.rsplit("<|im_end|>", 1)[-1], fragment
+
+
+@PROPERTY_SETTINGS
+@given(data=st.data())
+async def test_generated_sessions_keep_tito_exact(data: st.DataObject, tokenizer: ChatTokenizer) -> None:
+    payload, turns, backend = await drive(data, tokenizer)
+    check_session(payload, turns, backend, tokenizer)
+
+
+async def test_in_place_edit_of_an_earlier_message_is_a_history_rewrite(tokenizer: ChatTokenizer) -> None:
+    engine = SimEngine(tokenizer, SimConfig(token_interval=0))
+    engine.script("First answer.", "Second answer.")
+    async with open_runtime(ProxyConfig(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": "You are a careful assistant."},
+            {"role": "user", "content": "Plan a trip."},
+        ]
+        first = await chat(runtime, "mut", ChatRequest(messages=list(messages)))
+        # The agent appends a reminder to its first message in place (same dict), then goes on.
+        messages[1]["content"] += "\n\n<system-reminder>\nThe date changed.\n</system-reminder>"
+        messages += [first.message, {"role": "user", "content": "And then?"}]
+        second = await chat(runtime, "mut", ChatRequest(messages=messages))
+        assert second.done is not None
+        await runtime.finalize("mut")
+        payload = await runtime.read(session_id="mut", include_steps=True)
+    # What the engine saw for the second turn must hold the reminder the agent sent.
+    assert [s["boundary_reason"] for s in payload["steps"]] == ["session_start", "history_rewrite"]
