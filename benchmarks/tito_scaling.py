@@ -8,6 +8,10 @@ so the CPU time measured per turn is the proxy's own: planning the turn
 (append-only check), rendering and tokenizing the new fragment, recording and
 parsing the output. The goal: turn 200 costs no more than 1.5x turn 1.
 Figures are the median of ``--repeat`` runs per reported turn.
+
+A second table gives the CPU time of the finalize that closes the segment, in
+each build mode: ``concat`` stitches ids; ``--verify-tito`` and ``last_step``
+render and tokenize the whole conversation once (and are opt-in for that reason).
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ class _Replay:
         pass
 
 
-async def one_session(turns: int, words: int) -> tuple[list[float], int]:
+async def one_session(turns: int, words: int, **settings: Any) -> tuple[list[float], int, float]:
     tok = load_tokenizer(None)
     outputs = []
     for i in range(turns):
@@ -85,7 +89,7 @@ async def one_session(turns: int, words: int) -> tuple[list[float], int]:
                 f'{{"name": "read_file", "arguments": {{"path": "src/module_{i}.py"}}}}\n</tool_call>')
         outputs.append(tok.encode(text).tolist() + [tok.eot_token_id])
     engine = InstantEngine(outputs)
-    config = ProxyConfig(port=0, max_steps_per_session=turns + 1, context_window=10_000_000)
+    config = ProxyConfig(port=0, max_steps_per_session=turns + 1, context_window=10_000_000, **settings)
     cpu: list[float] = []
     async with open_runtime(config, backend=engine, tokenizer=tok) as runtime:
         messages: list[dict[str, Any]] = [
@@ -111,10 +115,14 @@ async def one_session(turns: int, words: int) -> tuple[list[float], int]:
             messages.append({"role": "assistant", "content": "", "tool_calls": [call.to_openai()]})
             body = " ".join(f"line{j}_of_{i} = compute({j})" for j in range(words))
             messages.append({"role": "tool", "tool_call_id": call.id, "content": body})
+        start = time.process_time()
         await runtime.finalize("long")
+        finalize_cpu = time.process_time() - start
         data = await runtime.read(session_id="long")
         assert len(data["data"]) == 1, "the session split: the benchmark would not measure one segment"
-    return cpu, prompt_tokens
+        verify = data["data"][0]["metadata"].get("verify")
+        assert verify is None or verify["unexpected"] == 0, verify
+    return cpu, prompt_tokens, finalize_cpu
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -126,6 +134,16 @@ async def main(args: argparse.Namespace) -> None:
     for turn in report:
         value = statistics.median(r[0][turn - 1] for r in runs)
         print(f"{turn:>6} {value * 1000:>22.2f} {value / first:>9.2f}")
+    modes: list[tuple[str, dict[str, Any]]] = [
+        ("concat", {}), ("concat --verify-tito", {"verify_tito": True}),
+        ("last_step", {"trajectory_build_mode": "last_step"}),
+    ]
+    print(f"\n{'build mode at finalize':<24} {'finalize CPU ms (median)':>25}")
+    for name, settings in modes:
+        finals = [r[2] for r in runs] if not settings else [
+            (await one_session(args.turns, args.tool_output_words, **settings))[2] for _ in range(args.repeat)
+        ]
+        print(f"{name:<24} {statistics.median(finals) * 1000:>25.1f}")
 
 
 if __name__ == "__main__":
