@@ -540,7 +540,9 @@ class SessionActor:
         seg = self._segment
         if self._config.on_history_rewrite != "recompute" or seg is None:
             return None
-        if not (seg.steps and plan.reason != "session_start") and not (not seg.steps and seg.rebuilt_steps):
+        rewriting = bool(seg.steps) and plan.reason != "session_start"
+        retaking = not seg.steps and bool(seg.rebuilt_steps)  # the rebuilding turn failed; this one replaces it
+        if not (rewriting or retaking):
             return None
         try:
             return rebuild_prefix(
