@@ -159,7 +159,7 @@ class OpenSegment:
 
     def repeats_last_request(self, messages: Sequence[Mapping[str, Any]]) -> bool:
         """Whether ``messages`` is the last step's request again (compared as the append-only check does)."""
-        if not self._marks or not self.steps:
+        if not self.steps:
             return False
         count = self.steps[-1].message_count
         if len(messages) != count:

@@ -109,15 +109,12 @@ class SessionRetired:
 class _Prepared:
     step: Step
     input_ids: array[int]
-    plan: Continue | Fresh
     new_messages: list[dict[str, Any]]
     sampling: SamplingParams
-    stop: tuple[str, ...]
-    streaming: bool
-    tools: list[dict[str, Any]]
     #: Segments this turn closed (a boundary): they go to the store before generating.
     closed: list[Any]
-    request: Any = None
+    #: The request, with its own shallow copy of the message list (see ``_plan_and_guard``).
+    request: ChatRequest
 
 
 @attrs.define
@@ -426,22 +423,19 @@ class SessionActor:
                 fragment_failed = True
         rebuilt: RebuiltPrefix | None = None
         if isinstance(plan, Fresh):
-            rebuilt = self._rebuilt_prefix(plan, request)
-            if rebuilt is not None:
-                fragment = rebuilt.ids
-            else:
-                try:
-                    text = self._tok.render(
+            try:
+                rebuilt = self._rebuilt_prefix(plan, request)
+                if rebuilt is not None:
+                    fragment = rebuilt.ids
+                else:
+                    fragment = self._tok.encode(self._tok.render(
                         request.messages,
                         tools=request.tools,
                         add_generation_prompt=True,
                         enable_thinking=request.enable_thinking,
-                    )
-                except Exception as exc:  # the template rejects these messages
-                    raise BadRequest(
-                        f"the chat template cannot render these messages: {exc}", param="messages"
-                    ) from exc
-                fragment = self._tok.encode(text)
+                    ))
+            except Exception as exc:  # the template rejects these messages
+                raise BadRequest(f"the chat template cannot render these messages: {exc}", param="messages") from exc
             input_ids = array("i", fragment)
             new_messages = [snapshot(m) for m in request.messages]
         else:
@@ -505,9 +499,7 @@ class SessionActor:
         )
         # A shallow copy of the message list: a caller in this process may go on appending to its own.
         kept = attrs.evolve(request, messages=list(request.messages))
-        return _Prepared(
-            step, input_ids, plan, new_messages, sampling, request.stop, request.stream, request.tools, closed, kept
-        )
+        return _Prepared(step, input_ids, new_messages, sampling, closed, kept)
 
     @staticmethod
     def _gone(step: Step, finish: GenerateFinish | None) -> None:
@@ -536,6 +528,7 @@ class SessionActor:
 
         ``None`` when the segment is to be closed instead: segment mode, a
         session start, or a template whose assistant turns cannot be located.
+        Raises whatever the template raises on these messages.
         """
         seg = self._segment
         if self._config.on_history_rewrite != "recompute" or seg is None:
@@ -555,8 +548,6 @@ class SessionActor:
         except SpanError as exc:
             log.warning("session %s: cannot rebuild the prefix (%s); starting a new segment", self.session_id, exc)
             return None
-        except Exception as exc:  # the template rejects these messages
-            raise BadRequest(f"the chat template cannot render these messages: {exc}", param="messages") from exc
 
     def _rebuild_segment(self, reason: str, key: str) -> str:
         """Rebuild the open segment in place (recompute mode); returns the reason recorded on the step."""
@@ -615,8 +606,8 @@ class SessionActor:
                 self._tok,
                 tool_call_id=call_id,
                 reasoning_open=reasoning_open,
-                stop=prepared.stop,
-                tools=prepared.tools,
+                stop=prepared.request.stop,
+                tools=prepared.request.tools,
                 tool_call_format=fmt.tool_call_format,
                 reasoning_format=fmt.reasoning_format,
             )
@@ -630,7 +621,7 @@ class SessionActor:
             controller=self._controller,
             events=events,
             settings=self._generation_settings,
-            streaming=prepared.streaming,
+            streaming=prepared.request.stream,
             check_permit=self._check_version,
             on_started=accepted,
         )
@@ -654,7 +645,7 @@ class SessionActor:
         step.finish_reason = finish.reason
         if fmt.parse_backend != "local":
             try:
-                await self._parse_remotely(step, parser, prepared.tools, reasoning_open, call_id)
+                await self._parse_remotely(step, parser, prepared.request.tools, reasoning_open, call_id)
             except BackendError as exc:
                 # The agent's request and the generation were fine: SGLang's parser failed.
                 step.status, step.error, step.finished_at = "error", str(exc), time.time()
