@@ -193,3 +193,28 @@ async def test_ready_and_no_reward_function(engine: SimEngine, tokenizer: Any) -
             assert (await http.get("/ready")).json() == {"status": "ready"}
             response = await http.post("/compute_reward", json={"trajectory_uid": "t", "messages": []})
             assert response.status_code == 501 and "--reward-fn" in response.json()["error"]["message"]
+
+
+async def test_fetch_batch_drains_only_after_its_reply_is_serialised(
+    http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actorproxy.server import gateway_api
+
+    await http.post("/generate", json={"trajectory_uid": "d-0", "prompt_uid": "pd",
+                                       "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6})
+    await http.post("/complete_trajectory/d-0", json={"reward": 1.0})
+
+    def cannot_serialise(result: Any) -> bytes:
+        raise TypeError("the reply cannot be serialised")
+
+    monkeypatch.setattr(gateway_api, "encode_body", cannot_serialise, raising=False)
+    failed = await http.post("/trajectory/fetch_batch", json={"groups": 1, "rollouts_per_group": 1, "timeout_s": 0})
+    assert failed.status_code == 500
+    # Nothing was drained: the segments are still in the store and the group still in the hand-off.
+    kept = (await http.post("/trajectory/read", json={"session_id": "d-0"})).json()
+    assert len(kept["data"]) == 1
+    monkeypatch.undo()
+    batch = (await http.post("/trajectory/fetch_batch", json={"groups": 1, "rollouts_per_group": 1})).json()
+    assert batch["complete"] and batch["data"][0]["trajectories"][0]["segments"] == kept["data"]
+    gone = await http.post("/trajectory/read", json={"session_id": "d-0"})
+    assert gone.status_code == 404

@@ -3,11 +3,12 @@
 Completed trajectories are announced with :meth:`GroupHandoff.complete`;
 :meth:`GroupHandoff.wait_ready` waits until the B oldest prompt groups (by
 ``instance_id``, in the order their first trajectory completed) each hold N,
-and :meth:`GroupHandoff.take` takes them out (after a timeout: the complete
-groups among those B, saying the batch is not complete). A group that never fills is bounded by
-``max_pending_groups``: past it the oldest pending group is dropped, counted
-and logged, never silently. Taking a group hands back its trajectory ids; the
-caller drains their segments from the store.
+and :meth:`GroupHandoff.peek` names them (after a timeout: the complete
+groups among those B, saying the batch is not complete) without taking them:
+the caller reads and serialises their segments first, and only then drains the
+store and :meth:`GroupHandoff.remove` s them, so a reply that cannot be built
+loses nothing. A group that never fills is bounded by ``max_pending_groups``:
+past it the oldest pending group is dropped, counted and logged, never silently.
 
 All methods run on the Trio thread; state changes happen between awaits, so
 concurrent callers never see half a change.
@@ -84,25 +85,31 @@ class GroupHandoff:
         while not self._ready(groups, per_group)[1]:
             await self._changed.wait()
 
-    def take(self, groups: int, per_group: int) -> tuple[list[Group], bool]:
-        """Take the complete groups among the ``groups`` oldest; whether that is all of them.
+    def peek(self, groups: int, per_group: int) -> tuple[list[Group], bool]:
+        """The complete groups among the ``groups`` oldest, left in place; whether that is all of them.
 
-        Each group taken holds exactly ``per_group`` trajectories, in completion
-        order; extra ones stay for the next fetch.
+        Each group holds exactly ``per_group`` trajectories, in completion order;
+        extra ones stay for the next fetch.
         """
         ready, complete = self._ready(groups, per_group)
-        taken = []
-        for instance_id in ready:
-            waiting = self._groups[instance_id]
-            batch, rest = waiting[:per_group], waiting[per_group:]
+        return [Group(g, tuple(self._groups[g][:per_group])) for g in ready], complete
+
+    def remove(self, taken: list[Group]) -> None:
+        """Take groups named by :meth:`peek` out (once their reply is built): each trajectory is handed over once."""
+        for group in taken:
+            leaving = {item.trajectory_id for item in group.trajectories}
+            rest = [item for item in self._groups.get(group.instance_id, ()) if item.trajectory_id not in leaving]
             if rest:
-                self._groups[instance_id] = rest
+                self._groups[group.instance_id] = rest
             else:
-                del self._groups[instance_id]
-            for item in batch:
-                self._known.discard(item.trajectory_id)
-            self.handed_over += len(batch)
-            taken.append(Group(instance_id, tuple(batch)))
+                self._groups.pop(group.instance_id, None)
+            self._known.difference_update(leaving)
+            self.handed_over += len(leaving)
+
+    def take(self, groups: int, per_group: int) -> tuple[list[Group], bool]:
+        """:meth:`peek` and :meth:`remove` at once."""
+        taken, complete = self.peek(groups, per_group)
+        self.remove(taken)
         return taken, complete
 
     def statistics(self) -> dict[str, int]:

@@ -15,6 +15,7 @@ unknown fields are refused (400 naming the field), errors are OpenAI's format.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import OrderedDict
 from typing import Any, Literal
@@ -26,16 +27,19 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from ..core.messages import output_as_message
-from ..errors import BadRequest, NotConfigured, RewardFailed, RewardTimeout, Unauthorized
+from ..errors import BadRequest, NotConfigured, NotFound, RewardFailed, RewardTimeout, Unauthorized
 from ..rewards import RewardFunctionError, as_reward, is_async, load_reward_fn
-from ..runtime.handoff import GroupHandoff
+from ..runtime.handoff import Group, GroupHandoff
 from ..runtime.messages import Identity, TurnDone
 from ..runtime.runtime import Runtime
+from ..runtime.store import encode_body
 from ..wire import jsonio
 from ..wire.converter import ours, structure
 from ..wire.openai_chat import parse_chat_body
 from .auth import AccessPolicy
 from .identity import MAX_ID_LENGTH
+
+log = logging.getLogger(__name__)
 
 Channel = Literal["train", "validate"]
 #: Trajectories whose channel and metadata are remembered (oldest forgotten first).
@@ -279,6 +283,8 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
             raise RewardFailed(str(exc)) from None
         return _json({"trajectory_uid": body.trajectory_uid, "reward": reward})
 
+    fetching = trio.Lock()  # one hand-off at a time: a group is never given to two trainers
+
     @app.post("/trajectory/fetch_batch")
     async def fetch_batch() -> Response:
         body: FetchBatchBody = await _body(FetchBatchBody)
@@ -286,18 +292,42 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
             raise BadRequest("'groups' and 'rollouts_per_group' must be at least 1")
         if not 0 <= body.timeout_s <= MAX_FETCH_WAIT:
             raise BadRequest(f"'timeout_s' must be between 0 and {MAX_FETCH_WAIT:g}", param="timeout_s")
-        with trio.move_on_after(body.timeout_s):
-            await gateway.handoff.wait_ready(body.groups, body.rollouts_per_group)
-        taken, complete_ = gateway.handoff.take(body.groups, body.rollouts_per_group)
+        deadline = trio.current_time() + body.timeout_s
+        while True:
+            with trio.move_on_at(deadline):
+                await gateway.handoff.wait_ready(body.groups, body.rollouts_per_group)
+            async with fetching:
+                groups, complete_ = gateway.handoff.peek(body.groups, body.rollouts_per_group)
+                if complete_ or trio.current_time() >= deadline:
+                    return await hand_over(groups, complete_)
+            # Another trainer took groups this call waited for: wait again until the deadline.
+
+    async def hand_over(groups: list[Group], complete_: bool) -> Response:
+        """Read, serialise, and only then drain: a reply that cannot be built loses nothing."""
         data = []
-        for group in taken:
+        read: dict[str, set[str]] = {}
+        for group in groups:
             trajectories = []
             for item in group.trajectories:
-                stored = await runtime.read(session_id=item.trajectory_id, drain=True)
+                try:
+                    segments = (await runtime.read(session_id=item.trajectory_id)).get("data", [])
+                except NotFound:
+                    segments = []  # already read (drained) with /trajectory/read
+                read[item.trajectory_id] = {s["trajectory_id"] for s in segments}
                 trajectories.append({"trajectory_id": item.trajectory_id, "reward": item.reward,
-                                     "segments": stored.get("data", [])})
+                                     "segments": segments})
             data.append({"instance_id": group.instance_id, "trajectories": trajectories})
-        return _json({"data": data, "complete": complete_})
+        reply = encode_body({"data": data, "complete": complete_})
+        for trajectory_id, segment_ids in read.items():
+            if not segment_ids:
+                continue
+            drained = await runtime.read(session_id=trajectory_id, drain=True)
+            late = {s["trajectory_id"] for s in drained.get("data", [])} - segment_ids
+            if late:
+                log.error("fetch_batch: segments %s of %s were stored while its batch was built and were drained "
+                          "with it without being handed over", sorted(late), trajectory_id)
+        gateway.handoff.remove(groups)
+        return Response(reply, mimetype="application/json")
 
     return gateway
 
