@@ -1,13 +1,38 @@
-"""`ProxyClient`: the async client rollout code uses to talk to actorproxy (httpx, Trio-friendly)."""
+"""`ProxyClient`: the async client rollout code uses to talk to actorproxy (httpx, Trio-friendly).
+
+The gateway methods (``generate``, ``submit_steps``, ``compute_reward``,
+``init_trajectory``, ``complete_trajectory``, ``fetch_batch``) return typed
+attrs results, structured by the wire converter from the same models the
+proxy's routes use (:mod:`actorproxy.server.gateway_models`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
+from .server.gateway_models import (
+    Channel,
+    CompleteResult,
+    FetchBatchResult,
+    GenerateResult,
+    InitResult,
+    RewardResult,
+    StepBody,
+    SubmitStepsResult,
+)
 from .trajectory_file import load_trajectory_file as load_trajectory_file
+from .wire.converter import CONVERTER
+
+__all__ = [
+    "CompleteResult", "FetchBatchResult", "GenerateResult", "InitResult", "ProxyClient", "ProxyError", "RewardResult",
+    "StepBody", "SubmitStepsResult", "load_trajectory_file",
+]
+
+T = TypeVar("T")
 
 
 class ProxyError(Exception):
@@ -95,6 +120,78 @@ class ProxyClient:
         if trajectory_id is not None:
             body["trajectory_id"] = trajectory_id
         return dict(await self._post("/trajectory/read", body))
+
+    # -- the gateway (docs/gateway.md) ------------------------------------------------------
+
+    async def _typed(self, path: str, body: dict[str, Any], kind: type[T]) -> T:
+        return CONVERTER.structure(await self._post(path, body), kind)
+
+    async def generate(
+        self,
+        trajectory_uid: str,
+        prompt_uid: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        stop: str | list[str] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> GenerateResult:
+        """One white-box turn (``POST /generate``): the exact ids the engine was given and sampled."""
+        body: dict[str, Any] = {"trajectory_uid": trajectory_uid, "prompt_uid": prompt_uid,
+                                "messages": [dict(m) for m in messages]}
+        options = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "stop": stop,
+                   "tools": [dict(t) for t in tools] if tools is not None else None,
+                   "chat_template_kwargs": dict(chat_template_kwargs) if chat_template_kwargs is not None else None}
+        body.update({k: v for k, v in options.items() if v is not None})
+        return await self._typed("/generate", body, GenerateResult)
+
+    async def submit_steps(self, steps: Sequence[StepBody | Mapping[str, Any]]) -> SubmitStepsResult:
+        """Attach rewards and metadata to recorded steps, or store external ones (``POST /submit_steps``).
+
+        All or nothing: a step whose ids differ from the recorded ones raises :class:`ProxyError` 409
+        naming the first differing position, and nothing is applied.
+        """
+        wire = [CONVERTER.unstructure(s) if isinstance(s, StepBody) else dict(s) for s in steps]
+        return await self._typed("/submit_steps", {"steps": wire}, SubmitStepsResult)
+
+    async def compute_reward(
+        self,
+        trajectory_uid: str,
+        messages: Sequence[Mapping[str, Any]],
+        dataset_fields: Mapping[str, Any] | None = None,
+    ) -> RewardResult:
+        """The reward of a conversation by the proxy's ``--reward-fn`` (``POST /compute_reward``)."""
+        body = {"trajectory_uid": trajectory_uid, "messages": [dict(m) for m in messages],
+                "dataset_fields": dict(dataset_fields or {})}
+        return await self._typed("/compute_reward", body, RewardResult)
+
+    async def init_trajectory(
+        self, *, prompt_uid: str | None = None, channel: Channel = "train", metadata: Mapping[str, Any] | None = None
+    ) -> InitResult:
+        """A new trajectory and the ``base_url`` a black-box agent uses (``POST /init_trajectory``)."""
+        body: dict[str, Any] = {"channel": channel, "metadata": dict(metadata or {})}
+        if prompt_uid is not None:
+            body["prompt_uid"] = prompt_uid
+        return await self._typed("/init_trajectory", body, InitResult)
+
+    async def complete_trajectory(
+        self, trajectory_uid: str, *, reward: float | None = None, channel: Channel | None = None
+    ) -> CompleteResult:
+        """Finalize a trajectory; on the train channel it is queued for ``fetch_batch``."""
+        body: dict[str, Any] = {}
+        if reward is not None:
+            body["reward"] = reward
+        if channel is not None:
+            body["channel"] = channel
+        return await self._typed(f"/complete_trajectory/{trajectory_uid}", body, CompleteResult)
+
+    async def fetch_batch(self, groups: int, rollouts_per_group: int, *, timeout_s: float = 30.0) -> FetchBatchResult:
+        """Wait for ``groups`` complete prompt groups of ``rollouts_per_group`` and take them (drained)."""
+        body = {"groups": groups, "rollouts_per_group": rollouts_per_group, "timeout_s": timeout_s}
+        return await self._typed("/trajectory/fetch_batch", body, FetchBatchResult)
 
     async def stats(self) -> dict[str, Any]:
         return dict(_unwrap(await self._http.get("/trajectory/stats")))

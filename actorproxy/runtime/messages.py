@@ -14,6 +14,7 @@ from ..core.requests import ChatRequest as ChatRequest
 from ..core.requests import Identity as Identity
 from ..errors import ProxyError
 from .actor import Reply
+from .submitted_steps import SubmitSteps
 
 # -- events a session sends back while it runs a turn ------------------------
 
@@ -102,7 +103,7 @@ class Evict:
     """From the registry at ``--max-sessions``: this idle session retires into the store to make room."""
 
 
-SessionMessage = RunTurn | FinalizeSession | DescribeSession | Evict
+SessionMessage = RunTurn | FinalizeSession | DescribeSession | Evict | SubmitSteps
 
 
 # -- session replies -------------------------------------------------------------

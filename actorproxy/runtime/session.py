@@ -27,9 +27,10 @@ import trio
 
 from ..config import ProxyConfig
 from ..core.session_state import Moved, Refusal, SessionState
-from ..errors import BadRequest, Conflict
+from ..errors import BadRequest, Conflict, ProxyError
 from ..tokenization.tokenizer import ChatTokenizer
 from . import store as store_msgs
+from . import submitted_steps
 from .actor import ActorGone, answer, answer_error, ask
 from .controller import ControllerMessage, Permit
 from .generate import GenerationSettings, TurnGeneration
@@ -49,6 +50,7 @@ from .messages import (
 )
 from .offload import Offload
 from .output import OutputFormat, recompute_logprobs
+from .submitted_steps import Annotation, SubmitSteps
 from .turn_end import tell
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,8 @@ class SessionActor:
             routed_experts=config.engines.use_rollout_routing_replay,
         )
         self._first_permit: Permit | None = None
+        #: Rewards and metadata of steps submitted with /submit_steps, written onto their segments at close.
+        self.submitted: dict[int, Annotation] = {}
         self._failed = False
 
     # -- the actor loop ------------------------------------------------------
@@ -160,7 +164,7 @@ class SessionActor:
         match msg:
             case RunTurn():
                 await tell(msg.events, TurnFailed(error))
-            case FinalizeSession() | DescribeSession():
+            case FinalizeSession() | DescribeSession() | SubmitSteps():
                 answer_error(msg.reply, error)
         await self._salvage(error)
 
@@ -172,6 +176,7 @@ class SessionActor:
         segments: list[Any] = []
         try:
             segments = await self._offload.run(lambda: self.state.close("session_failed"))
+            segments = submitted_steps.annotate(segments, self.submitted)
         except Exception:
             log.exception("session %s: its open segment cannot be closed; its steps are kept", self.session_id)
         steps = self.state.take_steps()
@@ -203,7 +208,7 @@ class SessionActor:
         # No await since the last receive_nowait: nothing can slip in before the close.
         inbox.close()
 
-    async def _handle(self, msg: FinalizeSession | DescribeSession | Evict) -> None:
+    async def _handle(self, msg: FinalizeSession | DescribeSession | Evict | SubmitSteps) -> None:
         match msg:
             case FinalizeSession():
                 if msg.instance_id and not self.state.instance_id:
@@ -214,6 +219,23 @@ class SessionActor:
                 answer(msg.reply, summary)
             case DescribeSession():
                 answer(msg.reply, self.describe())
+            case SubmitSteps():
+                await self._submit(msg)
+
+    async def _submit(self, msg: SubmitSteps) -> None:
+        """Check submitted steps against the recorded ones; with ``apply``, attach them (external ones stored)."""
+        try:
+            matched = submitted_steps.plan(self.state, msg.steps)
+        except ProxyError as exc:
+            answer_error(msg.reply, exc)  # refused: nothing changed, the session goes on
+            return
+        if not msg.apply:
+            answer(msg.reply, None)
+            return
+        result, segments = submitted_steps.apply(self.state, self.submitted, matched)
+        if segments:
+            await ask(self._store, lambda r: store_msgs.Put(self.session_id, tuple(segments), (), r))
+        answer(msg.reply, result)
 
     async def _finalize_children(self, msg: FinalizeSession) -> list[dict[str, Any]]:
         """Finalize the sub-agents' child sessions with the parent (same reward, same reason)."""
@@ -250,6 +272,7 @@ class SessionActor:
     async def _flush(self, reason: str, *, reward: float | None) -> dict[str, Any]:
         """Close the open segment and hand it, with every step, to the store."""
         segments = await self._offload.run(lambda: self.state.close(reason, reward))
+        segments = submitted_steps.annotate(segments, self.submitted)
         steps = self.state.take_steps()
         if segments or steps:  # answered once committed: a finalize is durable when it returns
             await ask(self._store, lambda r: store_msgs.Put(self.session_id, tuple(segments), steps, r))
@@ -269,7 +292,8 @@ class SessionActor:
                 await tell(events, TurnFailed(prepared.error))
                 return
         if prepared.closed:
-            await self._store.send(store_msgs.Put(self.session_id, tuple(prepared.closed)))
+            closed = submitted_steps.annotate(prepared.closed, self.submitted)
+            await self._store.send(store_msgs.Put(self.session_id, tuple(closed)))
         if self._config.trajectory.recompute_logprobs:  # off: rebuilt replies are trained on 0.0, flagged
             await recompute_logprobs(self._backend, prepared.step, prepared.input_ids)
         turn = TurnGeneration(

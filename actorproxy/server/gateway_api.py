@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import uuid
+from array import array
 from collections import OrderedDict
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import orjson
@@ -27,81 +28,48 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from ..core.messages import output_as_message
-from ..errors import BadRequest, NotConfigured, NotFound, RewardFailed, RewardTimeout, Unauthorized
+from ..errors import BadRequest, NotConfigured, NotFound, Overloaded, RewardFailed, RewardTimeout, Unauthorized
 from ..rewards import RewardFunctionError, as_reward, is_async, load_reward_fn
+from ..runtime import store as st
+from ..runtime.actor import ActorGone, ask
 from ..runtime.handoff import Group, GroupHandoff
-from ..runtime.messages import Identity, TurnDone
+from ..runtime.messages import Identity, Lookup, TurnDone
 from ..runtime.runtime import Runtime
 from ..runtime.store import encode_body
+from ..runtime.submitted_steps import StepStored, SubmitResult, SubmitSteps, SubmittedStep
 from ..wire import jsonio
-from ..wire.converter import ours, structure
+from ..wire.converter import CONVERTER, structure
 from ..wire.openai_chat import parse_chat_body
 from .auth import AccessPolicy
+from .gateway_models import (
+    Channel,
+    CompleteBody,
+    CompleteResult,
+    FetchBatchBody,
+    FetchBatchResult,
+    GenerateBody,
+    GenerateResult,
+    GroupBatch,
+    HandedTrajectory,
+    InitBody,
+    InitResult,
+    NotReady,
+    ReadyResult,
+    RegisterBody,
+    RegisterResult,
+    RewardBody,
+    RewardResult,
+    SubmitStepsBody,
+    SubmitStepsResult,
+)
 from .identity import MAX_ID_LENGTH
 
 log = logging.getLogger(__name__)
 
-Channel = Literal["train", "validate"]
 #: Trajectories whose channel and metadata are remembered (oldest forgotten first).
 _TRAJECTORY_MEMORY = 100_000
 #: The longest a fetch_batch call may wait.
 MAX_FETCH_WAIT = 600.0
-
-
-# -- bodies -------------------------------------------------------------------------------
-
-
-@ours
-@attrs.frozen
-class GenerateBody:
-    trajectory_uid: str
-    prompt_uid: str
-    messages: list[Any]
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    tools: list[Any] | None = None
-    #: A string or a list of strings (checked as chat completions check it).
-    stop: Any = None
-    chat_template_kwargs: dict[str, Any] | None = None
-
-
-@ours
-@attrs.frozen
-class InitBody:
-    prompt_uid: str | None = None
-    channel: Channel = "train"
-    metadata: dict[str, Any] = attrs.field(factory=dict)
-
-
-@ours
-@attrs.frozen
-class RegisterBody:
-    channel: Channel = "train"
-    metadata: dict[str, Any] = attrs.field(factory=dict)
-
-
-@ours
-@attrs.frozen
-class CompleteBody:
-    reward: float | None = None
-    channel: Channel | None = None
-
-
-@ours
-@attrs.frozen
-class RewardBody:
-    trajectory_uid: str
-    messages: list[Any]
-    dataset_fields: dict[str, Any] = attrs.field(factory=dict)
-
-
-@ours
-@attrs.frozen
-class FetchBatchBody:
-    groups: int
-    rollouts_per_group: int
-    timeout_s: float = 30.0
 
 
 async def _body(kind: type[Any], *, optional: bool = False) -> Any:
@@ -119,8 +87,9 @@ def _uid(value: str, name: str) -> str:
     return value
 
 
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status=status, mimetype="application/json")
+def _reply(result: Any, status: int = 200) -> Response:
+    """A reply model as JSON (unstructured by the wire converter)."""
+    return Response(orjson.dumps(CONVERTER.unstructure(result)), status=status, mimetype="application/json")
 
 
 # -- state --------------------------------------------------------------------------------
@@ -131,6 +100,8 @@ class Trajectory:
     prompt_uid: str
     channel: Channel = "train"
     metadata: dict[str, Any] = attrs.field(factory=dict)
+    #: Segments its external steps (``/submit_steps``) stored.
+    external_segments: int = 0
 
 
 @attrs.define
@@ -164,8 +135,8 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
     @app.get("/ready")
     async def ready() -> Response:
         if not await runtime.backend_healthy():
-            return _json({"detail": "not ready: no inference engine is healthy yet"}, 503)
-        return _json({"status": "ready"})
+            return _reply(NotReady("not ready: no inference engine is healthy yet"), 503)
+        return _reply(ReadyResult("ready"))
 
     @app.post("/generate")
     async def generate() -> Response:
@@ -188,19 +159,19 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
         ids = done.ids
         output = done.output
         message = output_as_message(output)
-        return _json({
-            "trajectory_uid": trajectory_uid,
-            "prompt_uid": prompt_uid,
-            "response_text": output.content or "",
-            "response_ids": ids.output_ids.tolist(),
-            "prompt_ids": ids.prompt_ids.tolist(),
-            "logprobs": ids.output_logprobs.tolist(),
-            "versions": ids.output_versions.tolist(),
-            "finish_reason": done.finish_reason,
-            "step_index": done.step_index,
-            "tool_calls": message.get("tool_calls", []),
-            "reasoning_content": output.reasoning or None,
-        })
+        return _reply(GenerateResult(
+            trajectory_uid=trajectory_uid,
+            prompt_uid=prompt_uid,
+            response_text=output.content or "",
+            response_ids=ids.output_ids.tolist(),
+            prompt_ids=ids.prompt_ids.tolist(),
+            logprobs=ids.output_logprobs.tolist(),
+            versions=ids.output_versions.tolist(),
+            finish_reason=done.finish_reason,
+            step_index=done.step_index,
+            tool_calls=message.get("tool_calls", []),
+            reasoning_content=output.reasoning or None,
+        ))
 
     @app.post("/init_trajectory")
     async def init_trajectory() -> Response:
@@ -209,13 +180,7 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
         prompt_uid = _uid(body.prompt_uid, "prompt_uid") if body.prompt_uid is not None else uuid.uuid4().hex
         gateway.remember(trajectory_uid, Trajectory(prompt_uid, body.channel, dict(body.metadata)))
         key = policy.session_key(trajectory_uid) if policy.agent_auth == "session-key" else None
-        return _json({
-            "trajectory_uid": trajectory_uid,
-            "prompt_uid": prompt_uid,
-            "channel": body.channel,
-            "base_url": base_url(trajectory_uid, prompt_uid),
-            "api_key": key,
-        })
+        return _reply(InitResult(trajectory_uid, prompt_uid, body.channel, base_url(trajectory_uid, prompt_uid), key))
 
     @app.post("/<url_session>/<url_instance>/v1/register_trajectory")
     async def register_trajectory(url_session: str, url_instance: str) -> Response:
@@ -225,19 +190,23 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
             _uid(url_session, "trajectory_uid"), Trajectory(_uid(url_instance, "prompt_uid"), body.channel,
                                                             dict(body.metadata))
         )
-        return _json({"status": "ok", "trajectory_uid": url_session, "prompt_uid": trajectory.prompt_uid,
-                      "channel": trajectory.channel})
+        return _reply(RegisterResult("ok", url_session, trajectory.prompt_uid, trajectory.channel))
 
-    async def complete(trajectory_uid: str, prompt_uid: str | None, body: CompleteBody) -> Response:
+    async def finish(trajectory_uid: str, prompt_uid: str | None, body: CompleteBody) -> CompleteResult:
+        """Finalize the session and, on the train channel, queue it for the hand-off."""
         known = gateway.trajectories.pop(trajectory_uid, None)
         channel = body.channel or (known.channel if known else "train")
         instance = prompt_uid or (known.prompt_uid if known else None)
         result = await runtime.finalize(trajectory_uid, reward=body.reward, instance_id=instance)
         queued = False
-        if channel == "train" and instance is not None and result.get("segments", 0):
+        stored = result.get("segments", 0) or (known is not None and known.external_segments)
+        if channel == "train" and instance is not None and stored:
             queued = gateway.handoff.complete(trajectory_uid, instance, body.reward)
-        return _json({"status": "ok", "trajectory_uid": trajectory_uid, "prompt_uid": instance, "channel": channel,
-                      "queued_for_training": queued, **{k: result[k] for k in ("segments", "steps") if k in result}})
+        return CompleteResult("ok", trajectory_uid, instance, channel, queued, result.get("segments", 0),
+                              result.get("steps", 0))
+
+    async def complete(trajectory_uid: str, prompt_uid: str | None, body: CompleteBody) -> Response:
+        return _reply(await finish(trajectory_uid, prompt_uid, body))
 
     @app.post("/<url_session>/<url_instance>/v1/complete_trajectory")
     async def complete_under_base_url(url_session: str, url_instance: str) -> Response:
@@ -281,7 +250,44 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
             reward = as_reward(name, value)
         except RewardFunctionError as exc:
             raise RewardFailed(str(exc)) from None
-        return _json({"trajectory_uid": body.trajectory_uid, "reward": reward})
+        return _reply(RewardResult(body.trajectory_uid, reward))
+
+    async def submit_to(trajectory_uid: str, steps: list[SubmittedStep], *, apply: bool) -> SubmitResult | None:
+        """Check (or apply) one trajectory's steps in its session actor; ``None``: no session yet, all external."""
+        for _ in range(4):
+            mailbox = await ask(runtime.registry, lambda r: Lookup(trajectory_uid, apply, r))
+            if mailbox is None:
+                if await ask(runtime.store, lambda r: st.Knows(trajectory_uid, r)):
+                    raise StepStored(f"trajectory {trajectory_uid!r} was already completed and stored; submit its "
+                                     "steps before completing it", param="steps")
+                return None
+            try:
+                result: SubmitResult | None = await ask(mailbox, lambda r: SubmitSteps(tuple(steps), apply, r))
+                return result
+            except ActorGone:
+                continue  # the session retired between lookup and send: ask again
+        raise Overloaded(f"session {trajectory_uid!r} is restarting; retry")
+
+    @app.post("/submit_steps")
+    async def submit_steps() -> Response:
+        body: SubmitStepsBody = await _body(SubmitStepsBody)
+        by_trajectory = _submitted(body)
+        for uid, steps in by_trajectory.items():  # every check before anything is applied
+            await submit_to(uid, steps, apply=False)
+        attached = external = 0
+        for uid, steps in by_trajectory.items():
+            result = await submit_to(uid, steps, apply=True)
+            assert result is not None
+            attached, external = attached + result.attached, external + result.external
+            trajectory = gateway.trajectories.get(uid) or gateway.remember(uid, Trajectory(steps[0].prompt_uid))
+            trajectory.external_segments += result.external
+        completed = []
+        for uid, steps in by_trajectory.items():
+            last = steps[-1]
+            if last.is_last:  # completes the trajectory: finalize, then the hand-off
+                await finish(uid, last.prompt_uid, CompleteBody(reward=last.reward))
+                completed.append(uid)
+        return _reply(SubmitStepsResult(len(body.steps), attached, external, completed))
 
     fetching = trio.Lock()  # one hand-off at a time: a group is never given to two trainers
 
@@ -304,7 +310,7 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
 
     async def hand_over(groups: list[Group], complete_: bool) -> Response:
         """Read, serialise, and only then drain: a reply that cannot be built loses nothing."""
-        data = []
+        data: list[GroupBatch] = []
         read: dict[str, set[str]] = {}
         for group in groups:
             trajectories = []
@@ -314,10 +320,9 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
                 except NotFound:
                     segments = []  # already read (drained) with /trajectory/read
                 read[item.trajectory_id] = {s["trajectory_id"] for s in segments}
-                trajectories.append({"trajectory_id": item.trajectory_id, "reward": item.reward,
-                                     "segments": segments})
-            data.append({"instance_id": group.instance_id, "trajectories": trajectories})
-        reply = encode_body({"data": data, "complete": complete_})
+                trajectories.append(HandedTrajectory(item.trajectory_id, item.reward, segments))
+            data.append(GroupBatch(group.instance_id, trajectories))
+        reply = encode_body(CONVERTER.unstructure(FetchBatchResult(data, complete_)))
         for trajectory_id, segment_ids in read.items():
             if not segment_ids:
                 continue
@@ -330,6 +335,47 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
         return Response(reply, mimetype="application/json")
 
     return gateway
+
+
+#: The most steps one /submit_steps may carry, and the largest token id or step index accepted.
+MAX_SUBMITTED_STEPS = 4096
+_MAX_INT32 = 2**31 - 1
+
+
+def _submitted(body: SubmitStepsBody) -> dict[str, list[SubmittedStep]]:
+    """The steps by trajectory (in step order), after every check that needs no session (400 naming the field)."""
+    if not body.steps:
+        raise BadRequest("'steps' must hold at least one step", param="steps")
+    if len(body.steps) > MAX_SUBMITTED_STEPS:
+        raise BadRequest(f"at most {MAX_SUBMITTED_STEPS} steps per request", param="steps")
+    by_trajectory: dict[str, list[SubmittedStep]] = {}
+    for position, step in enumerate(body.steps):
+        where = f"steps[{position}]"
+        uid = _uid(step.trajectory_uid, f"{where}.trajectory_uid")
+        prompt_uid = _uid(step.prompt_uid, f"{where}.prompt_uid")
+        if not 0 <= step.step_index <= _MAX_INT32:
+            raise BadRequest(f"'{where}.step_index' must be a non-negative integer", param=f"{where}.step_index")
+        for kind in ("prompt_ids", "response_ids"):
+            ids = getattr(step, kind)
+            bad = next((i for i, token in enumerate(ids) if not 0 <= token <= _MAX_INT32), None)
+            if bad is not None:
+                raise BadRequest(f"'{where}.{kind}[{bad}]' is not a token id", param=f"{where}.{kind}[{bad}]")
+        steps = by_trajectory.setdefault(uid, [])
+        if any(s.step_index == step.step_index for s in steps):
+            raise BadRequest(f"step {step.step_index} of trajectory {uid!r} is submitted twice",
+                             param=f"{where}.step_index")
+        if steps and steps[0].prompt_uid != prompt_uid:
+            raise BadRequest(f"trajectory {uid!r} is submitted with two prompt_uids", param=f"{where}.prompt_uid")
+        steps.append(SubmittedStep(position, prompt_uid, step.step_index, array("i", step.prompt_ids),
+                                   array("i", step.response_ids), step.reward, step.policy_version, step.is_last,
+                                   dict(step.metadata)))
+    for uid, steps in by_trajectory.items():
+        steps.sort(key=lambda s: s.step_index)
+        last = [s for s in steps if s.is_last]
+        if last and (len(last) > 1 or last[0] is not steps[-1]):
+            raise BadRequest(f"'is_last' must be set only on the last submitted step of trajectory {uid!r}",
+                             param=f"steps[{last[0].position}].is_last")
+    return by_trajectory
 
 
 def _confined(trajectory_uid: str) -> None:

@@ -1,0 +1,206 @@
+"""The gateway's bodies and replies as attrs classes: the routes validate with them (through the wire
+converter), :class:`~actorproxy.client.ProxyClient` structures replies into them, and ``/openapi.json``
+is generated from them.
+
+Bodies are ours (:func:`~actorproxy.wire.converter.ours`): unknown fields are refused. Replies tolerate
+fields they do not know, so an older client keeps working against a newer proxy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+from ..wire.converter import ours
+
+Channel = Literal["train", "validate"]
+
+
+# -- bodies -------------------------------------------------------------------------------
+
+
+@ours
+@attrs.frozen
+class GenerateBody:
+    """``POST /generate``: one turn of session ``trajectory_uid`` in prompt group ``prompt_uid``."""
+
+    trajectory_uid: str
+    prompt_uid: str
+    messages: list[Any]
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[Any] | None = None
+    #: A string or a list of strings (checked as chat completions check it).
+    stop: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+@ours
+@attrs.frozen
+class StepBody:
+    """One step of ``POST /submit_steps``."""
+
+    trajectory_uid: str
+    prompt_uid: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    step_index: int
+    reward: float | None = None
+    policy_version: str | int | None = None
+    is_last: bool = False
+    metadata: dict[str, Any] = attrs.field(factory=dict)
+
+
+@ours
+@attrs.frozen
+class SubmitStepsBody:
+    """``POST /submit_steps``: steps of one or more trajectories, applied all or nothing."""
+
+    steps: list[StepBody]
+
+
+@ours
+@attrs.frozen
+class InitBody:
+    """``POST /init_trajectory`` (the body is optional)."""
+
+    prompt_uid: str | None = None
+    channel: Channel = "train"
+    metadata: dict[str, Any] = attrs.field(factory=dict)
+
+
+@ours
+@attrs.frozen
+class RegisterBody:
+    """``POST {base_url}/v1/register_trajectory`` (the body is optional)."""
+
+    channel: Channel = "train"
+    metadata: dict[str, Any] = attrs.field(factory=dict)
+
+
+@ours
+@attrs.frozen
+class CompleteBody:
+    """``POST {base_url}/v1/complete_trajectory`` and ``POST /complete_trajectory/{trajectory_uid}``."""
+
+    reward: float | None = None
+    channel: Channel | None = None
+
+
+@ours
+@attrs.frozen
+class RewardBody:
+    """``POST /compute_reward``."""
+
+    trajectory_uid: str
+    messages: list[Any]
+    dataset_fields: dict[str, Any] = attrs.field(factory=dict)
+
+
+@ours
+@attrs.frozen
+class FetchBatchBody:
+    """``POST /trajectory/fetch_batch``."""
+
+    groups: int
+    rollouts_per_group: int
+    timeout_s: float = 30.0
+
+
+# -- replies ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class GenerateResult:
+    """The reply of ``/generate``: the exact ids the engine was given and sampled."""
+
+    trajectory_uid: str
+    prompt_uid: str
+    response_text: str
+    response_ids: list[int]
+    prompt_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+    step_index: int
+    tool_calls: list[dict[str, Any]] = attrs.field(factory=list)
+    reasoning_content: str | None = None
+
+
+@attrs.frozen
+class SubmitStepsResult:
+    """``accepted`` steps: ``attached`` to recorded ones plus ``external``; ``completed`` trajectories."""
+
+    accepted: int
+    attached: int = 0
+    external: int = 0
+    completed: list[str] = attrs.field(factory=list)
+
+
+@attrs.frozen
+class RewardResult:
+    trajectory_uid: str
+    reward: float
+
+
+@attrs.frozen
+class InitResult:
+    trajectory_uid: str
+    prompt_uid: str
+    channel: Channel
+    base_url: str
+    #: The trajectory's key with ``--agent-auth session-key``.
+    api_key: str | None = None
+
+
+@attrs.frozen
+class RegisterResult:
+    status: str
+    trajectory_uid: str
+    prompt_uid: str
+    channel: Channel
+
+
+@attrs.frozen
+class CompleteResult:
+    status: str
+    trajectory_uid: str
+    prompt_uid: str | None
+    channel: Channel
+    queued_for_training: bool
+    segments: int = 0
+    steps: int = 0
+
+
+@attrs.frozen
+class HandedTrajectory:
+    trajectory_id: str
+    reward: float | None
+    #: The trajectory's segments, as ``/trajectory/read`` returns them.
+    segments: list[dict[str, Any]]
+
+
+@attrs.frozen
+class GroupBatch:
+    instance_id: str
+    trajectories: list[HandedTrajectory]
+
+
+@attrs.frozen
+class FetchBatchResult:
+    data: list[GroupBatch]
+    complete: bool
+
+
+@attrs.frozen
+class ReadyResult:
+    status: str
+
+
+@attrs.frozen
+class NotReady:
+    """``GET /ready`` while not ready (503), in the seed's format."""
+
+    detail: str
