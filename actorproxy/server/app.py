@@ -34,6 +34,7 @@ from . import auth
 from .drain import DrainRequestBody
 from .gateway_api import add_gateway_routes
 from .observe import Observer, add_metrics_route
+from .openapi import add_openapi_routes
 from .responses_format import ResponsesFormat
 from .rollout_api import add_rollout_routes
 from .turns import json_response, serve_turn
@@ -95,6 +96,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
     auth.install(app, policy)
     gateway = add_gateway_routes(app, runtime, policy)
     observer.handoff = gateway.handoff
+    add_openapi_routes(app)
 
     def mount(rule: str, view: Any, method: str) -> None:
         for prefix in _MOUNTS:

@@ -50,8 +50,8 @@ AGENT_SUFFIXES = (
     "/v1/register_trajectory",
     "/v1/complete_trajectory",
 )
-#: Paths anyone may call: liveness only (``/health`` shows its details to the admin alone).
-PUBLIC_PATHS = frozenset({"/health", "/ready"})
+#: Paths anyone may call: liveness, and the API's description (``/health`` shows its details to the admin alone).
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/openapi.json", "/docs"})
 
 _KEY_PREFIX = "ap1"
 
@@ -186,7 +186,7 @@ def _same(a: str, b: str) -> bool:
 
 def route_kind(path: str) -> Literal["agent", "public", "admin"]:
     """Which rule guards ``path``: anything not known to be an agent's or public is the admin's."""
-    if path in PUBLIC_PATHS or path.startswith("/ui/assets/"):  # the dashboard's code and style: no data
+    if path in PUBLIC_PATHS or path.startswith(("/ui/assets/", "/docs/assets/")):  # code and style: no data
         return "public"
     if path.startswith("/v1/rollout/"):
         return "admin"
