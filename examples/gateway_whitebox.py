@@ -1,12 +1,14 @@
-"""A white-box agent flow through the gateway routes: /generate turns with a tool, then the hand-off.
+"""A white-box agent flow through the gateway: /generate turns with a tool, /submit_steps, the hand-off.
 
     python examples/gateway_whitebox.py [--url URL] [--rollouts N]
 
-N rollouts of one prompt (a GRPO group) each call ``POST /generate`` turn by
-turn (running a fake tool between turns), score themselves with
-``POST /compute_reward`` (the shipped ``gsm8k`` reward), complete, and the
-trainer takes the whole group with ``POST /trajectory/fetch_batch``. Without
-``--url`` it serves its own proxy over the simulated engine.
+N rollouts of one prompt (a GRPO group) each call ``generate`` turn by turn
+(running a fake tool between turns), score themselves with ``compute_reward``
+(the shipped ``gsm8k`` reward), and submit their steps with the reward on the
+last one (``is_last`` completes the trajectory); the trainer takes the whole
+group with ``fetch_batch``. Everything goes through :class:`ProxyClient`, whose
+results are typed. Without ``--url`` it serves its own proxy over the
+simulated engine.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import httpx
 import trio
 
-from actorproxy import ProxyConfig, open_proxy
+from actorproxy import ProxyClient, ProxyConfig, open_proxy
+from actorproxy.client import GenerateResult, StepBody
 
 TOOLS = [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression",
@@ -26,41 +28,46 @@ TOOLS = [{"type": "function", "function": {
 TASK = "Natalia sold 48 clips in April and half as many in May. How many in all? End with '#### <number>'."
 
 
-async def rollout(http: httpx.AsyncClient, index: int, prompt_uid: str) -> float:
+async def rollout(client: ProxyClient, index: int, prompt_uid: str) -> float:
     uid = f"{prompt_uid}-r{index}"
     messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
+    turns: list[GenerateResult] = []
     for _ in range(4):
-        reply = (await http.post("/generate", json={
-            "trajectory_uid": uid, "prompt_uid": prompt_uid, "messages": messages, "tools": TOOLS, "max_tokens": 96,
-        })).json()
+        turn = await client.generate(uid, prompt_uid, messages, tools=TOOLS, max_tokens=96)
         # The exact ids: what the engine was given and sampled, never re-encoded.
-        assert len(reply["response_ids"]) == len(reply["logprobs"]) == len(reply["versions"])
-        messages.append({"role": "assistant", "content": reply["response_text"] or None,
-                         **({"tool_calls": reply["tool_calls"]} if reply["tool_calls"] else {})})
-        if not reply["tool_calls"]:
+        assert len(turn.response_ids) == len(turn.logprobs) == len(turn.versions)
+        turns.append(turn)
+        messages.append({"role": "assistant", "content": turn.response_text or None,
+                         **({"tool_calls": turn.tool_calls} if turn.tool_calls else {})})
+        if not turn.tool_calls:
             break
-        for call in reply["tool_calls"]:
+        for call in turn.tool_calls:
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": "72"})
-    reward = (await http.post("/compute_reward", json={
-        "trajectory_uid": uid, "messages": messages, "dataset_fields": {"ground_truth": "#### 72"},
-    })).json()["reward"]
-    await http.post(f"/complete_trajectory/{uid}", json={"reward": reward})
-    return float(reward)
+    reward = (await client.compute_reward(uid, messages, {"ground_truth": "#### 72"})).reward
+    # The ids sent back must be the recorded ones (else 409 naming the first differing position).
+    result = await client.submit_steps([
+        StepBody(trajectory_uid=uid, prompt_uid=prompt_uid, prompt_ids=t.prompt_ids, response_ids=t.response_ids,
+                 step_index=t.step_index, reward=reward if t is turns[-1] else 0.0, is_last=t is turns[-1],
+                 metadata={"tool_calls": len(t.tool_calls)})
+        for t in turns
+    ])
+    assert result.attached == len(turns) and result.completed == [uid]
+    return reward
 
 
 async def run(url: str, rollouts: int) -> None:
-    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+    async with ProxyClient(url, timeout=120) as client:
         async with trio.open_nursery() as nursery:
             for i in range(rollouts):
-                nursery.start_soon(rollout, http, i, "gsm8k-17")
-        batch = (await http.post("/trajectory/fetch_batch",
-                                 json={"groups": 1, "rollouts_per_group": rollouts, "timeout_s": 60})).json()
-    [group] = batch["data"]
-    print(f"group {group['instance_id']}: {len(group['trajectories'])} rollouts, complete={batch['complete']}")
-    for trajectory in group["trajectories"]:
-        for segment in trajectory["segments"]:
+                nursery.start_soon(rollout, client, i, "gsm8k-17")
+        batch = await client.fetch_batch(1, rollouts, timeout_s=60)
+    [group] = batch.data
+    print(f"group {group.instance_id}: {len(group.trajectories)} rollouts, complete={batch.complete}")
+    for trajectory in group.trajectories:
+        for segment in trajectory.segments:
             print(f"  {segment['trajectory_id']}: {segment['num_tokens']} tokens, "
-                  f"{segment['num_trained_tokens']} trained, reward {trajectory['reward']}")
+                  f"{segment['num_trained_tokens']} trained, reward {segment['reward']}, "
+                  f"step rewards {segment['metadata'].get('step_rewards')}")
 
 
 async def main() -> None:
