@@ -82,3 +82,11 @@ async def test_docs_page_uses_local_assets_only(http: httpx.AsyncClient) -> None
     assert b"SwaggerUIBundle" in bundle.content and b'"5.' in bundle.content  # Swagger UI 5 reads OpenAPI 3.1
     assert (await http.get("/docs/assets/secrets.txt")).status_code == 404
     assert (await http.get("/docs/assets/..%2Fcore.py")).status_code == 404
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/openapi.json"), ("DELETE", "/docs"),
+                                              ("POST", "/docs/assets/swagger-ui.css")])
+async def test_wrong_methods_are_a_405_in_openai_format(http: httpx.AsyncClient, method: str, path: str) -> None:
+    response = await http.request(method, path, headers={"Authorization": "Bearer s3cret"})
+    assert response.status_code == 405
+    assert set(response.json()["error"]) >= {"message", "type", "code"}

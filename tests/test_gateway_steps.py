@@ -208,3 +208,17 @@ async def test_typed_client_methods(client: ProxyClient) -> None:
     assert batch.complete and batch.data[0].trajectories[0].reward == 1.0
     empty = await client.fetch_batch(1, 1, timeout_s=0)
     assert empty.data == [] and not empty.complete
+
+
+async def test_a_step_whose_segment_was_already_stored_is_refused(client: ProxyClient, engine: SimEngine) -> None:
+    first = await client.generate("rw", "p", [{"role": "user", "content": "first question"}], max_tokens=8)
+    # A rewritten history (another first message) closes segment 0 into the store and opens segment 1.
+    second = await client.generate("rw", "p", [{"role": "user", "content": "another question"}], max_tokens=8)
+    with pytest.raises(ProxyError) as refused:
+        await client.submit_steps([step("rw", first, 1.0), step("rw", second, 1.0, is_last=True)])
+    assert refused.value.status == 409 and refused.value.code == "step_already_stored"
+    assert refused.value.body["error"]["param"] == "steps[0].step_index"
+    result = await client.submit_steps([step("rw", second, 1.0, is_last=True)])  # the open segment's step is fine
+    assert result.completed == ["rw"]
+    stored = {s["segment_index"]: s for s in (await client.read_trajectory(session_id="rw"))["data"]}
+    assert "step_rewards" not in stored[0]["metadata"] and stored[1]["metadata"]["step_rewards"] == {"1": 1.0}
