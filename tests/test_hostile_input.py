@@ -181,3 +181,52 @@ async def test_a_kept_alive_connection_answers_after_404_and_405_with_unread_bod
         with trio.fail_after(60):
             statuses = [await _exchange(stream, request, buffer) for request, _ in sequence]
     assert statuses == [status for _, status in sequence]
+
+
+async def test_unused_message_fields_are_not_kept(http: httpx.AsyncClient) -> None:
+    """Finding 6: fields no template reads were kept raw on every step, uncounted (10 × 20 MB → +180 MB).
+
+    A recorded message keeps only what the chat template and the echo matching
+    read, so what a session holds is bounded by what it was charged in tokens.
+    """
+    junk = "x" * 2_000_000
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "be brief", "x_blob": junk},
+        {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"pad": junk}}], "meta": junk},
+    ]
+    sid = {"X-Session-Id": "fat"}
+    for turn in range(5):
+        response = await http.post(CHAT, json={"messages": messages, "x_top": junk}, headers=sid)
+        assert response.status_code == 200, response.text[:300]
+        reply = response.json()["choices"][0]["message"]
+        messages += [{**reply, "client_note": junk}, {"role": "user", "content": f"more {turn}", "x": junk}]
+    assert (await http.post("/session/finalize", json={"session_id": "fat"})).status_code == 200
+    read = await http.post("/trajectory/read", json={"session_id": "fat", "include_steps": True})
+    assert read.status_code == 200
+    # 5 turns sent ~30 MB of unused fields; what is kept is the conversation itself.
+    assert len(read.content) < 200_000, len(read.content)
+    [segment] = read.json()["data"]
+    assert segment["num_steps"] == 5  # one segment: dropping the fields did not break the append-only match
+    first = read.json()["steps"][0]["new_messages"]
+    assert first[0] == {"role": "system", "content": "be brief"}
+    assert first[1] == {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    assert all("client_note" not in m for step in read.json()["steps"] for m in step["new_messages"])
+
+
+def test_a_template_that_reads_a_field_keeps_it() -> None:
+    """Only fields no template can read go: a template naming one, or reading messages whole, keeps it."""
+    from actorproxy.tokenization.message_fields import cut_message, template_message_fields
+
+    message = {"role": "user", "content": "hi", "thinking": "t", "x_blob": "junk"}
+    reads_thinking = "{% for m in messages %}{{ m.role }}{{ m.content }}{{ m.get('thinking', '') }}{% endfor %}"
+    assert cut_message(message, template_message_fields(reads_thinking)) == {
+        "role": "user", "content": "hi", "thinking": "t"}
+    for whole in ("{% for m in messages %}{{ m | tojson }}{% endfor %}",
+                  "{% for m in messages | reverse %}{% for k, v in m.items() %}{{ v }}{% endfor %}{% endfor %}",
+                  "{% set last = messages[-1] %}{{ last }}",
+                  "{% macro show(x) %}{{ x }}{% endmacro %}{% for m in messages %}{{ show(m) }}{% endfor %}"):
+        fields = template_message_fields(whole)
+        assert fields is None, whole
+        assert cut_message(message, fields) == message
+    plain = template_message_fields("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert cut_message(message, plain) == {"role": "user", "content": "hi"}

@@ -110,6 +110,8 @@ class SessionState:
 
     def prepare(self, request: ChatRequest, identity: Identity) -> Prepared | Refusal | Moved:
         """Route, plan and guard a turn. On :class:`Prepared` the step is recorded as ``running``."""
+        # Fields nothing reads are not rendered, matched or kept (issue 11 #6: they cost memory, not tokens).
+        request = attrs.evolve(request, messages=self._tok.cut_messages(request.messages))
         child = self._sub_agent_session(request.messages)
         if child is not None:
             return Moved(child)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .qwen3 import qwen3_tokenizer_file
+from .message_fields import cut_message, template_message_fields
 from .template_inputs import wants_object_arguments, with_object_arguments
 from .turn_end import learn_turn_end
 
@@ -120,6 +121,11 @@ class ChatTokenizer:
         return self.decode([token_id])
 
     # -- chat template ------------------------------------------------------
+
+    def cut_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``messages`` with only the fields the chat template and echo matching read (see ``message_fields``)."""
+        fields = template_message_fields(str(self.hf.chat_template))
+        return [cut_message(m, fields) for m in messages]
 
     def render(
         self,
