@@ -18,7 +18,6 @@ field. A template that does not parse keeps every field too.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
 from typing import Any
 
 import jinja2
@@ -53,7 +52,9 @@ class _GenerationTag(jinja2.ext.Extension):
 
 
 #: Filters that keep a list a list, and ones that take one item of it.
-_LIST_FILTERS = frozenset({"reverse", "list", "sort", "unique", "select", "reject", "selectattr", "rejectattr", "batch"})
+_LIST_FILTERS = frozenset(
+    {"reverse", "list", "sort", "unique", "select", "reject", "selectattr", "rejectattr", "batch"}
+)
 _ITEM_FILTERS = frozenset({"first", "last", "random"})
 
 
@@ -81,7 +82,8 @@ def template_message_fields(template: str) -> frozenset[str] | None:
     except jinja2.TemplateError:
         return None
     # Variables that hold the message list or one message: loops and sets over it (to a fixed point).
-    lists, messages = set(_MESSAGE_LISTS), set()
+    lists: set[str] = set(_MESSAGE_LISTS)
+    messages: set[str] = set()
     for _ in range(8):
         before = (len(lists), len(messages))
         for loop in tree.find_all(nodes.For):

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .qwen3 import qwen3_tokenizer_file
 from .message_fields import cut_message, template_message_fields
+from .qwen3 import qwen3_tokenizer_file
 from .template_inputs import wants_object_arguments, with_object_arguments
 from .turn_end import learn_turn_end
 
