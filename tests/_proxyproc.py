@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import trio
+from _children import die_with_parent
 
 _URL = re.compile(r"serving on (http://\S+)")
 REPO = Path(__file__).resolve().parent.parent
@@ -21,7 +22,7 @@ class ProxyProcess:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "actorproxy", "run", "--port", "0", "--store", "sqlite", *args],
-            stdout=self._log, stderr=self._log, env=env, cwd=str(log.parent),
+            stdout=self._log, stderr=self._log, env=env, cwd=str(log.parent), preexec_fn=die_with_parent,
         )
         self.url = ""
 

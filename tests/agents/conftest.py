@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _children import die_with_parent
 from agent_harness import INSTALL, REPO, Proxy, wait_for_url
 from wirelog import WireLog
 
@@ -62,7 +63,8 @@ def proxy(tmp_path: Path) -> Iterator[Proxy]:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with log.open("w") as sink:
         process = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--port", "0"], cwd=tmp_path,
-                                   stdout=sink, stderr=subprocess.STDOUT, text=True, env=env)
+                                   stdout=sink, stderr=subprocess.STDOUT, text=True, env=env,
+                                   preexec_fn=die_with_parent)
     try:
         url = wait_for_url(process, log)
         yield Proxy(url, process, log)

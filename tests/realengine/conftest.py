@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _children import die_with_parent
 from realengine_util import BUILD, REPO, LlamaCpp, Process, proxy_command, start_llama_server, stop, wait_for_line
 
 
@@ -53,7 +54,7 @@ def proxy(llamacpp: LlamaCpp, llama_server: Process, tmp_path_factory: pytest.Te
         "--partial-rollout", "--engine-max-concurrency", "2",
     )
     with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=die_with_parent)
     try:
         url = wait_for_line(proc, log, r"serving on (http://\S+)", 300).group(1)
     except BaseException:

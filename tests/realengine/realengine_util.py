@@ -11,6 +11,7 @@ from pathlib import Path
 import attrs
 import httpx
 import pytest
+from _children import die_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "scripts" / "llamacpp" / "build.sh"
@@ -60,7 +61,7 @@ def start_llama_server(llamacpp: LlamaCpp, log: Path) -> Process:
         "-c", str(CTX), "-np", "2", "-t", "2", "--no-webui",
     ]
     with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     url = wait_for_line(proc, log, r"listening on (http://\S+)", 120).group(1)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # /health is 503 while the model loads
