@@ -32,11 +32,11 @@ def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def test_a_bad_tokenizer_path_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--tokenizer-path", str(tmp_path / "nope")]) == 2
+    assert main(["run", "--port", "0", "--tokenizer-path", str(tmp_path / "nope")]) == 2
     line = _one_line(capsys)
     assert line.startswith("actorproxy: --tokenizer-path:") and "does not exist" in line
     (tmp_path / "empty").mkdir()
-    assert main(["run", "--tokenizer-path", str(tmp_path / "empty")]) == 2
+    assert main(["run", "--port", "0", "--tokenizer-path", str(tmp_path / "empty")]) == 2
     line = _one_line(capsys)
     assert line.startswith("actorproxy: --tokenizer-path: cannot load a tokenizer")
 
