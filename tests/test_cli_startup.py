@@ -71,8 +71,8 @@ def test_check_passes_and_fails(tmp_path: Path) -> None:
     assert "FAIL tokenizer: --tokenizer-path:" in bad.stdout
 
 
-def test_the_start_up_banner() -> None:
-    process = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--port", "0"],
+def test_the_start_up_banner(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--port", "0", "--data-dir", str(tmp_path)],
                                stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
     lines = []

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +20,8 @@ from actorproxy.config import ProxyConfig, recompute_logprobs_from_env
 from actorproxy.sim.server import RunningSim, open_sim_server
 from actorproxy.sim.state import SimServerSettings
 from actorproxy.tokenization.tokenizer import load_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
 
 #: The Dressage proxy's example command line (seed 003, "Starting the Proxy"), after its program name.
 DRESSAGE = (
@@ -56,10 +59,16 @@ async def engine(tokenizer: Any) -> AsyncIterator[RunningSim]:
         yield sim
 
 
-async def _serve_and_run_one_turn(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """``actorproxy run ARGV`` as a process: one turn, finalize, read; then SIGTERM. Returns the segment."""
+async def _serve_and_run_one_turn(argv: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    """``actorproxy run ARGV`` as a process in ``cwd``: one turn, finalize, read; then SIGTERM. Returns the segment.
+
+    ``cwd`` is the test's own directory: the default ``--data-dir`` is ``./actorproxy-data``, and a store
+    shared with other runs would hand back their recovered segments too.
+    """
     command = [sys.executable, "-m", "actorproxy", "run", *argv]
-    process = await trio.lowlevel.open_process(command, stderr=subprocess.PIPE, env={**os.environ, **env})
+    process = await trio.lowlevel.open_process(
+        command, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO), **env}, cwd=cwd
+    )
     assert process.stderr is not None
     log = b""
     try:
@@ -91,19 +100,19 @@ async def _serve_and_run_one_turn(argv: list[str], env: dict[str, str]) -> dict[
     return {**data["data"][0], "log": log.decode()}
 
 
-async def test_the_dressage_command_line(engine: RunningSim, tokenizer_dir: str) -> None:
+async def test_the_dressage_command_line(engine: RunningSim, tokenizer_dir: str, tmp_path: Path) -> None:
     segment = await _serve_and_run_one_turn(
-        _args(DRESSAGE, tokenizer=tokenizer_dir, engine=engine.url), {"ACTORPROXY_PORT": "0"}
+        _args(DRESSAGE, tokenizer=tokenizer_dir, engine=engine.url), {"ACTORPROXY_PORT": "0"}, tmp_path
     )
     assert sum(segment["loss_mask"]) > 0 and len(segment["token_ids"]) == len(segment["versions"])
     assert "--trajectory-build-model qwen3_5" in segment["log"]
 
 
-async def test_the_gateway_command_line(engine: RunningSim, tokenizer_dir: str, tmp_path: Any) -> None:
+async def test_the_gateway_command_line(engine: RunningSim, tokenizer_dir: str, tmp_path: Path) -> None:
     pytest.importorskip("ray")
     argv = _args(GATEWAY, tokenizer=tokenizer_dir, engine=engine.url)
     env = {"ACTORPROXY_PORT": "0", "ACTORPROXY_STORE": "", "RAY_NAMESPACE": "", "TMPDIR": str(tmp_path)}
-    segment = await _serve_and_run_one_turn(argv, env)  # segments go to the Ray pool 'data_pool'
+    segment = await _serve_and_run_one_turn(argv, env, tmp_path)  # segments go to the Ray pool 'data_pool'
     assert sum(segment["loss_mask"]) > 0
     assert "--data-pool-name data_pool" in segment["log"]
 

@@ -51,7 +51,7 @@ def proxy(llamacpp: LlamaCpp, llama_server: Process, tmp_path_factory: pytest.Te
     log = tmp_path_factory.mktemp("proxy") / "proxy.log"
     args = proxy_command(
         "--backend", "llamacpp", "--backend-url", llama_server.url, "--tokenizer-path", str(llamacpp.model),
-        "--partial-rollout", "--engine-max-concurrency", "2",
+        "--partial-rollout", "--engine-max-concurrency", "2", "--data-dir", str(log.parent / "data"),
     )
     with log.open("wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=die_with_parent)

@@ -104,7 +104,7 @@ def test_tokenizer_matches_llama_cpp_vectors(llamacpp: LlamaCpp) -> None:
 def test_builtin_qwen3_tokenizer_refuses_gemma(llama_server: Process, tmp_path: Path) -> None:
     done = subprocess.run(
         proxy_command("--backend", "llamacpp", "--backend-url", llama_server.url),
-        capture_output=True, text=True, timeout=300, cwd=REPO,
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )
     assert done.returncode == 2
     last = done.stderr.strip().splitlines()[-1]
