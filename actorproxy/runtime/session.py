@@ -225,7 +225,8 @@ class SessionActor:
     async def _submit(self, msg: SubmitSteps) -> None:
         """Check submitted steps against the recorded ones; with ``apply``, attach them (external ones stored)."""
         try:
-            matched = submitted_steps.plan(self.state, msg.steps)
+            # Comparing ids copies prompts: CPU work, off the event loop like rendering and tokenizing.
+            matched = await self._offload.run(lambda: submitted_steps.plan(self.state, msg.steps))
         except ProxyError as exc:
             answer_error(msg.reply, exc)  # refused: nothing changed, the session goes on
             return
