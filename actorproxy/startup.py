@@ -104,7 +104,7 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
 async def probe_engines(config: ProxyConfig, tokenizer: ChatTokenizer) -> ModelInfo:
     """Ask the configured engines for their model info, within ``--engine-startup-timeout``,
     and check that they tokenize as ``tokenizer`` (tokenization/engine_check.py)."""
-    from .runtime.runtime import make_backend, wait_for_engine
+    from .runtime.backends import make_backend, wait_for_engine
 
     engine = make_backend(config, tokenizer)
     info: ModelInfo | None = None

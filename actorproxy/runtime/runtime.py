@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -17,17 +17,21 @@ import attrs
 import trio
 
 from ..config import ProxyConfig
-from ..core.parser import default_tool_call_format
-from ..core.template_probe import probe_template
 from ..engines.base import Backend, BackendError, ModelInfo
 from ..errors import EngineError, NotFound, Overloaded, ShuttingDown, StorageFull
-from ..store.base import StoreBackend
-from ..telemetry import note_first_token, note_turn
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
 from . import controller as ctl
 from . import registry as reg
 from . import store as st
 from .actor import ActorGone, ask
+from .backends import (
+    context_window_for,
+    forward_to_engines,
+    make_backend,
+    open_store_backend,
+    output_format_for,
+    wait_for_engine,
+)
 from .controller import PauseMode
 from .messages import (
     Census,
@@ -42,78 +46,17 @@ from .messages import (
     RunTurn,
     SessionCounters,
     SessionDescription,
-    TurnDelta,
-    TurnDone,
     TurnEvent,
     TurnMoved,
 )
 from .offload import Offload
-from .output import OutputFormat
-from .session import SessionActor
+from .session import SessionActor, SessionServices
+from .turn_stream import TurnStream
 
 log = logging.getLogger(__name__)
 
 #: Events a turn may queue before the session waits for the ingress (backpressure).
 _TURN_EVENT_BUFFER = 16
-
-
-class TurnStream:
-    """The events of one turn: iterate it; close it (``with``) when done."""
-
-    def __init__(
-        self,
-        first: TurnEvent,
-        channel: trio.MemoryReceiveChannel[TurnEvent],
-        on_close: Callable[[], None] | None = None,
-    ) -> None:
-        self._first: TurnEvent | None = first
-        self._channel = channel
-        self._on_close = on_close
-
-    @property
-    def first(self) -> TurnEvent:
-        """The event that started the turn (``TurnAccepted`` or ``TurnFailed``)."""
-        return self._first if self._first is not None else TurnMoved()
-
-    async def receive(self) -> TurnEvent:
-        if self._first is not None:
-            event, self._first = self._first, None
-            return event
-        event = await self._channel.receive()
-        match event:  # what the access log and the metrics need of the turn
-            case TurnDelta():
-                note_first_token()
-            case TurnDone():
-                note_turn(session=event.session_id, prompt_tokens=event.prompt_tokens,
-                          sampled_tokens=event.completion_tokens)
-        return event
-
-    def __aiter__(self) -> TurnStream:
-        return self
-
-    async def __anext__(self) -> TurnEvent:
-        try:
-            return await self.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
-
-    def close(self) -> None:
-        self._channel.close()
-        if self._on_close is not None:
-            on_close, self._on_close = self._on_close, None
-            on_close()
-
-    def __enter__(self) -> TurnStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> TurnStream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()
 
 
 @attrs.define(eq=False)
@@ -273,20 +216,20 @@ class Runtime:
         if self.config.preemption.engine_pause and mode == "abort":
             # Only an abort pause is forwarded: engines have no "let running requests finish"
             # mode (SGLang: abort|retract|in_place), and in wait mode the proxy admits nothing new.
-            result["engines"] = await _forward(self.backend, "pause", "abort")
+            result["engines"] = await forward_to_engines(self.backend, "pause", "abort")
         return result
 
     async def resume(self, *, weight_version: str | None = None, bump_epoch: bool = False) -> dict[str, Any]:
         """Install the new weight version (given, or asked of the engine) and wake waiting turns."""
         if self.config.preemption.engine_pause:
-            await _forward(self.backend, "resume")
+            await forward_to_engines(self.backend, "resume")
         if weight_version is None:
             try:
                 weight_version = (await self.backend.model_info()).weight_version
             except BackendError as exc:
                 log.warning("resume: could not ask the engine for its weight version: %s", exc)
         else:
-            await _forward(self.backend, "set_weight_version", weight_version)
+            await forward_to_engines(self.backend, "set_weight_version", weight_version)
         return dict(await ask(self.controller, lambda r: ctl.Resume(weight_version, bump_epoch, r)))
 
     async def backend_healthy(self) -> bool:
@@ -302,95 +245,6 @@ class Runtime:
     async def close_all(self, reason: str = "shutdown") -> int:
         """Finalize every live session; returns how many there were."""
         return int(await ask(self.registry, lambda r: CloseAll(reason, r)))
-
-
-#: Engine-control method names per action, in the order tried (the clients differ).
-_ENGINE_METHODS = {
-    "pause": ("pause",),
-    "resume": ("resume", "continue_generation"),
-    "set_weight_version": ("set_weight_version", "update_weight_version"),
-}
-
-
-async def _forward(backend: Backend, action: str, *args: Any) -> list[Any]:
-    """Call an optional engine-control method on the backend (or on every engine of a pool)."""
-    engines = getattr(backend, "engines", None)
-    targets = list(engines()) if callable(engines) else [backend]
-    results: list[Any] = []
-    for target in targets:
-        if action in ("pause", "resume") and target.kind == "sim":
-            continue  # the in-process engine is stopped by the controller's aborts alone
-        method = next((getattr(target, n) for n in _ENGINE_METHODS[action] if hasattr(target, n)), None)
-        if method is None:
-            continue
-        try:
-            outcome = method(*args)
-            if hasattr(outcome, "__await__"):
-                outcome = await outcome
-            results.append({"engine": getattr(target, "kind", "?"), "ok": True})
-        except BackendError as exc:
-            log.warning("%s on an engine failed: %s", action, exc)
-            results.append({"engine": getattr(target, "kind", "?"), "ok": False, "error": str(exc)})
-    return results
-
-
-def make_backend(config: ProxyConfig, tokenizer: ChatTokenizer) -> Backend:
-    """The engine ``config.engines.backend`` names: the in-process sim, or a pool of engine clients."""
-    if config.engines.backend == "sim":
-        from ..sim import SimConfig, SimEngine
-
-        return SimEngine(
-            tokenizer,
-            SimConfig(seed=config.engines.sim_seed, token_interval=config.engines.sim_token_interval),
-        )
-    from ..engines.connection import EngineOptions
-    from ..engines.factory import make_engine_pool
-
-    options = EngineOptions(
-        connect_timeout=config.engines.engine_connect_timeout,
-        read_timeout=config.engines.engine_read_timeout,
-        concurrency=config.engines.engine_max_concurrency,
-        abort_all=config.engines.engine_abort_all,
-    )
-    return make_engine_pool(
-        config.engines.backend,
-        config.engines.backend_urls,
-        options,
-        health_interval=config.engines.engine_health_interval,
-        routed_experts=config.engines.use_rollout_routing_replay,
-    )
-
-
-def open_store_backend(config: ProxyConfig) -> StoreBackend:
-    """The store ``config.store.store`` names (a durable one reads its file: call it off the event loop).
-
-    ``auto`` is SQLite for ``actorproxy run`` (the CLI resolves it) and memory for a proxy embedded in a program.
-    """
-    settings = config.store
-    if settings.store_kind in ("memory", "auto"):
-        from ..store.memory import MemoryStore
-
-        return MemoryStore()
-    if settings.store_kind == "ray":
-        from ..store.ray_pool import RayStore
-
-        return RayStore(settings.data_dir, address=settings.ray_address, namespace=settings.ray_namespace,
-                        pool=settings.data_pool)
-    from ..store.sqlite import SQLiteStore
-
-    return SQLiteStore(settings.data_dir)
-
-
-async def wait_for_engine(engine: Backend) -> ModelInfo:
-    """The engine's model info, retrying while it starts up (engines take minutes to load)."""
-    delay = 0.5
-    while True:
-        try:
-            return await engine.model_info()
-        except BackendError as exc:
-            log.warning("waiting for the inference engine: %s", exc)
-        await trio.sleep(delay)
-        delay = min(delay * 2, 5.0)
 
 
 @asynccontextmanager
@@ -418,31 +272,8 @@ async def open_runtime(
         from ..tokenization.engine_check import check_engine_tokenizer
 
         await check_engine_tokenizer(tok, engine)
-    window = config.limits.context_window or info.max_model_len or 32768
-    if info.max_model_len and window > info.max_model_len:
-        # Past the engine's own limit a prompt would fail there as an engine error.
-        log.warning("--context-window %d exceeds the engine's %d; using %d", window, info.max_model_len,
-                    info.max_model_len)
-        window = info.max_model_len
-    detected = default_tool_call_format(tok)
-    chosen = config.parsing.tool_call_format
-    family = config.trajectory.tito_model
-    if family != "auto" and (family == "qwen3_5") != (detected == "qwen3_coder"):
-        log.warning(
-            "--tito-model %s does not match the tokenizer's chat template (it writes %s tool calls); "
-            "TITO follows the template",
-            family,
-            "Qwen3.5/Qwen3-Coder XML" if detected == "qwen3_coder" else "Hermes JSON",
-        )
-    probe = probe_template(tok)
-    if not probe.append_only:
-        log.warning("the chat template cannot be continued append-only (%s): every turn is rendered whole "
-                    "(boundary reason template_not_append_only; see docs/models.md)", probe.reason)
-    output_format = OutputFormat(
-        tool_call_format=detected if chosen == "auto" else ("qwen3_coder" if chosen == "qwen3_5" else chosen),
-        reasoning_format=config.parsing.reasoning_format,
-        parse_backend=config.parsing.parse_backend,
-    )
+    window = context_window_for(config, info)
+    output_format = output_format_for(config, tok)
     async with AsyncExitStack() as resources, trio.open_nursery() as nursery:
         if config.parsing.parse_backend != "local" and config.parse_url:
             from ..engines.sglang.parse import SGLangParseClient
@@ -463,19 +294,9 @@ async def open_runtime(
 
         def factory(session_id: str, counters: SessionCounters) -> SessionActor:
             assert registry_box is not None
-            return SessionActor(
-                session_id,
-                config=config,
-                tokenizer=tok,
-                backend=engine,
-                store=store_box,
-                registry=registry_box,
-                controller=controller_box,
-                context_window=window,
-                counters=counters,
-                output_format=output_format,
-                offload=offload,
-            )
+            services = SessionServices(config, tok, engine, store_box, registry_box, controller_box, window,
+                                       output_format, offload)
+            return SessionActor(session_id, services, counters)
 
         known = {sid: SessionCounters(step, segment) for sid, (step, segment) in recovered.items()}
         registry = reg.SessionRegistry(factory, max_sessions=config.limits.max_sessions, known=known)

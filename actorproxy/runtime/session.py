@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import attrs
 import trio
 
 from ..config import ProxyConfig
@@ -62,43 +63,45 @@ class SessionFailed(BadRequest):
     default_code = "session_failed"
 
 
+@attrs.frozen(eq=False)
+class SessionServices:
+    """What every session actor of a runtime shares: the settings, the tokenizer, the engine, the other actors."""
+
+    config: ProxyConfig
+    tokenizer: ChatTokenizer
+    backend: Any
+    store: trio.MemorySendChannel[Any]
+    registry: trio.MemorySendChannel[RegistryMessage]
+    controller: trio.MemorySendChannel[ControllerMessage]
+    context_window: int
+    output_format: OutputFormat = attrs.field(factory=OutputFormat)
+    offload: Offload = attrs.field(factory=Offload.inline)
+
+
 class SessionActor:
     """Owns one session's mailbox; its state lives in a :class:`SessionState`."""
 
-    def __init__(
-        self,
-        session_id: str,
-        *,
-        config: ProxyConfig,
-        tokenizer: ChatTokenizer,
-        backend: Any,
-        store: trio.MemorySendChannel[Any],
-        registry: trio.MemorySendChannel[RegistryMessage],
-        controller: trio.MemorySendChannel[ControllerMessage],
-        context_window: int,
-        counters: SessionCounters | None = None,
-        output_format: OutputFormat | None = None,
-        offload: Offload | None = None,
-    ) -> None:
+    def __init__(self, session_id: str, services: SessionServices, counters: SessionCounters | None = None) -> None:
         self.session_id = session_id
         self.token = object()
         counters = counters or SessionCounters()
+        config = services.config
         self.state = SessionState(
             session_id,
             config=config,
-            tokenizer=tokenizer,
-            context_window=context_window,
+            tokenizer=services.tokenizer,
+            context_window=services.context_window,
             next_step=counters.next_step,
             next_segment=counters.next_segment,
         )
         self._config = config
-        self._tok = tokenizer
-        self._backend = backend
-        self._store = store
-        self._registry = registry
-        self._controller = controller
-        self._format = output_format or OutputFormat()
-        self._offload = offload or Offload.inline()
+        self._tok = services.tokenizer
+        self._backend = services.backend
+        self._store = services.store
+        self._registry = services.registry
+        self._controller = services.controller
+        self._format = services.output_format
+        self._offload = services.offload
         self._generation_settings = GenerationSettings(
             partial_rollout=config.preemption.partial_rollout,
             pause_wait_timeout=config.preemption.pause_wait_timeout,

@@ -17,7 +17,8 @@ from quart import Response
 
 from ..errors import EngineError
 from ..runtime.messages import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed
-from ..runtime.runtime import Runtime, TurnStream
+from ..runtime.runtime import Runtime
+from ..runtime.turn_stream import TurnStream
 from ..wire.format import Headers, ReplyInfo, StreamWriter, TurnCall, TurnFormat
 from ..wire.jsonio import dumps
 from .identity import resolve_identity
