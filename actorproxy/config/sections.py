@@ -1,88 +1,22 @@
-"""The proxy's settings: one frozen tree shared read-only by every actor.
-
-Each section is an attrs class; each field carries its help text (and, where
-the command line names it differently, its flags) in its metadata, so the
-``actorproxy run`` parser is generated from the tree (:mod:`actorproxy.settings_cli`)
-and a TOML file (``--config``) has the same shape::
-
-    [engines]
-    backend = "vllm"
-    backend_urls = ["http://gpu-1:8000", "http://gpu-2:8000"]
-
-    [trajectory]
-    on_history_rewrite = "recompute"
-
-A field's flag is its name with dashes (``--on-history-rewrite``), unique
-across the tree, so :meth:`ProxyConfig.of` also takes settings by bare name.
-"""
+"""The sections of :class:`~actorproxy.config.ProxyConfig`, one attrs class each; ``--help`` groups flags by them."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
-import cattrs
 
-BuildMode = Literal["concat", "last_step"]
-RewriteMode = Literal["segment", "recompute"]
-SubAgentMode = Literal["train", "log", "off"]
-BackendKind = Literal["sim", "sglang", "vllm", "llamacpp"]
-AgentAuth = Literal["none", "session-key", "api-key"]
-
-#: Set to ``0`` to keep ``--on-history-rewrite recompute`` from asking the engine for prompt logprobs.
-RECOMPUTE_ENV = "ACTORPROXY_RECOMPUTE_MISMATCH_LOGPROBS"
-#: Ours first, then the in-process (Harbor) proxy's name for the same switch.
-RECOMPUTE_ENVS = (RECOMPUTE_ENV, "HARBOR_RECOMPUTE_MISMATCH_LOGPROBS")
-
-
-def recompute_logprobs_from_env(environ: Mapping[str, str] | None = None) -> bool:
-    """False when ``$ACTORPROXY_RECOMPUTE_MISMATCH_LOGPROBS`` is ``0``/``false``/``no``/``off``."""
-    source = environ if environ is not None else os.environ
-    value = next((source[name] for name in RECOMPUTE_ENVS if name in source), "1")
-    return str(value).strip().lower() not in ("0", "false", "no", "off")
-
-
-def _positive(_inst: Any, attribute: Any, value: Any) -> None:
-    if value is not None and not value > 0:
-        raise ValueError(f"--{attribute.name.replace('_', '-')} must be positive, got {value}")
-
-
-def _temperature(_inst: Any, attribute: Any, value: Any) -> None:
-    if value is not None and not 0.0 <= value <= 2.0:
-        raise ValueError(f"--{attribute.name.replace('_', '-')} must be between 0 and 2, got {value}")
-
-
-def setting(
-    default: Any = attrs.NOTHING,
-    *,
-    help: str,
-    factory: Any = None,
-    flags: tuple[str, ...] = (),
-    env: str | tuple[str, ...] | None = None,
-    metavar: str | None = None,
-    positive: bool = False,
-    validator: Any = None,
-    converter: Any = None,
-    secret: bool = False,
-    compat: bool = False,
-) -> Any:
-    """An attrs field with what the command line needs to know about it.
-
-    ``flags`` replace the default ``--field-name`` (the first is the primary
-    one); ``env`` is read when neither a flag nor the config file sets the
-    field; ``secret`` keeps it out of ``GET /health`` and reprs.
-    """
-    validators = [v for v in (_positive if positive else None, validator) if v is not None]
-    envs = (env,) if isinstance(env, str) else tuple(env or ())
-    metadata = {"help": help, "flags": flags, "env": envs, "metavar": metavar, "secret": secret, "compat": compat}
-    common: dict[str, Any] = {"validator": validators or None, "metadata": metadata, "repr": not secret}
-    if converter is not None:
-        common["converter"] = converter
-    if factory is not None:
-        return attrs.field(factory=factory, **common)
-    return attrs.field(default=default, **common)
+from .fields import (
+    RECOMPUTE_ENV,
+    AgentAuth,
+    BackendKind,
+    BuildMode,
+    RewriteMode,
+    SubAgentMode,
+    recompute_logprobs_from_env,
+    setting,
+    temperature_range,
+)
 
 
 @attrs.frozen
@@ -262,7 +196,7 @@ class LimitSettings:
     default_max_tokens: int = setting(4096, positive=True, help="max_tokens for requests that send none")
     rollout_temperature: float | None = setting(
         None,
-        validator=_temperature,
+        validator=temperature_range,
         help="force this sampling temperature on every request (default: the request's, else 1.0)",
     )
     session_ttl: float = setting(
@@ -393,112 +327,3 @@ class SecuritySettings:
         "the admin token, else random per start)",
     )
     insecure: bool = setting(False, help="listen on a non-loopback address without an admin token")
-
-
-@attrs.frozen
-class ProxyConfig:
-    """Every setting of ``actorproxy run``, by section."""
-
-    server: ServerSettings = attrs.field(factory=ServerSettings)
-    engines: EngineSettings = attrs.field(factory=EngineSettings)
-    trajectory: TrajectorySettings = attrs.field(factory=TrajectorySettings)
-    preemption: PreemptionSettings = attrs.field(factory=PreemptionSettings)
-    limits: LimitSettings = attrs.field(factory=LimitSettings)
-    store: StoreSettings = attrs.field(factory=StoreSettings)
-    parsing: ParsingSettings = attrs.field(factory=ParsingSettings)
-    gateway: GatewaySettings = attrs.field(factory=GatewaySettings)
-    security: SecuritySettings = attrs.field(factory=SecuritySettings)
-
-    def __attrs_post_init__(self) -> None:
-        engines, parsing = self.engines, self.parsing
-        if engines.backend != "sim" and not engines.backend_urls:
-            raise ValueError(f"--backend {engines.backend} needs at least one engine URL (--backend-url)")
-        if engines.backend == "sim" and engines.backend_urls:
-            raise ValueError("--backend-url needs --backend sglang, vllm or llamacpp (sim is built in)")
-        if self.security.agent_auth == "api-key" and not self.security.api_key:
-            raise ValueError("--agent-auth api-key needs --api-key (or ACTORPROXY_API_KEY)")
-        if parsing.parse_backend != "local" and self.parse_url is None:
-            raise ValueError(f"--parse-backend {parsing.parse_backend} needs an SGLang server (--sglang-parse-url)")
-
-    @classmethod
-    def of(cls, **settings: Any) -> ProxyConfig:
-        """A config from settings named by field (``ProxyConfig.of(port=0, partial_rollout=True)``).
-
-        A section's name takes a whole section object (``engines=EngineSettings(...)``).
-        """
-        tree: dict[str, dict[str, Any]] = {}
-        whole: dict[str, Any] = {}
-        for name, value in settings.items():
-            if name in SECTIONS:
-                whole[name] = value
-                continue
-            section = FIELD_SECTIONS.get(name)
-            if section is None:
-                raise TypeError(f"ProxyConfig has no setting {name!r}")
-            tree.setdefault(section, {})[name] = value
-        sections = {
-            name: attrs.evolve(whole.get(name, kind()), **tree.get(name, {})) for name, kind in SECTIONS.items()
-        }
-        return cls(**sections)
-
-    def evolve(self, **settings: Any) -> ProxyConfig:
-        """A copy with some settings changed, named as in :meth:`of`."""
-        current = {name: getattr(self, name) for name in SECTIONS}
-        for name, value in settings.items():
-            if name in SECTIONS:
-                current[name] = value
-            elif name in FIELD_SECTIONS:
-                section = FIELD_SECTIONS[name]
-                current[section] = attrs.evolve(current[section], **{name: value})
-            else:
-                raise TypeError(f"ProxyConfig has no setting {name!r}")
-        return ProxyConfig(**current)
-
-    @property
-    def parse_url(self) -> str | None:
-        """The SGLang server that parses outputs, when parsing is not local."""
-        if self.parsing.sglang_parse_url:
-            return self.parsing.sglang_parse_url
-        if self.engines.backend == "sglang" and self.engines.backend_urls:
-            return self.engines.backend_urls[0]
-        return None
-
-    def public(self) -> dict[str, Any]:
-        """The settings as shown by ``GET /health``, by section (secrets left out)."""
-        return {
-            name: attrs.asdict(getattr(self, name), filter=lambda a, _v: not a.metadata.get("secret"))
-            for name in SECTIONS
-        }
-
-
-#: Section name -> its class, in the order ``--help`` shows them.
-SECTIONS: dict[str, type[Any]] = {
-    "server": ServerSettings,
-    "engines": EngineSettings,
-    "trajectory": TrajectorySettings,
-    "preemption": PreemptionSettings,
-    "limits": LimitSettings,
-    "store": StoreSettings,
-    "parsing": ParsingSettings,
-    "gateway": GatewaySettings,
-    "security": SecuritySettings,
-}
-#: Field name -> the section holding it.
-FIELD_SECTIONS: dict[str, str] = {
-    field.name: section for section, kind in SECTIONS.items() for field in attrs.fields(kind)
-}
-
-
-def config_converter() -> cattrs.Converter:
-    """The converter that builds a :class:`ProxyConfig` from a TOML/flag tree (unknown keys refused)."""
-    converter = cattrs.Converter(forbid_extra_keys=True)
-
-    def _strings(value: Any, _t: Any) -> tuple[str, ...]:
-        if isinstance(value, str):  # "http://a,http://b", as on the command line
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-            return tuple(value)
-        raise ValueError(f"expected a list of strings, got {value!r}")
-
-    converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _strings)
-    return converter
