@@ -1,0 +1,108 @@
+"""The package's import graph has no loops: the layers (tokenization → core → engines → runtime → server) stay layers.
+
+Only imports run when a module is imported count (module level, outside ``if TYPE_CHECKING``);
+an import inside a function is a deliberate late binding.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import actorproxy
+
+PACKAGE = Path(actorproxy.__file__).parent
+
+
+def module_imports(package: Path) -> dict[str, set[str]]:
+    """Module name -> the package's modules it imports at module level."""
+    modules: dict[str, tuple[Path, bool]] = {}
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, (path, is_package) in modules.items():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name.split(".")[: None if is_package else -1]
+                    base = base[: len(base) - node.level + 1]
+                    target = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    submodule = f"{target}.{alias.name}"
+                    if submodule in modules:
+                        graph[name].add(submodule)
+                    elif target in modules:
+                        graph[name].add(target)
+            elif isinstance(node, ast.Import):
+                graph[name].update(alias.name for alias in node.names if alias.name in modules)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (or a module importing itself)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(start: str) -> None:  # iterative Tarjan: the graph is deep enough to matter
+        work = [(start, iter(sorted(graph[start])))]
+        order[start] = low[start] = len(order)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in order:
+                    order[child] = low[child] = len(order)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], order[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == order[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in graph[node]:
+                    cycles.append(sorted(component))
+
+    for name in sorted(graph):
+        if name not in order:
+            visit(name)
+    return cycles
+
+
+def test_no_module_level_import_cycles_in_actorproxy() -> None:
+    graph = module_imports(PACKAGE)
+    assert len(graph) > 100  # the walk really found the package
+    assert sum(len(targets) for targets in graph.values()) > 300
+    assert import_cycles(graph) == []
+
+
+def test_the_check_finds_a_cycle(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("from .b import thing as thing\n")
+    (package / "a.py").write_text("from .sub import thing\n")
+    (package / "sub" / "b.py").write_text("from ..a import x\n\ndef late():\n    from .. import c\n")
+    (package / "c.py").write_text("import pkg.sub.b\n")
+    graph = module_imports(package)
+    assert graph["pkg.a"] == {"pkg.sub"}
+    assert graph["pkg.sub.b"] == {"pkg.a"}  # the import inside late() does not count
+    assert import_cycles(graph) == [["pkg.a", "pkg.sub", "pkg.sub.b"]]
