@@ -31,8 +31,8 @@ from collections.abc import Callable
 import attrs
 import trio
 
+from ..core.attempts import apply_finish, discard_attempt, record_delta
 from ..core.parser import OutputDelta, OutputParser
-from ..core.records import version_number
 from ..core.session_state import Prepared, TurnResult
 from ..core.tito import reasoning_opened_by_prompt
 from ..engines.base import (
@@ -60,16 +60,12 @@ ABORT_DRAIN_SECONDS = 5.0
 
 
 
-
-
 @attrs.define
 class GenerationSettings:
     partial_rollout: bool = False
     #: Seconds a turn waits for permission while paused before it gets 503.
     pause_wait_timeout: float = 600.0
     routed_experts: bool = False
-
-
 
 
 class TurnGeneration:
@@ -366,33 +362,10 @@ class TurnGeneration:
         stream.cancel()
 
     def _record(self, event: TokenDelta) -> None:
-        step = self.step
-        if step.first_token_at is None:
-            step.first_token_at = time.time()
-        step.output_ids.extend(event.token_ids)
-        step.output_logprobs.extend(event.logprobs)
-        step.output_versions.extend([version_number(event.weight_version)] * len(event.token_ids))
-        step.weight_version = event.weight_version
+        record_delta(self.step, event)
 
     def _apply_finish(self, finish: GenerateFinish, start: int) -> None:
-        """Fold an attempt's finish into the step: authoritative version spans, routed experts."""
-        step = self.step
-        if finish.weight_version and not step.weight_version:
-            step.weight_version = finish.weight_version
-        versions = step.output_versions
-        for span in finish.weight_versions:
-            # The engine's spans are authoritative (vLLM reports them only at the end).
-            lo, hi = start + span.start, min(start + span.end, len(versions))
-            if hi > lo:
-                versions[lo:hi] = array("i", [version_number(span.version)] * (hi - lo))
-        if finish.weight_versions:
-            step.weight_version = finish.weight_versions[-1].version
-        if finish.routed_experts is not None:
-            self._experts.append(finish.routed_experts)
-            if len(self._experts) == 1:
-                step.routed_experts = finish.routed_experts
-            else:
-                step.routed_experts, step.routed_experts_chunks = None, list(self._experts)
+        apply_finish(self.step, finish, start, self._experts)
 
     async def _discard(self, start: int) -> None:
         """Non-partial mode: keep the interrupted attempt on the step, out of training, and start over."""
@@ -405,16 +378,7 @@ class TurnGeneration:
                 ),
                 "aborted",
             )
-        step.discarded.append(
-            {
-                "output_ids": step.output_ids[start:].tolist(),
-                "output_logprobs": step.output_logprobs[start:].tolist(),
-                "output_versions": step.output_versions[start:].tolist(),
-                "weight_version": step.weight_version,
-            }
-        )
-        del step.output_ids[start:], step.output_logprobs[start:], step.output_versions[start:]
-        step.weight_version = ""
-        step.routed_experts, step.routed_experts_chunks, self._experts = None, None, []
+        discard_attempt(step, start)
+        self._experts = []
         self.parser = self._new_parser()
 
