@@ -23,13 +23,15 @@ that streams may already have seen the start of such a call (see docs/parsers.md
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
 from ..tokenization.detokenize import IncrementalDetokenizer
 from ..tokenization.tokenizer import ChatTokenizer
 from .messages import AssistantOutput, ToolCall
+from .output_formats import REASONING_FORMATS, ReasoningFormat, default_tool_call_format, tool_schemas
+from .text_streams import StopMatcher, StrippedText
 from .tool_parsers import BlockParser, CallPiece, ToolCallFormat, format_spec, token_id
 from .tool_parsers.harmony import Header, JsonArgumentsParser, harmony_ids, read_header
 
@@ -43,45 +45,6 @@ __all__ = [
     "default_tool_call_format",
     "tool_schemas",
 ]
-
-ReasoningFormat = Literal["qwen3", "glm45", "deepseek_v31", "kimi_k2", "deepseek_r1", "gpt_oss", "none"]
-REASONING_FORMATS: tuple[ReasoningFormat, ...] = (
-    "qwen3", "glm45", "deepseek_v31", "kimi_k2", "deepseek_r1", "gpt_oss", "none",
-)  # fmt: skip
-
-
-#: A marker only one family's chat template writes, and that family's tool-call format (first match wins).
-_TEMPLATE_MARKERS: tuple[tuple[tuple[str, ...], ToolCallFormat], ...] = (
-    (("<|channel|>",), "gpt_oss"),
-    (("<arg_key>",), "glm45"),
-    (("<｜tool▁calls▁begin｜>",), "deepseek_v31"),
-    (("<|tool_calls_section_begin|>",), "kimi_k2"),
-    (("<|python_tag|>", "<|start_header_id|>"), "llama3"),
-    (("<function=", "<parameter="), "qwen3_coder"),
-)
-
-
-def default_tool_call_format(tokenizer: Any) -> ToolCallFormat:
-    """The format the chat template writes its calls in (by a marker only it has), else ``qwen3``."""
-    template = getattr(getattr(tokenizer, "hf", tokenizer), "chat_template", None)
-    texts = [t for t in (template.values() if isinstance(template, Mapping) else (template,)) if isinstance(t, str)]
-    for markers, name in _TEMPLATE_MARKERS:
-        if any(marker in text for marker in markers for text in texts):
-            return name
-    return "qwen3"
-
-
-def tool_schemas(tools: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    """Tool name → the JSON schemas of its parameters (``parameters.properties``)."""
-    schemas: dict[str, Mapping[str, Any]] = {}
-    for tool in tools:
-        function = tool.get("function", tool) if isinstance(tool, Mapping) else None
-        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-            continue
-        params = function.get("parameters") or function.get("input_schema")
-        props = params.get("properties") if isinstance(params, Mapping) else None
-        schemas[function["name"]] = props if isinstance(props, Mapping) else {}
-    return schemas
 
 
 @attrs.frozen
@@ -107,32 +70,6 @@ class OutputDelta:
 
     def __bool__(self) -> bool:
         return bool(self.reasoning or self.content or self.tool_calls)
-
-
-class _Stripped:
-    """Accumulates text, emitting it stripped at both ends (trailing space held back)."""
-
-    def __init__(self) -> None:
-        self.parts: list[str] = []
-        self._pending = ""
-        self._started = False
-
-    def push(self, text: str) -> str:
-        if not self._started:
-            text = text.lstrip()
-            if not text:
-                return ""
-            self._started = True
-        combined = self._pending + text
-        emitted = combined.rstrip()
-        self._pending = combined[len(emitted) :]
-        if emitted:
-            self.parts.append(emitted)
-        return emitted
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
 
 
 class _Out:
@@ -186,8 +123,8 @@ class OutputParser:
         self._ends = frozenset((*tokenizer.stop_token_ids, *tokenizer.turn_end_ids))
         self._bare_open = spec is not None and spec.bare_start is not None  # the reply may still open with a call
         self._detok = IncrementalDetokenizer(tokenizer)
-        self._reasoning = _Stripped()
-        self._content = _Stripped()
+        self._reasoning = StrippedText()
+        self._content = StrippedText()
         self._raw: list[str] = []  # the open block's text, for when it does not parse
         self._frame = ("", "")  # what surrounds the raw text of the open block
         self._block: BlockParser | None = None
@@ -370,39 +307,3 @@ class OutputParser:
             self._flush_into(out)
             if self._mode == "tool":
                 self._close_block(out)
-
-
-class StopMatcher:
-    """Applies OpenAI ``stop`` sequences to streamed content.
-
-    Content passes through with the last ``len(longest stop) - 1`` characters
-    held back, so a stop sequence split across chunks is still caught and never
-    half-sent. After a match, :attr:`hit` is set and nothing more passes.
-    """
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self._stops = tuple(s for s in stops if s)
-        self._hold = max((len(s) for s in self._stops), default=1) - 1
-        self._buffer = ""
-        self.hit = False
-        #: The stop sequence that matched (Anthropic reports it as ``stop_sequence``).
-        self.matched: str | None = None
-
-    def push(self, text: str) -> str:
-        if self.hit or not text:
-            return ""
-        buffer = self._buffer + text
-        found = [(at, stop) for stop in self._stops if (at := buffer.find(stop)) >= 0]
-        if found:
-            at, self.matched = min(found)
-            emitted = buffer[:at]
-            self.hit = True
-            self._buffer = ""
-        else:
-            cut = max(0, len(buffer) - self._hold)
-            emitted, self._buffer = buffer[:cut], buffer[cut:]
-        return emitted
-
-    def flush(self) -> str:
-        emitted, self._buffer = self._buffer, ""
-        return emitted
