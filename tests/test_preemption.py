@@ -265,7 +265,7 @@ async def test_an_engine_that_ignores_the_abort_is_cut_by_the_turn_itself(
 ) -> None:
     """The controller only asks; the turn's own task aborts, and cuts its stream after ABORT_BOUND."""
     from actorproxy.runtime.controller import ABORT_BOUND
-    from actorproxy.sim.engine import SimGeneration
+    from actorproxy.sim.generation import SimGeneration
 
     async def ignored(self: SimGeneration) -> None:
         pass

@@ -10,6 +10,6 @@ through :attr:`~actorproxy.sim.server.RunningSim.faults`.
 
 from .config import SimConfig as SimConfig
 from .engine import SimEngine as SimEngine
-from .engine import SimGeneration as SimGeneration
+from .generation import SimGeneration as SimGeneration
 from .outputs import ScriptedOutput as ScriptedOutput
 from .outputs import SimRequestStats as SimRequestStats

@@ -24,8 +24,6 @@ are deterministic functions of the engine seed and the token prefix.
 
 from __future__ import annotations
 
-import base64
-import bisect
 import hashlib
 import math
 import random
@@ -37,201 +35,15 @@ import trio
 
 from ..engines.base import (
     BackendError,
-    FinishReason,
-    GenerateFinish,
     GenerateRequest,
-    GenerationEvent,
     ModelInfo,
-    TokenDelta,
 )
 from ..tokenization.tokenizer import ChatTokenizer
 from .clock import PauseClock
 from .config import SimConfig
+from .generation import SimGeneration
 from .outputs import Plan, ScriptedOutput, SimRequestStats
-from .policy import policy_text, prompt_logprobs, read_prompt, routed_experts, token_logprob
-
-
-class SimGeneration:
-    """One simulated generation; use ``async with engine.open_generation(req) as gen``.
-
-    Iterating yields one :class:`TokenDelta` per token, then one
-    :class:`GenerateFinish`. Leaving the block early stops it (recorded as cancelled).
-    """
-
-    def __init__(self, engine: SimEngine, request: GenerateRequest) -> None:
-        self.rid = request.rid
-        # Dropped once started: the engine keeps thousands of these for stats() and
-        # a prompt can be long; only its length and routing key are kept.
-        self._request: GenerateRequest | None = request
-        self._prompt_len = len(request.input_ids)
-        self._routing_key = request.routing_key
-        #: The prompt, kept only until the end when routed experts are asked for.
-        self._routed_prompt: array[int] | None = None
-        self._engine = engine
-        self._plan = Plan(array("i"), array("f"), "abort", None, "", False)
-        self._start = 0.0  # wall clock
-        # Schedule times below are on the engine's active clock (see PauseClock).
-        self._first = 0.0  # start + prefill
-        self._entered = False
-        self._done = False  # the final event was delivered, or the block was left
-        self._next = 0  # tokens delivered
-        self._stop_at = math.inf  # when an abort or cancel took effect
-        self._abort_early = False
-        self._aborted = False
-        self._cancelled = False
-        self._wake = trio.Event()
-
-    def _due(self, index: int) -> float:
-        return self._first + (index + 1) * self._engine.config.token_interval
-
-    @property
-    def _finish_time(self) -> float:
-        n = len(self._plan.ids)
-        return self._due(n - 1) if n else self._first
-
-    async def __aenter__(self) -> SimGeneration:
-        await trio.lowlevel.checkpoint()
-        if self._entered or self._request is None:
-            raise RuntimeError("a SimGeneration can be entered only once")
-        self._engine._begin(self, self._request)
-        self._entered, self._request = True, None
-        if self._abort_early:
-            self._request_abort()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        # No await: this runs during cancellation too and must not be interrupted.
-        if self._entered and not self._done:
-            self._cancelled = True
-            self._stop_at = min(self._stop_at, self._engine._clock.active())
-            self._routed_prompt = None
-            self._close()
-
-    def _close(self) -> None:
-        self._done = True
-        self._engine._running.pop(self.rid, None)
-
-    def _kick(self) -> None:
-        """Wake a sleeping ``__anext__`` so it re-reads the (resumed) clock."""
-        wake, self._wake = self._wake, trio.Event()
-        wake.set()
-
-    @property
-    def final_ready(self) -> bool:
-        """True when the next event is the ``GenerateFinish`` and is due: iterating returns it at once.
-
-        Lets a server attach the finish reason to the chunk of the last token.
-        """
-        if not self._entered or self._done:
-            return False
-        n, plan = self._next, self._plan
-        target = self._due(n) if n < len(plan.ids) else self._finish_time
-        if target > self._stop_at:
-            return True
-        return n >= len(plan.ids) and self._engine._clock.active() >= target
-
-    def __aiter__(self) -> SimGeneration:
-        return self
-
-    async def __anext__(self) -> GenerationEvent:
-        if not self._entered:
-            raise RuntimeError("enter the generation with `async with` before iterating")
-        if self._done:
-            raise StopAsyncIteration
-        plan = self._plan
-        while True:
-            n = self._next
-            target = self._due(n) if n < len(plan.ids) else self._finish_time
-            if target > self._stop_at:
-                await trio.lowlevel.checkpoint()
-                return self._final("abort", None, "aborted")
-            clock = self._engine._clock
-            if clock.active() >= target:
-                await trio.lowlevel.checkpoint()
-                break
-            # Sleep until due, but wake at once on abort or resume.
-            with trio.move_on_at(clock.wall(target)):
-                await self._wake.wait()
-        if n < len(plan.ids):
-            self._next += 1
-            version = self._engine._version_at(self._engine._clock.wall(target))
-            return TokenDelta(
-                token_ids=(plan.ids[n],), logprobs=(plan.logprobs[n],), weight_version=version
-            )
-        return self._final(plan.reason, plan.matched, plan.message)
-
-    def _final(self, reason: FinishReason, matched: int | None, message: str) -> GenerateFinish:
-        self._close()
-        engine = self._engine
-        version = engine._version_at(engine._clock.wall(min(self._finish_time, self._stop_at)))
-        experts = None
-        if self._routed_prompt is not None:
-            ids = self._routed_prompt + self._plan.ids[: self._next]
-            self._routed_prompt = None
-            cfg = engine.config
-            raw = routed_experts(
-                engine._route_key, ids, layers=cfg.num_layers, topk=cfg.moe_topk, experts=cfg.num_experts
-            )
-            experts = base64.b64encode(raw).decode("ascii")
-        return GenerateFinish(
-            reason=reason,
-            matched_stop=matched,
-            weight_version=version,
-            prompt_tokens=self._prompt_len,
-            message=message,
-            routed_experts=experts,
-        )
-
-    async def abort(self) -> None:
-        """Stop at the next token boundary; the stream then ends with reason ``"abort"``.
-
-        Tokens due up to now are still delivered. A no-op once the engine finished.
-        """
-        self._request_abort()
-        await trio.lowlevel.checkpoint()
-
-    def abort_nowait(self) -> None:
-        """The synchronous twin of :meth:`abort` (for servers aborting many at once)."""
-        self._request_abort()
-
-    def _request_abort(self) -> None:
-        if self._done:
-            return
-        if not self._entered:
-            self._abort_early = True
-            return
-        now = self._engine._clock.active()
-        if now < self._finish_time and now < self._stop_at:
-            self._stop_at = now
-            self._aborted = True
-            self._wake.set()
-
-    def _stats(self) -> SimRequestStats:
-        try:
-            now = self._engine._clock.active()
-        except RuntimeError:  # outside trio.run: everything scheduled has happened
-            now = math.inf
-        end = min(now, self._stop_at)
-        count = bisect.bisect_right(range(len(self._plan.ids)), end, key=self._due)
-        reason: FinishReason | None = None
-        if end >= self._finish_time:
-            reason = self._plan.reason
-        elif self._stop_at <= now:
-            reason = "abort"
-        ids, lps = tuple(self._plan.ids[:count]), tuple(self._plan.logprobs[:count])
-        return SimRequestStats(
-            self.rid,
-            self._prompt_len,
-            ids,
-            lps,
-            reason,
-            self._aborted,
-            self._cancelled,
-            self._routing_key,
-            self._plan.scripted,
-            self._start,
-        )
-
+from .policy import policy_text, prompt_logprobs, read_prompt, token_logprob
 
 ScriptItem = str | Sequence[int] | ScriptedOutput
 

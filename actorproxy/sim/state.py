@@ -19,8 +19,9 @@ import trio
 
 from ..engines.base import BackendError, GenerateFinish, GenerateRequest, TokenDelta
 from .config import SimConfig
-from .engine import SimEngine, SimGeneration
+from .engine import SimEngine
 from .faults import DropConnection, SimFaults
+from .generation import SimGeneration
 from .wire import BadField, bool_field
 
 Protocol = Literal["sglang", "vllm", "llamacpp"]
