@@ -40,23 +40,6 @@ TOOL = {
 QUESTION = "Weather in Zürich?"
 
 
-@pytest.fixture
-async def engine(tokenizer: Any) -> SimEngine:
-    return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0005))
-
-
-@pytest.fixture
-async def proxy(engine: SimEngine, tokenizer: Any) -> AsyncIterator[RunningProxy]:
-    async with open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as running:
-        yield running
-
-
-@pytest.fixture
-async def http(proxy: RunningProxy) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
-        yield client
-
-
 async def in_thread(base_url: str, session: str | None, work: Callable[[Any], Any]) -> Any:
     """Run ``work(client)`` with a sync Anthropic client in a worker thread, then close the client."""
 

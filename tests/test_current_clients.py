@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
-from actorproxy import ProxyConfig, open_proxy
-from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
 
 TOOL = {"name": "Edit", "description": "Edit a file", "defer_loading": True, "cache_control": {"type": "ephemeral"},
@@ -20,18 +17,6 @@ TOOL = {"name": "Edit", "description": "Edit a file", "defer_loading": True, "ca
 @pytest.fixture
 async def engine(tokenizer: Any) -> SimEngine:
     return SimEngine(tokenizer, SimConfig(seed=4, token_interval=0.0))
-
-
-@pytest.fixture
-async def proxy(engine: SimEngine, tokenizer: Any) -> AsyncIterator[RunningProxy]:
-    async with open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as running:
-        yield running
-
-
-@pytest.fixture
-async def http(proxy: RunningProxy) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
-        yield client
 
 
 def claude_code_body(**extra: Any) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -12,32 +11,15 @@ import trio
 import trio.testing
 from _util import WEATHER_TOOL
 
-from actorproxy import ProxyClient, ProxyConfig, open_proxy
+from actorproxy import ProxyClient
 from actorproxy.serve import RunningProxy
-from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.sim import SimEngine
 
 REPLY = (
     '<think>\nThe user wants weather.\n</think>\n\n'
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}\n</tool_call>'
 )
 ANSWER = "<think>\nGot it.\n</think>\n\nIt is 18 °C and sunny in Zürich — enjoy! 🌞"
-
-
-@pytest.fixture
-async def engine(tokenizer: Any) -> SimEngine:
-    return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0005))
-
-
-@pytest.fixture
-async def proxy(engine: SimEngine, tokenizer: Any) -> AsyncIterator[RunningProxy]:
-    async with open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as running:
-        yield running
-
-
-@pytest.fixture
-async def http(proxy: RunningProxy) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
-        yield client
 
 
 def _body(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -11,7 +10,7 @@ import pytest
 import trio
 from _util import WEATHER_TOOL
 
-from actorproxy import ProxyClient, ProxyConfig, open_proxy
+from actorproxy import ProxyClient
 from actorproxy.core.messages import AssistantOutput, ToolCall
 from actorproxy.core.parser import OutputDelta, ToolCallDelta
 from actorproxy.errors import EngineError
@@ -19,7 +18,7 @@ from actorproxy.runtime.messages import TurnDone
 from actorproxy.serve import RunningProxy
 from actorproxy.server.responses_api import convert_input, parse_responses_body
 from actorproxy.server.responses_events import ResponseEventWriter
-from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.sim import SimEngine
 
 openai = pytest.importorskip("openai")
 
@@ -34,23 +33,6 @@ QUESTION = "Weather in Zürich?"
 FUNCTION = WEATHER_TOOL["function"]
 TOOLS: list[dict[str, Any]] = [{"type": "function", **FUNCTION},  # type: ignore[dict-item]
                                {"type": "web_search"}, {"type": "namespace", "name": "ns", "tools": []}]
-
-
-@pytest.fixture
-async def engine(tokenizer: Any) -> SimEngine:
-    return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0005))
-
-
-@pytest.fixture
-async def proxy(engine: SimEngine, tokenizer: Any) -> AsyncIterator[RunningProxy]:
-    async with open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as running:
-        yield running
-
-
-@pytest.fixture
-async def http(proxy: RunningProxy) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
-        yield client
 
 
 def client_for(url: str, session: str) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -10,7 +9,7 @@ import pytest
 import trio
 from _util import WEATHER_TOOL
 
-from actorproxy import ProxyClient, ProxyConfig, open_proxy
+from actorproxy import ProxyClient
 from actorproxy.client import ProxyError as ClientError
 from actorproxy.errors import BadRequest
 from actorproxy.serve import RunningProxy
@@ -31,18 +30,6 @@ MESSAGES = {"model": "m", "max_tokens": 20, "messages": [{"role": "user", "conte
 @pytest.fixture
 async def engine(tokenizer: Any) -> SimEngine:
     return SimEngine(tokenizer, SimConfig(seed=3, token_interval=0.0005))
-
-
-@pytest.fixture
-async def proxy(engine: SimEngine, tokenizer: Any) -> AsyncIterator[RunningProxy]:
-    async with open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as running:
-        yield running
-
-
-@pytest.fixture
-async def http(proxy: RunningProxy) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
-        yield client
 
 
 async def finalize(url: str, session: str) -> dict[str, Any]:
