@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import time
 from array import array
+from typing import TYPE_CHECKING
 
-from ..engines.base import GenerateFinish, TokenDelta
 from .records import Step, version_number
+
+if TYPE_CHECKING:  # the engine interface's event types, for annotations only: core/ does not import engines/
+    from ..engines.base import GenerateFinish, TokenDelta
 
 
 def record_delta(step: Step, event: TokenDelta) -> None:
