@@ -165,7 +165,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
             }
         )
 
-    mount("/v1/chat/completions", turn_route(OpenAIChatFormat()), "POST")
+    mount("/v1/chat/completions", turn_route(OpenAIChatFormat(runtime.tokenizer)), "POST")
     mount("/v1/messages", turn_route(AnthropicFormat()), "POST")
     mount("/v1/responses", turn_route(ResponsesFormat()), "POST")
     mount("/v1/messages/count_tokens", count_tokens, "POST")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 import attrs
@@ -18,6 +20,8 @@ from .jsonio import dumps
 from .openai_types import ChatCompletionBody
 
 MAX_STOP_SEQUENCES = 16
+#: OpenAI's bound on ``top_logprobs``.
+MAX_TOP_LOGPROBS = 20
 
 
 @attrs.frozen
@@ -32,6 +36,8 @@ class OpenAIChatCall:
     session_id: str | None
     instance_id: str | None
     turn_id: str | None
+    #: ``logprobs: true``: the reply carries the sampled tokens' logprobs.
+    logprobs: bool = False
 
 
 def _in_range(name: str, value: float | None, low: float, high: float) -> float | None:
@@ -69,6 +75,11 @@ def parse_chat_body(body: Any) -> OpenAIChatCall:
         raise BadRequest(
             f"'stop' must be a string or an array of at most {MAX_STOP_SEQUENCES} non-empty strings", param="stop"
         )
+    if call.top_logprobs is not None:
+        if not 0 <= call.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise BadRequest(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
+        if not call.logprobs:
+            raise BadRequest("'logprobs' must be true when 'top_logprobs' is set", param="top_logprobs")
     raw = body["messages"]
     # Templates know "system", not OpenAI's newer "developer" role; messages go on as sent otherwise.
     messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in raw]
@@ -94,6 +105,7 @@ def parse_chat_body(body: Any) -> OpenAIChatCall:
         session_id=call.session_id,
         instance_id=call.instance_id,
         turn_id=call.turn_id,
+        logprobs=bool(call.logprobs),
     )
 
 
@@ -109,7 +121,54 @@ def _usage(done: TurnDone) -> dict[str, int]:
     }
 
 
-def completion_json(done: TurnDone, *, completion_id: str, model: str, session_id: str) -> dict[str, Any]:
+@cache
+def _byte_level_alphabet() -> dict[str, int]:
+    """The byte-level BPE alphabet (GPT-2's): the printable character standing for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+def token_logprobs(tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float]) -> list[dict[str, Any]]:
+    """OpenAI's ``logprobs.content``: each sampled token with its logprob and bytes.
+
+    A byte-level BPE vocabulary (Qwen, Llama 3, GLM, ...) gives each token's exact
+    bytes, so a character split over two tokens shows as its two byte runs; ``token``
+    is those bytes decoded (U+FFFD for a partial character). Other vocabularies give
+    the token decoded alone. ``top_logprobs`` is always empty: the engine returns
+    only the sampled token's logprob (see docs/endpoints.md).
+    """
+    hf = getattr(tokenizer, "hf", tokenizer)
+    pieces = [str(p) for p in hf.convert_ids_to_tokens(list(ids))]
+    alphabet = _byte_level_alphabet()
+    content = []
+    for token_id, piece, logprob in zip(ids, pieces, logprobs, strict=False):
+        if piece and all(ch in alphabet for ch in piece):
+            raw = bytes(alphabet[ch] for ch in piece)
+            text = raw.decode("utf-8", errors="replace")
+        else:
+            text = str(hf.decode([token_id], skip_special_tokens=False))
+            raw = text.encode("utf-8")
+        content.append({"token": text, "logprob": float(logprob), "bytes": list(raw), "top_logprobs": []})
+    return content
+
+
+def choice_logprobs(tokenizer: Any, done: TurnDone) -> dict[str, Any]:
+    """A choice's ``logprobs`` object for a finished turn."""
+    ids = done.ids
+    content = [] if ids is None else token_logprobs(tokenizer, ids.output_ids, ids.output_logprobs)
+    return {"content": content, "refusal": None}
+
+
+def completion_json(
+    done: TurnDone, *, completion_id: str, model: str, session_id: str, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {
         "id": completion_id,
         "object": "chat.completion",
@@ -120,7 +179,7 @@ def completion_json(done: TurnDone, *, completion_id: str, model: str, session_i
                 "index": 0,
                 "message": output_as_message(done.output),
                 "finish_reason": done.finish_reason,
-                "logprobs": None,
+                "logprobs": logprobs,
             }
         ],
         "usage": _usage(done),
@@ -135,8 +194,12 @@ def completion_json(done: TurnDone, *, completion_id: str, model: str, session_i
 class ChunkWriter:
     """Builds the SSE frames of one streamed completion (same id, created, model on every chunk)."""
 
-    def __init__(self, *, completion_id: str, model: str, include_usage: bool = False) -> None:
+    def __init__(
+        self, *, completion_id: str, model: str, include_usage: bool = False, tokenizer: Any = None
+    ) -> None:
         self._include_usage = include_usage
+        #: Set when the call asked for logprobs: they go out on the finish chunk.
+        self._tokenizer = tokenizer
         self._base = {
             "id": completion_id,
             "object": "chat.completion.chunk",
@@ -147,9 +210,11 @@ class ChunkWriter:
     def _frame(self, payload: dict[str, Any]) -> bytes:
         return b"data: " + dumps({**self._base, **payload}) + b"\n\n"
 
-    def _choice(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+    def _choice(
+        self, delta: dict[str, Any], finish_reason: str | None = None, logprobs: dict[str, Any] | None = None
+    ) -> bytes:
         return self._frame(
-            {"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
+            {"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}]}
         )
 
     def start(self, accepted: TurnAccepted | None = None) -> bytes:
@@ -175,7 +240,10 @@ class ChunkWriter:
         return b"".join(frames)
 
     def finish(self, done: TurnDone) -> bytes:
-        frames = [self._choice({}, done.finish_reason)]
+        # Deltas are parsed text, not tokens: the sampled tokens' logprobs all come with the last chunk
+        # (clients append every chunk's logprobs.content, so the sum is the same).
+        logprobs = None if self._tokenizer is None else choice_logprobs(self._tokenizer, done)
+        frames = [self._choice({}, done.finish_reason, logprobs)]
         if self._include_usage:
             frames.append(self._frame({"choices": [], "usage": _usage(done)}))
         frames.append(b"data: [DONE]\n\n")
@@ -190,14 +258,28 @@ class OpenAIChatFormat(TurnFormat[OpenAIChatCall]):
 
     errors = "openai"
 
+    def __init__(self, tokenizer: Any = None) -> None:
+        #: Turns the sampled ids into tokens when a call asks for logprobs.
+        self._tokenizer = tokenizer
+
+    def _logprobs_tokenizer(self, call: OpenAIChatCall) -> Any:
+        return self._tokenizer if call.logprobs else None
+
     def parse(self, body: Any) -> OpenAIChatCall:
-        return parse_chat_body(body)
+        call = parse_chat_body(body)
+        if call.logprobs and self._tokenizer is None:
+            raise BadRequest("'logprobs' is not available on this route", param="logprobs")
+        return call
 
     def new_id(self) -> str:
         return new_completion_id()
 
     def render(self, call: OpenAIChatCall, reply: ReplyInfo, done: TurnDone) -> Any:
-        return completion_json(done, completion_id=reply.id, model=reply.model, session_id=reply.session_id)
+        tokenizer = self._logprobs_tokenizer(call)
+        logprobs = None if tokenizer is None else choice_logprobs(tokenizer, done)
+        return completion_json(done, completion_id=reply.id, model=reply.model, session_id=reply.session_id,
+                               logprobs=logprobs)
 
     def writer(self, call: OpenAIChatCall, reply: ReplyInfo) -> ChunkWriter:
-        return ChunkWriter(completion_id=reply.id, model=reply.model, include_usage=call.include_usage)
+        return ChunkWriter(completion_id=reply.id, model=reply.model, include_usage=call.include_usage,
+                           tokenizer=self._logprobs_tokenizer(call))

@@ -1,0 +1,101 @@
+"""``logprobs``/``top_logprobs`` on chat completions: the sampled tokens' logprobs, JSON and SSE (issue 19 §5)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import trio
+
+from actorproxy import ProxyConfig, open_proxy
+from actorproxy.client import ProxyClient
+from actorproxy.serve import RunningProxy
+from actorproxy.sim import SimConfig, SimEngine
+
+#: Multi-byte characters, so some characters are split over tokens (their bytes still add up).
+REPLY = "Grüße aus Zürich 🌍, das Wetter ist schön."
+MESSAGES = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture
+async def engine(tokenizer: Any) -> SimEngine:
+    return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0))
+
+
+@pytest.fixture
+async def proxy(engine: SimEngine, tokenizer: Any) -> AsyncIterator[RunningProxy]:
+    async with open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as running:
+        yield running
+
+
+def _client(url: str, session: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/sess/{session}/v1", api_key="unused", max_retries=0)
+
+
+async def _steps(url: str, session: str) -> list[dict[str, Any]]:
+    async with ProxyClient(url) as client:
+        await client.finalize_session(session)
+        payload = await client.read_trajectory(session_id=session, include_steps=True)
+    return list(payload["steps"])
+
+
+def _check(content: list[Any], step: dict[str, Any], tokenizer: Any) -> None:
+    """One entry per sampled token, its recorded logprob, bytes that add up to the sampled text."""
+    assert [c.logprob for c in content] == pytest.approx(step["output_logprobs"])
+    assert len(content) == len(step["output_ids"]) > 10
+    joined = b"".join(bytes(c.bytes) for c in content)
+    assert joined == tokenizer.decode(step["output_ids"]).encode()
+    assert joined.decode().startswith(REPLY)
+    assert all(c.top_logprobs == [] for c in content)
+    assert all(c.logprob <= 0.0 for c in content)
+
+
+async def test_json_reply_carries_the_sampled_tokens_logprobs(
+    proxy: RunningProxy, engine: SimEngine, tokenizer: Any
+) -> None:
+    engine.script(REPLY, REPLY, routing_key="lp")
+
+    def ask() -> tuple[Any, Any]:
+        with _client(proxy.url, "lp") as client:
+            with_lp = client.chat.completions.create(model="m", messages=MESSAGES, logprobs=True, top_logprobs=3)
+            without = client.chat.completions.create(model="m", messages=MESSAGES)
+        return with_lp, without
+
+    with_lp, without = await trio.to_thread.run_sync(ask)
+    assert with_lp.choices[0].message.content == REPLY
+    assert without.choices[0].logprobs is None
+    steps = await _steps(proxy.url, "lp")
+    assert with_lp.choices[0].logprobs.refusal is None
+    content = with_lp.choices[0].logprobs.content
+    _check(content, steps[0], tokenizer)
+    # A character split over two tokens shows as two byte runs, not as two whole characters.
+    assert any(c.token == "\ufffd" and len(c.bytes) < 3 for c in content)
+
+
+async def test_stream_carries_the_same_logprobs(proxy: RunningProxy, engine: SimEngine, tokenizer: Any) -> None:
+    engine.script(REPLY, routing_key="lps")
+
+    def ask() -> Any:
+        with _client(proxy.url, "lps") as client:
+            with client.chat.completions.stream(model="m", messages=MESSAGES, logprobs=True) as stream:
+                for _ in stream:
+                    pass
+                return stream.get_final_completion()
+
+    final = await trio.to_thread.run_sync(ask)
+    assert final.choices[0].message.content == REPLY
+    steps = await _steps(proxy.url, "lps")
+    _check(final.choices[0].logprobs.content, steps[0], tokenizer)
+
+
+async def test_bad_logprobs_fields_are_a_clear_400(proxy: RunningProxy) -> None:
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as http:
+        for extra, param in (({"top_logprobs": 2}, "top_logprobs"),
+                             ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                             ({"logprobs": "yes"}, "logprobs")):
+            reply = await http.post("/sess/bad/v1/chat/completions", json={"messages": MESSAGES, **extra})
+            assert reply.status_code == 400, (extra, reply.text)
+            assert reply.json()["error"]["param"] == param, reply.text
