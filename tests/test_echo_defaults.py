@@ -95,3 +95,36 @@ async def test_claude_code_edit_echo_keeps_one_segment(proxy: RunningProxy, engi
         await client.finalize_session("edit")
         segments = (await client.read_trajectory(session_id="edit", include_steps=True))["data"]
     assert [(s["num_steps"], s["start_reason"]) for s in segments] == [(2, "session_start")]
+    # What was tolerated is counted: on the segment, in /trajectory/stats and /metrics.
+    assert segments[0]["metadata"]["echo_tolerated"] == {"defaults_added": 1}
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as http:
+        stats = (await http.get("/trajectory/stats")).json()
+        metrics = (await http.get("/metrics")).text
+    assert stats["echo_tolerated"] == {"defaults_added": 1}
+    assert 'actorproxy_echoes_tolerated_total{rewrite="defaults_added"} 1.0' in metrics
+
+
+async def test_reordered_and_retyped_chat_echoes_are_counted(proxy: RunningProxy, engine: SimEngine) -> None:
+    """A chat client echoing its calls re-serialised (keys re-ordered, 2 as 2.0): one segment, counted once each."""
+    call = {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}
+    engine.script(f"<tool_call>\n{json.dumps(call)}\n</tool_call>", f"<tool_call>\n{json.dumps(call)}\n</tool_call>",
+                  "Sunny.", routing_key="chat-echo")
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "number"}}}}}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Oslo?"}]
+    async with httpx.AsyncClient(base_url=f"{proxy.url}/sess/chat-echo/v1", timeout=30) as http:
+        for rewrite in ('{"days": 2.0, "city": "Oslo"}', '{"days":2,"city":"Oslo"}', None):
+            reply = await http.post("/chat/completions", json={"messages": messages, "tools": [tool]})
+            assert reply.status_code == 200, reply.text
+            if rewrite is None:
+                break
+            message = reply.json()["choices"][0]["message"]
+            message["tool_calls"][0]["function"]["arguments"] = rewrite
+            messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "sun"}]
+    async with ProxyClient(proxy.url) as client:
+        await client.finalize_session("chat-echo")
+        segments = (await client.read_trajectory(session_id="chat-echo"))["data"]
+        stats = await client.stats()
+    assert [(s["num_steps"], s["start_reason"]) for s in segments] == [(3, "session_start")]
+    assert segments[0]["metadata"]["echo_tolerated"] == {"reformatted": 2}
+    assert stats["echo_tolerated"] == {"reformatted": 2}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from array import array
+from collections import Counter
 from typing import Any
 
 import attrs
@@ -160,6 +161,9 @@ class SessionState:
         metadata: dict[str, Any] = {}
         if self._sub_agent is not None:
             metadata["sub_agent"] = self._sub_agent[1]
+        tolerated = Counter(kind for message in seg.accounted for kind in message.tolerated)
+        if tolerated:  # replies the client echoed rewritten, still matched (see core/messages.py)
+            metadata["echo_tolerated"] = dict(sorted(tolerated.items()))
         who = SegmentIdentity(
             session_id=self.session_id,
             parent_traj_id=parent,

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import attrs
 
 from ..tokenization.tokenizer import ChatTokenizer
-from .messages import AssistantOutput, echo_matches, message_key
+from .messages import AssistantOutput, echo_tolerance, message_key
 from .records import Step
 
 BoundaryReason = Literal[
@@ -63,12 +63,16 @@ class _Accounted:
     output: AssistantOutput | None = None
     #: A snapshot of the last dict that matched: an equal dict next time matches at C speed.
     raw: Mapping[str, Any] | None = None
+    #: The client's rewrites of our reply the echo matching saw through (``echo_tolerance``), once each.
+    tolerated: frozenset[str] = frozenset()
 
     def matches(self, message: Mapping[str, Any]) -> bool:
         if self.raw is not None and self.raw == message:
             return True
         if self.output is not None:
-            ok = echo_matches(message, self.output)
+            tolerated = echo_tolerance(message, self.output)
+            ok = tolerated is not None
+            self.tolerated = self.tolerated.union(tolerated or ())
         else:
             ok = message_key(message) == self.key
         if ok:

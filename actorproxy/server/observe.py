@@ -304,6 +304,9 @@ class _Snapshot:
         yield _labelled(CounterMetricFamily, "actorproxy_prefix_rebuilds",
                         "Prefixes rebuilt in place (--on-history-rewrite recompute), by reason", "reason",
                         store.get("rebuilds"))
+        yield _labelled(CounterMetricFamily, "actorproxy_echoes_tolerated",
+                        "Echoed replies matched although the client rewrote them, by rewrite", "rewrite",
+                        store.get("echo_tolerated"))
         yield _labelled(CounterMetricFamily, "actorproxy_segments_by_close_reason",
                         "Segments stored, by what closed them", "reason", store.get("closed_by"))
         verify = store.get("verify") or {}

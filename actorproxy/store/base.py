@@ -104,11 +104,14 @@ class StoreCounters:
         self.rebuilds: Counter[str] = Counter(saved.get("rebuilds", {}))
         self.verify: Counter[str] = Counter(saved.get("verify", {}))
         self.verify_kinds: Counter[str] = Counter(saved.get("verify_kinds", {}))
+        #: Echoed replies matched although the client rewrote them, by rewrite (``reformatted``, ...).
+        self.echo_tolerated: Counter[str] = Counter(saved.get("echo_tolerated", {}))
 
     def to_json(self) -> dict[str, Any]:
         return {
             "counters": dict(self.counters), "closed_by": dict(self.closed_by), "boundaries": dict(self.boundaries),
             "rebuilds": dict(self.rebuilds), "verify": dict(self.verify), "verify_kinds": dict(self.verify_kinds),
+            "echo_tolerated": dict(self.echo_tolerated),
         }
 
     def count_put(self, session_id: str, segments: tuple[Segment, ...], steps: tuple[Step, ...]) -> None:
@@ -127,6 +130,7 @@ class StoreCounters:
             self.boundaries[seg.start_reason] += 1
         for reason in seg.metadata.get("rebuilds", ()):
             self.rebuilds[reason] += 1
+        self.echo_tolerated.update(seg.metadata.get("echo_tolerated", {}))
         report = seg.metadata.get("verify")
         if isinstance(report, dict):
             self.verify["segments_verified"] += 1
@@ -145,6 +149,7 @@ class StoreCounters:
             "boundaries": dict(self.boundaries),
             "rebuilds": dict(self.rebuilds),
             "closed_by": dict(self.closed_by),
+            "echo_tolerated": dict(self.echo_tolerated),
             "verify": {**{k: self.verify[k] for k in _VERIFY_KINDS}, "by_kind": dict(self.verify_kinds)},
             **{k: self.counters[k] for k in COUNTER_NAMES},
         }
