@@ -159,10 +159,12 @@ async def test_a_changed_system_prompt_over_the_same_conversation_stays(rig: Any
 @pytest.mark.parametrize("mode", ["log", "off"])
 async def test_sub_agent_modes(tokenizer: Any, mode: str) -> None:
     async for runtime, engine, _ in _rig(tokenizer, sub_agents=mode)():
-        engine.script("Main.", routing_key="m")
+        # The main agent's reply calls a tool: it goes on, so it is the main conversation (see test_side_calls).
+        engine.script("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+                      routing_key="m")
         engine.script("Sub.", routing_key="m/sub-1" if mode == "log" else "m")
-        await run_turn(runtime, "m", [SYSTEM, TASK])
-        await run_turn(runtime, "m", [SUB_SYSTEM, {"role": "user", "content": "Search."}])
+        await run_turn(runtime, "m", [SYSTEM, TASK], tools=[WEATHER_TOOL])
+        await run_turn(runtime, "m", [SUB_SYSTEM, {"role": "user", "content": "Search."}], tools=[WEATHER_TOOL])
         segments, steps = await _read(runtime, "m")
         if mode == "log":
             assert [s["session_id"] for s in steps] == ["m", "m/sub-1"]

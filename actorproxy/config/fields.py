@@ -11,6 +11,7 @@ import attrs
 BuildMode = Literal["concat", "last_step"]
 RewriteMode = Literal["segment", "recompute"]
 SubAgentMode = Literal["train", "log", "off"]
+SideCallMode = Literal["train", "log", "off"]
 BackendKind = Literal["sim", "sglang", "vllm", "llamacpp"]
 AgentAuth = Literal["none", "session-key", "api-key"]
 

@@ -12,6 +12,7 @@ from .fields import (
     BackendKind,
     BuildMode,
     RewriteMode,
+    SideCallMode,
     SubAgentMode,
     recompute_logprobs_from_env,
     setting,
@@ -136,6 +137,12 @@ class TrajectorySettings:
         "train",
         help="a turn with another system prompt and first message (Claude Code's Task agents) goes to the "
         "child session <session>/sub-<n>, recorded as segments (train) or steps only (log); off: no routing",
+    )
+    side_calls: SideCallMode = setting(
+        "train",
+        help="one-shot calls with another system prompt (title generators, summaries, helper calls) beside "
+        "the session's main conversation (the one that continues): segments flagged metadata.side_call "
+        "(train), steps only (log), or off: the first conversation is the main one",
     )
     mask_nonlast_version_tokens: bool = setting(
         False, help="loss mask 0 on sampled tokens of weight versions older than the segment's newest"

@@ -1,7 +1,8 @@
 """One session's state as a sans-IO state machine (the h11 ``Connection`` model).
 
-:class:`SessionState` owns everything a session records: its steps, its open
-segment and TITO state, retries, sub-agent child keys, guards and recompute
+:class:`SessionState` owns everything a session records: its steps, its
+conversations (:mod:`.lanes`: the main one and side calls, each with its open
+segment and TITO state), retries, sub-agent child keys, guards and recompute
 planning, and the opening and closing of segments. It does no I/O and never
 awaits: the session actor feeds it a request (:meth:`SessionState.prepare`),
 runs the generation itself, hands back the outcome (:meth:`SessionState.commit`)
@@ -23,7 +24,8 @@ from ..config import ProxyConfig
 from ..errors import BadRequest, ContextOverflow, ProxyError, StepLimitExceeded
 from ..tokenization.tokenizer import ChatTokenizer
 from .assemble import RebuiltPrefix, SegmentIdentity, assemble_segment, rebuild_prefix
-from .messages import message_key, tools_key
+from .lanes import Conversations, Lane, conversation_key, one_shot
+from .messages import tools_key
 from .records import Segment, Step, float_array, sub_agent_of
 from .requests import ChatRequest, Identity
 from .spans import SpanError
@@ -31,9 +33,6 @@ from .template_probe import probe_template
 from .tito import Continue, FragmentError, Fresh, OpenSegment, plan_turn, render_fragment, snapshot
 
 log = logging.getLogger(__name__)
-
-#: Sub-agent child sessions one session may open; past it, turns stay in the session itself.
-MAX_SUB_AGENTS = 64
 
 
 @attrs.frozen
@@ -63,6 +62,8 @@ class Prepared:
     closed: list[Segment]
     #: The request, with its own shallow copy of the message list.
     request: ChatRequest
+    #: The conversation the turn belongs to.
+    lane: Lane
 
 
 @attrs.frozen
@@ -93,19 +94,29 @@ class SessionState:
         self.next_step = next_step
         self.next_segment = next_segment
         self.steps: list[Step] = []
-        self.segment: OpenSegment | None = None
         self.instance_id: str | None = None
         self._rollout_id: str | None = None
         #: Set on a sub-agent's child session: ``(parent session id, "sub-<n>")``.
         self._sub_agent = sub_agent_of(session_id)
-        #: The main agent's system prompt and first message (keys), set when a segment opens.
-        self._main: tuple[Any, Any] | None = None
-        #: Sub-agent child sessions by (system prompt, first message) key.
-        self._children: dict[tuple[Any, Any], str] = {}
+        #: The session's conversations (one, unless side calls are told apart) and its sub-agents.
+        self._talks = Conversations(
+            session_id,
+            side_calls=config.trajectory.side_calls != "off" and self._sub_agent is None,
+            sub_agents=config.trajectory.sub_agents != "off" and self._sub_agent is None,
+        )
+
+    @property
+    def segment(self) -> OpenSegment | None:
+        """The open segment of the conversation the current turn belongs to."""
+        return self._talks.active.segment
+
+    @segment.setter
+    def segment(self, value: OpenSegment | None) -> None:
+        self._talks.active.segment = value
 
     @property
     def children(self) -> list[str]:
-        return list(self._children.values())
+        return list(self._talks.children.values())
 
     # -- a turn -----------------------------------------------------------------------
 
@@ -113,9 +124,10 @@ class SessionState:
         """Route, plan and guard a turn. On :class:`Prepared` the step is recorded as ``running``."""
         # Fields nothing reads are not rendered, matched or kept (issue 11 #6: they cost memory, not tokens).
         request = attrs.evolve(request, messages=self._tok.cut_messages(request.messages))
-        child = self._sub_agent_session(request.messages)
+        child = self._talks.route(request.messages)
         if child is not None:
             return Moved(child)
+        lane = self._talks.active
         if self.next_step >= self._config.limits.max_steps_per_session:
             return Refusal(StepLimitExceeded(
                 f"session {self.session_id!r} already has {self.next_step} steps "
@@ -123,13 +135,19 @@ class SessionState:
             ))
         key = tools_key(request.tools)
         retried = self._take_back_retried(request, identity, key)
+        if retried is not None:
+            lane.turns -= 1
+        elif lane.turns:
+            self._talks.continued(lane)
         try:
             prepared = self._plan_and_guard(request, identity, key)
         except ProxyError as exc:
             if retried is not None and self.segment is not None:
                 step, retried_request = retried
                 self.segment.push_back(step, step.new_messages, retried_request, self._tok.turn_end_ids)
+                lane.turns += 1
             return Refusal(exc)
+        lane.offers_tools = bool(request.tools)
         if retried is not None:
             old = retried[0]
             old.status = "superseded"
@@ -142,25 +160,51 @@ class SessionState:
         if not result.completed:
             return  # the step keeps the status the generation gave it, out of the segment
         prepared = result.prepared
-        seg = self.segment
+        lane = prepared.lane
+        seg = lane.segment
         assert seg is not None
         prepared.step.status = "completed"
         seg.add_turn(prepared.step, prepared.new_messages, prepared.request, self._tok.turn_end_ids)
+        lane.turns += 1
+        lane.last_step = prepared.step.index
+        if prepared.step.output is not None and prepared.step.output.tool_calls:
+            self._talks.continued(lane)  # it waits for the tools' results: it goes on
 
     def close(self, reason: str, reward: float | None = None) -> list[Segment]:
-        """Close the open segment (building its sample); returns it, or nothing if it had no steps."""
-        seg = self.segment
-        self.segment = None
+        """The session ends: close every conversation's open segment; returns those that had steps."""
+        closed: list[Segment] = []
+        for lane, side in self._talks.at_end():
+            closed += self._close_lane(lane, reason, reward, side=side)
+        return closed
+
+    def _close_active(self, reason: str) -> list[Segment]:
+        """A boundary in the active conversation: close its open segment."""
+        lane = self._talks.active
+        return self._close_lane(lane, reason, None, side=self._talks.is_side(lane))
+
+    def _close_lane(self, lane: Lane, reason: str, reward: float | None, *, side: bool) -> list[Segment]:
+        """Close a conversation's open segment (building its sample), labelled a side call or not."""
+        seg = lane.segment
+        lane.segment = None
         if seg is None or not seg.steps:
             return []
-        if self._sub_agent is not None and self._config.trajectory.sub_agents == "log":
-            for step in seg.steps:  # a sub-agent in log mode: its steps are kept, no training sample
+        trajectory = self._config.trajectory
+        if self._sub_agent is not None and trajectory.side_calls != "off" and one_shot(lane, seg, reason):
+            side = True  # a sub-agent's conversation that ended after one turn: a side call
+        # A sub-agent's segment in --sub-agents log mode stays out of training, side call or not.
+        sub_agent_log = self._sub_agent is not None and trajectory.sub_agents == "log"
+        if sub_agent_log or (side and trajectory.side_calls == "log"):
+            for step in seg.steps:  # log mode: the steps are kept, no training sample
                 step.in_segment = False
+            log.info("session %s: %s of %d step(s) kept as steps only (log mode)", self.session_id,
+                     "a side call" if side else "a sub-agent's segment", len(seg.steps))
             return []
         parent = self._sub_agent[0] if self._sub_agent is not None else self.session_id
         metadata: dict[str, Any] = {}
         if self._sub_agent is not None:
             metadata["sub_agent"] = self._sub_agent[1]
+        if side:
+            metadata["side_call"] = True
         tolerated = Counter(kind for message in seg.accounted for kind in message.tolerated)
         if tolerated:  # replies the client echoed rewritten, still matched (see core/messages.py)
             metadata["echo_tolerated"] = dict(sorted(tolerated.items()))
@@ -190,33 +234,6 @@ class SessionState:
         return steps
 
     # -- routing and retries ------------------------------------------------------------
-
-    def _sub_agent_session(self, messages: list[dict[str, Any]]) -> str | None:
-        """The child session for a sub-agent's turn, or ``None`` when the turn belongs here.
-
-        A sub-agent (Claude Code's Task agents) calls with another system prompt
-        *and* another first message than the main agent. A changed system prompt
-        over the same conversation stays here (a ``system_changed`` boundary).
-        Children are matched by their system prompt and first message.
-        """
-        if self._sub_agent is not None or self._config.trajectory.sub_agents == "off" or self._main is None:
-            return None
-        system, first = conversation_key(messages)
-        if system == self._main[0]:
-            return None
-        child = self._children.get((system, first))
-        if child is not None:
-            return child
-        if first == self._main[1]:
-            return None
-        if len(self._children) >= MAX_SUB_AGENTS:
-            log.warning("session %s: %d sub-agents already; this turn stays in the session",
-                        self.session_id, MAX_SUB_AGENTS)
-            return None
-        child = f"{self.session_id}/sub-{len(self._children) + 1}"
-        self._children[(system, first)] = child
-        log.info("session %s: a sub-agent's turn; it goes to %s", self.session_id, child)
-        return child
 
     def _take_back_retried(self, request: ChatRequest, identity: Identity, key: str) -> tuple[Step, Any] | None:
         """A retry of the segment's last turn: take that turn back out of the segment.
@@ -303,7 +320,7 @@ class SessionState:
                 boundary = self._rebuild_segment(plan.reason, key)
             else:
                 boundary, closed = self._open_segment(plan.reason, key)
-            self._main = conversation_key(request.messages)
+            self._talks.active.key = conversation_key(request.messages)
         seg = self.segment
         assert seg is not None
         step = Step(
@@ -334,7 +351,7 @@ class SessionState:
         top_p = 1.0 if request.top_p is None else request.top_p
         # A shallow copy of the message list: a caller in this process may go on appending to its own.
         kept = attrs.evolve(request, messages=list(request.messages))
-        return Prepared(step, input_ids, new_messages, temperature, top_p, closed, kept)
+        return Prepared(step, input_ids, new_messages, temperature, top_p, closed, kept, self._talks.active)
 
     def _open_segment(self, reason: str, key: str) -> tuple[str, list[Segment]]:
         """Start a new segment for ``reason``; returns the reason recorded and the closed segments.
@@ -346,7 +363,7 @@ class SessionState:
         if current is not None and not current.steps:
             current.tools_key = key
             return current.start_reason, []
-        closed = self.close(reason)
+        closed = self._close_active(reason)
         self.segment = OpenSegment(index=self.next_segment, start_reason=reason, tools_key=key)
         self.next_segment += 1
         return reason, closed
@@ -388,12 +405,3 @@ class SessionState:
         seg.tools_key = key
         return seg.rebuilds[-1] if seg.rebuilds else seg.start_reason
 
-
-def conversation_key(messages: list[dict[str, Any]]) -> tuple[Any, Any]:
-    """The keys of a conversation's system prompt (``None`` without one) and first other message."""
-    system = messages[0] if messages and messages[0].get("role") == "system" else None
-    first = next((m for m in messages if m.get("role") != "system"), None)
-    return (
-        message_key(system) if system is not None else None,
-        message_key(first) if first is not None else None,
-    )

@@ -23,7 +23,7 @@ T = TypeVar("T")
 _VERIFY_KINDS = ("segments_verified", "clean", "expected_only", "unexpected", "failed")
 COUNTER_NAMES = (
     "segments_stored", "steps_stored", "segments_drained", "superseded_steps",
-    "sub_agent_sessions", "sub_agent_segments", "sub_agent_steps",
+    "sub_agent_sessions", "sub_agent_segments", "sub_agent_steps", "side_call_segments",
     "recovered_sessions", "recovered_segments", "recovered_steps",
 )
 
@@ -131,6 +131,8 @@ class StoreCounters:
         for reason in seg.metadata.get("rebuilds", ()):
             self.rebuilds[reason] += 1
         self.echo_tolerated.update(seg.metadata.get("echo_tolerated", {}))
+        if seg.metadata.get("side_call"):
+            self.counters["side_call_segments"] += 1
         report = seg.metadata.get("verify")
         if isinstance(report, dict):
             self.verify["segments_verified"] += 1

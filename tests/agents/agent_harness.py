@@ -37,6 +37,13 @@ class Proxy:
             payload = read.json()
         return payload["data"], payload["steps"]
 
+    def read(self, session_id: str) -> list[dict[str, Any]]:
+        """The segments of a finalized session (read again, not drained)."""
+        with httpx.Client(base_url=self.url, timeout=60) as http:
+            read = http.post("/trajectory/read", json={"session_id": session_id})
+            read.raise_for_status()
+            return list(read.json()["data"])
+
     def stats(self) -> dict[str, Any]:
         with httpx.Client(base_url=self.url, timeout=60) as http:
             return dict(http.get("/trajectory/stats").json())

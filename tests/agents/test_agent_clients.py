@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from agent_harness import REPO, Proxy, base_env, check_recording, run_client
 from wirelog import WireLog
 
@@ -72,10 +71,6 @@ enabled = false
     assert len(steps) == len(wire.entries)
 
 
-# Not strict: opencode may send its title call and its first agent call in either order.
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 19 part 4: opencode's first call is a one-shot title generator; it becomes the main "
-    "conversation and the real agent loop sub-agent 'sub-1'. Remove this marker with that fix."))
 def test_opencode(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
     session = "opencode"
     env = base_env(tmp_path / "home")
@@ -95,7 +90,12 @@ def test_opencode(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) 
                OPENCODE_DISABLE_MODELS_FETCH="1")
     done = run_client([str(agent_bin / "opencode"), "run", PROMPT], cwd=_workdir(tmp_path), env=env, wire=wire)
     assert done.stdout.strip(), done.stderr
-    check_recording(proxy, session, wire)
+    _, steps = check_recording(proxy, session, wire)
+    # Its title generator (another system prompt, sent before or beside the first agent call) is a side call.
+    titles = [s for s in steps if "title generator" in json.dumps(s["new_messages"][:1])]
+    assert len(titles) == 1 and not titles[0]["session_id"].endswith("/sub-1"), titles
+    side = [s for s in proxy.read(session) if s["metadata"].get("side_call")]
+    assert [s["step_indices"] for s in side] == [[titles[0]["step_index"]]], side
 
 
 def test_openai_agents_sdk(proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
