@@ -74,6 +74,30 @@ async def test_a_trailing_system_entry_is_kept_and_prefill_still_refused(http: h
     assert "prefill" in refused.json()["error"]["message"]
 
 
+async def test_tool_search_results_with_tool_references_are_served(http: httpx.AsyncClient, engine: SimEngine) -> None:
+    """Claude Code's ToolSearch answers with ``tool_reference`` blocks (the deferred tools it loads): not a 400."""
+    engine.script("Loaded.", routing_key="ts")
+    body = claude_code_body()
+    body["messages"] = [
+        {"role": "user", "content": "Watch the build."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "ToolSearch",
+                                           "input": {"query": "select:Monitor"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                {"type": "tool_reference", "tool_name": "Monitor"}, {"type": "tool_reference", "tool_name": "Cron"}]},
+            {"type": "text", "text": "Tool loaded.", "cache_control": {"type": "ephemeral"}}]},
+    ]
+    response = await http.post("/v1/messages?beta=true", json=body, headers={"X-Session-Id": "ts"})
+    assert response.status_code == 200, response.text
+    await http.post("/session/finalize", json={"session_id": "ts"})
+    step = (await http.post("/trajectory/read", json={"session_id": "ts", "include_steps": True})).json()["steps"][0]
+    assert [m["content"] for m in step["new_messages"] if m["role"] == "tool"] == ["Monitor\nCron"]
+    bad = {**body, "messages": [*body["messages"][:2], {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "tool_reference"}]}]}]}
+    refused = await http.post("/v1/messages", json=bad, headers={"X-Session-Id": "ts2"})
+    assert refused.status_code == 400 and "tool_name" in refused.json()["error"]["message"], refused.text
+
+
 async def test_count_tokens_takes_the_same_body(http: httpx.AsyncClient) -> None:
     body = claude_code_body()
     body.pop("max_tokens")

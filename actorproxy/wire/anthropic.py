@@ -102,14 +102,22 @@ def _unsupported(kind: str, at: str, place: str) -> BadRequest:
     return _bad(f"{at}: content blocks of type {kind!r} are not supported in {place}", at)
 
 
-def _text_of(content: Any, where: str, place: str) -> str:
-    """The text of a string or an array of text blocks (``system``, ``tool_result.content``)."""
+def _text_of(content: Any, where: str, place: str, *, references: bool = False) -> str:
+    """The text of a string or an array of text blocks (``system``, ``tool_result.content``).
+
+    With ``references`` (a tool result), a ``tool_reference`` block (Claude Code's
+    ToolSearch answer: a deferred tool it loads) is the tool's name: the prompt
+    lists every tool the request carries, so the reference only needs naming.
+    """
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     texts = []
     for j, block in enumerate(_block_list(content, where)):
+        if references and block["type"] == "tool_reference":
+            texts.append(_string(block.get("tool_name"), f"{where}[{j}].tool_name", empty=False))
+            continue
         if block["type"] != "text":
             raise _unsupported(block["type"], f"{where}[{j}]", place)
         texts.append(_string(block.get("text"), f"{where}[{j}].text"))
@@ -129,7 +137,7 @@ def _user(content: Any, where: str) -> list[dict[str, Any]]:
             # ``is_error`` is not rendered: Qwen's format has no place for it, and
             # agents (Claude Code) already say so in the result text.
             call_id = _string(block.get("tool_use_id"), f"{at}.tool_use_id", empty=False)
-            text = _text_of(block.get("content"), f"{at}.content", "a tool result")
+            text = _text_of(block.get("content"), f"{at}.content", "a tool result", references=True)
             tool_messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
         else:
             raise _unsupported(block["type"], at, "a user message")
