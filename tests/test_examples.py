@@ -53,3 +53,10 @@ def test_durable_store_example_recovers_after_sigkill() -> None:
     result = _run(str(EXAMPLES / "durable_store.py"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "boundary_reason=recovered" in result.stdout and "exited with 0" in result.stdout
+
+
+def test_side_calls_example_runs() -> None:
+    result = _run(str(EXAMPLES / "side_calls.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("side call: 1 step(s), steps [0]") == 1 and "  main: " in result.stdout
+    assert '"side_call_segments": 1' in result.stdout and "turn 0 logprobs:" in result.stdout

@@ -1,0 +1,83 @@
+"""Side calls: an agent that first asks a title generator, then runs its loop (as opencode does).
+
+The title call has its own system prompt and is answered once; the agent loop
+goes on. The session's main trajectory is the loop, the title call a separate
+segment flagged ``metadata.side_call`` (``--side-calls train``; ``log`` keeps it
+as a step only). The first agent call also asks for ``logprobs``: the reply
+carries each sampled token with the logprob the trainer will read.
+
+    python examples/side_calls.py                  # serves its own proxy (simulated engine)
+    python examples/side_calls.py --url http://127.0.0.1:8800
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import uuid
+from typing import Any
+
+import openai
+import trio
+
+from actorproxy import ProxyClient, ProxyConfig, open_proxy
+
+TOOL = {"type": "function", "function": {
+    "name": "read_file", "description": "Read a file.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+TASK = "Look at notes.txt and tell me what it says."
+
+
+def agent(base_url: str, max_turns: int) -> None:
+    """The black box: a title call, then a tool loop (blocking)."""
+    client = openai.OpenAI(base_url=base_url, api_key="unused")
+    title = client.chat.completions.create(model="policy", messages=[
+        {"role": "system", "content": "You are a title generator. Output only a short title."},
+        {"role": "user", "content": f"Generate a title for this conversation:\n{TASK}"}])
+    print(f"title call: {(title.choices[0].message.content or '')[:50]!r}")
+    messages: list[Any] = [{"role": "system", "content": "You are a coding agent. Use tools to read files."},
+                           {"role": "user", "content": TASK}]
+    for turn in range(max_turns):
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=[TOOL], logprobs=turn == 0)
+        choice = reply.choices[0]
+        if choice.logprobs is not None and choice.logprobs.content:
+            first = choice.logprobs.content[:3]
+            print(f"turn 0 logprobs: {len(choice.logprobs.content)} tokens, first "
+                  + ", ".join(f"{t.token!r}:{t.logprob:.3f}" for t in first))
+        messages.append(choice.message.model_dump(exclude_none=True))
+        calls = choice.message.tool_calls or []
+        print(f"turn {turn}: {len(calls)} tool call(s)")
+        if not calls:
+            return
+        for call in calls:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "The build is green."})
+
+
+async def main(url: str | None, max_turns: int) -> None:
+    session = f"side-calls-{uuid.uuid4().hex[:8]}"
+    if url is None:
+        async with open_proxy(ProxyConfig.of(port=0)) as proxy:
+            await run(proxy.url, session, max_turns)
+    else:
+        await run(url, session, max_turns)
+
+
+async def run(url: str, session: str, max_turns: int) -> None:
+    await trio.to_thread.run_sync(agent, f"{url}/sess/{session}/v1", max_turns)
+    async with ProxyClient(url) as client:
+        print(await client.finalize_session(session))
+        payload = await client.read_trajectory(session_id=session)
+        stats = await client.stats()
+    for seg in payload["data"]:
+        kind = "side call" if seg["metadata"].get("side_call") else "main"
+        print(f"segment {seg['trajectory_id']}  {kind}: {seg['num_steps']} step(s), steps {seg['step_indices']}, "
+              f"{seg['num_tokens']} tokens")
+    print("stats:", json.dumps({k: stats[k] for k in ("side_call_segments", "echo_tolerated", "boundaries")}))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="a running proxy (default: serve one with the simulated engine)")
+    parser.add_argument("--max-turns", type=int, default=4)
+    args = parser.parse_args()
+    trio.run(main, args.url, args.max_turns)
