@@ -93,9 +93,9 @@ def test_opencode(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) 
     _, steps = check_recording(proxy, session, wire)
     # Its title generator (another system prompt, sent before or beside the first agent call) is a side call.
     titles = [s for s in steps if "title generator" in json.dumps(s["new_messages"][:1])]
-    assert len(titles) == 1 and not titles[0]["session_id"].endswith("/sub-1"), titles
-    side = [s for s in proxy.read(session) if s["metadata"].get("side_call")]
-    assert [s["step_indices"] for s in side] == [[titles[0]["step_index"]]], side
+    assert len(titles) == 1, titles
+    side = [(s["trajectory_id"], s["step_indices"]) for s in proxy.read(session) if s["metadata"].get("side_call")]
+    assert side == [(f"{titles[0]['session_id']}#{titles[0]['segment_index']}", [titles[0]["step_index"]])], side
 
 
 def test_openai_agents_sdk(proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
