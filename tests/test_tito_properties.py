@@ -656,7 +656,10 @@ async def test_generated_sub_agents_get_their_own_child_sessions(data: st.DataOb
     order = [0, *data.draw(st.permutations(rest), label="interleaving")]
     event(f"sub-agents: {n_subs}")
 
-    async with open_runtime(ProxyConfig.of(port=0), backend=backend, tokenizer=tokenizer) as runtime:
+    # --side-calls off: the first conversation is the main one even before it continues (with side
+    # calls on, a sub-agent arriving before the main agent continued gets a lane; test_side_calls.py).
+    config = ProxyConfig.of(port=0, side_calls="off")
+    async with open_runtime(config, backend=backend, tokenizer=tokenizer) as runtime:
         for number, who in enumerate(order):
             conversation = conversations[who]
             await play(runtime, engine, session, conversation, conversation.next_turn(data, tokenizer, number))
