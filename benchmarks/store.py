@@ -1,24 +1,34 @@
 """The trajectory stores compared over real HTTP: memory, SQLite and a Ray data pool.
 
-    python benchmarks/store.py [--stores memory sqlite ray] [--concurrency 64] [--tokens 2000000]
+    python benchmarks/store.py                         # 64 sessions at a time, 2 million tokens per store
+    python benchmarks/store.py --quick                 # 200 000 tokens per store, no Ray
+    python benchmarks/store.py --stores sqlite --tokens 1000000
 
-Per store: ``actorproxy run --store <kind>`` (simulated engine) runs in its own
-process, and a load generator in another process runs ``--concurrency``
-sessions at a time, each ``--turns`` non-streamed turns over a long prompt and
-then ``POST /session/finalize``, until the sessions' segments hold
-``--tokens`` tokens in all. Printed per store: turns per second, finalize
-latency (p50/p99, which includes the commit for SQLite), and the proxy's RSS at
-the end (nothing is drained, so the memory store holds every token in RAM).
-Ray needs ``pip install 'actorproxy[ray]'``; a local Ray is started for it.
+Three processes per store: the zero-delay engine stub (``engine_stub.py``, canned
+16-token replies over SGLang's ``/generate``), ``actorproxy run --backend sglang --store
+<kind>`` in front of it, and the load generator (this file with ``--load``: keep-alive
+HTTP/1.1 on asyncio, ``load_client.Http``). The generator runs ``--concurrency``
+sessions at a time, each ``--turns`` non-streamed turns over a long prompt (unique per
+session) then ``POST /session/finalize``, until the store holds ``--tokens`` tokens (each
+session's segment and its steps: twice the segment's tokens). One warm-up session per
+worker is drained first; then nothing is drained: the store ends up holding every token.
+
+Printed per store: turns/s; the proxy's CPU time per turn (the robust figure on a shared
+machine); finalize latency p50/p99 (for SQLite and Ray it includes the commit: finalize
+answers once its segment is durable); the p50 and p99 turn latency while the store held
+the first, middle and last tenth of the tokens (a turn must not slow down as the store
+fills); the proxy's RSS at the start, half way and at the end (the memory store keeps
+every token in RAM by design; SQLite and Ray must not). Ray needs ``pip install
+'actorproxy[ray]'``; a local Ray (``num_cpus=1``) is started for it and the pool's count of
+received segments is printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
-import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -28,142 +38,235 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import trio
+from load_client import Http, cpu_seconds
+from overhead import REPLY, canned, loadavg
+from processes import engine_stub, proxy
 
-PROMPT = " ".join(f"word{i}" for i in range(400))
-
-
-# -- the load generator (its own process) ----------------------------------------------
-
-
-async def _load(url: str, concurrency: int, turns: int, target_tokens: int) -> dict[str, Any]:
-    stored = 0
-    sessions = 0
-    turn_count = 0
-    finalize_ms: list[float] = []
-    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
-
-        async def worker(w: int) -> None:
-            nonlocal stored, sessions, turn_count
-            n = 0
-            while stored < target_tokens:
-                session = f"w{w}-{n}"
-                n += 1
-                messages: list[dict[str, Any]] = [{"role": "user", "content": f"{session} {PROMPT}"}]
-                last = 0
-                for _ in range(turns):
-                    reply = await http.post("/v1/chat/completions", headers={"X-Session-Id": session},
-                                            json={"messages": messages, "max_tokens": 32})
-                    reply.raise_for_status()
-                    body = reply.json()
-                    usage = body["usage"]
-                    last = usage["prompt_tokens"] + usage["completion_tokens"]
-                    messages += [body["choices"][0]["message"], {"role": "user", "content": "go on"}]
-                    turn_count += 1
-                start = time.perf_counter()
-                (await http.post("/session/finalize", json={"session_id": session})).raise_for_status()
-                finalize_ms.append((time.perf_counter() - start) * 1000)
-                stored += last
-                sessions += 1
-
-        start = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for w in range(concurrency):
-                nursery.start_soon(worker, w)
-        elapsed = time.perf_counter() - start
-    finalize_ms.sort()
-    return {
-        "turns": turn_count,
-        "sessions": sessions,
-        "tokens": stored,
-        "seconds": elapsed,
-        "turns_per_s": turn_count / elapsed,
-        "finalize_p50_ms": statistics.median(finalize_ms),
-        "finalize_p99_ms": finalize_ms[min(len(finalize_ms) - 1, int(0.99 * len(finalize_ms)))],
-    }
+# -- the load generator (its own process) ----------------------------------------------------
 
 
-# -- the driver -------------------------------------------------------------------------
-
-
-def _start_proxy(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    out = open(log, "wb")  # noqa: SIM115 (written by the process until it exits)
-    proc = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--port", "0", "--sim-token-interval",
-                             "0.0005", *args], stdout=out, stderr=out)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        match = re.search(r"serving on (http://\S+)", log.read_text(errors="replace"))
-        if match:
-            return proc, match.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"the proxy did not start:\n{log.read_text()}")
-
-
-def _rss_mb(pid: int) -> float:
+def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
 
-def _run_store(kind: str, opts: argparse.Namespace, scratch: Path, ray_address: str | None) -> dict[str, Any]:
-    extra = ["--store", kind, "--data-dir", str(scratch / kind)]
-    if kind == "ray":
-        extra += ["--ray-address", str(ray_address), "--data-pool", "bench-pool", "--ray-namespace", "bench"]
-    log = scratch / f"{kind}.log"
-    # INFO level: the driver reads the URL from the "serving on" line.
-    proc, url = _start_proxy([*extra, "--log-level", "INFO"], log)
-    try:
-        out = scratch / f"{kind}.json"
-        subprocess.run([sys.executable, __file__, "--load", url, "--concurrency", str(opts.concurrency),
-                        "--turns", str(opts.turns), "--tokens", str(opts.tokens), "--out", str(out)], check=True)
-        result: dict[str, Any] = json.loads(out.read_text())
-        result["rss_mb"] = _rss_mb(proc.pid)
-        result["store_tokens"] = httpx.get(url + "/trajectory/stats", timeout=60).json()["tokens"]
-    finally:
-        proc.send_signal(signal.SIGTERM)
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def load(args: argparse.Namespace) -> dict[str, Any]:
+    host, _, port = args.load.removeprefix("http://").partition(":")
+    target = args.tokens
+    stored = 0  # tokens in the store (finalized segments and their steps)
+    turns: list[tuple[int, float]] = []  # (store size when the turn started, latency ms)
+    finalize_ms: list[float] = []
+    rss: dict[str, float] = {}
+    errors: list[str] = []
+    words = " ".join(f"w{i}" for i in range(args.prompt_words))
+
+    async def session(http: Http, name: str, record: bool) -> bool:
+        """One session: its turns, then finalize. False on an error (recorded)."""
+        nonlocal stored
+        headers = {"X-Session-Id": name}
+        messages: list[dict[str, Any]] = [{"role": "user", "content": f"{name}: {words}"}]
+        size = 0
+        for _ in range(args.turns):
+            before = stored
+            status, data, seconds = await http.request(
+                "POST", "/v1/chat/completions", json.dumps({"model": "m", "messages": messages, "max_tokens": 32}
+                                                           ).encode(), headers)
+            if status != 200:
+                errors.append(f"turn {status}: {data[:300]!r}")
+                return False
+            if record:
+                turns.append((before, seconds * 1000))
+            body = json.loads(data)
+            size = body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+            messages += [body["choices"][0]["message"], {"role": "user", "content": "go on"}]
+        start = time.perf_counter()
+        status, data, _ = await http.request("POST", "/session/finalize", json.dumps({"session_id": name}).encode())
+        if status != 200:
+            errors.append(f"finalize {status}: {data[:300]!r}")
+            return False
+        if record:
+            finalize_ms.append((time.perf_counter() - start) * 1000)
+            # The store keeps the segment and the session's steps (their fragments and outputs: the same tokens).
+            stored += 2 * size
+            if "half" not in rss and stored >= target // 2:
+                rss["half"] = rss_mb(args.pid)
+        return True
+
+    async def worker(w: int, record: bool) -> None:
+        http = Http(host, int(port))
+        n = 0
         try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            while len(errors) < 10 and await session(http, f"{'s' if record else 'warm'}{w}-{n}", record):
+                n += 1
+                if not record or stored >= target:
+                    return
+        finally:
+            await http.close()
+
+    # Warm up (one session per worker), then empty the store: the measured fill starts from 0 tokens.
+    await asyncio.gather(*(worker(w, False) for w in range(args.concurrency)))
+    drain = Http(host, int(port))
+    status, data, _ = await drain.request("POST", "/trajectory/read", json.dumps({"drain": True}).encode())
+    await drain.close()
+    if status != 200:
+        raise SystemExit(f"draining the warm-up sessions failed: {status} {data[:300]!r}")
+    rss["start"] = rss_mb(args.pid)
+    cpu = cpu_seconds(args.pid)
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(w, True) for w in range(args.concurrency)))
+    elapsed = time.perf_counter() - start
+    cpu = cpu_seconds(args.pid) - cpu
+    rss["end"] = rss_mb(args.pid)
+    by_tenth: dict[str, list[float]] = {"first": [], "middle": [], "last": []}
+    for before, ms in turns:
+        share = before / target
+        if share < 0.1:
+            by_tenth["first"].append(ms)
+        elif 0.45 <= share < 0.55:
+            by_tenth["middle"].append(ms)
+        elif share >= 0.9:
+            by_tenth["last"].append(ms)
+    return {
+        "turns": len(turns),
+        "sessions": len(finalize_ms),
+        "tokens": stored,
+        "seconds": elapsed,
+        "turns_per_s": len(turns) / elapsed,
+        "cpu_ms_per_turn": 1000 * cpu / max(len(turns), 1),
+        "finalize_p50_ms": pct(finalize_ms, 0.5),
+        "finalize_p99_ms": pct(finalize_ms, 0.99),
+        "turn_ms": {k: {"p50": pct(v, 0.5), "p99": pct(v, 0.99), "n": len(v)} for k, v in by_tenth.items()},
+        "rss_mb": rss,
+        "errors": errors,
+    }
+
+
+# -- the driver --------------------------------------------------------------------------
+
+
+def run_store(kind: str, args: argparse.Namespace, stub_url: str, scratch: Path, ray_address: str | None
+              ) -> dict[str, Any]:
+    flags = ["--store", kind, "--data-dir", str(scratch / kind), "--max-sessions", "100000",
+             "--store-max-tokens", str(10 * args.tokens)]
+    if kind == "ray":
+        flags += ["--ray-address", str(ray_address), "--data-pool", "bench-pool", "--ray-namespace", "bench"]
+    with proxy("sglang", stub_url, *flags) as server:
+        out = scratch / f"{kind}.json"
+        command = [sys.executable, __file__, "--load", server.url, "--pid", str(server.pid), "--out", str(out),
+                   "--concurrency", str(args.concurrency), "--turns", str(args.turns), "--tokens", str(args.tokens),
+                   "--prompt-words", str(args.prompt_words)]
+        subprocess.run(command, check=True)
+        result: dict[str, Any] = json.loads(out.read_text())
+        stats = httpx.get(server.url + "/trajectory/stats", timeout=60).json()
+        result["store_tokens"] = stats["tokens"]
+        if kind == "ray":
+            result["store_tokens"] += _pool_tokens(stats, deadline=time.monotonic() + 120)
     result["store"] = kind
     return result
 
 
+def _pool_tokens(stats: dict[str, Any], deadline: float) -> int:
+    """Tokens of the segments the data pool received (waits until the forwarder has sent them all)."""
+    from actorproxy.ray import connect
+
+    pool = connect("bench-pool", "bench")
+    while time.monotonic() < deadline and pool.stats()["segments_received"] < stats["segments_stored"]:
+        time.sleep(0.5)
+    batch = pool.fetch_batch(10**9, 1, 0)
+    return sum(len(s["token_ids"]) for group in batch for s in group.segments)
+
+
+def median(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the runs (errors: all of them)."""
+    first = results[0]
+    out: dict[str, Any] = {}
+    for key, value in first.items():
+        if isinstance(value, dict):
+            out[key] = median([r[key] for r in results])
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = statistics.median(r[key] for r in results if key in r)
+        else:
+            out[key] = value
+    if "errors" in first:
+        out["errors"] = [e for r in results for e in r["errors"]]
+    return out
+
+
+def print_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    print(f"\nmedian of {args.repeat} run(s); {args.concurrency} concurrent sessions, {args.turns} turns each, "
+          f"~{args.prompt_words * 4} prompt "
+          f"tokens, {args.tokens:,} tokens stored per store (segments + steps)")
+    print(f"{'store':7} {'turns':>6} {'turns/s':>8} {'CPU ms/turn':>11} {'finalize p50':>12} {'p99':>7} "
+          f"{'turn p50/p99 ms at 0-10% | 45-55% | 90-100% of the store':>58} {'RSS MB start/half/end':>22} "
+          f"{'tokens kept':>12} {'err':>4}")
+    for r in rows:
+        t = r["turn_ms"]
+        fill = " | ".join(f"{t[k]['p50']:6.1f} / {t[k]['p99']:6.1f}" for k in ("first", "middle", "last"))
+        rss = r["rss_mb"]
+        memory = f"{rss['start']:.0f} / {rss.get('half', float('nan')):.0f} / {rss['end']:.0f}"
+        print(f"{r['store']:7} {r['turns']:>6} {r['turns_per_s']:>8.1f} {r['cpu_ms_per_turn']:>11.2f} "
+              f"{r['finalize_p50_ms']:>9.1f} ms {r['finalize_p99_ms']:>4.0f} ms {fill:>58} {memory:>22} "
+              f"{r['store_tokens']:>12,} {len(r['errors']):>4}")
+        for error in r["errors"][:3]:
+            print(f"    error: {error}")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stores", nargs="+", default=["memory", "sqlite", "ray"],
-                        choices=["memory", "sqlite", "ray"])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stores", nargs="+", default=None, choices=["memory", "sqlite", "ray"],
+                        help="default: memory sqlite ray (without ray under --quick)")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--turns", type=int, default=2, help="turns per session before finalize")
-    parser.add_argument("--tokens", type=int, default=2_000_000, help="segment tokens to store in all")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="tokens to store: segments and steps (default 2 000 000)")
+    parser.add_argument("--prompt-words", type=int, default=250,
+                        help="words of each session's first prompt (~4 tokens each)")
+    parser.add_argument("--quick", action="store_true", help="200 000 tokens, memory and sqlite")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per store (interleaved); figures are medians")
+    parser.add_argument("--json", help="also write every figure to this file")
     parser.add_argument("--load", help=argparse.SUPPRESS)
+    parser.add_argument("--pid", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    opts = parser.parse_args()
-    if opts.load:  # the load generator process
-        result = trio.run(_load, opts.load, opts.concurrency, opts.turns, opts.tokens)
-        Path(opts.out).write_text(json.dumps(result))
+    args = parser.parse_args()
+    args.tokens = args.tokens or (200_000 if args.quick else 2_000_000)
+    if args.load:  # the load generator process
+        Path(args.out).write_text(json.dumps(asyncio.run(load(args))))
         return
+    stores = args.stores or (["memory", "sqlite"] if args.quick else ["memory", "sqlite", "ray"])
+    print(f"load average before: {loadavg()} ({os.cpu_count()} cores)", flush=True)
     ray_address = None
-    if "ray" in opts.stores:
+    if "ray" in stores:
         import ray
 
-        ray_address = ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+        ray_address = ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, namespace="bench",
                                runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}}
                                ).address_info["gcs_address"]
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for kind in opts.stores:
-            rows.append(_run_store(kind, opts, Path(tmp), ray_address))
-    print(f"{opts.concurrency} concurrent sessions, {opts.turns} turns each, {opts.tokens:,} segment tokens stored")
-    print(f"{'store':8} {'turns':>7} {'turns/s':>8} {'finalize p50':>13} {'p99':>8} {'RSS MB':>8} {'tokens kept':>12}")
-    for r in rows:
-        print(f"{r['store']:8} {r['turns']:>7} {r['turns_per_s']:>8.1f} {r['finalize_p50_ms']:>10.1f} ms "
-              f"{r['finalize_p99_ms']:>5.1f} ms {r['rss_mb']:>8.0f} {r['store_tokens']:>12,}")
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in stores}
+    with engine_stub(canned(REPLY, 16)) as stub:
+        for r in range(args.repeat):  # interleaved: a load spike from elsewhere hits every store alike
+            for kind in stores:
+                with tempfile.TemporaryDirectory() as tmp:
+                    runs[kind].append(run_store(kind, args, stub.url, Path(tmp), ray_address))
+                print(f"{kind} run {r + 1}: {runs[kind][-1]['turns_per_s']:.1f} turns/s, load average {loadavg()}",
+                      flush=True)
+    rows = [median(results) for results in runs.values()]
+    print_table(args, rows)
+    print(f"\nload average after: {loadavg()}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if "ray" in stores:
+        import ray
+
+        ray.shutdown()
 
 
 if __name__ == "__main__":

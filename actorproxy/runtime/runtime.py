@@ -18,7 +18,7 @@ import trio
 
 from ..config import ProxyConfig
 from ..engines.base import Backend, BackendError, ModelInfo
-from ..errors import EngineError, NotFound, Overloaded, ShuttingDown, StorageFull
+from ..errors import EngineError, NotFound, Overloaded, ShuttingDown
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
 from . import controller as ctl
 from . import registry as reg
@@ -84,15 +84,9 @@ class Runtime:
             error = ShuttingDown("the proxy is shutting down; retry on another replica or after its restart")
             error.retry_after = 5
             raise error
-        if self.store_gauge.full:
-            self.store_gauge.refuse()
-            full = StorageFull(
-                f"the trajectory store is full ({self.store_gauge.reason}): a trainer must read (drain) it "
-                "before new turns are taken; nothing recorded was dropped",
-                code="store_full",
-            )
-            full.retry_after = st.FULL_RETRY_AFTER
-            raise full
+        refusal = self.store_gauge.refusal()  # full, or its disk fails: 507 + Retry-After
+        if refusal is not None:
+            raise refusal
 
     def _turn_ended(self) -> None:
         self.turns_in_flight -= 1

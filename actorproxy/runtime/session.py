@@ -28,7 +28,7 @@ import trio
 
 from ..config import ProxyConfig
 from ..core.session_state import Moved, Refusal, SessionState
-from ..errors import BadRequest, Conflict, ProxyError
+from ..errors import BadRequest, Conflict, ProxyError, StorageFull
 from ..tokenization.tokenizer import ChatTokenizer
 from . import store as store_msgs
 from . import submitted_steps
@@ -216,7 +216,11 @@ class SessionActor:
             case FinalizeSession():
                 if msg.instance_id and not self.state.instance_id:
                     self.state.instance_id = msg.instance_id
-                summary = await self._flush(msg.reason, reward=msg.reward)
+                try:
+                    summary = await self._flush(msg.reason, reward=msg.reward)
+                except StorageFull as exc:  # the store's disk fails: it keeps the data; the caller retries
+                    answer_error(msg.reply, exc)
+                    return
                 if self.state.children:
                     summary["sub_agents"] = await self._finalize_children(msg)
                 answer(msg.reply, summary)
@@ -279,7 +283,14 @@ class SessionActor:
         segments = submitted_steps.annotate(segments, self.submitted)
         steps = self.state.take_steps()
         if segments or steps:  # answered once committed: a finalize is durable when it returns
-            await ask(self._store, lambda r: store_msgs.Put(self.session_id, tuple(segments), steps, r))
+            try:
+                await ask(self._store, lambda r: store_msgs.Put(self.session_id, tuple(segments), steps, r))
+            except StorageFull:
+                if reason == "finalize":
+                    raise
+                # Nobody waits for this flush (eviction, shutdown): the failed store keeps it in memory.
+                log.warning("session %s: flushed (%s) while the store's disk fails; kept in memory until it "
+                            "works again", self.session_id, reason)
         return {"session_id": self.session_id, "segments": len(segments), "steps": len(steps)}
 
     # -- a turn ------------------------------------------------------------

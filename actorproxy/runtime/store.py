@@ -12,130 +12,67 @@ never waits for the disk. Reads are ordered after the writes before them.
 Nothing is dropped: once the data not yet read reaches ``max_tokens`` or
 ``max_bytes``, :attr:`StoreGauge.full` is set and new turns are refused
 (507 + ``Retry-After``) until a trainer drains it; every refusal is counted.
+
+A failing disk (full, read-only, I/O errors) is bounded and loud: a batch that
+cannot be committed is retried ``COMMIT_ATTEMPTS`` times with a doubling
+backoff; then the store is *failed*: new turns are refused (507
+``store_failed`` + ``Retry-After``), the writes not committed are kept in memory
+in order (bounded: no new turn is taken meanwhile) and tried again every few
+seconds, a finalize waiting for them is told to retry, and ``/health`` and
+``/metrics`` show it. The first commit that succeeds writes them all and the
+store takes turns again.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import time
-from collections import deque
+import math
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
 import attrs
-import orjson
 import outcome
 import trio
 
-from ..core.records import Segment, Step
+from ..core.records import Segment
+from ..errors import StorageFull
 from ..store.base import ReadQuery, Recovered, StoreBackend
 from .actor import Reply, answer, answer_error
+from .store_messages import (
+    FAILED_RETRY,
+    FAILED_RETRY_MAX,
+    FULL_RETRY_AFTER,
+    WRITES,
+    Close,
+    Journal,
+    Knows,
+    Put,
+    Read,
+    Stats,
+    StoreGauge,
+    answer_outcome,
+    capture,
+    encode_body,
+    keep,
+    refuse_queued,
+)
+
+__all__ = [
+    "BATCH_DELAY", "FULL_RETRY_AFTER", "Close", "Journal", "Knows", "Put", "Read", "Stats", "StoreGauge",
+    "TrajectoryStore", "encode_body",
+]
 
 log = logging.getLogger(__name__)
 
 #: Seconds a write waits for more writes before the batch is committed.
 BATCH_DELAY = 0.05
-#: Seconds a full store asks turns to wait before retrying.
-FULL_RETRY_AFTER = 10.0
 _MAX_BATCH = 512
 #: Seconds a closing store (shutdown) still tries to hand its last segments to the data pool.
 FINAL_FORWARD = 10.0
-
-
-@attrs.frozen
-class Put:
-    """Hand over closed segments and retired steps of a session; ``reply`` answers once committed."""
-
-    session_id: str
-    segments: tuple[Segment, ...]
-    steps: tuple[Step, ...] = ()
-    reply: Reply | None = None
-
-
-@attrs.frozen
-class Journal:
-    """A completed step of an open session (kept until its session is flushed; no reply)."""
-
-    session_id: str
-    step: Step
-
-
-@attrs.frozen
-class Read:
-    session_id: str | None
-    trajectory_id: str | None
-    drain: bool
-    include_steps: bool
-    reply: Reply
-    #: Answer with the JSON body (bytes), serialised before anything is drained.
-    encode: bool = False
-
-
-@attrs.frozen
-class Knows:
-    session_id: str
-    reply: Reply
-
-
-@attrs.frozen
-class Stats:
-    reply: Reply
-
-
-@attrs.frozen
-class Close:
-    """Commit, close the backend and stop (the last message at shutdown)."""
-
-    reply: Reply
-
-
-@attrs.define
-class StoreGauge:
-    """Read by the ingress without a message: is the store full (new turns refused)?"""
-
-    full: bool = False
-    reason: str = ""
-    refused: int = 0
-    _last_log: float = 0.0
-
-    def refuse(self) -> None:
-        """Count a refused turn; log loudly (at most every 10 s)."""
-        self.refused += 1
-        now = time.monotonic()
-        if now - self._last_log > 10.0:
-            self._last_log = now
-            log.warning("store full (%s): refusing new turns (%d so far); drain /trajectory/read", self.reason,
-                        self.refused)
-
-
-def encode_body(result: dict[str, Any]) -> bytes:
-    """The read's JSON body. Text that is not valid Unicode (a lone surrogate) is escaped, never fatal."""
-    try:
-        return orjson.dumps(result)
-    except TypeError:  # orjson refuses str that is not valid UTF-8 (a lone surrogate): escape it instead
-        return json.dumps(result, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-
-
-def _refuse_queued(inbox: trio.MemoryReceiveChannel[Any]) -> None:
-    """Questions still queued once the store stopped: tell their askers it is gone (never leave them waiting)."""
-    from .actor import ActorGone
-
-    while True:
-        try:
-            msg = inbox.receive_nowait()
-        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-            return
-        reply = getattr(msg, "reply", None)
-        if reply is not None:
-            answer_error(reply, ActorGone("the trajectory store has stopped"))
-
-
-def _keep(result: dict[str, Any]) -> dict[str, Any]:
-    return result
-
-
-_WRITES = (Put, Journal)
+#: Attempts to commit a batch before the store is declared failed, the first wait between them (doubled each time).
+COMMIT_ATTEMPTS = 4
+FIRST_RETRY = 0.1
 
 
 class TrajectoryStore:
@@ -163,6 +100,13 @@ class TrajectoryStore:
         #: Set when segments were committed (and at start): the forwarder has work.
         self._outbox_ready = trio.Event()
         self._outbox_ready.set()
+        #: The batch being applied: its first message not yet committed, and the answers so far by index.
+        self._done = 0
+        self._answers: dict[int, tuple[Reply, outcome.Outcome[Any]]] = {}
+        #: While the disk fails: the writes not committed, in order (their finalizes were told to retry).
+        self._pending: list[Put | Journal] = []
+        self._next_retry = 0.0
+        self._failures: Counter[str] = Counter()
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run backend work: in the writer thread for a durable backend, inline otherwise."""
@@ -186,16 +130,21 @@ class TrajectoryStore:
                     nursery.start_soon(self._forward_forever)
                 while not self.closed:
                     try:
-                        batch = [await inbox.receive()]
+                        with trio.move_on_at(self._next_retry if self._pending else math.inf):
+                            batch = [await inbox.receive()]
+                            await self._gather(inbox, batch)
+                            if self._pending and trio.current_time() >= self._next_retry:
+                                await self._retry_pending()  # due: the disk may work again
+                            await self._execute(batch)
+                            continue
                     except trio.EndOfChannel:
                         break
-                    await self._gather(inbox, batch)
-                    await self._execute(batch)
+                    await self._retry_pending()  # the disk fails and nothing came for a while: try it again
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await self._close()
-            _refuse_queued(inbox)
+            refuse_queued(inbox)
 
     # -- forwarding to a data pool (--store ray) -------------------------------------
 
@@ -210,20 +159,19 @@ class TrajectoryStore:
         backend: Any = self.backend
         delay = 0.1
         while True:
-            batch = await self.call(backend.outbox)
-            if not batch:
-                return
             try:
+                batch = await self.call(backend.outbox)
+                if not batch:
+                    return
                 await trio.to_thread.run_sync(backend.send, [p for _, p in batch], abandon_on_cancel=True)
-            except Exception as exc:  # Ray down or slow: keep the segments, retry with backoff
-                log.warning("data pool send failed (%s); %d segment(s) kept locally, retrying in %.1f s",
-                            exc, len(batch), delay)
+                await self.call(backend.acknowledged, [seq for seq, _ in batch])
+                delay = 0.1
+            except Exception as exc:  # Ray down or slow, or the disk fails: keep the segments, retry with backoff
+                log.warning("data pool forwarding failed (%s); the segments are kept locally, retrying in %.1f s",
+                            exc, delay)
                 await self.call(backend.failed)
                 await trio.sleep(delay)
                 delay = min(delay * 2, 10.0)
-                continue
-            delay = 0.1
-            await self.call(backend.acknowledged, [seq for seq, _ in batch])
 
     async def _gather(self, inbox: trio.MemoryReceiveChannel[Any], batch: list[Any]) -> None:
         """Take what is queued; while there are only writes nobody waits for, wait up to ``batch_delay``."""
@@ -232,8 +180,8 @@ class TrajectoryStore:
                 batch.append(inbox.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-        if not self.backend.blocking or not all(isinstance(m, Journal) or (isinstance(m, Put) and m.reply is None)
-                                                for m in batch):
+        if not self.backend.blocking or self._pending or not all(
+                isinstance(m, Journal) or (isinstance(m, Put) and m.reply is None) for m in batch):
             return
         with trio.move_on_after(self._delay):
             while len(batch) < _MAX_BATCH:
@@ -242,66 +190,159 @@ class TrajectoryStore:
                 except trio.EndOfChannel:
                     return
                 batch.append(msg)
-                if not isinstance(msg, _WRITES) or (isinstance(msg, Put) and msg.reply is not None):
+                if not isinstance(msg, WRITES) or (isinstance(msg, Put) and msg.reply is not None):
                     return
+
+    # -- applying a batch: commit, retry a few times, else keep it in memory (failed) --------
 
     async def _execute(self, batch: list[Any]) -> None:
         """Run the batch in order (one thread hop), commit, then answer."""
-        results: list[tuple[Reply, outcome.Outcome[Any]]] = []
-        while True:
-            try:
-                results = await self.call(self._apply, batch)
-                break
-            except Exception as exc:  # the disk failed: keep the batch, retry, never lose it
-                log.error("the trajectory store could not commit (%s); retrying in 1 s", exc)
-                self.gauge.full, self.gauge.reason = True, f"store write failed: {exc}"
-                await self.call(getattr(self.backend, "rollback", lambda: None))
-                await trio.sleep(1.0)
-        self._update_gauge()
-        if any(isinstance(m, Put) and m.segments for m in batch):
-            self._outbox_ready.set()
-        for reply, result in results:
-            if isinstance(result, outcome.Value):
-                answer(reply, result.value)
-            elif isinstance(result, outcome.Error):
-                answer_error(reply, result.error)
+        self._done, self._answers = 0, {}
+        if not self._pending:
+            for attempt in range(COMMIT_ATTEMPTS):
+                try:
+                    await self.call(self._apply, batch)
+                    break
+                except Exception as exc:  # the disk fails: the uncommitted part was undone; retry it
+                    self._failures["commit_failures"] += 1
+                    if attempt + 1 == COMMIT_ATTEMPTS:
+                        self._fail(exc)
+                        break
+                    wait = FIRST_RETRY * 2**attempt
+                    log.warning("the trajectory store could not commit (%s); attempt %d of %d in %.1f s", exc,
+                                attempt + 2, COMMIT_ATTEMPTS, wait)
+                    await trio.sleep(wait)
+        committed, rest = batch[: self._done], batch[self._done:]
+        self._committed(committed)
+        for i, (reply, result) in self._answers.items():
+            if i < self._done:
+                answer_outcome(reply, result)
+        for msg in rest:  # failed: the writes are kept in memory, the questions answered without the disk
+            await self._without_disk(msg)
         if any(isinstance(m, Close) for m in batch):
             await self._close()
             for msg in batch:
                 if isinstance(msg, Close):
                     answer(msg.reply, True)
 
-    def _apply(self, batch: list[Any]) -> list[tuple[Reply, outcome.Outcome[Any]]]:
+    def _apply(self, batch: list[Any]) -> None:
+        """Apply ``batch[self._done:]`` and commit; ``self._done`` moves past each commit (a retry resumes there).
+
+        On an error the uncommitted part is rolled back before the writer thread is let go.
+        """
+        try:
+            self._apply_all(batch)
+        except BaseException:
+            self.backend.rollback()
+            raise
+
+    def _apply_all(self, batch: list[Any]) -> None:
         backend = self.backend
-        out: list[tuple[Reply, outcome.Outcome[Any]]] = []
-        for msg in batch:
-            match msg:
-                case Put():
+        for i in range(self._done, len(batch)):
+            match batch[i]:
+                case Put() as msg:
                     backend.put(msg.session_id, msg.segments, msg.steps)
-                    self._recent.extend(_summary(seg) for seg in msg.segments)
-                case Journal():
+                case Journal() as msg:
                     backend.journal(msg.session_id, msg.step)
-                case Read():
-                    backend.commit()
+                case Read() as msg:
+                    backend.commit()  # what came before is durable, and never applied twice
                     query = ReadQuery(msg.session_id, msg.trajectory_id, msg.drain, msg.include_steps)
-                    finish = (self._encode or encode_body) if msg.encode else _keep
-                    out.append((msg.reply, outcome.capture(backend.read, query, finish)))
-                case Knows():
-                    out.append((msg.reply, outcome.capture(backend.knows, msg.session_id)))
-                case Stats():
-                    out.append((msg.reply, outcome.capture(self._stats)))
+                    finish = (self._encode or encode_body) if msg.encode else keep
+                    self._answers[i] = (msg.reply, capture(backend.read, query, finish))
+                    self._done = i + 1  # a drain commits (or rolls back) on its own
+                case Knows() as msg:
+                    self._answers[i] = (msg.reply, capture(backend.knows, msg.session_id))
+                case Stats() as msg:
+                    self._answers[i] = (msg.reply, outcome.capture(self._stats))
         backend.commit()
-        for msg in batch:
-            if isinstance(msg, Put) and msg.reply is not None:
-                out.append((msg.reply, outcome.Value(True)))
-        return out
+        self._done = len(batch)
+
+    def _committed(self, writes: list[Any]) -> None:
+        """Writes just committed: answer their finalizes, note their segments, wake the forwarder."""
+        puts = [m for m in writes if isinstance(m, Put)]
+        for msg in puts:
+            self._recent.extend(_summary(seg) for seg in msg.segments)
+            if msg.reply is not None:
+                answer(msg.reply, True)
+        self._update_gauge()
+        if any(m.segments for m in puts):
+            self._outbox_ready.set()
+
+    def _fail(self, exc: Exception) -> None:
+        if not self._pending:
+            self._failures["store_failures"] += 1
+            self._next_retry = trio.current_time() + FAILED_RETRY
+        self.gauge.failure, self.gauge.retry_after = f"{type(exc).__name__}: {exc}", FAILED_RETRY
+        log.critical(
+            "THE TRAJECTORY STORE FAILED: it could not commit after %d attempts (%s). New turns are refused "
+            "(507 store_failed) and the writes not committed are kept in memory until the disk works again; "
+            "free space or fix %s", COMMIT_ATTEMPTS, self.gauge.failure, getattr(self.backend, "path", "the disk"))
+
+    async def _without_disk(self, msg: Any) -> None:
+        """A message while the store is failed."""
+        match msg:
+            case Put() | Journal():
+                if isinstance(msg, Put) and msg.reply is not None:
+                    answer_error(msg.reply, self._failed_error())
+                    msg = attrs.evolve(msg, reply=None)
+                self._pending.append(msg)
+            case Knows() if any(m.session_id == msg.session_id for m in self._pending):
+                answer_error(msg.reply, self._failed_error())  # its finalize is not durable yet
+            case Knows():
+                answer_outcome(msg.reply, await self.call(capture, self.backend.knows, msg.session_id))
+            case Stats():
+                answer(msg.reply, await self.call(self._stats))
+            case Read():
+                answer_error(msg.reply, self._failed_error())
+
+    def _failed_error(self) -> StorageFull:
+        error = StorageFull(
+            f"the trajectory store cannot write to its disk ({self.gauge.failure}); what was sent is kept in "
+            "memory and committed once the disk works again: retry later",
+            code="store_failed",
+        )
+        error.retry_after = self.gauge.retry_after
+        return error
+
+    async def _retry_pending(self) -> bool:
+        """Try to commit what the failed store keeps in memory; True once it is written (the store works again)."""
+        if not self._pending:
+            return True
+        self._done, pending = 0, list(self._pending)
+        try:
+            await self.call(self._apply, pending)
+        except Exception as exc:
+            self._failures["commit_failures"] += 1
+            wait = min(max(self.gauge.retry_after * 2, 0.1), FAILED_RETRY_MAX)  # never a spin
+            self.gauge.failure, self.gauge.retry_after = f"{type(exc).__name__}: {exc}", wait
+            self._next_retry = trio.current_time() + wait
+            log.error("the trajectory store still cannot commit (%s); %d write(s) kept in memory, next attempt in "
+                      "%.0f s", self.gauge.failure, len(pending), wait)
+            return False
+        self._pending = []
+        self.gauge.failure, self.gauge.retry_after = "", FAILED_RETRY
+        self._committed(pending)
+        log.warning("the trajectory store can write again: %d write(s) kept in memory were committed; new turns "
+                    "are taken again", len(pending))
+        return True
 
     def _stats(self) -> dict[str, Any]:
+        try:
+            backend = self.backend.stats()
+        except Exception as exc:  # the disk fails: say so rather than fail /health and /metrics
+            backend = {"store": self.backend.name, "stats_error": f"{type(exc).__name__}: {exc}"}
         return {
-            **self.backend.stats(),
+            **backend,
             "max_tokens": self._max_tokens,
             "max_bytes": self._max_bytes,
             "full": self.gauge.full,
+            "failed": bool(self.gauge.failure),
+            "failure": self.gauge.failure or None,
+            "pending_writes": len(self._pending),
+            "pending_steps": sum(len(m.steps) if isinstance(m, Put) else 1 for m in self._pending),
+            "pending_segments": sum(len(m.segments) for m in self._pending if isinstance(m, Put)),
+            "commit_failures": self._failures["commit_failures"],
+            "store_failures": self._failures["store_failures"],
             "refused_turns": self.gauge.refused,
             "recent_segments": list(reversed(self._recent)),
         }
@@ -316,12 +357,21 @@ class TrajectoryStore:
             self.gauge.full, self.gauge.reason = False, ""
 
     async def _close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            if hasattr(self.backend, "outbox"):
-                with trio.move_on_after(FINAL_FORWARD):  # what is left is sent at the next start
-                    await self._forward_outbox()
+        if self.closed:
+            return
+        self.closed = True
+        if self._pending and not await self._retry_pending():
+            counts = self._stats()
+            log.critical("the trajectory store closes with its disk still failing: %d step(s) and %d segment(s) "
+                         "kept in memory could not be written and are lost", counts["pending_steps"],
+                         counts["pending_segments"])
+        if hasattr(self.backend, "outbox"):
+            with trio.move_on_after(FINAL_FORWARD):  # what is left is sent at the next start
+                await self._forward_outbox()
+        try:
             await self.call(self.backend.close)
+        except Exception:
+            log.exception("the trajectory store could not be closed cleanly")
 
 
 #: Segments the store remembers for the dashboard's "recent segments".

@@ -200,12 +200,13 @@ def create_app(runtime: Runtime) -> QuartTrio:
 
     @app.get("/health")
     async def health() -> Response:
+        # "degraded": an engine pool with no healthy engine, or a store whose disk fails (turns would fail).
+        status = "ok" if await runtime.backend_healthy() and not runtime.store_gauge.failure else "degraded"
         if not policy.is_admin(request.headers):  # liveness for anyone, details for the admin
-            return _json({"status": "ok" if await runtime.backend_healthy() else "degraded"})
+            return _json({"status": status})
         return _json(
             {
-                # "degraded": an engine pool with no healthy engine (turns would fail).
-                "status": "ok" if await runtime.backend_healthy() else "degraded",
+                "status": status,
                 **await runtime.census(),
                 "store": await runtime.store_stats(),
                 "backend": runtime.backend.kind,

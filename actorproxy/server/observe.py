@@ -295,8 +295,12 @@ class _Snapshot:
         yield _gauge("actorproxy_store_segments", "Segments held by the store", store.get("segments"))
         yield _gauge("actorproxy_store_tokens", "Tokens held by the store", store.get("tokens"))
         yield _gauge("actorproxy_store_bytes", "Bytes held by the store", store.get("bytes"))
+        yield _gauge("actorproxy_store_failed", "1 while the store's disk fails (new turns refused)",
+                     int(bool(store.get("failed"))))
+        yield _gauge("actorproxy_store_pending_writes", "Writes kept in memory while the store's disk fails",
+                     store.get("pending_writes"))
         for key in ("segments_stored", "steps_stored", "segments_drained", "dropped_sessions", "dropped_segments",
-                    "dropped_tokens", "recovered_steps", "superseded_steps"):
+                    "dropped_tokens", "recovered_steps", "superseded_steps", "commit_failures"):
             yield _counter(f"actorproxy_store_{key}", f"Store: {key.replace('_', ' ')}", store.get(key))
         yield _labelled(CounterMetricFamily, "actorproxy_segment_boundaries",
                         "Segments started by a broken append-only contract, by reason", "reason",

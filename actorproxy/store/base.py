@@ -76,6 +76,9 @@ class StoreBackend(Protocol):
     def commit(self) -> None:
         """Make every write so far durable (one transaction)."""
 
+    def rollback(self) -> None:
+        """Undo every write since the last commit, counters included (a failed commit is retried whole)."""
+
     def read(self, query: ReadQuery, finish: Callable[[dict[str, Any]], T]) -> T:
         """``finish(result)`` (serialise it); only if that succeeds, drain what was read."""
 

@@ -66,6 +66,9 @@ class MemoryStore:
     def commit(self) -> None:
         pass
 
+    def rollback(self) -> None:
+        pass  # nothing can fail half-way in memory
+
     def read(self, query: ReadQuery, finish: Callable[[dict[str, Any]], T]) -> T:
         only: str | None = None  # a child session's own data only
         if query.session_id is not None:

@@ -198,11 +198,15 @@ class RayStore(SQLiteStore):
     def acknowledged(self, seqs: list[int]) -> None:
         """The pool has these: drop them from the local file (one transaction)."""
         self._begin()
-        rows = [self._db.execute("SELECT seq, session_id, tokens, bytes FROM segments WHERE seq = ?", (s,)).fetchone()
-                for s in seqs]
-        self._delete("segments", [r for r in rows if r is not None])
+        try:
+            rows = [self._db.execute("SELECT seq, session_id, tokens, bytes FROM segments WHERE seq = ?",
+                                     (s,)).fetchone() for s in seqs]
+            self._delete("segments", [r for r in rows if r is not None])
+            self.commit()
+        except BaseException:
+            self.rollback()  # kept: sent again later (the pool deduplicates)
+            raise
         self._forward_counts["segments_forwarded"] += len(seqs)
-        self.commit()
 
     def failed(self) -> None:
         self._forward_counts["send_failures"] += 1

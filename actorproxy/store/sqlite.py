@@ -99,11 +99,13 @@ class SQLiteStore:
             self._tokens += tokens
             self._bytes += size
         self._in_tx = False
+        self._saved: tuple[int, int, dict[str, Any]] = (0, 0, {})
 
     # -- writes ------------------------------------------------------------------
 
     def _begin(self) -> None:
         if not self._in_tx:
+            self._saved = (self._tokens, self._bytes, self._counts.to_json())
             self._db.execute("BEGIN IMMEDIATE")
             self._in_tx = True
 
@@ -116,9 +118,15 @@ class SQLiteStore:
             self._in_tx = False
 
     def rollback(self) -> None:
+        """Undo the open transaction and the counters it moved (after a failed write or commit)."""
         if self._in_tx:
-            self._db.execute("ROLLBACK")
             self._in_tx = False
+            self._tokens, self._bytes, saved = self._saved
+            self._counts = StoreCounters(saved)
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:  # a failed COMMIT may have rolled back already
+                pass
 
     def _ensure_session(self, session_id: str) -> str:
         key = session_key(session_id)

@@ -1,0 +1,175 @@
+"""What the trajectory store actor understands: its messages, its gauge and the answers it gives.
+
+The ingress reads :class:`StoreGauge` without a message to refuse new turns
+while the store is full or its disk fails (507 + ``Retry-After``); sessions and
+the runtime send the messages; :mod:`actorproxy.runtime.store` answers them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import orjson
+import outcome
+import trio
+
+from ..core.records import Segment, Step
+from ..errors import StorageFull
+from .actor import Reply, answer, answer_error
+
+log = logging.getLogger("actorproxy.runtime.store")
+
+#: Seconds a full store asks turns to wait before retrying.
+FULL_RETRY_AFTER = 10.0
+#: While failed: the first and the longest wait between attempts to commit what is kept in memory.
+FAILED_RETRY = 1.0
+FAILED_RETRY_MAX = 10.0
+
+
+@attrs.frozen
+class Put:
+    """Hand over closed segments and retired steps of a session; ``reply`` answers once committed."""
+
+    session_id: str
+    segments: tuple[Segment, ...]
+    steps: tuple[Step, ...] = ()
+    reply: Reply | None = None
+
+
+@attrs.frozen
+class Journal:
+    """A completed step of an open session (kept until its session is flushed; no reply)."""
+
+    session_id: str
+    step: Step
+
+
+@attrs.frozen
+class Read:
+    session_id: str | None
+    trajectory_id: str | None
+    drain: bool
+    include_steps: bool
+    reply: Reply
+    #: Answer with the JSON body (bytes), serialised before anything is drained.
+    encode: bool = False
+
+
+@attrs.frozen
+class Knows:
+    session_id: str
+    reply: Reply
+
+
+@attrs.frozen
+class Stats:
+    reply: Reply
+
+
+@attrs.frozen
+class Close:
+    """Commit, close the backend and stop (the last message at shutdown)."""
+
+    reply: Reply
+
+
+@attrs.define
+class StoreGauge:
+    """Read by the ingress without a message: does the store refuse new turns (full, or its disk fails)?"""
+
+    full: bool = False
+    reason: str = ""
+    refused: int = 0
+    #: Set while the disk fails (what failed); new turns are refused until a commit succeeds again.
+    failure: str = ""
+    #: Seconds until the failed store tries its disk again (the refusal's ``Retry-After``).
+    retry_after: float = FAILED_RETRY
+    _last_log: float = 0.0
+
+    def refusal(self) -> StorageFull | None:
+        """The error a new turn gets now, if any (counted, and logged at most every 10 s)."""
+        if self.failure:
+            error = StorageFull(
+                f"the trajectory store cannot write to its disk ({self.failure}): new turns are refused until it "
+                "can; nothing recorded was lost (what is not yet committed is kept in memory)",
+                code="store_failed",
+            )
+            error.retry_after = self.retry_after
+        elif self.full:
+            error = StorageFull(
+                f"the trajectory store is full ({self.reason}): a trainer must read (drain) it before new turns "
+                "are taken; nothing recorded was dropped",
+                code="store_full",
+            )
+            error.retry_after = FULL_RETRY_AFTER
+        else:
+            return None
+        self.refuse()
+        return error
+
+    def refuse(self) -> None:
+        """Count a refused turn; log loudly (at most every 10 s)."""
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._last_log > 10.0:
+            self._last_log = now
+            if self.failure:
+                log.error("store failed (%s): refusing new turns (%d so far) until its disk works again",
+                          self.failure, self.refused)
+            else:
+                log.warning("store full (%s): refusing new turns (%d so far); drain /trajectory/read", self.reason,
+                            self.refused)
+
+
+def encode_body(result: dict[str, Any]) -> bytes:
+    """The read's JSON body. Text that is not valid Unicode (a lone surrogate) is escaped, never fatal."""
+    try:
+        return orjson.dumps(result)
+    except TypeError:  # orjson refuses str that is not valid UTF-8 (a lone surrogate): escape it instead
+        return json.dumps(result, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def refuse_queued(inbox: trio.MemoryReceiveChannel[Any]) -> None:
+    """Questions still queued once the store stopped: tell their askers it is gone (never leave them waiting)."""
+    from .actor import ActorGone
+
+    while True:
+        try:
+            msg = inbox.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return
+        reply = getattr(msg, "reply", None)
+        if reply is not None:
+            answer_error(reply, ActorGone("the trajectory store has stopped"))
+
+
+def keep(result: dict[str, Any]) -> dict[str, Any]:
+    return result
+
+
+WRITES = (Put, Journal)
+
+
+def answer_outcome(reply: Reply, result: outcome.Outcome[Any]) -> None:
+    if isinstance(result, outcome.Value):
+        answer(reply, result.value)
+    elif isinstance(result, outcome.Error):
+        answer_error(reply, result.error)
+
+
+def capture(fn: Callable[..., Any], *args: Any) -> outcome.Outcome[Any]:
+    """``fn(*args)``'s outcome; a disk error (not the caller's fault) becomes a 507 ``store_failed``."""
+    result: outcome.Outcome[Any] = outcome.capture(fn, *args)
+    if isinstance(result, outcome.Error) and isinstance(result.error, sqlite3.Error | OSError):
+        log.error("the trajectory store failed to read: %s", result.error)
+        error = StorageFull(f"the trajectory store could not read its disk ({type(result.error).__name__}: "
+                            f"{result.error}); retry later", code="store_failed")
+        error.retry_after = FAILED_RETRY
+        return outcome.Error(error)
+    return result
