@@ -180,21 +180,37 @@ def decode_step(meta: dict[str, Any], blob: bytes) -> Step:
     return step
 
 
-def recovered_segment(session_id: str, parent: str, steps: list[Step]) -> Segment:
-    """The open segment of a session that was never finalized, rebuilt from its journaled steps."""
-    first = steps[0]
+def recovered_segment(session_id: str, parent: str, steps: list[Step]) -> tuple[Segment, list[Step]]:
+    """The open segment of a session that was never finalized, rebuilt from its journaled steps.
+
+    ``--on-history-rewrite recompute`` rebuilds a segment in place: the step that
+    rebuilt it carries the whole conversation as its fragment, and the steps
+    before it left the segment (journaled before the rebuild, they do not say
+    so). The segment is therefore the last rebuilding step and those after it;
+    the steps it replaced are returned (now out of the segment), as a clean
+    close records them in ``metadata.rebuilt_steps``.
+    """
+    rebuilt_at = [k for k, step in enumerate(steps) if step.fragment_mask is not None]
+    cut = rebuilt_at[-1] if rebuilt_at else 0
+    replaced, members = steps[:cut], steps[cut:]
+    for step in replaced:
+        step.in_segment = False
     metadata: dict[str, Any] = {"recovered": True}
     if parent != session_id:
         metadata["sub_agent"] = session_id.rpartition("/")[2]
+    if rebuilt_at:
+        metadata["rebuilds"] = [steps[k].boundary_reason or "history_rewrite" for k in rebuilt_at]
+        metadata["rebuilt_steps"] = [step.index for step in replaced]
     instance_id = next((s.instance_id for s in steps if s.instance_id), None)
-    return build_segment(
-        steps,
+    segment = build_segment(
+        members,
         session_id=session_id,
         instance_id=instance_id,
         rollout_id=parent,
         parent_traj_id=parent,
-        segment_index=first.segment_index,
-        start_reason=first.boundary_reason or "session_start",
+        segment_index=steps[0].segment_index,
+        start_reason=steps[0].boundary_reason or "session_start",
         boundary_reason="recovered",
         metadata=metadata,
     )
+    return segment, replaced

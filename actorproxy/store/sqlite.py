@@ -308,18 +308,25 @@ class SQLiteStore:
             by_session.setdefault(row[0], []).append(row)
         self._begin()
         for session_id, entries in by_session.items():
-            steps = [decode_step(json.loads(r[4]), r[5]) for r in entries]
-            open_steps = [s for s, r in zip(steps, entries, strict=True)
-                          if not r[3] and s.in_segment and s.status == "completed"]
+            metas = [json.loads(r[4]) for r in entries]
+            steps = [decode_step(meta, r[5]) for meta, r in zip(metas, entries, strict=True)]
+            # Completed steps of segments not committed; not ``in_segment``: a step is journaled whenever the
+            # writer gets to it, so one that a rebuild took out later may say either (recovered_segment decides).
+            open_steps = [s for s, r in zip(steps, entries, strict=True) if not r[3] and s.status == "completed"]
             segments: list[Segment] = []
+            replaced: set[int] = set()
             for index in sorted({s.segment_index for s in open_steps}):
                 members = [s for s in open_steps if s.segment_index == index]
-                segments.append(recovered_segment(session_id, entries[0][1], members))
+                segment, gone = recovered_segment(session_id, entries[0][1], members)
+                segments.append(segment)
+                replaced.update(s.index for s in gone)
             key = self._ensure_session(session_id)
             for seg in segments:
                 self.put(session_id, (seg,), ())
-            for step, entry in zip(steps, entries, strict=True):
-                self._insert_step(key, session_id, step.index, step_tokens(step), entry[4], entry[5])
+            for step, meta, entry in zip(steps, metas, entries, strict=True):
+                if step.index in replaced:  # a rebuild (recompute mode) took it out of its segment
+                    meta["in_segment"] = False
+                self._insert_step(key, session_id, step.index, step_tokens(step), dumps(meta), entry[5])
             self._counts.counters["steps_stored"] += len(steps)
             self._counts.counters["recovered_sessions"] += 1
             self._counts.counters["recovered_segments"] += len(segments)
