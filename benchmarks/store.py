@@ -15,9 +15,10 @@ worker is drained first; then nothing is drained: the store ends up holding ever
 
 Printed per store: turns/s; the proxy's CPU time per turn (the robust figure on a shared
 machine); finalize latency p50/p99 (for SQLite and Ray it includes the commit: finalize
-answers once its segment is durable); the p50 and p99 turn latency while the store held
-the first, middle and last tenth of the tokens (a turn must not slow down as the store
-fills); the proxy's RSS at the start, half way and at the end (the memory store keeps
+answers once its segment is durable); the p50 and p99 turn latency, and the proxy's CPU
+time per turn, while the store held 10-20%, 45-55% and 90-100% of the tokens (a turn
+must not slow down as the store fills; the CPU figure is the one a busy machine does not
+blur); the proxy's RSS at the start, half way and at the end (the memory store keeps
 every token in RAM by design; SQLite and Ray must not). Ray needs ``pip install
 'actorproxy[ray]'``; a local Ray (``num_cpus=1``) is started for it and the pool's count of
 received segments is printed.
@@ -44,6 +45,10 @@ from processes import engine_stub, proxy
 
 # -- the load generator (its own process) ----------------------------------------------------
 
+#: Shares of the target store size where the proxy's CPU clock is read (CPU per turn as the store fills).
+#: The first window starts at 10%: before, the workers still run in step (all first turns, then all second ones).
+MARKS = (0.1, 0.2, 0.45, 0.55, 0.9)
+
 
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -66,6 +71,7 @@ async def load(args: argparse.Namespace) -> dict[str, Any]:
     turns: list[tuple[int, float]] = []  # (store size when the turn started, latency ms)
     finalize_ms: list[float] = []
     rss: dict[str, float] = {}
+    marks: dict[float, tuple[float, int]] = {}  # share of the target -> (proxy CPU seconds, turns so far)
     errors: list[str] = []
     words = " ".join(f"w{i}" for i in range(args.prompt_words))
 
@@ -99,6 +105,9 @@ async def load(args: argparse.Namespace) -> dict[str, Any]:
             stored += 2 * size
             if "half" not in rss and stored >= target // 2:
                 rss["half"] = rss_mb(args.pid)
+            for mark in MARKS:  # the proxy's CPU clock as the store passes each mark
+                if mark not in marks and stored >= mark * target:
+                    marks[mark] = (cpu_seconds(args.pid), len(turns))
         return True
 
     async def worker(w: int, record: bool) -> None:
@@ -121,15 +130,21 @@ async def load(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"draining the warm-up sessions failed: {status} {data[:300]!r}")
     rss["start"] = rss_mb(args.pid)
     cpu = cpu_seconds(args.pid)
+    marks[0.0] = (cpu, 0)
     start = time.perf_counter()
     await asyncio.gather(*(worker(w, True) for w in range(args.concurrency)))
     elapsed = time.perf_counter() - start
     cpu = cpu_seconds(args.pid) - cpu
     rss["end"] = rss_mb(args.pid)
+    marks[1.0] = (cpu_seconds(args.pid), len(turns))
+
+    def cpu_per_turn(a: float, b: float) -> float:
+        (cpu_a, turns_a), (cpu_b, turns_b) = marks[a], marks[b]
+        return 1000 * (cpu_b - cpu_a) / max(turns_b - turns_a, 1)
     by_tenth: dict[str, list[float]] = {"first": [], "middle": [], "last": []}
     for before, ms in turns:
         share = before / target
-        if share < 0.1:
+        if 0.1 <= share < 0.2:
             by_tenth["first"].append(ms)
         elif 0.45 <= share < 0.55:
             by_tenth["middle"].append(ms)
@@ -145,6 +160,8 @@ async def load(args: argparse.Namespace) -> dict[str, Any]:
         "finalize_p50_ms": pct(finalize_ms, 0.5),
         "finalize_p99_ms": pct(finalize_ms, 0.99),
         "turn_ms": {k: {"p50": pct(v, 0.5), "p99": pct(v, 0.99), "n": len(v)} for k, v in by_tenth.items()},
+        "cpu_ms_per_turn_at": {"first": cpu_per_turn(0.1, 0.2), "middle": cpu_per_turn(0.45, 0.55),
+                               "last": cpu_per_turn(0.9, 1.0)},
         "rss_mb": rss,
         "errors": errors,
     }
@@ -203,21 +220,23 @@ def median(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def print_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     print(f"\nmedian of {args.repeat} run(s); {args.concurrency} concurrent sessions, {args.turns} turns each, "
-          f"~{args.prompt_words * 4} prompt "
-          f"tokens, {args.tokens:,} tokens stored per store (segments + steps)")
-    print(f"{'store':7} {'turns':>6} {'turns/s':>8} {'CPU ms/turn':>11} {'finalize p50':>12} {'p99':>7} "
-          f"{'turn p50/p99 ms at 0-10% | 45-55% | 90-100% of the store':>58} {'RSS MB start/half/end':>22} "
-          f"{'tokens kept':>12} {'err':>4}")
+          f"~{args.prompt_words * 4} prompt tokens; {args.tokens:,} tokens stored per store (segments + steps)")
+    print(f"{'store':7} {'turns':>6} {'turns/s':>8} {'CPU ms/turn':>11} {'finalize p50':>12} {'p99':>8} "
+          f"{'RSS MB start/half/end':>22} {'tokens kept':>12} {'err':>4}")
     for r in rows:
-        t = r["turn_ms"]
-        fill = " | ".join(f"{t[k]['p50']:6.1f} / {t[k]['p99']:6.1f}" for k in ("first", "middle", "last"))
         rss = r["rss_mb"]
         memory = f"{rss['start']:.0f} / {rss.get('half', float('nan')):.0f} / {rss['end']:.0f}"
         print(f"{r['store']:7} {r['turns']:>6} {r['turns_per_s']:>8.1f} {r['cpu_ms_per_turn']:>11.2f} "
-              f"{r['finalize_p50_ms']:>9.1f} ms {r['finalize_p99_ms']:>4.0f} ms {fill:>58} {memory:>22} "
+              f"{r['finalize_p50_ms']:>9.1f} ms {r['finalize_p99_ms']:>5.0f} ms {memory:>22} "
               f"{r['store_tokens']:>12,} {len(r['errors']):>4}")
         for error in r["errors"][:3]:
             print(f"    error: {error}")
+    print("\nas the store fills (10-20% | 45-55% | 90-100% of the tokens): turn latency p50 / p99, proxy CPU per turn")
+    for r in rows:
+        t, c = r["turn_ms"], r["cpu_ms_per_turn_at"]
+        fill = " | ".join(f"{t[k]['p50']:6.1f} / {t[k]['p99']:6.1f} ms, {c[k]:5.2f} CPU ms" for k in
+                          ("first", "middle", "last"))
+        print(f"{r['store']:7} {fill}")
 
 
 def main() -> None:
