@@ -60,3 +60,11 @@ def test_side_calls_example_runs() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("side call: 1 step(s), steps [0]") == 1 and "  main: " in result.stdout
     assert '"side_call_segments": 1' in result.stdout and "turn 0 logprobs:" in result.stdout
+
+
+def test_ray_data_pool_example_feeds_one_trainer_from_two_replicas() -> None:
+    pytest.importorskip("ray")
+    result = _run(str(EXAMPLES / "ray_data_pool.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "from 2 replicas, 3 groups fetched" in result.stdout
+    assert "replicas exited with [0, 0]" in result.stdout  # SIGTERM drains a --store ray proxy: exit 0

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 from collections import Counter, OrderedDict
 from typing import Any
@@ -211,6 +212,14 @@ class RayStore(SQLiteStore):
     def failed(self) -> None:
         self._forward_counts["send_failures"] += 1
         self._pool = None  # look the pool up again next time (it may have been restarted)
+
+    def close(self) -> None:
+        """Close the local file, then leave Ray (its core worker aborts the process at exit otherwise)."""
+        super().close()
+        self._pool = None
+        ray = sys.modules.get("ray")  # joined only once a segment was sent
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "pool": self._pool_name, "namespace": self._namespace,
