@@ -18,6 +18,8 @@ import json
 import os
 import statistics
 import sys
+from array import array
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -25,6 +27,11 @@ import trio
 from load_client import cpu_seconds
 from overhead import REPLY, canned, run_client
 from processes import engine_stub, free_port, running, wait_ready
+
+from actorproxy.engines.base import GenerateRequest, SamplingParams
+from actorproxy.engines.connection import EngineOptions
+from actorproxy.engines.http11 import H11Client
+from actorproxy.engines.sglang.client import SGLangBackend
 
 APP = '''
 import json, sys
@@ -106,7 +113,45 @@ async def engine_client_floor(stub_url: str, requests: int, concurrency: int) ->
             for _ in range(concurrency):
                 nursery.start_soon(task, requests // concurrency)
 
-    for name, run in (("httpx", with_httpx), ("bare trio stream", bare)):
+    async def h11_client() -> None:
+        pool = H11Client(stub_url, max_idle=concurrency)
+
+        async def task(n: int) -> None:
+            for _ in range(n):
+                response = await pool.stream("POST", stub_url + "/generate", raw,
+                                             {"Content-Type": "application/json"})
+                while await response.receive() is not None:
+                    pass
+        async with trio.open_nursery() as nursery:
+            for _ in range(concurrency):
+                nursery.start_soon(task, requests // concurrency)
+        await pool.aclose()
+
+    def generations(use_httpx: bool) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            limits = httpx.Limits(max_keepalive_connections=concurrency)
+            http = httpx.AsyncClient(limits=limits) if use_httpx else None
+            backend = SGLangBackend(stub_url, EngineOptions(concurrency=concurrency), http=http)
+            request = GenerateRequest(array("i", range(1000, 3000)), SamplingParams(max_new_tokens=16))
+
+            async def task(n: int) -> None:
+                for _ in range(n):
+                    async with backend.open_generation(request) as generation:
+                        async for _event in generation:
+                            pass
+            async with trio.open_nursery() as nursery:
+                for _ in range(concurrency):
+                    nursery.start_soon(task, requests // concurrency)
+            await backend.aclose()
+            if http is not None:
+                await http.aclose()
+        return run
+
+    runs: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+        ("httpx", with_httpx), ("H11Client (ours)", h11_client), ("bare trio stream", bare),
+        ("SGLang client on httpx", generations(True)), ("SGLang client on H11", generations(False)),
+    ]
+    for name, run in runs:
         samples = []
         for _ in range(3):
             start = cpu_seconds(os.getpid())
@@ -118,12 +163,13 @@ async def engine_client_floor(stub_url: str, requests: int, concurrency: int) ->
 
 def main(args: argparse.Namespace) -> None:
     print(f"load average: {' '.join(open('/proc/loadavg').read().split()[:3])}")
-    ingress_floor(args.concurrency, args.duration)
+    if not args.skip_ingress:
+        ingress_floor(args.concurrency, args.duration)
     with engine_stub(canned(REPLY, 16)) as stub:
         for c in args.concurrency:
             floors = trio.run(engine_client_floor, stub.url, args.requests, c)
             for name, ms in floors.items():
-                print(f"engine client, {name:<16}, c={c:<3}: {ms:.2f} ms CPU per streamed /generate")
+                print(f"engine client, {name:<24}, c={c:<3}: {ms:.3f} ms CPU per streamed /generate")
 
 
 if __name__ == "__main__":
@@ -131,4 +177,5 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--skip-ingress", action="store_true", help="the engine client rows only")
     main(parser.parse_args())

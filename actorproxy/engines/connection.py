@@ -1,18 +1,19 @@
 """How the proxy talks to one engine over HTTP: options, connection pools, JSON calls.
 
 :class:`EngineOptions` holds what every engine client is built with; :class:`EngineConnection`
-owns the base URL and the httpx pools (a keep-alive pool sized to the engine's concurrency,
-and one for control calls); :func:`request_json` and :func:`post_quietly` make one call,
-with request bodies written by orjson (:func:`json_body`).
+owns the base URL and the connections: the hot path (generation streams, aborts) goes
+through :class:`~actorproxy.engines.http11.H11Client` pools (a keep-alive pool sized to the
+engine's concurrency, and one for control calls), the rarely used calls (model info,
+health, prompt logprobs, pause) through an httpx client. :func:`request_json` and
+:func:`post_quietly` make one call, with request bodies written by orjson (:func:`json_body`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from array import array
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
 
 import attrs
 import httpx
@@ -20,7 +21,8 @@ import numpy as np
 import orjson
 
 from .base import BackendError
-from .errors import check_status, mapped_errors
+from .errors import check_status, discard, mapped_errors
+from .http11 import ConnectError, ConnectTimeout, H11Client, H11Response, ReadTimeout, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +46,18 @@ class EngineOptions:
     abort_all: bool = False
 
 
-def make_client(options: EngineOptions) -> httpx.AsyncClient:
-    """An httpx client for one engine: its timeouts, a keep-alive pool sized to its concurrency."""
+def make_client(options: EngineOptions, pool: H11Client | None = None) -> httpx.AsyncClient:
+    """An httpx client for one engine: its timeouts, a keep-alive pool sized to its concurrency.
+
+    With ``pool``, its requests go through that :class:`H11Client` (same connections).
+    """
+    timeout = httpx.Timeout(options.read_timeout, connect=options.connect_timeout)
+    if pool is not None:
+        return httpx.AsyncClient(timeout=timeout, transport=H11Transport(pool))
     # No cap on connections: every running generation holds one for its stream and an
     # abort needs another meanwhile; a cap would queue aborts behind streams.
     return httpx.AsyncClient(
-        timeout=httpx.Timeout(options.read_timeout, connect=options.connect_timeout),
+        timeout=timeout,
         limits=httpx.Limits(
             max_connections=None,
             max_keepalive_connections=options.concurrency,
@@ -58,12 +66,106 @@ def make_client(options: EngineOptions) -> httpx.AsyncClient:
     )
 
 
+class EngineResponse(Protocol):
+    """A streamed HTTP response (an :class:`~actorproxy.engines.http11.H11Response` or an httpx one)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def reason_phrase(self) -> str: ...
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
+
+    async def aread(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+class EngineHTTP(Protocol):
+    """What the hot path needs of an HTTP client: one streamed request."""
+
+    async def stream(
+        self, method: str, url: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+    ) -> EngineResponse: ...
+
+
+class HttpxStreams:
+    """:class:`EngineHTTP` over an httpx client (tests pass one with a mock transport)."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def stream(
+        self, method: str, url: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+    ) -> EngineResponse:
+        request = self.client.build_request(method, url, content=body, headers=headers)
+        return await self.client.send(request, stream=True)
+
+
+def _httpx_error(exc: TransportError, request: httpx.Request) -> httpx.HTTPError:
+    kinds: list[tuple[type[TransportError], type[httpx.TransportError]]] = [
+        (ConnectTimeout, httpx.ConnectTimeout), (ReadTimeout, httpx.ReadTimeout), (ConnectError, httpx.ConnectError)
+    ]
+    kind = next((k for ours, k in kinds if isinstance(exc, ours)), httpx.ReadError)
+    return kind(str(exc), request=request)
+
+
+class _H11Body(httpx.AsyncByteStream):
+    def __init__(self, response: H11Response, request: httpx.Request) -> None:
+        self._response = response
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            while (chunk := await self._response.receive()) is not None:
+                yield chunk
+        except TransportError as exc:
+            raise _httpx_error(exc, self._request) from exc
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+class H11Transport(httpx.AsyncBaseTransport):
+    """httpx over an :class:`H11Client`: the rare calls made with httpx share the hot path's connections."""
+
+    def __init__(self, pool: H11Client) -> None:
+        self._pool = pool
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _SET_BY_POOL}
+        try:
+            response = await self._pool.stream(request.method, str(request.url), body or None, headers)
+        except TransportError as exc:
+            raise _httpx_error(exc, request) from exc
+        return httpx.Response(
+            response.status_code, headers=list(response.headers.items()), stream=_H11Body(response, request)
+        )
+
+
+_SET_BY_POOL = frozenset({"host", "content-length", "transfer-encoding", "user-agent", "accept", "accept-encoding"})
+
+
+def make_streams(base_url: str, options: EngineOptions) -> H11Client:
+    """The hot-path client of one engine: idle connections kept up to its concurrency."""
+    return H11Client(
+        base_url,
+        max_idle=options.concurrency,
+        keepalive_expiry=options.keepalive_expiry,
+        connect_timeout=options.connect_timeout,
+        read_timeout=options.read_timeout,
+    )
+
+
 class EngineConnection:
     """The HTTP plumbing every engine client shares: base URL, connection pools, cleanup.
 
-    ``control_pool``: short control calls (aborts) get a pool of their own, so they
-    never queue behind, or scan, the connections held by hundreds of streams. A
-    client passed in (tests) serves both and is not closed here.
+    ``streams`` carries the generations, ``control`` the aborts, ``http`` (httpx) the
+    rest. ``control_pool``: control calls get a pool of their own, so they never queue
+    behind the connections held by hundreds of streams. An httpx client passed in
+    (tests) serves all three and is not closed here.
     """
 
     def __init__(
@@ -76,11 +178,19 @@ class EngineConnection:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.options = options = options or EngineOptions()
-        self.http = http or make_client(options)
+        self._pools: list[H11Client] = []
+        if http is None:
+            self._pools.append(make_streams(self.base_url, options))
+            if control_pool:
+                self._pools.append(make_streams(self.base_url, attrs.evolve(options, read_timeout=30.0)))
+            self.streams: EngineHTTP = self._pools[0]
+            self.control: EngineHTTP = self._pools[-1]
+        else:
+            self.streams = self.control = HttpxStreams(http)
+        #: For the rare calls (model info, health, prompt logprobs, the tokenizer check):
+        #: httpx over the streams' own connections.
+        self.http = http or make_client(options, self._pools[0])
         self._owns_http = http is None
-        self.control = self.http
-        if control_pool and http is None:
-            self.control = make_client(attrs.evolve(options, read_timeout=30.0))
         self.abort_grace = options.abort_grace
 
     def url(self, path: str) -> str:
@@ -96,10 +206,10 @@ class EngineConnection:
         return response.status_code == 200
 
     async def aclose(self) -> None:
+        for pool in self._pools:
+            await pool.aclose()
         if self._owns_http:
             await self.http.aclose()
-            if self.control is not self.http:
-                await self.control.aclose()
 
 
 def json_body(body: object) -> bytes:
@@ -142,16 +252,25 @@ async def request_json(
     if not raw.strip():
         return None
     try:
-        return json.loads(raw)
+        return orjson.loads(raw)
     except ValueError as exc:
         raise BackendError(f"{what}: response is not JSON: {raw[:200]!r}") from exc
 
 
-async def post_quietly(client: httpx.AsyncClient, url: str, body: object, what: str) -> int | None:
+async def post_stream(
+    client: EngineHTTP, url: str, body: object, headers: Mapping[str, str] | None = None
+) -> EngineResponse:
+    """POST a :func:`json_body` body; the streamed response."""
+    all_headers = {"Content-Type": "application/json", **(headers or {})}
+    return await client.stream("POST", url, json_body(body), all_headers)
+
+
+async def post_quietly(client: EngineHTTP, url: str, body: object, what: str) -> int | None:
     """POST best-effort (cleanup paths): the HTTP status, or ``None`` if it never answered."""
     try:
         with mapped_errors(what):
-            response = await client.send(json_request(client, "POST", url, body))
+            response = await post_stream(client, url, body)
+            await discard(response)
     except BackendError as exc:
         log.debug("%s failed: %s", what, exc)
         return None

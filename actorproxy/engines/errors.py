@@ -1,20 +1,25 @@
 """Engine failures as :class:`BackendError`, at every boundary (httpcore-style mapping).
 
-httpx failures become 502 (504 on timeouts); an engine's HTTP error or in-stream error
-becomes 400 when the engine calls the request invalid, 503 when it is overloaded or
-starting, 504 on its timeouts, else 502.
+Transport failures (our HTTP/1.1 client's or httpx's) become 502 (504 on timeouts); an
+engine's HTTP error or in-stream error becomes 400 when the engine calls the request
+invalid, 503 when it is overloaded or starting, 504 on its timeouts, else 502.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import httpx
+import orjson
 
 from .base import BackendError
+from .http11 import TransportError
+
+if TYPE_CHECKING:
+    from .connection import EngineResponse
 
 _ERROR_BODY_LIMIT = 64 * 1024
 # Phrases engines use when a request can never succeed (prompt too long, bad params).
@@ -23,9 +28,11 @@ _INVALID = re.compile(r"context length|too long|longer than|exceed|invalid|must 
 
 @contextmanager
 def mapped_errors(what: str) -> Iterator[None]:
-    """Turn httpx transport failures into :class:`BackendError` (504 for timeouts)."""
+    """Turn transport failures into :class:`BackendError` (504 for timeouts)."""
     try:
         yield
+    except TransportError as exc:
+        raise BackendError(f"{what}: {exc}", status=exc.status, unreachable=exc.unreachable) from exc
     except httpx.TimeoutException as exc:
         unreachable = isinstance(exc, httpx.ConnectTimeout)
         raise BackendError(f"{what}: timed out ({type(exc).__name__})", status=504, unreachable=unreachable) from exc
@@ -68,7 +75,7 @@ def stream_error_status(error: object, message: str) -> int:
     return 400 if _INVALID.search(message) else 502
 
 
-async def check_status(response: httpx.Response, what: str) -> None:
+async def check_status(response: EngineResponse, what: str) -> None:
     """Raise :class:`BackendError` with the engine's message when ``status >= 400``."""
     if response.status_code < 400:
         return
@@ -81,7 +88,7 @@ async def check_status(response: httpx.Response, what: str) -> None:
     await response.aclose()
     text = raw.decode("utf-8", errors="replace")
     try:
-        message = error_message(json.loads(text))
+        message = error_message(orjson.loads(text))
     except ValueError:
         message = text.strip()[:1000] or response.reason_phrase
     raise BackendError(
@@ -90,7 +97,7 @@ async def check_status(response: httpx.Response, what: str) -> None:
     )
 
 
-async def discard(response: httpx.Response) -> None:
+async def discard(response: EngineResponse) -> None:
     """Read a small unwanted body to its end and close it, so its connection is reused."""
     try:
         with mapped_errors("discard"):

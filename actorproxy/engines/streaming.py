@@ -10,16 +10,18 @@ shielded, bounded cleanup when the caller leaves the block early.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 import httpx
+import orjson
 import trio
 
 from .base import BackendError, GenerateFinish, GenerationEvent
+from .connection import EngineHTTP, EngineResponse
 from .errors import mapped_errors
+from .http11 import TransportError
 from .sse import SSEEvent, SSEParser
 
 _DRAIN_LIMIT = 64 * 1024
@@ -52,12 +54,12 @@ class StreamedGeneration(Generic[P]):
 
     what = "engine"
 
-    def __init__(self, client: httpx.AsyncClient, rid: str, parser: P, *, abort_grace: float) -> None:
+    def __init__(self, client: EngineHTTP, rid: str, parser: P, *, abort_grace: float) -> None:
         self.rid = rid
         self._parser = parser
         self._client = client
         self._grace = abort_grace
-        self._response: httpx.Response | None = None
+        self._response: EngineResponse | None = None
         self._chunks: AsyncIterator[bytes] | None = None
         self._sse = SSEParser()
         self._pending: deque[GenerationEvent] = deque()
@@ -73,7 +75,7 @@ class StreamedGeneration(Generic[P]):
 
     # -- engine-specific --------------------------------------------------
 
-    async def _open(self) -> httpx.Response:
+    async def _open(self) -> EngineResponse:
         """Send the request; return the (checked) streaming response."""
         raise NotImplementedError
 
@@ -217,7 +219,7 @@ class StreamedGeneration(Generic[P]):
 
     async def _drain(self) -> None:
         """Read what follows the finish (``[DONE]``, a usage chunk, the end of the
-        chunked body), bounded, so httpx returns the connection to its pool.
+        chunked body), bounded, so the connection goes back to its pool.
 
         Closing a response before its end closes the connection: every turn would
         then open a new one. Stops short (the connection is then closed) on a payload
@@ -231,7 +233,7 @@ class StreamedGeneration(Generic[P]):
                 if data == "[DONE]":
                     continue
                 try:
-                    payload = json.loads(data)
+                    payload = orjson.loads(data)
                 except ValueError:
                     return
                 if not isinstance(payload, Mapping) or not self._tail_ok(payload):
@@ -240,7 +242,7 @@ class StreamedGeneration(Generic[P]):
                 return
             try:
                 chunk = await anext(self._chunks, None)
-            except httpx.HTTPError:
+            except (httpx.HTTPError, TransportError):
                 return
             if chunk is None:
                 self._chunks = None
@@ -261,7 +263,7 @@ class StreamedGeneration(Generic[P]):
             self._queue_end(done=True)
             return
         try:
-            payload = json.loads(data)
+            payload = orjson.loads(data)
         except ValueError as exc:
             raise BackendError(f"{self.what}: malformed stream event: {data[:200]!r}") from exc
         if event.event == "error" and not (isinstance(payload, Mapping) and "error" in payload):

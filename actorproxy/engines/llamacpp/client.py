@@ -34,7 +34,7 @@ from ..base import (
     GenerateRequest,
     ModelInfo,
 )
-from ..connection import EngineConnection, EngineOptions, json_request, request_json
+from ..connection import EngineConnection, EngineOptions, EngineResponse, post_stream, request_json
 from ..deltas import DEFAULT_VERSION
 from ..errors import check_status
 from ..streaming import StreamedGeneration
@@ -54,14 +54,13 @@ class LlamaCppGeneration(StreamedGeneration[LlamaCppStreamParser]):
             prompt_len=len(request.input_ids),
             version=backend.weight_version,
         )
-        super().__init__(backend.http, request.rid, parser, abort_grace=backend.abort_grace)
+        super().__init__(backend.streams, request.rid, parser, abort_grace=backend.abort_grace)
         self._backend = backend
         self._request = request
 
-    async def _open(self) -> httpx.Response:
+    async def _open(self) -> EngineResponse:
         body = completion_body(self._request.input_ids, self._request.sampling)
-        request = json_request(self._client, "POST", self._backend.url(COMPLETION_PATH), body)
-        response = await self._client.send(request, stream=True)
+        response = await post_stream(self._client, self._backend.url(COMPLETION_PATH), body)
         await check_status(response, self.what)
         return response
 

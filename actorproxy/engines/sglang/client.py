@@ -32,7 +32,7 @@ from ..base import (
     SamplingParams,
     new_rid,
 )
-from ..connection import EngineConnection, EngineOptions, json_request, post_quietly, request_json
+from ..connection import EngineConnection, EngineOptions, EngineResponse, post_quietly, post_stream, request_json
 from ..deltas import DEFAULT_VERSION
 from ..errors import check_status
 from ..streaming import StreamedGeneration
@@ -46,11 +46,11 @@ class SGLangGeneration(StreamedGeneration[SGLangStreamParser]):
 
     def __init__(self, backend: SGLangBackend, request: GenerateRequest) -> None:
         parser = SGLangStreamParser(stop_token_ids=request.sampling.stop_token_ids, version=backend.last_version)
-        super().__init__(backend.http, request.rid, parser, abort_grace=backend.abort_grace)
+        super().__init__(backend.streams, request.rid, parser, abort_grace=backend.abort_grace)
         self._backend = backend
         self._request = request
 
-    async def _open(self) -> httpx.Response:
+    async def _open(self) -> EngineResponse:
         self._backend.running.add(self.rid)
         req = self._request
         body: dict[str, Any] = {
@@ -65,8 +65,7 @@ class SGLangGeneration(StreamedGeneration[SGLangStreamParser]):
         if req.return_routed_experts and self._backend.routed_experts:
             body["return_routed_experts"] = True
         headers = {ROUTING_HEADER: req.routing_key} if req.routing_key else {}
-        request = json_request(self._client, "POST", self._backend.url(GENERATE_PATH), body, headers)
-        response = await self._client.send(request, stream=True)
+        response = await post_stream(self._client, self._backend.url(GENERATE_PATH), body, headers)
         await check_status(response, self.what)
         return response
 

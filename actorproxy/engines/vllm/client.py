@@ -38,7 +38,7 @@ from ..base import (
     SamplingParams,
     new_rid,
 )
-from ..connection import EngineConnection, EngineOptions, json_request, post_quietly, request_json
+from ..connection import EngineConnection, EngineOptions, EngineResponse, post_quietly, post_stream, request_json
 from ..deltas import DEFAULT_VERSION
 from ..errors import check_status, discard
 from ..streaming import StreamedGeneration
@@ -52,12 +52,12 @@ class VLLMGeneration(StreamedGeneration[VLLMStreamParser]):
 
     def __init__(self, backend: VLLMBackend, request: GenerateRequest) -> None:
         parser = VLLMStreamParser(version=backend.last_version, routed_experts=request.return_routed_experts)
-        super().__init__(backend.http, request.rid, parser, abort_grace=backend.abort_grace)
+        super().__init__(backend.streams, request.rid, parser, abort_grace=backend.abort_grace)
         self._backend = backend
         self._request = request
         self._api: Api | None = backend.api
 
-    async def _open(self) -> httpx.Response:
+    async def _open(self) -> EngineResponse:
         if self._api in (None, "generate"):
             response = await self._post(GENERATE_PATH, self._generate_body())
             if self._api == "generate" or response.status_code < 400:
@@ -77,13 +77,12 @@ class VLLMGeneration(StreamedGeneration[VLLMStreamParser]):
         await check_status(response, self.what)
         return response
 
-    async def _post(self, path: str, body: Mapping[str, Any]) -> httpx.Response:
+    async def _post(self, path: str, body: Mapping[str, Any]) -> EngineResponse:
         # X-Request-Id fixes the engine's request id even where the body field is unknown.
         headers = {"X-Request-Id": self.rid}
         if self._request.routing_key:
             headers[ROUTING_HEADER] = self._request.routing_key
-        request = json_request(self._client, "POST", self._backend.url(path), body, headers)
-        return await self._client.send(request, stream=True)
+        return await post_stream(self._client, self._backend.url(path), body, headers)
 
     def _generate_body(self) -> dict[str, Any]:
         req = self._request

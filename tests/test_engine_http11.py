@@ -1,0 +1,149 @@
+"""The engine's HTTP/1.1 client (h11 over Trio streams) against a scripted server on port 0.
+
+Each test server answers every request on a connection with the next scripted raw
+response and records what it saw (connections accepted, requests, when a client hung up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from actorproxy.engines.base import BackendError
+from actorproxy.engines.errors import mapped_errors
+from actorproxy.engines.http11 import ConnectError, H11Client, ReadTimeout
+
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+
+
+def sized(body: bytes, *extra: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n" % len(body) + b"".join(h + b"\r\n" for h in extra)
+    return head + b"\r\n" + body
+
+
+class Server:
+    def __init__(self, answer: Callable[[int, bytes], bytes | None]) -> None:
+        self.answer = answer  # (request number, request bytes) -> raw response (None: stay silent)
+        self.accepted = 0
+        self.requests: list[bytes] = []
+        self.hangups = 0
+        self.close_after_each = False
+        self.url = ""
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        self.accepted += 1
+        buffer = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        self.hangups += 1
+                        return
+                    buffer += data
+                head, _, rest = buffer.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(rest) < length:
+                    rest += await stream.receive_some(65536)
+                self.requests.append(head + b"\r\n\r\n" + rest[:length])
+                buffer = rest[length:]
+                response = self.answer(len(self.requests), self.requests[-1])
+                if response is None:
+                    await trio.sleep_forever()
+                await stream.send_all(response)
+                if self.close_after_each:
+                    await stream.aclose()
+                    return
+        except trio.BrokenResourceError:
+            self.hangups += 1
+
+
+@asynccontextmanager
+async def serving(answer: Callable[[int, bytes], bytes | None]) -> AsyncIterator[Server]:
+    server = Server(answer)
+    async with trio.open_nursery() as nursery:
+        serve = partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1")
+        [listener] = await nursery.start(serve)
+        server.url = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+        yield server
+        nursery.cancel_scope.cancel()
+
+
+async def test_bodies_of_both_framings_stream_and_the_connection_is_kept() -> None:
+    bodies = [CHUNKED, sized(b'{"ok": true}'), CHUNKED]
+    async with serving(lambda n, _: bodies[n - 1]) as server:
+        client = H11Client(server.url)
+        got = []
+        for _ in bodies:
+            response = await client.stream("POST", server.url + "/generate", b'{"x": 1}', {"X-Request-Id": "r1"})
+            assert response.status_code == 200
+            got.append(await response.aread())
+        assert got == [b"hello world", b'{"ok": true}', b"hello world"]
+        assert server.accepted == 1 and client.opened == 1
+        request = server.requests[0]
+        assert request.startswith(b"POST /generate HTTP/1.1\r\n")
+        assert b"x-request-id: r1" in request.lower() and request.endswith(b'\r\n\r\n{"x": 1}')
+        await client.aclose()
+
+
+async def test_a_kept_connection_the_engine_closed_is_replaced_without_an_error() -> None:
+    async with serving(lambda n, _: sized(b"ok")) as server:
+        server.close_after_each = True  # closes without saying so (no "Connection: close")
+        client = H11Client(server.url)
+        for _ in range(3):
+            response = await client.stream("GET", server.url + "/health")
+            assert await response.aread() == b"ok"
+        assert server.accepted == 3
+
+
+async def test_connection_close_and_a_body_left_unread_are_not_reused() -> None:
+    answers = [sized(b"bye", b"Connection: close"), CHUNKED, sized(b"ok")]
+    async with serving(lambda n, _: answers[n - 1]) as server:
+        client = H11Client(server.url)
+        assert await (await client.stream("GET", server.url + "/a")).aread() == b"bye"
+        response = await client.stream("GET", server.url + "/b")
+        assert await response.receive() == b"hello"
+        await response.aclose()  # before the end: this connection cannot carry another request
+        assert await (await client.stream("GET", server.url + "/c")).aread() == b"ok"
+        assert server.accepted == 3 and client.idle == 1
+
+
+async def test_cancelling_a_read_closes_the_connection() -> None:
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"  # and then nothing
+    async with serving(lambda n, _: head) as server:
+        client = H11Client(server.url)
+        response = await client.stream("POST", server.url + "/generate", b"{}")
+        assert await response.receive() == b"hello"
+        with trio.move_on_after(0.05):
+            await response.receive()
+        await trio.testing.wait_all_tasks_blocked()
+        assert server.hangups == 1 and client.idle == 0
+
+
+async def test_timeouts_and_refusals_map_to_backend_errors(autojump_clock: Any) -> None:
+    async with serving(lambda n, _: None) as server:  # never answers
+        client = H11Client(server.url, read_timeout=30.0)
+        with pytest.raises(BackendError) as caught, mapped_errors("engine"):
+            await client.stream("POST", server.url + "/generate", b"{}")
+        assert isinstance(caught.value.__cause__, ReadTimeout)
+        assert caught.value.status == 504 and not caught.value.unreachable
+    refused = H11Client(server.url)  # the server is gone
+    with pytest.raises(BackendError) as caught, mapped_errors("engine"):
+        await refused.stream("GET", server.url + "/health")
+    assert isinstance(caught.value.__cause__, ConnectError)
+    assert caught.value.status == 502 and caught.value.unreachable
+
+
+async def test_a_malformed_answer_is_a_502() -> None:
+    async with serving(lambda n, _: b"NOT HTTP AT ALL\r\n\r\n") as server:
+        client = H11Client(server.url)
+        with pytest.raises(BackendError) as caught, mapped_errors("engine"):
+            await client.stream("GET", server.url + "/health")
+        assert caught.value.status == 502 and not caught.value.unreachable
