@@ -4,7 +4,8 @@
 
 1. Ingress: a Quart-trio app on hypercorn (the proxy's stack) whose chat route reads the
    JSON body and answers a canned completion, loaded by ``load_client.py`` from another
-   process: its CPU per request is the least any route on this stack costs.
+   process: its CPU per request is the least any route on this stack costs; then the same
+   route as a bare ASGI app on hypercorn (what Quart adds is the difference).
 2. Engine client: POSTs of a 2,000-token SGLang ``/generate`` body to ``engine_stub.py``,
    each reading the 16-event stream to its end, on one keep-alive connection per task,
    with httpx (the proxy's engine client library) and with a bare HTTP/1.1 exchange over
@@ -56,17 +57,53 @@ config.accesslog = None
 trio.run(serve, app, config)
 '''
 
+# The same route as a bare ASGI app on hypercorn: what Quart adds is the difference.
+BARE_APP = '''
+import json, sys
+from hypercorn.config import Config
+from hypercorn.trio import serve
+import trio
+ANSWER = json.dumps({"id": "c", "object": "chat.completion", "choices": [{"index": 0,
+    "message": {"role": "assistant", "content": "canned"}, "finish_reason": "stop"}]}).encode()
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            await send({"type": message["type"] + ".complete"})
+            if message["type"] == "lifespan.shutdown":
+                return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if scope["path"] == "/v1/chat/completions":
+        json.loads(body)
+        out = ANSWER
+    else:
+        out = b"ok"
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(out)).encode())]})
+    await send({"type": "http.response.body", "body": out})
+config = Config()
+config.bind = [f"127.0.0.1:{sys.argv[1]}"]
+config.accesslog = None
+trio.run(serve, app, config)
+'''
+
 
 def ingress_floor(concurrency: list[int], duration: float) -> None:
-    port = free_port()
-    with running([sys.executable, "-c", APP, str(port)]) as process:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url + "/health", process)
-        for c in concurrency:
-            out = run_client(url, "--concurrency", str(c), "--duration", str(duration), "--watch",
-                             f"target={process.pid}", "--tag", f"floor{c}")
-            print(f"hypercorn + quart-trio, trivial chat route, c={c:<3}: "
-                  f"{out['cpu_ms_per_turn']['target']:.2f} ms CPU per request ({out['turns_per_s']:.0f}/s)")
+    for name, app in (("hypercorn + quart-trio", APP), ("hypercorn, bare ASGI   ", BARE_APP)):
+        port = free_port()
+        with running([sys.executable, "-c", app, str(port)]) as process:
+            url = f"http://127.0.0.1:{port}"
+            wait_ready(url + "/health", process)
+            for c in concurrency:
+                out = run_client(url, "--concurrency", str(c), "--duration", str(duration), "--watch",
+                                 f"target={process.pid}", "--tag", f"floor{c}")
+                print(f"{name}, trivial chat route, c={c:<3}: "
+                      f"{out['cpu_ms_per_turn']['target']:.2f} ms CPU per request ({out['turns_per_s']:.0f}/s)")
 
 
 async def _bare_post(stream: trio.SocketStream, path: bytes, body: bytes) -> bytes:
@@ -165,6 +202,8 @@ def main(args: argparse.Namespace) -> None:
     print(f"load average: {' '.join(open('/proc/loadavg').read().split()[:3])}")
     if not args.skip_ingress:
         ingress_floor(args.concurrency, args.duration)
+    if args.skip_engine:
+        return
     with engine_stub(canned(REPLY, 16)) as stub:
         for c in args.concurrency:
             floors = trio.run(engine_client_floor, stub.url, args.requests, c)
@@ -178,4 +217,5 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--skip-ingress", action="store_true", help="the engine client rows only")
+    parser.add_argument("--skip-engine", action="store_true", help="the ingress rows only")
     main(parser.parse_args())

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import attrs
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from quart import Response, request
@@ -266,11 +267,9 @@ _TURN_ROUTES = ("/v1/chat/completions", "/v1/messages", "/v1/responses", "/gener
 
 
 def _error_code(body: bytes) -> str | None:
-    import json
-
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        data = orjson.loads(body)
+    except ValueError:
         return None
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict):

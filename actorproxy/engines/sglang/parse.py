@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import httpx
+import orjson
 
 from ...core.messages import AssistantOutput, ToolCall
 from ...core.tool_parsers import ToolCallFormat
@@ -203,7 +204,7 @@ def _from_remote(
     found = []
     for name, arguments in remote.calls:
         try:
-            parsed = json.loads(arguments)
+            parsed = orjson.loads(arguments)
         except ValueError:
             parsed = None
         if not isinstance(parsed, dict):

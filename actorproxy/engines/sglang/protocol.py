@@ -67,8 +67,10 @@ class SGLangStreamParser:
         if self._is_incremental(ids, meta.get("completion_tokens")):
             new_ids, new_entries = ids, entries
         else:
+            # O(new tokens), not O(all): the event repeats every earlier token; only the
+            # boundary is checked.
             n = len(self.ids)
-            if ids[:n] != self.ids:
+            if len(ids) < n or (n and ids[n - 1] != self.ids[-1]):
                 raise BackendError("SGLang: a cumulative event does not extend the tokens already sent")
             new_ids = ids[n:]
             new_entries = entries[n:] if isinstance(entries, list) else entries
