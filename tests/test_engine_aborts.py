@@ -16,7 +16,7 @@ import trio.testing
 
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.engines.aborts import AbortBatcher
-from actorproxy.runtime import controller
+from actorproxy.runtime import controller, generate
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.sim.server import SimServerSettings, open_sim_server
 
@@ -99,7 +99,11 @@ async def test_a_slow_abort_answer_is_waited_for_not_turned_into_a_hang_up(
     # used to be cut at 2 s, losing the tokens in flight and never aborting in the engine.
     # (The controller's own last-resort bound is raised: on a loaded machine the 20
     # streams' backlog can take longer than 10 s to read, and that is not what is tested.)
+    # generate.py imported the name, so it is raised there: raising it on the controller
+    # alone left the turn's own 10 s bound, which cut the streams under load and sent a
+    # second abort for each (38 abort calls instead of 20).
     monkeypatch.setattr(controller, "ABORT_BOUND", 120.0)
+    monkeypatch.setattr(generate, "ABORT_BOUND", 120.0)
     await _pause_with_streams_in_flight(tokenizer, "sglang", streams=20, abort_delay=2.5, abort_calls=20)
 
 
