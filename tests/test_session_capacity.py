@@ -47,7 +47,7 @@ async def test_a_new_session_evicts_the_least_recently_used_idle_one(
         await run_turn(runtime, "d", HI, max_tokens=4)
         await trio.testing.wait_all_tasks_blocked()
         assert [s["boundary_reason"] for s in (await runtime.read(session_id="c"))["data"]] == ["capacity_evicted"]
-        assert (await runtime.describe_session("b"))["next_step"] == 2
+        assert (await runtime.describe_session("b")).next_step == 2
         # An evicted session comes back as a successor that keeps counting.
         back = await run_turn(runtime, "a", HI, max_tokens=4)
         assert back.done is not None and back.done.step_index == 1

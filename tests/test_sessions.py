@@ -107,8 +107,8 @@ async def test_idle_session_is_evicted_into_the_store(
         messages += [first.message, {"role": "user", "content": "again"}]
         await run_turn(runtime, "idle", messages)
         described = await runtime.describe_session("idle")
-        assert described["next_step"] == 2
-        assert described["open_segment"]["segment_index"] == 1
+        assert described.next_step == 2
+        assert described.open_segment["segment_index"] == 1
 
 
 async def test_shutdown_finalizes_open_sessions(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
@@ -141,7 +141,7 @@ async def test_max_steps_guard(tokenizer: Any, autojump_clock: trio.testing.Mock
         assert refused.error is not None and refused.error.code == "max_steps_exceeded"
         assert refused.error.status == 400
         described = await runtime.describe_session("m")
-        assert described["steps"] == 2
+        assert described.steps == 2
 
 
 async def test_context_overflow_and_clamp(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
@@ -156,7 +156,7 @@ async def test_context_overflow_and_clamp(tokenizer: Any, autojump_clock: trio.t
         prompt = ok.done.prompt_tokens
         assert ok.done.prompt_tokens + ok.done.completion_tokens <= 64
         described = await runtime.describe_session("c")
-        assert described["recent_steps"][0]["max_new_tokens"] == 64 - prompt
+        assert described.recent_steps[0]["max_new_tokens"] == 64 - prompt
 
 
 async def test_a_long_turn_is_not_cut_by_the_idle_timer(
@@ -170,7 +170,7 @@ async def test_a_long_turn_is_not_cut_by_the_idle_timer(
         assert result.done is not None and result.done.completion_tokens == 100
         assert trio.current_time() >= 100 * INTERVAL > config.limits.session_ttl
         described = await runtime.describe_session("long")
-        assert described["recent_steps"][-1]["status"] == "completed"
+        assert described.recent_steps[-1]["status"] == "completed"
 
 
 async def test_finalize_frees_the_slot_and_numbering_continues(
@@ -187,7 +187,7 @@ async def test_finalize_frees_the_slot_and_numbering_continues(
         await runtime.finalize("b")
         await run_turn(runtime, "a", [{"role": "user", "content": "again"}])
         described = await runtime.describe_session("a")
-        assert described["next_step"] == 2 and described["open_segment"]["segment_index"] == 1
+        assert described.next_step == 2 and described.open_segment["segment_index"] == 1
         [segment] = (await runtime.read(session_id="a"))["data"]
         assert segment["instance_id"] == "group-1"
         # Finalizing twice is harmless; an unknown session is a 404.

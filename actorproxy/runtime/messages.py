@@ -120,9 +120,6 @@ class SessionDescription:
     open_segment: dict[str, Any] | None
     recent_steps: list[dict[str, Any]]
 
-    def to_json(self) -> dict[str, Any]:
-        return {field.name: getattr(self, field.name) for field in attrs.fields(SessionDescription)}
-
 
 # -- registry mailbox messages --------------------------------------------------
 

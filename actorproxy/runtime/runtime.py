@@ -150,13 +150,13 @@ class Runtime:
             return {"session_id": session_id, "segments": 0, "steps": 0}
         raise NotFound(f"unknown session {session_id!r}", param="session_id")
 
-    async def describe_session(self, session_id: str) -> dict[str, Any]:
+    async def describe_session(self, session_id: str) -> SessionDescription:
         mailbox = await ask(self.registry, lambda r: Lookup(session_id, False, r))
         if mailbox is None:
             raise NotFound(f"no live session {session_id!r}", param="session_id")
         try:
             description: SessionDescription = await ask(mailbox, lambda r: DescribeSession(r))
-            return description.to_json()
+            return description
         except ActorGone:
             raise NotFound(f"no live session {session_id!r}", param="session_id") from None
 

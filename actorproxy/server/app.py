@@ -26,7 +26,7 @@ from ..runtime.runtime import Runtime
 from ..trajectory_file import write_trajectory_file
 from ..wire import anthropic, jsonio
 from ..wire.anthropic import AnthropicFormat, parse_messages_body
-from ..wire.converter import structure
+from ..wire.converter import CONVERTER, structure
 from ..wire.format import TurnFormat
 from ..wire.openai_chat import OpenAIChatFormat
 from ..wire.trainer import FinalizeBody, ReadBody
@@ -196,7 +196,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
     @app.get("/session/<path:session_id>")
     async def describe_session(session_id: str) -> Response:
         _refuse_shadowed_route(app)
-        return _json(await runtime.describe_session(session_id))
+        return _json(CONVERTER.unstructure(await runtime.describe_session(session_id)))
 
     @app.get("/health")
     async def health() -> Response:

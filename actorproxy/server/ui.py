@@ -20,7 +20,9 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from ..errors import BadRequest, NotFound
+from ..runtime.messages import SessionDescription
 from ..runtime.runtime import Runtime
+from ..wire.converter import CONVERTER
 from .observe import Observer, gather_state
 
 _ASSETS = {"app.js": "text/javascript", "style.css": "text/css"}
@@ -47,17 +49,17 @@ def _int_arg(name: str, default: int, low: int, high: int) -> int:
     return value
 
 
-def session_summary(description: dict[str, Any]) -> dict[str, Any]:
+def session_summary(description: SessionDescription) -> dict[str, Any]:
     """One row of ``/sessions`` from a live session's description."""
-    recent = description.get("recent_steps") or []
+    recent = description.recent_steps
     last = recent[-1] if recent else {}
     return {
-        "session_id": description["session_id"],
+        "session_id": description.session_id,
         "state": "generating" if any(s.get("status") == "running" for s in recent) else "idle",
-        "steps": description.get("steps", 0),
+        "steps": description.steps,
         "instance_id": last.get("instance_id"),
-        "open_segment": description.get("open_segment"),
-        "sub_agents": description.get("sub_agents", []),
+        "open_segment": description.open_segment,
+        "sub_agents": description.sub_agents,
         "last_step_at": last.get("finished_at") or last.get("created_at"),
     }
 
@@ -143,7 +145,7 @@ def add_ui_routes(app: QuartTrio, runtime: Runtime, observer: Observer) -> None:
     async def session_detail(session_id: str) -> Response:
         live: dict[str, Any] | None
         try:
-            live = await runtime.describe_session(session_id)
+            live = CONVERTER.unstructure(await runtime.describe_session(session_id))
         except NotFound:
             live = None
         stored = await runtime.read(session_id=session_id, include_steps=False)
