@@ -227,7 +227,7 @@ def _store_line(config: ProxyConfig) -> str:
         return f"ray data pool {store.data_pool!r} (namespace {store.ray_namespace})"
     if kind == "memory":
         return "memory (lost at exit; --store sqlite keeps it)"
-    return f"sqlite under {store.data_dir} (durable; crash-recovered)"  # auto is sqlite for 'actorproxy run'
+    return f"sqlite under {store.data_dir} (durable; crash-recovered; docs/storage.md)"  # auto is sqlite for 'actorproxy run'
 
 
 def banner(config: ProxyConfig, running: RunningProxy) -> list[str]:
@@ -256,8 +256,6 @@ def banner(config: ProxyConfig, running: RunningProxy) -> list[str]:
         f"context window {runtime.context_window}",
         f"  store:     {_store_line(config)}",
         f"  access:    {auth}",
-        f"  store:     {config.store.store_kind}"
-        + (f" under {config.store.data_dir} (docs/storage.md)" if config.store.store_kind != "memory" else ""),
         f"  trajectory files: {config.server.trajectory_dir}" if config.server.trajectory_dir else "  trajectory "
         "files: off (--trajectory-dir DIR)",
         f"  metrics:   {running.url}/metrics",

@@ -93,5 +93,6 @@ def test_the_start_up_banner(tmp_path: Path) -> None:
     assert "serving on http://127.0.0.1:" in text
     assert "engine:    the built-in simulated engine" in text
     assert "  store:     memory" in text  # the suite runs with ACTORPROXY_STORE=memory (conftest)
+    assert text.count("  store:") == 1, text
     assert "tokenizer: qwen3" in text and "/metrics" in text and "curl -s http://127.0.0.1:" in text
     assert "loading tokenizer" not in text
