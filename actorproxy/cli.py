@@ -15,9 +15,10 @@ import trio
 from . import __version__
 from .compat import add_compat_arguments, apply_compat
 from .config import ProxyConfig
+from .errors import StartupError
 from .logs import configure_logging
 from .settings_cli import add_settings_arguments, build_config, settings_from_namespace
-from .startup import StartupError, check_port, load_tokenizer_checked, probe_engines, startup_failure
+from .startup import check_port, load_tokenizer_checked, probe_engines, startup_failure
 from .tokenization.tokenizer import ChatTokenizer
 
 if TYPE_CHECKING:
@@ -227,7 +228,8 @@ def _store_line(config: ProxyConfig) -> str:
         return f"ray data pool {store.data_pool!r} (namespace {store.ray_namespace})"
     if kind == "memory":
         return "memory (lost at exit; --store sqlite keeps it)"
-    return f"sqlite under {store.data_dir} (durable; crash-recovered; docs/storage.md)"  # auto is sqlite for 'actorproxy run'
+    # auto is sqlite for "actorproxy run"
+    return f"sqlite under {store.data_dir} (durable; crash-recovered; docs/storage.md)"
 
 
 def banner(config: ProxyConfig, running: RunningProxy) -> list[str]:

@@ -126,3 +126,11 @@ class EngineTimeout(EngineError):
 
 class ShuttingDown(Overloaded):
     default_code = "shutting_down"
+
+
+class StartupError(Exception):
+    """Why the proxy cannot start, as one line that names the flag to change (``main`` prints it, exit 2)."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(f"{flag}: {message}")
+        self.flag = flag

@@ -16,16 +16,9 @@ import trio
 
 from .config import ProxyConfig
 from .engines.base import BackendError, ModelInfo
+from .errors import StartupError
 from .serve import bind_host
 from .tokenization.tokenizer import ChatTokenizer, load_tokenizer
-
-
-class StartupError(Exception):
-    """Why the proxy cannot start, as one line that names the flag to change."""
-
-    def __init__(self, flag: str, message: str) -> None:
-        super().__init__(f"{flag}: {message}")
-        self.flag = flag
 
 
 def _reason(exc: BaseException) -> str:

@@ -170,7 +170,7 @@ async def test_drain_with_invalid_unicode_delivers_everything(tokenizer: Any) ->
 
 
 def test_one_process_per_data_dir(tmp_path: Path) -> None:
-    from actorproxy.startup import StartupError
+    from actorproxy.errors import StartupError
     from actorproxy.store.sqlite import SQLiteStore
 
     first = SQLiteStore(str(tmp_path))

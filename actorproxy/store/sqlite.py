@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ..core.records import Segment, Step
+from ..errors import StartupError
 from .base import ReadQuery, Recovered, StoreCounters, Usage, session_key, step_tokens
 from .codec import (
     decode_step,
@@ -79,8 +80,6 @@ class SQLiteStore:
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            from ..startup import StartupError  # (imported here: startup imports the runtime)
-
             self._lock.close()
             raise StartupError("--data-dir", f"{data_dir} is in use by another actorproxy process; give each "
                                "one its own --data-dir") from None

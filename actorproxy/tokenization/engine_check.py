@@ -27,7 +27,7 @@ import attrs
 import httpx
 
 from ..engines.base import BackendError
-from ..startup import StartupError
+from ..errors import StartupError
 from .tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)
