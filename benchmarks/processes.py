@@ -103,11 +103,18 @@ def sim_engine(*flags: str) -> Iterator[Server]:
 
 @contextmanager
 def proxy(backend: str, engine_url: str, *flags: str) -> Iterator[Server]:
-    """``actorproxy run`` in front of one engine."""
+    """``actorproxy run`` in front of one engine, with a store of its own.
+
+    Each proxy gets a fresh ``--data-dir`` (unless the flags name one): the default
+    ``./actorproxy-data`` would be shared by every run started here, and a run would then
+    read (and count) the sessions an earlier, interrupted run left behind.
+    """
     port = free_port()
-    command = [sys.executable, "-m", "actorproxy", "run", "--port", str(port), "--backend", backend,
-               "--backend-url", engine_url, "--log-level", "WARNING", *flags]
-    with running(command) as process:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url + "/health", process)
-        yield Server(url, process.pid)
+    with tempfile.TemporaryDirectory(prefix="actorproxy-bench-") as data:
+        own = [] if "--data-dir" in flags else ["--data-dir", data]
+        command = [sys.executable, "-m", "actorproxy", "run", "--port", str(port), "--backend", backend,
+                   "--backend-url", engine_url, "--log-level", "WARNING", *own, *flags]
+        with running(command) as process:
+            url = f"http://127.0.0.1:{port}"
+            wait_ready(url + "/health", process)
+            yield Server(url, process.pid)
