@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actorproxy.tokenization.gguf import BPE_PRE_REGEXES, build_tokenizer, load_gguf_chat_tokenizer
+from actorproxy.tokenization.gguf import BPE_PRE_REGEXES, build_tokenizer
 from actorproxy.tokenization.gguf_file import (
     BYTE,
     CONTROL,
@@ -25,7 +25,7 @@ from actorproxy.tokenization.gguf_file import (
     GGUFError,
     read_vocab,
 )
-from actorproxy.tokenization.tokenizer import ChatTokenizer, load_tokenizer
+from actorproxy.tokenization.tokenizer import ChatTokenizer, load_gguf_chat_tokenizer, load_tokenizer
 
 gguf = pytest.importorskip("gguf")
 

@@ -1,4 +1,4 @@
-"""A :class:`ChatTokenizer` from a GGUF file, built to encode exactly as llama.cpp does.
+"""The tokenizer of a GGUF file (for a :class:`~.tokenizer.ChatTokenizer`), built to encode exactly as llama.cpp does.
 
 ``--tokenizer-path model.gguf`` reads the vocabulary, scores or merges, token types, special
 token ids and ``tokenizer.chat_template`` from the file's header (:mod:`.gguf_file`) and builds a
@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from .gguf_file import CONTROL, UNKNOWN, USER_DEFINED, GGUFError, GGUFVocab, read_vocab
-from .tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -218,15 +217,3 @@ def is_gguf(path: str | Path) -> bool:
         return False
     with open(p, "rb") as f:
         return f.read(4) == b"GGUF"
-
-
-def load_gguf_chat_tokenizer(path: str | Path) -> ChatTokenizer:
-    """The :class:`ChatTokenizer` of a GGUF file: its end of turn and llama.cpp's stop ids."""
-    hf, vocab, template = load_gguf_hf(path)
-    return ChatTokenizer(
-        hf,
-        name=Path(path).name,
-        chat_template=template,
-        eot_token_id=end_of_turn_id(vocab),
-        stop_token_ids=eog_ids(vocab),
-    )

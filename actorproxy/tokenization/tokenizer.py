@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .gguf import end_of_turn_id, eog_ids, is_gguf, load_gguf_hf
 from .message_fields import cut_message, template_message_fields
 from .qwen3 import qwen3_tokenizer_file
 from .template_inputs import wants_object_arguments, with_object_arguments
@@ -178,9 +179,19 @@ def load_tokenizer(path: str | None = None, cache_dir: str | None = None) -> Cha
         )
         template = (_TEMPLATES / "qwen3.jinja").read_text(encoding="utf-8")
         return ChatTokenizer(hf, name=BUILTIN_NAME, chat_template=template)
-    from .gguf import is_gguf, load_gguf_chat_tokenizer
-
     if is_gguf(path):
         return load_gguf_chat_tokenizer(path)
     hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return ChatTokenizer(hf, name=os.path.basename(os.path.normpath(path)))
+
+
+def load_gguf_chat_tokenizer(path: str | Path) -> ChatTokenizer:
+    """The :class:`ChatTokenizer` of a GGUF file: its end of turn and llama.cpp's stop ids."""
+    hf, vocab, template = load_gguf_hf(path)
+    return ChatTokenizer(
+        hf,
+        name=Path(path).name,
+        chat_template=template,
+        eot_token_id=end_of_turn_id(vocab),
+        stop_token_ids=eog_ids(vocab),
+    )
