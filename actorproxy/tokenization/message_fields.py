@@ -130,17 +130,24 @@ def _cut(value: dict[str, Any], keep: frozenset[str]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if k in keep}
 
 
+@functools.lru_cache(maxsize=16)
+def _keep_sets(fields: frozenset[str]) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """The keys a message, a tool call and its function keep, for a template reading ``fields``."""
+    return fields | MATCHED_FIELDS, fields | _CALL_FIELDS, fields | _FUNCTION_FIELDS
+
+
 def cut_message(message: dict[str, Any], fields: frozenset[str] | None) -> dict[str, Any]:
     """``message`` with only what a template reading ``fields`` (``None``: anything) and matching use."""
-    keep = None if fields is None else fields | MATCHED_FIELDS
-    out = message if keep is None else _cut(message, keep)
+    out = message
     content = out.get("content")
     if isinstance(content, list) and any(isinstance(p, dict) and not p.keys() <= _PART_FIELDS for p in content):
         out = {**out, "content": [_cut(p, _PART_FIELDS) if isinstance(p, dict) else p for p in content]}
+    if fields is None:
+        return out
+    keep, call_keep, function_keep = _keep_sets(fields)
+    out = _cut(out, keep)
     calls = out.get("tool_calls")
-    if keep is not None and isinstance(calls, list):
-        call_keep = _CALL_FIELDS | fields if fields is not None else _CALL_FIELDS
-        function_keep = _FUNCTION_FIELDS | fields if fields is not None else _FUNCTION_FIELDS
+    if isinstance(calls, list):
         cut_calls = []
         for call in calls:
             if isinstance(call, dict):
