@@ -8,14 +8,12 @@ keeps answering after it.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 import trio
 
-from actorproxy import ProxyConfig, open_proxy
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
 
@@ -26,16 +24,9 @@ ANTHROPIC = {"model": "m", "max_tokens": 20, "messages": HELLO}
 
 
 @pytest.fixture
-async def proxy(tokenizer: Any) -> AsyncIterator[RunningProxy]:
-    engine = SimEngine(tokenizer, SimConfig(seed=3, token_interval=0.0))
-    async with open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as running:
-        yield running
-
-
-@pytest.fixture
-async def http(proxy: RunningProxy) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
-        yield client
+async def engine(tokenizer: Any) -> SimEngine:
+    """This module's engine (conftest's ``proxy`` and ``http`` serve it)."""
+    return SimEngine(tokenizer, SimConfig(seed=3, token_interval=0.0))
 
 
 def assert_error(response: httpx.Response, status: int, path: str) -> dict[str, Any]:

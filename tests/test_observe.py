@@ -4,32 +4,22 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from actorproxy import ProxyConfig, open_proxy
 from actorproxy.logs import JsonFormatter
-from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 12}
 
 
 @pytest.fixture
-async def proxy(tokenizer: Any) -> AsyncIterator[RunningProxy]:
-    engine = SimEngine(tokenizer, SimConfig(seed=2, token_interval=0.0005))
-    async with open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as running:
-        yield running
-
-
-@pytest.fixture
-async def http(proxy: RunningProxy) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
-        yield client
+async def engine(tokenizer: Any) -> SimEngine:
+    """This module's engine (conftest's ``proxy`` and ``http`` serve it)."""
+    return SimEngine(tokenizer, SimConfig(seed=2, token_interval=0.0005))
 
 
 async def _metrics(http: httpx.AsyncClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
