@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import queue
+import threading
 from array import array
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any
 
 import attrs
+import trio
 
+from actorproxy import open_proxy
 from actorproxy.core.messages import output_as_message
 from actorproxy.engines.base import GenerateRequest, Generation, ModelInfo
 from actorproxy.runtime.messages import (
@@ -20,7 +25,7 @@ from actorproxy.runtime.messages import (
     TurnFailed,
 )
 from actorproxy.runtime.runtime import Runtime
-from actorproxy.sim import SimEngine
+from actorproxy.sim import SimConfig, SimEngine
 
 WEATHER_TOOL = {
     "type": "function",
@@ -163,3 +168,25 @@ def check_segment_invariants(segment: dict[str, Any], steps: list[dict[str, Any]
             assert logprobs[i] == 0.0 and versions[i] == -1
         else:
             assert logprobs[i] <= 0.0 and versions[i] >= 0
+
+
+@contextmanager
+def proxy_in_thread(tokenizer: Any, config: Any, *, seed: int) -> Iterator[str]:
+    """A proxy on its own Trio loop in a thread, for synchronous tests (hypothesis); yields its URL."""
+    started: queue.Queue[tuple[str, trio.lowlevel.TrioToken, trio.Event]] = queue.Queue()
+
+    async def serve() -> None:
+        engine = SimEngine(tokenizer, SimConfig(seed=seed, token_interval=0.0))
+        async with open_proxy(config, backend=engine, tokenizer=tokenizer) as running:
+            done = trio.Event()
+            started.put((running.url, trio.lowlevel.current_trio_token(), done))
+            await done.wait()
+
+    thread = threading.Thread(target=trio.run, args=(serve,), daemon=True)
+    thread.start()
+    url, token, done = started.get(timeout=120)
+    try:
+        yield url
+    finally:
+        trio.from_thread.run_sync(done.set, trio_token=token)
+        thread.join(timeout=60)

@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import copy
 import json
-import queue
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import trio
+from _util import proxy_in_thread
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actorproxy import ProxyConfig, open_proxy
-from actorproxy.sim import SimConfig, SimEngine
+from actorproxy import ProxyConfig
 
 HELLO = [{"role": "user", "content": "hello"}]
 VALID: dict[str, dict[str, Any]] = {
@@ -110,23 +107,8 @@ def requests(draw: st.DrawFn) -> tuple[str, str, dict[str, str], bytes]:
 @pytest.fixture(scope="module")
 def live_proxy(tokenizer: Any) -> Iterator[str]:
     """A proxy running in its own thread (its own Trio loop) for the synchronous hypothesis test."""
-    started: queue.Queue[tuple[str, trio.lowlevel.TrioToken, trio.Event]] = queue.Queue()
-
-    async def serve() -> None:
-        engine = SimEngine(tokenizer, SimConfig(seed=9, token_interval=0.0))
-        async with open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as running:
-            done = trio.Event()
-            started.put((running.url, trio.lowlevel.current_trio_token(), done))
-            await done.wait()
-
-    thread = threading.Thread(target=trio.run, args=(serve,), daemon=True)
-    thread.start()
-    url, token, done = started.get(timeout=120)
-    try:
+    with proxy_in_thread(tokenizer, ProxyConfig.of(port=0), seed=9) as url:
         yield url
-    finally:
-        trio.from_thread.run_sync(done.set, trio_token=token)
-        thread.join(timeout=60)
 
 
 def _check_error_format(path: str, response: httpx.Response) -> None:
