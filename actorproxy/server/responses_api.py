@@ -23,7 +23,6 @@ whole conversation every time.
 from __future__ import annotations
 
 import base64
-import math
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
@@ -33,6 +32,7 @@ import attrs
 from ..core.messages import validate_tools
 from ..errors import BadRequest
 from ..runtime.messages import ChatRequest
+from ..wire.converter import number_in_range
 
 #: The prefix of the ``encrypted_content`` we hand out: the reasoning text, base64, so an echo restores it.
 ENCRYPTED_PREFIX = "actorproxy-b64:"
@@ -226,17 +226,6 @@ def convert_tools(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
     return validate_tools(converted), skipped
 
 
-def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _bad(f"'{name}' must be a number", name)
-    if not low <= value <= high:
-        raise _bad(f"'{name}' must be between {low:g} and {high:g}, got {value}", name)
-    return float(value)
-
-
 def _optional_str(body: dict[str, Any], name: str) -> str | None:
     value = body.get(name)
     if value is not None and not isinstance(value, str):
@@ -286,8 +275,8 @@ def parse_responses_body(body: Any) -> ResponsesCall:
         messages=messages,
         tools=tools,
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 0.0, 2.0),
-        top_p=_number(body, "top_p", 0.0, 1.0),
+        temperature=number_in_range(body, "temperature", 0.0, 2.0),
+        top_p=number_in_range(body, "top_p", 0.0, 1.0),
         enable_thinking=_thinking(body.get("reasoning")),
         stream=bool(stream),
     )

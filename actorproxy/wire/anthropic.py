@@ -29,7 +29,6 @@ docs/endpoints.md ("Anthropic fields").
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import attrs
@@ -46,6 +45,7 @@ from .anthropic_reply import new_message_id as new_message_id
 from .anthropic_reply import proxy_error_json as proxy_error_json
 from .anthropic_reply import stop_reason as stop_reason
 from .anthropic_reply import thinking_signature as thinking_signature
+from .converter import number_in_range
 from .format import ReplyInfo, TurnFormat
 from .openai_chat import MAX_STOP_SEQUENCES
 
@@ -74,17 +74,6 @@ def _string(value: Any, where: str, *, empty: bool = True) -> str:
     if not isinstance(value, str) or (not empty and not value):
         raise _bad(f"{where} must be a {'' if empty else 'non-empty '}string", where)
     return value
-
-
-def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _bad(f"'{name}' must be a number", name)
-    if not low <= value <= high:
-        raise _bad(f"'{name}' must be between {low:g} and {high:g}, got {value}", name)
-    return float(value)
 
 
 def _block_list(content: Any, where: str) -> list[dict[str, Any]]:
@@ -311,8 +300,8 @@ def parse_messages_body(body: Any, *, count_only: bool = False) -> AnthropicCall
         messages=convert_messages(body.get("system"), body.get("messages")),
         tools=convert_tools(body.get("tools")),
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 0.0, 1.0),
-        top_p=_number(body, "top_p", 0.0, 1.0),
+        temperature=number_in_range(body, "temperature", 0.0, 1.0),
+        top_p=number_in_range(body, "top_p", 0.0, 1.0),
         enable_thinking=_thinking(body.get("thinking")),
         stop=_stop_sequences(body.get("stop_sequences")),
         stream=bool(stream),

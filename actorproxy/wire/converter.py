@@ -169,6 +169,18 @@ def structure(value: Any, cls: type[T], *, where: str = "") -> T:
         raise BadRequest(message, param=path or None) from None
 
 
+def number_in_range(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
+    """``body[name]`` as a float in ``[low, high]`` (absent or null: ``None``); else :class:`BadRequest`."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise BadRequest(f"'{name}' must be a number", param=name)
+    if not low <= value <= high:
+        raise BadRequest(f"'{name}' must be between {low:g} and {high:g}, got {value}", param=name)
+    return float(value)
+
+
 def _first_error(exc: BaseException, path: str) -> tuple[str, str]:
     """The path of the first leaf error in a cattrs error tree, and a message naming it."""
     while isinstance(exc, ClassValidationError | IterableValidationError):
