@@ -5,7 +5,10 @@
 1. Ingress: a Quart-trio app on hypercorn (the proxy's stack) whose chat route reads the
    JSON body and answers a canned completion, loaded by ``load_client.py`` from another
    process: its CPU per request is the least any route on this stack costs; then the same
-   route as a bare ASGI app on hypercorn (what Quart adds is the difference).
+   route served by an ASGI fast lane in front of that Quart app (the turn route answered at
+   the ASGI level, everything else falling through to Quart: what the proxy does now), as a
+   bare ASGI app on hypercorn (what Quart adds is the difference), and by a bare HTTP/1.1
+   server on Trio streams with h11 doing the framing (what hypercorn adds is the difference).
 2. Engine client: POSTs of a 2,000-token SGLang ``/generate`` body to ``engine_stub.py``,
    each reading the 16-event stream to its end, on one keep-alive connection per task,
    with httpx (the proxy's engine client library) and with a bare HTTP/1.1 exchange over
@@ -93,8 +96,69 @@ trio.run(serve, app, config)
 '''
 
 
+# An ASGI fast lane in front of the Quart app: the turn route at the ASGI level, the rest through Quart.
+LANE_APP = APP.replace("trio.run(serve, app, config)", '''
+ANSWER_BYTES = ANSWER.encode()
+HEAD = {"type": "http.response.start", "status": 200,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER_BYTES)).encode())]}
+async def lane(scope, receive, send):
+    if scope["type"] != "http" or scope["path"] != "/v1/chat/completions" or scope["method"] != "POST":
+        return await app(scope, receive, send)
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    json.loads(body)
+    await send(HEAD)
+    await send({"type": "http.response.body", "body": ANSWER_BYTES})
+trio.run(serve, lane, config)
+''')
+
+# The same route on a bare HTTP/1.1 server: Trio streams, h11 framing, one send per response.
+H11_APP = '''
+import json, sys
+import h11, trio
+ANSWER = json.dumps({"id": "c", "object": "chat.completion", "choices": [{"index": 0,
+    "message": {"role": "assistant", "content": "canned"}, "finish_reason": "stop"}]}).encode()
+async def handle(stream):
+    connection = h11.Connection(h11.SERVER)
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(65536)
+            connection.receive_data(data)
+            if not data:
+                return
+            continue
+        if isinstance(event, h11.Request):
+            target, body = event.target, b""
+            continue
+        if isinstance(event, h11.Data):
+            body += event.data
+            continue
+        if isinstance(event, h11.EndOfMessage):
+            out = ANSWER if target == b"/v1/chat/completions" else b"ok"
+            if out is ANSWER:
+                json.loads(body)
+            head = h11.Response(status_code=200, headers=[("content-type", "application/json"),
+                                                          ("content-length", str(len(out)))])
+            await stream.send_all(connection.send(head) + connection.send(h11.Data(data=out))
+                                  + connection.send(h11.EndOfMessage()))
+            if connection.our_state is h11.MUST_CLOSE:
+                return
+            connection.start_next_cycle()
+            continue
+        return
+trio.run(trio.serve_tcp, handle, int(sys.argv[1]))
+'''
+
+
 def ingress_floor(concurrency: list[int], duration: float) -> None:
-    for name, app in (("hypercorn + quart-trio", APP), ("hypercorn, bare ASGI   ", BARE_APP)):
+    apps = (("hypercorn + quart-trio", APP), ("ASGI lane before quart", LANE_APP),
+            ("hypercorn, bare ASGI   ", BARE_APP), ("h11 on trio, bare     ", H11_APP))
+    for name, app in apps:
         port = free_port()
         with running([sys.executable, "-c", app, str(port)]) as process:
             url = f"http://127.0.0.1:{port}"

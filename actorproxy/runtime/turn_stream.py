@@ -32,14 +32,14 @@ class TurnStream:
         if self._first is not None:
             event, self._first = self._first, None
             return event
-        event = await self._channel.receive()
-        match event:  # what the access log and the metrics need of the turn
-            case TurnDelta():
-                note_first_token()
-            case TurnDone():
-                note_turn(session=event.session_id, prompt_tokens=event.prompt_tokens,
-                          sampled_tokens=event.completion_tokens)
-        return event
+        return _noted(await self._channel.receive())
+
+    def receive_nowait(self) -> TurnEvent:
+        """The next event if one is ready; :class:`trio.WouldBlock` if none is (a streamed reply joins them)."""
+        if self._first is not None:
+            event, self._first = self._first, None
+            return event
+        return _noted(self._channel.receive_nowait())
 
     def __aiter__(self) -> TurnStream:
         return self
@@ -67,3 +67,13 @@ class TurnStream:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
+
+
+def _noted(event: TurnEvent) -> TurnEvent:
+    match event:  # what the access log and the metrics need of the turn
+        case TurnDelta():
+            note_first_token()
+        case TurnDone():
+            note_turn(session=event.session_id, prompt_tokens=event.prompt_tokens,
+                      sampled_tokens=event.completion_tokens)
+    return event

@@ -1,9 +1,12 @@
-"""The ingress: a thin Quart-trio app over a :class:`Runtime`.
+"""The ingress: a thin Quart-trio app over a :class:`Runtime`, with the turns on a lean lane in front of it.
 
 Handlers parse and validate at the edge, send one message to the right actor
 and turn its reply into OpenAI or Anthropic JSON or SSE. Every error leaves as
 JSON in the caller's own format (Anthropic's on ``/v1/messages`` routes,
-OpenAI's elsewhere) with a 4xx/5xx status, never as a traceback.
+OpenAI's elsewhere) with a 4xx/5xx status, never as a traceback. The model
+calls themselves (chat completions, messages, responses, ``/generate``) are
+served by :class:`~actorproxy.server.lane.TurnLane` at the ASGI level, with the
+same checks, errors, access log and metrics, without Quart's per-request cost.
 
 The model routes also exist per session, for black-box agents that can only
 be given a base URL: ``/sess/{session}/v1/...`` and Claw-R1's
@@ -17,14 +20,14 @@ import logging
 from typing import Any
 
 import trio
-from quart import Response, g, request
+from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..errors import BadRequest, ProxyError, StorageFull
 from ..runtime.runtime import Runtime
 from ..trajectory_file import write_trajectory_file
-from ..wire import anthropic, jsonio
+from ..wire import jsonio
 from ..wire.anthropic import AnthropicFormat, parse_messages_body
 from ..wire.converter import CONVERTER, structure
 from ..wire.format import TurnFormat
@@ -32,12 +35,14 @@ from ..wire.openai_chat import OpenAIChatFormat
 from ..wire.trainer import FinalizeBody, ReadBody
 from . import auth
 from .drain import DrainRequestBody
-from .gateway_api import add_gateway_routes
+from .gateway_api import add_gateway_routes, generate_turn
+from .lane import MOUNTS, TurnLane, served_by_the_lane
 from .observe import Observer, add_metrics_route
 from .openapi import add_openapi_routes
+from .replies import error_reply, is_anthropic_route
 from .responses_format import ResponsesFormat
 from .rollout_api import add_rollout_routes
-from .turns import json_response, serve_turn
+from .turns import json_body, serve_turn
 from .ui import add_ui_routes
 
 log = logging.getLogger(__name__)
@@ -46,36 +51,23 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
-#: Where the model routes are mounted: plain, per session, and Claw-R1 style (session, prompt group).
-_MOUNTS = ("", "/sess/<url_session>", "/<url_session>/<url_instance>")
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(jsonio.dumps(data), status=status, mimetype="application/json")
 
 
-def _anthropic_route() -> bool:
-    """Whether the request is Anthropic's (its errors then take Anthropic's shape)."""
-    return "/v1/messages" in request.path
-
-
-def _error(status: int, message: str, openai_body: dict[str, Any]) -> Response:
-    if _anthropic_route():
-        return _json(anthropic.error_json(status, message), status)
-    return _json(openai_body, status)
-
-
-def _json_error(error: ProxyError) -> Response:
-    response = _error(error.status, error.message, error.to_openai())
-    if error.retry_after is not None:
-        response.headers["Retry-After"] = str(int(error.retry_after))
+def _error_response(error: Exception) -> Response:
+    failed = error_reply(error, anthropic_shape=is_anthropic_route(request.path), method=request.method,
+                         path=request.path)
+    response = _json(failed.data, failed.status)
+    for name, value in failed.headers:
+        response.headers[name] = value
     return response
-
-
-_json = json_response
 
 
 async def _body() -> Any:
     raw = await request.get_data(cache=False, as_text=False)
-    if not raw:
-        raise BadRequest("the request body is empty; send a JSON object")
-    return jsonio.loads(raw)
+    assert isinstance(raw, bytes)
+    return json_body(raw)
 
 
 def create_app(runtime: Runtime) -> QuartTrio:
@@ -85,7 +77,6 @@ def create_app(runtime: Runtime) -> QuartTrio:
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 600
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
-    app.asgi_app = DrainRequestBody(app.asgi_app)  # type: ignore[method-assign,assignment]
     # Rendering a long prompt for count_tokens is blocking work: a few threads at most.
     render_limiter = trio.CapacityLimiter(4)
     observer = Observer()
@@ -97,40 +88,34 @@ def create_app(runtime: Runtime) -> QuartTrio:
     gateway = add_gateway_routes(app, runtime, policy)
     observer.handoff = gateway.handoff
     add_openapi_routes(app)
+    lane = TurnLane(DrainRequestBody(app.asgi_app), observer=observer, policy=policy, max_body=MAX_BODY_BYTES,
+                    body_timeout=app.config["BODY_TIMEOUT"])
+    app.asgi_app = lane  # type: ignore[method-assign,assignment]
 
     def mount(rule: str, view: Any, method: str) -> None:
-        for prefix in _MOUNTS:
+        for prefix in MOUNTS:
             app.add_url_rule(prefix + rule, view_func=view, methods=[method], endpoint=prefix + rule)
 
     @app.errorhandler(ProxyError)
     async def _proxy_error(error: ProxyError) -> Response:
-        return _json_error(error)
+        return _error_response(error)
 
     @app.errorhandler(HTTPException)
     async def _http_error(error: HTTPException) -> Response:
-        status = error.code or 500
-        kind = "not_found_error" if status == 404 else "invalid_request_error"
-        message = error.description or error.name
-        body = {"error": {"message": message, "type": kind, "param": None,
-                          "code": error.name.lower().replace(" ", "_")}}
-        response = _error(status, message, body)
-        if isinstance(error, MethodNotAllowed) and error.valid_methods:
-            response.headers["Allow"] = ", ".join(error.valid_methods)
-        return response
+        return _error_response(error)
 
     @app.errorhandler(Exception)
     async def _unexpected(error: Exception) -> Response:
-        log.exception("unexpected error handling %s %s", request.method, request.path)
-        message = f"internal error: {type(error).__name__}"
-        body = {"error": {"message": message, "type": "server_error", "param": None, "code": "internal_error"}}
-        return _error(500, message, body)
+        return _error_response(error)
 
-    def turn_route(fmt: TurnFormat[Any]) -> Any:
-        async def route(url_session: str | None = None, url_instance: str | None = None) -> Response:
-            return await serve_turn(runtime, fmt, await _body(), request.headers, url_session=url_session,
-                                    url_instance=url_instance, confined_to=g.agent_session)
+    def turn_route(suffix: str, fmt: TurnFormat[Any]) -> None:
+        async def handler(raw: bytes, headers: Any, url_session: str | None, url_instance: str | None,
+                          confined_to: str | None) -> Any:
+            return await serve_turn(runtime, fmt, json_body(raw), headers, url_session=url_session,
+                                    url_instance=url_instance, confined_to=confined_to)
 
-        return route
+        lane.mount(suffix, handler)
+        mount(suffix, served_by_the_lane, "POST")
 
     async def count_tokens(url_session: str | None = None, url_instance: str | None = None) -> Response:
         """The prompt length the next turn would have if it started a segment (a fresh render)."""
@@ -165,9 +150,14 @@ def create_app(runtime: Runtime) -> QuartTrio:
             }
         )
 
-    mount("/v1/chat/completions", turn_route(OpenAIChatFormat(runtime.tokenizer)), "POST")
-    mount("/v1/messages", turn_route(AnthropicFormat()), "POST")
-    mount("/v1/responses", turn_route(ResponsesFormat()), "POST")
+    turn_route("/v1/chat/completions", OpenAIChatFormat(runtime.tokenizer))
+    turn_route("/v1/messages", AnthropicFormat())
+    turn_route("/v1/responses", ResponsesFormat())
+
+    async def generate(raw: bytes, *_: Any) -> bytes:
+        return await generate_turn(runtime, gateway, raw)
+
+    lane.route("/generate", generate)
     mount("/v1/messages/count_tokens", count_tokens, "POST")
     mount("/v1/models", models, "GET")
 

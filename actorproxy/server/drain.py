@@ -68,3 +68,13 @@ class DrainRequestBody:
             await send(message)
 
         await self.app(scope, watched, guarded_send)
+
+
+async def discard_body(receive: Receive, limit: float) -> bool:
+    """Discard the rest of a request's body; whether it ended (or the client left) within ``limit`` seconds."""
+    with trio.move_on_after(limit):
+        while True:
+            message = await receive()  # cancel-safe: a memory channel loses nothing
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return True
+    return False

@@ -63,6 +63,7 @@ from .gateway_models import (
     SubmitStepsResult,
 )
 from .identity import MAX_ID_LENGTH
+from .lane import served_by_the_lane
 
 log = logging.getLogger(__name__)
 
@@ -138,40 +139,8 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
             return _reply(NotReady("not ready: no inference engine is healthy yet"), 503)
         return _reply(ReadyResult("ready"))
 
-    @app.post("/generate")
-    async def generate() -> Response:
-        body: GenerateBody = await _body(GenerateBody)
-        trajectory_uid, prompt_uid = _uid(body.trajectory_uid, "trajectory_uid"), _uid(body.prompt_uid, "prompt_uid")
-        chat = {k: v for k, v in attrs.asdict(body, recurse=False).items() if v is not None}
-        call = parse_chat_body(chat)  # the same message, tool and sampling checks as chat completions
-        identity = Identity(session_id=trajectory_uid, instance_id=prompt_uid)
-        events = await runtime.start_turn(call.request, identity)
-        with events:
-            done: TurnDone | None = None
-            async for event in events:
-                if isinstance(event, TurnDone):
-                    done = event
-                elif hasattr(event, "error"):
-                    raise event.error
-            if done is None or done.ids is None:
-                raise BadRequest("the turn ended without a result")
-        gateway.trajectories.setdefault(trajectory_uid, Trajectory(prompt_uid))
-        ids = done.ids
-        output = done.output
-        message = output_as_message(output)
-        return _reply(GenerateResult(
-            trajectory_uid=trajectory_uid,
-            prompt_uid=prompt_uid,
-            response_text=output.content or "",
-            response_ids=ids.output_ids.tolist(),
-            prompt_ids=ids.prompt_ids.tolist(),
-            logprobs=ids.output_logprobs.tolist(),
-            versions=ids.output_versions.tolist(),
-            finish_reason=done.finish_reason,
-            step_index=done.step_index,
-            tool_calls=message.get("tool_calls", []),
-            reasoning_content=output.reasoning or None,
-        ))
+    # POST /generate is a turn: the turn lane serves it (generate_turn); the rule routes other methods.
+    app.add_url_rule("/generate", view_func=served_by_the_lane, methods=["POST"], endpoint="generate")
 
     @app.post("/init_trajectory")
     async def init_trajectory() -> Response:
@@ -376,6 +345,42 @@ def _submitted(body: SubmitStepsBody) -> dict[str, list[SubmittedStep]]:
             raise BadRequest(f"'is_last' must be set only on the last submitted step of trajectory {uid!r}",
                              param=f"steps[{last[0].position}].is_last")
     return by_trajectory
+
+
+async def generate_turn(runtime: Runtime, gateway: Gateway, raw: bytes) -> bytes:
+    """``POST /generate``: one turn of session ``trajectory_uid`` in prompt group ``prompt_uid``, ids and all."""
+    body: GenerateBody = structure(jsonio.loads(raw), GenerateBody)
+    trajectory_uid, prompt_uid = _uid(body.trajectory_uid, "trajectory_uid"), _uid(body.prompt_uid, "prompt_uid")
+    chat = {k: v for k, v in attrs.asdict(body, recurse=False).items() if v is not None}
+    call = parse_chat_body(chat)  # the same message, tool and sampling checks as chat completions
+    identity = Identity(session_id=trajectory_uid, instance_id=prompt_uid)
+    events = await runtime.start_turn(call.request, identity)
+    with events:
+        done: TurnDone | None = None
+        async for event in events:
+            if isinstance(event, TurnDone):
+                done = event
+            elif hasattr(event, "error"):
+                raise event.error
+        if done is None or done.ids is None:
+            raise BadRequest("the turn ended without a result")
+    gateway.trajectories.setdefault(trajectory_uid, Trajectory(prompt_uid))
+    ids = done.ids
+    output = done.output
+    message = output_as_message(output)
+    return orjson.dumps(CONVERTER.unstructure(GenerateResult(
+        trajectory_uid=trajectory_uid,
+        prompt_uid=prompt_uid,
+        response_text=output.content or "",
+        response_ids=ids.output_ids.tolist(),
+        prompt_ids=ids.prompt_ids.tolist(),
+        logprobs=ids.output_logprobs.tolist(),
+        versions=ids.output_versions.tolist(),
+        finish_reason=done.finish_reason,
+        step_index=done.step_index,
+        tool_calls=message.get("tool_calls", []),
+        reasoning_content=output.reasoning or None,
+    )))
 
 
 def _confined(trajectory_uid: str) -> None:

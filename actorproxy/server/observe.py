@@ -104,7 +104,7 @@ class Observer:
                 info = RequestInfo(request.method, request.path, "<unmatched>", time.perf_counter())
             info.status = response.status_code
             if response.status_code >= 400 and not isinstance(response.response, IterableBody):
-                info.error_code = _error_code(await response.get_data(as_text=False))
+                info.error_code = error_code(await response.get_data(as_text=False))
             if isinstance(response.response, IterableBody):
                 response.response.iter = self._finish_after(response.response.iter, info)
             else:
@@ -266,7 +266,7 @@ def add_metrics_route(app: QuartTrio, runtime: Runtime, observer: Observer) -> N
 _TURN_ROUTES = ("/v1/chat/completions", "/v1/messages", "/v1/responses", "/generate")
 
 
-def _error_code(body: bytes) -> str | None:
+def error_code(body: bytes) -> str | None:
     try:
         data = orjson.loads(body)
     except ValueError:

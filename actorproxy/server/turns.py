@@ -4,7 +4,8 @@ A protocol is a :class:`~actorproxy.wire.format.TurnFormat`; :func:`serve_turn`
 parses the body with it, resolves who the call belongs to, runs the turn on the
 runtime and answers with the format's JSON, or streams the format's frames
 through :func:`sse_frames` (with heartbeats while nothing happens, say during a
-weight update).
+weight update). Nothing here knows the HTTP server: the turn lane
+(:mod:`actorproxy.server.lane`) writes what :func:`serve_turn` returns.
 """
 
 from __future__ import annotations
@@ -13,29 +14,26 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import trio
-from quart import Response
 
-from ..errors import EngineError
+from ..errors import BadRequest, EngineError
 from ..runtime.messages import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed
 from ..runtime.runtime import Runtime
 from ..runtime.turn_stream import TurnStream
 from ..wire.format import Headers, ReplyInfo, StreamWriter, TurnCall, TurnFormat
-from ..wire.jsonio import dumps
+from ..wire.jsonio import dumps, loads
 from .identity import resolve_identity
 
 C = TypeVar("C", bound=TurnCall)
 
+#: What a turn route answers: a JSON body, or the SSE stream's byte chunks.
+TurnReply = bytes | AsyncIterator[bytes]
 
-def json_response(data: Any, status: int = 200) -> Response:
-    return Response(dumps(data), status=status, mimetype="application/json")
 
-
-def sse_response(frames: AsyncIterator[bytes]) -> Response:
-    response = Response(
-        frames, mimetype="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
-    response.timeout = None  # a long generation must not be cut off
-    return response
+def json_body(raw: bytes) -> Any:
+    """A request's JSON body (400 when it is empty or not JSON)."""
+    if not raw:
+        raise BadRequest("the request body is empty; send a JSON object")
+    return loads(raw)
 
 
 async def serve_turn(
@@ -47,8 +45,8 @@ async def serve_turn(
     url_session: str | None,
     url_instance: str | None,
     confined_to: str | None,
-) -> Response:
-    """Run one turn of ``fmt``'s protocol and answer it (JSON, or SSE when the call streams)."""
+) -> TurnReply:
+    """Run one turn of ``fmt``'s protocol: its JSON reply, or its SSE chunks when the call streams."""
     call = fmt.parse(body)
     session, instance, turn = fmt.body_identity(call, headers)
     identity = resolve_identity(headers, session, instance, turn, url_session=url_session,
@@ -58,7 +56,7 @@ async def serve_turn(
     if not call.stream:
         done = await turn_result(events)
         fmt.completed(call, identity, reply, done)
-        return json_response(fmt.render(call, reply, done))
+        return dumps(fmt.render(call, reply, done))
     accepted = await turn_accepted(events)
 
     def on_done(done: TurnDone) -> None:
@@ -66,7 +64,7 @@ async def serve_turn(
 
     writer = fmt.writer(call, reply)
     heartbeat = runtime.config.server.heartbeat_interval
-    return sse_response(sse_frames(events, accepted, writer, on_done, heartbeat=heartbeat))
+    return sse_frames(events, accepted, writer, on_done, heartbeat=heartbeat)
 
 
 async def turn_result(events: TurnStream) -> TurnDone:
@@ -103,38 +101,62 @@ async def sse_frames(
 ) -> AsyncIterator[bytes]:
     """The stream's frames as the session produces them; closing ``events`` stops the generation.
 
-    After ``heartbeat`` seconds with nothing sent (say, the generation is
+    Each chunk holds every frame that is ready: after an event arrives, the
+    events already waiting behind it are written with it (one send, one socket
+    write, instead of one per token), and nothing is ever held back to wait for
+    more. After ``heartbeat`` seconds with nothing sent (say, the generation is
     paused for a weight update) the writer's heartbeat goes out, so the
-    connection stays alive. ``on_done`` sees the finished turn before its
-    last frames are written.
+    connection stays alive. ``on_done`` sees the finished turn before its last
+    frames are written.
     """
+
+    def frame(event: TurnEvent | None) -> tuple[bytes, bool]:
+        """The frame of ``event`` (``None``: the turn's events ended early), and whether it is the last."""
+        match event:
+            case TurnDelta():
+                return writer.delta(event.delta), False
+            case TurnDone():
+                if on_done is not None:
+                    on_done(event)
+                return writer.finish(event), True
+            case TurnFailed():
+                return writer.error(event.error), True
+            case _:
+                return writer.error(EngineError("the turn ended without a result")), True
+
     with events:
-        yield writer.start(accepted)
+        frames = [writer.start(accepted)]
         deadline = trio.current_time() + heartbeat
         while True:
+            last = False
+            while not last:  # every event that is ready joins this chunk
+                try:
+                    ready: TurnEvent | None = events.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                except trio.EndOfChannel:
+                    ready = None
+                piece, last = frame(ready)
+                frames.append(piece)
+            chunk = b"".join(frames)
+            frames = []
+            if chunk:
+                yield chunk
+                deadline = trio.current_time() + heartbeat
+            if last:
+                return
             event: TurnEvent | None = None
             with trio.move_on_at(deadline) as waiting:
                 try:
                     event = await events.receive()  # cancel-safe: a memory channel loses nothing
                 except trio.EndOfChannel:
                     pass
-            frame = b""
-            match event:
-                case None if waiting.cancelled_caught:
-                    frame = writer.heartbeat()
-                case TurnDelta():
-                    frame = writer.delta(event.delta)
-                case TurnDone():
-                    if on_done is not None:
-                        on_done(event)
-                    yield writer.finish(event)
-                    return
-                case TurnFailed():
-                    yield writer.error(event.error)
-                    return
-                case _:
-                    yield writer.error(EngineError("the turn ended without a result"))
-                    return
-            if frame:
-                yield frame
+            if waiting.cancelled_caught:
+                frames.append(writer.heartbeat())
                 deadline = trio.current_time() + heartbeat
+                continue
+            piece, last = frame(event)
+            frames.append(piece)
+            if last:
+                yield b"".join(frames)
+                return

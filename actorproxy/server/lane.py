@@ -1,0 +1,266 @@
+"""The turn routes at the ASGI level, in front of the Quart app: the lean path a model call takes.
+
+Every turn (``POST`` to ``/v1/chat/completions``, ``/v1/messages``,
+``/v1/responses`` under each of their mounts, and the gateway's ``/generate``)
+is served here, straight from hypercorn's ASGI messages; every other request,
+and any other method on these paths, falls through to the Quart app. Quart cost
+0.5-0.9 ms of CPU per request (werkzeug request and response objects, routing,
+app and request contexts, hooks: see ``benchmarks/http_floor.py`` and
+docs/performance.md); a turn needs none of it.
+
+What a turn gets here is what the Quart app gave it, check for check:
+the access policy (:mod:`.auth`: the agent's credentials, or the admin token on
+``/generate``), the body limits (``MAX_BODY_BYTES``: 413; a body that does not
+arrive within ``BODY_TIMEOUT``: 408; empty: 400), every error as JSON in the
+caller's format (:mod:`.replies`), a body read to its end before any response
+starts (see :mod:`.drain`), the request's :class:`~actorproxy.telemetry.RequestInfo`
+for the access log and the metrics (:class:`.observe.Observer`), and the client
+hanging up cancels the turn (its generation is aborted at the engine).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import attrs
+import trio
+from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
+
+from ..telemetry import CURRENT, RequestInfo
+from ..wire import jsonio
+from ..wire.format import Headers
+from .auth import AccessPolicy, route_kind
+from .drain import ASGIApp, Receive, Send, discard_body
+from .observe import Observer, error_code
+from .replies import error_reply, is_anthropic_route
+from .turns import TurnReply
+
+#: A turn route's handler: (body bytes, headers, URL session, URL prompt group, the key's session) -> reply.
+TurnHandler = Callable[[bytes, Headers, str | None, str | None, str | None], Awaitable[TurnReply]]
+
+#: Where the model routes are mounted: plain, per session, and Claw-R1 style (session, prompt group).
+MOUNTS = ("", "/sess/<url_session>", "/<url_session>/<url_instance>")
+
+_JSON = (b"content-type", b"application/json")
+_SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"),
+                (b"content-type", b"text/event-stream; charset=utf-8")]
+
+
+class RequestHeaders:
+    """A request's headers as the checks read them: case-insensitive, the first value of a repeated name."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
+        values: dict[str, str] = {}
+        for name, value in raw:
+            values.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+        self._values = values
+
+    def get(self, key: str, /) -> str | None:
+        return self._values.get(key.lower())
+
+
+@attrs.frozen
+class Match:
+    """A turn route matched: its handler, its rule (the metrics' label) and the URL's session and prompt group."""
+
+    handler: TurnHandler
+    rule: str
+    url_session: str | None = None
+    url_instance: str | None = None
+
+
+class TurnLane:
+    """ASGI app: the turn routes served directly, everything else by ``app``."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        observer: Observer,
+        policy: AccessPolicy,
+        max_body: int,
+        body_timeout: float,
+        drain_timeout: float = 60.0,
+    ) -> None:
+        self.app = app
+        self.observer = observer
+        self.policy = policy
+        self.max_body = max_body
+        self.body_timeout = body_timeout
+        self.drain_timeout = drain_timeout
+        self._suffixes: dict[str, TurnHandler] = {}
+        self._paths: dict[str, TurnHandler] = {}
+
+    def mount(self, suffix: str, handler: TurnHandler) -> None:
+        """Serve ``POST suffix`` under every mount (``/``, ``/sess/<id>``, ``/<trajectory>/<prompt>``)."""
+        self._suffixes[suffix] = handler
+
+    def route(self, path: str, handler: TurnHandler) -> None:
+        """Serve ``POST path`` (that path only)."""
+        self._paths[path] = handler
+
+    def match(self, path: str) -> Match | None:
+        """The turn route ``path`` names, as the Quart app's URL map would match it; ``None``: not a turn route."""
+        path = "/" + path.lstrip("/")  # the URL map ignores extra leading slashes
+        handler = self._paths.get(path)
+        if handler is not None:
+            return Match(handler, path)
+        if "//" in path:  # the URL map answers other repeated slashes with a redirect: Quart's to answer
+            return None
+        for suffix, handler in self._suffixes.items():
+            if path.endswith(suffix):
+                prefix = path[: len(path) - len(suffix)]
+                if not prefix:
+                    return Match(handler, suffix)
+                parts = prefix.split("/")
+                if len(parts) != 3 or parts[0] or not parts[1] or not parts[2]:
+                    return None
+                if parts[1] == "sess":  # a static segment beats a variable one
+                    return Match(handler, MOUNTS[1] + suffix, parts[2])
+                return Match(handler, MOUNTS[2] + suffix, parts[1], parts[2])
+        return None
+
+    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            found = self.match(scope["path"])
+            if found is not None:
+                await _Turn(self, found, scope, receive, send).serve()
+                return
+        await self.app(scope, receive, send)
+
+
+class _Turn:
+    """One turn request on the lane."""
+
+    def __init__(self, lane: TurnLane, found: Match, scope: Any, receive: Receive, send: Send) -> None:
+        self.lane, self.found, self.receive, self.send = lane, found, receive, send
+        self.path: str = scope["path"]
+        self.headers = RequestHeaders(scope["headers"])
+        self.body_complete = False
+        self.gone = False  # the client went away
+        self.confined: str | None = None  # the session an agent's key confines the call to
+        self.started = False  # the response has started
+        self.info = RequestInfo("POST", self.path, found.rule, time.perf_counter())
+        self.info.session = found.url_session or self.headers.get("X-Session-Id")
+
+    async def serve(self) -> None:
+        CURRENT.set(self.info)
+        try:
+            raw = await self.request()
+        except Exception as error:
+            await self.fail(error)
+            return
+        if self.gone:
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.watch, nursery.cancel_scope)
+            found = self.found
+            try:
+                reply = await found.handler(raw, self.headers, found.url_session, found.url_instance, self.confined)
+                if isinstance(reply, bytes):
+                    await self.answer(200, reply)
+                else:
+                    await self.stream(reply)
+            except Exception as error:
+                if self.started:  # a stream already under way: as under Quart, the server ends the connection
+                    raise
+                await self.fail(error)
+            nursery.cancel_scope.cancel()
+
+    async def request(self) -> bytes:
+        """Check the caller, then read the body (the Quart app's hook and checks, in their order)."""
+        kind = route_kind(self.path)
+        if kind == "admin":
+            self.lane.policy.check_admin(self.headers)
+        elif kind == "agent":
+            self.confined = self.lane.policy.agent_session(self.headers)
+        return await self.read_body()
+
+    async def fail(self, error: Exception) -> None:
+        """Every error in the caller's format, as the Quart app's error handlers answer it."""
+        if self.gone:
+            return
+        failed = error_reply(error, anthropic_shape=is_anthropic_route(self.path), method="POST", path=self.path)
+        extra = [(name.lower().encode(), value.encode("latin-1")) for name, value in failed.headers]
+        await self.answer(failed.status, jsonio.dumps(failed.data), extra)
+
+    async def read_body(self) -> bytes:
+        """The request body (413 past the limit, 408 when it does not arrive in time)."""
+        lane = self.lane
+        if _content_length(self.headers) > lane.max_body:
+            raise RequestEntityTooLarge()
+        chunks: list[bytes] = []
+        size = 0
+        with trio.move_on_after(lane.body_timeout):
+            while True:
+                message = await self.receive()
+                if message["type"] != "http.request":
+                    self.gone = True
+                    return b""
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > lane.max_body:
+                    raise RequestEntityTooLarge()
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    self.body_complete = True
+                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        raise RequestTimeout()
+
+    async def watch(self, scope: trio.CancelScope) -> None:
+        """Cancel the turn when the client hangs up (its generation is then aborted)."""
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        scope.cancel()
+
+    async def answer(self, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        """A whole JSON reply (counted and logged before it is sent, as the Quart app's hook did)."""
+        info = self.info
+        info.status = status
+        if status >= 400:
+            info.error_code = error_code(body)
+        self.lane.observer.finish(info)
+        headers = [_JSON, (b"content-length", str(len(body)).encode()), *(extra or ())]
+        if not self.body_complete and not await discard_body(self.receive, self.lane.drain_timeout):
+            headers.append((b"connection", b"close"))  # the rest of the body never came: do not reuse
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def stream(self, chunks: Any) -> None:
+        """An SSE reply, chunk by chunk; counted and logged when it ends, however it ends."""
+        self.info.status = 200
+        send = self.send
+        try:
+            self.started = True
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            self.lane.observer.finish(self.info)
+            await chunks.aclose()
+
+
+async def served_by_the_lane(**_: Any) -> Any:
+    """The Quart view of a turn route, never called: the lane answers every POST to it first.
+
+    The rule is registered so that the URL map answers the other methods (405
+    with ``Allow``, ``OPTIONS``) and ``/openapi.json`` lists the route.
+    """
+    raise RuntimeError("a turn route reached the Quart app: the turn lane serves it")
+
+
+def _content_length(headers: RequestHeaders) -> int:
+    """The announced body length, as werkzeug reads it (0 when there is none or it is chunked)."""
+    value = headers.get("content-length")
+    if value is None or headers.get("transfer-encoding") == "chunked":
+        return 0
+    try:
+        return max(0, int(value.strip()))
+    except ValueError:
+        return 0

@@ -1,0 +1,146 @@
+"""The turn lane (server/lane.py): the model calls served at the ASGI level, in front of the Quart app.
+
+It must route exactly as the Quart app's URL map would, answer the body limits
+in the caller's format as Quart does, and its SSE driver must put the frames
+that are ready into one chunk without ever holding one back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+from werkzeug.exceptions import HTTPException
+from werkzeug.routing import RequestRedirect
+
+from actorproxy import ProxyConfig, open_proxy
+from actorproxy.core.parser import OutputDelta
+from actorproxy.errors import EngineError, ProxyError
+from actorproxy.runtime.messages import TurnAccepted, TurnDelta, TurnEvent, TurnFailed
+from actorproxy.runtime.runtime import open_runtime
+from actorproxy.runtime.turn_stream import TurnStream
+from actorproxy.server import app as app_module
+from actorproxy.server.app import create_app
+from actorproxy.server.lane import TurnLane
+from actorproxy.server.turns import sse_frames
+from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.tokenization.tokenizer import ChatTokenizer
+
+PATHS = [
+    "/v1/chat/completions", "/v1/messages", "/v1/responses", "/generate",
+    "/sess/abc/v1/chat/completions", "/sess/abc/v1/messages", "/sess/a b/v1/responses", "/sess/é/v1/messages",
+    "/traj-1/prompt-1/v1/chat/completions", "/traj-1/prompt-1/v1/messages", "/sess/x/y/v1/messages",
+    "/sess/v1/messages", "/x/v1/chat/completions", "/a/b/c/v1/chat/completions", "/v1/chat/completions/",
+    "//v1/chat/completions", "/sess//v1/messages", "/a//v1/messages", "/v1/messages/count_tokens",
+    "/sess/a/v1/messages/count_tokens", "/a/b/generate", "/generate/", "/v1/models", "/session/finalize",
+    "/a/b/v1/register_trajectory", "/v1/rollout/pause", "/v1/chat/completionsx", "/v1/xv1/messages",
+]
+
+
+async def test_the_lane_routes_as_the_url_map_does(tokenizer: ChatTokenizer) -> None:
+    engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.0))
+    async with open_runtime(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+        app = create_app(runtime)
+        lane = app.asgi_app
+        assert isinstance(lane, TurnLane)
+        adapter = app.url_map.bind("localhost")
+        turn_rules = 0
+        for path in PATHS:
+            try:
+                rule, args = adapter.match(path, method="POST", return_rule=True)
+            except RequestRedirect:
+                rule, args = None, {}
+            except HTTPException:
+                rule, args = None, {}
+            served_by_lane = rule is not None and rule.endpoint in (
+                "generate", *(prefix + suffix for prefix in ("", "/sess/<url_session>", "/<url_session>/<url_instance>")
+                              for suffix in ("/v1/chat/completions", "/v1/messages", "/v1/responses")))
+            found = lane.match(path)
+            if not served_by_lane:
+                assert found is None, (path, found)
+                continue
+            turn_rules += 1
+            assert rule is not None and found is not None, path
+            assert (found.rule, found.url_session, found.url_instance) == (
+                rule.rule, args.get("url_session"), args.get("url_instance")), path
+        assert turn_rules == 11
+
+
+@pytest.fixture
+async def small_body_proxy(tokenizer: ChatTokenizer, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
+    monkeypatch.setattr(app_module, "MAX_BODY_BYTES", 1000)
+    engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.0))
+    async with open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as running:
+        yield running.url
+
+
+async def test_an_oversized_body_is_a_413_in_the_callers_format_as_on_the_quart_routes(small_body_proxy: str) -> None:
+    big = b'{"messages": [{"role": "user", "content": "' + b"x" * 2000 + b'"}]}'
+    async with httpx.AsyncClient(base_url=small_body_proxy, timeout=30) as http:
+        on_lane = await http.post("/v1/chat/completions", content=big, headers={"X-Session-Id": "s"})
+        on_quart = await http.post("/session/finalize", content=big)  # a Quart route: the reference
+        anthropic = await http.post("/sess/s/v1/messages", content=big)
+        assert on_lane.status_code == on_quart.status_code == anthropic.status_code == 413
+        assert on_lane.content == on_quart.content
+        assert on_lane.json()["error"]["code"] == "request_entity_too_large"
+        assert anthropic.json() == {"type": "error", "error": {"type": "invalid_request_error",
+                                                              "message": on_lane.json()["error"]["message"]}}
+        # The connection stays usable: the body was read to its end before the answer.
+        ok = await http.post("/v1/chat/completions", headers={"X-Session-Id": "s"},
+                             json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert ok.status_code == 200, ok.text
+
+
+class _Writer:
+    """Frames named after what they write."""
+
+    def start(self, accepted: TurnAccepted) -> bytes:
+        return b"start;"
+
+    def delta(self, delta: OutputDelta) -> bytes:
+        return delta.content.encode() + b";"
+
+    def heartbeat(self) -> bytes:
+        return b"beat;"
+
+    def finish(self, done: Any) -> bytes:
+        return b"done;"
+
+    def error(self, error: ProxyError) -> bytes:
+        return b"error;"
+
+
+def _stream() -> tuple[trio.MemorySendChannel[TurnEvent], TurnStream]:
+    send, receive = trio.open_memory_channel[TurnEvent](100)
+    return send, TurnStream(TurnAccepted(0, 1), receive)
+
+
+async def test_frames_that_are_ready_leave_in_one_chunk() -> None:
+    send, events = _stream()
+    assert isinstance(await events.receive(), TurnAccepted)
+    for piece in ("a", "b", "c"):
+        send.send_nowait(TurnDelta(OutputDelta(content=piece)))
+    send.send_nowait(TurnFailed(EngineError("x")))
+    chunks = [chunk async for chunk in sse_frames(events, TurnAccepted(0, 1), _Writer(), heartbeat=10)]
+    assert chunks == [b"start;a;b;c;error;"]  # one send instead of five
+
+
+async def test_no_frame_waits_for_the_next_and_heartbeats_still_go_out(autojump_clock: trio.abc.Clock) -> None:
+    send, events = _stream()
+    assert isinstance(await events.receive(), TurnAccepted)
+    frames = sse_frames(events, TurnAccepted(0, 1), _Writer(), heartbeat=5)
+    assert await frames.__anext__() == b"start;"  # at once: nothing is ready behind it
+    send.send_nowait(TurnDelta(OutputDelta(content="a")))
+    assert await frames.__anext__() == b"a;"
+    before = trio.current_time()
+    assert await frames.__anext__() == b"beat;"  # nothing for 5 s: the heartbeat
+    assert trio.current_time() - before == pytest.approx(5)
+    send.send_nowait(TurnDelta(OutputDelta(content="b")))
+    send.send_nowait(TurnFailed(EngineError("x")))
+    assert await frames.__anext__() == b"b;error;"
+    with pytest.raises(StopAsyncIteration):
+        await frames.__anext__()
