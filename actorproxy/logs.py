@@ -47,5 +47,5 @@ def configure_logging(level: str, log_format: LogFormat = "text") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
-    # httpx logs every request at INFO (health checks every few seconds); hypercorn's own access log is off.
+    # httpx logs every request at INFO (health checks every few seconds); the access log is actorproxy.access.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))

@@ -27,14 +27,13 @@ from typing import Any
 
 import attrs
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
-from hypercorn.typing import ASGIFramework
 
 from .config import ProxyConfig
 from .engines.base import Backend
 from .runtime.runtime import Runtime, open_runtime
 from .server.app import create_app
+from .server.drain import ASGIApp
+from .server.http_server import HTTPServer
 from .tokenization.tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)
@@ -67,20 +66,10 @@ def bind_host(host: str) -> str:
     return primary_ipv4() if host == "auto" else host
 
 
-def _hypercorn_config(config: ProxyConfig) -> HypercornConfig:
-    hc = HypercornConfig()
-    # Rollouts open hundreds of connections at once; hypercorn's default backlog (100) resets them.
-    hc.backlog = 4096
-    bound = bind_host(config.server.host)
-    host = f"[{bound}]" if ":" in bound else bound
-    hc.bind = [f"{host}:{config.server.port}"]
-    hc.accesslog = None
-    hc.errorlog = logging.getLogger("hypercorn.error")
-    # The drain happens before the server is told to stop (serve_proxy): by then nothing is in flight
-    # that should be waited for, and idle keep-alive connections must not hold the exit.
-    hc.graceful_timeout = 0.0
-    hc.keep_alive_timeout = 75  # agents reuse connections between turns
-    return hc
+#: Rollouts open hundreds of connections at once; a small listen backlog would reset them.
+_BACKLOG = 4096
+#: Agents reuse connections between turns; an idle one is closed after this many seconds.
+_KEEP_ALIVE = 75.0
 
 
 async def serve_proxy(
@@ -96,11 +85,6 @@ async def serve_proxy(
         app = _Tracked(create_app(runtime))
         stop_http = trio.Event()
 
-        class _Status:
-            def started(self, binds: list[str] | None = None) -> None:
-                url = (binds or [f"http://{config.server.host}:{config.server.port}"])[0]
-                task_status.started(RunningProxy(url, runtime))
-
         async def drain_then_stop() -> None:
             if shutdown_trigger is None:
                 await trio.sleep_forever()
@@ -109,17 +93,20 @@ async def serve_proxy(
             await _drain(runtime, app, config.server.shutdown_grace)
             stop_http.set()
 
+        server = HTTPServer(app, keep_alive_timeout=_KEEP_ALIVE)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(drain_then_stop)
-            await serve(app, _hypercorn_config(config), shutdown_trigger=stop_http.wait,
-                        task_status=_Status())
-            nursery.cancel_scope.cancel()
+            # The drain happens before the server is told to stop: by then nothing is in flight that should be
+            # waited for, and idle keep-alive connections must not hold the exit.
+            url = await nursery.start(partial(server.serve, bind_host(config.server.host).strip("[]"),
+                                              config.server.port, backlog=_BACKLOG, shutdown_trigger=stop_http.wait))
+            task_status.started(RunningProxy(url, runtime))
 
 
 class _Tracked:
     """The ASGI app, counting the HTTP requests in flight (what shutdown waits for; idle connections are not)."""
 
-    def __init__(self, app: ASGIFramework) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.active = 0
         self._idle = trio.Event()

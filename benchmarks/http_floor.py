@@ -7,8 +7,10 @@
    process: its CPU per request is the least any route on this stack costs; then the same
    route served by an ASGI fast lane in front of that Quart app (the turn route answered at
    the ASGI level, everything else falling through to Quart: what the proxy does now), as a
-   bare ASGI app on hypercorn (what Quart adds is the difference), and by a bare HTTP/1.1
-   server on Trio streams with h11 doing the framing (what hypercorn adds is the difference).
+   bare ASGI app on hypercorn (what Quart adds is the difference), by a bare HTTP/1.1
+   server on Trio streams with h11 doing the framing (what hypercorn adds is the difference),
+   and as the same bare ASGI app on the proxy's own server (``actorproxy.server.http_server``:
+   what ASGI costs over that bare server).
 2. Engine client: POSTs of a 2,000-token SGLang ``/generate`` body to ``engine_stub.py``,
    each reading the 16-event stream to its end, on one keep-alive connection per task,
    with httpx (the proxy's engine client library) and with a bare HTTP/1.1 exchange over
@@ -155,9 +157,25 @@ trio.run(trio.serve_tcp, handle, int(sys.argv[1]))
 '''
 
 
+# The bare ASGI app on the proxy's own HTTP/1.1 server.
+OURS_APP = BARE_APP.replace("trio.run(serve, app, config)", '''
+from functools import partial
+from actorproxy.server.http_server import HTTPServer
+trio.run(partial(HTTPServer(app).serve, "127.0.0.1", int(sys.argv[1]), shutdown_trigger=trio.sleep_forever))
+''')
+
+#: The lane in front of Quart on the proxy's own server: the proxy's ingress as it is.
+LANE_OURS_APP = LANE_APP.replace("trio.run(serve, lane, config)", '''
+from functools import partial
+from actorproxy.server.http_server import HTTPServer
+trio.run(partial(HTTPServer(lane).serve, "127.0.0.1", int(sys.argv[1]), shutdown_trigger=trio.sleep_forever))
+''')
+
+
 def ingress_floor(concurrency: list[int], duration: float) -> None:
     apps = (("hypercorn + quart-trio", APP), ("ASGI lane before quart", LANE_APP),
-            ("hypercorn, bare ASGI   ", BARE_APP), ("h11 on trio, bare     ", H11_APP))
+            ("hypercorn, bare ASGI   ", BARE_APP), ("h11 on trio, bare     ", H11_APP),
+            ("our server, bare ASGI ", OURS_APP), ("our server, lane+quart", LANE_OURS_APP))
     for name, app in apps:
         port = free_port()
         with running([sys.executable, "-c", app, str(port)]) as process:

@@ -1,9 +1,9 @@
 """Receive every request body to its end before the response starts.
 
 Why: when a route answers before the request body has fully arrived (a 404,
-a 405, a 401 from the access check, a 400 decided from the headers), hypercorn
+a 405, a 401 from the access check, a 400 decided from the headers), the server
 finishes the response while the client is still sending. h11 cannot start the
-connection's next cycle with the request half-read, so hypercorn closes the
+connection's next cycle with the request half-read, so the server closes the
 keep-alive connection right after the response — with unread bytes in the
 socket, an abortive close — while the client already reuses it for its next
 request, which is then lost (issue 11, finding 5: about 1 in 300 requests after

@@ -2,7 +2,7 @@
 
 Every turn (``POST`` to ``/v1/chat/completions``, ``/v1/messages``,
 ``/v1/responses`` under each of their mounts, and the gateway's ``/generate``)
-is served here, straight from hypercorn's ASGI messages; every other request,
+is served here, straight from the ASGI messages; every other request,
 and any other method on these paths, falls through to the Quart app. Quart cost
 0.5-0.9 ms of CPU per request (werkzeug request and response objects, routing,
 app and request contexts, hooks: see ``benchmarks/http_floor.py`` and

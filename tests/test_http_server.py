@@ -1,0 +1,137 @@
+"""The proxy's HTTP/1.1 server (server/http_server.py), against a toy ASGI app over real loopback sockets."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from actorproxy.server.http_server import HTTPServer
+
+
+class Echo:
+    """Answers every request with its method, path and body; records what it saw."""
+
+    def __init__(self) -> None:
+        self.disconnected = trio.Event()
+        self.waiting = trio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if scope["path"] == "/fail":
+            raise RuntimeError("the app fails")
+        if scope["path"] == "/hang":  # wait for the client to go away
+            self.waiting.set()
+            if (await receive())["type"] == "http.disconnect":
+                self.disconnected.set()
+            return
+        out = f"{scope['method']} {scope['path']} {scope['query_string'].decode()} ".encode() + body
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(out)).encode())]})
+        await send({"type": "http.response.body", "body": out})
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Echo, int]]:
+    app = Echo()
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(lambda task_status: HTTPServer(app, keep_alive_timeout=5).serve(
+            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
+        yield app, int(url.rsplit(":", 1)[1])
+        stop.set()
+
+
+async def read_until(stream: trio.SocketStream, marker: bytes, count: int = 1) -> bytes:
+    data = b""
+    while data.count(marker) < count:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+async def test_pipelined_requests_on_one_connection_are_answered_in_order(served: tuple[Echo, int]) -> None:
+    _, port = served
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(b"POST /a%20b?x=1 HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc"
+                              b"GET /two HTTP/1.1\r\nHost: h\r\n\r\n")
+        data = await read_until(stream, b"HTTP/1.1 200", 2)
+        while not data.endswith(b"GET /two  "):
+            data += await stream.receive_some(65536)
+    assert data.count(b"HTTP/1.1 200") == 2
+    assert b"POST /a b x=1 abc" in data and data.endswith(b"GET /two  ")
+    assert b"date: " in data
+
+
+async def test_expect_100_continue(served: tuple[Echo, int]) -> None:
+    _, port = served
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(b"POST /c HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+        assert (await read_until(stream, b"\r\n\r\n")).startswith(b"HTTP/1.1 100 ")
+        await stream.send_all(b"hi")
+        assert (await read_until(stream, b"POST /c  hi")).endswith(b"POST /c  hi")
+
+
+async def test_a_chunked_request_body(served: tuple[Echo, int]) -> None:
+    _, port = served
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(b"POST /c HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        await trio.testing.wait_all_tasks_blocked()
+        await stream.send_all(b"2\r\nde\r\n0\r\n\r\n")
+        assert (await read_until(stream, b"abcde")).endswith(b"POST /c  abcde")
+
+
+async def test_a_malformed_request_gets_a_400_and_the_connection_closes(served: tuple[Echo, int]) -> None:
+    _, port = served
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(b"NOT HTTP AT ALL\r\n\r\n")
+        data = await read_until(stream, b"never")
+    assert data.startswith(b"HTTP/1.1 400 ") and b"connection: close" in data
+
+
+async def test_an_app_that_fails_before_answering_gets_a_500(served: tuple[Echo, int]) -> None:
+    _, port = served
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(b"GET /fail HTTP/1.1\r\nHost: h\r\n\r\n")
+        data = await read_until(stream, b"never")
+    assert data.startswith(b"HTTP/1.1 500 ")
+
+
+async def test_a_client_that_hangs_up_is_an_http_disconnect(served: tuple[Echo, int]) -> None:
+    app, port = served
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(b"GET /hang HTTP/1.1\r\nHost: h\r\n\r\n")
+    await app.waiting.wait()
+    await stream.aclose()
+    with trio.fail_after(10):
+        await app.disconnected.wait()
+
+
+async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(autojump_clock: Any) -> None:
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(lambda task_status: HTTPServer(Echo(), keep_alive_timeout=5).serve(
+            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
+        stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        async with stream:
+            await stream.send_all(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+            await read_until(stream, b"GET /x  ")
+            start = trio.current_time()
+            assert await stream.receive_some(100) == b""  # closed by the server
+            assert trio.current_time() - start == pytest.approx(5)
+        stop.set()
