@@ -94,22 +94,19 @@ async def test_a_chunked_request_body(served: tuple[Echo, int]) -> None:
         assert (await read_until(stream, b"abcde")).endswith(b"POST /c  abcde")
 
 
-async def test_a_malformed_request_gets_a_400_and_the_connection_closes(served: tuple[Echo, int]) -> None:
+@pytest.mark.parametrize(("request_bytes", "status"), [
+    (b"NOT HTTP AT ALL\r\n\r\n", b"400"),  # h11 cannot parse it
+    (b"GET /fail HTTP/1.1\r\nHost: h\r\n\r\n", b"500"),  # the app fails before answering
+])
+async def test_a_request_that_cannot_be_served_gets_an_error_and_the_connection_closes(
+    served: tuple[Echo, int], request_bytes: bytes, status: bytes
+) -> None:
     _, port = served
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
-        await stream.send_all(b"NOT HTTP AT ALL\r\n\r\n")
-        data = await read_until(stream, b"never")
-    assert data.startswith(b"HTTP/1.1 400 ") and b"connection: close" in data
-
-
-async def test_an_app_that_fails_before_answering_gets_a_500(served: tuple[Echo, int]) -> None:
-    _, port = served
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(b"GET /fail HTTP/1.1\r\nHost: h\r\n\r\n")
-        data = await read_until(stream, b"never")
-    assert data.startswith(b"HTTP/1.1 500 ")
+        await stream.send_all(request_bytes)
+        data = await read_until(stream, b"never")  # until the server closes the connection
+    assert data.startswith(b"HTTP/1.1 " + status + b" ") and b"connection: close" in data
 
 
 async def test_a_client_that_hangs_up_is_an_http_disconnect(served: tuple[Echo, int]) -> None:
