@@ -2,9 +2,10 @@
 
 :class:`SessionState` owns everything a session records: its steps, its
 conversations (:mod:`.lanes`: the main one and side calls, each with its open
-segment and TITO state), retries, sub-agent child keys, guards and recompute
-planning, and the opening and closing of segments. It does no I/O and never
-awaits: the session actor feeds it a request (:meth:`SessionState.prepare`),
+segment and TITO state), retries, sub-agent child keys, the step guard, and
+the opening and closing of segments; what a turn sends the engine (TITO
+planning, rendering, the prompt guards) is :func:`.prompt_plan.plan_prompt`'s.
+It does no I/O and never awaits: the session actor feeds it a request (:meth:`SessionState.prepare`),
 runs the generation itself, hands back the outcome (:meth:`SessionState.commit`)
 and asks for the closed segments (:meth:`SessionState.close`). Rendering,
 tokenizing and segment assembly all happen in these calls, so the actor runs
@@ -21,16 +22,15 @@ from typing import Any
 import attrs
 
 from ..config import ProxyConfig
-from ..errors import BadRequest, ContextOverflow, ProxyError, StepLimitExceeded
+from ..errors import ProxyError, StepLimitExceeded
 from ..tokenization.tokenizer import ChatTokenizer
-from .assemble import RebuiltPrefix, SegmentIdentity, assemble_segment, rebuild_prefix
+from .assemble import SegmentIdentity, assemble_segment
 from .lanes import Conversations, Lane, conversation_key, one_shot
 from .messages import tools_key
+from .prompt_plan import plan_prompt
 from .records import Segment, Step, float_array, sub_agent_of
 from .requests import ChatRequest, Identity
-from .spans import SpanError
-from .template_probe import probe_template
-from .tito import Continue, FragmentError, Fresh, OpenSegment, plan_turn, render_fragment, snapshot
+from .tito import Fresh, OpenSegment
 
 log = logging.getLogger(__name__)
 
@@ -252,62 +252,13 @@ class SessionState:
         retried_request = seg.last_request
         return seg.pop_last(), retried_request
 
-    # -- planning and guards ----------------------------------------------------------------
+    # -- recording a planned turn ----------------------------------------------------------
 
     def _plan_and_guard(self, request: ChatRequest, identity: Identity, key: str) -> Prepared:
-        plan = plan_turn(self.segment, request.messages, key, append_only=probe_template(self._tok).append_only)
-        fragment_failed = False
-        fragment: array[int] | None = None
-        if isinstance(plan, Continue):
-            assert self.segment is not None
-            try:
-                text = render_fragment(
-                    self._tok,
-                    plan.new_messages,
-                    tools=request.tools,
-                    closed_by_eot=self.segment.closed_by_eot,
-                    closed_by=self.segment.closed_by,
-                    enable_thinking=request.enable_thinking,
-                )
-                fragment = self._tok.encode(text)
-            except FragmentError as exc:
-                log.warning("session %s: %s; starting a new segment", self.session_id, exc)
-                plan = Fresh("tito_failure")
-                fragment_failed = True
-        rebuilt: RebuiltPrefix | None = None
-        if isinstance(plan, Fresh):
-            try:
-                rebuilt = self._rebuilt_prefix(plan, request)
-                if rebuilt is not None:
-                    fragment = rebuilt.ids
-                else:
-                    fragment = self._tok.encode(self._tok.render(
-                        request.messages,
-                        tools=request.tools,
-                        add_generation_prompt=True,
-                        enable_thinking=request.enable_thinking,
-                    ))
-            except Exception as exc:  # the template rejects these messages
-                raise BadRequest(f"the chat template cannot render these messages: {exc}", param="messages") from exc
-            input_ids = array("i", fragment)
-            new_messages = [snapshot(m) for m in request.messages]
-        else:
-            assert self.segment is not None and fragment is not None
-            input_ids = self.segment.context_ids + fragment
-            new_messages = [snapshot(m) for m in plan.new_messages]
-        prompt_len = len(input_ids)
-        limit = self._config.limits.max_prompt_tokens
-        if limit is not None and prompt_len > limit:
-            raise ContextOverflow(
-                f"prompt is {prompt_len} tokens; the limit is {limit} (--max-prompt-tokens)", param="messages"
-            )
-        if prompt_len >= self._window:
-            raise ContextOverflow(
-                f"prompt is {prompt_len} tokens; the context window is {self._window}", param="messages"
-            )
-        max_new = request.max_tokens or self._config.limits.default_max_tokens
-        if self._config.limits.dynamic_max_tokens:
-            max_new = min(max_new, self._window - prompt_len)
+        planned = plan_prompt(
+            self._tok, self._config, window=self._window, segment=self.segment, request=request, tools_key=key,
+            session_id=self.session_id,
+        )
         # Guards passed: from here on the turn is recorded.
         if identity.instance_id:
             self.instance_id = identity.instance_id
@@ -315,11 +266,12 @@ class SessionState:
             self._rollout_id = identity.rollout_id
         boundary: str | None = None
         closed: list[Segment] = []
-        if isinstance(plan, Fresh):
+        rebuilt = planned.rebuilt
+        if isinstance(planned.plan, Fresh):
             if rebuilt is not None:
-                boundary = self._rebuild_segment(plan.reason, key)
+                boundary = self._rebuild_segment(planned.plan.reason, key)
             else:
-                boundary, closed = self._open_segment(plan.reason, key)
+                boundary, closed = self._open_segment(planned.plan.reason, key)
             self._talks.active.key = conversation_key(request.messages)
         seg = self.segment
         assert seg is not None
@@ -329,13 +281,13 @@ class SessionState:
             segment_index=seg.index,
             turn_id=identity.turn_id,
             instance_id=self.instance_id,
-            new_messages=new_messages,
+            new_messages=planned.new_messages,
             message_count=len(request.messages),
-            prompt_len=prompt_len,
-            fragment_ids=fragment,
-            max_new_tokens=max_new,
+            prompt_len=len(planned.input_ids),
+            fragment_ids=planned.fragment,
+            max_new_tokens=planned.max_new_tokens,
             boundary_reason=boundary,
-            incremental_tokenization_failed=fragment_failed,
+            incremental_tokenization_failed=planned.fragment_failed,
         )
         if rebuilt is not None:
             step.fragment_mask = rebuilt.mask
@@ -351,7 +303,9 @@ class SessionState:
         top_p = 1.0 if request.top_p is None else request.top_p
         # A shallow copy of the message list: a caller in this process may go on appending to its own.
         kept = attrs.evolve(request, messages=list(request.messages))
-        return Prepared(step, input_ids, new_messages, temperature, top_p, closed, kept, self._talks.active)
+        return Prepared(
+            step, planned.input_ids, planned.new_messages, temperature, top_p, closed, kept, self._talks.active
+        )
 
     def _open_segment(self, reason: str, key: str) -> tuple[str, list[Segment]]:
         """Start a new segment for ``reason``; returns the reason recorded and the closed segments.
@@ -367,32 +321,6 @@ class SessionState:
         self.segment = OpenSegment(index=self.next_segment, start_reason=reason, tools_key=key)
         self.next_segment += 1
         return reason, closed
-
-    def _rebuilt_prefix(self, plan: Fresh, request: ChatRequest) -> RebuiltPrefix | None:
-        """``--on-history-rewrite recompute``: the conversation rebuilt with this segment's replies marked.
-
-        ``None`` when the segment is to be closed instead: segment mode, a
-        session start, or a template whose assistant turns cannot be located.
-        Raises whatever the template raises on these messages.
-        """
-        seg = self.segment
-        if self._config.trajectory.on_history_rewrite != "recompute" or seg is None:
-            return None
-        rewriting = bool(seg.steps) and plan.reason != "session_start"
-        retaking = not seg.steps and bool(seg.rebuilt_steps)  # the rebuilding turn failed; this one replaces it
-        if not (rewriting or retaking):
-            return None
-        try:
-            return rebuild_prefix(
-                self._tok,
-                request.messages,
-                tools=request.tools,
-                enable_thinking=request.enable_thinking,
-                steps=[*seg.rebuilt_steps, *seg.steps],
-            )
-        except SpanError as exc:
-            log.warning("session %s: cannot rebuild the prefix (%s); starting a new segment", self.session_id, exc)
-            return None
 
     def _rebuild_segment(self, reason: str, key: str) -> str:
         """Rebuild the open segment in place (recompute mode); returns the reason recorded on the step."""

@@ -1,0 +1,146 @@
+"""What a turn sends the engine, and whether it fits: TITO planning, rendering and the prompt guards.
+
+:func:`plan_prompt` decides, for one turn of an open segment, whether it
+continues the segment (only the new messages rendered as a fragment) or starts
+afresh (the whole conversation rendered, or, with ``--on-history-rewrite
+recompute``, rebuilt with the segment's replies located), renders and tokenizes
+accordingly, and applies the prompt guards (``--max-prompt-tokens``, the context
+window) and the ``max_tokens`` clamp. It reads the segment and changes nothing:
+a refused turn leaves no trace. Recording the turn (opening segments, the step)
+is :class:`~.session_state.SessionState`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from array import array
+from typing import Any
+
+import attrs
+
+from ..config import ProxyConfig
+from ..errors import BadRequest, ContextOverflow
+from ..tokenization.tokenizer import ChatTokenizer
+from .assemble import RebuiltPrefix, rebuild_prefix
+from .requests import ChatRequest
+from .spans import SpanError
+from .template_probe import probe_template
+from .tito import Continue, FragmentError, Fresh, OpenSegment, TurnPlan, plan_turn, render_fragment, snapshot
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class PromptPlan:
+    """A turn's prompt, planned and within the limits (nothing recorded yet)."""
+
+    #: ``Continue`` the open segment, or start a ``Fresh`` one (for its reason).
+    plan: TurnPlan
+    #: The whole prompt sent to the engine.
+    input_ids: array[int]
+    #: The tokens this turn adds to the segment (the fragment, or the whole prompt when fresh).
+    fragment: array[int]
+    #: Snapshots of the messages this turn accounts for.
+    new_messages: list[dict[str, Any]]
+    max_new_tokens: int
+    #: Recompute mode: the conversation rebuilt with the segment's replies located.
+    rebuilt: RebuiltPrefix | None = None
+    #: The fragment could not be rendered, so the turn starts afresh (``tito_failure``).
+    fragment_failed: bool = False
+
+
+def plan_prompt(
+    tokenizer: ChatTokenizer,
+    config: ProxyConfig,
+    *,
+    window: int,
+    segment: OpenSegment | None,
+    request: ChatRequest,
+    tools_key: str,
+    session_id: str,
+) -> PromptPlan:
+    """Plan, render and guard one turn; raises :class:`BadRequest` or :class:`ContextOverflow` to refuse it."""
+    plan = plan_turn(segment, request.messages, tools_key, append_only=probe_template(tokenizer).append_only)
+    fragment_failed = False
+    if isinstance(plan, Continue):
+        assert segment is not None
+        try:
+            text = render_fragment(
+                tokenizer,
+                plan.new_messages,
+                tools=request.tools,
+                closed_by_eot=segment.closed_by_eot,
+                closed_by=segment.closed_by,
+                enable_thinking=request.enable_thinking,
+            )
+            fragment = tokenizer.encode(text)
+            input_ids = segment.context_ids + fragment
+            new_messages = [snapshot(m) for m in plan.new_messages]
+        except FragmentError as exc:
+            log.warning("session %s: %s; starting a new segment", session_id, exc)
+            plan = Fresh("tito_failure")
+            fragment_failed = True
+    rebuilt: RebuiltPrefix | None = None
+    if isinstance(plan, Fresh):
+        try:
+            rebuilt = _rebuilt_prefix(tokenizer, config, segment, plan, request, session_id)
+            if rebuilt is not None:
+                fragment = rebuilt.ids
+            else:
+                text = tokenizer.render(
+                    request.messages,
+                    tools=request.tools,
+                    add_generation_prompt=True,
+                    enable_thinking=request.enable_thinking,
+                )
+                fragment = tokenizer.encode(text)
+        except Exception as exc:  # the template rejects these messages
+            raise BadRequest(f"the chat template cannot render these messages: {exc}", param="messages") from exc
+        input_ids = array("i", fragment)
+        new_messages = [snapshot(m) for m in request.messages]
+    prompt_len = len(input_ids)
+    limits = config.limits
+    if limits.max_prompt_tokens is not None and prompt_len > limits.max_prompt_tokens:
+        raise ContextOverflow(
+            f"prompt is {prompt_len} tokens; the limit is {limits.max_prompt_tokens} (--max-prompt-tokens)",
+            param="messages",
+        )
+    if prompt_len >= window:
+        raise ContextOverflow(f"prompt is {prompt_len} tokens; the context window is {window}", param="messages")
+    max_new = request.max_tokens or limits.default_max_tokens
+    if limits.dynamic_max_tokens:
+        max_new = min(max_new, window - prompt_len)
+    return PromptPlan(plan, input_ids, fragment, new_messages, max_new, rebuilt, fragment_failed)
+
+
+def _rebuilt_prefix(
+    tokenizer: ChatTokenizer,
+    config: ProxyConfig,
+    segment: OpenSegment | None,
+    plan: Fresh,
+    request: ChatRequest,
+    session_id: str,
+) -> RebuiltPrefix | None:
+    """``--on-history-rewrite recompute``: the conversation rebuilt with this segment's replies marked.
+
+    ``None`` when the segment is to be closed instead: segment mode, a
+    session start, or a template whose assistant turns cannot be located.
+    Raises whatever the template raises on these messages.
+    """
+    if config.trajectory.on_history_rewrite != "recompute" or segment is None:
+        return None
+    rewriting = bool(segment.steps) and plan.reason != "session_start"
+    retaking = not segment.steps and bool(segment.rebuilt_steps)  # the rebuilding turn failed; this one replaces it
+    if not (rewriting or retaking):
+        return None
+    try:
+        return rebuild_prefix(
+            tokenizer,
+            request.messages,
+            tools=request.tools,
+            enable_thinking=request.enable_thinking,
+            steps=[*segment.rebuilt_steps, *segment.steps],
+        )
+    except SpanError as exc:
+        log.warning("session %s: cannot rebuild the prefix (%s); starting a new segment", session_id, exc)
+        return None
