@@ -220,7 +220,7 @@ async def test_sglang_incremental_delta_that_repeats_history() -> None:
 
 async def test_sglang_request_body_and_headers() -> None:
     engine = Engine({"/generate": lambda r, b: stream(*cumulative(), DONE)})
-    backend = SGLangBackend(URL, http=engine.client(), routed_experts=True)
+    backend = SGLangBackend(URL, EngineOptions(routed_experts=True), http=engine.client())
     req = GenerateRequest(
         PROMPT,
         SamplingParams(max_new_tokens=7, temperature=0.5, top_k=20, seed=3, stop_token_ids=(EOT,)),
@@ -528,7 +528,7 @@ async def test_vllm_falls_back_to_completions_once() -> None:
 )
 async def test_vllm_finish_reasons(events: list[bytes], reason: str, message: str) -> None:
     engine = Engine({"/inference/v1/generate": lambda r, b: stream(*events)})
-    _, finish = await run(VLLMBackend(URL, http=engine.client(), api="generate"), request())
+    _, finish = await run(VLLMBackend(URL, EngineOptions(api="generate"), http=engine.client()), request())
     assert (finish.reason, finish.message) == (reason, message)
 
 
@@ -544,7 +544,7 @@ async def test_vllm_finish_reasons(events: list[bytes], reason: str, message: st
 async def test_vllm_errors(events: list[bytes]) -> None:
     engine = Engine({"/inference/v1/generate": lambda r, b: stream(*events)})
     with pytest.raises(BackendError) as info:
-        await run(VLLMBackend(URL, http=engine.client(), api="generate"), request())
+        await run(VLLMBackend(URL, EngineOptions(api="generate"), http=engine.client()), request())
     assert info.value.status == 502
 
 
@@ -563,7 +563,7 @@ async def test_vllm_acknowledged_abort_tries_both_abort_routes() -> None:
         "/inference/v1/generate": lambda r, b: stream(vg(IDS[:1], LPS[:1]), vg(IDS[1:2], LPS[1:2]), tail=tail),
         "/abort_requests": abort,
     })
-    backend = VLLMBackend(URL, http=engine.client(), api="generate")
+    backend = VLLMBackend(URL, EngineOptions(api="generate"), http=engine.client())
     req = request()
     received: list[int] = []
     async with backend.open_generation(req) as gen:
@@ -581,7 +581,7 @@ async def test_vllm_acknowledged_abort_tries_both_abort_routes() -> None:
 
 async def test_vllm_without_abort_route_closes_the_stream() -> None:
     engine = Engine({"/inference/v1/generate": lambda r, b: stream(vg(IDS[:1], LPS[:1]), tail=hang_tail)})
-    backend = VLLMBackend(URL, http=engine.client(), api="generate")
+    backend = VLLMBackend(URL, EngineOptions(api="generate"), http=engine.client())
     async with backend.open_generation(request()) as gen:
         events = []
         async for event in gen:
@@ -618,7 +618,7 @@ async def test_vllm_routed_experts_and_prompt_logprobs() -> None:
         return httpx.Response(200, json={"choices": [{"index": 0, "text": "", "prompt_logprobs": entries}]})
 
     engine = Engine({"/v1/completions": completions, "/v1/models": lambda r, b: httpx.Response(500)})
-    backend = VLLMBackend(URL, http=engine.client(), api="completions")
+    backend = VLLMBackend(URL, EngineOptions(api="completions"), http=engine.client())
     req = GenerateRequest(PROMPT, SamplingParams(max_new_tokens=1), return_routed_experts=True)
     _, finish = await run(backend, req)
     assert finish.routed_experts is not None

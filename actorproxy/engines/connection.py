@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from array import array
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import attrs
 import httpx
@@ -44,6 +44,11 @@ class EngineOptions:
     #: The engine serves this proxy alone: when every generation it runs there is
     #: aborted at once (a pause), one SGLang ``abort_all`` call stops them all.
     abort_all: bool = False
+    #: The engine runs with ``--enable-return-routed-experts``: only then are requests
+    #: asking for routed experts sent ``return_routed_experts`` (SGLang).
+    routed_experts: bool = False
+    #: The generation API to use (vLLM: ``generate`` or ``completions``); ``None``: detect it on first use.
+    api: Literal["generate", "completions"] | None = None
 
 
 def make_client(options: EngineOptions, pool: H11Client | None = None) -> httpx.AsyncClient:
@@ -171,9 +176,9 @@ class EngineConnection:
     def __init__(
         self,
         base_url: str,
-        options: EngineOptions | None,
+        options: EngineOptions | None = None,
         *,
-        http: httpx.AsyncClient | None,
+        http: httpx.AsyncClient | None = None,
         control_pool: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")

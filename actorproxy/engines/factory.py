@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
+
 from .base import Backend
 from .connection import EngineOptions
 from .pool import EnginePool
@@ -16,7 +18,7 @@ def make_engine_client(kind: str, url: str, options: EngineOptions, *, routed_ex
     if kind == "sglang":
         from .sglang.client import SGLangBackend
 
-        return SGLangBackend(url, options, routed_experts=routed_experts)
+        return SGLangBackend(url, attrs.evolve(options, routed_experts=routed_experts))
     if kind == "vllm":
         from .vllm.client import VLLMBackend
 

@@ -26,22 +26,15 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
-
-from ..base import (
-    BackendError,
-    GenerateFinish,
-    GenerateRequest,
-    ModelInfo,
-)
-from ..connection import EngineConnection, EngineOptions, EngineResponse, post_stream, request_json
+from ..base import BackendError, GenerateFinish, GenerateRequest, ModelInfo
+from ..client_base import EngineGeneration, first_model_card
+from ..connection import EngineConnection, EngineResponse, post_stream, request_json
 from ..deltas import DEFAULT_VERSION
 from ..errors import check_status
-from ..streaming import StreamedGeneration
 from .protocol import COMPLETION_PATH, LlamaCppStreamParser, completion_body
 
 
-class LlamaCppGeneration(StreamedGeneration[LlamaCppStreamParser]):
+class LlamaCppGeneration(EngineGeneration[LlamaCppStreamParser, "LlamaCppBackend"]):
     """One streamed ``/completion`` (see :class:`StreamedGeneration`)."""
 
     what = "llama.cpp /completion"
@@ -54,9 +47,7 @@ class LlamaCppGeneration(StreamedGeneration[LlamaCppStreamParser]):
             prompt_len=len(request.input_ids),
             version=backend.weight_version,
         )
-        super().__init__(backend.streams, request.rid, parser, abort_grace=backend.abort_grace)
-        self._backend = backend
-        self._request = request
+        super().__init__(backend, request, parser)
 
     async def _open(self) -> EngineResponse:
         body = completion_body(self._request.input_ids, self._request.sampling)
@@ -78,17 +69,8 @@ class LlamaCppBackend(EngineConnection):
     """One ``llama-server`` behind the :class:`Backend` interface (see module docstring)."""
 
     kind = "llamacpp"
-
-    def __init__(
-        self,
-        base_url: str,
-        options: EngineOptions | None = None,
-        *,
-        http: httpx.AsyncClient | None = None,
-        weight_version: str = DEFAULT_VERSION,
-    ) -> None:
-        super().__init__(base_url, options, http=http)
-        self.weight_version = weight_version
+    #: The label its tokens carry: llama.cpp has no weight versions.
+    weight_version = DEFAULT_VERSION
 
     def open_generation(self, request: GenerateRequest) -> LlamaCppGeneration:
         return LlamaCppGeneration(self, request)
@@ -104,9 +86,7 @@ class LlamaCppBackend(EngineConnection):
             n_ctx = settings.get("n_ctx") if isinstance(settings, Mapping) else props.get("n_ctx")
             model = props.get("model_alias") or props.get("model_path") or "llama.cpp"
         else:
-            models = await request_json(self.http, "GET", self.url("/v1/models"), "llama.cpp models")
-            data = models.get("data") if isinstance(models, Mapping) else None
-            card = data[0] if isinstance(data, list) and data and isinstance(data[0], Mapping) else {}
+            card = await first_model_card(self, "llama.cpp models")
             meta = card.get("meta")
             n_ctx = card.get("max_model_len", meta.get("n_ctx_train") if isinstance(meta, Mapping) else None)
             model = card.get("id") or "llama.cpp"

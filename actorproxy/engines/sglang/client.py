@@ -19,36 +19,23 @@ from array import array
 from collections.abc import Collection, Mapping
 from typing import Any
 
-import httpx
 import trio
 
-from ..aborts import AbortBatcher
-from ..base import (
-    ROUTING_HEADER,
-    BackendError,
-    GenerateRequest,
-    GenerationEvent,
-    ModelInfo,
-    SamplingParams,
-    new_rid,
-)
-from ..connection import EngineConnection, EngineOptions, EngineResponse, post_quietly, post_stream, request_json
-from ..deltas import DEFAULT_VERSION
+from ..base import ROUTING_HEADER, BackendError, GenerateRequest, GenerationEvent, ModelInfo, SamplingParams, new_rid
+from ..client_base import VersionedConnection, VersionedGeneration, first_model_card
+from ..connection import EngineResponse, post_quietly, post_stream, request_json
 from ..errors import check_status
-from ..streaming import StreamedGeneration
 from .protocol import ABORT_PATH, GENERATE_PATH, SGLangStreamParser, sampling_body
 
 
-class SGLangGeneration(StreamedGeneration[SGLangStreamParser]):
+class SGLangGeneration(VersionedGeneration[SGLangStreamParser, "SGLangBackend"]):
     """One streamed ``/generate`` request (see :class:`StreamedGeneration`)."""
 
     what = "SGLang /generate"
 
     def __init__(self, backend: SGLangBackend, request: GenerateRequest) -> None:
         parser = SGLangStreamParser(stop_token_ids=request.sampling.stop_token_ids, version=backend.last_version)
-        super().__init__(backend.streams, request.rid, parser, abort_grace=backend.abort_grace)
-        self._backend = backend
-        self._request = request
+        super().__init__(backend, request, parser)
 
     async def _open(self) -> EngineResponse:
         self._backend.running.add(self.rid)
@@ -62,7 +49,7 @@ class SGLangGeneration(StreamedGeneration[SGLangStreamParser]):
             "logprob_start_len": -1,
             "top_logprobs_num": 0,
         }
-        if req.return_routed_experts and self._backend.routed_experts:
+        if req.return_routed_experts and self._backend.options.routed_experts:
             body["return_routed_experts"] = True
         headers = {ROUTING_HEADER: req.routing_key} if req.routing_key else {}
         response = await post_stream(self._client, self._backend.url(GENERATE_PATH), body, headers)
@@ -71,9 +58,7 @@ class SGLangGeneration(StreamedGeneration[SGLangStreamParser]):
 
     def _feed(self, payload: Mapping[str, Any]) -> list[GenerationEvent]:
         self._parser.abort_requested = self._abort_requested
-        events = super()._feed(payload)
-        self._backend.last_version = self._parser.version
-        return events
+        return super()._feed(payload)
 
     async def _send_abort(self) -> bool:
         return await self._backend.abort(self.rid)
@@ -85,31 +70,14 @@ class SGLangGeneration(StreamedGeneration[SGLangStreamParser]):
             self._backend.running.discard(self.rid)
 
 
-class SGLangBackend(EngineConnection):
+class SGLangBackend(VersionedConnection):
     """One SGLang server (or sgl-model-gateway) behind the :class:`Backend` interface.
 
-    ``routed_experts``: the server runs with ``--enable-return-routed-experts``; only
-    then are requests asking for routed experts sent ``return_routed_experts``.
+    ``options.routed_experts``: the server runs with ``--enable-return-routed-experts``;
+    only then are requests asking for routed experts sent ``return_routed_experts``.
     """
 
     kind = "sglang"
-
-    def __init__(
-        self,
-        base_url: str,
-        options: EngineOptions | None = None,
-        *,
-        http: httpx.AsyncClient | None = None,
-        routed_experts: bool = False,
-    ) -> None:
-        super().__init__(base_url, options, http=http, control_pool=True)
-        self.routed_experts = routed_experts
-        #: rids of the generations open on this engine (an ``abort_all`` must cover them all).
-        self.running: set[str] = set()
-        self._batcher = AbortBatcher(self._abort_batch) if self.options.abort_all else None
-        self.abort_calls = 0
-        #: The newest weight version seen in any answer (stamps tokens that carry none).
-        self.last_version = DEFAULT_VERSION
 
     async def abort(self, rid: str) -> bool:
         """``POST /abort_request`` for ``rid``; ``True`` if acknowledged (status below 400).
@@ -117,8 +85,8 @@ class SGLangBackend(EngineConnection):
         With ``options.abort_all``, aborts asked together (a pause) are one call when
         they cover every generation open here, else one call each, concurrently.
         """
-        if self._batcher is not None:
-            return await self._batcher.abort([rid])
+        if self.options.abort_all:
+            return await self.batcher.abort([rid])
         return await self._post_abort({"rid": rid, "abort_all": False})
 
     async def _post_abort(self, body: dict[str, Any]) -> bool:
@@ -165,14 +133,10 @@ class SGLangBackend(EngineConnection):
 
     async def _max_len_from_models(self) -> int | None:
         try:
-            models = await request_json(self.http, "GET", self.url("/v1/models"), "SGLang models")
+            value = (await first_model_card(self, "SGLang models")).get("max_model_len")
         except BackendError:
             return None
-        data = models.get("data") if isinstance(models, Mapping) else None
-        if isinstance(data, list) and data and isinstance(data[0], Mapping):
-            value = data[0].get("max_model_len")
-            return value if isinstance(value, int) else None
-        return None
+        return value if isinstance(value, int) else None
 
     async def prompt_logprobs(self, input_ids: array[int]) -> list[float | None]:
         """A prefill-only ``/generate`` (``max_new_tokens: 0``, ``logprob_start_len: 0``)."""

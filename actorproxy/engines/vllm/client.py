@@ -26,35 +26,21 @@ from array import array
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-import httpx
-
-from ..aborts import AbortBatcher
-from ..base import (
-    ROUTING_HEADER,
-    BackendError,
-    GenerateRequest,
-    GenerationEvent,
-    ModelInfo,
-    SamplingParams,
-    new_rid,
-)
-from ..connection import EngineConnection, EngineOptions, EngineResponse, post_quietly, post_stream, request_json
-from ..deltas import DEFAULT_VERSION
+from ..base import ROUTING_HEADER, BackendError, GenerateRequest, ModelInfo, SamplingParams, new_rid
+from ..client_base import VersionedConnection, VersionedGeneration, first_model_card
+from ..connection import EngineResponse, post_quietly, post_stream, request_json
 from ..errors import check_status, discard
-from ..streaming import StreamedGeneration
 from .protocol import ABORT_PATHS, GENERATE_PATH, Api, VLLMStreamParser, sampling_body
 
 
-class VLLMGeneration(StreamedGeneration[VLLMStreamParser]):
+class VLLMGeneration(VersionedGeneration[VLLMStreamParser, "VLLMBackend"]):
     """One streamed vLLM generation (see :class:`StreamedGeneration`)."""
 
     what = "vLLM"
 
     def __init__(self, backend: VLLMBackend, request: GenerateRequest) -> None:
         parser = VLLMStreamParser(version=backend.last_version, routed_experts=request.return_routed_experts)
-        super().__init__(backend.streams, request.rid, parser, abort_grace=backend.abort_grace)
-        self._backend = backend
-        self._request = request
+        super().__init__(backend, request, parser)
         self._api: Api | None = backend.api
 
     async def _open(self) -> EngineResponse:
@@ -112,11 +98,6 @@ class VLLMGeneration(StreamedGeneration[VLLMStreamParser]):
             body["model"] = model
         return body
 
-    def _feed(self, payload: Mapping[str, Any]) -> list[GenerationEvent]:
-        events = super()._feed(payload)
-        self._backend.last_version = self._parser.version
-        return events
-
     async def _send_abort(self) -> bool:
         # The engine's ids: the API prefixes ours ("generate-tokens-" / "cmpl-" + "-0").
         ids = {self.rid, f"generate-tokens-{self.rid}", f"cmpl-{self.rid}", f"cmpl-{self.rid}-0"}
@@ -125,40 +106,35 @@ class VLLMGeneration(StreamedGeneration[VLLMStreamParser]):
         return await self._backend.abort_batched(sorted(ids))
 
 
-class VLLMBackend(EngineConnection):
+class VLLMBackend(VersionedConnection):
     """One vLLM server behind the :class:`Backend` interface.
 
-    ``api``: ``None`` to detect on first use, or force ``"generate"`` / ``"completions"``.
+    ``options.api``: ``None`` to detect on first use, or force ``"generate"`` / ``"completions"``.
     """
 
     kind = "vllm"
+    #: The API detected (``api`` until then: ``options.api``).
+    _detected: Api | None = None
+    _models: Mapping[str, Any] | None = None
+    #: The abort route that answered (``None``: not known yet); ``_abort_missing``: none did.
+    _abort_path: str | None = None
+    _abort_missing = False
 
-    def __init__(
-        self,
-        base_url: str,
-        options: EngineOptions | None = None,
-        *,
-        http: httpx.AsyncClient | None = None,
-        api: Api | None = None,
-    ) -> None:
-        super().__init__(base_url, options, http=http, control_pool=True)
-        self.api: Api | None = api
-        self.last_version = DEFAULT_VERSION
-        self._models: Mapping[str, Any] | None = None
-        self._abort_path: str | None = None
-        self._abort_missing = False
-        self._batcher = AbortBatcher(self._abort_batch)
-        self.abort_calls = 0
+    @property
+    def api(self) -> Api | None:
+        """The generation API this server speaks (``None``: not known yet)."""
+        return self._detected or self.options.api
+
+    @api.setter
+    def api(self, value: Api) -> None:
+        self._detected = value
 
     def open_generation(self, request: GenerateRequest) -> VLLMGeneration:
         return VLLMGeneration(self, request)
 
     async def _model_card(self) -> Mapping[str, Any]:
         if self._models is None:
-            got = await request_json(self.http, "GET", self.url("/v1/models"), "vLLM models")
-            data = got.get("data") if isinstance(got, Mapping) else None
-            card = data[0] if isinstance(data, list) and data and isinstance(data[0], Mapping) else {}
-            self._models = card
+            self._models = await first_model_card(self, "vLLM models")
         return self._models
 
     async def served_model(self) -> str | None:
@@ -183,7 +159,7 @@ class VLLMBackend(EngineConnection):
 
     async def abort_batched(self, request_ids: Sequence[str]) -> bool:
         """:meth:`abort_requests`, with the aborts asked together (a pause) sent as one call."""
-        return await self._batcher.abort(request_ids)
+        return await self.batcher.abort(request_ids)
 
     async def _abort_batch(self, request_ids: list[str]) -> Collection[str]:
         return request_ids if await self.abort_requests(request_ids) else ()
