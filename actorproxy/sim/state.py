@@ -22,7 +22,7 @@ from .config import SimConfig
 from .engine import SimEngine
 from .faults import DropConnection, SimFaults
 from .generation import SimGeneration
-from .wire import BadField, bool_field
+from .wire import BadField
 
 Protocol = Literal["sglang", "vllm", "llamacpp"]
 Status = Literal["waiting", "running", "finished", "aborted", "disconnected", "dropped", "failed"]
@@ -300,10 +300,9 @@ def default_max_tokens(state: SimState, prompt_len: int) -> int:
     return max(0, state.engine.config.max_model_len - prompt_len)
 
 
-def check_sampling(state: SimState, params: dict[str, Any]) -> None:
+def check_sampling(state: SimState, stop: str | list[str] | None, ignore_eos: bool | None) -> None:
     """Refuse what the simulator cannot honour rather than silently ignore it."""
-    if params.get("stop"):
+    if stop:
         raise BadField("stop strings are not supported by the simulated engine; use stop_token_ids")
-    ignore_eos = bool_field(params, "ignore_eos", state.engine.config.ignore_eos)
-    if ignore_eos != state.engine.config.ignore_eos:
+    if ignore_eos is not None and ignore_eos != state.engine.config.ignore_eos:
         raise BadField(f"this simulated engine runs with ignore_eos={state.engine.config.ignore_eos} for every request")

@@ -1,8 +1,11 @@
 """Wire helpers shared by the simulated engines' routes (no Trio, no app state).
 
-Request fields are read tolerantly (unknown keys are ignored, as the real
-servers do) but typed strictly: a wrong type raises :class:`BadField`, which
-each protocol's blueprint renders in that engine's own error format.
+A route reads its body with :func:`read_body`: the JSON structured by the wire
+converter into the attrs class the engine's client sends (``engines/<engine>/protocol.py``),
+so client and simulated server share one schema. Unknown keys are tolerated, as
+the real servers do; a wrong type or value raises :class:`~actorproxy.errors.BadRequest`
+naming the field. What the engine would accept but the simulator cannot honour raises
+:class:`BadField`. Each engine's blueprint answers both in that engine's own error format.
 """
 
 from __future__ import annotations
@@ -11,12 +14,16 @@ import json
 import sys
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from quart import Blueprint, Response, request
 
 from ..engines.base import BackendError
+from ..errors import BadRequest
 from ..tokenization.tokenizer import ChatTokenizer
+from ..wire.converter import TokenIds, structure
+
+T = TypeVar("T")
 
 
 class BadField(ValueError):
@@ -28,10 +35,20 @@ class BadField(ValueError):
         self.status = status
 
 
-def engine_blueprint(name: str, import_name: str, error: Callable[[str, int], Response]) -> Blueprint:
-    """A blueprint for one engine's routes: a refused request (:class:`BadField`) and an
-    engine failure (:class:`BackendError`) answer in that engine's error shape (``error``)."""
+def engine_blueprint(
+    name: str,
+    import_name: str,
+    error: Callable[[str, int], Response],
+    invalid: Callable[[BadRequest], Response] | None = None,
+) -> Blueprint:
+    """A blueprint for one engine's routes: a malformed body (:class:`BadRequest`, answered by
+    ``invalid``, else ``error``), a refused request (:class:`BadField`) and an engine failure
+    (:class:`BackendError`) answer in that engine's error shapes."""
     bp = Blueprint(name, import_name)
+
+    @bp.errorhandler(BadRequest)
+    async def _invalid(exc: BadRequest) -> Response:
+        return invalid(exc) if invalid is not None else error(exc.message, exc.status)
 
     @bp.errorhandler(BadField)
     async def _bad(exc: BadField) -> Response:
@@ -57,6 +74,15 @@ def sse(data: Any) -> bytes:
     """One server-sent event: ``data: <json>\\n\\n`` (``[DONE]`` passes as a str)."""
     body = data if isinstance(data, str) else dumps(data)
     return f"data: {body}\n\n".encode()
+
+
+async def read_body(cls: type[T], *, optional: bool = False) -> T:
+    """The request body as ``cls`` (the wire converter); :class:`BadRequest` naming what is wrong."""
+    try:
+        body = await read_object(optional=optional)
+    except BadField as exc:
+        raise BadRequest(exc.message) from None
+    return structure(body, cls)
 
 
 async def read_object(*, optional: bool = False) -> dict[str, Any]:
@@ -141,22 +167,18 @@ def ids_field(body: Mapping[str, Any], name: str, *, vocab_size: int | None = No
     return value
 
 
-def token_prompt(body: Mapping[str, Any], name: str, *, vocab_size: int) -> list[int]:
-    """A required token-id prompt; a text prompt is refused (the simulator is token-in only)."""
-    value = body.get(name)
-    if isinstance(value, str) or (isinstance(value, list) and value and isinstance(value[0], str)):
+def token_prompt(prompt: TokenIds | str, name: str, *, vocab_size: int) -> array[int]:
+    """A token-id prompt, checked against the vocabulary; text is refused (the simulator is token-in only)."""
+    if isinstance(prompt, str):
         raise BadField(
             f"'{name}' is text: the simulated engine is token-in only; send token ids "
             "(tokenize with the model's tokenizer first)"
         )
-    if isinstance(value, list) and value and isinstance(value[0], list):
-        if len(value) != 1:
-            raise BadField(f"'{name}': batches of prompts are not supported by the simulator")
-        value = value[0]
-    ids = ids_field({name: value}, name, vocab_size=vocab_size)
-    if not ids:
+    if not prompt:
         raise BadField(f"'{name}' is required: a non-empty list of token ids")
-    return ids
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        raise BadField(f"'{name}' holds a token id outside the vocabulary")
+    return prompt
 
 
 class IncrementalText:

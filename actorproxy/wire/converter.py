@@ -8,8 +8,12 @@ Built by :func:`make_converter` (never cattrs' global converter):
 - attrs classes marked :func:`ours` (our trainer protocol) forbid unknown keys,
   so a typo fails loudly; others' protocols (OpenAI, Anthropic) tolerate them,
   as their clients send fields we do not know;
-- a class may rename fields on the wire with ``__wire_renames__``;
-- ``array`` values unstructure to lists.
+- a class may rename fields on the wire with ``__wire_renames__``, and name in
+  ``__wire_omit_if_default__`` the fields it leaves out of its JSON while they hold
+  their default (an optional field some servers do not know);
+- ``array`` values unstructure to lists, except :data:`TokenIds`: a JSON array of
+  integers structured into an ``array('i')`` and unstructured as that array itself
+  (the engine clients' JSON writer serializes it whole, without a Python int per token).
 
 :func:`structure` turns cattrs' validation errors into our :class:`BadRequest`
 naming the first bad field's path (``messages[1].name``).
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, NewType, TypeVar
 
 import attrs
 import cattrs
@@ -31,11 +35,16 @@ from cattrs.errors import (
     IterableValidationError,
     IterableValidationNote,
 )
-from cattrs.gen import make_dict_structure_fn, override
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from ..errors import BadRequest
 
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    TokenIds = NewType("TokenIds", array[int])
+else:
+    TokenIds = NewType("TokenIds", array)
 
 _OURS_MARK = "__wire_forbid_extra__"
 
@@ -52,6 +61,16 @@ class FieldError(ValueError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+def at_least(bound: float) -> Any:
+    """An attrs validator: the value (unless ``None``) is at least ``bound`` (else a :class:`FieldError`)."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is not None and value < bound:
+            raise FieldError(f"must be >= {bound}, got {value}", field=attribute.name)
+
+    return check
 
 
 def _type_error(value: Any, expected: str) -> FieldError:
@@ -111,6 +130,20 @@ def _strings(value: Any, _: Any) -> str | list[str] | None:
     raise _type_error(value, "a string or an array of strings")
 
 
+def _token_ids(value: Any, _: Any) -> TokenIds:
+    # One pass in C for the common case; the check only names the culprit.
+    if isinstance(value, list) and all(type(i) is int for i in value):
+        try:
+            return TokenIds(array("i", value))
+        except OverflowError:
+            raise FieldError("holds a token id out of range") from None
+    raise FieldError("must be a list of token ids (integers)")
+
+
+def _token_ids_or_text(value: Any, _: Any) -> TokenIds | str:
+    return value if isinstance(value, str) else _token_ids(value, _)
+
+
 def _object(value: Any, _: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _type_error(value, "an object")
@@ -130,6 +163,8 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook_func(lambda t: t == str | dict[str, Any], _str_or_object)
     converter.register_structure_hook_func(lambda t: t == str | dict[str, Any] | None, _str_or_object)
     converter.register_structure_hook_func(lambda t: t == str | list[str] | None, _strings)
+    converter.register_structure_hook(TokenIds, _token_ids)
+    converter.register_structure_hook_func(lambda t: t == TokenIds | str, _token_ids_or_text)
 
     def attrs_hook(cls: type) -> Any:
         renames = getattr(cls, "__wire_renames__", {})
@@ -138,6 +173,15 @@ def make_converter() -> cattrs.Converter:
         return make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=forbid, **overrides)  # type: ignore[arg-type]
 
     converter.register_structure_hook_factory(attrs.has, attrs_hook)
+
+    def omitting_hook(cls: type) -> Any:
+        names: tuple[str, ...] = getattr(cls, "__wire_omit_if_default__", ())
+        omitted = {name: override(omit_if_default=True) for name in names}
+        return make_dict_unstructure_fn(cls, converter, **omitted)  # type: ignore[arg-type]
+
+    converter.register_unstructure_hook_factory(
+        lambda t: attrs.has(t) and hasattr(t, "__wire_omit_if_default__"), omitting_hook
+    )
 
     def list_hook(cls: type) -> Any:
         items = list_structure_factory(cls, converter)
@@ -151,6 +195,8 @@ def make_converter() -> cattrs.Converter:
 
     converter.register_structure_hook_factory(is_mutable_sequence, list_hook)
     converter.register_unstructure_hook(array, lambda values: values.tolist())
+    converter.register_unstructure_hook(TokenIds, lambda values: values)
+    converter.register_unstructure_hook_func(lambda t: t == TokenIds | str, lambda value: value)
     return converter
 
 

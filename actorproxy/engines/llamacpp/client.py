@@ -26,12 +26,13 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
+from ...wire.converter import CONVERTER
 from ..base import BackendError, GenerateFinish, GenerateRequest, ModelInfo
 from ..client_base import EngineGeneration, first_model_card
 from ..connection import EngineConnection, EngineResponse, post_stream, request_json
 from ..deltas import DEFAULT_VERSION
 from ..errors import check_status
-from .protocol import COMPLETION_PATH, LlamaCppStreamParser, completion_body
+from .protocol import COMPLETION_PATH, CompletionRequest, LlamaCppStreamParser
 
 
 class LlamaCppGeneration(EngineGeneration[LlamaCppStreamParser, "LlamaCppBackend"]):
@@ -50,7 +51,7 @@ class LlamaCppGeneration(EngineGeneration[LlamaCppStreamParser, "LlamaCppBackend
         super().__init__(backend, request, parser)
 
     async def _open(self) -> EngineResponse:
-        body = completion_body(self._request.input_ids, self._request.sampling)
+        body = CONVERTER.unstructure(CompletionRequest.of(self._request.input_ids, self._request.sampling))
         response = await post_stream(self._client, self._backend.url(COMPLETION_PATH), body)
         await check_status(response, self.what)
         return response

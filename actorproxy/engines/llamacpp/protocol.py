@@ -1,16 +1,22 @@
 """llama.cpp's ``/completion`` wire format, shared by the client and the simulated routes.
 
-The request with every sampler set (:func:`completion_body`), the ``stop_type`` of each
-finish (:data:`STOP_TYPES`) and the sans-IO reader of a ``/completion`` stream
+The request (:class:`CompletionRequest`: the client builds it with every sampler set,
+the simulated server structures it with the wire converter), the final event of a
+completion (:class:`CompletionResult`), the ``stop_type`` of each finish
+(:data:`STOP_TYPES`) and the sans-IO reader of a ``/completion`` stream
 (:class:`LlamaCppStreamParser`), which also enforces stop ids and the token limit.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from array import array
+from collections.abc import Mapping
 from typing import Any
 
+import attrs
+
+from ...wire.converter import TokenIds, at_least
 from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams, TokenDelta
 from ..errors import error_message, stream_error_status
 
@@ -19,34 +25,98 @@ COMPLETION_PATH = "/completion"
 STOP_TYPES = {"stop": "eos", "length": "limit", "abort": "none"}
 
 
-def completion_body(input_ids: Sequence[int], s: SamplingParams) -> dict[str, Any]:
-    """A ``/completion`` request with every sampler set (neutral unless asked)."""
-    return {
-        "prompt": input_ids,
-        "n_predict": s.max_new_tokens,
-        "temperature": s.temperature,
-        "top_k": s.top_k if s.top_k > 0 else 0,  # 0: the whole vocabulary
-        "top_p": s.top_p,
-        "min_p": s.min_p,
-        "typical_p": 1.0,
-        "dynatemp_range": 0.0,
-        "repeat_penalty": 1.0,
-        "repeat_last_n": 0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "dry_multiplier": 0.0,
-        "xtc_probability": 0.0,
-        "mirostat": 0,
-        "min_keep": 0,
-        "seed": s.seed if s.seed is not None else -1,
-        "ignore_eos": False,
-        "stop": [],
-        "n_probs": 1,
-        "post_sampling_probs": False,
-        "return_tokens": True,
-        "stream": True,
-        "cache_prompt": True,
-    }
+@attrs.frozen
+class CompletionRequest:
+    """A ``POST /completion`` body: the fields we send, with llama.cpp's defaults when absent.
+
+    :meth:`of` is the client's request (every sampler set, neutral unless asked: the
+    server's defaults are not); the simulated server reads any body into this class.
+    Unknown fields are tolerated (llama.cpp has many more). ``prompt`` is token ids
+    (a text prompt is llama.cpp's, but not ours to send).
+    """
+
+    prompt: TokenIds | str
+    n_predict: int = attrs.field(default=-1, validator=at_least(-1))  # -1: until the context is full
+    temperature: float = attrs.field(default=0.8, validator=at_least(0.0))
+    top_k: int = 40
+    top_p: float = attrs.field(default=0.95, validator=at_least(0.0))
+    min_p: float = attrs.field(default=0.05, validator=at_least(0.0))
+    typical_p: float = 1.0
+    dynatemp_range: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    dry_multiplier: float = 0.0
+    xtc_probability: float = 0.0
+    mirostat: int = 0
+    min_keep: int = 0
+    seed: int = -1  # -1: random
+    ignore_eos: bool | None = None  # None: not sent (the server's setting)
+    stop: list[str] = attrs.field(factory=list)
+    n_probs: int = attrs.field(default=0, validator=at_least(0))
+    post_sampling_probs: bool = False
+    return_tokens: bool = False
+    stream: bool = False
+    cache_prompt: bool = True
+
+    @classmethod
+    def of(cls, input_ids: array[int], s: SamplingParams) -> CompletionRequest:
+        """Our streamed request for ``input_ids``: sampled as ``s`` asks, every other sampler off."""
+        return cls(
+            prompt=TokenIds(input_ids),
+            n_predict=s.max_new_tokens,
+            temperature=s.temperature,
+            top_k=s.top_k if s.top_k > 0 else 0,  # 0: the whole vocabulary
+            top_p=s.top_p,
+            min_p=s.min_p,
+            repeat_last_n=0,
+            seed=s.seed if s.seed is not None else -1,
+            ignore_eos=False,
+            n_probs=1,
+            return_tokens=True,
+            stream=True,
+        )
+
+
+@attrs.frozen
+class CompletionTimings:
+    prompt_n: int
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_second: float
+    #: Prompt tokens taken from the cache (read by :class:`LlamaCppStreamParser`).
+    cache_n: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class CompletionResult:
+    """A whole completion, or the final event of a stream (``stop: true``), in llama.cpp's key order.
+
+    :class:`LlamaCppStreamParser` reads ``tokens``, ``stop``, ``stop_type`` and
+    ``timings.cache_n`` of it. ``completion_probabilities`` (present with ``n_probs``
+    on a whole completion) stays plain JSON, as the entries of the per-token events do.
+    """
+
+    __wire_omit_if_default__ = ("completion_probabilities",)
+
+    index: int = 0
+    content: str
+    tokens: list[int]
+    id_slot: int = 0
+    stop: bool = True
+    model: str
+    tokens_predicted: int
+    tokens_evaluated: int
+    generation_settings: dict[str, Any]
+    prompt: str
+    has_new_line: bool
+    truncated: bool = False
+    stop_type: str
+    stopping_word: str = ""
+    tokens_cached: int = 0
+    timings: CompletionTimings
+    completion_probabilities: list[dict[str, Any]] | None = None
 
 
 def _entry_logprob(entry: object, token: int) -> float:

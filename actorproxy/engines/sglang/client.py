@@ -21,11 +21,21 @@ from typing import Any
 
 import trio
 
+from ...wire.converter import CONVERTER, TokenIds
 from ..base import ROUTING_HEADER, BackendError, GenerateRequest, GenerationEvent, ModelInfo, SamplingParams, new_rid
 from ..client_base import VersionedConnection, VersionedGeneration, first_model_card
 from ..connection import EngineResponse, post_quietly, post_stream, request_json
 from ..errors import check_status
-from .protocol import ABORT_PATH, GENERATE_PATH, SGLangStreamParser, sampling_body
+from .protocol import (
+    ABORT_PATH,
+    GENERATE_PATH,
+    AbortReq,
+    GenerateReqInput,
+    PauseGenerationReq,
+    PauseMode,
+    SGLangSamplingParams,
+    SGLangStreamParser,
+)
 
 
 class SGLangGeneration(VersionedGeneration[SGLangStreamParser, "SGLangBackend"]):
@@ -40,19 +50,19 @@ class SGLangGeneration(VersionedGeneration[SGLangStreamParser, "SGLangBackend"])
     async def _open(self) -> EngineResponse:
         self._backend.running.add(self.rid)
         req = self._request
-        body: dict[str, Any] = {
-            "rid": req.rid,
-            "input_ids": req.input_ids,
-            "stream": True,
-            "sampling_params": sampling_body(req.sampling),
-            "return_logprob": True,
-            "logprob_start_len": -1,
-            "top_logprobs_num": 0,
-        }
-        if req.return_routed_experts and self._backend.options.routed_experts:
-            body["return_routed_experts"] = True
+        body = GenerateReqInput(
+            rid=req.rid,
+            input_ids=TokenIds(req.input_ids),
+            stream=True,
+            sampling_params=SGLangSamplingParams.of(req.sampling),
+            return_logprob=True,
+            logprob_start_len=-1,
+            top_logprobs_num=0,
+            return_routed_experts=req.return_routed_experts and self._backend.options.routed_experts,
+        )
         headers = {ROUTING_HEADER: req.routing_key} if req.routing_key else {}
-        response = await post_stream(self._client, self._backend.url(GENERATE_PATH), body, headers)
+        url = self._backend.url(GENERATE_PATH)
+        response = await post_stream(self._client, url, CONVERTER.unstructure(body), headers)
         await check_status(response, self.what)
         return response
 
@@ -87,21 +97,22 @@ class SGLangBackend(VersionedConnection):
         """
         if self.options.abort_all:
             return await self.batcher.abort([rid])
-        return await self._post_abort({"rid": rid, "abort_all": False})
+        return await self._post_abort(AbortReq(rid))
 
-    async def _post_abort(self, body: dict[str, Any]) -> bool:
+    async def _post_abort(self, abort: AbortReq) -> bool:
         self.abort_calls += 1
+        body = CONVERTER.unstructure(abort)
         status = await post_quietly(self.control, self.url(ABORT_PATH), body, "SGLang abort")
         return status is not None and status < 400
 
     async def _abort_batch(self, rids: list[str]) -> Collection[str]:
         if len(rids) > 1 and self.running <= set(rids):
             # Everything this proxy runs on the engine: SGLang stops it all in one call.
-            return rids if await self._post_abort({"rid": "", "abort_all": True}) else ()
+            return rids if await self._post_abort(AbortReq("", abort_all=True)) else ()
         acknowledged: list[str] = []
 
         async def one(rid: str) -> None:
-            if await self._post_abort({"rid": rid, "abort_all": False}):
+            if await self._post_abort(AbortReq(rid)):
                 acknowledged.append(rid)
 
         async with trio.open_nursery() as nursery:
@@ -140,16 +151,17 @@ class SGLangBackend(VersionedConnection):
 
     async def prompt_logprobs(self, input_ids: array[int]) -> list[float | None]:
         """A prefill-only ``/generate`` (``max_new_tokens: 0``, ``logprob_start_len: 0``)."""
-        body = {
-            "rid": new_rid(),
-            "input_ids": input_ids,
-            "stream": False,
-            "sampling_params": sampling_body(SamplingParams(max_new_tokens=0)),
-            "return_logprob": True,
-            "logprob_start_len": 0,
-            "top_logprobs_num": 0,
-        }
-        out = await request_json(self.http, "POST", self.url(GENERATE_PATH), "SGLang prompt logprobs", body=body)
+        body = GenerateReqInput(
+            rid=new_rid(),
+            input_ids=TokenIds(input_ids),
+            stream=False,
+            sampling_params=SGLangSamplingParams.of(SamplingParams(max_new_tokens=0)),
+            return_logprob=True,
+            logprob_start_len=0,
+            top_logprobs_num=0,
+        )
+        url, what = self.url(GENERATE_PATH), "SGLang prompt logprobs"
+        out = await request_json(self.http, "POST", url, what, body=CONVERTER.unstructure(body))
         if isinstance(out, list) and len(out) == 1:
             out = out[0]
         meta = out.get("meta_info") if isinstance(out, Mapping) else None
@@ -163,9 +175,10 @@ class SGLangBackend(VersionedConnection):
         return result
 
 
-    async def pause(self, mode: str = "abort") -> None:
+    async def pause(self, mode: PauseMode = "abort") -> None:
         """``POST /pause_generation``: ``abort``, ``retract`` or ``in_place``."""
-        await request_json(self.http, "POST", self.url("/pause_generation"), "SGLang pause", body={"mode": mode})
+        body = CONVERTER.unstructure(PauseGenerationReq(mode))
+        await request_json(self.http, "POST", self.url("/pause_generation"), "SGLang pause", body=body)
 
     async def continue_generation(self) -> None:
         await request_json(self.http, "POST", self.url("/continue_generation"), "SGLang continue", body={})

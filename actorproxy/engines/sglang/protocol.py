@@ -1,15 +1,22 @@
 """SGLang's native ``/generate`` wire format, shared by the client and the simulated routes.
 
-The request's ``sampling_params`` (:func:`sampling_body`), the finish reason as SGLang
-writes it (:func:`finish_reason_json`) and the sans-IO reader of a ``/generate`` stream
-(:class:`SGLangStreamParser`: cumulative or incremental events).
+The request bodies (:class:`GenerateReqInput` with its :class:`SGLangSamplingParams`,
+:class:`AbortReq`, :class:`PauseGenerationReq`): the client builds them with every
+field explicit, the simulated server structures any body into them with the wire
+converter. The finish reason as SGLang writes it (:func:`finish_reason_json`) and the
+sans-IO reader of a ``/generate`` stream (:class:`SGLangStreamParser`: cumulative or
+incremental events).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
+import attrs
+
+from ...wire.converter import TokenIds, at_least
 from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams, WeightVersionSpan
 from ..deltas import DEFAULT_VERSION, parse_spans, token_deltas, version_at
 from ..errors import http_status, stream_error_status
@@ -18,27 +25,86 @@ GENERATE_PATH = "/generate"
 ABORT_PATH = "/abort_request"
 
 
-def sampling_body(s: SamplingParams) -> dict[str, Any]:
-    """SGLang ``sampling_params`` with every field we rely on set explicitly."""
-    body: dict[str, Any] = {
-        "max_new_tokens": s.max_new_tokens,  # the server default is 128
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "top_k": s.top_k,
-        "min_p": s.min_p,
-        "frequency_penalty": 0.0,
-        "presence_penalty": 0.0,
-        "repetition_penalty": 1.0,
-        "min_new_tokens": 0,
-        "stop": [],
-        "stop_token_ids": list(s.stop_token_ids),
-        "skip_special_tokens": False,
-        "no_stop_trim": True,
-        "ignore_eos": False,
-    }
-    if s.seed is not None:  # only newer builds know it: send it only when asked
-        body["sampling_seed"] = s.seed
-    return body
+@attrs.frozen(kw_only=True)
+class SGLangSamplingParams:
+    """SGLang's ``sampling_params``, with SGLang's defaults (``max_new_tokens``: 128) when absent.
+
+    :meth:`of` sets every field we rely on. ``sampling_seed`` is sent only when asked:
+    only newer builds know it.
+    """
+
+    __wire_omit_if_default__ = ("sampling_seed",)
+
+    max_new_tokens: int = attrs.field(default=128, validator=at_least(0))
+    temperature: float = attrs.field(default=1.0, validator=at_least(0.0))
+    top_p: float = attrs.field(default=1.0, validator=at_least(0.0))
+    top_k: int = -1
+    min_p: float = attrs.field(default=0.0, validator=at_least(0.0))
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    ignore_eos: bool | None = None  # None: not sent (the server's setting)
+    sampling_seed: int | None = None
+
+    @classmethod
+    def of(cls, s: SamplingParams) -> SGLangSamplingParams:
+        return cls(
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            stop=[],
+            stop_token_ids=list(s.stop_token_ids),
+            skip_special_tokens=False,
+            no_stop_trim=True,
+            ignore_eos=False,
+            sampling_seed=s.seed,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class GenerateReqInput:
+    """A ``POST /generate`` body (SGLang's ``GenerateReqInput``, the fields we use).
+
+    We send ``input_ids`` (token in, token out), never ``text``; ``logprob_start_len``
+    ``-1`` asks for output logprobs only, ``0`` for the prompt's too.
+    """
+
+    __wire_omit_if_default__ = ("text", "return_routed_experts")
+
+    input_ids: TokenIds = attrs.field(factory=lambda: TokenIds(array("i")))
+    text: str | list[str] | None = None
+    rid: str | None = None
+    stream: bool = False
+    sampling_params: SGLangSamplingParams | None = None
+    return_logprob: bool = False
+    logprob_start_len: int = attrs.field(default=-1, validator=at_least(-1))
+    top_logprobs_num: int = attrs.field(default=0, validator=at_least(0))
+    return_routed_experts: bool = False
+
+
+@attrs.frozen
+class AbortReq:
+    """``POST /abort_request``: stop the requests whose rid starts with ``rid`` (every one with ``abort_all``)."""
+
+    rid: str = ""
+    abort_all: bool = False
+
+
+PauseMode = Literal["abort", "retract", "in_place"]
+
+
+@attrs.frozen
+class PauseGenerationReq:
+    """``POST /pause_generation``: drop the running requests (``abort``) or keep them for later."""
+
+    mode: PauseMode = "abort"
 
 
 class SGLangStreamParser:

@@ -8,18 +8,27 @@ SGLang's ``/generate`` answers a ``ValueError``.
 from __future__ import annotations
 
 import uuid
-from array import array
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from http import HTTPStatus
 from typing import Any
 
 import attrs
 from quart import Blueprint, Response, request
 
+from ...errors import BadRequest
 from ...sim import wire
 from ...sim.state import Chunk, SimState, check_sampling, collect, run_generation
 from ..base import ROUTING_HEADER, BackendError, GenerateFinish, GenerateRequest, SamplingParams
-from .protocol import ABORT_PATH, GENERATE_PATH, finish_reason_json
+from .protocol import (
+    ABORT_PATH,
+    GENERATE_PATH,
+    AbortReq,
+    GenerateReqInput,
+    PauseGenerationReq,
+    SGLangSamplingParams,
+    finish_reason_json,
+)
 
 
 @attrs.frozen
@@ -39,42 +48,46 @@ def _error(message: str, status: int = 400) -> Response:
     return wire.json_response({"error": {"message": message}}, status)
 
 
-def _parse(state: SimState, body: dict[str, Any]) -> tuple[GenerateRequest, _Options]:
-    if body.get("input_ids") is None:
-        if body.get("text") is not None:
+def _invalid(exc: BadRequest) -> Response:
+    # A body SGLang's request model refuses: its validation handler's ``ErrorResponse``, 400.
+    status = HTTPStatus(exc.status)
+    body = {"object": "error", "message": exc.message, "type": status.phrase, "param": exc.param, "code": exc.status}
+    return wire.json_response(body, exc.status)
+
+
+def _parse(state: SimState, body: GenerateReqInput) -> tuple[GenerateRequest, _Options]:
+    if not body.input_ids:
+        if body.text is not None:
             raise wire.BadField("'text' is not supported: the simulated engine is token-in only; send 'input_ids'")
         raise wire.BadField("Either text, input_ids or input_embeds should be provided.")
-    ids = wire.token_prompt(body, "input_ids", vocab_size=state.engine.tokenizer.vocab_size)
-    params = wire.section(body, "sampling_params")
-    check_sampling(state, params)
-    seed = wire.opt_int(params, "sampling_seed")
+    ids = wire.token_prompt(body.input_ids, "input_ids", vocab_size=state.engine.tokenizer.vocab_size)
+    params = body.sampling_params or SGLangSamplingParams()
+    check_sampling(state, params.stop, params.ignore_eos)
     sampling = SamplingParams(
-        max_new_tokens=wire.int_field(params, "max_new_tokens", 128, minimum=0),
-        temperature=wire.float_field(params, "temperature", 1.0, minimum=0.0),
-        top_p=wire.float_field(params, "top_p", 1.0, minimum=0.0),
-        top_k=wire.int_field(params, "top_k", -1),
-        min_p=wire.float_field(params, "min_p", 0.0, minimum=0.0),
-        stop_token_ids=tuple(wire.ids_field(params, "stop_token_ids") or ()),
-        seed=seed if seed is not None else wire.opt_int(params, "seed"),
+        max_new_tokens=params.max_new_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        stop_token_ids=tuple(params.stop_token_ids or ()),
+        seed=params.sampling_seed,
     )
-    experts = wire.bool_field(body, "return_routed_experts", False)
-    if experts and not state.settings.enable_return_routed_experts:
+    if body.return_routed_experts and not state.settings.enable_return_routed_experts:
         raise wire.BadField("return_routed_experts needs the server flag --enable-return-routed-experts")
-    rid = wire.str_field(body, "rid") or uuid.uuid4().hex
     generate = GenerateRequest(
-        array("i", ids),
+        ids,
         sampling,
-        rid=rid,
+        rid=body.rid or uuid.uuid4().hex,
         routing_key=request.headers.get(ROUTING_HEADER),
-        return_routed_experts=experts,
+        return_routed_experts=body.return_routed_experts,
     )
     options = _Options(
-        stream=wire.bool_field(body, "stream", False),
-        return_logprob=wire.bool_field(body, "return_logprob", False),
-        logprob_start_len=wire.int_field(body, "logprob_start_len", -1, minimum=-1),
-        top_logprobs_num=wire.int_field(body, "top_logprobs_num", 0, minimum=0),
-        skip_special=wire.bool_field(params, "skip_special_tokens", True),
-        no_stop_trim=wire.bool_field(params, "no_stop_trim", False),
+        stream=body.stream,
+        return_logprob=body.return_logprob,
+        logprob_start_len=body.logprob_start_len,
+        top_logprobs_num=body.top_logprobs_num,
+        skip_special=params.skip_special_tokens,
+        no_stop_trim=params.no_stop_trim,
         max_new_tokens=sampling.max_new_tokens,
     )
     return generate, options
@@ -168,11 +181,11 @@ async def _stream(
 
 def sglang_blueprint(state: SimState) -> Blueprint:
     """SGLang's routes: generate, abort, weight version, pause/continue, model info."""
-    bp = wire.engine_blueprint("sglang", __name__, _error)
+    bp = wire.engine_blueprint("sglang", __name__, _error, _invalid)
 
     @bp.post(GENERATE_PATH)
     async def generate() -> Response:
-        req, options = _parse(state, await wire.read_object())
+        req, options = _parse(state, await wire.read_body(GenerateReqInput))
         if not options.stream:  # a stream reports these as an error event, as SGLang does
             state.check_new(req)
         if state.faults.take_failure():
@@ -190,10 +203,10 @@ def sglang_blueprint(state: SimState) -> Blueprint:
 
     @bp.post(ABORT_PATH)
     async def abort_request() -> Response:
-        body = await wire.read_object()
+        abort = await wire.read_body(AbortReq)
         state.abort_calls += 1
         await state.faults.abort_wait()
-        state.abort_prefix(wire.str_field(body, "rid") or "", abort_all=wire.bool_field(body, "abort_all", False))
+        state.abort_prefix(abort.rid, abort_all=abort.abort_all)
         return Response("", status=200)
 
     @bp.get("/get_model_info")
@@ -214,12 +227,9 @@ def sglang_blueprint(state: SimState) -> Blueprint:
 
     @bp.post("/pause_generation")
     async def pause_generation() -> Response:
-        body = await wire.read_object(optional=True)
-        mode = wire.str_field(body, "mode") or "abort"
-        if mode not in ("abort", "retract", "in_place"):
-            raise wire.BadField(f"mode must be abort, retract or in_place, got {mode!r}")
+        pause = await wire.read_body(PauseGenerationReq, optional=True)
         state.gate.close()
-        if mode == "abort":  # SGLang returns once the running requests are gone
+        if pause.mode == "abort":  # SGLang returns once the running requests are gone
             state.abort_matching(lambda names: True)
             await state.wait_idle()
         else:  # the running requests keep their state and go on after /continue_generation

@@ -26,11 +26,22 @@ from array import array
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from ...wire.converter import CONVERTER, TokenIds
 from ..base import ROUTING_HEADER, BackendError, GenerateRequest, ModelInfo, SamplingParams, new_rid
 from ..client_base import VersionedConnection, VersionedGeneration, first_model_card
 from ..connection import EngineResponse, post_quietly, post_stream, request_json
 from ..errors import check_status, discard
-from .protocol import ABORT_PATHS, GENERATE_PATH, Api, VLLMStreamParser, sampling_body
+from .protocol import (
+    ABORT_PATHS,
+    GENERATE_PATH,
+    AbortRequests,
+    Api,
+    CompletionRequest,
+    GenerateTokensRequest,
+    SamplingFields,
+    StreamOptions,
+    VLLMStreamParser,
+)
 
 
 class VLLMGeneration(VersionedGeneration[VLLMStreamParser, "VLLMBackend"]):
@@ -72,31 +83,20 @@ class VLLMGeneration(VersionedGeneration[VLLMStreamParser, "VLLMBackend"]):
 
     def _generate_body(self) -> dict[str, Any]:
         req = self._request
-        return {
-            "request_id": req.rid,
-            "token_ids": req.input_ids,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "sampling_params": sampling_body(req.sampling),
-        }
+        body = GenerateTokensRequest(
+            token_ids=TokenIds(req.input_ids),
+            request_id=req.rid,
+            stream=True,
+            stream_options=StreamOptions(include_usage=True),
+            sampling_params=SamplingFields.of(req.sampling),
+        )
+        return CONVERTER.unstructure(body)  # type: ignore[no-any-return]
 
     async def _completions_body(self) -> dict[str, Any]:
         req = self._request
-        body = sampling_body(req.sampling)
-        body.update(
-            prompt=req.input_ids,
-            request_id=req.rid,
-            n=1,
-            echo=False,
-            return_token_ids=True,
-            return_tokens_as_token_ids=True,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
         model = await self._backend.served_model()
-        if model is not None:
-            body["model"] = model
-        return body
+        body = CompletionRequest.of_tokens(req.input_ids, req.sampling, rid=req.rid, model=model)
+        return CONVERTER.unstructure(body)  # type: ignore[no-any-return]
 
     async def _send_abort(self) -> bool:
         # The engine's ids: the API prefixes ours ("generate-tokens-" / "cmpl-" + "-0").
@@ -171,7 +171,8 @@ class VLLMBackend(VersionedConnection):
         paths = [self._abort_path] if self._abort_path else list(ABORT_PATHS)
         for path in paths:
             self.abort_calls += 1
-            status = await post_quietly(self.control, self.url(path), {"request_ids": list(request_ids)}, "vLLM abort")
+            body = CONVERTER.unstructure(AbortRequests(list(request_ids)))
+            status = await post_quietly(self.control, self.url(path), body, "vLLM abort")
             if status is None:
                 return False
             if status < 400:
@@ -184,17 +185,21 @@ class VLLMBackend(VersionedConnection):
 
     async def prompt_logprobs(self, input_ids: array[int]) -> list[float | None]:
         """Non-streamed, one token, ``prompt_logprobs: 1``; entry 0 is ``None``."""
-        sampling = sampling_body(SamplingParams(max_new_tokens=1))
-        sampling.update(prompt_logprobs=1, logprobs=None)
+        one = SamplingParams(max_new_tokens=1)
         if self.api == "generate":
-            body: dict[str, Any] = {"request_id": new_rid(), "token_ids": input_ids, "stream": False}
-            body["sampling_params"] = sampling
+            sampling = SamplingFields.of(one, logprobs=None, prompt_logprobs=1)
+            generate = GenerateTokensRequest(
+                token_ids=TokenIds(input_ids), request_id=new_rid(), sampling_params=sampling
+            )
+            body = CONVERTER.unstructure(generate)
             out = await request_json(self.http, "POST", self.url(GENERATE_PATH), "vLLM prompt logprobs", body=body)
             entries = out.get("prompt_logprobs") if isinstance(out, Mapping) else None
         else:
-            body = {**sampling, "prompt": input_ids, "stream": False}
-            if (model := await self.served_model()) is not None:
-                body["model"] = model
+            model = await self.served_model()
+            completion = CompletionRequest.of_tokens(
+                input_ids, one, rid=new_rid(), model=model, stream=False, prompt_logprobs=1
+            )
+            body = CONVERTER.unstructure(completion)
             out = await request_json(self.http, "POST", self.url("/v1/completions"), "vLLM prompt logprobs", body=body)
             choices = out.get("choices") if isinstance(out, Mapping) else None
             entries = choices[0].get("prompt_logprobs") if isinstance(choices, list) and choices else None

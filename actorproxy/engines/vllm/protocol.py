@@ -1,9 +1,12 @@
 """vLLM's token wire formats, shared by the client and the simulated routes.
 
-The explicit ``sampling_params`` (:func:`sampling_body`), routed experts as ``.npy``
-(written by :func:`npy_base64`, read by :func:`npy_to_int32_b64`), both logprob shapes
-(:func:`read_logprobs`) and the sans-IO reader of a generate or completions stream
-(:class:`VLLMStreamParser`).
+The request bodies (:class:`GenerateTokensRequest` for ``/inference/v1/generate``,
+:class:`CompletionRequest` for ``/v1/completions``, :class:`SamplingFields` in both,
+:class:`AbortRequests`): the client builds them with every field explicit, the
+simulated server structures any body into them with the wire converter. Routed
+experts as ``.npy`` (written by :func:`npy_base64`, read by :func:`npy_to_int32_b64`),
+both logprob shapes (:func:`read_logprobs`) and the sans-IO reader of a generate or
+completions stream (:class:`VLLMStreamParser`).
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ import struct
 import sys
 from array import array
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
+import attrs
+
+from ...wire.converter import TokenIds, at_least
 from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams, WeightVersionSpan
 from ..deltas import DEFAULT_VERSION, parse_spans, token_deltas, version_at
 from ..errors import error_message, stream_error_status
@@ -27,8 +33,43 @@ ABORT_PATHS = ("/inference/v1/abort_requests", "/abort_requests")
 _NPY_TYPES = {"u1": "B", "i1": "b", "u2": "H", "i2": "h", "u4": "I", "i4": "i", "u8": "Q", "i8": "q"}
 
 
-def sampling_body(s: SamplingParams) -> dict[str, Any]:
-    """vLLM sampling fields, all explicit (``max_tokens`` defaults to 16 on the server)."""
+@attrs.frozen(kw_only=True)
+class SamplingFields:
+    """vLLM's sampling fields: ``sampling_params`` of the generate API, top-level fields of completions.
+
+    Defaults are vLLM's (``max_tokens``: ``None``, the server's own: 16 for completions,
+    the room left in the context for generate). :meth:`of` sets every field we rely on.
+    """
+
+    __wire_omit_if_default__: ClassVar[tuple[str, ...]] = ("prompt_logprobs",)
+
+    max_tokens: int | None = attrs.field(default=None, validator=at_least(1))  # vLLM refuses 0
+    temperature: float = attrs.field(default=1.0, validator=at_least(0.0))
+    top_p: float = attrs.field(default=1.0, validator=at_least(0.0))
+    top_k: int = 0  # 0 or -1: the whole vocabulary
+    min_p: float = attrs.field(default=0.0, validator=at_least(0.0))
+    seed: int | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    #: ``0``: the sampled token's logprob only; ``None``: none.
+    logprobs: int | None = attrs.field(default=None, validator=at_least(-1))
+    prompt_logprobs: int | None = attrs.field(default=None, validator=at_least(-1))
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool | None = None  # None: not sent (the server's setting)
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @classmethod
+    def of(cls, s: SamplingParams, *, logprobs: int | None = 0, prompt_logprobs: int | None = None) -> SamplingFields:
+        """Sampled as ``s`` asks, every other field explicit (``max_tokens`` defaults to 16 on the server)."""
+        return cls(**_sampling(s, logprobs=logprobs, prompt_logprobs=prompt_logprobs))
+
+
+def _sampling(s: SamplingParams, *, logprobs: int | None, prompt_logprobs: int | None) -> dict[str, Any]:
     return {
         "max_tokens": s.max_new_tokens,
         "temperature": s.temperature,
@@ -36,15 +77,82 @@ def sampling_body(s: SamplingParams) -> dict[str, Any]:
         "top_k": s.top_k,
         "min_p": s.min_p,
         "seed": s.seed,
+        "stop": [],
         "stop_token_ids": list(s.stop_token_ids),
-        "logprobs": 0,  # the sampled token's logprob only
+        "logprobs": logprobs,
+        "prompt_logprobs": prompt_logprobs,
         "skip_special_tokens": False,
         "ignore_eos": False,
-        "min_tokens": 0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "repetition_penalty": 1.0,
     }
+
+
+@attrs.frozen
+class StreamOptions:
+    include_usage: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class GenerateTokensRequest:
+    """A ``POST /inference/v1/generate`` body (token ids in, token ids out)."""
+
+    __wire_omit_if_default__ = ("stream_options",)
+
+    token_ids: TokenIds
+    request_id: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    sampling_params: SamplingFields | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CompletionRequest(SamplingFields):
+    """A ``POST /v1/completions`` body: the sampling fields at the top level, a token-id ``prompt``.
+
+    A text prompt is vLLM's but not ours to send.
+    """
+
+    __wire_omit_if_default__ = ("prompt_logprobs", "model", "stream_options", "routed_experts_prompt_start")
+
+    prompt: TokenIds | str
+    model: str | None = None
+    request_id: str | None = None
+    echo: bool = False
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    #: The first prompt position whose routed experts are returned.
+    routed_experts_prompt_start: int = attrs.field(default=0, validator=at_least(0))
+
+    @classmethod
+    def of_tokens(
+        cls,
+        input_ids: array[int],
+        s: SamplingParams,
+        *,
+        rid: str,
+        model: str | None,
+        stream: bool = True,
+        prompt_logprobs: int | None = None,
+    ) -> CompletionRequest:
+        """Our completion of ``input_ids``: token ids back, named by id (``return_tokens_as_token_ids``)."""
+        return cls(
+            **_sampling(s, logprobs=None if prompt_logprobs else 0, prompt_logprobs=prompt_logprobs),
+            prompt=TokenIds(input_ids),
+            model=model,
+            request_id=rid,
+            return_token_ids=True,
+            return_tokens_as_token_ids=True,
+            stream=stream,
+            stream_options=StreamOptions(include_usage=True) if stream else None,
+        )
+
+
+@attrs.frozen
+class AbortRequests:
+    """``POST /inference/v1/abort_requests`` (and the RL ``/abort_requests``): engine request ids."""
+
+    request_ids: list[str] | None = None
 
 
 def npy_to_int32_b64(text: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import time
 import uuid
-from array import array
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -19,10 +18,18 @@ from typing import Any
 import attrs
 from quart import Blueprint, Response, request
 
+from ...errors import BadRequest
 from ...sim import wire
 from ...sim.state import Chunk, SimState, check_sampling, collect, default_max_tokens, run_generation
 from ..base import ROUTING_HEADER, BackendError, GenerateFinish, GenerateRequest, SamplingParams
-from .protocol import GENERATE_PATH, npy_base64
+from .protocol import (
+    GENERATE_PATH,
+    AbortRequests,
+    CompletionRequest,
+    GenerateTokensRequest,
+    SamplingFields,
+    npy_base64,
+)
 
 
 @attrs.frozen
@@ -42,39 +49,45 @@ class _Call:
     experts_start: int
 
 
-def _error(message: str, status: int = 400) -> Response:
+def _error(message: str, status: int = 400, param: str | None = None) -> Response:
     kinds = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
     kind = kinds.get(status, "InternalServerError")
-    return wire.json_response({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
+    return wire.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
 
 
-def _parse(state: SimState, body: dict[str, Any], *, completions: bool) -> _Call:
-    params = body if completions else wire.section(body, "sampling_params")
-    prompt_field = "prompt" if completions else "token_ids"
-    ids = wire.token_prompt(body, prompt_field, vocab_size=state.engine.tokenizer.vocab_size)
-    check_sampling(state, params)
-    if wire.int_field(params, "n", 1) != 1:
+def _invalid(exc: BadRequest) -> Response:
+    # vLLM answers a body its pydantic model refuses with a 400 naming the parameter.
+    return _error(exc.message, 400, exc.param)
+
+
+def _parse(state: SimState, body: CompletionRequest | GenerateTokensRequest) -> _Call:
+    completions = isinstance(body, CompletionRequest)
+    if isinstance(body, CompletionRequest):
+        params: SamplingFields = body
+        ids = wire.token_prompt(body.prompt, "prompt", vocab_size=state.engine.tokenizer.vocab_size)
+        if body.echo:
+            raise wire.BadField("echo is not supported by the simulated engine")
+    else:
+        params = body.sampling_params or SamplingFields()
+        ids = wire.token_prompt(body.token_ids, "token_ids", vocab_size=state.engine.tokenizer.vocab_size)
+    check_sampling(state, params.stop, params.ignore_eos)
+    if params.n != 1:
         raise wire.BadField("the simulated engine supports n=1 only")
-    if completions and wire.bool_field(body, "echo", False):
-        raise wire.BadField("echo is not supported by the simulated engine")
-    stream = wire.bool_field(body, "stream", False)
-    prompt_logprobs = wire.opt_int(params, "prompt_logprobs", minimum=-1)
-    if stream and prompt_logprobs is not None and prompt_logprobs != 0:
+    if body.stream and params.prompt_logprobs is not None and params.prompt_logprobs != 0:
         raise wire.BadField("`prompt_logprobs` are not available when `stream=True`.")
     default_max = 16 if completions else default_max_tokens(state, len(ids))
-    top_k = wire.int_field(params, "top_k", 0)
     sampling = SamplingParams(
-        max_new_tokens=wire.int_field(params, "max_tokens", default_max, minimum=1),  # vLLM refuses 0
-        temperature=wire.float_field(params, "temperature", 1.0, minimum=0.0),
-        top_p=wire.float_field(params, "top_p", 1.0, minimum=0.0),
-        top_k=-1 if top_k == 0 else top_k,
-        min_p=wire.float_field(params, "min_p", 0.0, minimum=0.0),
-        stop_token_ids=tuple(wire.ids_field(params, "stop_token_ids") or ()),
-        seed=wire.opt_int(params, "seed"),
+        max_new_tokens=default_max if params.max_tokens is None else params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=-1 if params.top_k == 0 else params.top_k,
+        min_p=params.min_p,
+        stop_token_ids=tuple(params.stop_token_ids or ()),
+        seed=params.seed,
     )
-    rid = wire.str_field(body, "request_id") or uuid.uuid4().hex
+    rid = body.request_id or uuid.uuid4().hex
     req = GenerateRequest(
-        array("i", ids),
+        ids,
         sampling,
         rid=rid,
         routing_key=request.headers.get(ROUTING_HEADER),
@@ -83,15 +96,15 @@ def _parse(state: SimState, body: dict[str, Any], *, completions: bool) -> _Call
     return _Call(
         req=req,
         response_id=("cmpl-" if completions else "generate-tokens-") + rid,
-        stream=stream,
-        include_usage=wire.bool_field(wire.section(body, "stream_options"), "include_usage", False),
-        logprobs=wire.opt_int(params, "logprobs", minimum=-1),
-        prompt_logprobs=prompt_logprobs,
-        skip_special=wire.bool_field(params, "skip_special_tokens", True),
-        include_stop=wire.bool_field(params, "include_stop_str_in_output", False),
-        return_token_ids=wire.bool_field(body, "return_token_ids", False) or not completions,
-        tokens_as_ids=wire.bool_field(body, "return_tokens_as_token_ids", False),
-        experts_start=wire.int_field(body, "routed_experts_prompt_start", 0, minimum=0),
+        stream=body.stream,
+        include_usage=body.stream_options is not None and body.stream_options.include_usage,
+        logprobs=params.logprobs,
+        prompt_logprobs=params.prompt_logprobs,
+        skip_special=params.skip_special_tokens,
+        include_stop=params.include_stop_str_in_output,
+        return_token_ids=body.return_token_ids if isinstance(body, CompletionRequest) else True,
+        tokens_as_ids=isinstance(body, CompletionRequest) and body.return_tokens_as_token_ids,
+        experts_start=body.routed_experts_prompt_start if isinstance(body, CompletionRequest) else 0,
     )
 
 
@@ -227,7 +240,8 @@ async def _stream(state: SimState, call: _Call, drop_after: int | None, *, compl
 
 
 async def _answer(state: SimState, *, completions: bool) -> Response:
-    call = _parse(state, await wire.read_object(), completions=completions)
+    kind: type[CompletionRequest | GenerateTokensRequest] = CompletionRequest if completions else GenerateTokensRequest
+    call = _parse(state, await wire.read_body(kind))
     state.check_new(call.req)
     if state.faults.take_failure():
         state.fail(call.req.rid, "vllm", call.stream, len(call.req.input_ids), "injected failure")
@@ -256,7 +270,7 @@ async def _answer(state: SimState, *, completions: bool) -> Response:
 
 def vllm_blueprint(state: SimState) -> Blueprint:
     """vLLM's routes: generate (if enabled), completions, aborts, pause/resume."""
-    bp = wire.engine_blueprint("vllm", __name__, _error)
+    bp = wire.engine_blueprint("vllm", __name__, _error, _invalid)
 
     if state.settings.vllm_generate_endpoint:
 
@@ -270,8 +284,8 @@ def vllm_blueprint(state: SimState) -> Blueprint:
 
     @bp.post("/inference/v1/abort_requests")
     async def abort_tokens_requests() -> Response:
-        ids = (await wire.read_object()).get("request_ids")
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        ids = (await wire.read_body(AbortRequests)).request_ids
+        if ids is None:
             raise wire.BadField("Missing 'request_ids' in request body")
         state.abort_calls += 1
         await state.faults.abort_wait()
@@ -280,9 +294,7 @@ def vllm_blueprint(state: SimState) -> Blueprint:
 
     @bp.post("/abort_requests")
     async def abort_requests() -> Response:
-        ids = (await wire.read_object(optional=True)).get("request_ids") or []
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            raise wire.BadField("'request_ids' must be a list of strings")
+        ids = (await wire.read_body(AbortRequests, optional=True)).request_ids or []
         state.abort_calls += 1
         await state.faults.abort_wait()
         count = state.abort_ids(ids) if ids else state.abort_matching(lambda names: True)
