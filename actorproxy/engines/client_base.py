@@ -6,7 +6,8 @@ backend and its request (every engine client's generation is one).
 aborts (SGLang, vLLM): it keeps the newest version any answer reported (tokens that
 carry none are stamped with it), counts its abort calls and gives control calls a
 connection pool of their own; its generations (:class:`VersionedGeneration`) keep that
-version up to date. :func:`first_model_card` reads ``GET /v1/models``.
+version up to date. :func:`first_model_card` reads ``GET /v1/models``; :func:`read_tolerantly`
+structures the answer of such an info call.
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 
+from ..errors import BadRequest
+from ..wire.converter import structure
 from .aborts import AbortBatcher
 from .base import GenerateRequest, GenerationEvent
 from .connection import EngineConnection, EngineOptions, request_json
 from .deltas import DEFAULT_VERSION
+from .shared_wire import ModelCard, ModelList
 from .streaming import P, StreamedGeneration
 
 B = TypeVar("B", bound=EngineConnection)
+T = TypeVar("T")
 
 
 class EngineGeneration(StreamedGeneration[P], Generic[P, B]):
@@ -71,8 +76,15 @@ class VersionedGeneration(EngineGeneration[P, V]):
         return events
 
 
-async def first_model_card(connection: EngineConnection, what: str) -> Mapping[str, Any]:
-    """The first model of ``GET /v1/models`` (``{}`` when the list is empty or malformed)."""
-    got = await request_json(connection.http, "GET", connection.url("/v1/models"), what)
-    data = got.get("data") if isinstance(got, Mapping) else None
-    return data[0] if isinstance(data, list) and data and isinstance(data[0], Mapping) else {}
+def read_tolerantly(answer: object, cls: type[T]) -> T:
+    """An info call's answer as ``cls``; an empty ``cls()`` when it is not one (these are read tolerantly)."""
+    try:
+        return structure(answer, cls)
+    except BadRequest:
+        return cls()
+
+
+async def first_model_card(connection: EngineConnection, what: str) -> ModelCard:
+    """The first model of ``GET /v1/models`` (an empty card when the list is empty or malformed)."""
+    models = read_tolerantly(await request_json(connection.http, "GET", connection.url("/v1/models"), what), ModelList)
+    return models.data[0] if models.data else ModelCard()

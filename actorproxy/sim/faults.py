@@ -20,14 +20,47 @@ A test (or ``POST /sim/faults``) arms faults; the routes consume them:
 from __future__ import annotations
 
 import math
-from typing import Any
 
+import attrs
 import trio
 
+from ..wire.converter import at_least, ours
 from .engine import SimEngine
-from .wire import BadField, bool_field, float_field, opt_int
 
 _STALL = "sim-fault-stall"
+
+
+@ours
+@attrs.frozen
+class FaultsUpdate:
+    """``POST /sim/faults``: the faults to arm; an absent field leaves its fault as it is.
+
+    ``clear`` first disarms everything; ``stall: true`` stalls until ``stall: false``
+    (or for ``stall_seconds``). The simulator's own protocol: unknown fields are refused.
+    """
+
+    clear: bool = False
+    fail_next: int | None = attrs.field(default=None, validator=at_least(0))
+    fail_next_parses: int | None = attrs.field(default=None, validator=at_least(0))
+    drop_after: int | None = attrs.field(default=None, validator=at_least(0))
+    abort_delay: float | None = attrs.field(default=None, validator=at_least(0.0))
+    unhealthy: bool | None = None
+    stall: bool | None = None
+    stall_seconds: float | None = attrs.field(default=None, validator=at_least(0.0))
+
+
+@attrs.frozen
+class FaultsSnapshot:
+    """The armed faults (``GET`` and ``POST /sim/faults``)."""
+
+    fail_next: int
+    fail_next_parses: int
+    drop_after: int | None
+    abort_delay: float
+    unhealthy: bool
+    stalled: bool
+    #: Seconds left of a timed stall (``None``: not stalled, or until cleared).
+    stall_remaining: float | None
 
 
 class DropConnection(Exception):
@@ -129,48 +162,37 @@ class SimFaults:
             if self._stall_until is not None and trio.current_time() >= self._stall_until:
                 self.clear_stall()
 
-    # -- JSON (``/sim/faults``) ---------------------------------------------------
+    # -- ``/sim/faults`` ----------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> FaultsSnapshot:
         remaining = None
         if self._stall_until is not None and self._stall_until != math.inf:
             remaining = max(0.0, self._stall_until - trio.current_time())
-        return {
-            "fail_next": self.fail_next,
-            "fail_next_parses": self.fail_parses,
-            "drop_after": self.drop_after,
-            "abort_delay": self.abort_delay,
-            "unhealthy": self.unhealthy,
-            "stalled": self.stalled,
-            "stall_remaining": remaining,
-        }
+        return FaultsSnapshot(
+            fail_next=self.fail_next,
+            fail_next_parses=self.fail_parses,
+            drop_after=self.drop_after,
+            abort_delay=self.abort_delay,
+            unhealthy=self.unhealthy,
+            stalled=self.stalled,
+            stall_remaining=remaining,
+        )
 
-    def apply(self, body: dict[str, Any]) -> None:
-        """Apply ``{"clear", "fail_next", "fail_next_parses", "drop_after", "abort_delay", "unhealthy",
-        "stall", "stall_seconds"}``.
-
-        ``stall: true`` stalls until ``stall: false`` (or for ``stall_seconds``);
-        ``clear: true`` first disarms everything. Unknown keys are refused.
-        """
-        known = {
-            "clear", "fail_next", "fail_next_parses", "drop_after", "abort_delay", "unhealthy", "stall", "stall_seconds"
-        }
-        if unknown := set(body) - known:
-            raise BadField(f"unknown fault keys {sorted(unknown)}; known: {sorted(known)}")
-        if bool_field(body, "clear", False):
+    def apply(self, update: FaultsUpdate) -> None:
+        """Arm (or disarm) what ``update`` names."""
+        if update.clear:
             self.clear()
-        if (fail := opt_int(body, "fail_next", minimum=0)) is not None:
-            self.fail_next_requests(fail)
-        if (parses := opt_int(body, "fail_next_parses", minimum=0)) is not None:
-            self.fail_next_parses(parses)
-        if (after := opt_int(body, "drop_after", minimum=0)) is not None:
-            self.drop_next_stream(after)
-        if "abort_delay" in body:
-            self.delay_aborts(float_field(body, "abort_delay", 0.0, minimum=0.0))
-        if body.get("unhealthy") is not None:
-            self.unhealthy = bool_field(body, "unhealthy", False)
-        seconds = float_field(body, "stall_seconds", -1.0, minimum=0.0) if "stall_seconds" in body else None
-        if body.get("stall") is False:
+        if update.fail_next is not None:
+            self.fail_next_requests(update.fail_next)
+        if update.fail_next_parses is not None:
+            self.fail_next_parses(update.fail_next_parses)
+        if update.drop_after is not None:
+            self.drop_next_stream(update.drop_after)
+        if update.abort_delay is not None:
+            self.delay_aborts(update.abort_delay)
+        if update.unhealthy is not None:
+            self.unhealthy = update.unhealthy
+        if update.stall is False:
             self.clear_stall()
-        elif body.get("stall") is True or seconds is not None:
-            self.stall(seconds)
+        elif update.stall is True or update.stall_seconds is not None:
+            self.stall(update.stall_seconds)

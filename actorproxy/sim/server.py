@@ -26,12 +26,15 @@ from werkzeug.exceptions import HTTPException
 from ..engines.llamacpp.sim_routes import llamacpp_blueprint
 from ..engines.sglang.sim_parse_routes import parse_blueprint
 from ..engines.sglang.sim_routes import sglang_blueprint
+from ..engines.shared_wire import ModelCard, ModelList, UpdateWeightVersionReqInput
 from ..engines.vllm.sim_routes import vllm_blueprint
+from ..errors import BadRequest
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
+from ..wire.converter import CONVERTER
 from .engine import SimEngine
-from .faults import DropConnection, SimFaults
+from .faults import DropConnection, FaultsUpdate, SimFaults
 from .state import RequestRecord, SimServerSettings, SimState
-from .wire import BadField, bool_field, json_response, read_object, str_field
+from .wire import BadField, json_response, read_body
 
 __all__ = [
     "RequestRecord", "RunningSim", "SimFaults", "SimServerSettings", "SimState",
@@ -78,6 +81,10 @@ def create_sim_app(engine: SimEngine, *, settings: SimServerSettings) -> QuartTr
     async def _bad(error: BadField) -> Response:
         return json_response({"error": {"message": error.message}}, error.status)
 
+    @app.errorhandler(BadRequest)
+    async def _invalid(error: BadRequest) -> Response:
+        return json_response({"error": {"message": error.message, "param": error.param}}, error.status)
+
     @app.errorhandler(HTTPException)
     async def _http(error: HTTPException) -> Response:
         return json_response({"detail": error.name}, error.code or 500)  # FastAPI's shape
@@ -97,17 +104,18 @@ def create_sim_app(engine: SimEngine, *, settings: SimServerSettings) -> QuartTr
     @app.get("/v1/models")
     async def models() -> Response:
         path = settings.model_path
-        card = {"id": path, "object": "model", "created": 0, "owned_by": "actorproxy-sim", "root": path,
-                "parent": None, "max_model_len": engine.config.max_model_len, "permission": []}
-        return json_response({"object": "list", "data": [card]})
+        card = ModelCard(
+            id=path, owned_by="actorproxy-sim", root=path, max_model_len=engine.config.max_model_len
+        )
+        return json_response(CONVERTER.unstructure(ModelList([card])))
 
     @app.post("/update_weight_version")
     async def update_weight_version() -> Response:
-        body = await read_object()
-        version = str_field(body, "new_version")
+        body = await read_body(UpdateWeightVersionReqInput)
+        version = body.new_version
         if not version:
-            raise BadField("'new_version' is required")
-        if bool_field(body, "abort_all_requests", False):
+            raise BadField("'new_version' must not be empty")
+        if body.abort_all_requests:
             state.abort_matching(lambda names: True)
         engine.set_weight_version(version)
         message = f"Weight version updated to {version}"
@@ -116,8 +124,8 @@ def create_sim_app(engine: SimEngine, *, settings: SimServerSettings) -> QuartTr
     @app.route("/sim/faults", methods=["GET", "POST"])
     async def faults() -> Response:
         if request.method == "POST":
-            state.faults.apply(await read_object())
-        return json_response(state.faults.snapshot())
+            state.faults.apply(await read_body(FaultsUpdate))
+        return json_response(CONVERTER.unstructure(state.faults.snapshot()))
 
     @app.get("/sim/requests")
     async def requests() -> Response:

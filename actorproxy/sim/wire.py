@@ -6,22 +6,28 @@ so client and simulated server share one schema. Unknown keys are tolerated, as
 the real servers do; a wrong type or value raises :class:`~actorproxy.errors.BadRequest`
 naming the field. What the engine would accept but the simulator cannot honour raises
 :class:`BadField`. Each engine's blueprint answers both in that engine's own error format.
+
+Replies that come once per request (a whole completion, a stream's final event, model
+info, the parsing endpoints' answers) are rendered from the protocol's attrs classes too.
+The per-token stream events stay plain dicts built in place: rendering one through an
+attrs class and the converter measured about 27 us more per event here (7 us to build
+the object, 24 us to unstructure it, against 4 us for the dict), more than half again
+what its JSON encoding costs (47 us), on every token of every stream.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from quart import Blueprint, Response, request
 
-from ..engines.base import BackendError
+from ..engines.base import BackendError, WeightVersionSpan
 from ..errors import BadRequest
 from ..tokenization.tokenizer import ChatTokenizer
-from ..wire.converter import TokenIds, structure
+from ..wire.converter import CONVERTER, TokenIds, structure
 
 T = TypeVar("T")
 
@@ -76,95 +82,20 @@ def sse(data: Any) -> bytes:
     return f"data: {body}\n\n".encode()
 
 
-async def read_body(cls: type[T], *, optional: bool = False) -> T:
-    """The request body as ``cls`` (the wire converter); :class:`BadRequest` naming what is wrong."""
-    try:
-        body = await read_object(optional=optional)
-    except BadField as exc:
-        raise BadRequest(exc.message) from None
-    return structure(body, cls)
-
-
-async def read_object(*, optional: bool = False) -> dict[str, Any]:
-    """The request body as a JSON object, else :class:`BadField`; ``optional``: empty is ``{}``."""
+async def read_json(*, optional: bool = False) -> Any:
+    """The request body's JSON, else :class:`BadRequest`; ``optional``: an empty body is ``{}``."""
     raw = await request.get_data(cache=False, as_text=False)
     if optional and not raw.strip():
         return {}
     try:
-        body = json.loads(raw) if raw else None
+        return json.loads(raw) if raw else None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise BadField(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadField("the request body must be a JSON object")
-    return body
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
 
 
-def section(body: Mapping[str, Any], name: str) -> dict[str, Any]:
-    """A nested object such as ``sampling_params``; missing or null is ``{}``."""
-    value = body.get(name)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise BadField(f"'{name}' must be an object")
-    return value
-
-
-def opt_int(body: Mapping[str, Any], name: str, *, minimum: int | None = None) -> int | None:
-    """An integer field, ``None`` when absent or null."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-        raise BadField(f"'{name}' must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise BadField(f"'{name}' must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def int_field(body: Mapping[str, Any], name: str, default: int, *, minimum: int | None = None) -> int:
-    value = opt_int(body, name, minimum=minimum)
-    return default if value is None else value
-
-
-def float_field(body: Mapping[str, Any], name: str, default: float, *, minimum: float | None = None) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadField(f"'{name}' must be a number, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise BadField(f"'{name}' must be >= {minimum}, got {value}")
-    return float(value)
-
-
-def bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise BadField(f"'{name}' must be a boolean, got {value!r}")
-    return value
-
-
-def str_field(body: Mapping[str, Any], name: str) -> str | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise BadField(f"'{name}' must be a string, got {value!r}")
-    return value
-
-
-def ids_field(body: Mapping[str, Any], name: str, *, vocab_size: int | None = None) -> list[int] | None:
-    """A list of token ids, or ``None`` when absent."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        raise BadField(f"'{name}' must be a list of token ids (integers)")
-    if any(i < 0 or (vocab_size is not None and i >= vocab_size) for i in value):
-        raise BadField(f"'{name}' holds a token id outside the vocabulary")
-    return value
+async def read_body(cls: type[T], *, optional: bool = False) -> T:
+    """The request body as ``cls`` (the wire converter); :class:`BadRequest` naming what is wrong."""
+    return structure(await read_json(optional=optional), cls)
 
 
 def token_prompt(prompt: TokenIds | str, name: str, *, vocab_size: int) -> array[int]:
@@ -214,20 +145,14 @@ def decode_text(tokenizer: ChatTokenizer, ids: Sequence[int], skip: frozenset[in
     return tokenizer.decode([i for i in ids if i not in skip])
 
 
-def int32_le(raw: bytes) -> array[int]:
-    """Little-endian int32 bytes as an ``array('i')``."""
-    values = array("i", raw)
-    if sys.byteorder == "big":
-        values.byteswap()
-    return values
-
-
 def weight_spans(versions: Sequence[str]) -> list[dict[str, Any]]:
-    """Half-open ``[start, end)`` spans of output indexes sampled by each weight version."""
-    spans: list[dict[str, Any]] = []
-    for i, version in enumerate(versions):
-        if spans and spans[-1]["version"] == version:
-            spans[-1]["end"] = i + 1
-        else:
-            spans.append({"version": version, "start": i, "end": i + 1})
-    return spans
+    """Half-open ``[start, end)`` spans of output indexes sampled by each weight version, as JSON
+    (the ``weight_versions`` the clients read back into :class:`WeightVersionSpan`\\ s)."""
+    spans: list[WeightVersionSpan] = []
+    start = 0
+    for i in range(1, len(versions) + 1):
+        if i == len(versions) or versions[i] != versions[start]:
+            spans.append(WeightVersionSpan(versions[start], start, i))
+            start = i
+    unstructured: list[dict[str, Any]] = CONVERTER.unstructure(spans)
+    return unstructured

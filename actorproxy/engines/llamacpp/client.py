@@ -88,9 +88,8 @@ class LlamaCppBackend(EngineConnection):
             model = props.get("model_alias") or props.get("model_path") or "llama.cpp"
         else:
             card = await first_model_card(self, "llama.cpp models")
-            meta = card.get("meta")
-            n_ctx = card.get("max_model_len", meta.get("n_ctx_train") if isinstance(meta, Mapping) else None)
-            model = card.get("id") or "llama.cpp"
+            n_ctx = card.max_model_len if card.max_model_len is not None else (card.meta or {}).get("n_ctx_train")
+            model = card.id or "llama.cpp"
         return ModelInfo(str(model), n_ctx if isinstance(n_ctx, int) else None, self.weight_version)
 
     async def prompt_logprobs(self, input_ids: array[int]) -> list[float | None]:

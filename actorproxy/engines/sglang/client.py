@@ -23,45 +23,39 @@ import trio
 
 from ...wire.converter import CONVERTER, TokenIds
 from ..base import ROUTING_HEADER, BackendError, GenerateRequest, GenerationEvent, ModelInfo, SamplingParams, new_rid
-from ..client_base import VersionedConnection, VersionedGeneration, first_model_card
+from ..client_base import VersionedConnection, VersionedGeneration, first_model_card, read_tolerantly
 from ..connection import EngineResponse, post_quietly, post_stream, request_json
 from ..errors import check_status
-from .protocol import (
-    ABORT_PATH,
-    GENERATE_PATH,
-    AbortReq,
-    GenerateReqInput,
-    PauseGenerationReq,
-    PauseMode,
-    SGLangSamplingParams,
-    SGLangStreamParser,
-)
+from ..shared_wire import UpdateWeightVersionReqInput, WeightVersionOutput
+from . import protocol
 
 
-class SGLangGeneration(VersionedGeneration[SGLangStreamParser, "SGLangBackend"]):
+class SGLangGeneration(VersionedGeneration[protocol.SGLangStreamParser, "SGLangBackend"]):
     """One streamed ``/generate`` request (see :class:`StreamedGeneration`)."""
 
     what = "SGLang /generate"
 
     def __init__(self, backend: SGLangBackend, request: GenerateRequest) -> None:
-        parser = SGLangStreamParser(stop_token_ids=request.sampling.stop_token_ids, version=backend.last_version)
+        parser = protocol.SGLangStreamParser(
+            stop_token_ids=request.sampling.stop_token_ids, version=backend.last_version
+        )
         super().__init__(backend, request, parser)
 
     async def _open(self) -> EngineResponse:
         self._backend.running.add(self.rid)
         req = self._request
-        body = GenerateReqInput(
+        body = protocol.GenerateReqInput(
             rid=req.rid,
             input_ids=TokenIds(req.input_ids),
             stream=True,
-            sampling_params=SGLangSamplingParams.of(req.sampling),
+            sampling_params=protocol.SGLangSamplingParams.of(req.sampling),
             return_logprob=True,
             logprob_start_len=-1,
             top_logprobs_num=0,
             return_routed_experts=req.return_routed_experts and self._backend.options.routed_experts,
         )
         headers = {ROUTING_HEADER: req.routing_key} if req.routing_key else {}
-        url = self._backend.url(GENERATE_PATH)
+        url = self._backend.url(protocol.GENERATE_PATH)
         response = await post_stream(self._client, url, CONVERTER.unstructure(body), headers)
         await check_status(response, self.what)
         return response
@@ -97,22 +91,22 @@ class SGLangBackend(VersionedConnection):
         """
         if self.options.abort_all:
             return await self.batcher.abort([rid])
-        return await self._post_abort(AbortReq(rid))
+        return await self._post_abort(protocol.AbortReq(rid))
 
-    async def _post_abort(self, abort: AbortReq) -> bool:
+    async def _post_abort(self, abort: protocol.AbortReq) -> bool:
         self.abort_calls += 1
         body = CONVERTER.unstructure(abort)
-        status = await post_quietly(self.control, self.url(ABORT_PATH), body, "SGLang abort")
+        status = await post_quietly(self.control, self.url(protocol.ABORT_PATH), body, "SGLang abort")
         return status is not None and status < 400
 
     async def _abort_batch(self, rids: list[str]) -> Collection[str]:
         if len(rids) > 1 and self.running <= set(rids):
             # Everything this proxy runs on the engine: SGLang stops it all in one call.
-            return rids if await self._post_abort(AbortReq("", abort_all=True)) else ()
+            return rids if await self._post_abort(protocol.AbortReq("", abort_all=True)) else ()
         acknowledged: list[str] = []
 
         async def one(rid: str) -> None:
-            if await self._post_abort(AbortReq(rid)):
+            if await self._post_abort(protocol.AbortReq(rid)):
                 acknowledged.append(rid)
 
         async with trio.open_nursery() as nursery:
@@ -125,42 +119,42 @@ class SGLangBackend(VersionedConnection):
 
     async def model_info(self) -> ModelInfo:
         """From ``/get_model_info`` (+ ``/get_weight_version``; ``/v1/models`` for the length)."""
-        info = await request_json(self.http, "GET", self.url("/get_model_info"), "SGLang model info")
-        info = info if isinstance(info, Mapping) else {}
-        version = info.get("weight_version")
+        got = await request_json(self.http, "GET", self.url("/get_model_info"), "SGLang model info")
+        info = read_tolerantly(got, protocol.ModelInfoOutput)
+        version = info.weight_version
         try:
             got = await request_json(self.http, "GET", self.url("/get_weight_version"), "SGLang weight version")
-            if isinstance(got, Mapping) and got.get("weight_version") is not None:
-                version = got["weight_version"]
+            current = read_tolerantly(got, WeightVersionOutput).weight_version
+            if current is not None:
+                version = current
         except BackendError:
             pass  # older servers: the model info's version will do
-        max_len = info.get("max_model_len", info.get("context_length"))
-        if not isinstance(max_len, int):
+        max_len = info.max_model_len if info.max_model_len is not None else info.context_length
+        if max_len is None:
             max_len = await self._max_len_from_models()
         if version is not None:
             self.last_version = str(version)
-        model = info.get("model_path") or info.get("served_model_name") or "sglang"
-        return ModelInfo(str(model), max_len, str(version if version is not None else self.last_version))
+        model = info.model_path or info.served_model_name or "sglang"
+        return ModelInfo(model, max_len, str(version if version is not None else self.last_version))
 
     async def _max_len_from_models(self) -> int | None:
         try:
-            value = (await first_model_card(self, "SGLang models")).get("max_model_len")
+            return (await first_model_card(self, "SGLang models")).max_model_len
         except BackendError:
             return None
-        return value if isinstance(value, int) else None
 
     async def prompt_logprobs(self, input_ids: array[int]) -> list[float | None]:
         """A prefill-only ``/generate`` (``max_new_tokens: 0``, ``logprob_start_len: 0``)."""
-        body = GenerateReqInput(
+        body = protocol.GenerateReqInput(
             rid=new_rid(),
             input_ids=TokenIds(input_ids),
             stream=False,
-            sampling_params=SGLangSamplingParams.of(SamplingParams(max_new_tokens=0)),
+            sampling_params=protocol.SGLangSamplingParams.of(SamplingParams(max_new_tokens=0)),
             return_logprob=True,
             logprob_start_len=0,
             top_logprobs_num=0,
         )
-        url, what = self.url(GENERATE_PATH), "SGLang prompt logprobs"
+        url, what = self.url(protocol.GENERATE_PATH), "SGLang prompt logprobs"
         out = await request_json(self.http, "POST", url, what, body=CONVERTER.unstructure(body))
         if isinstance(out, list) and len(out) == 1:
             out = out[0]
@@ -174,17 +168,15 @@ class SGLangBackend(VersionedConnection):
             result.append(None if i == 0 or value is None else float(value))
         return result
 
-
-    async def pause(self, mode: PauseMode = "abort") -> None:
+    async def pause(self, mode: protocol.PauseMode = "abort") -> None:
         """``POST /pause_generation``: ``abort``, ``retract`` or ``in_place``."""
-        body = CONVERTER.unstructure(PauseGenerationReq(mode))
+        body = CONVERTER.unstructure(protocol.PauseGenerationReq(mode))
         await request_json(self.http, "POST", self.url("/pause_generation"), "SGLang pause", body=body)
 
     async def continue_generation(self) -> None:
         await request_json(self.http, "POST", self.url("/continue_generation"), "SGLang continue", body={})
 
     async def update_weight_version(self, version: str, *, abort_all_requests: bool = False) -> None:
-        body = {"new_version": version, "abort_all_requests": abort_all_requests}
+        body = CONVERTER.unstructure(UpdateWeightVersionReqInput(version, abort_all_requests))
         await request_json(self.http, "POST", self.url("/update_weight_version"), "SGLang weight version", body=body)
         self.last_version = version
-

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
 import httpx
@@ -27,13 +27,24 @@ import orjson
 
 from ...core.messages import AssistantOutput, ToolCall
 from ...core.tool_parsers import ToolCallFormat
+from ...errors import BadRequest
 from ...tokenization.tokenizer import THINK_START, TOOL_CALL_START
+from ...wire.converter import CONVERTER, structure
 from ..base import BackendError
 from ..connection import EngineOptions, make_client, request_json
+from .protocol import (
+    Function,
+    ParseFunctionCallOutput,
+    ParseFunctionCallReq,
+    SeparateReasoningOutput,
+    SeparateReasoningReqInput,
+    Tool,
+)
 
 if TYPE_CHECKING:
     from ...tokenization.tokenizer import ChatTokenizer
 
+T = TypeVar("T")
 ParseBackend = Literal["local", "sglang_api", "hybrid"]
 PARSE_BACKENDS: tuple[ParseBackend, ...] = ("local", "sglang_api", "hybrid")
 
@@ -81,13 +92,19 @@ def completion_text(tokenizer: ChatTokenizer, output_ids: Sequence[int], *, reas
     return THINK_START + text if reasoning_open and tokenizer.think_start_id is not None else text
 
 
-def _sglang_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+def _sglang_tool(tool: Mapping[str, Any]) -> Tool:
     # Only the fields SGLang's Tool/Function models know; some builds reject others.
     function = tool.get("function", tool)
-    return {
-        "type": "function",
-        "function": {k: function[k] for k in ("name", "description", "parameters") if k in function},
-    }
+    return Tool(Function(function.get("name"), function.get("description"), function.get("parameters")))
+
+
+def _answer(answer: object, cls: type[T], what: str) -> T:
+    """An endpoint's answer as ``cls``; a :class:`BackendError` if it is not one."""
+    try:
+        return structure(answer, cls)
+    except BadRequest as exc:
+        kind = "call" if (exc.param or "").startswith("calls[") else "response"
+        raise BackendError(f"{what}: unexpected {kind} ({exc.message}): {str(answer)[:200]}") from None
 
 
 class SGLangParseClient:
@@ -115,36 +132,27 @@ class SGLangParseClient:
     async def separate_reasoning(self, text: str, parser_name: str) -> tuple[str, str]:
         """``(reasoning, content)`` of ``text`` by SGLang's reasoning parser ``parser_name``."""
         what = "SGLang /separate_reasoning"
-        body = {"text": text, "reasoning_parser": parser_name}
+        body = CONVERTER.unstructure(SeparateReasoningReqInput(text, parser_name))
         answer = await request_json(self._http, "POST", self.base_url + "/separate_reasoning", what, body=body)
-        if not isinstance(answer, Mapping):
-            raise BackendError(f"{what}: unexpected response {str(answer)[:200]}")
-        reasoning, content = answer.get("reasoning_text") or "", answer.get("text") or ""
-        if not isinstance(reasoning, str) or not isinstance(content, str):
-            raise BackendError(f"{what}: unexpected response {str(answer)[:200]}")
-        return reasoning, content
+        output = _answer(answer, SeparateReasoningOutput, what)
+        return output.reasoning_text or "", output.text or ""
 
     async def parse_tool_calls(
         self, text: str, tools: Sequence[Mapping[str, Any]], parser_name: str
     ) -> tuple[str, list[tuple[str, str]]]:
         """``(normal_text, [(name, arguments JSON text), ...])`` by SGLang's tool-call parser."""
         what = "SGLang /parse_function_call"
-        body = {"text": text, "tool_call_parser": parser_name, "tools": [_sglang_tool(t) for t in tools]}
+        request = ParseFunctionCallReq(text, parser_name, [_sglang_tool(t) for t in tools])
+        body = CONVERTER.unstructure(request)
         answer = await request_json(self._http, "POST", self.base_url + "/parse_function_call", what, body=body)
-        normal = answer.get("normal_text") if isinstance(answer, Mapping) else None
-        raw_calls = answer.get("calls") if isinstance(answer, Mapping) else None
-        if not isinstance(normal, str) or not isinstance(raw_calls, list):
-            raise BackendError(f"{what}: unexpected response {str(answer)[:200]}")
+        output = _answer(answer, ParseFunctionCallOutput, what)
         calls = []
-        for call in raw_calls:
-            name = call.get("name") if isinstance(call, Mapping) else None
-            params = call.get("parameters") if isinstance(call, Mapping) else None
-            if isinstance(params, Mapping):
-                params = json.dumps(params, ensure_ascii=False)
-            if not isinstance(name, str) or not name or not isinstance(params, str):
-                raise BackendError(f"{what}: unexpected call {str(call)[:200]}")
-            calls.append((name, params))
-        return normal, calls
+        for call in output.calls:
+            if not call.name:
+                raise BackendError(f"{what}: unexpected call {call!r:.200}")
+            params = call.parameters
+            calls.append((call.name, params if isinstance(params, str) else json.dumps(params, ensure_ascii=False)))
+        return output.normal_text, calls
 
     async def parse(
         self,

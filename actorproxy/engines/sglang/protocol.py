@@ -1,7 +1,8 @@
 """SGLang's native ``/generate`` wire format, shared by the client and the simulated routes.
 
 The request bodies (:class:`GenerateReqInput` with its :class:`SGLangSamplingParams`,
-:class:`AbortReq`, :class:`PauseGenerationReq`): the client builds them with every
+:class:`AbortReq`, :class:`PauseGenerationReq`, and the parsing endpoints' requests
+and outputs; :class:`ModelInfoOutput`): the clients build them with every
 field explicit, the simulated server structures any body into them with the wire
 converter. The finish reason as SGLang writes it (:func:`finish_reason_json`) and the
 sans-IO reader of a ``/generate`` stream (:class:`SGLangStreamParser`: cumulative or
@@ -97,6 +98,22 @@ class AbortReq:
     abort_all: bool = False
 
 
+@attrs.frozen(kw_only=True)
+class ModelInfoOutput:
+    """``GET /get_model_info`` (the length fields: some builds and gateways add them)."""
+
+    __wire_omit_if_default__ = ("served_model_name", "max_model_len", "context_length")
+
+    model_path: str | None = None
+    tokenizer_path: str | None = None
+    is_generation: bool = True
+    preferred_sampling_params: str | dict[str, Any] | None = None
+    weight_version: str | int | None = None
+    served_model_name: str | None = None
+    max_model_len: int | None = None
+    context_length: int | None = None
+
+
 PauseMode = Literal["abort", "retract", "in_place"]
 
 
@@ -105,6 +122,60 @@ class PauseGenerationReq:
     """``POST /pause_generation``: drop the running requests (``abort``) or keep them for later."""
 
     mode: PauseMode = "abort"
+
+
+# -- the parsing endpoints (``/separate_reasoning``, ``/parse_function_call``) -------------
+
+
+@attrs.frozen
+class SeparateReasoningReqInput:
+    text: str
+    reasoning_parser: str
+
+
+@attrs.frozen
+class SeparateReasoningOutput:
+    reasoning_text: str | None = None
+    text: str | None = None
+
+
+@attrs.frozen
+class Function:
+    """A tool's function in SGLang's ``Function`` model: only the fields it knows (some builds refuse others)."""
+
+    __wire_omit_if_default__ = ("name", "description", "parameters")
+
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+@attrs.frozen
+class Tool:
+    function: Function
+    type: str = "function"
+
+
+@attrs.frozen
+class ParseFunctionCallReq:
+    text: str
+    tool_call_parser: str
+    tools: list[Tool] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolCallItem:
+    """One call found: ``parameters`` is the arguments object as JSON text (some builds send the object)."""
+
+    tool_index: int | None = None
+    name: str
+    parameters: str | dict[str, Any]
+
+
+@attrs.frozen
+class ParseFunctionCallOutput:
+    normal_text: str
+    calls: list[ToolCallItem]
 
 
 class SGLangStreamParser:

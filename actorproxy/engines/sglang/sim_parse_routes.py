@@ -45,14 +45,22 @@ from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
-import attrs
 from quart import Blueprint, Response
 
 from ...core.parser import tool_schemas
 from ...core.tool_parsers import convert_parameter
+from ...errors import BadRequest
 from ...sim.state import SimState
-from ...sim.wire import BadField, json_response, read_object
+from ...sim.wire import json_response, read_json
 from ...tokenization.tokenizer import THINK_END, THINK_START, TOOL_CALL_START
+from ...wire.converter import CONVERTER, structure
+from .protocol import (
+    ParseFunctionCallOutput,
+    ParseFunctionCallReq,
+    SeparateReasoningOutput,
+    SeparateReasoningReqInput,
+    ToolCallItem,
+)
 
 #: Reasoning parser name → whether text without think tags is reasoning (SGLang's ``force_reasoning``).
 REASONING_PARSERS: Mapping[str, bool] = {"qwen3": False, "qwen3-thinking": True, "deepseek-r1": True}
@@ -65,19 +73,6 @@ TOOL_CALL_PARSERS = JSON_TOOL_CALL_PARSERS | XML_TOOL_CALL_PARSERS
 
 class UnknownParser(ValueError):
     """A parser name SGLang would not know."""
-
-
-@attrs.frozen
-class CallItem:
-    """One of SGLang's ``ToolCallItem``\\ s."""
-
-    tool_index: int
-    name: str
-    #: The arguments object as JSON text.
-    parameters: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"tool_index": self.tool_index, "name": self.name, "parameters": self.parameters}
 
 
 def check_reasoning_parser(name: object) -> str:
@@ -133,9 +128,9 @@ def _tool_names(tools: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     return names
 
 
-def _json_calls(text: str, tools: Sequence[Mapping[str, Any]]) -> tuple[str, list[CallItem]]:
+def _json_calls(text: str, tools: Sequence[Mapping[str, Any]]) -> tuple[str, list[ToolCallItem]]:
     indexes = _tool_names(tools)
-    calls: list[CallItem] = []
+    calls: list[ToolCallItem] = []
     for block in _JSON_BLOCK.finditer(text):
         try:
             value = json.loads(block.group(1).strip())
@@ -146,7 +141,9 @@ def _json_calls(text: str, tools: Sequence[Mapping[str, Any]]) -> tuple[str, lis
             if not isinstance(name, str) or name not in indexes:
                 continue  # not a call, or a function the request does not offer
             arguments = action.get("parameters") or action.get("arguments", {})
-            calls.append(CallItem(indexes[name], name, json.dumps(arguments, ensure_ascii=False)))
+            calls.append(
+                ToolCallItem(tool_index=indexes[name], name=name, parameters=json.dumps(arguments, ensure_ascii=False))
+            )
     return _JSON_BLOCK.sub("", text).strip(), calls
 
 
@@ -165,9 +162,9 @@ def _xml_function(body: str, schemas: Mapping[str, Mapping[str, Any]]) -> tuple[
     return name, arguments
 
 
-def _xml_calls(text: str, tools: Sequence[Mapping[str, Any]]) -> tuple[str, list[CallItem]]:
+def _xml_calls(text: str, tools: Sequence[Mapping[str, Any]]) -> tuple[str, list[ToolCallItem]]:
     schemas = tool_schemas(tools)
-    calls: list[CallItem] = []
+    calls: list[ToolCallItem] = []
     kept: list[str] = []  # the normal text, piece by piece
     end = 0
     for block in _XML_BLOCK.finditer(text):
@@ -180,7 +177,8 @@ def _xml_calls(text: str, tools: Sequence[Mapping[str, Any]]) -> tuple[str, list
             call = _xml_function(function.group(1), schemas)
             if call is not None:
                 name, arguments = call
-                calls.append(CallItem(len(calls), name, json.dumps(arguments, ensure_ascii=False)))
+                parameters = json.dumps(arguments, ensure_ascii=False)
+                calls.append(ToolCallItem(tool_index=len(calls), name=name, parameters=parameters))
                 accepted.append(function)
         if not accepted or len(accepted) < len(functions):
             # A function not offered is prose, not a call: the block stays, minus the calls taken from it.
@@ -193,7 +191,7 @@ def _xml_calls(text: str, tools: Sequence[Mapping[str, Any]]) -> tuple[str, list
     return "".join(kept).strip(), calls
 
 
-def parse_function_call(text: str, tools: Sequence[Mapping[str, Any]], parser: str) -> tuple[str, list[CallItem]]:
+def parse_function_call(text: str, tools: Sequence[Mapping[str, Any]], parser: str) -> tuple[str, list[ToolCallItem]]:
     """``(normal_text, calls)`` as SGLang's tool-call parser ``parser`` reads ``text``."""
     check_tool_call_parser(parser)
     if not tools:
@@ -211,36 +209,12 @@ def _error(message: str, status: HTTPStatus) -> Response:
     return json_response(body, status.value)
 
 
-def _required_str(body: Mapping[str, Any], name: str) -> str:
-    value = body.get(name)
-    if not isinstance(value, str):
-        raise BadField(f"'{name}' is required and must be a string, got {value!r}")
-    return value
-
-
-def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """``tools`` checked against SGLang's ``Tool`` model (``function`` required; its name optional)."""
-    tools = body.get("tools")
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise BadField("'tools' must be a list of tools")
-    for i, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict):
-            raise BadField(f"tools[{i}].function is required and must be an object")
-        name = function.get("name")
-        if name is not None and not isinstance(name, str):
-            raise BadField(f"tools[{i}].function.name must be a string, got {name!r}")
-    return tools
-
-
 def parse_blueprint(state: SimState) -> Blueprint:
     """SGLang's ``/parse_function_call`` and ``/separate_reasoning``."""
     bp = Blueprint("sglang_parse", __name__)
 
-    @bp.errorhandler(BadField)
-    async def _bad(error: BadField) -> Response:
+    @bp.errorhandler(BadRequest)
+    async def _bad(error: BadRequest) -> Response:
         return _error(error.message, HTTPStatus(error.status))
 
     @bp.errorhandler(UnknownParser)
@@ -254,24 +228,25 @@ def parse_blueprint(state: SimState) -> Blueprint:
 
     @bp.post("/parse_function_call")
     async def parse_function_call_route() -> Response:
-        body = await read_object()
-        state.parse_requests.append(("/parse_function_call", body))
-        text, tools = _required_str(body, "text"), _tools(body)
-        parser = check_tool_call_parser(body.get("tool_call_parser"))
+        raw = await read_json()
+        state.parse_requests.append(("/parse_function_call", raw))
+        body = structure(raw, ParseFunctionCallReq)
+        parser = check_tool_call_parser(body.tool_call_parser)
         if (failure := _failed()) is not None:
             return failure
-        normal_text, calls = parse_function_call(text, tools, parser)
-        return json_response({"normal_text": normal_text, "calls": [call.to_json() for call in calls]})
+        tools = [CONVERTER.unstructure(tool) for tool in body.tools or ()]
+        normal_text, calls = parse_function_call(body.text, tools, parser)
+        return json_response(CONVERTER.unstructure(ParseFunctionCallOutput(normal_text, calls)))
 
     @bp.post("/separate_reasoning")
     async def separate_reasoning_route() -> Response:
-        body = await read_object()
-        state.parse_requests.append(("/separate_reasoning", body))
-        text = _required_str(body, "text")
-        parser = check_reasoning_parser(_required_str(body, "reasoning_parser"))
+        raw = await read_json()
+        state.parse_requests.append(("/separate_reasoning", raw))
+        body = structure(raw, SeparateReasoningReqInput)
+        parser = check_reasoning_parser(body.reasoning_parser)
         if (failure := _failed()) is not None:
             return failure
-        reasoning_text, rest = separate_reasoning(text, parser)
-        return json_response({"reasoning_text": reasoning_text, "text": rest})
+        reasoning_text, rest = separate_reasoning(body.text, parser)
+        return json_response(CONVERTER.unstructure(SeparateReasoningOutput(reasoning_text, rest)))
 
     return bp

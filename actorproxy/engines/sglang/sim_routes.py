@@ -19,12 +19,15 @@ from quart import Blueprint, Response, request
 from ...errors import BadRequest
 from ...sim import wire
 from ...sim.state import Chunk, SimState, check_sampling, collect, run_generation
+from ...wire.converter import CONVERTER
 from ..base import ROUTING_HEADER, BackendError, GenerateFinish, GenerateRequest, SamplingParams
+from ..shared_wire import WeightVersionOutput
 from .protocol import (
     ABORT_PATH,
     GENERATE_PATH,
     AbortReq,
     GenerateReqInput,
+    ModelInfoOutput,
     PauseGenerationReq,
     SGLangSamplingParams,
     finish_reason_json,
@@ -211,19 +214,16 @@ def sglang_blueprint(state: SimState) -> Blueprint:
 
     @bp.get("/get_model_info")
     async def get_model_info() -> Response:
-        return wire.json_response(
-            {
-                "model_path": state.settings.model_path,
-                "tokenizer_path": state.tokenizer_path,
-                "is_generation": True,
-                "preferred_sampling_params": None,
-                "weight_version": state.engine.weight_version,
-            }
+        info = ModelInfoOutput(
+            model_path=state.settings.model_path,
+            tokenizer_path=state.tokenizer_path,
+            weight_version=state.engine.weight_version,
         )
+        return wire.json_response(CONVERTER.unstructure(info))
 
     @bp.get("/get_weight_version")
     async def get_weight_version() -> Response:
-        return wire.json_response({"weight_version": state.engine.weight_version})
+        return wire.json_response(CONVERTER.unstructure(WeightVersionOutput(state.engine.weight_version)))
 
     @bp.post("/pause_generation")
     async def pause_generation() -> Response:

@@ -28,35 +28,26 @@ from typing import Any
 
 from ...wire.converter import CONVERTER, TokenIds
 from ..base import ROUTING_HEADER, BackendError, GenerateRequest, ModelInfo, SamplingParams, new_rid
-from ..client_base import VersionedConnection, VersionedGeneration, first_model_card
+from ..client_base import VersionedConnection, VersionedGeneration, first_model_card, read_tolerantly
 from ..connection import EngineResponse, post_quietly, post_stream, request_json
 from ..errors import check_status, discard
-from .protocol import (
-    ABORT_PATHS,
-    GENERATE_PATH,
-    AbortRequests,
-    Api,
-    CompletionRequest,
-    GenerateTokensRequest,
-    SamplingFields,
-    StreamOptions,
-    VLLMStreamParser,
-)
+from ..shared_wire import ModelCard, UpdateWeightVersionReqInput, WeightVersionOutput
+from . import protocol
 
 
-class VLLMGeneration(VersionedGeneration[VLLMStreamParser, "VLLMBackend"]):
+class VLLMGeneration(VersionedGeneration[protocol.VLLMStreamParser, "VLLMBackend"]):
     """One streamed vLLM generation (see :class:`StreamedGeneration`)."""
 
     what = "vLLM"
 
     def __init__(self, backend: VLLMBackend, request: GenerateRequest) -> None:
-        parser = VLLMStreamParser(version=backend.last_version, routed_experts=request.return_routed_experts)
+        parser = protocol.VLLMStreamParser(version=backend.last_version, routed_experts=request.return_routed_experts)
         super().__init__(backend, request, parser)
-        self._api: Api | None = backend.api
+        self._api: protocol.Api | None = backend.api
 
     async def _open(self) -> EngineResponse:
         if self._api in (None, "generate"):
-            response = await self._post(GENERATE_PATH, self._generate_body())
+            response = await self._post(protocol.GENERATE_PATH, self._generate_body())
             if self._api == "generate" or response.status_code < 400:
                 self._backend.api = self._api = "generate"
                 await check_status(response, self.what)
@@ -83,19 +74,19 @@ class VLLMGeneration(VersionedGeneration[VLLMStreamParser, "VLLMBackend"]):
 
     def _generate_body(self) -> dict[str, Any]:
         req = self._request
-        body = GenerateTokensRequest(
+        body = protocol.GenerateTokensRequest(
             token_ids=TokenIds(req.input_ids),
             request_id=req.rid,
             stream=True,
-            stream_options=StreamOptions(include_usage=True),
-            sampling_params=SamplingFields.of(req.sampling),
+            stream_options=protocol.StreamOptions(include_usage=True),
+            sampling_params=protocol.SamplingFields.of(req.sampling),
         )
         return CONVERTER.unstructure(body)  # type: ignore[no-any-return]
 
     async def _completions_body(self) -> dict[str, Any]:
         req = self._request
         model = await self._backend.served_model()
-        body = CompletionRequest.of_tokens(req.input_ids, req.sampling, rid=req.rid, model=model)
+        body = protocol.CompletionRequest.of_tokens(req.input_ids, req.sampling, rid=req.rid, model=model)
         return CONVERTER.unstructure(body)  # type: ignore[no-any-return]
 
     async def _send_abort(self) -> bool:
@@ -114,25 +105,25 @@ class VLLMBackend(VersionedConnection):
 
     kind = "vllm"
     #: The API detected (``api`` until then: ``options.api``).
-    _detected: Api | None = None
-    _models: Mapping[str, Any] | None = None
+    _detected: protocol.Api | None = None
+    _models: ModelCard | None = None
     #: The abort route that answered (``None``: not known yet); ``_abort_missing``: none did.
     _abort_path: str | None = None
     _abort_missing = False
 
     @property
-    def api(self) -> Api | None:
+    def api(self) -> protocol.Api | None:
         """The generation API this server speaks (``None``: not known yet)."""
         return self._detected or self.options.api
 
     @api.setter
-    def api(self, value: Api) -> None:
+    def api(self, value: protocol.Api) -> None:
         self._detected = value
 
     def open_generation(self, request: GenerateRequest) -> VLLMGeneration:
         return VLLMGeneration(self, request)
 
-    async def _model_card(self) -> Mapping[str, Any]:
+    async def _model_card(self) -> ModelCard:
         if self._models is None:
             self._models = await first_model_card(self, "vLLM models")
         return self._models
@@ -140,7 +131,7 @@ class VLLMBackend(VersionedConnection):
     async def served_model(self) -> str | None:
         """The served model name from ``/v1/models`` (cached; ``None`` if unknown)."""
         try:
-            model = (await self._model_card()).get("id")
+            model = (await self._model_card()).id
         except BackendError:
             return None
         return model if isinstance(model, str) else None
@@ -150,12 +141,12 @@ class VLLMBackend(VersionedConnection):
         version = self.last_version
         try:
             got = await request_json(self.http, "GET", self.url("/weight_info"), "vLLM weight info")
-            if isinstance(got, Mapping) and got.get("weight_version") is not None:
-                version = self.last_version = str(got["weight_version"])
+            current = read_tolerantly(got, WeightVersionOutput).weight_version
+            if current is not None:
+                version = self.last_version = str(current)
         except BackendError:
             pass  # only dev-mode servers have it
-        max_len = card.get("max_model_len")
-        return ModelInfo(str(card.get("id") or "vllm"), max_len if isinstance(max_len, int) else None, version)
+        return ModelInfo(card.id or "vllm", card.max_model_len, version)
 
     async def abort_batched(self, request_ids: Sequence[str]) -> bool:
         """:meth:`abort_requests`, with the aborts asked together (a pause) sent as one call."""
@@ -168,10 +159,10 @@ class VLLMBackend(VersionedConnection):
         """Abort by engine request id; ``False`` if the server has no abort route or fails."""
         if self._abort_missing:
             return False
-        paths = [self._abort_path] if self._abort_path else list(ABORT_PATHS)
+        paths = [self._abort_path] if self._abort_path else list(protocol.ABORT_PATHS)
         for path in paths:
             self.abort_calls += 1
-            body = CONVERTER.unstructure(AbortRequests(list(request_ids)))
+            body = CONVERTER.unstructure(protocol.AbortRequests(list(request_ids)))
             status = await post_quietly(self.control, self.url(path), body, "vLLM abort")
             if status is None:
                 return False
@@ -187,16 +178,18 @@ class VLLMBackend(VersionedConnection):
         """Non-streamed, one token, ``prompt_logprobs: 1``; entry 0 is ``None``."""
         one = SamplingParams(max_new_tokens=1)
         if self.api == "generate":
-            sampling = SamplingFields.of(one, logprobs=None, prompt_logprobs=1)
-            generate = GenerateTokensRequest(
+            sampling = protocol.SamplingFields.of(one, logprobs=None, prompt_logprobs=1)
+            generate = protocol.GenerateTokensRequest(
                 token_ids=TokenIds(input_ids), request_id=new_rid(), sampling_params=sampling
             )
             body = CONVERTER.unstructure(generate)
-            out = await request_json(self.http, "POST", self.url(GENERATE_PATH), "vLLM prompt logprobs", body=body)
+            out = await request_json(
+                self.http, "POST", self.url(protocol.GENERATE_PATH), "vLLM prompt logprobs", body=body
+            )
             entries = out.get("prompt_logprobs") if isinstance(out, Mapping) else None
         else:
             model = await self.served_model()
-            completion = CompletionRequest.of_tokens(
+            completion = protocol.CompletionRequest.of_tokens(
                 input_ids, one, rid=new_rid(), model=model, stream=False, prompt_logprobs=1
             )
             body = CONVERTER.unstructure(completion)
@@ -216,7 +209,6 @@ class VLLMBackend(VersionedConnection):
             result.append(float(value))
         return result
 
-
     async def pause(self, mode: str = "abort") -> None:
         """``POST /pause?mode=abort|wait|keep`` (dev-mode servers)."""
         await request_json(self.http, "POST", self.url(f"/pause?mode={mode}"), "vLLM pause")
@@ -225,7 +217,6 @@ class VLLMBackend(VersionedConnection):
         await request_json(self.http, "POST", self.url("/resume"), "vLLM resume")
 
     async def update_weight_version(self, version: str) -> None:
-        body = {"new_version": version}
+        body = CONVERTER.unstructure(UpdateWeightVersionReqInput(version))
         await request_json(self.http, "POST", self.url("/update_weight_version"), "vLLM weight version", body=body)
         self.last_version = version
-

@@ -21,7 +21,9 @@ from quart import Blueprint, Response, request
 from ...errors import BadRequest
 from ...sim import wire
 from ...sim.state import Chunk, SimState, check_sampling, collect, default_max_tokens, run_generation
+from ...wire.converter import CONVERTER
 from ..base import ROUTING_HEADER, BackendError, GenerateFinish, GenerateRequest, SamplingParams
+from ..shared_wire import WeightVersionOutput
 from .protocol import (
     GENERATE_PATH,
     AbortRequests,
@@ -326,6 +328,6 @@ def vllm_blueprint(state: SimState) -> Blueprint:
 
     @bp.get("/weight_info")
     async def weight_info() -> Response:
-        return wire.json_response({"weight_version": state.engine.weight_version})
+        return wire.json_response(CONVERTER.unstructure(WeightVersionOutput(state.engine.weight_version)))
 
     return bp
