@@ -170,7 +170,14 @@ def make_converter() -> cattrs.Converter:
         renames = getattr(cls, "__wire_renames__", {})
         overrides = {name: override(rename=key) for name, key in renames.items()}
         forbid = bool(getattr(cls, _OURS_MARK, False))
-        return make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=forbid, **overrides)  # type: ignore[arg-type]
+        fields: Any = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=forbid, **overrides)  # type: ignore[arg-type]
+
+        def structure_object(value: Any, type_: Any) -> Any:
+            if not isinstance(value, dict):  # cattrs would fail on it with a message about something else
+                raise _type_error(value, "an object")
+            return fields(value, type_)
+
+        return structure_object
 
     converter.register_structure_hook_factory(attrs.has, attrs_hook)
 

@@ -204,8 +204,8 @@ def parse_function_call(text: str, tools: Sequence[Mapping[str, Any]], parser: s
 # -- the routes --------------------------------------------------------------------------
 
 
-def _error(message: str, status: HTTPStatus) -> Response:
-    body = {"object": "error", "message": message, "type": status.phrase, "param": None, "code": status.value}
+def _error(message: str, status: HTTPStatus, param: str | None = None) -> Response:
+    body = {"object": "error", "message": message, "type": status.phrase, "param": param, "code": status.value}
     return json_response(body, status.value)
 
 
@@ -215,7 +215,7 @@ def parse_blueprint(state: SimState) -> Blueprint:
 
     @bp.errorhandler(BadRequest)
     async def _bad(error: BadRequest) -> Response:
-        return _error(error.message, HTTPStatus(error.status))
+        return _error(error.message, HTTPStatus(error.status), error.param)
 
     @bp.errorhandler(UnknownParser)
     async def _unknown(error: UnknownParser) -> Response:
