@@ -52,7 +52,7 @@ class CompletionRequest:
     mirostat: int = 0
     min_keep: int = 0
     seed: int = -1  # -1: random
-    ignore_eos: bool | None = None  # None: not sent (the server's setting)
+    ignore_eos: bool | None = None  # None: absent, the server's own setting
     stop: list[str] = attrs.field(factory=list)
     n_probs: int = attrs.field(default=0, validator=at_least(0))
     post_sampling_probs: bool = False

@@ -49,7 +49,7 @@ class SGLangSamplingParams:
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
-    ignore_eos: bool | None = None  # None: not sent (the server's setting)
+    ignore_eos: bool | None = None  # None: absent, the server's own setting
     sampling_seed: int | None = None
 
     @classmethod

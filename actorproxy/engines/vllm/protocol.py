@@ -57,7 +57,7 @@ class SamplingFields:
     prompt_logprobs: int | None = attrs.field(default=None, validator=at_least(-1))
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    ignore_eos: bool | None = None  # None: not sent (the server's setting)
+    ignore_eos: bool | None = None  # None: absent, the server's own setting
     min_tokens: int = 0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
