@@ -292,6 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"actorproxy: {failure}", file=sys.stderr)
         return 2
+    if config.store.store_kind == "ray":
+        from .store.ray_pool import exit_after_ray
+
+        exit_after_ray(0)  # Ray's core worker may abort the interpreter's teardown: end here, flushed
     return 0
 
 

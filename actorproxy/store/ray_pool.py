@@ -45,6 +45,32 @@ def _ray() -> Any:
     return ray
 
 
+#: A ``--store ray`` proxy joined Ray from a worker thread (see :func:`exit_after_ray`).
+joined_from_a_thread = False
+
+
+def exit_after_ray(code: int) -> None:
+    """End the process with ``code`` now if its store joined Ray; return otherwise.
+
+    Ray's core worker, joined from a worker thread (the proxy's store is, so that the Trio
+    loop never blocks on Ray), aborts the process (SIGABRT, exit -6) during interpreter
+    teardown some of the time, even after ``ray.shutdown()``: seen in about half the
+    SIGTERMs of ``examples/ray_data_pool.py``, after every atexit handler had run. By the
+    time this is called the store is closed, Ray is shut down and the drain is done, so
+    the only thing skipped is that teardown: the logs and standard streams are flushed
+    first.
+    """
+    if not joined_from_a_thread:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def init_ray(address: str | None, namespace: str) -> Any:
     """Join (or, without an address and no cluster, start) Ray in ``namespace``."""
     ray = _ray()
@@ -179,7 +205,9 @@ class RayStore(SQLiteStore):
 
     def connect(self) -> None:
         """Join Ray and find (or create) the pool; blocking: called from a worker thread."""
+        global joined_from_a_thread
         if self._pool is None:
+            joined_from_a_thread = True
             init_ray(self._address, self._namespace)
             self._pool = pool_handle(self._pool_name, self._namespace)
 
