@@ -5,20 +5,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
+import pytest
 import trio
+import trio.testing
+from _asgi import open_client
 
+from actorproxy.server.app import create_app
 from actorproxy.sim import SimConfig
 from actorproxy.testing import open_simulated_proxy
 
 INTERVAL = 0.005
 
 
-async def test_pause_resume_over_http_with_heartbeats(tokenizer: Any) -> None:
+async def test_pause_resume_over_http_with_heartbeats(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
+    # In-process HTTP under MockClock: the pause, the heartbeats and the resume happen at exact
+    # virtual times, so the test counts the heartbeats instead of hoping some were sent.
     async with open_simulated_proxy(
-        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL), serve_http=True,
+        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL),
         partial_rollout=True, heartbeat_interval=0.05,
-    ) as sim, httpx.AsyncClient(base_url=sim.url or "", timeout=30) as http:
+    ) as sim, open_client(create_app(sim.runtime)) as http:
         text = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
         ids = tokenizer.encode(text).tolist() + [tokenizer.eot_token_id]
         sim.engine.script(ids, routing_key="h")
@@ -39,10 +44,13 @@ async def test_pause_resume_over_http_with_heartbeats(tokenizer: Any) -> None:
             sim.engine.script(ids[ack.json()["partial_tokens"]:], routing_key="h")
             state = (await http.get("/v1/rollout/pause_state")).json()
             assert state["state"] == "paused" and state["waiting"] == 1 and "in_flight_tokens" not in state
-            await trio.sleep(0.3)  # the weight update: several heartbeat intervals of silence
+            paused_at = trio.current_time()
+            await trio.sleep(0.3)  # the weight update: six heartbeat intervals of silence
+            heartbeats = lines.count(": keep-alive")
             resumed = await http.post("/v1/rollout/resume", json={"weight_version": "5", "bump_epoch": True})
             assert resumed.json()["epoch"] == 1 and resumed.json()["woken"] == 1
-        assert ": keep-alive" in lines  # the paused stream stayed alive
+            assert trio.current_time() - paused_at == pytest.approx(0.3)
+        assert heartbeats == 6  # the paused stream stayed alive: one per 50 ms of silence
         chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
         content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
         assert content == text, (content, text)
@@ -51,10 +59,10 @@ async def test_pause_resume_over_http_with_heartbeats(tokenizer: Any) -> None:
         assert step["output_ids"] == ids and step["preemptions"] == 1
 
 
-async def test_rollout_bad_input_and_retry_after(tokenizer: Any) -> None:
+async def test_rollout_bad_input_and_retry_after(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
     async with open_simulated_proxy(
-        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL), serve_http=True, pause_wait_timeout=0.2,
-    ) as sim, httpx.AsyncClient(base_url=sim.url or "", timeout=30) as http:
+        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL), pause_wait_timeout=0.2,
+    ) as sim, open_client(create_app(sim.runtime)) as http:
         bad = [("/v1/rollout/pause", {"mode": "sleep"}), ("/v1/rollout/pause", {"mood": "abort"}),
                ("/v1/rollout/resume", {"bump_epoch": "yes"}), ("/v1/rollout/resume", {"weight_version": []})]
         for path, body in bad:
@@ -62,8 +70,10 @@ async def test_rollout_bad_input_and_retry_after(tokenizer: Any) -> None:
             assert r.status_code == 400 and r.json()["error"]["message"], (path, body)
         assert (await http.post("/v1/rollout/pause", content=b"{oops")).status_code == 400
         assert (await http.post("/v1/rollout/pause")).json()["status"] == "paused"  # empty body: defaults
+        waited_from = trio.current_time()
         r = await http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
                             headers={"X-Session-Id": "late"})
+        assert trio.current_time() - waited_from == pytest.approx(0.2)  # it waited out pause_wait_timeout
         assert r.status_code == 503 and r.headers["Retry-After"] == "5"
         assert r.json()["error"]["code"] == "generation_paused"
         # A streamed turn that waited out the pause also gets a plain 503: no stream had started.
