@@ -113,11 +113,15 @@ class SimGeneration:
                 await trio.lowlevel.checkpoint()
                 return self._final("abort", None, "aborted")
             clock = self._engine._clock
-            if clock.active() >= target:
+            # Compared in wall time, the deadline slept to: active() = now - offset can stay a
+            # rounding error short of ``target`` at wall(target) = target + offset, and under a
+            # MockClock (where time does not pass while a task runs) that looped forever.
+            due_at = clock.wall(target)
+            if trio.current_time() >= due_at:
                 await trio.lowlevel.checkpoint()
                 break
             # Sleep until due, but wake at once on abort or resume.
-            with trio.move_on_at(clock.wall(target)):
+            with trio.move_on_at(due_at):
                 await self._wake.wait()
         if n < len(plan.ids):
             self._next += 1
