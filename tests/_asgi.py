@@ -24,6 +24,7 @@ from actorproxy.config import ProxyConfig
 from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.server.app import create_app
 from actorproxy.sim import SimEngine
+from actorproxy.sim.server import RunningSim, SimServerSettings, create_sim_app, sim_state
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
@@ -31,12 +32,15 @@ ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
 
 
 class _Body(httpx.AsyncByteStream):
-    def __init__(self, chunks: trio.MemoryReceiveChannel[bytes], hang_up: trio.Event) -> None:
+    def __init__(self, chunks: trio.MemoryReceiveChannel[bytes | Exception], hang_up: trio.Event) -> None:
         self._chunks = chunks
         self._hang_up = hang_up
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._chunks:
+            if isinstance(chunk, Exception):  # a server closes the connection when its app fails mid-body
+                raise httpx.RemoteProtocolError("peer closed connection without sending complete message body") \
+                    from chunk
             yield chunk
 
     async def aclose(self) -> None:
@@ -63,7 +67,7 @@ class InProcessTransport(httpx.AsyncBaseTransport):
         }
         started = trio.Event()
         hang_up = trio.Event()
-        send_chunk, chunks = trio.open_memory_channel[bytes](math.inf)
+        send_chunk, chunks = trio.open_memory_channel[bytes | Exception](math.inf)
         head: dict[str, Any] = {}
         failure: list[BaseException] = []
         request_sent = False
@@ -91,13 +95,13 @@ class InProcessTransport(httpx.AsyncBaseTransport):
         async def run() -> None:
             try:
                 await self.app(scope, receive, send)
-            except OSError:
-                if not hang_up.is_set():
-                    raise
-            except BaseException as exc:  # reported to the caller when no response had started
-                if started.is_set():
-                    raise
-                failure.append(exc)
+            except Exception as exc:
+                if isinstance(exc, OSError) and hang_up.is_set():
+                    pass  # the app noticed the hang-up
+                elif started.is_set():
+                    send_chunk.send_nowait(exc)  # the reader sees the connection close mid-body
+                else:
+                    failure.append(exc)  # no response: the caller gets the app's error
             finally:
                 send_chunk.close()
                 started.set()
@@ -129,3 +133,15 @@ async def open_app_client(
     async with open_runtime(config or ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as runtime:
         async with open_client(create_app(runtime)) as client:
             yield runtime, client
+
+
+@asynccontextmanager
+async def open_sim_client(
+    engine: SimEngine, settings: SimServerSettings | None = None
+) -> AsyncIterator[tuple[RunningSim, httpx.AsyncClient]]:
+    """The simulated engine's HTTP app (started as a server starts it) and an in-process client for it."""
+    app = create_sim_app(engine, settings=settings or SimServerSettings(port=0))
+    state = sim_state(app)
+    async with app.test_app():  # runs the app's startup (the fault timer) and shutdown
+        async with open_client(app, base_url="http://sim") as client:
+            yield RunningSim("http://sim", engine, state.faults, state), client

@@ -13,24 +13,28 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from _asgi import open_sim_client
+from trio.testing import MockClock
 
 from actorproxy.cli import build_parser, sim_settings_from_args
 from actorproxy.sim import SimConfig, SimEngine
-from actorproxy.sim.server import RunningSim, SimServerSettings, open_sim_server
+from actorproxy.sim.server import RunningSim, SimServerSettings
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
 LONG = list(range(1000, 1400))  # a scripted output long enough to interrupt
+INTERVAL = 0.001
+Sim = tuple[RunningSim, httpx.AsyncClient]
 
 
 @asynccontextmanager
 async def serve(
-    tokenizer: ChatTokenizer, *, interval: float = 0.001, seed: int = 5, **settings: Any
+    tokenizer: ChatTokenizer, *, interval: float = INTERVAL, seed: int = 5, **settings: Any
 ) -> AsyncIterator[tuple[RunningSim, httpx.AsyncClient]]:
+    """The simulator's app in-process: under the tests' MockClock each token comes at an exact time."""
     engine = SimEngine(tokenizer, SimConfig(seed=seed, token_interval=interval, weight_version="default"))
     config = SimServerSettings(port=0, **({"enable_return_routed_experts": True} | settings))
-    async with open_sim_server(config, engine=engine) as sim:
-        async with httpx.AsyncClient(base_url=sim.url, timeout=10) as http:
-            yield sim, http
+    async with open_sim_client(engine, config) as pair:
+        yield pair
 
 
 @pytest.fixture
@@ -44,11 +48,15 @@ def prompt(tokenizer: ChatTokenizer) -> list[int]:
     return list(tokenizer.encode(tokenizer.render([{"role": "user", "content": "Tell me something."}])))
 
 
-async def until(predicate: Callable[[], bool], limit: float = 5.0) -> None:
-    """Poll ``predicate`` (bounded): the state changes in the server's tasks, which offer no event."""
-    with trio.fail_after(limit):
+async def until(predicate: Callable[[], bool]) -> None:
+    """Wait until ``predicate`` holds, checked four times per token interval of virtual time.
+
+    The state changes in the server's tasks, which offer no event; under MockClock this
+    returns at an exact time, before the next token comes (so what follows is exact too).
+    """
+    with trio.fail_after(1000 * INTERVAL):
         while not predicate():  # noqa: ASYNC110
-            await trio.sleep(0.002)
+            await trio.sleep(INTERVAL / 4)
 
 
 def emitted(running: RunningSim, rid: str) -> int:
@@ -76,7 +84,7 @@ async def stream_events(http: httpx.AsyncClient, path: str, body: dict[str, Any]
 # -- SGLang ----------------------------------------------------------------------------
 
 
-async def test_sglang_generate_matches_the_engine(sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]) -> None:
+async def test_sglang_generate_matches_the_engine(sim: Sim, prompt: list[int], autojump_clock: MockClock) -> None:
     running, http = sim
     tok = running.engine.tokenizer
     body = {"rid": "a" * 32, "input_ids": prompt, "return_logprob": True, "sampling_params": {"max_new_tokens": 256}}
@@ -97,7 +105,9 @@ async def test_sglang_generate_matches_the_engine(sim: tuple[RunningSim, httpx.A
     assert data["meta_info"]["finish_reason"] == {"type": "length", "length": 128} and len(data["output_ids"]) == 128
 
 
-async def test_sglang_cumulative_and_incremental_streams_agree(tokenizer: ChatTokenizer, prompt: list[int]) -> None:
+async def test_sglang_cumulative_and_incremental_streams_agree(
+    tokenizer: ChatTokenizer, prompt: list[int], autojump_clock: MockClock
+) -> None:
     body = {"input_ids": prompt, "stream": True, "return_logprob": True, "sampling_params": {"max_new_tokens": 64}}
     outputs = []
     for incremental in (False, True):
@@ -122,8 +132,8 @@ async def test_sglang_cumulative_and_incremental_streams_agree(tokenizer: ChatTo
 
 
 async def test_sglang_abort_by_rid_prefix_mid_stream(
-    sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]
-) -> None:
+    sim: Sim, prompt: list[int]
+, autojump_clock: MockClock) -> None:
     running, http = sim
     running.engine.script(LONG, LONG)
     parent, child = "f" * 32, "f" * 32 + "-child"
@@ -147,13 +157,14 @@ async def test_sglang_abort_by_rid_prefix_mid_stream(
         frames, stats = got[rid][:-1], running.engine.stats(rid)
         assert got[rid][-1] == "[DONE]"
         assert frames[-1]["meta_info"]["finish_reason"]["type"] == "abort"
-        assert frames[-1]["output_ids"] == list(stats.token_ids) and 0 < len(stats.token_ids) < 400
+        # Both were aborted at 3 ms, when each had made its third token (exact under MockClock).
+        assert frames[-1]["output_ids"] == list(stats.token_ids) and len(stats.token_ids) == 3
         assert stats.aborted and stats.finish_reason == "abort"
 
 
 async def test_sglang_non_streaming_abort_answers_200_with_partial_output(
-    sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]
-) -> None:
+    sim: Sim, prompt: list[int]
+, autojump_clock: MockClock) -> None:
     running, http = sim
     running.engine.script(LONG)
     result: list[httpx.Response] = []
@@ -168,10 +179,10 @@ async def test_sglang_non_streaming_abort_answers_200_with_partial_output(
         await http.post("/abort_request", json={"rid": "", "abort_all": True})
     data = result[0].json()
     assert result[0].status_code == 200 and data["meta_info"]["finish_reason"]["type"] == "abort"
-    assert data["output_ids"] == list(running.engine.stats("b" * 32).token_ids)
+    assert data["output_ids"] == list(running.engine.stats("b" * 32).token_ids) == LONG[:3]
 
 
-async def test_prompt_logprobs_sglang_and_vllm(sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]) -> None:
+async def test_prompt_logprobs_sglang_and_vllm(sim: Sim, prompt: list[int], autojump_clock: MockClock) -> None:
     running, http = sim
     expected = await running.engine.prompt_logprobs(prompt)
     body = {"input_ids": prompt, "return_logprob": True, "logprob_start_len": 0}
@@ -192,8 +203,8 @@ async def test_prompt_logprobs_sglang_and_vllm(sim: tuple[RunningSim, httpx.Asyn
 
 
 async def test_vllm_generate_non_streaming_and_streaming(
-    sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]
-) -> None:
+    sim: Sim, prompt: list[int]
+, autojump_clock: MockClock) -> None:
     running, http = sim
     body = {"request_id": "r1", "token_ids": prompt, "sampling_params": {"max_tokens": 64, "logprobs": 0}}
     data = (await http.post("/inference/v1/generate", json=body)).json()
@@ -217,7 +228,7 @@ async def test_vllm_generate_non_streaming_and_streaming(
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(stats.token_ids)
 
 
-async def test_vllm_completions_fallback(sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]) -> None:
+async def test_vllm_completions_fallback(sim: Sim, prompt: list[int], autojump_clock: MockClock) -> None:
     running, http = sim
     running.engine.script(LONG)
     body = {"prompt": prompt, "logprobs": 0, "return_token_ids": True, "request_id": "c1"}
@@ -236,7 +247,9 @@ async def test_vllm_completions_fallback(sim: tuple[RunningSim, httpx.AsyncClien
     assert "".join(c["text"] for c in firsts) == running.engine.tokenizer.decode(ids[:-1])
 
 
-async def test_vllm_without_generate_endpoint(tokenizer: ChatTokenizer, prompt: list[int]) -> None:
+async def test_vllm_without_generate_endpoint(
+    tokenizer: ChatTokenizer, prompt: list[int], autojump_clock: MockClock
+) -> None:
     async with serve(tokenizer, vllm_generate_endpoint=False) as (_, http):
         body = {"token_ids": prompt, "sampling_params": {"max_tokens": 4}}
         assert (await http.post("/inference/v1/generate", json=body)).status_code == 404
@@ -244,7 +257,7 @@ async def test_vllm_without_generate_endpoint(tokenizer: ChatTokenizer, prompt: 
         assert response.status_code == 200 and len(response.json()["choices"][0]["text"]) > 0
 
 
-async def test_vllm_abort_pause_and_resume(sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]) -> None:
+async def test_vllm_abort_pause_and_resume(sim: Sim, prompt: list[int], autojump_clock: MockClock) -> None:
     running, http = sim
     running.engine.script(LONG, LONG)
     got: dict[str, list[Any]] = {"v1": [], "v2": []}
@@ -270,12 +283,13 @@ async def test_vllm_abort_pause_and_resume(sim: tuple[RunningSim, httpx.AsyncCli
         chunks, stats = got[rid][:-1], running.engine.stats(rid)
         assert chunks[-1]["choices"][0]["finish_reason"] == "abort" and stats.aborted
         assert [i for c in chunks for i in c["choices"][0]["token_ids"]] == list(stats.token_ids)
+        assert len(stats.token_ids) == {"v1": 3, "v2": 1}[rid]  # 2 before the pause, 1 after it
 
 
 # -- llama.cpp ----------------------------------------------------------------------------
 
 
-async def test_llamacpp_completion(sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]) -> None:
+async def test_llamacpp_completion(sim: Sim, prompt: list[int], autojump_clock: MockClock) -> None:
     running, http = sim
     tok = running.engine.tokenizer
     body = {"prompt": prompt, "n_predict": 256, "n_probs": 1, "return_tokens": True, "cache_prompt": True,
@@ -295,7 +309,7 @@ async def test_llamacpp_completion(sim: tuple[RunningSim, httpx.AsyncClient], pr
 # -- faults ---------------------------------------------------------------------------------
 
 
-async def test_fault_http_500_and_unhealthy(sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]) -> None:
+async def test_fault_http_500_and_unhealthy(sim: Sim, prompt: list[int], autojump_clock: MockClock) -> None:
     running, http = sim
     running.faults.fail_next_requests(2)
     small = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 2}}
@@ -314,7 +328,7 @@ async def test_fault_http_500_and_unhealthy(sim: tuple[RunningSim, httpx.AsyncCl
     assert bad.status_code == 400
 
 
-async def test_fault_dropped_connection(sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]) -> None:
+async def test_fault_dropped_connection(sim: Sim, prompt: list[int], autojump_clock: MockClock) -> None:
     running, http = sim
     running.engine.script(LONG)
     running.faults.drop_next_stream(after_tokens=3)
@@ -333,7 +347,7 @@ async def test_fault_dropped_connection(sim: tuple[RunningSim, httpx.AsyncClient
     assert running.state.records["e" * 32].status == "finished"
 
 
-async def test_fault_stall(sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]) -> None:
+async def test_fault_stall(sim: Sim, prompt: list[int], autojump_clock: MockClock) -> None:
     running, http = sim
     running.engine.script([5, 6, 7, 8], [5, 6, 7, 8])
     got: list[Any] = []
@@ -352,14 +366,17 @@ async def test_fault_stall(sim: tuple[RunningSim, httpx.AsyncClient], prompt: li
     assert got[-2]["output_ids"] == [5, 6, 7, 8] and got[-1] == "[DONE]"
     # A timed stall ends by itself.
     await http.post("/sim/faults", json={"stall_seconds": 0.05})
-    with trio.fail_after(5):
+    stalled_at = trio.current_time()
+    with trio.fail_after(1):  # virtual time: a bound should the stall never end
         data = (await http.post("/generate", json={"input_ids": prompt})).json()
     assert data["output_ids"] == [5, 6, 7, 8] and not running.faults.stalled
+    # The 50 ms stall, then the four tokens one interval apart.
+    assert trio.current_time() - stalled_at == pytest.approx(0.05 + 4 * INTERVAL)
 
 
 async def test_client_disconnect_aborts_and_is_recorded(
-    sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]
-) -> None:
+    sim: Sim, prompt: list[int]
+, autojump_clock: MockClock) -> None:
     running, http = sim
     running.engine.script(LONG)
     body = {"rid": "c" * 32, "input_ids": prompt, "stream": True, "sampling_params": {"max_new_tokens": 400}}
@@ -370,7 +387,8 @@ async def test_client_disconnect_aborts_and_is_recorded(
             break  # leaves the stream: httpx closes the connection
     await until(lambda: running.state.records["c" * 32].status == "disconnected")
     stats = running.engine.stats("c" * 32)
-    assert stats.cancelled and not stats.aborted and stats.finish_reason == "abort" and len(stats.token_ids) < 400
+    # The server noticed the hang-up before the next token was due: exactly the two read.
+    assert stats.cancelled and not stats.aborted and stats.finish_reason == "abort" and len(stats.token_ids) == 2
     listed = (await http.get(f"/sim/requests/{'c' * 32}")).json()
     assert listed["status"] == "disconnected" and listed["cancelled"] is True
 
@@ -379,14 +397,13 @@ async def test_client_disconnect_aborts_and_is_recorded(
 
 
 async def test_sglang_pause_modes_and_weight_version_on_tokens(
-    sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]
-) -> None:
+    sim: Sim, prompt: list[int]
+, autojump_clock: MockClock) -> None:
     running, http = sim
     running.engine.script(LONG, LONG, LONG)
     got: list[Any] = []
 
     async def consume(rid: str) -> None:
-        # 400 tokens (0.4 s): room for the pause to come first on a loaded machine.
         body = {"rid": rid, "input_ids": prompt, "stream": True, "sampling_params": {"max_new_tokens": 400}}
         async for frame in stream_events(http, "/generate", body):
             got.append(frame)
@@ -402,8 +419,8 @@ async def test_sglang_pause_modes_and_weight_version_on_tokens(
         await http.post("/continue_generation")
     meta = got[-2]["meta_info"]
     versions = meta["weight_versions"]
-    assert versions[0]["version"] == "default" and versions[-1] == {"version": "step-1", "start": versions[-1]["start"],
-                                                                     "end": 400}
+    # Paused after the second token: the other 398 carry the new version.
+    assert versions == [{"version": "default", "start": 0, "end": 2}, {"version": "step-1", "start": 2, "end": 400}]
     assert meta["weight_version"] == "step-1" and meta["finish_reason"]["type"] == "length"
     # abort mode: running requests end with abort, new ones wait for /continue_generation.
     results: list[Any] = []
@@ -418,13 +435,13 @@ async def test_sglang_pause_modes_and_weight_version_on_tokens(
         await http.post("/pause_generation", json={"mode": "abort"})
         nursery.start_soon(generate, "3" * 32)
         await until(lambda: len(results) == 1 and "3" * 32 in running.state.records)
-        assert results[0]["meta_info"]["finish_reason"]["type"] == "abort"
+        assert results[0]["meta_info"]["finish_reason"]["type"] == "abort" and results[0]["output_ids"] == []
         assert running.state.records["3" * 32].status == "waiting"
         await http.post("/continue_generation")
     assert results[1]["output_ids"] == LONG[:400] and results[1]["meta_info"]["weight_version"] == "step-1"
 
 
-async def test_routed_experts(sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]) -> None:
+async def test_routed_experts(sim: Sim, prompt: list[int], autojump_clock: MockClock) -> None:
     running, http = sim
     cfg = running.engine.config
     body = {"input_ids": prompt, "return_routed_experts": True, "sampling_params": {"max_new_tokens": 8}}
@@ -440,7 +457,9 @@ async def test_routed_experts(sim: tuple[RunningSim, httpx.AsyncClient], prompt:
     assert array.reshape(-1).tolist() == list(values)  # same prompt, same output, same routing
 
 
-async def test_routed_experts_need_the_server_flag(tokenizer: ChatTokenizer, prompt: list[int]) -> None:
+async def test_routed_experts_need_the_server_flag(
+    tokenizer: ChatTokenizer, prompt: list[int], autojump_clock: MockClock
+) -> None:
     async with serve(tokenizer, enable_return_routed_experts=False) as (_, http):
         body = {"input_ids": prompt, "return_routed_experts": True}
         response = await http.post("/generate", json=body)
@@ -450,8 +469,8 @@ async def test_routed_experts_need_the_server_flag(tokenizer: ChatTokenizer, pro
 
 
 async def test_routing_key_header_reaches_the_engine(
-    sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]
-) -> None:
+    sim: Sim, prompt: list[int]
+, autojump_clock: MockClock) -> None:
     running, http = sim
     running.engine.script([7, 8, 9], routing_key="session-1")
     headers = {"X-SMG-Routing-Key": "session-1"}
@@ -459,7 +478,7 @@ async def test_routing_key_header_reaches_the_engine(
     assert data["output_ids"] == [7, 8, 9] and running.engine.stats("k" * 32).routing_key == "session-1"
 
 
-async def test_info_routes(sim: tuple[RunningSim, httpx.AsyncClient]) -> None:
+async def test_info_routes(sim: Sim, autojump_clock: MockClock) -> None:
     running, http = sim
     info = (await http.get("/get_model_info")).json()
     assert info["model_path"] == "actorproxy-sim" and info["is_generation"] is True
@@ -470,7 +489,7 @@ async def test_info_routes(sim: tuple[RunningSim, httpx.AsyncClient]) -> None:
     assert (await http.get("/weight_info")).json() == {"weight_version": "v9"}
 
 
-async def test_bad_requests_get_400_json(sim: tuple[RunningSim, httpx.AsyncClient], prompt: list[int]) -> None:
+async def test_bad_requests_get_400_json(sim: Sim, prompt: list[int], autojump_clock: MockClock) -> None:
     _, http = sim
     cases = [
         ("/generate", {"sampling_params": {"max_new_tokens": 3}}, "input_ids"),
