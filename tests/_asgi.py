@@ -48,6 +48,12 @@ class _Body(httpx.AsyncByteStream):
         await self._chunks.aclose()
 
 
+def _only_hang_ups(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(OSError)[1] is None
+    return isinstance(exc, OSError)
+
+
 class InProcessTransport(httpx.AsyncBaseTransport):
     """Each request runs the ASGI ``app`` in a task of ``nursery``; the body streams as it is sent."""
 
@@ -96,8 +102,10 @@ class InProcessTransport(httpx.AsyncBaseTransport):
             try:
                 await self.app(scope, receive, send)
             except Exception as exc:
-                if isinstance(exc, OSError) and hang_up.is_set():
-                    pass  # the app noticed the hang-up
+                if hang_up.is_set() and _only_hang_ups(exc):
+                    pass  # the app noticed the hang-up (a server would close the socket)
+                elif hang_up.is_set():
+                    raise
                 elif started.is_set():
                     send_chunk.send_nowait(exc)  # the reader sees the connection close mid-body
                 else:

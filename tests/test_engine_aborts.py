@@ -1,7 +1,11 @@
 """Pausing with many streams in flight through an HTTP engine: every generation gets the
 acknowledged abort, and what the proxy recorded is exactly what the engine produced.
 
-A real `actorproxy sim` (SGLang and vLLM routes) at 40 tokens/s behind `actorproxy run`.
+The simulated engine's HTTP app (SGLang and vLLM routes) at 40 tokens/s behind the
+proxy's engine clients and HTTP app, all in the test's Trio run under MockClock: the
+pause, the slow abort answers and every token come at exact virtual times, so no
+bound has to allow for a loaded machine. (The engine clients over real sockets are
+tested in test_engine_path.py and test_engine_clients.py.)
 """
 
 from __future__ import annotations
@@ -9,44 +13,55 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-import httpx
 import pytest
 import trio
 import trio.testing
+from _asgi import open_client, open_sim_client
 
-from actorproxy import ProxyConfig, open_proxy
+from actorproxy import ProxyConfig
 from actorproxy.engines.aborts import AbortBatcher
-from actorproxy.runtime import controller, generate
+from actorproxy.engines.base import Backend
+from actorproxy.engines.connection import EngineOptions
+from actorproxy.engines.pool import EnginePool
+from actorproxy.engines.sglang.client import SGLangBackend
+from actorproxy.engines.vllm.client import VLLMBackend
+from actorproxy.runtime.runtime import open_runtime
+from actorproxy.server.app import create_app
 from actorproxy.sim import SimConfig, SimEngine
-from actorproxy.sim.server import SimServerSettings, open_sim_server
+from actorproxy.sim.server import SimServerSettings
 
 INTERVAL = 0.025  # 40 tokens/s
 
 
 async def _pause_with_streams_in_flight(
     tokenizer: Any, kind: str, *, streams: int, abort_delay: float, abort_calls: int, **proxy: Any
-) -> None:
+) -> float:
+    """Pauses once every stream has 4 frames; returns how long the pause took (virtual seconds)."""
     engine = SimEngine(tokenizer, SimConfig(token_interval=INTERVAL))
-    # Incremental SGLang events: cumulative ones grow with every token, and the engine,
-    # the proxy and the clients share this one thread.
+    # Incremental SGLang events: cumulative ones grow with every token.
     settings = SimServerSettings(port=0, incremental_streaming_output=True)
-    async with open_sim_server(settings, engine=engine, tokenizer=tokenizer) as sim:
+    async with open_sim_client(engine, settings) as (sim, engine_http):
         sim.faults.delay_aborts(abort_delay)
         for i in range(streams):
-            # Longer than any pause can come (even on a loaded machine), then, after the
-            # resume, a short continuation.
+            # Longer than the pause can come, then, after the resume, a short continuation.
             engine.script("word " * 2000, "Done.", routing_key=f"s{i}")
         config = ProxyConfig.of(port=0, backend=kind, backend_urls=(sim.url,), partial_rollout=True, **proxy)
-        async with open_proxy(config, tokenizer=tokenizer) as proxy, \
-                httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
+        # What make_backend builds from this config, with the engine's HTTP in-process.
+        options = EngineOptions(concurrency=config.engines.engine_max_concurrency,
+                                abort_all=config.engines.engine_abort_all)
+        client: Backend = (SGLangBackend if kind == "sglang" else VLLMBackend)(sim.url, options, http=engine_http)
+        pool = EnginePool([client], names=[sim.url], max_concurrency=options.concurrency,
+                          health_interval=config.engines.engine_health_interval)
+        async with open_runtime(config, backend=pool, tokenizer=tokenizer) as runtime, \
+                open_client(create_app(runtime)) as client_http:
             seen: Counter[int] = Counter()
             enough = trio.Event()
 
             async def turn(i: int) -> None:
                 body = {"messages": [{"role": "user", "content": "talk"}], "stream": True, "max_tokens": 4000}
                 headers = {"X-Session-Id": f"s{i}"}
-                async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
-                    async for line in response.aiter_lines():
+                async with client_http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+                    async for line in r.aiter_lines():
                         seen[i] += line.startswith("data: ")
                         if len([n for n in seen.values() if n >= 4]) == streams:
                             enough.set()
@@ -55,7 +70,9 @@ async def _pause_with_streams_in_flight(
                 for i in range(streams):
                     nursery.start_soon(turn, i)
                 await enough.wait()
-                ack = (await client.post("/v1/rollout/pause", json={"mode": "abort"})).json()
+                paused_at = trio.current_time()
+                ack = (await client_http.post("/v1/rollout/pause", json={"mode": "abort"})).json()
+                pause_took = trio.current_time() - paused_at
                 assert ack["aborted"] == streams
                 assert sim.state.abort_calls == abort_calls
                 # Nothing was cut: every engine request ended by its abort, none by a hang-up.
@@ -66,14 +83,15 @@ async def _pause_with_streams_in_flight(
                     stats = engine.stats(record.rid)
                     assert stats.aborted and not stats.cancelled
                     resumed[record.rid] = list(stats.token_ids)
-                await client.post("/v1/rollout/resume", json={})
+                await client_http.post("/v1/rollout/resume", json={})
             for i in range(streams):
-                await client.post("/session/finalize", json={"session_id": f"s{i}"})
-                data = (await client.post("/trajectory/read", json={"session_id": f"s{i}", "include_steps": True}))
+                await client_http.post("/session/finalize", json={"session_id": f"s{i}"})
+                data = await client_http.post("/trajectory/read", json={"session_id": f"s{i}", "include_steps": True})
                 [step] = data.json()["steps"]
                 first = resumed[step["rid"]]
                 # Partial rollout: the step holds the aborted attempt's tokens exactly, then the rest.
                 assert step["output_ids"][: len(first)] == first
+    return pause_took
 
 
 @pytest.mark.parametrize(
@@ -85,7 +103,7 @@ async def _pause_with_streams_in_flight(
     ],
 )
 async def test_pause_aborts_every_stream_and_records_exactly_what_the_engine_made(
-    tokenizer: Any, kind: str, proxy: dict[str, Any], calls: int
+    tokenizer: Any, kind: str, proxy: dict[str, Any], calls: int, autojump_clock: trio.testing.MockClock
 ) -> None:
     # Batched aborts keep the per-request acknowledgement: each stream still ends
     # with its own abort finish and exactly the engine's tokens.
@@ -93,18 +111,14 @@ async def test_pause_aborts_every_stream_and_records_exactly_what_the_engine_mad
 
 
 async def test_a_slow_abort_answer_is_waited_for_not_turned_into_a_hang_up(
-    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
     # The engine answers the abort calls after 2.5 s (> the 2 s abort grace): the streams
     # used to be cut at 2 s, losing the tokens in flight and never aborting in the engine.
-    # (The controller's own last-resort bound is raised: on a loaded machine the 20
-    # streams' backlog can take longer than 10 s to read, and that is not what is tested.)
-    # generate.py imported the name, so it is raised there: raising it on the controller
-    # alone left the turn's own 10 s bound, which cut the streams under load and sent a
-    # second abort for each (38 abort calls instead of 20).
-    monkeypatch.setattr(controller, "ABORT_BOUND", 120.0)
-    monkeypatch.setattr(generate, "ABORT_BOUND", 120.0)
-    await _pause_with_streams_in_flight(tokenizer, "sglang", streams=20, abort_delay=2.5, abort_calls=20)
+    # Under MockClock the 20 streams' backlog costs no time, so the controller's and the
+    # turn's own bounds (ABORT_BOUND, 10 s) stay as they are in production.
+    took = await _pause_with_streams_in_flight(tokenizer, "sglang", streams=20, abort_delay=2.5, abort_calls=20)
+    assert took == pytest.approx(2.5)  # the pause waited for the slow answers, and no longer
 
 
 async def test_the_abort_batcher_sends_a_round_once_and_survives_a_cancelled_sender() -> None:
