@@ -27,7 +27,11 @@ class ProxyProcess:
         self.url = ""
 
     async def started(self, limit: float = 60.0) -> str:
-        """The URL, once the proxy logs that it serves."""
+        """The URL, once the proxy logs that it serves.
+
+        Polled (bounded): the log file, written by another process, is the only sign it
+        gives. A polled real condition, not a blind sleep; an early exit ends the wait at once.
+        """
         with trio.fail_after(limit):
             while True:
                 match = _URL.search(self.log_path.read_text(errors="replace"))
@@ -36,14 +40,26 @@ class ProxyProcess:
                     return self.url
                 if self.proc.poll() is not None:
                     raise AssertionError(f"actorproxy exited {self.proc.returncode}:\n{self.log_path.read_text()}")
-                await trio.sleep(0.05)
+                with trio.move_on_after(0.05):
+                    await self._exited()
 
     async def wait(self, limit: float = 60.0) -> int:
+        """The exit code, as soon as the process exits (bounded)."""
         with trio.fail_after(limit):
-            while self.proc.poll() is None:  # noqa: ASYNC110 (another process: no event to wait on)
-                await trio.sleep(0.02)
+            await self._exited()
         self._log.close()
-        return self.proc.returncode
+        return self.proc.wait()
+
+    async def _exited(self) -> None:
+        """Return when the process has exited: its pidfd turns readable (no polling)."""
+        if self.proc.poll() is not None:
+            await trio.lowlevel.checkpoint()
+            return
+        fd = os.pidfd_open(self.proc.pid)
+        try:
+            await trio.lowlevel.wait_readable(fd)
+        finally:
+            os.close(fd)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
