@@ -89,6 +89,8 @@ async def test_two_proxies_feed_one_pool_and_a_restarted_proxy_loses_nothing(
             for i in range(2, 4):  # g2: open on A (journaled), finalized on B
                 await _finished_rollout(on_a, f"a{i}", "g2", finalize=False)
                 await _finished_rollout(on_b, f"b{i}", "g2", finalize=True)
+            # Polled (bounded): the journal commits in proxy A's writer thread within ~50 ms of a
+            # step's end, and /trajectory/stats is the only sign of it another process can see.
             with trio.fail_after(10):
                 while (await on_a.get("/trajectory/stats")).json()["journal_steps"] < 2:  # noqa: ASYNC110
                     await trio.sleep(0.02)

@@ -189,7 +189,9 @@ async def test_sigkill_loses_no_completed_step_and_no_finalized_segment(tmp_path
                     nursery.start_soon(generate, i)
                 for event in generating:
                     await event.wait()
-                with trio.fail_after(10):  # the journal commits within ~50 ms of a step's end
+                # Polled (bounded): the journal commits in the proxy's writer thread within ~50 ms of a step's
+                # end, and /trajectory/stats is the only sign of it another process can see.
+                with trio.fail_after(10):
                     while (await http.get("/trajectory/stats")).json()["journal_steps"] < 50:  # noqa: ASYNC110
                         await trio.sleep(0.02)
                 proxy.proc.kill()

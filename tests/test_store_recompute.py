@@ -53,7 +53,9 @@ async def test_sigkill_in_recompute_mode_recovers_the_rebuilt_segment(tmp_path: 
                     nursery.start_soon(_conversation, http, f"open{i}", i)
             for i in range(PAIRS):
                 assert (await http.post("/session/finalize", json={"session_id": f"fin{i}"})).status_code == 200
-            with trio.fail_after(10):  # the journal commits within ~50 ms of a step's end
+            # Polled (bounded): the journal commits in the proxy's writer thread within ~50 ms of a step's
+            # end, and /trajectory/stats is the only sign of it another process can see.
+            with trio.fail_after(10):
                 while (await http.get("/trajectory/stats")).json()["journal_steps"] < 4 * PAIRS:  # noqa: ASYNC110
                     await trio.sleep(0.02)
             proxy.proc.kill()
