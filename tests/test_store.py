@@ -6,14 +6,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from _asgi import open_client
 from _util import run_turn
 
 from actorproxy.config import ProxyConfig
 from actorproxy.errors import StorageFull
 from actorproxy.runtime import store as st
 from actorproxy.runtime.runtime import open_runtime
+from actorproxy.server.app import create_app
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.store.sqlite import DB_FILE
 from actorproxy.testing import open_simulated_proxy
@@ -156,9 +157,8 @@ async def test_a_drain_that_cannot_be_serialised_deletes_nothing(
 
 async def test_drain_with_invalid_unicode_delivers_everything(tokenizer: Any) -> None:
     """Issue 11 #2: a lone surrogate in one session made a draining read answer 500 after deleting all."""
-    async with open_simulated_proxy(tokenizer=tokenizer, serve_http=True) as sim, httpx.AsyncClient(
-        base_url=sim.url or "", timeout=30
-    ) as http:
+    # In-process HTTP: what is tested is the app's answers, not the socket.
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
         await run_turn(sim.runtime, "bad", [{"role": "user", "content": "hi", "name": "x\udc80"}])
         await run_turn(sim.runtime, "bystander", HI)
         await sim.runtime.finalize("bad")

@@ -13,9 +13,9 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import trio
+from _asgi import open_client
 from _util import run_turn
 
 from actorproxy.config import ProxyConfig
@@ -23,6 +23,7 @@ from actorproxy.errors import StorageFull
 from actorproxy.runtime import runtime as runtime_module
 from actorproxy.runtime import store as st
 from actorproxy.runtime.runtime import open_runtime
+from actorproxy.server.app import create_app
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.store.sqlite import SQLiteStore
 from actorproxy.testing import open_simulated_proxy
@@ -170,9 +171,8 @@ async def test_a_failed_store_over_http(
     """The refusal in each caller's format with Retry-After; /health and /metrics show it; the close saves all."""
     monkeypatch.setattr(st, "FIRST_RETRY", 0.0)
     config = ProxyConfig.of(port=0, store_kind="sqlite", data_dir=str(tmp_path / "data"))
-    async with open_simulated_proxy(config, tokenizer=tokenizer, serve_http=True) as sim, httpx.AsyncClient(
-        base_url=sim.url or "", timeout=30
-    ) as http:
+    # In-process HTTP: what is tested is the app's answers, not the socket.
+    async with open_simulated_proxy(config, tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
         disk = flaky[0].disk
         disk.failing = "database or disk is full"
         await run_turn(sim.runtime, "a", HI)  # its journal entry fails: the store is failed
