@@ -3,7 +3,8 @@
 The gateway methods (``generate``, ``submit_steps``, ``compute_reward``,
 ``init_trajectory``, ``complete_trajectory``, ``fetch_batch``) return typed
 attrs results, structured by the wire converter from the same models the
-proxy's routes use (:mod:`actorproxy.server.gateway_models`).
+proxy's routes use (:mod:`actorproxy.server.gateway_models`); ``read_segments``
+returns typed segments (:class:`~actorproxy.core.records.Segment`) the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from .core.records import Segment
 from .server.gateway_models import (
     Channel,
     CompleteResult,
@@ -29,7 +31,7 @@ from .wire.converter import CONVERTER
 
 __all__ = [
     "CompleteResult", "FetchBatchResult", "GenerateResult", "InitResult", "ProxyClient", "ProxyError", "RewardResult",
-    "StepBody", "SubmitStepsResult", "load_trajectory_file",
+    "Segment", "StepBody", "SubmitStepsResult", "load_trajectory_file",
 ]
 
 T = TypeVar("T")
@@ -120,6 +122,17 @@ class ProxyClient:
         if trajectory_id is not None:
             body["trajectory_id"] = trajectory_id
         return dict(await self._post("/trajectory/read", body))
+
+    async def read_segments(
+        self, *, session_id: str | None = None, trajectory_id: str | None = None, drain: bool = False
+    ) -> list[Segment]:
+        """The finalized segments, typed (arrays as ``array``), structured by the proxy's own converter.
+
+        The same data as :meth:`read_trajectory`'s ``data``; the derived counts
+        (``num_tokens``, ``num_trained_tokens``) are properties of the segment.
+        """
+        payload = await self.read_trajectory(session_id=session_id, trajectory_id=trajectory_id, drain=drain)
+        return CONVERTER.structure(payload["data"], list[Segment])
 
     # -- the gateway (docs/gateway.md) ------------------------------------------------------
 

@@ -38,6 +38,7 @@ from .runtime.messages import ChatRequest, Identity, TurnDelta, TurnDone, TurnFa
 from .runtime.runtime import Runtime, open_runtime
 from .sim import ScriptedOutput, SimConfig, SimEngine
 from .tokenization.tokenizer import ChatTokenizer, load_tokenizer
+from .wire.converter import CONVERTER
 
 __all__ = ["ScriptedOutput", "SimulatedProxy", "TurnResult", "open_simulated_proxy"]
 
@@ -97,16 +98,19 @@ class SimulatedProxy:
                         return TurnResult(None, event.error, "".join(content), "".join(reasoning))
         raise AssertionError("the turn ended without a result")
 
+    # The answers below are the JSON the HTTP routes send (by the wire converter), so a test
+    # asserts on what a trainer would see.
+
     async def pause(self, mode: PauseMode = "abort") -> dict[str, Any]:
         """Pause generation; returns the acknowledgment (``aborted``, ``partial_tokens``)."""
-        return await self.runtime.pause(mode)
+        return _json(await self.runtime.pause(mode))
 
     async def resume(self, weight_version: str | None = None, *, bump_epoch: bool = False) -> dict[str, Any]:
         """Resume; a new ``weight_version`` is also installed in the simulated engine."""
-        return await self.runtime.resume(weight_version=weight_version, bump_epoch=bump_epoch)
+        return _json(await self.runtime.resume(weight_version=weight_version, bump_epoch=bump_epoch))
 
     async def pause_state(self) -> dict[str, Any]:
-        return await self.runtime.pause_state()
+        return _json(await self.runtime.pause_state())
 
     async def wait_for_tokens(self, session_id: str, count: int) -> None:
         """Return as soon as the session's generation in flight has produced ``count`` tokens.
@@ -117,16 +121,21 @@ class SimulatedProxy:
         """
         step = self.engine.config.token_interval / 4
         while True:
-            tokens = (await self.pause_state())["in_flight_tokens"].get(session_id, 0)
+            tokens = (await self.runtime.pause_state()).in_flight_tokens.get(session_id, 0)
             if tokens >= count:
                 return
             await trio.sleep(step)
 
     async def finalize(self, session_id: str, *, reward: float | None = None) -> dict[str, Any]:
-        return await self.runtime.finalize(session_id, reward=reward)
+        return _json(await self.runtime.finalize(session_id, reward=reward))
 
     async def read(self, session_id: str, *, include_steps: bool = True, drain: bool = False) -> dict[str, Any]:
-        return await self.runtime.read(session_id=session_id, include_steps=include_steps, drain=drain)
+        return _json(await self.runtime.read(session_id=session_id, include_steps=include_steps, drain=drain))
+
+
+def _json(reply: Any) -> dict[str, Any]:
+    data: dict[str, Any] = CONVERTER.unstructure(reply)
+    return data
 
 
 @asynccontextmanager

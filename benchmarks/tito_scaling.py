@@ -33,6 +33,7 @@ from actorproxy.engines.base import GenerateFinish, GenerateRequest, ModelInfo, 
 from actorproxy.runtime.messages import ChatRequest, Identity, TurnDone
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.tokenization import load_tokenizer
+from actorproxy.wire.converter import CONVERTER
 
 TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
@@ -120,7 +121,7 @@ async def one_session(turns: int, words: int, **settings: Any) -> tuple[list[flo
         start = time.process_time()
         await runtime.finalize("long")
         finalize_cpu = time.process_time() - start
-        data = await runtime.read(session_id="long")
+        data = CONVERTER.unstructure(await runtime.read(session_id="long"))
         assert len(data["data"]) == 1, "the session split: the benchmark would not measure one segment"
         verify = data["data"][0]["metadata"].get("verify")
         assert verify is None or verify["unexpected"] == 0, verify

@@ -11,6 +11,7 @@ from _util import WEATHER_TOOL, RecordingBackend, check_segment_invariants, rese
 from actorproxy.config import ProxyConfig, recompute_logprobs_from_env
 from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.wire.converter import CONVERTER
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 REPLIES = [
@@ -42,7 +43,7 @@ async def _three_turns(runtime: Runtime, engine: SimEngine, session: str) -> lis
 
 async def _finalized(runtime: Runtime, session: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     await runtime.finalize(session)
-    payload = await runtime.read(session_id=session, include_steps=True)
+    payload = CONVERTER.unstructure(await runtime.read(session_id=session, include_steps=True))
     return payload["data"], payload["steps"]
 
 

@@ -14,6 +14,7 @@ from _util import RecordingBackend, check_segment_invariants, run_turn
 from actorproxy.config import ProxyConfig
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.wire.converter import CONVERTER
 
 READ = {
     "type": "function",
@@ -49,7 +50,7 @@ async def test_glm45_session_continues_through_tool_calls_and_user_turns() -> No
         third = await run_turn(runtime, "g", messages, tools=[READ])
         assert third.message["content"] == "You are welcome."
         await runtime.finalize("g")
-        payload = await runtime.read(session_id="g", drain=True, include_steps=True)
+        payload = CONVERTER.unstructure(await runtime.read(session_id="g", drain=True, include_steps=True))
     segments, steps = payload["data"], payload["steps"]
     assert [s["boundary_reason"] for s in segments] == ["finalize"], "every turn continued the segment"
     check_segment_invariants(segments[0], steps, backend.prompts)
@@ -73,7 +74,7 @@ async def test_a_template_that_is_not_append_only_renders_every_turn_whole() -> 
             messages += [result.message, {"role": "user", "content": follow_up}]
         await run_turn(runtime, "m", messages, tools=[READ])
         await runtime.finalize("m")
-        payload = await runtime.read(session_id="m", drain=True, include_steps=True)
+        payload = CONVERTER.unstructure(await runtime.read(session_id="m", drain=True, include_steps=True))
     segments = payload["data"]
     assert [s["start_reason"] for s in segments] == [
         "session_start", "template_not_append_only", "template_not_append_only"

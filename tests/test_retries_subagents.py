@@ -11,6 +11,7 @@ from _util import WEATHER_TOOL, RecordingBackend, check_segment_invariants, rese
 from actorproxy.config import ProxyConfig
 from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.wire.converter import CONVERTER
 
 SYSTEM = {"role": "system", "content": "You are the main coding agent."}
 TASK = {"role": "user", "content": "Fix the failing test in utils.py."}
@@ -36,7 +37,7 @@ async def rig(tokenizer: Any) -> AsyncIterator[tuple[Runtime, SimEngine, Recordi
 
 async def _read(runtime: Runtime, session: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     await runtime.finalize(session)
-    payload = await runtime.read(session_id=session, include_steps=True)
+    payload = CONVERTER.unstructure(await runtime.read(session_id=session, include_steps=True))
     return payload["data"], payload["steps"]
 
 
@@ -138,7 +139,7 @@ async def test_sub_agent_turns_go_to_a_child_session(rig: Any) -> None:
     for segment in segments:
         mine = [s for s in steps if segment["trajectory_id"].startswith(s["session_id"] + "#")]
         check_segment_invariants(segment, mine, backend.prompts)
-    child = await runtime.read(session_id="cc/sub-1", include_steps=True)
+    child = CONVERTER.unstructure(await runtime.read(session_id="cc/sub-1", include_steps=True))
     assert len(child["data"]) == 1 and len(child["steps"]) == 2
     stats = await runtime.store_stats()
     assert stats["sub_agent_sessions"] == 2 and stats["sub_agent_segments"] == 2

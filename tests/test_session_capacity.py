@@ -19,6 +19,7 @@ from actorproxy.errors import Overloaded
 from actorproxy.runtime.messages import ChatRequest, Identity, TurnAccepted, TurnDone
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.wire.converter import CONVERTER
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -38,7 +39,7 @@ async def test_a_new_session_evicts_the_least_recently_used_idle_one(
         await trio.testing.wait_all_tasks_blocked()
         census = await runtime.census()
         assert (census["active_sessions"], census["sessions_evicted_for_room"]) == (2, 1)
-        stored = await runtime.read(session_id="a", include_steps=True)
+        stored = CONVERTER.unstructure(await runtime.read(session_id="a", include_steps=True))
         assert [s["boundary_reason"] for s in stored["data"]] == ["capacity_evicted"]
         assert [(s["step_index"], s["status"]) for s in stored["steps"]] == [(0, "completed")]
         assert a.done is not None and stored["steps"][0]["completion_tokens"] == a.done.completion_tokens
@@ -46,7 +47,7 @@ async def test_a_new_session_evicts_the_least_recently_used_idle_one(
         await run_turn(runtime, "b", [*HI, {"role": "user", "content": "again"}], max_tokens=4)
         await run_turn(runtime, "d", HI, max_tokens=4)
         await trio.testing.wait_all_tasks_blocked()
-        assert [s["boundary_reason"] for s in (await runtime.read(session_id="c"))["data"]] == ["capacity_evicted"]
+        assert [s.boundary_reason for s in (await runtime.read(session_id="c")).data] == ["capacity_evicted"]
         assert (await runtime.describe_session("b")).next_step == 2
         # An evicted session comes back as a successor that keeps counting.
         back = await run_turn(runtime, "a", HI, max_tokens=4)
@@ -69,4 +70,4 @@ async def test_busy_sessions_are_never_evicted(tokenizer: Any, autojump_clock: t
         # Idle now: the newcomer gets its slot, and the busy session's turn is in the store.
         assert (await run_turn(runtime, "newcomer", HI, max_tokens=4)).done is not None
         await trio.testing.wait_all_tasks_blocked()
-        assert len((await runtime.read(session_id="busy", include_steps=True))["steps"]) == 1
+        assert len(CONVERTER.unstructure(await runtime.read(session_id="busy", include_steps=True))["steps"]) == 1

@@ -20,6 +20,7 @@ from actorproxy.config import ProxyConfig
 from actorproxy.core.session_state import SessionState
 from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.wire.converter import CONVERTER
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -33,7 +34,7 @@ async def _check_failed_alone(runtime: Runtime, bad: str, bystander: str) -> Non
     await trio.testing.wait_all_tasks_blocked()
     census = await runtime.census()
     assert census["sessions_failed"] == 1
-    stored = await runtime.read(session_id=bad, include_steps=True)
+    stored = CONVERTER.unstructure(await runtime.read(session_id=bad, include_steps=True))
     assert [s["step_index"] for s in stored["steps"]] == [0]
     assert [s["boundary_reason"] for s in stored["data"]] == ["session_failed"]
     assert (await run_turn(runtime, bystander, [*HI, {"role": "user", "content": "still there?"}])).done is not None
@@ -108,7 +109,7 @@ async def test_a_failure_inside_the_generation_fails_only_its_session(
         failed = await run_turn(runtime, "bad", [*HI, first.message, {"role": "user", "content": "more"}])
         assert failed.error is not None and failed.error.code == "session_failed"
         await trio.testing.wait_all_tasks_blocked()
-        stored = await runtime.read(session_id="bad", include_steps=True)
+        stored = CONVERTER.unstructure(await runtime.read(session_id="bad", include_steps=True))
         # Both steps are kept: the first in the closed segment, the failed one (running when it failed) beside it.
         assert [s["step_index"] for s in stored["steps"]] == [0, 1]
         assert stored["data"][0]["step_indices"] == [0]

@@ -12,8 +12,10 @@ from _util import RecordingBackend, run_turn
 from actorproxy.config import ProxyConfig
 from actorproxy.errors import NotFound, ShuttingDown
 from actorproxy.runtime.messages import ChatRequest, Identity, TurnDelta
+from actorproxy.runtime.replies import FinalizeResult
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.wire.converter import CONVERTER
 
 INTERVAL = 0.01
 
@@ -76,7 +78,7 @@ async def test_turns_of_one_session_are_serialised(
                 turns.start_soon(turn, "second")
             nursery.cancel_scope.cancel()
         await runtime.finalize("s")
-        payload = await runtime.read(session_id="s", include_steps=True)
+        payload = CONVERTER.unstructure(await runtime.read(session_id="s", include_steps=True))
     assert finished == [10 * INTERVAL, 20 * INTERVAL]
     assert peak == 1
     assert [s["step_index"] for s in payload["steps"]] == [0, 1]
@@ -99,7 +101,7 @@ async def test_idle_session_is_evicted_into_the_store(
         await trio.testing.wait_all_tasks_blocked()
         census = await runtime.census()
         assert census["active_sessions"] == 0 and census["sessions_evicted"] == 1
-        payload = await runtime.read(session_id="idle", include_steps=True)
+        payload = CONVERTER.unstructure(await runtime.read(session_id="idle", include_steps=True))
         [segment] = payload["data"]
         assert segment["boundary_reason"] == "idle_evicted"
         assert segment["token_ids"][-len(payload["steps"][0]["output_ids"]) :] == payload["steps"][0]["output_ids"]
@@ -108,7 +110,7 @@ async def test_idle_session_is_evicted_into_the_store(
         await run_turn(runtime, "idle", messages)
         described = await runtime.describe_session("idle")
         assert described.next_step == 2
-        assert described.open_segment["segment_index"] == 1
+        assert described.open_segment is not None and described.open_segment.segment_index == 1
 
 
 async def test_shutdown_finalizes_open_sessions(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
@@ -123,7 +125,7 @@ async def test_shutdown_finalizes_open_sessions(tokenizer: Any, autojump_clock: 
             assert await runtime.close_all("shutdown") == 2
             assert trio.current_time() >= 10 * INTERVAL  # waited for y's turn to complete
         for session in ("x", "y"):
-            payload = await runtime.read(session_id=session, include_steps=True)
+            payload = CONVERTER.unstructure(await runtime.read(session_id=session, include_steps=True))
             assert [s["boundary_reason"] for s in payload["data"]] == ["shutdown"]
             assert [s["status"] for s in payload["steps"]] == ["completed"]
         with pytest.raises(ShuttingDown):
@@ -156,7 +158,7 @@ async def test_context_overflow_and_clamp(tokenizer: Any, autojump_clock: trio.t
         prompt = ok.done.prompt_tokens
         assert ok.done.prompt_tokens + ok.done.completion_tokens <= 64
         described = await runtime.describe_session("c")
-        assert described.recent_steps[0]["max_new_tokens"] == 64 - prompt
+        assert described.recent_steps[0].step.max_new_tokens == 64 - prompt
 
 
 async def test_a_long_turn_is_not_cut_by_the_idle_timer(
@@ -170,7 +172,7 @@ async def test_a_long_turn_is_not_cut_by_the_idle_timer(
         assert result.done is not None and result.done.completion_tokens == 100
         assert trio.current_time() >= 100 * INTERVAL > config.limits.session_ttl
         described = await runtime.describe_session("long")
-        assert described.recent_steps[-1]["status"] == "completed"
+        assert described.recent_steps[-1].step.status == "completed"
 
 
 async def test_finalize_frees_the_slot_and_numbering_continues(
@@ -179,7 +181,7 @@ async def test_finalize_frees_the_slot_and_numbering_continues(
     config = ProxyConfig.of(port=0, max_sessions=1)
     async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
         await run_turn(runtime, "a", [{"role": "user", "content": "hi"}])
-        summary = await runtime.finalize("a", instance_id="group-1")
+        summary = CONVERTER.unstructure(await runtime.finalize("a", instance_id="group-1"))
         assert summary == {"session_id": "a", "segments": 1, "steps": 1}
         await trio.testing.wait_all_tasks_blocked()
         assert (await runtime.census())["active_sessions"] == 0
@@ -187,12 +189,13 @@ async def test_finalize_frees_the_slot_and_numbering_continues(
         await runtime.finalize("b")
         await run_turn(runtime, "a", [{"role": "user", "content": "again"}])
         described = await runtime.describe_session("a")
-        assert described.next_step == 2 and described.open_segment["segment_index"] == 1
-        [segment] = (await runtime.read(session_id="a"))["data"]
+        assert described.next_step == 2
+        assert described.open_segment is not None and described.open_segment.segment_index == 1
+        [segment] = CONVERTER.unstructure(await runtime.read(session_id="a"))["data"]
         assert segment["instance_id"] == "group-1"
         # Finalizing twice is harmless; an unknown session is a 404.
         await runtime.finalize("a")
-        assert (await runtime.finalize("a")) == {"session_id": "a", "segments": 0, "steps": 0}
+        assert await runtime.finalize("a") == FinalizeResult("a", segments=0, steps=0)
         with pytest.raises(NotFound):
             await runtime.finalize("never-seen")
 
@@ -228,6 +231,6 @@ async def test_agent_gone_before_the_result_keeps_the_reply_out(
         retry = await run_turn(runtime, "late", messages)
         assert retry.done is not None
         await runtime.finalize("late")
-        payload = await runtime.read(session_id="late", include_steps=True)
+        payload = CONVERTER.unstructure(await runtime.read(session_id="late", include_steps=True))
     assert [s["status"] for s in payload["steps"]] == ["completed", "client_disconnected", "completed"]
     assert [s["num_steps"] for s in payload["data"]] == [2]

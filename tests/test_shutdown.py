@@ -17,6 +17,7 @@ from actorproxy.serve import serve_proxy
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.store.base import ReadQuery
 from actorproxy.store.sqlite import SQLiteStore
+from actorproxy.wire.converter import CONVERTER
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -87,7 +88,7 @@ def _stored(data_dir: Path) -> dict[str, Any]:
     store = SQLiteStore(str(data_dir))
     try:
         store.recover()
-        result: dict[str, Any] = store.read(ReadQuery(None, None, False, True), lambda r: r)
+        result: dict[str, Any] = store.read(ReadQuery(None, None, False, True), CONVERTER.unstructure)
         result["stats"] = store.stats()
         return result
     finally:

@@ -20,6 +20,7 @@ from _util import WEATHER_TOOL, RecordingBackend, check_segment_invariants, run_
 from actorproxy.config import ProxyConfig
 from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.wire.converter import CONVERTER
 
 TITLE = [{"role": "system", "content": "You are a title generator. Output only a title."},
          {"role": "user", "content": "Generate a title for this conversation:\n"},
@@ -46,8 +47,8 @@ async def rig(tokenizer: Any) -> AsyncIterator[tuple[Runtime, SimEngine, Recordi
 
 
 async def _finalized(runtime: Runtime, session: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    summary = await runtime.finalize(session)
-    payload = await runtime.read(session_id=session, include_steps=True)
+    summary = CONVERTER.unstructure(await runtime.finalize(session))
+    payload = CONVERTER.unstructure(await runtime.read(session_id=session, include_steps=True))
     segments, steps = payload["data"], payload["steps"]
     assert summary["segments"] == len([s for s in segments if s["trajectory_id"].rpartition("#")[0] == session])
     return segments, steps

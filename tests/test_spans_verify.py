@@ -6,12 +6,14 @@ import copy
 from array import array
 from typing import Any
 
+import attrs
 import pytest
 
 from actorproxy.core.spans import AssistantSpan, SpanError, render_with_spans, turn_format
 from actorproxy.core.tito import render_fragment
 from actorproxy.core.verify import VerifyReport, compare, verify_prompt
 from actorproxy.tokenization.tokenizer import ChatTokenizer
+from actorproxy.wire.converter import CONVERTER
 
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
@@ -192,7 +194,7 @@ def test_identical_ids_are_clean(tokenizer: ChatTokenizer) -> None:
     assert report.clean
     assert report.turns == len(_turn_starts(tokenizer, ids))
     assert report.recorded_tokens == report.fresh_tokens == len(ids)
-    assert report.to_json() == {
+    assert CONVERTER.unstructure(report) == {
         "clean": True,
         "turns": report.turns,
         "recorded_tokens": len(ids),
@@ -306,7 +308,7 @@ def test_edited_user_message_is_context_differs(tokenizer: ChatTokenizer) -> Non
     assert (diff.kind, diff.expected, diff.role) == ("context_differs", False, "user")
     assert diff.turn == 5  # system, user, assistant, tool results (one user turn), assistant, user
     assert report.unexpected == 1 and report.expected == 0
-    listed = report.to_json()
+    listed = CONVERTER.unstructure(report)
     assert listed["clean"] is False and listed["by_kind"] == {"context_differs": 1}
     assert listed["differences"] == [
         {
@@ -343,15 +345,15 @@ def test_empty_sequences(tokenizer: ChatTokenizer) -> None:
     assert report.by_kind == {"structure_differs": 1} and report.turns > 1
 
 
-def test_to_json_lists_at_most_max_listed(tokenizer: ChatTokenizer) -> None:
+def test_the_json_lists_at_most_max_listed(tokenizer: ChatTokenizer) -> None:
     messages: list[dict[str, Any]] = []
     for i in range(6):
         messages += [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
     edited = [dict(m, content=m["content"] + "!") if m["role"] == "user" else m for m in messages]
     report = compare(tokenizer, _fresh(tokenizer, messages), _fresh(tokenizer, edited))
     assert report.unexpected == 6
-    assert len(report.to_json(max_listed=2)["differences"]) == 2
-    assert [d["turn"] for d in report.to_json()["differences"]] == [0, 2, 4, 6, 8, 10]
+    assert len(CONVERTER.unstructure(attrs.evolve(report, max_listed=2))["differences"]) == 2
+    assert [d["turn"] for d in CONVERTER.unstructure(report)["differences"]] == [0, 2, 4, 6, 8, 10]
 
 
 def test_compare_on_100k_tokens(tokenizer: ChatTokenizer) -> None:

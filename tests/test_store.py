@@ -13,11 +13,13 @@ from _util import run_turn
 from actorproxy.config import ProxyConfig
 from actorproxy.errors import StorageFull
 from actorproxy.runtime import store as st
+from actorproxy.runtime.replies import FinalizeResult
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.server.app import create_app
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.store.sqlite import DB_FILE
 from actorproxy.testing import open_simulated_proxy
+from actorproxy.wire.converter import CONVERTER
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -41,20 +43,20 @@ async def test_stores_answer_alike(kind: str, tmp_path: Path, tokenizer: Any) ->
     async with open_runtime(_config(kind, tmp_path), backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
         await _two_turns(runtime, "a")
         await run_turn(runtime, "b", HI)
-        assert (await runtime.finalize("a", reward=1.0))["segments"] == 1
+        assert (await runtime.finalize("a", reward=1.0)).segments == 1
         await runtime.finalize("b")
-        a = await runtime.read(session_id="a", include_steps=True)
+        a = CONVERTER.unstructure(await runtime.read(session_id="a", include_steps=True))
         assert [s["trajectory_id"] for s in a["data"]] == ["a#0"] and a["data"][0]["reward"] == 1.0
         assert [s["step_index"] for s in a["steps"]] == [0, 1]
         seg = a["data"][0]
         assert seg["token_ids"] == a["steps"][0]["concat_token_ids"] + a["steps"][1]["concat_token_ids"]
         assert len(seg["loss_mask"]) == len(seg["logprobs"]) == len(seg["versions"]) == seg["num_tokens"]
-        one = await runtime.read(trajectory_id="b#0")
-        assert one["data"][0]["token_ids"] == (await runtime.read(session_id="b"))["data"][0]["token_ids"]
+        one = CONVERTER.unstructure(await runtime.read(trajectory_id="b#0"))
+        assert one["data"][0]["token_ids"] == (await runtime.read(session_id="b")).data[0].token_ids.tolist()
         stats = await runtime.store_stats()
         assert stats["store"] == kind and stats["segments"] == 2 and stats["steps"] == 3 and stats["sessions"] == 2
-        assert await runtime.finalize("a") == {"session_id": "a", "segments": 0, "steps": 0}  # known, retired
-        drained = await runtime.read(drain=True, include_steps=True)
+        assert await runtime.finalize("a") == FinalizeResult("a", segments=0, steps=0)  # known, retired
+        drained = CONVERTER.unstructure(await runtime.read(drain=True, include_steps=True))
         assert sorted(s["trajectory_id"] for s in drained["data"]) == ["a#0", "b#0"] and len(drained["steps"]) == 3
         after = await runtime.store_stats()
         assert after["segments"] == after["steps"] == after["tokens"] == after["sessions"] == 0
@@ -66,16 +68,16 @@ async def test_sqlite_keeps_data_across_restarts_and_not_in_memory(tmp_path: Pat
     async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
         await _two_turns(runtime, "a")
         await runtime.finalize("a")
-        before = await runtime.read(session_id="a", include_steps=True)
+        before = CONVERTER.unstructure(await runtime.read(session_id="a", include_steps=True))
     async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
-        assert await runtime.read(session_id="a", include_steps=True) == before
+        assert CONVERTER.unstructure(await runtime.read(session_id="a", include_steps=True)) == before
         stats = await runtime.store_stats()
         assert stats["segments"] == 1 and stats["journal_steps"] == 0
         # A finalized session's id used again continues its numbering: no step or trajectory id is reused.
         again = await run_turn(runtime, "a", HI)
         assert again.done is not None and again.done.step_index == 2
         await runtime.finalize("a")
-        ids = [s["trajectory_id"] for s in (await runtime.read(session_id="a"))["data"]]
+        ids = [s["trajectory_id"] for s in CONVERTER.unstructure(await runtime.read(session_id="a"))["data"]]
         assert ids == ["a#0", "a#1"]
 
 
@@ -102,18 +104,18 @@ async def test_journal_recovers_open_sessions_after_a_crash(tmp_path: Path, toke
                             tokenizer=tokenizer) as runtime:
         stats = await runtime.store_stats()
         assert stats["recovered_steps"] == 2 and stats["recovered_segments"] == 1 and stats["journal_steps"] == 0
-        got = await runtime.read(session_id="open", include_steps=True)
+        got = CONVERTER.unstructure(await runtime.read(session_id="open", include_steps=True))
         (seg,) = got["data"]
         assert seg["trajectory_id"] == "open#0" and seg["boundary_reason"] == "recovered"
         assert seg["metadata"]["recovered"] is True and seg["step_indices"] == [0, 1]
         assert [len(s["output_ids"]) for s in got["steps"]] == [t.done.completion_tokens for t in turns]
         assert seg["token_ids"] == got["steps"][0]["concat_token_ids"] + got["steps"][1]["concat_token_ids"]
-        assert len((await runtime.read(session_id="done"))["data"]) == 1
+        assert len(CONVERTER.unstructure(await runtime.read(session_id="done"))["data"]) == 1
         # The session's next turn starts a fresh segment; no step or trajectory id is reused.
         turn = await run_turn(runtime, "open", HI)
         assert turn.done is not None and turn.done.step_index == 2
         await runtime.finalize("open")
-        ids = [s["trajectory_id"] for s in (await runtime.read(session_id="open"))["data"]]
+        ids = [s["trajectory_id"] for s in CONVERTER.unstructure(await runtime.read(session_id="open"))["data"]]
         assert ids == ["open#0", "open#1"]
 
 
@@ -131,7 +133,7 @@ async def test_full_store_refuses_new_turns_and_drops_nothing(kind: str, tmp_pat
         stats = await runtime.store_stats()
         assert stats["full"] and stats["refused_turns"] == 1
         for name in ("old", "new"):  # nothing was dropped
-            assert (await runtime.read(session_id=name))["data"]
+            assert CONVERTER.unstructure(await runtime.read(session_id=name))["data"]
         await runtime.read(drain=True)
         assert (await run_turn(runtime, "third", HI)).done is not None
 
@@ -152,7 +154,7 @@ async def test_a_drain_that_cannot_be_serialised_deletes_nothing(
         with pytest.raises(ValueError):
             await runtime.read_body(drain=True, include_steps=True)
         monkeypatch.undo()
-        assert len((await runtime.read(session_id="a", include_steps=True))["steps"]) == 1
+        assert len(CONVERTER.unstructure(await runtime.read(session_id="a", include_steps=True))["steps"]) == 1
 
 
 async def test_drain_with_invalid_unicode_delivers_everything(tokenizer: Any) -> None:

@@ -22,11 +22,13 @@ from actorproxy.config import ProxyConfig
 from actorproxy.errors import StorageFull
 from actorproxy.runtime import runtime as runtime_module
 from actorproxy.runtime import store as st
+from actorproxy.runtime.replies import FinalizeResult
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.server.app import create_app
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.store.sqlite import SQLiteStore
 from actorproxy.testing import open_simulated_proxy
+from actorproxy.wire.converter import CONVERTER
 
 HI = [{"role": "user", "content": "hi"}]
 _READS = ("SELECT", "PRAGMA")
@@ -134,15 +136,15 @@ async def test_a_failing_disk_refuses_turns_loses_nothing_and_recovers(
         await trio.sleep(st.FAILED_RETRY_MAX)
         stats = await runtime.store_stats()
         assert not stats["failed"] and stats["pending_writes"] == 0 and stats["failure"] is None
-        assert await runtime.finalize("open") == {"session_id": "open", "segments": 0, "steps": 0}
-        got = await runtime.read(session_id="open", include_steps=True)
+        assert await runtime.finalize("open") == FinalizeResult("open", segments=0, steps=0)
+        got = CONVERTER.unstructure(await runtime.read(session_id="open", include_steps=True))
         (seg,) = got["data"]
         assert seg["trajectory_id"] == "open#0" and seg["step_indices"] == [0, 1]
         assert [s["step_index"] for s in got["steps"]] == [0, 1]
         assert [len(s["output_ids"]) for s in got["steps"]] == [first.done.completion_tokens,
                                                                  second.done.completion_tokens]
-        assert (await runtime.read(session_id="done"))["data"][0]["num_tokens"] == done.done.prompt_tokens + \
-            done.done.completion_tokens
+        done_tokens = done.done.prompt_tokens + done.done.completion_tokens
+        assert (await runtime.read(session_id="done")).data[0].num_tokens == done_tokens
         stats = await runtime.store_stats()  # counted once each, though some writes were tried many times
         assert stats["segments"] == stats["segments_stored"] == 2 and stats["steps"] == stats["steps_stored"] == 3
         assert stats["journal_steps"] == 0
@@ -158,11 +160,11 @@ async def test_a_batch_that_fails_once_is_committed_once(
         disk = flaky[0].disk
         await run_turn(runtime, "a", HI)
         disk.failing, disk.heal_after = "database or disk is full", 2  # two attempts fail, the third commits
-        assert (await runtime.finalize("a"))["segments"] == 1  # answered once committed
+        assert (await runtime.finalize("a")).segments == 1  # answered once committed
         stats = await runtime.store_stats()
         assert not stats["failed"] and stats["commit_failures"] == 2 and stats["store_failures"] == 0
         assert stats["segments"] == stats["segments_stored"] == 1 and stats["steps"] == stats["steps_stored"] == 1
-        assert stats["tokens"] == 2 * (await runtime.read(session_id="a"))["data"][0]["num_tokens"]
+        assert stats["tokens"] == 2 * CONVERTER.unstructure(await runtime.read(session_id="a"))["data"][0]["num_tokens"]
 
 
 async def test_a_failed_store_over_http(

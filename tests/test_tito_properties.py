@@ -50,6 +50,7 @@ from actorproxy.runtime.messages import ChatRequest, Identity, TurnDelta, TurnDo
 from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.sim import ScriptedOutput, SimConfig, SimEngine
 from actorproxy.tokenization.tokenizer import ChatTokenizer
+from actorproxy.wire.converter import CONVERTER
 
 READ_TOOL = {
     "type": "function",
@@ -485,7 +486,7 @@ async def drive(
         for number in range(n_turns):
             await play(runtime, engine, session, conversation, conversation.next_turn(data, tokenizer, number))
         await runtime.finalize(session)
-        payload = await runtime.read(session_id=session, include_steps=True)
+        payload = CONVERTER.unstructure(await runtime.read(session_id=session, include_steps=True))
     event(f"segments: {len(payload['data'])}")
     return payload, conversation.turns, backend
 
@@ -664,10 +665,11 @@ async def test_generated_sub_agents_get_their_own_child_sessions(data: st.DataOb
             conversation = conversations[who]
             await play(runtime, engine, session, conversation, conversation.next_turn(data, tokenizer, number))
         await runtime.finalize(session)
-        payload = await runtime.read(session_id=session, include_steps=True)
+        payload = CONVERTER.unstructure(await runtime.read(session_id=session, include_steps=True))
         firsts = sorted(range(1, len(conversations)), key=order.index)
         children = {who: f"{session}/sub-{n}" for n, who in enumerate(firsts, 1)}
-        child_reads = {who: await runtime.read(session_id=child, include_steps=True) for who, child in children.items()}
+        child_reads = {who: CONVERTER.unstructure(await runtime.read(session_id=child, include_steps=True))
+                       for who, child in children.items()}
 
     segments, steps = payload["data"], payload["steps"]
     session_of = {0: session, **children}
@@ -809,6 +811,6 @@ async def test_in_place_edit_of_an_earlier_message_is_a_history_rewrite(tokenize
         second = await chat(runtime, "mut", ChatRequest(messages=messages))
         assert second.done is not None
         await runtime.finalize("mut")
-        payload = await runtime.read(session_id="mut", include_steps=True)
+        payload = CONVERTER.unstructure(await runtime.read(session_id="mut", include_steps=True))
     # What the engine saw for the second turn must hold the reminder the agent sent.
     assert [s["boundary_reason"] for s in payload["steps"]] == ["session_start", "history_rewrite"]

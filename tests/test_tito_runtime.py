@@ -18,6 +18,7 @@ from _util import (
 from actorproxy.config import ProxyConfig
 from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.wire.converter import CONVERTER
 
 
 @pytest.fixture
@@ -51,7 +52,7 @@ async def test_twenty_turn_tool_session_is_exact(rig: tuple[Runtime, RecordingBa
     runtime, backend = rig
     await _agent_loop(runtime, "trip", 20, tools=[WEATHER_TOOL, SEARCH_TOOL])
     await runtime.finalize("trip")
-    payload = await runtime.read(session_id="trip", drain=True, include_steps=True)
+    payload = CONVERTER.unstructure(await runtime.read(session_id="trip", drain=True, include_steps=True))
     segments, steps = payload["data"], payload["steps"]
     assert len(steps) == 20
     assert any(s["output"]["tool_calls"] for s in steps), "the loop never called a tool"
@@ -83,7 +84,7 @@ async def test_rewrite_tools_and_system_changes_open_new_segments(
     changed = [{"role": "system", "content": "You are terse."}, *rewritten[1:], {"role": "user", "content": "?"}]
     await run_turn(runtime, "s", changed, tools=[WEATHER_TOOL, SEARCH_TOOL])
     await runtime.finalize("s")
-    payload = await runtime.read(session_id="s", include_steps=True)
+    payload = CONVERTER.unstructure(await runtime.read(session_id="s", include_steps=True))
     segments = payload["data"]
     assert [(s["start_reason"], s["boundary_reason"], s["num_steps"]) for s in segments] == [
         ("session_start", "history_rewrite", 3),
@@ -109,7 +110,7 @@ async def test_echo_may_keep_reasoning_and_change_spacing(rig: tuple[Runtime, Re
     await _agent_loop(runtime, "r", 6, tools=[WEATHER_TOOL], echo=reserialise)
     for session in ("v", "r"):
         await runtime.finalize(session)
-        payload = await runtime.read(session_id=session, include_steps=True)
+        payload = CONVERTER.unstructure(await runtime.read(session_id=session, include_steps=True))
         assert len(payload["data"]) == 1
         check_segment_invariants(payload["data"][0], payload["steps"], backend.prompts)
 
@@ -131,7 +132,7 @@ async def test_segment_equals_full_render_when_template_keeps_history(tokenizer:
         messages += [first.message, {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
         second = await run_turn(runtime, "f", messages, tools=[WEATHER_TOOL])
         await runtime.finalize("f")
-        [segment] = (await runtime.read(session_id="f"))["data"]
+        [segment] = CONVERTER.unstructure(await runtime.read(session_id="f"))["data"]
     assert second.message["content"] == "It is sunny in Paris."
     assert second.message["reasoning_content"] == "It said sunny."
     full = tokenizer.render(messages + [second.message], tools=[WEATHER_TOOL], add_generation_prompt=False)
@@ -155,7 +156,7 @@ async def test_client_gone_leaves_segment_untouched(rig: tuple[Runtime, Recordin
     again = await run_turn(runtime, "g", messages)
     assert again.done is not None
     await runtime.finalize("g")
-    payload = await runtime.read(session_id="g", include_steps=True)
+    payload = CONVERTER.unstructure(await runtime.read(session_id="g", include_steps=True))
     statuses = [s["status"] for s in payload["steps"]]
     assert statuses == ["completed", "client_disconnected", "completed"]
     assert payload["steps"][1]["in_segment"] is False

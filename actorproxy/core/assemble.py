@@ -35,7 +35,7 @@ from .records import (
 )
 from .spans import AssistantSpan, RenderedConversation, render_with_spans
 from .tito import OpenSegment
-from .verify import verify_prompt
+from .verify import VerifyFailure, VerifyReport, verify_prompt
 
 
 @attrs.frozen
@@ -195,12 +195,12 @@ def _last_step(seg: OpenSegment, tokenizer: ChatTokenizer, metadata: dict[str, A
     )
 
 
-def verify_segment(seg: OpenSegment, tokenizer: ChatTokenizer, *, max_listed: int = 20) -> dict[str, Any]:
+def verify_segment(seg: OpenSegment, tokenizer: ChatTokenizer) -> VerifyReport | VerifyFailure:
     """Compare the last step's recorded prompt with its conversation rendered afresh."""
     last = seg.steps[-1]
     request = seg.last_request
     if request is None:
-        return {"error": "the segment kept no request to re-render"}
+        return VerifyFailure("the segment kept no request to re-render")
     try:
         report = verify_prompt(
             tokenizer,
@@ -210,5 +210,5 @@ def verify_segment(seg: OpenSegment, tokenizer: ChatTokenizer, *, max_listed: in
             enable_thinking=request.enable_thinking,
         )
     except Exception as exc:  # the template refuses the conversation: report, never fail the close
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    return report.to_json(max_listed=max_listed)
+        return VerifyFailure(f"{type(exc).__name__}: {exc}")
+    return report

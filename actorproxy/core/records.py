@@ -122,66 +122,6 @@ class Step:
             return self.fragment_mask, self.fragment_logprobs, self.fragment_versions
         return array("b", bytes(n)), float_array(bytes(4 * n)), int_array([CONTEXT_VERSION]) * n
 
-    def to_json(self, *, include_arrays: bool = True) -> dict[str, Any]:
-        """The step as JSON, with the seed's TITO fragment fields."""
-        context = len(self.fragment_ids)
-        out = len(self.output_ids)
-        data: dict[str, Any] = {
-            "step_index": self.index,
-            "session_id": self.session_id,
-            "segment_index": self.segment_index,
-            "turn_id": self.turn_id,
-            "instance_id": self.instance_id,
-            "rid": self.rid,
-            "status": self.status,
-            "in_segment": self.in_segment,
-            "boundary_reason": self.boundary_reason,
-            "finish_reason": self.finish_reason,
-            "weight_version": self.weight_version,
-            "prompt_tokens": self.prompt_len,
-            "completion_tokens": out,
-            "max_new_tokens": self.max_new_tokens,
-            "message_count": self.message_count,
-            "new_messages": self.new_messages,
-            "tool_call_parse_error": self.tool_call_parse_error,
-            "error": self.error,
-            "concat_context_token_count": context,
-            "concat_output_token_count": out,
-            "concat_logprobs_invalid": self.logprobs_invalid,
-            "prefix_rebuilt": self.fragment_mask is not None,
-            "rebuilt_spans": [list(span) for span in self.rebuilt_spans],
-            "logprobs_recomputed": self.logprobs_recomputed,
-            "concat_incremental_tokenization_failed": self.incremental_tokenization_failed,
-            "created_at": self.created_at,
-            "first_token_at": self.first_token_at,
-            "finished_at": self.finished_at,
-        }
-        if self.output is not None:
-            data["output"] = {
-                "content": self.output.content,
-                "reasoning_content": self.output.reasoning,
-                "tool_calls": [call.to_openai() for call in self.output.tool_calls],
-            }
-        data["preemptions"] = self.preemptions
-        data["retry_of"] = self.retry_of
-        data["superseded_by"] = self.superseded_by
-        if self.discarded:
-            data["discarded"] = self.discarded if include_arrays else len(self.discarded)
-        if self.routed_experts is not None:
-            data["routed_experts"] = self.routed_experts if include_arrays else "..."
-        if self.routed_experts_chunks is not None:
-            chunks = self.routed_experts_chunks
-            data["routed_experts_chunks"] = chunks if include_arrays else len(chunks)
-        if include_arrays:
-            data["output_ids"] = self.output_ids.tolist()
-            data["output_logprobs"] = self.output_logprobs.tolist()
-            mask, logprobs, versions = self.fragment_arrays()
-            data["concat_token_ids"] = self.fragment_ids.tolist() + self.output_ids.tolist()
-            data["concat_response_logprobs"] = logprobs.tolist() + self.output_logprobs.tolist()
-            data["concat_response_mask"] = mask.tolist() + [1] * out
-            data["concat_versions"] = versions.tolist() + self.output_versions.tolist()
-        return data
-
 
 @attrs.frozen(eq=False)
 class Segment:
@@ -211,28 +151,11 @@ class Segment:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "trajectory_id": self.trajectory_id,
-            "parent_traj_id": self.parent_traj_id,
-            "instance_id": self.instance_id,
-            "rollout_id": self.rollout_id,
-            "segment_index": self.segment_index,
-            "token_ids": self.token_ids.tolist(),
-            "loss_mask": self.loss_mask.tolist(),
-            "logprobs": self.logprobs.tolist(),
-            "versions": self.versions.tolist(),
-            "num_steps": len(self.step_indices),
-            "step_indices": list(self.step_indices),
-            "num_tokens": len(self.token_ids),
-            "num_trained_tokens": sum(self.loss_mask),
-            "start_reason": self.start_reason,
-            "boundary_reason": self.boundary_reason,
-            "reward": self.reward,
-            "metadata": self.metadata,
-            "created_at": self.created_at,
-            **({"routed_experts_parts": self.routed_experts_parts} if self.routed_experts_parts else {}),
-        }
+    @property
+    def num_trained_tokens(self) -> int:
+        """Tokens with loss mask 1. A mask holds only 0 and 1: counting its bytes is ~10x faster than ``sum``."""
+        mask = self.loss_mask
+        return mask.tobytes().count(1) if mask.itemsize == 1 else sum(mask)
 
 
 def build_segment(

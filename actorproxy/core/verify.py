@@ -59,16 +59,6 @@ class Difference:
     #: ``[start, end)`` token range in the fresh ids.
     fresh: tuple[int, int]
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "turn": self.turn,
-            "role": self.role,
-            "kind": self.kind,
-            "expected": self.expected,
-            "recorded": list(self.recorded),
-            "fresh": list(self.fresh),
-        }
-
 
 @attrs.frozen
 class VerifyReport:
@@ -79,6 +69,8 @@ class VerifyReport:
     #: Turns compared (the larger of the two sides' turn counts).
     turns: int
     differences: tuple[Difference, ...]
+    #: How many differences its JSON lists (``wire.records``); all are counted.
+    max_listed: int = attrs.field(default=20, eq=False)
 
     @property
     def expected(self) -> int:
@@ -99,17 +91,12 @@ class VerifyReport:
             counts[d.kind] = counts.get(d.kind, 0) + 1
         return counts
 
-    def to_json(self, *, max_listed: int = 20) -> dict[str, Any]:
-        return {
-            "clean": self.clean,
-            "turns": self.turns,
-            "recorded_tokens": self.recorded_tokens,
-            "fresh_tokens": self.fresh_tokens,
-            "expected": self.expected,
-            "unexpected": self.unexpected,
-            "by_kind": self.by_kind,
-            "differences": [d.to_json() for d in self.differences[: max(0, max_listed)]],
-        }
+
+@attrs.frozen
+class VerifyFailure:
+    """The conversation could not be rendered afresh (the template refused it): why."""
+
+    error: str
 
 
 def verify_prompt(

@@ -22,6 +22,7 @@ from ..engines.base import Backend, BackendError, ModelInfo
 from ..store.base import StoreBackend
 from ..tokenization.tokenizer import ChatTokenizer
 from .output import OutputFormat
+from .replies import EngineAck
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,11 @@ ENGINE_METHODS = {
 }
 
 
-async def forward_to_engines(backend: Backend, action: str, *args: Any) -> list[Any]:
+async def forward_to_engines(backend: Backend, action: str, *args: Any) -> list[EngineAck]:
     """Call an optional engine-control method on the backend (or on every engine of a pool)."""
     engines = getattr(backend, "engines", None)
     targets = list(engines()) if callable(engines) else [backend]
-    results: list[Any] = []
+    results: list[EngineAck] = []
     for target in targets:
         if action in ("pause", "resume") and target.kind == "sim":
             continue  # the in-process engine is stopped by the controller's aborts alone
@@ -48,10 +49,10 @@ async def forward_to_engines(backend: Backend, action: str, *args: Any) -> list[
             outcome = method(*args)
             if hasattr(outcome, "__await__"):
                 outcome = await outcome
-            results.append({"engine": getattr(target, "kind", "?"), "ok": True})
+            results.append(EngineAck(getattr(target, "kind", "?"), True))
         except BackendError as exc:
             log.warning("%s on an engine failed: %s", action, exc)
-            results.append({"engine": getattr(target, "kind", "?"), "ok": False, "error": str(exc)})
+            results.append(EngineAck(getattr(target, "kind", "?"), False, str(exc)))
     return results
 
 

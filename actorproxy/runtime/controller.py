@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Literal
 
 import attrs
 import trio
 
 from .actor import Reply, answer
+from .replies import PauseAck, PauseState, ResumeAck
+from .replies import PauseMode as PauseMode
 
 log = logging.getLogger(__name__)
 
-PauseMode = Literal["abort", "wait"]
 
 #: Seconds an aborted generation may take to reach the engine's abort finish
 #: before its stream is cut (tokens in flight are then lost, and counted).
@@ -194,14 +194,8 @@ class GenerationController:
             self._aborted_total += pending.aborted
             answer(
                 pending.reply,
-                {
-                    "status": "paused",
-                    "mode": self.mode,
-                    "aborted": pending.aborted,
-                    "partial_tokens": pending.partial_tokens,
-                    "weight_version": self.weight_version,
-                    "epoch": self.epoch,
-                },
+                PauseAck(mode=self.mode, aborted=pending.aborted, partial_tokens=pending.partial_tokens,
+                         weight_version=self.weight_version, epoch=self.epoch),
             )
 
     def _resume(self, msg: Resume) -> None:
@@ -225,20 +219,19 @@ class GenerationController:
             self._admit(handle, reply)
         answer(
             msg.reply,
-            {"status": "running", "resumed": was_paused, "woken": woken,
-             "weight_version": self.weight_version, "epoch": self.epoch},
+            ResumeAck(resumed=was_paused, woken=woken, weight_version=self.weight_version, epoch=self.epoch),
         )
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "state": "paused" if self.paused else "running",
-            "mode": self.mode,
-            "weight_version": self.weight_version,
-            "epoch": self.epoch,
-            "in_flight": len(self._in_flight),
-            "waiting": len(self._waiting),
-            "pauses": self._pauses,
-            "resumes": self._resumes,
-            "aborted_total": self._aborted_total,
-            "in_flight_tokens": {h.session_id: h.tokens for h in self._in_flight.values()},
-        }
+    def state(self) -> PauseState:
+        return PauseState(
+            state="paused" if self.paused else "running",
+            mode=self.mode,
+            weight_version=self.weight_version,
+            epoch=self.epoch,
+            in_flight=len(self._in_flight),
+            waiting=len(self._waiting),
+            pauses=self._pauses,
+            resumes=self._resumes,
+            aborted_total=self._aborted_total,
+            in_flight_tokens={h.session_id: h.tokens for h in self._in_flight.values()},
+        )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from array import array
-from typing import Any
 
 import attrs
 import trio
@@ -13,6 +12,7 @@ from ..core.parser import OutputDelta
 from ..core.requests import ChatRequest as ChatRequest
 from ..core.requests import Identity as Identity
 from ..errors import ProxyError
+from ..wire.records import StepSummary
 from .actor import Reply
 from .submitted_steps import SubmitSteps
 
@@ -110,6 +110,16 @@ SessionMessage = RunTurn | FinalizeSession | DescribeSession | Evict | SubmitSte
 
 
 @attrs.frozen
+class OpenSegmentSummary:
+    """A live session's open segment at a glance."""
+
+    segment_index: int
+    steps: int
+    tokens: int
+    start_reason: str
+
+
+@attrs.frozen
 class SessionDescription:
     """A live session at a glance (``GET /session/{id}``)."""
 
@@ -117,8 +127,9 @@ class SessionDescription:
     sub_agents: list[str]
     steps: int
     next_step: int
-    open_segment: dict[str, Any] | None
-    recent_steps: list[dict[str, Any]]
+    open_segment: OpenSegmentSummary | None
+    #: The last three steps, without their arrays.
+    recent_steps: list[StepSummary]
 
 
 # -- registry mailbox messages --------------------------------------------------

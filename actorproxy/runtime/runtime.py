@@ -50,6 +50,7 @@ from .messages import (
     TurnMoved,
 )
 from .offload import Offload
+from .replies import FinalizeResult, PauseAck, PauseState, ReadResult, ResumeAck
 from .session import SessionActor, SessionServices
 from .turn_stream import TurnStream
 
@@ -133,21 +134,20 @@ class Runtime:
 
     async def finalize(
         self, session_id: str, *, reward: float | None = None, instance_id: str | None = None
-    ) -> dict[str, Any]:
+    ) -> FinalizeResult:
         """Close the session's open segment into the store; the session actor then retires."""
         mailbox = await ask(self.registry, lambda r: Lookup(session_id, False, r))
         if mailbox is not None:
             try:
-                return dict(
-                    await ask(
-                        mailbox,
-                        lambda r: FinalizeSession(reward=reward, reason="finalize", reply=r, instance_id=instance_id),
-                    )
+                result: FinalizeResult = await ask(
+                    mailbox,
+                    lambda r: FinalizeSession(reward=reward, reason="finalize", reply=r, instance_id=instance_id),
                 )
+                return result
             except ActorGone:
                 pass  # retired meanwhile: its data is in the store
         if await ask(self.store, lambda r: st.Knows(session_id, r)):
-            return {"session_id": session_id, "segments": 0, "steps": 0}
+            return FinalizeResult(session_id, segments=0, steps=0)
         raise NotFound(f"unknown session {session_id!r}", param="session_id")
 
     async def describe_session(self, session_id: str) -> SessionDescription:
@@ -167,11 +167,12 @@ class Runtime:
         trajectory_id: str | None = None,
         drain: bool = False,
         include_steps: bool = False,
-    ) -> dict[str, Any]:
-        result = await ask(
+    ) -> ReadResult:
+        """The stored segments (of a session, or one segment, or all), and their steps if asked for."""
+        result: ReadResult = await ask(
             self.store, lambda r: st.Read(session_id, trajectory_id, drain, include_steps, r)
         )
-        return dict(result)
+        return result
 
     async def read_body(
         self,
@@ -198,22 +199,22 @@ class Runtime:
     async def census(self) -> dict[str, Any]:
         return dict(await ask(self.registry, lambda r: Census(r)))
 
-    async def pause(self, mode: PauseMode = "abort") -> dict[str, Any]:
+    async def pause(self, mode: PauseMode = "abort") -> PauseAck:
         """Pause generation; answers once every generation in flight stopped and recorded its output.
 
         ``abort`` stops them at the next token boundary; ``wait`` lets them finish
         but admits nothing new. With ``engine_pause`` the engines are paused too.
         """
         started = trio.current_time()
-        result = dict(await ask(self.controller, lambda r: ctl.Pause(mode, r)))
+        ack: PauseAck = await ask(self.controller, lambda r: ctl.Pause(mode, r))
         self.last_pause_seconds = trio.current_time() - started
         if self.config.preemption.engine_pause and mode == "abort":
             # Only an abort pause is forwarded: engines have no "let running requests finish"
             # mode (SGLang: abort|retract|in_place), and in wait mode the proxy admits nothing new.
-            result["engines"] = await forward_to_engines(self.backend, "pause", "abort")
-        return result
+            ack = attrs.evolve(ack, engines=await forward_to_engines(self.backend, "pause", "abort"))
+        return ack
 
-    async def resume(self, *, weight_version: str | None = None, bump_epoch: bool = False) -> dict[str, Any]:
+    async def resume(self, *, weight_version: str | None = None, bump_epoch: bool = False) -> ResumeAck:
         """Install the new weight version (given, or asked of the engine) and wake waiting turns."""
         if self.config.preemption.engine_pause:
             await forward_to_engines(self.backend, "resume")
@@ -224,7 +225,8 @@ class Runtime:
                 log.warning("resume: could not ask the engine for its weight version: %s", exc)
         else:
             await forward_to_engines(self.backend, "set_weight_version", weight_version)
-        return dict(await ask(self.controller, lambda r: ctl.Resume(weight_version, bump_epoch, r)))
+        ack: ResumeAck = await ask(self.controller, lambda r: ctl.Resume(weight_version, bump_epoch, r))
+        return ack
 
     async def backend_healthy(self) -> bool:
         """False only when an engine pool knows every engine is down (no probe is sent)."""
@@ -233,8 +235,9 @@ class Runtime:
             return True
         return any(engine["healthy"] for engine in stats()["engines"])
 
-    async def pause_state(self) -> dict[str, Any]:
-        return dict(await ask(self.controller, lambda r: ctl.State(r)))
+    async def pause_state(self) -> PauseState:
+        state: PauseState = await ask(self.controller, lambda r: ctl.State(r))
+        return state
 
     async def close_all(self, reason: str = "shutdown") -> int:
         """Finalize every live session; returns how many there were."""

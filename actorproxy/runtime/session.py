@@ -30,6 +30,7 @@ from ..config import ProxyConfig
 from ..core.session_state import Moved, Refusal, SessionState
 from ..errors import BadRequest, Conflict, ProxyError, StorageFull
 from ..tokenization.tokenizer import ChatTokenizer
+from ..wire.records import StepSummary
 from . import store as store_msgs
 from . import submitted_steps
 from .actor import ActorGone, answer, answer_error, ask
@@ -40,6 +41,7 @@ from .messages import (
     Evict,
     FinalizeSession,
     Lookup,
+    OpenSegmentSummary,
     RegistryMessage,
     RunTurn,
     SessionCounters,
@@ -51,6 +53,7 @@ from .messages import (
 )
 from .offload import Offload
 from .output import OutputFormat, recompute_logprobs
+from .replies import FinalizeResult
 from .submitted_steps import Annotation, SubmitSteps
 from .turn_end import tell
 
@@ -222,7 +225,7 @@ class SessionActor:
                     answer_error(msg.reply, exc)
                     return
                 if self.state.children:
-                    summary["sub_agents"] = await self._finalize_children(msg)
+                    summary = attrs.evolve(summary, sub_agents=await self._finalize_children(msg))
                 answer(msg.reply, summary)
             case DescribeSession():
                 answer(msg.reply, self.describe())
@@ -245,18 +248,18 @@ class SessionActor:
             await ask(self._store, lambda r: store_msgs.Put(self.session_id, tuple(segments), (), r))
         answer(msg.reply, result)
 
-    async def _finalize_children(self, msg: FinalizeSession) -> list[dict[str, Any]]:
+    async def _finalize_children(self, msg: FinalizeSession) -> list[FinalizeResult]:
         """Finalize the sub-agents' child sessions with the parent (same reward, same reason)."""
-        summaries: list[dict[str, Any]] = []
+        summaries: list[FinalizeResult] = []
         instance_id = msg.instance_id or self.state.instance_id
         for child in self.state.children:
             mailbox = await ask(self._registry, lambda r, c=child: Lookup(c, False, r))  # type: ignore[misc]
             if mailbox is None:
                 continue  # already retired (idle): its data is in the store
             try:
-                summaries.append(dict(await ask(mailbox, lambda r: FinalizeSession(
+                summaries.append(await ask(mailbox, lambda r: FinalizeSession(
                     reward=msg.reward, reason=msg.reason, reply=r, instance_id=instance_id,
-                ))))
+                )))
             except ActorGone:
                 pass
         return summaries
@@ -268,16 +271,14 @@ class SessionActor:
             sub_agents=sorted(state.children),
             steps=len(state.steps),
             next_step=state.next_step,
-            open_segment=None if seg is None else {
-                "segment_index": seg.index,
-                "steps": len(seg.steps),
-                "tokens": len(seg.context_ids),
-                "start_reason": seg.start_reason,
-            },
-            recent_steps=[s.to_json(include_arrays=False) for s in state.steps[-3:]],
+            open_segment=None if seg is None else OpenSegmentSummary(
+                seg.index, steps=len(seg.steps), tokens=len(seg.context_ids), start_reason=seg.start_reason
+            ),
+            # Copies: the reply is read after the next turn may have changed the steps.
+            recent_steps=[StepSummary(attrs.evolve(s)) for s in state.steps[-3:]],
         )
 
-    async def _flush(self, reason: str, *, reward: float | None) -> dict[str, Any]:
+    async def _flush(self, reason: str, *, reward: float | None) -> FinalizeResult:
         """Close the open segment and hand it, with every step, to the store."""
         segments = await self._offload.run(lambda: self.state.close(reason, reward))
         segments = submitted_steps.annotate(segments, self.submitted)
@@ -291,7 +292,7 @@ class SessionActor:
                 # Nobody waits for this flush (eviction, shutdown): the failed store keeps it in memory.
                 log.warning("session %s: flushed (%s) while the store's disk fails; kept in memory until it "
                             "works again", self.session_id, reason)
-        return {"session_id": self.session_id, "segments": len(segments), "steps": len(steps)}
+        return FinalizeResult(self.session_id, segments=len(segments), steps=len(steps))
 
     # -- a turn ------------------------------------------------------------
 

@@ -37,7 +37,7 @@ import trio
 
 from ..core.records import Segment
 from ..errors import StorageFull
-from ..store.base import ReadQuery, Recovered, StoreBackend
+from ..store.base import ReadQuery, ReadResult, Recovered, StoreBackend
 from .actor import Reply, answer, answer_error
 from .store_messages import (
     FAILED_RETRY,
@@ -85,7 +85,7 @@ class TrajectoryStore:
         max_tokens: int | None = None,
         max_bytes: int | None = None,
         batch_delay: float = BATCH_DELAY,
-        encode: Callable[[dict[str, Any]], bytes] | None = None,
+        encode: Callable[[ReadResult], bytes] | None = None,
     ) -> None:
         self.backend = backend
         self.gauge = StoreGauge()
@@ -387,7 +387,7 @@ def _summary(segment: Segment) -> dict[str, Any]:
         "start_reason": segment.start_reason,
         "boundary_reason": segment.boundary_reason,
         "num_tokens": len(segment.token_ids),
-        "num_trained_tokens": sum(segment.loss_mask),
+        "num_trained_tokens": segment.num_trained_tokens,
         "reward": segment.reward,
         "created_at": segment.created_at,
     }

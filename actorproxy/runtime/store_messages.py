@@ -12,7 +12,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import orjson
@@ -21,7 +21,10 @@ import trio
 
 from ..core.records import Segment, Step
 from ..errors import StorageFull
+from ..wire.converter import CONVERTER
 from .actor import Reply, answer, answer_error
+
+T = TypeVar("T")
 
 log = logging.getLogger("actorproxy.runtime.store")
 
@@ -127,12 +130,16 @@ class StoreGauge:
                             self.refused)
 
 
-def encode_body(result: dict[str, Any]) -> bytes:
-    """The read's JSON body. Text that is not valid Unicode (a lone surrogate) is escaped, never fatal."""
+def encode_body(result: Any) -> bytes:
+    """A reply (a read's :class:`ReadResult`) as its JSON body, by the wire converter.
+
+    Text that is not valid Unicode (a lone surrogate) is escaped, never fatal.
+    """
+    data = CONVERTER.unstructure(result)
     try:
-        return orjson.dumps(result)
+        return orjson.dumps(data)
     except TypeError:  # orjson refuses str that is not valid UTF-8 (a lone surrogate): escape it instead
-        return json.dumps(result, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+        return json.dumps(data, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def refuse_queued(inbox: trio.MemoryReceiveChannel[Any]) -> None:
@@ -149,7 +156,7 @@ def refuse_queued(inbox: trio.MemoryReceiveChannel[Any]) -> None:
             answer_error(reply, ActorGone("the trajectory store has stopped"))
 
 
-def keep(result: dict[str, Any]) -> dict[str, Any]:
+def keep(result: T) -> T:
     return result
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import attrs
 import trio
 from quart import Response, request
 from quart_trio import QuartTrio
@@ -167,8 +168,8 @@ def create_app(runtime: Runtime) -> QuartTrio:
         session_id = body.session_id
         result = await runtime.finalize(session_id, reward=body.reward, instance_id=body.instance_id)
         if runtime.config.server.trajectory_dir is not None:
-            result["trajectory_file"] = await _write_trajectory_file(runtime, session_id)
-        return _json({"status": "ok", **result})
+            result = attrs.evolve(result, trajectory_file=await _write_trajectory_file(runtime, session_id))
+        return _json({"status": "ok", **CONVERTER.unstructure(result)})
 
     @app.post("/trajectory/read")
     async def trajectory_read() -> Response:
@@ -226,9 +227,10 @@ async def _write_trajectory_file(runtime: Runtime, session_id: str) -> str:
     """Write the finalized session's ``proxy_trajectory.json`` (off the event loop); its path."""
     assert runtime.config.server.trajectory_dir is not None
     stored = await runtime.read(session_id=session_id, include_steps=True)
-    try:
+    directory = runtime.config.server.trajectory_dir
+    try:  # the JSON too is built off the event loop
         path = await trio.to_thread.run_sync(
-            write_trajectory_file, runtime.config.server.trajectory_dir, session_id, stored
+            lambda: write_trajectory_file(directory, session_id, CONVERTER.unstructure(stored))
         )
     except OSError as exc:
         error = StorageFull(

@@ -168,11 +168,10 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
         instance = prompt_uid or (known.prompt_uid if known else None)
         result = await runtime.finalize(trajectory_uid, reward=body.reward, instance_id=instance)
         queued = False
-        stored = result.get("segments", 0) or (known is not None and known.external_segments)
+        stored = result.segments or (known is not None and known.external_segments)
         if channel == "train" and instance is not None and stored:
             queued = gateway.handoff.complete(trajectory_uid, instance, body.reward)
-        return CompleteResult("ok", trajectory_uid, instance, channel, queued, result.get("segments", 0),
-                              result.get("steps", 0))
+        return CompleteResult("ok", trajectory_uid, instance, channel, queued, result.segments, result.steps)
 
     async def complete(trajectory_uid: str, prompt_uid: str | None, body: CompleteBody) -> Response:
         return _reply(await finish(trajectory_uid, prompt_uid, body))
@@ -285,18 +284,19 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
             trajectories = []
             for item in group.trajectories:
                 try:
-                    segments = (await runtime.read(session_id=item.trajectory_id)).get("data", [])
+                    segments = (await runtime.read(session_id=item.trajectory_id)).data
                 except NotFound:
                     segments = []  # already read (drained) with /trajectory/read
-                read[item.trajectory_id] = {s["trajectory_id"] for s in segments}
-                trajectories.append(HandedTrajectory(item.trajectory_id, item.reward, segments))
+                read[item.trajectory_id] = {s.trajectory_id for s in segments}
+                trajectories.append(HandedTrajectory(item.trajectory_id, item.reward,
+                                                     [CONVERTER.unstructure(s) for s in segments]))
             data.append(GroupBatch(group.instance_id, trajectories))
-        reply = encode_body(CONVERTER.unstructure(FetchBatchResult(data, complete_)))
+        reply = encode_body(FetchBatchResult(data, complete_))
         for trajectory_id, segment_ids in read.items():
             if not segment_ids:
                 continue
             drained = await runtime.read(session_id=trajectory_id, drain=True)
-            late = {s["trajectory_id"] for s in drained.get("data", [])} - segment_ids
+            late = {s.trajectory_id for s in drained.data} - segment_ids
             if late:
                 log.error("fetch_batch: segments %s of %s were stored while its batch was built and were drained "
                           "with it without being handed over", sorted(late), trajectory_id)

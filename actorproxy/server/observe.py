@@ -31,6 +31,7 @@ from quart_trio import QuartTrio
 
 from ..runtime.runtime import Runtime
 from ..telemetry import CURRENT, RequestInfo
+from ..wire.converter import CONVERTER
 
 log = logging.getLogger("actorproxy.access")
 
@@ -241,7 +242,7 @@ async def gather_state(runtime: Runtime) -> dict[str, Any]:
     return {
         "census": await runtime.census(),
         "store": await runtime.store_stats(),
-        "pause": await runtime.pause_state(),
+        "pause": CONVERTER.unstructure(await runtime.pause_state()),
         "engines": statistics()["engines"] if statistics is not None else [],
         "last_pause_seconds": runtime.last_pause_seconds,
     }

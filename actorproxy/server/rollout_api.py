@@ -9,7 +9,7 @@ from quart_trio import QuartTrio
 
 from ..runtime.runtime import Runtime
 from ..wire import jsonio
-from ..wire.converter import structure
+from ..wire.converter import CONVERTER, structure
 from ..wire.trainer import PauseBody, ResumeBody
 
 
@@ -29,16 +29,16 @@ def add_rollout_routes(app: QuartTrio, runtime: Runtime) -> None:
     @app.post("/v1/rollout/pause")
     async def rollout_pause() -> Response:
         pause = structure(await _optional_body(), PauseBody)
-        return _json(await runtime.pause(pause.mode))
+        return _json(CONVERTER.unstructure(await runtime.pause(pause.mode)))
 
     @app.post("/v1/rollout/resume")
     async def rollout_resume() -> Response:
         body = structure(await _optional_body(), ResumeBody)
         version = None if body.weight_version is None else str(body.weight_version)
-        return _json(await runtime.resume(weight_version=version, bump_epoch=body.bump_epoch))
+        return _json(CONVERTER.unstructure(await runtime.resume(weight_version=version, bump_epoch=body.bump_epoch)))
 
     @app.get("/v1/rollout/pause_state")
     async def rollout_pause_state() -> Response:
-        state = await runtime.pause_state()
-        state.pop("in_flight_tokens", None)  # per-session detail is for the test harness
+        state = CONVERTER.unstructure(await runtime.pause_state())
+        del state["in_flight_tokens"]  # per-session detail is for the test harness
         return _json(state)

@@ -51,16 +51,16 @@ def _int_arg(name: str, default: int, low: int, high: int) -> int:
 
 def session_summary(description: SessionDescription) -> dict[str, Any]:
     """One row of ``/sessions`` from a live session's description."""
-    recent = description.recent_steps
-    last = recent[-1] if recent else {}
+    recent = [summary.step for summary in description.recent_steps]
+    last = recent[-1] if recent else None
     return {
         "session_id": description.session_id,
-        "state": "generating" if any(s.get("status") == "running" for s in recent) else "idle",
+        "state": "generating" if any(s.status == "running" for s in recent) else "idle",
         "steps": description.steps,
-        "instance_id": last.get("instance_id"),
-        "open_segment": description.open_segment,
+        "instance_id": last.instance_id if last is not None else None,
+        "open_segment": CONVERTER.unstructure(description.open_segment),
         "sub_agents": description.sub_agents,
-        "last_step_at": last.get("finished_at") or last.get("created_at"),
+        "last_step_at": (last.finished_at or last.created_at) if last is not None else None,
     }
 
 
@@ -151,17 +151,17 @@ def add_ui_routes(app: QuartTrio, runtime: Runtime, observer: Observer) -> None:
         stored = await runtime.read(session_id=session_id, include_steps=False)
         segments = []
         budget = _TOKEN_LIMIT
-        for segment in stored.get("data", []):
-            ids, mask = segment["token_ids"][:budget], segment["loss_mask"][:budget]
+        for segment in stored.data:
+            ids, mask = segment.token_ids[:budget].tolist(), segment.loss_mask[:budget].tolist()
             budget -= len(ids)
             runs = await trio.to_thread.run_sync(token_runs, runtime.tokenizer, ids, mask)
             segments.append({
-                "trajectory_id": segment["trajectory_id"],
-                "start_reason": segment.get("start_reason"),
-                "boundary_reason": segment.get("boundary_reason"),
-                "reward": segment.get("reward"),
-                "num_tokens": segment.get("num_tokens"),
-                "num_trained_tokens": segment.get("num_trained_tokens"),
+                "trajectory_id": segment.trajectory_id,
+                "start_reason": segment.start_reason,
+                "boundary_reason": segment.boundary_reason,
+                "reward": segment.reward,
+                "num_tokens": segment.num_tokens,
+                "num_trained_tokens": segment.num_trained_tokens,
                 "shown_tokens": len(ids),
                 "runs": runs,
             })

@@ -15,7 +15,9 @@ from typing import Any, Protocol, TypeVar
 import attrs
 
 from ..core.records import Segment, Step, sub_agent_of
+from ..core.verify import VerifyFailure, VerifyReport
 from ..errors import NotFound
+from ..wire.records import ReadResult as ReadResult
 
 T = TypeVar("T")
 
@@ -79,7 +81,7 @@ class StoreBackend(Protocol):
     def rollback(self) -> None:
         """Undo every write since the last commit, counters included (a failed commit is retried whole)."""
 
-    def read(self, query: ReadQuery, finish: Callable[[dict[str, Any]], T]) -> T:
+    def read(self, query: ReadQuery, finish: Callable[[ReadResult], T]) -> T:
         """``finish(result)`` (serialise it); only if that succeeds, drain what was read."""
 
     def knows(self, session_id: str) -> bool: ...
@@ -137,17 +139,18 @@ class StoreCounters:
         if seg.metadata.get("side_call"):
             self.counters["side_call_segments"] += 1
         report = seg.metadata.get("verify")
-        if isinstance(report, dict):
+        if isinstance(report, VerifyReport | VerifyFailure):
             self.verify["segments_verified"] += 1
-            if "error" in report:
+            if isinstance(report, VerifyFailure):
                 self.verify["failed"] += 1
-            elif report.get("unexpected"):
+            elif report.unexpected:
                 self.verify["unexpected"] += 1
-            elif report.get("expected"):
+            elif report.expected:
                 self.verify["expected_only"] += 1
             else:
                 self.verify["clean"] += 1
-            self.verify_kinds.update(report.get("by_kind", {}))
+            if isinstance(report, VerifyReport):
+                self.verify_kinds.update(report.by_kind)
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -3,7 +3,10 @@
 Token arrays are never stored as JSON lists: a segment keeps its four arrays as
 the bytes of the ``array`` objects (native byte order, 4 bytes a token id,
 logprob and version, 1 byte a mask entry); a step packs its seven arrays into
-one blob. The JSON a trainer reads is rebuilt from these on demand.
+one blob. The JSON a trainer reads is rebuilt from these on demand, by the
+wire converter's hooks (:mod:`actorproxy.wire.records`): a segment row is read
+back into a :class:`Segment`, a step row into a :class:`StoredStep` (its text
+as written, its arrays unpacked).
 """
 
 from __future__ import annotations
@@ -14,16 +17,9 @@ from array import array
 from typing import Any
 
 from ..core.records import Segment, Step, build_segment, float_array, int_array
+from ..wire.converter import CONVERTER
+from ..wire.records import StoredStep, segment_fields, segment_from, step_fields
 
-#: Keys of ``Step.to_json()`` that are derived from the step's arrays (rebuilt at read).
-_STEP_ARRAY_KEYS = (
-    "output_ids",
-    "output_logprobs",
-    "concat_token_ids",
-    "concat_response_logprobs",
-    "concat_response_mask",
-    "concat_versions",
-)
 _HEADER = struct.Struct("<cI")
 
 
@@ -65,42 +61,25 @@ def array_from(code: str, blob: bytes) -> array[Any]:
 
 
 def segment_meta(seg: Segment) -> dict[str, Any]:
-    """``Segment.to_json()`` without the four arrays (computed without listing them)."""
-    meta: dict[str, Any] = {
-        "trajectory_id": seg.trajectory_id,
-        "parent_traj_id": seg.parent_traj_id,
-        "instance_id": seg.instance_id,
-        "rollout_id": seg.rollout_id,
-        "segment_index": seg.segment_index,
-        "num_steps": len(seg.step_indices),
-        "step_indices": list(seg.step_indices),
-        "num_tokens": len(seg.token_ids),
-        "num_trained_tokens": sum(seg.loss_mask),
-        "start_reason": seg.start_reason,
-        "boundary_reason": seg.boundary_reason,
-        "reward": seg.reward,
-        "metadata": seg.metadata,
-        "created_at": seg.created_at,
-    }
-    if seg.routed_experts_parts:
-        meta["routed_experts_parts"] = seg.routed_experts_parts
-    return meta
+    """The segment's JSON without its four arrays (the row's text)."""
+    return segment_fields(seg)
 
 
 def segment_blobs(seg: Segment) -> tuple[bytes, bytes, bytes, bytes]:
     return (seg.token_ids.tobytes(), seg.loss_mask.tobytes(), seg.logprobs.tobytes(), seg.versions.tobytes())
 
 
-def segment_json(meta: dict[str, Any], blobs: tuple[bytes, bytes, bytes, bytes]) -> dict[str, Any]:
-    """The segment as ``Segment.to_json()`` shows it, from its stored row."""
+def decode_segment(meta: dict[str, Any], blobs: tuple[bytes, bytes, bytes, bytes]) -> Segment:
+    """The :class:`Segment` of a stored row (its derived counts are recomputed from the arrays)."""
     tokens, mask, logprobs, versions = blobs
-    return {
-        **meta,
-        "token_ids": array_from("i", tokens).tolist(),
-        "loss_mask": array_from("b", mask).tolist(),
-        "logprobs": array_from("f", logprobs).tolist(),
-        "versions": array_from("i", versions).tolist(),
-    }
+    return segment_from(meta, array_from("i", tokens), array_from("b", mask), array_from("f", logprobs),
+                        array_from("i", versions))
+
+
+def segment_json(meta: dict[str, Any], blobs: tuple[bytes, bytes, bytes, bytes]) -> dict[str, Any]:
+    """A stored row as the trainer reads the segment."""
+    data: dict[str, Any] = CONVERTER.unstructure(decode_segment(meta, blobs))
+    return data
 
 
 def segment_bytes(seg: Segment) -> int:
@@ -112,15 +91,8 @@ def segment_bytes(seg: Segment) -> int:
 
 
 def step_meta(step: Step) -> dict[str, Any]:
-    """``Step.to_json()`` without the arrays it derives from the step's arrays."""
-    meta = step.to_json(include_arrays=False)
-    if step.discarded:
-        meta["discarded"] = step.discarded
-    if step.routed_experts is not None:
-        meta["routed_experts"] = step.routed_experts
-    if step.routed_experts_chunks is not None:
-        meta["routed_experts_chunks"] = step.routed_experts_chunks
-    return meta
+    """The step's JSON without the arrays (the row's text)."""
+    return step_fields(step)
 
 
 def step_blob(step: Step) -> bytes:
@@ -132,20 +104,9 @@ def step_blob(step: Step) -> bytes:
     )
 
 
-def step_json(meta: dict[str, Any], blob: bytes) -> dict[str, Any]:
-    """The step as ``Step.to_json()`` shows it, from its stored row."""
-    frag, out, out_lp, _out_ver, mask, frag_lp, frag_ver = unpack_arrays(blob)
-    out_list = out.tolist()
-    out_lp_list = out_lp.tolist()
-    return {
-        **meta,
-        "output_ids": out_list,
-        "output_logprobs": out_lp_list,
-        "concat_token_ids": frag.tolist() + out_list,
-        "concat_response_logprobs": frag_lp.tolist() + out_lp_list,
-        "concat_response_mask": mask.tolist() + [1] * len(out_list),
-        "concat_versions": frag_ver.tolist() + _out_ver.tolist(),
-    }
+def stored_step(meta: dict[str, Any], blob: bytes) -> StoredStep:
+    """A stored step row, read back as written (its JSON adds the arrays)."""
+    return StoredStep(meta, unpack_arrays(blob))
 
 
 def decode_step(meta: dict[str, Any], blob: bytes) -> Step:

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import attrs
 
 from ..core.records import Segment, Step
-from .base import ReadQuery, Recovered, StoreCounters, Usage, session_key, step_tokens
+from .base import ReadQuery, ReadResult, Recovered, StoreCounters, Usage, session_key, step_tokens
 from .codec import dumps, segment_bytes
 
 T = TypeVar("T")
@@ -69,7 +69,7 @@ class MemoryStore:
     def rollback(self) -> None:
         pass  # nothing can fail half-way in memory
 
-    def read(self, query: ReadQuery, finish: Callable[[dict[str, Any]], T]) -> T:
+    def read(self, query: ReadQuery, finish: Callable[[ReadResult], T]) -> T:
         only: str | None = None  # a child session's own data only
         if query.session_id is not None:
             key = session_key(query.session_id)
@@ -86,8 +86,8 @@ class MemoryStore:
             keys = [key]
         else:
             keys = list(self._sessions)
-        segments: list[dict[str, Any]] = []
-        steps: list[dict[str, Any]] = []
+        segments: list[Segment] = []
+        steps: list[Step] = []
         chosen_by_key: list[tuple[str, list[Segment]]] = []
         for key in keys:
             data = self._sessions[key]
@@ -97,14 +97,12 @@ class MemoryStore:
                 chosen = [s for s in data.segments if s.trajectory_id.startswith(only + "#")]
             else:
                 chosen = list(data.segments)
-            segments.extend(s.to_json() for s in chosen)
+            segments.extend(chosen)
             if query.include_steps:
-                steps.extend(s.to_json() for s in data.steps if only is None or s.session_id == only)
+                steps.extend(s for s in data.steps if only is None or s.session_id == only)
             chosen_by_key.append((key, chosen))
-        result: dict[str, Any] = {"data": segments}
-        if query.include_steps:
-            result["steps"] = steps
-        done = finish(result)  # serialise first: a failure here deletes nothing
+        # Serialise first: a failure here deletes nothing.
+        done = finish(ReadResult(segments, list(steps) if query.include_steps else None))
         if query.drain:
             whole = query.trajectory_id is None and only is None
             for key, chosen in chosen_by_key:

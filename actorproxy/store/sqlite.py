@@ -24,17 +24,17 @@ from typing import Any, TypeVar
 
 from ..core.records import Segment, Step
 from ..errors import StartupError
-from .base import ReadQuery, Recovered, StoreCounters, Usage, session_key, step_tokens
+from .base import ReadQuery, ReadResult, Recovered, StoreCounters, Usage, session_key, step_tokens
 from .codec import (
+    decode_segment,
     decode_step,
     dumps,
     recovered_segment,
     segment_blobs,
-    segment_json,
     segment_meta,
     step_blob,
-    step_json,
     step_meta,
+    stored_step,
 )
 
 T = TypeVar("T")
@@ -201,7 +201,7 @@ class SQLiteStore:
 
     # -- reads -------------------------------------------------------------------
 
-    def read(self, query: ReadQuery, finish: Callable[[dict[str, Any]], T]) -> T:
+    def read(self, query: ReadQuery, finish: Callable[[ReadResult], T]) -> T:
         db = self._db
         only: str | None = None
         where, args = "", ()  # type: tuple[str, tuple[Any, ...]]
@@ -224,13 +224,13 @@ class SQLiteStore:
             where, args = "WHERE key = ?", (key,)
         else:
             seg_rows = db.execute(f"SELECT {_SEGMENT_COLS} FROM segments ORDER BY key, seq").fetchall()
-        result: dict[str, Any] = {"data": [segment_json(json.loads(r[4]), (r[5], r[6], r[7], r[8])) for r in seg_rows]}
+        result = ReadResult([decode_segment(json.loads(r[4]), (r[5], r[6], r[7], r[8])) for r in seg_rows])
         step_rows: list[Any] = []
         whole = query.trajectory_id is None and only is None
         if query.include_steps or (query.drain and (whole or only)):
             step_rows = db.execute(f"SELECT {_STEP_COLS} FROM steps {where} ORDER BY key, seq", args).fetchall()
         if query.include_steps:
-            result["steps"] = [step_json(json.loads(r[4]), r[5]) for r in step_rows]
+            result = ReadResult(result.data, [stored_step(json.loads(r[4]), r[5]) for r in step_rows])
         done = finish(result)  # serialise first: a failure here deletes nothing
         if query.drain:
             self._drain(query, seg_rows, step_rows if (whole or only) else [], only=only)

@@ -14,6 +14,8 @@ Built by :func:`make_converter` (never cattrs' global converter):
 - ``array`` values unstructure to lists, except :data:`TokenIds`: a JSON array of
   integers structured into an ``array('i')`` and unstructured as that array itself
   (the engine clients' JSON writer serializes it whole, without a Python int per token).
+- the records we emit (steps, segments, verify reports) unstructure by the hooks of
+  :mod:`actorproxy.wire.records`.
 
 :func:`structure` turns cattrs' validation errors into our :class:`BadRequest`
 naming the first bad field's path (``messages[1].name``).
@@ -38,6 +40,7 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from ..errors import BadRequest
+from .records import register_record_hooks
 
 T = TypeVar("T")
 
@@ -204,6 +207,7 @@ def make_converter() -> cattrs.Converter:
     converter.register_unstructure_hook(array, lambda values: values.tolist())
     converter.register_unstructure_hook(TokenIds, lambda values: values)
     converter.register_unstructure_hook_func(lambda t: t == TokenIds | str, lambda value: value)
+    register_record_hooks(converter)
     return converter
 
 
