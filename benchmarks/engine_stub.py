@@ -1,6 +1,6 @@
 """A zero-delay engine for benchmarks: canned replies, SGLang ``/generate`` and OpenAI chat.
 
-    python benchmarks/engine_stub.py --reply reply.json [--port 0]
+    python benchmarks/engine_stub.py --reply reply.json [--port 0] [--token-interval 0.1]
 
 It prints ``PORT <n>`` once listening. Every ``/generate`` (SGLang's native API, streamed
 in its default cumulative shape, one event per token) and every ``/v1/chat/completions``
@@ -8,6 +8,22 @@ in its default cumulative shape, one event per token) and every ``/v1/chat/compl
 (``{"ids": [...], "pieces": [...]}``: token ids and the text of each). ``POST /stub/reply``
 replaces the reply; ``GET /stub/stats`` counts the TCP connections accepted and the
 requests served, so a benchmark sees whether its client reuses connections.
+
+With ``--token-interval`` a streamed ``/generate`` is *paced* instead: every interval the
+stub takes one decoding step for every running generation, as a batched engine does (one
+token each, cycling through the canned ids, up to ``max_new_tokens``), and streams it in
+SGLang's incremental shape (``--cumulative`` for the default shape). A generation whose
+connection is backed up gets its tokens coalesced into the next event, as SGLang's
+tokenizer manager does, so the engine keeps generating whatever the reader's pace.
+With ``--start-together N`` the steps begin once N generations are running (a rollout
+batch), so that starting a thousand streams is not measured as streaming. ``POST
+/abort_request`` (``{"rid"}`` or ``{"abort_all": true}``) makes the next step the
+last: one more token, then ``finish_reason: abort``. ``GET /stub/generations`` tells,
+per generation, its routing key, the tokens written to the connection, and how it ended
+(``stop``/``length``, ``abort`` after an abort call, or ``cut``: the connection closed
+before the finish); after ``POST /stub/pace {"max_new_tokens": n}`` the generations
+started from then on end after ``n`` tokens with the end-of-turn token, ``stop`` (``null``
+lifts it).
 
 Plain asyncio with a hand-written HTTP/1.1 reader (keep-alive, ``Content-Length``
 bodies, chunked responses) rather than the project's Trio/Quart stack: the stub's own
@@ -39,13 +55,34 @@ except ImportError:  # pragma: no cover
     loads = json.loads
 
 
+class Paced:
+    """One paced generation (``--token-interval``): its connection, budget and counts."""
+
+    def __init__(self, rid: str, key: str, budget: int, transport: asyncio.Transport) -> None:
+        self.rid, self.key, self.budget, self.transport = rid, key, budget, transport
+        self.ids: list[int] = []  # every token generated
+        self.written = 0  # tokens written to the connection
+        self.prompt = 0
+        self.abort_calls = 0  # abort calls that named it (or all)
+        self.state = "running"  # then stop, length, abort or cut
+        self.stop_after: int | None = None  # end with the end-of-turn token at this many tokens
+
+
 class Stub:
-    def __init__(self, reply: dict[str, Any]) -> None:
+    def __init__(self, reply: dict[str, Any], interval: float = 0.0, cumulative: bool = False,
+                 start_together: int = 0) -> None:
         self.connections = 0
         self.requests = 0
         self.ids: list[int] = []
         self.pieces: list[str] = []
         self._rids = itertools.count()
+        self.interval = interval
+        self.cumulative = cumulative
+        self.cap: int | None = None
+        self.start_together = start_together  # paced decoding begins once this many generations run
+        self.abort_calls = 0
+        self.running: dict[str, Paced] = {}
+        self.generations: list[Paced] = []
         self.set_reply(reply)
 
     def set_reply(self, reply: dict[str, Any]) -> None:
@@ -63,8 +100,16 @@ class Stub:
         if path == "/v1/chat/completions":
             return self._chat(loads(body))
         if path == "/abort_request":
+            self._abort(loads(body) if body else {})
             return 200, b"", None
-        if path == "/health":
+        if path == "/stub/generations":
+            return 200, dumps({"abort_calls": self.abort_calls, "generations": [
+                {"rid": g.rid, "key": g.key, "tokens": g.written, "state": g.state, "abort_calls": g.abort_calls}
+                for g in self.generations]}), None
+        if path == "/stub/pace" and method == "POST":
+            self.cap = loads(body).get("max_new_tokens")
+            return 200, b"{}", None
+        if path in ("/health", "/update_weight_version"):
             return 200, b"", None
         if path in ("/get_model_info", "/get_weight_version"):
             return 200, dumps({"model_path": "stub", "weight_version": "default", "max_model_len": 1_000_000}), None
@@ -90,6 +135,87 @@ class Stub:
             events.append(dumps({"text": "".join(self.pieces[:n]), "output_ids": self.ids[:n], "meta_info": meta}))
         events.append(b"[DONE]")
         return 200, b"", events
+
+    # -- paced generations -----------------------------------------------
+
+    def paced(self, body: bytes, key: str, transport: asyncio.Transport) -> bool:
+        """Start a paced ``/generate`` stream on ``transport`` if this request is one."""
+        if not self.interval:
+            return False
+        request = loads(body)
+        if not request.get("stream"):
+            return False
+        self.requests += 1
+        params = request.get("sampling_params") or {}
+        budget = int(params.get("max_new_tokens") or 1_000_000)
+        gen = Paced(request.get("rid") or f"stub-{next(self._rids)}", key, budget, transport)
+        gen.stop_after = self.cap
+        gen.prompt = len(request.get("input_ids") or ())
+        self.running[gen.rid] = gen
+        self.generations.append(gen)
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        return True
+
+    def _abort(self, body: dict[str, Any]) -> None:
+        self.abort_calls += 1
+        if body.get("abort_all"):
+            targets = list(self.running.values())
+        else:
+            target = self.running.get(str(body.get("rid") or ""))
+            targets = [] if target is None else [target]
+        for gen in targets:
+            gen.abort_calls += 1
+
+    async def tick(self) -> None:
+        """One decoding step per interval for every running paced generation."""
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        cycle = self.ids[:-1] or self.ids  # the canned text without its end-of-turn token
+        while True:
+            due += self.interval
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            if len(self.running) < self.start_together:
+                continue  # a batch starts decoding together
+            self.start_together = 0
+            for gen in list(self.running.values()):
+                if gen.transport.is_closing():
+                    gen.state = "cut"
+                    del self.running[gen.rid]
+                    continue
+                n = len(gen.ids)
+                finish: dict[str, Any] | None = None
+                if gen.stop_after is not None and n + 1 >= gen.stop_after and not gen.abort_calls:
+                    gen.ids.append(self.ids[-1])
+                    finish = {"type": "stop", "matched": self.ids[-1]}
+                else:
+                    gen.ids.append(cycle[n % len(cycle)])
+                    if gen.abort_calls:
+                        finish = {"type": "abort", "message": "Abort request"}
+                    elif len(gen.ids) >= gen.budget:
+                        finish = {"type": "length", "length": len(gen.ids)}
+                if finish is None and gen.transport.get_write_buffer_size() > 0:
+                    continue  # backed up: these tokens go out with the next event
+                self._send(gen, finish)
+
+    def _send(self, gen: Paced, finish: dict[str, Any] | None) -> None:
+        start = 0 if self.cumulative else gen.written
+        ids = gen.ids[start:]
+        meta = {"id": gen.rid, "finish_reason": finish, "prompt_tokens": gen.prompt,
+                "completion_tokens": len(gen.ids), "cached_tokens": 0, "weight_version": "default",
+                "output_token_logprobs": [[-0.5, i, None] for i in ids]}
+        events = [dumps({"text": "", "output_ids": ids, "meta_info": meta})]
+        gen.written = len(gen.ids)
+        if finish is not None:
+            gen.state = finish["type"]
+            del self.running[gen.rid]
+            events.append(b"[DONE]")
+        parts = []
+        for event in events:
+            data = b"data: " + event + b"\n\n"
+            parts.append(b"%x\r\n%s\r\n" % (len(data), data))
+        if finish is not None:
+            parts.append(b"0\r\n\r\n")
+        gen.transport.write(b"".join(parts))
 
     def _meta(self, rid: str, prompt: int, n: int, stop: int | None) -> dict[str, Any]:
         return {
@@ -141,6 +267,7 @@ class Connection(asyncio.Protocol):
             method, path, _ = head[0].split(" ", 2)
             length = 0
             close = False
+            key = ""
             for line in head[1:]:
                 name, _, value = line.partition(":")
                 name = name.strip().lower()
@@ -148,10 +275,15 @@ class Connection(asyncio.Protocol):
                     length = int(value)
                 elif name == "connection" and value.strip().lower() == "close":
                     close = True
+                elif name == "x-smg-routing-key":
+                    key = value.strip()
             if len(self.buffer) < end + 4 + length:
                 return
             body = self.buffer[end + 4:end + 4 + length]
             self.buffer = self.buffer[end + 4 + length:]
+            assert self.transport is not None
+            if path == "/generate" and self.stub.paced(body, key, self.transport):
+                continue
             self._respond(*self.stub.handle(method, path.split("?", 1)[0], body))
             if close and self.transport is not None:
                 self.transport.close()
@@ -174,12 +306,16 @@ class Connection(asyncio.Protocol):
         self.transport.write(b"".join(parts))
 
 
-async def serve(host: str, port: int, reply: dict[str, Any]) -> None:
-    stub = Stub(reply)
+async def serve(host: str, port: int, reply: dict[str, Any], interval: float = 0.0, cumulative: bool = False,
+                start_together: int = 0) -> None:
+    stub = Stub(reply, interval, cumulative, start_together)
     server = await asyncio.get_running_loop().create_server(lambda: Connection(stub), host, port, backlog=4096)
     print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
+    ticker = asyncio.create_task(stub.tick()) if interval else None
     async with server:
         await server.serve_forever()
+    if ticker is not None:
+        ticker.cancel()
 
 
 def main() -> None:
@@ -187,11 +323,16 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--reply", required=True, help='a JSON file {"ids": [...], "pieces": [...]}')
+    parser.add_argument("--token-interval", type=float, default=0.0,
+                        help="seconds per decoding step of streamed /generate (0: answer at once)")
+    parser.add_argument("--cumulative", action="store_true", help="paced streams in SGLang's cumulative shape")
+    parser.add_argument("--start-together", type=int, default=0, metavar="N",
+                        help="paced decoding starts once N streamed generations are running (a batch)")
     args = parser.parse_args()
     with open(args.reply, encoding="utf-8") as f:
         reply = json.load(f)
     try:
-        asyncio.run(serve(args.host, args.port, reply))
+        asyncio.run(serve(args.host, args.port, reply, args.token_interval, args.cumulative, args.start_together))
     except KeyboardInterrupt:
         sys.exit(0)
 

@@ -1,112 +1,211 @@
-"""Pause latency and tokens lost with N streams in flight, everything over real HTTP.
+"""Pause latency and tokens lost with N long streams in flight, everything over real HTTP.
 
-    python benchmarks/pause_latency.py [--streams 100 1000] [--token-interval 0.1]
+    python benchmarks/pause_latency.py [--streams 100 1000] [--token-interval 0.1] [--repeat 3]
 
-Per row: ``actorproxy sim`` (SGLang wire format, its own process) serves the engine; a proxy in
-front of it (``actorproxy run --backend sglang --partial-rollout``, its own process) serves N
-streaming chat turns to N httpx clients in this third process, so the clients' CPU is not
-the proxy's. Once every stream has received a few tokens, the
-trainer's ``POST /v1/rollout/pause`` is timed until its acknowledgment; then
-``/v1/rollout/resume`` lets every turn finish. "lost" compares, per session,
-the tokens the engine emitted (over all attempts) with the tokens the proxy
-recorded on the step: it must be 0. The goal is an acknowledgment within one
-token interval plus 50 ms at 1,000 streams.
+Three processes per run, so that no one's CPU is another's: the engine
+(``engine_stub.py --token-interval``: SGLang's ``/generate``, one decoding step per
+interval for every running generation, starting once all N are running as a rollout
+batch does, replies as long as ``--max-tokens``; it counts per generation the tokens it
+wrote and how the generation ended), the proxy
+(``actorproxy run --backend sglang --partial-rollout``) and the N streaming chat clients
+(this script with ``--clients``, plain asyncio sockets). This process is the trainer.
+
+A run: start N streams; once every client has ``--tokens-before-pause`` text events and
+both the engine and the proxy (``pause_state``) count N generations running, measure
+one second of steady streaming (the CPU each process spends), then time
+``POST /v1/rollout/pause`` to its acknowledgment. Then every generation started from
+then on is made to end at once with the end-of-turn token, ``/v1/rollout/resume`` lets
+every turn finish, and each session's step is read: per session, the tokens the engine
+wrote (over all attempts) must equal the tokens the proxy recorded (``lost``), and every
+generation the pause stopped must have ended by an abort call (``abort``), none by a
+closed connection (``cut``).
+
+Goal (issue 12): at 1,000 streams, acknowledged within one token interval + 50 ms, 0 lost.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import signal
 import statistics
+import subprocess
+import sys
 import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
-import httpx
-import trio
-from processes import proxy, sim_engine
+from load_client import TEXT, cpu_seconds
+from overhead import REPLY, canned, loadavg
+from processes import engine_stub, post_json, proxy
 
 
-def one_run(streams: int, interval: float, tokens_before_pause: int) -> dict[str, Any]:
-    """A fresh engine and proxy, each in its own process; the clients run in this one."""
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def one_run(args: argparse.Namespace, streams: int) -> dict[str, Any]:
     capacity = str(streams + 10)
+    interval = args.token_interval
     with (
-        sim_engine("--token-interval", str(interval), "--record-capacity", "100000") as sim,
-        proxy("sglang", sim.url, "--partial-rollout", "--max-sessions", capacity,
-              "--engine-max-concurrency", capacity) as server,
+        engine_stub(canned(REPLY), "--token-interval", str(interval), "--start-together", str(streams)) as stub,
+        proxy("sglang", stub.url, "--partial-rollout", "--max-sessions", capacity,
+              "--engine-max-concurrency", capacity, *args.proxy_flag) as server,
     ):
-        return trio.run(clients, server.url, sim.url, streams, interval, tokens_before_pause)
-
-
-async def clients(proxy_url: str, sim_url: str, streams: int, interval: float,
-                  tokens_before_pause: int) -> dict[str, Any]:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=proxy_url, timeout=120, limits=limits) as client:
-        received = [0] * streams
-        all_started = trio.Event()
-        started = 0
-
-        async def stream(i: int) -> None:
-            nonlocal started
-            body = {"messages": [{"role": "user", "content": f"Story {i}, please."}], "stream": True,
-                    "max_tokens": 400}
-            counted = False
-            async with client.stream("POST", "/v1/chat/completions", json=body,
-                                     headers={"X-Session-Id": f"s{i}"}) as response:
-                async for line in response.aiter_lines():
-                    visible = '"reasoning_content"' in line or '"content": "' in line
-                    if line.startswith("data: {") and visible and '"role"' not in line:
-                        received[i] += 1
-                        if received[i] >= tokens_before_pause and not counted:
-                            counted = True
-                            started += 1
-                            if started == streams:
-                                all_started.set()
-
-        async with trio.open_nursery() as nursery:
-            for i in range(streams):
-                nursery.start_soon(stream, i)
-            with trio.move_on_after(300):
-                await all_started.wait()
-            if not all_started.is_set():
-                stalled = [i for i in range(streams) if received[i] < tokens_before_pause]
-                counts = [received[i] for i in stalled[:5]]
-                raise RuntimeError(f"{len(stalled)} of {streams} streams got fewer than {tokens_before_pause} "
-                                   f"tokens in 300 s (first: {stalled[:5]}, their counts {counts})")
+        command = [sys.executable, str(Path(__file__)), "--clients", server.url, "--streams", str(streams),
+                   "--tokens-before-pause", str(args.tokens_before_pause), "--max-tokens", str(args.max_tokens)]
+        clients = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        try:
+            assert clients.stdout is not None
+            ready = clients.stdout.readline()
+            if not ready.startswith("READY"):
+                raise RuntimeError(f"the clients did not get their streams going: {ready!r}")
+            # Every stream is mid-generation: the engine and the proxy agree.
+            running = [g for g in get_json(stub.url + "/stub/generations")["generations"] if g["state"] == "running"]
+            in_flight = get_json(server.url + "/v1/rollout/pause_state")["in_flight"]
+            if len(running) != streams or in_flight != streams:
+                raise RuntimeError(f"not all {streams} streams in flight: engine {len(running)}, proxy {in_flight}")
+            pids = {"proxy": server.pid, "engine": stub.pid, "clients": clients.pid}
+            cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+            time.sleep(1.0)
+            cpu1 = {k: cpu_seconds(p) for k, p in pids.items()}
+            spy = None
+            if args.py_spy:  # a sampling profile of the proxy around the pause (py-spy on PATH)
+                command = ["py-spy", "record", "-r", "500", "-f", "raw", "-o", args.py_spy, "--nonblocking",
+                           "-p", str(server.pid)]
+                spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(1.0)
+            before = cpu_seconds(server.pid)
             t0 = time.perf_counter()
-            ack = (await client.post("/v1/rollout/pause", json={"mode": "abort"})).json()
-            latency = time.perf_counter() - t0
-            await client.post("/v1/rollout/resume", json={"weight_version": "1"})
-        lost = 0
-        recorded_total = 0
+            ack = post_json(server.url + "/v1/rollout/pause", {"mode": "abort"}, timeout=600)
+            ack_ms = (time.perf_counter() - t0) * 1000
+            pause_cpu = (cpu_seconds(server.pid) - before) * 1000
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait()
+            engine = get_json(stub.url + "/stub/generations")
+            post_json(stub.url + "/stub/pace", {"max_new_tokens": 1})
+            post_json(server.url + "/v1/rollout/resume", {"weight_version": "1"})
+            clients.wait(300)
+        finally:
+            if clients.poll() is None:
+                clients.kill()
+                clients.wait()
+        ended = Counter(g["state"] for g in engine["generations"])
+        produced: Counter[str] = Counter()
+        for g in get_json(stub.url + "/stub/generations")["generations"]:
+            produced[g["key"]] += g["tokens"]
+        lost = recorded = 0
         for i in range(streams):
-            await client.post("/session/finalize", json={"session_id": f"s{i}"})
-            data = (await client.post("/trajectory/read", json={"session_id": f"s{i}", "include_steps": True,
-                                                                "drain": True})).json()
-            step = data["steps"][0]
-            recorded_total += len(step["output_ids"])
-        records = (await client.get(sim_url + "/sim/requests")).json()
-        emitted_total = sum(len(r["output_ids"]) for r in records)
-        lost = emitted_total - recorded_total
-        return {"streams": streams, "interval_ms": interval * 1000, "ack_ms": latency * 1000,
-                "aborted": ack["aborted"], "partial_tokens": ack["partial_tokens"], "lost": lost,
-                "goal_ms": interval * 1000 + 50}
+            sid = f"s{i}"
+            post_json(server.url + "/session/finalize", {"session_id": sid})
+            data = post_json(server.url + "/trajectory/read", {"session_id": sid, "include_steps": True})
+            got = sum(len(step["output_ids"]) for step in data["steps"])
+            recorded += got
+            lost += abs(produced[sid] - got)
+    return {
+        "ack_ms": ack_ms, "aborted": ack["aborted"], "partial_tokens": ack["partial_tokens"],
+        "engine_aborted": ended["abort"], "engine_cut": ended["cut"], "engine_still_running": ended["running"],
+        "abort_calls": engine["abort_calls"], "produced": sum(produced.values()), "recorded": recorded, "lost": lost,
+        "pause_cpu_ms": pause_cpu,
+        **{f"{k}_cpu_pct": (cpu1[k] - cpu0[k]) * 100 for k in pids},
+    }
+
+
+# -- the clients' process ----------------------------------------------------------
+
+
+async def run_clients(args: argparse.Namespace) -> None:
+    host, port = args.clients.removeprefix("http://").rstrip("/").rsplit(":", 1)
+    streams = args.streams[0]
+    received = [0] * streams
+    ready = asyncio.Event()
+    going = 0
+
+    async def stream(i: int) -> None:
+        nonlocal going
+        body = json.dumps({"messages": [{"role": "user", "content": f"Story {i}, please."}], "stream": True,
+                           "max_tokens": args.max_tokens}).encode()
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     f"X-Session-Id: s{i}\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                     + body)
+        tail = b""
+        while data := await reader.read(65536):
+            # text events: a split event is counted once its second half arrives
+            received[i] += len(TEXT.findall(tail + data)) - len(TEXT.findall(tail))
+            if b"data: [DONE]" in tail + data:
+                break  # the server may keep the connection open
+            tail = data[-24:]
+            if received[i] >= args.tokens_before_pause and i not in counted:
+                counted.add(i)
+                going += 1
+                if going == streams:
+                    ready.set()
+        writer.close()
+
+    counted: set[int] = set()
+    tasks = [asyncio.create_task(stream(i)) for i in range(streams)]
+    try:
+        await asyncio.wait_for(ready.wait(), 300)
+    except TimeoutError:
+        stalled = [i for i in range(streams) if i not in counted]
+        print(f"STALLED {len(stalled)} streams below {args.tokens_before_pause} text events: {stalled[:5]}",
+              flush=True)
+        raise
+    print("READY", flush=True)
+    await asyncio.gather(*tasks)
+
+
+# -- the trainer -------------------------------------------------------------------
 
 
 def main(args: argparse.Namespace) -> None:
-    print(f"{'streams':>8} {'interval ms':>12} {'ack ms (median)':>16} {'goal ms':>8} {'aborted':>8} "
-          f"{'partial tok':>12} {'lost':>5}", flush=True)
+    print(f"load average before: {loadavg()}; token interval {args.token_interval * 1000:.0f} ms, "
+          f"goal {args.token_interval * 1000 + 50:.0f} ms", flush=True)
+    print(f"{'streams':>7} {'ack p50':>8} {'ack p99':>8} {'aborted':>8} {'cut':>4} {'calls':>6} {'produced':>9} "
+          f"{'recorded':>9} {'lost':>5} {'proxy %':>8} {'engine %':>9} {'clients %':>9} {'pause CPU ms':>12}",
+          flush=True)
+    results: dict[int, list[dict[str, Any]]] = {}
     for streams in args.streams:
-        samples = [one_run(streams, args.token_interval, args.tokens_before_pause) for _ in range(args.repeat)]
-        r = dict(samples[-1])
-        r["ack_ms"] = statistics.median(s["ack_ms"] for s in samples)
-        r["lost"] = max(s["lost"] for s in samples)
-        print(f"{r['streams']:>8} {r['interval_ms']:>12.0f} {r['ack_ms']:>16.1f} {r['goal_ms']:>8.0f} "
-              f"{r['aborted']:>8} {r['partial_tokens']:>12} {r['lost']:>5}", flush=True)
+        runs = results[streams] = [one_run(args, streams) for _ in range(args.repeat)]
+        acks = sorted(r["ack_ms"] for r in runs)
+        p99 = acks[min(len(acks) - 1, int(0.99 * len(acks)))]
+
+        def med(key: str, rows: list[dict[str, Any]] = runs) -> float:
+            return statistics.median(r[key] for r in rows)
+
+        print(f"{streams:>7} {statistics.median(acks):>8.0f} {p99:>8.0f} {med('aborted'):>8.0f} "
+              f"{sum(r['engine_cut'] for r in runs):>4} {med('abort_calls'):>6.0f} {med('produced'):>9.0f} "
+              f"{med('recorded'):>9.0f} {max(r['lost'] for r in runs):>5} {med('proxy_cpu_pct'):>8.0f} "
+              f"{med('engine_cpu_pct'):>9.0f} {med('clients_cpu_pct'):>9.0f} {med('pause_cpu_ms'):>12.0f}",
+              flush=True)
+        for r in runs:
+            if r["engine_still_running"] or r["aborted"] != streams or r["engine_aborted"] != streams:
+                print(f"    a run did not stop every stream by its abort: {r}", flush=True)
+    print(f"load average after: {loadavg()}", flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, nargs="+", default=[100, 1000])
-    parser.add_argument("--token-interval", type=float, default=0.1)
-    parser.add_argument("--tokens-before-pause", type=int, default=3)
-    parser.add_argument("--repeat", type=int, default=1)
-    main(parser.parse_args())
+    parser.add_argument("--token-interval", type=float, default=0.1, help="seconds per engine decoding step")
+    parser.add_argument("--tokens-before-pause", type=int, default=3, help="text events each client must have")
+    parser.add_argument("--max-tokens", type=int, default=20000, help="long enough that no reply ends by itself")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per row (ack: median and p99 over them)")
+    parser.add_argument("--proxy-flag", action="append", default=[], help="an extra `actorproxy run` argument")
+    parser.add_argument("--json", help="also write every run's figures to this file")
+    parser.add_argument("--py-spy", metavar="FILE", help="profile the proxy around the pause (raw py-spy output)")
+    parser.add_argument("--clients", metavar="PROXY_URL", help=argparse.SUPPRESS)  # the clients' process
+    parsed = parser.parse_args()
+    if parsed.clients:
+        asyncio.run(run_clients(parsed))
+    else:
+        main(parsed)

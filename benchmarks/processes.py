@@ -63,21 +63,21 @@ def running(command: Sequence[str], **popen: Any) -> Iterator[subprocess.Popen[A
             process.wait()
 
 
-def post_json(url: str, body: object) -> Any:
+def post_json(url: str, body: object, timeout: float = 30.0) -> Any:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         raw = response.read()
     return json.loads(raw) if raw.strip() else None
 
 
 @contextmanager
-def engine_stub(reply: dict[str, Any]) -> Iterator[Server]:
-    """``engine_stub.py`` answering with ``reply`` (``{"ids", "pieces"}``)."""
+def engine_stub(reply: dict[str, Any], *flags: str) -> Iterator[Server]:
+    """``engine_stub.py`` answering with ``reply`` (``{"ids", "pieces"}``), with extra ``flags``."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(reply, f)
     try:
-        command = [sys.executable, str(HERE / "engine_stub.py"), "--reply", f.name]
+        command = [sys.executable, str(HERE / "engine_stub.py"), "--reply", f.name, *flags]
         with running(command, stdout=subprocess.PIPE, text=True) as process:
             assert process.stdout is not None
             line = process.stdout.readline()

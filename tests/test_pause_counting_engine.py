@@ -1,0 +1,220 @@
+"""A pause with 20 SGLang streams in flight, against an engine that counts what it streams.
+
+Issue 12: "6 of 20 generations were ended by closing the connection without any
+/abort_request, so the engine had streamed one token more than the proxy recorded."
+The engine here is a real HTTP server on port 0 (h11 on Trio streams) speaking SGLang's
+``/generate`` and ``/abort_request``. It streams a few tokens per generation, then holds
+each one until it is aborted; an abort makes it stream one more token (the one being
+decoded) and the ``abort`` finish, as SGLang's scheduler does. It answers the abort calls
+only once every generation's abort has arrived (a slow answer, as from an engine busy
+with the streams being aborted). It records, per generation, every token it wrote and
+how it ended: by an abort call, or ``cut`` (the proxy closed the connection first).
+Nothing sleeps: every step waits for an event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import attrs
+import h11
+import httpx
+import orjson
+import pytest
+import trio
+
+from actorproxy import ProxyConfig, open_proxy
+from actorproxy.tokenization import ChatTokenizer
+
+STREAMS = 20
+BEFORE_PAUSE = 3  # tokens each generation streams before it waits for its abort
+
+
+@attrs.define(eq=False)
+class Generation:
+    rid: str
+    key: str
+    ids: list[int] = attrs.field(factory=list)  # every token written to the connection
+    aborted: trio.Event = attrs.field(factory=trio.Event)
+    ended: str = "running"  # then "stop", "abort" or "cut"
+
+
+@attrs.define(eq=False)
+class CountingSGLang:
+    words: list[int]  # the tokens it cycles through
+    eot: int
+    streams: int
+    abort_all: bool
+    generations: list[Generation] = attrs.field(factory=list)
+    abort_bodies: list[dict[str, Any]] = attrs.field(factory=list)
+    all_in_flight: trio.Event = attrs.field(factory=trio.Event)
+    every_abort_asked: trio.Event = attrs.field(factory=trio.Event)
+    #: After the pause: new generations (the continuations) end at once.
+    finish_at_once: bool = False
+    url: str = ""
+
+    async def serve(self, stream: trio.SocketStream) -> None:
+        try:
+            await self._serve(stream)
+        except trio.BrokenResourceError:
+            pass  # the proxy shut down: a keep-alive connection reset
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        while True:
+            request: h11.Request | None = None
+            body = b""
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    conn.receive_data(data)
+                elif isinstance(event, h11.Request):
+                    request = event
+                elif isinstance(event, h11.Data):
+                    body += event.data
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                else:
+                    return
+            assert request is not None
+            headers = {k.decode().lower(): v.decode() for k, v in request.headers}
+            payload = orjson.loads(body) if body else {}
+            if request.target == b"/generate":
+                await self._generate(conn, stream, payload, headers.get("x-smg-routing-key", ""))
+                if conn.our_state is not h11.DONE:
+                    return  # the proxy hung up mid-stream
+            elif request.target == b"/abort_request":
+                await self._abort(payload)
+                await self._send_json(conn, stream, b"")
+            elif request.target == b"/health":
+                await self._send_json(conn, stream, b"")
+            elif request.target == b"/get_model_info":
+                await self._send_json(conn, stream, orjson.dumps(
+                    {"model_path": "counting", "weight_version": "0", "max_model_len": 100_000}))
+            else:
+                await self._send_json(conn, stream, b"{}", status=404)
+            if conn.our_state is h11.MUST_CLOSE:
+                return
+            conn.start_next_cycle()
+
+    async def _send_json(self, conn: h11.Connection, stream: trio.SocketStream, body: bytes,
+                         status: int = 200) -> None:
+        head = h11.Response(status_code=status, headers=[("Content-Length", str(len(body)))])
+        await stream.send_all(conn.send(head) + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
+
+    async def _generate(self, conn: h11.Connection, stream: trio.SocketStream, body: dict[str, Any],
+                        key: str) -> None:
+        gen = Generation(str(body["rid"]), key)
+        self.generations.append(gen)
+        head = h11.Response(status_code=200, headers=[("Content-Type", "text/event-stream"),
+                                                      ("Transfer-Encoding", "chunked")])
+        await stream.send_all(conn.send(head))
+
+        async def event(ids: list[int], finish: dict[str, Any] | None) -> None:
+            gen.ids += ids
+            meta = {"id": gen.rid, "finish_reason": finish, "prompt_tokens": len(body["input_ids"]),
+                    "completion_tokens": len(gen.ids), "weight_version": "0",
+                    "output_token_logprobs": [[-0.25, i, None] for i in ids]}
+            data = b"data: " + orjson.dumps({"output_ids": ids, "meta_info": meta}) + b"\n\n"
+            if finish is not None:
+                data += b"data: [DONE]\n\n"
+            await stream.send_all(conn.send(h11.Data(data=data)))
+
+        if self.finish_at_once:
+            await event([self.eot], {"type": "stop", "matched": self.eot})
+            gen.ended = "stop"
+        else:
+            for n in range(BEFORE_PAUSE):
+                await event([self.words[n]], None)
+            if sum(len(g.ids) == BEFORE_PAUSE for g in self.generations) == self.streams:
+                self.all_in_flight.set()
+            async with trio.open_nursery() as nursery:
+
+                async def hang_up() -> None:
+                    # The proxy sends nothing more on this connection until the response
+                    # ends: bytes here mean it closed the connection.
+                    await stream.receive_some(1)
+                    gen.ended = "cut"
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(hang_up)
+                await gen.aborted.wait()
+                nursery.cancel_scope.cancel()
+            if gen.ended == "cut":
+                return
+            await event([self.words[BEFORE_PAUSE]], {"type": "abort", "message": "Abort request"})
+            gen.ended = "abort"
+        await stream.send_all(conn.send(h11.EndOfMessage()))
+
+    async def _abort(self, body: dict[str, Any]) -> None:
+        self.abort_bodies.append(body)
+        for gen in self.generations:
+            if gen.ended == "running" and (body.get("abort_all") or gen.rid == body.get("rid")):
+                gen.aborted.set()
+        if all(g.aborted.is_set() for g in self.generations):
+            self.every_abort_asked.set()
+        await self.every_abort_asked.wait()  # answered late: once every generation asked to stop
+
+
+@asynccontextmanager
+async def counting_sglang(tokenizer: ChatTokenizer, *, abort_all: bool) -> AsyncIterator[CountingSGLang]:
+    words = [int(i) for i in tokenizer.encode(" one two three four")]
+    engine = CountingSGLang(words, int(tokenizer.eot_token_id), STREAMS, abort_all)
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(partial(trio.serve_tcp, engine.serve, 0, host="127.0.0.1"))
+        engine.url = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+        yield engine
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("abort_all", [False, True], ids=["one-abort-each", "abort-all"])
+async def test_every_stream_in_flight_gets_the_acknowledged_abort_and_keeps_exactly_the_engines_tokens(
+    tokenizer: ChatTokenizer, abort_all: bool
+) -> None:
+    async with counting_sglang(tokenizer, abort_all=abort_all) as engine:
+        config = ProxyConfig.of(port=0, backend="sglang", backend_urls=(engine.url,), partial_rollout=True,
+                                engine_abort_all=abort_all)
+        async with open_proxy(config, tokenizer=tokenizer) as proxy, \
+                httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
+
+            async def turn(i: int) -> None:
+                body = {"messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": 100}
+                async with client.stream("POST", "/v1/chat/completions", json=body,
+                                         headers={"X-Session-Id": f"s{i}"}) as response:
+                    assert response.status_code == 200
+                    async for _ in response.aiter_lines():
+                        pass
+
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+                    for i in range(STREAMS):
+                        nursery.start_soon(turn, i)
+                    await engine.all_in_flight.wait()
+                    ack = (await client.post("/v1/rollout/pause", json={"mode": "abort"})).json()
+                    # Acknowledged only once every generation ended by its abort and was recorded.
+                    assert ack["aborted"] == STREAMS
+                    assert [g.ended for g in engine.generations] == ["abort"] * STREAMS
+                    assert ack["partial_tokens"] == sum(len(g.ids) for g in engine.generations)
+                    if abort_all:
+                        assert engine.abort_bodies == [{"rid": "", "abort_all": True}]
+                    else:
+                        asked = sorted(str(b["rid"]) for b in engine.abort_bodies)
+                        assert asked == sorted(g.rid for g in engine.generations)
+                    engine.finish_at_once = True
+                    await client.post("/v1/rollout/resume", json={})
+            assert [g.ended for g in engine.generations[STREAMS:]] == ["stop"] * STREAMS
+            for i in range(STREAMS):
+                await client.post("/session/finalize", json={"session_id": f"s{i}"})
+                read = await client.post("/trajectory/read", json={"session_id": f"s{i}", "include_steps": True})
+                [step] = read.json()["steps"]
+                produced = [t for g in engine.generations if g.key == f"s{i}" for t in g.ids]
+                # Every token the engine streamed, in order, each once: the aborted attempt's
+                # BEFORE_PAUSE + 1 tokens, then the continuation's end of turn.
+                assert step["output_ids"] == produced
+                assert len(produced) == BEFORE_PAUSE + 2
