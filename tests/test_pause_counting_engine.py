@@ -25,8 +25,10 @@ import httpx
 import orjson
 import pytest
 import trio
+import trio.testing
 
 from actorproxy import ProxyConfig, open_proxy
+from actorproxy.runtime import controller, generate
 from actorproxy.tokenization import ChatTokenizer
 
 STREAMS = 20
@@ -54,6 +56,10 @@ class CountingSGLang:
     every_abort_asked: trio.Event = attrs.field(factory=trio.Event)
     #: After the pause: new generations (the continuations) end at once.
     finish_at_once: bool = False
+    #: Tokens streamed after an abort before its finish, ``tail_gap`` seconds apart: the
+    #: backlog an engine had already streamed when it stopped, read slowly by the proxy.
+    tail_tokens: int = 0
+    tail_gap: float = 0.0
     url: str = ""
 
     async def serve(self, stream: trio.SocketStream) -> None:
@@ -148,7 +154,14 @@ class CountingSGLang:
                 nursery.cancel_scope.cancel()
             if gen.ended == "cut":
                 return
-            await event([self.words[BEFORE_PAUSE]], {"type": "abort", "message": "Abort request"})
+            try:
+                for n in range(self.tail_tokens):
+                    await trio.sleep(self.tail_gap)
+                    await event([self.words[n % len(self.words)]], None)
+                await event([self.words[BEFORE_PAUSE]], {"type": "abort", "message": "Abort request"})
+            except trio.BrokenResourceError:
+                gen.ended = "cut"
+                return
             gen.ended = "abort"
         await stream.send_all(conn.send(h11.EndOfMessage()))
 
@@ -163,9 +176,10 @@ class CountingSGLang:
 
 
 @asynccontextmanager
-async def counting_sglang(tokenizer: ChatTokenizer, *, abort_all: bool) -> AsyncIterator[CountingSGLang]:
+async def counting_sglang(tokenizer: ChatTokenizer, *, abort_all: bool, streams: int = STREAMS
+                          ) -> AsyncIterator[CountingSGLang]:
     words = [int(i) for i in tokenizer.encode(" one two three four")]
-    engine = CountingSGLang(words, int(tokenizer.eot_token_id), STREAMS, abort_all)
+    engine = CountingSGLang(words, int(tokenizer.eot_token_id), streams, abort_all)
     async with trio.open_nursery() as nursery:
         [listener] = await nursery.start(partial(trio.serve_tcp, engine.serve, 0, host="127.0.0.1"))
         engine.url = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
@@ -218,3 +232,47 @@ async def test_every_stream_in_flight_gets_the_acknowledged_abort_and_keeps_exac
                 # BEFORE_PAUSE + 1 tokens, then the continuation's end of turn.
                 assert step["output_ids"] == produced
                 assert len(produced) == BEFORE_PAUSE + 2
+
+
+async def test_an_aborted_stream_still_delivering_its_backlog_is_read_to_its_finish_not_cut(
+    tokenizer: ChatTokenizer, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A proxy behind its engine (1,000 streams, a loaded machine) reads the tokens the
+    # engine streamed before it stopped long after the abort call. The stream used to be
+    # cut ABORT_BOUND seconds after the abort, whatever was still arriving: those tokens
+    # were lost (84,843 of them at 300 streams in benchmarks/pause_latency.py). Now the
+    # bound runs from the last token: here 12 tokens 0.5 s apart, 6 s in all, with a 2 s
+    # bound, are all recorded; a stream silent for 2 s is still cut (not tested here).
+    monkeypatch.setattr(controller, "ABORT_BOUND", 2.0)
+    monkeypatch.setattr(generate, "ABORT_BOUND", 2.0)
+    async with counting_sglang(tokenizer, abort_all=False, streams=2) as engine:
+        engine.tail_tokens, engine.tail_gap = 12, 0.5
+        config = ProxyConfig.of(port=0, backend="sglang", backend_urls=(engine.url,), partial_rollout=True)
+        async with open_proxy(config, tokenizer=tokenizer) as proxy, \
+                httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
+
+            async def turn(i: int) -> None:
+                body = {"messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": 100}
+                async with client.stream("POST", "/v1/chat/completions", json=body,
+                                         headers={"X-Session-Id": f"s{i}"}) as response:
+                    async for _ in response.aiter_lines():
+                        pass
+
+            async with trio.open_nursery() as nursery:
+                for i in range(2):
+                    nursery.start_soon(turn, i)
+                await engine.all_in_flight.wait()
+                start = trio.current_time()
+                ack = (await client.post("/v1/rollout/pause", json={"mode": "abort"})).json()
+                assert trio.current_time() - start >= 6.0  # the whole backlog was read
+                assert [g.ended for g in engine.generations] == ["abort", "abort"]
+                assert ack["aborted"] == 2
+                assert ack["partial_tokens"] == sum(len(g.ids) for g in engine.generations) == 2 * (BEFORE_PAUSE + 13)
+                engine.finish_at_once = True
+                await client.post("/v1/rollout/resume", json={})
+            for i in range(2):
+                await client.post("/session/finalize", json={"session_id": f"s{i}"})
+                read = await client.post("/trajectory/read", json={"session_id": f"s{i}", "include_steps": True})
+                [step] = read.json()["steps"]
+                assert step["output_ids"] == [t for g in engine.generations if g.key == f"s{i}" for t in g.ids]
+

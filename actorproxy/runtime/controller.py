@@ -29,9 +29,14 @@ from .replies import PauseMode as PauseMode
 log = logging.getLogger(__name__)
 
 
-#: Seconds an aborted generation may take to reach the engine's abort finish
-#: before its stream is cut (tokens in flight are then lost, and counted).
+#: Seconds an aborted generation may go without any token arriving before its
+#: stream is cut (tokens in flight are then lost, and counted). A stream still
+#: delivering tokens (the backlog the engine streamed before it stopped) is read on:
+#: they are recorded, not cut off.
 ABORT_BOUND = 10.0
+#: However much keeps arriving, an aborted stream is cut after this many seconds (an
+#: engine that ignores its abort calls).
+ABORT_LIMIT = 120.0
 _ids = itertools.count(1)
 
 
@@ -50,6 +55,15 @@ class GenerationHandle:
     abort_requested: trio.Event = attrs.field(factory=trio.Event)
     #: Tokens this generation has produced so far (this attempt); written by the turn only.
     tokens: int = 0
+    #: While the turn reads an aborted stream to its finish: the scope that cuts it
+    #: after ``ABORT_BOUND`` seconds without a token (set by the turn).
+    abort_bound: trio.CancelScope | None = None
+
+    def add_tokens(self, n: int) -> None:
+        """Count ``n`` more tokens; while aborting, their arrival pushes the cut back."""
+        self.tokens += n
+        if self.abort_bound is not None:
+            self.abort_bound.deadline = trio.current_time() + ABORT_BOUND
 
 
 @attrs.frozen

@@ -47,7 +47,7 @@ from ..engines.base import (
 from ..errors import Conflict, EngineError, Overloaded, ProxyError
 from ..tokenization.tokenizer import ChatTokenizer
 from .actor import ActorGone, ask
-from .controller import ABORT_BOUND, Begin, ControllerMessage, End, GenerationHandle, Permit, Withdraw
+from .controller import ABORT_BOUND, ABORT_LIMIT, Begin, ControllerMessage, End, GenerationHandle, Permit, Withdraw
 from .messages import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed, TurnIds
 from .output import OutputFormat, parse_remotely, tool_call_id
 from .turn_end import GONE, TurnFailure, engine_error, gone, tell
@@ -317,7 +317,7 @@ class TurnGeneration:
                 finish = event
                 continue
             self._record(event)
-            handle.tokens += len(event.token_ids)
+            handle.add_tokens(len(event.token_ids))
             delta = self.parser.feed(event.token_ids)
             if self.client_gone:
                 continue
@@ -345,19 +345,22 @@ class TurnGeneration:
         """Perform the controller's abort request (a pause): this turn's own task stops its own stream.
 
         The engine is asked to stop at the next token boundary and the stream is
-        read on to its ``abort`` finish; if it does not come within
-        ``ABORT_BOUND`` the stream is cut (tokens in flight are then lost).
+        read on to its ``abort`` finish; if ``ABORT_BOUND`` seconds pass without a
+        token, or ``ABORT_LIMIT`` in all, the stream is cut (tokens in flight are then lost).
         """
         await handle.abort_requested.wait()
         # The bound covers the abort call too: an engine slow to answer it is waited for
-        # (cutting early would lose the tokens in flight), but not forever.
-        with trio.move_on_after(ABORT_BOUND):
+        # (cutting early would lose the tokens in flight), but not forever. Each token
+        # read meanwhile pushes it back (handle.add_tokens): a backlog is read, not cut.
+        with trio.move_on_after(ABORT_LIMIT), trio.move_on_after(ABORT_BOUND) as bound:
+            handle.abort_bound = bound
             try:
                 await generation.abort()
             except BackendError as exc:
                 log.warning("abort of a generation of session %s failed: %s", handle.session_id, exc)
             await trio.sleep_forever()
-        log.warning("session %s: the engine did not stop in %g s; cutting the stream", handle.session_id, ABORT_BOUND)
+        log.warning("session %s: the aborted stream did not end (%g s without a token, or %g s in all); cutting it",
+                    handle.session_id, ABORT_BOUND, ABORT_LIMIT)
         self._forced = True
         stream.cancel()
 
