@@ -44,7 +44,7 @@ from processes import engine_stub, post_json, proxy
 
 
 def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=60) as response:
+    with urllib.request.urlopen(url, timeout=600) as response:
         return json.loads(response.read())
 
 

@@ -14,6 +14,7 @@ Nothing sleeps: every step waits for an event.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -28,6 +29,8 @@ import trio
 import trio.testing
 
 from actorproxy import ProxyConfig, open_proxy
+from actorproxy.engines.base import GenerateFinish, GenerationEvent, TokenDelta
+from actorproxy.engines.deltas import take_merged
 from actorproxy.runtime import controller, generate
 from actorproxy.tokenization import ChatTokenizer
 
@@ -276,3 +279,14 @@ async def test_an_aborted_stream_still_delivering_its_backlog_is_read_to_its_fin
                 [step] = read.json()["steps"]
                 assert step["output_ids"] == [t for g in engine.generations if g.key == f"s{i}" for t in g.ids]
 
+
+def test_token_deltas_already_read_are_handed_on_as_one() -> None:
+    # What makes reading a backlog cheap: one record, one parse, one frame to the agent.
+    pending: deque[GenerationEvent] = deque([
+        TokenDelta((1,), (-0.1,), "v0"), TokenDelta((2, 3), (-0.2, -0.3), "v0"), TokenDelta((4,), (-0.4,), "v1"),
+        GenerateFinish("abort", weight_version="v1"),
+    ])
+    assert take_merged(pending) == TokenDelta((1, 2, 3), (-0.1, -0.2, -0.3), "v0")
+    assert take_merged(pending) == TokenDelta((4,), (-0.4,), "v1")  # another version: not merged
+    assert take_merged(pending) == GenerateFinish("abort", weight_version="v1")
+    assert not pending

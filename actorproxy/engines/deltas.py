@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 
 from .base import GenerationEvent, TokenDelta, WeightVersionSpan
@@ -43,3 +44,24 @@ def token_deltas(ids: list[int], logprobs: list[float], versions: list[str]) -> 
             events.append(TokenDelta(tuple(ids[start:i]), tuple(logprobs[start:i]), versions[start]))
             start = i
     return events
+
+
+def take_merged(pending: deque[GenerationEvent]) -> GenerationEvent:
+    """The next event, with the token deltas right behind it (same version) merged in.
+
+    A proxy behind its engine reads many events at once (after a pause's abort, the
+    backlog the engine streamed before it stopped): handing them on as one delta costs
+    one record, one parse, one frame to the agent instead of one each. An engine may
+    send several tokens per event anyway, so nothing downstream can tell.
+    """
+    event = pending.popleft()
+    if type(event) is not TokenDelta or not pending:
+        return event
+    ids, logprobs = list(event.token_ids), list(event.logprobs)
+    while pending and type(nxt := pending[0]) is TokenDelta and nxt.weight_version == event.weight_version:
+        pending.popleft()
+        ids += nxt.token_ids
+        logprobs += nxt.logprobs
+    if len(ids) == len(event.token_ids):
+        return event
+    return TokenDelta(tuple(ids), tuple(logprobs), event.weight_version)

@@ -80,21 +80,33 @@ class H11Response:
         self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in response.headers}
         self._client = client
         self._conn: _Connection | None = conn
+        self._ended = False  # the end of the body was parsed along with its last piece
 
     async def receive(self) -> bytes | None:
         """The next piece of the body; ``None`` at its end (the connection then goes back to the pool)."""
         conn = self._conn
         if conn is None:
             return None
+        if self._ended:
+            self._conn = None
+            self._client._release(conn)
+            return None
+        parts: list[bytes] = []  # every piece already read: one answer, however many chunks
         try:
             while True:
                 event = conn.h11.next_event()
                 if type(event) is h11.Data:
-                    return bytes(event.data)
+                    parts.append(bytes(event.data))
+                    continue
                 if event is h11.NEED_DATA:
+                    if parts:
+                        return b"".join(parts)
                     await self._client._receive(conn)
                     continue
                 if type(event) is h11.EndOfMessage:
+                    if parts:  # the connection is released at the next call (or closed, if none comes)
+                        self._ended = True
+                        return b"".join(parts)
                     self._conn = None
                     self._client._release(conn)
                     return None

@@ -20,6 +20,7 @@ import trio
 
 from .base import BackendError, GenerateFinish, GenerationEvent
 from .connection import EngineHTTP, EngineResponse
+from .deltas import take_merged
 from .errors import mapped_errors
 from .http11 import TransportError
 from .sse import SSEEvent, SSEParser
@@ -141,7 +142,7 @@ class StreamedGeneration(Generic[P]):
             raise RuntimeError("enter the generation with `async with` before iterating")
         while True:
             if self._pending:
-                return self._pending.popleft()
+                return take_merged(self._pending)
             if self._error is not None:
                 raise self._error
             if self._finish_queued:
