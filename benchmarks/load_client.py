@@ -6,10 +6,11 @@
 It prints one JSON object. Throughput mode: ``concurrency`` workers, each running sessions of
 ``--session-turns`` turns back to back on its own connection (the assistant's reply and a new
 user message appended each turn, the session named by ``X-Session-Id``); after ``--warmup``
-seconds it measures for ``--duration`` seconds: turns completed, latency of each (the whole
-reply, or the first text chunk when streaming), and the CPU time the watched processes
-spent meanwhile. Long-session mode: one session of tool-calling turns, each adding a tool
-output of ``--tool-output-words`` words, with the CPU time of each turn.
+seconds, and once every worker has completed a turn, it measures for ``--duration`` seconds:
+turns completed, latency of each (the whole reply, or the first text chunk when
+streaming), and the CPU time the watched processes spent meanwhile. Long-session mode: one
+session of tool-calling turns, each adding a tool output of ``--tool-output-words`` words,
+with the CPU time of each turn.
 
 CPU time is the process-wide CPU clock of each watched pid (``clock_gettime`` on
 ``CPUCLOCK_SCHED(pid)``: the sum of ``utime + stime`` of ``/proc/<pid>/stat`` over all its
@@ -152,6 +153,9 @@ async def throughput(args: argparse.Namespace, host: str, port: int, pids: dict[
                         errors.append(f"{status}: {data[:200]!r}")
                         await asyncio.sleep(0.01)  # back off instead of spinning on errors
                         break
+                    warmed.add(w)
+                    if len(warmed) == args.concurrency:
+                        all_warm.set()
                     if window["start"] <= ended <= window["end"]:  # turns that end in the window
                         completed += 1
                         latencies.append(latency)
@@ -161,8 +165,16 @@ async def throughput(args: argparse.Namespace, host: str, port: int, pids: dict[
         finally:
             await http.close()
 
+    warmed: set[int] = set()  # workers that have completed a turn
+    all_warm = asyncio.Event()
     tasks = [asyncio.create_task(worker(w)) for w in range(args.concurrency)]
     await asyncio.sleep(args.warmup)
+    # At high concurrency on a loaded machine a first turn can take longer than the warm-up:
+    # the window would then measure sessions being set up, not turns. Wait for every worker.
+    try:
+        await asyncio.wait_for(all_warm.wait(), 120)
+    except TimeoutError:
+        pass  # measured anyway; overhead.py flags a row with too few turns
     me = os.getpid()
     conns0 = await stub_connections(stub)
     cpu0 = watch({**pids, "client": me})

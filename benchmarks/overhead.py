@@ -140,6 +140,8 @@ def throughput_table(args: argparse.Namespace, stub: Server, targets: dict[str, 
                       f"{row['p50_ms']:>7.2f} {row['p99_ms']:>7.1f} {fmt(added50):>8} {fmt(added99, 1):>8} "
                       f"{fmt(cpu.get('target')):>11} {fmt(ceiling, 0):>10} {fmt(cpu['engine']):>7} "
                       f"{fmt(cpu['client']):>7} {fmt(conns, 3):>10} {row['errors']:>4}", flush=True)
+                if row["turns"] < c:
+                    print(f"    only {row['turns']:.0f} turns in the window: raise --duration for this row", flush=True)
                 if row["first_error"]:
                     print(f"    first error: {row['first_error']}", flush=True)
                 rows.append(row)
