@@ -263,14 +263,20 @@ async def test_mask_tokens_of_older_versions(tokenizer: Any, autojump_clock: tri
 async def test_an_engine_that_ignores_the_abort_is_cut_by_the_turn_itself(
     tokenizer: Any, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The controller only asks; the turn's own task aborts, and cuts its stream after ABORT_BOUND."""
-    from actorproxy.runtime.controller import ABORT_BOUND
+    """The controller only asks; the turn's own task aborts, and cuts its stream after ABORT_LIMIT.
+
+    Tokens keep coming (the engine ignores the abort), so ABORT_BOUND, which runs from the
+    last token (a backlog still arriving is read, not cut), never expires: ABORT_LIMIT does.
+    """
+    from actorproxy.runtime import generate
     from actorproxy.sim.generation import SimGeneration
 
     async def ignored(self: SimGeneration) -> None:
         pass
 
     monkeypatch.setattr(SimGeneration, "abort", ignored)
+    limit = 30.0
+    monkeypatch.setattr(generate, "ABORT_LIMIT", limit)
     async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=1.0)) as sim:
         sim.engine.script(_ids(tokenizer, "word " * 100), routing_key="deaf")
         async with trio.open_nursery() as nursery:
@@ -278,7 +284,7 @@ async def test_an_engine_that_ignores_the_abort_is_cut_by_the_turn_itself(
             await sim.wait_for_tokens("deaf", 3)
             start = trio.current_time()
             ack = await sim.pause()
-            assert trio.current_time() - start == pytest.approx(ABORT_BOUND)
+            assert trio.current_time() - start == pytest.approx(limit)
             assert ack["aborted"] == 1 and ack["partial_tokens"] >= 3
             await sim.resume()
         [step] = await _steps(sim, "deaf")
