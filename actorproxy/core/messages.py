@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+import orjson
 
 from ..errors import BadRequest
 
@@ -197,7 +198,10 @@ def tools_key(tools: Sequence[Mapping[str, Any]] | None) -> str:
     """Canonical JSON of a tool list: equal keys mean the template renders the same tools."""
     if not tools:
         return ""
-    return json.dumps(list(tools), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    try:  # every turn repeats the tools (tens of KB for a coding agent): orjson writes them ~10x faster
+        return orjson.dumps(list(tools), option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:  # what orjson cannot write (an integer past 64 bits): keys are only compared with keys
+        return json.dumps(list(tools), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def output_as_message(output: AssistantOutput) -> dict[str, Any]:

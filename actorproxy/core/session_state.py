@@ -94,6 +94,8 @@ class SessionState:
         self.next_step = next_step
         self.next_segment = next_segment
         self.steps: list[Step] = []
+        #: Cuts each turn's messages to what the template reads; only the ones not seen last turn cost work.
+        self.message_cut = tokenizer.message_cut()
         self.instance_id: str | None = None
         self._rollout_id: str | None = None
         #: Set on a sub-agent's child session: ``(parent session id, "sub-<n>")``.
@@ -123,7 +125,7 @@ class SessionState:
     def prepare(self, request: ChatRequest, identity: Identity) -> Prepared | Refusal | Moved:
         """Route, plan and guard a turn. On :class:`Prepared` the step is recorded as ``running``."""
         # Fields nothing reads are not rendered, matched or kept (issue 11 #6: they cost memory, not tokens).
-        request = attrs.evolve(request, messages=self._tok.cut_messages(request.messages))
+        request = attrs.evolve(request, messages=self.message_cut.cut(request.messages))
         child = self._talks.route(request.messages)
         if child is not None:
             return Moved(child)

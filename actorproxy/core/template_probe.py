@@ -109,6 +109,12 @@ def probe_template(tokenizer: ChatTokenizer) -> TemplateProbe:
     return found
 
 
+def cached_probe(tokenizer: ChatTokenizer) -> TemplateProbe | None:
+    """:func:`probe_template`'s answer if it is known already (probing renders a few conversations), else ``None``."""
+    template = str(getattr(tokenizer.hf, "chat_template", "") or "")
+    return _cache.get(tokenizer, {}).get(template)
+
+
 def _probe(tokenizer: ChatTokenizer) -> TemplateProbe:
     checked = 0
     for messages, tools in _CONVERSATIONS:

@@ -323,7 +323,7 @@ class TurnGeneration:
                 continue
             if delta:
                 try:
-                    await self._events.send(TurnDelta(delta))
+                    await self._send_delta(TurnDelta(delta))
                     self._shown = True
                 except GONE:
                     # The agent left. Abort at a token boundary and read on to the
@@ -338,6 +338,17 @@ class TurnGeneration:
                 # token sampled so far stays recorded on the step.
                 return GenerateFinish("stop", weight_version=event.weight_version)
         return finish
+
+    async def _send_delta(self, event: TurnDelta) -> None:
+        """Queue a delta for the agent; wait only when its channel is full (a slow reader).
+
+        ``send_nowait`` hands it over without a scheduler round: the next engine
+        read is this task's checkpoint. Raises ``GONE`` when the agent left.
+        """
+        try:
+            self._events.send_nowait(event)
+        except trio.WouldBlock:
+            await self._events.send(event)
 
     async def _abort_when_asked(
         self, handle: GenerationHandle, generation: Generation, stream: trio.CancelScope

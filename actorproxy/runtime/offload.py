@@ -49,7 +49,8 @@ class Offload:
             return cls.inline()
         return cls.threads()
 
-    async def run(self, work: Callable[[], T]) -> T:
-        if self.limiter is None:
+    async def run(self, work: Callable[[], T], *, inline: bool = False) -> T:
+        """``work()``, in a worker thread unless there are none or the caller knows it is small (``inline``)."""
+        if self.limiter is None or inline:
             return work()
         return await trio.to_thread.run_sync(work, limiter=self.limiter)

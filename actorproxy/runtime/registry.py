@@ -98,6 +98,20 @@ class SessionRegistry:
             "sessions_failed": self._failed,
         }
 
+    def live_mailbox(self, session_id: str) -> trio.MemorySendChannel[SessionMessage] | None:
+        """The mailbox a ``Lookup`` of a live session answers, without the message round trip (or ``None``).
+
+        For the turn path: it runs on the Trio thread and never awaits, so it sees
+        the registry between two of its messages, as a ``Lookup`` would. The
+        mailbox may belong to a session whose retirement is still queued here:
+        sending to it then fails, and the caller asks with a ``Lookup``.
+        """
+        live = self._live.get(session_id)
+        if live is None:
+            return None
+        self._live.move_to_end(session_id)
+        return live.mailbox
+
     async def _lookup(self, msg: Lookup, sessions: trio.Nursery) -> None:
         live = self._live.get(msg.session_id)
         if live is not None:

@@ -79,6 +79,8 @@ class Runtime:
     draining: bool = False
     turns_in_flight: int = 0
     _turns_done: trio.Event = attrs.field(factory=trio.Event)
+    #: The registry actor itself: a turn finds a live session's mailbox without a message (``live_mailbox``).
+    sessions: reg.SessionRegistry | None = None
 
     def _check_admission(self) -> None:
         if self.draining:
@@ -109,10 +111,14 @@ class Runtime:
         the agent went away, and the generation stops.
         """
         self._check_admission()
-        for _ in range(4):
+        for attempt in range(4):
             send, recv = trio.open_memory_channel[TurnEvent](_TURN_EVENT_BUFFER)
             session_id = identity.session_id
-            mailbox = await ask(self.registry, lambda r: Lookup(session_id, True, r))  # noqa: B023
+            # A live session's mailbox is read off the registry directly (no round trip through its mailbox);
+            # a retry asks, so that it comes after whatever the registry has queued (a retirement).
+            mailbox = self.sessions.live_mailbox(session_id) if self.sessions is not None and not attempt else None
+            if mailbox is None:
+                mailbox = await ask(self.registry, lambda r: Lookup(session_id, True, r))  # noqa: B023
             try:
                 await mailbox.send(RunTurn(request, identity, send))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -298,7 +304,8 @@ async def open_runtime(
         known = {sid: SessionCounters(step, segment) for sid, (step, segment) in recovered.items()}
         registry = reg.SessionRegistry(factory, max_sessions=config.limits.max_sessions, known=known)
         registry_box = await nursery.start(registry.run)
-        runtime = Runtime(config, tok, engine, window, store_box, registry_box, controller_box, store.gauge)
+        runtime = Runtime(config, tok, engine, window, store_box, registry_box, controller_box, store.gauge,
+                          sessions=registry)
         try:
             yield runtime
         finally:

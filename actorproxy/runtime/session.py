@@ -55,6 +55,7 @@ from .offload import Offload
 from .output import OutputFormat, recompute_logprobs
 from .replies import FinalizeResult
 from .submitted_steps import Annotation, SubmitSteps
+from .turn_cost import small_turn
 from .turn_end import tell
 
 log = logging.getLogger(__name__)
@@ -299,7 +300,10 @@ class SessionActor:
     async def _run_turn(self, msg: RunTurn) -> None:
         """Run one turn; the caller closes its event channel."""
         events = msg.events
-        prepared = await self._offload.run(lambda: self.state.prepare(msg.request, msg.identity))
+        # A turn adding a short message is prepared on the loop: the thread hand-off would cost more.
+        prepared = await self._offload.run(lambda: self.state.prepare(msg.request, msg.identity),
+                                           inline=self._offload.limiter is None
+                                           or small_turn(self.state, msg.request, self._tok))
         match prepared:
             case Moved():
                 await tell(events, TurnMoved(session_id=prepared.session_id))

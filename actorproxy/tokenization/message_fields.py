@@ -161,3 +161,48 @@ def cut_message(message: dict[str, Any], fields: frozenset[str] | None) -> dict[
         if any(a is not b for a, b in zip(cut_calls, calls, strict=True)):
             out = {**out, "tool_calls": cut_calls}
     return out
+
+
+def _copy(value: Any) -> Any:
+    """A copy of a JSON-like value down to its (immutable) strings and numbers."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+class MessageCut:
+    """One session's messages cut to ``fields`` (:func:`cut_message`), in time proportional to what is new.
+
+    The history comes back whole every turn. A message equal to the one at its
+    position last turn (one dict comparison, at C speed) gets last turn's cut
+    message back; only the others are cut, and copied, so what is handed out is
+    never an object the client (an in-process agent) may edit in place later. A
+    message that had fields cut never equals its cut form: it is cut again each
+    turn (Claude Code's ``cache_control`` sits on the last few messages only).
+    The cut messages are shared between turns: nothing may edit them in place.
+    """
+
+    def __init__(self, fields: frozenset[str] | None) -> None:
+        self._fields = fields
+        self._last: list[dict[str, Any]] = []
+
+    @property
+    def known(self) -> int:
+        """How many messages last turn had (the ones this turn may find unchanged)."""
+        return len(self._last)
+
+    def cut(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        last, fields = self._last, self._fields
+        reused = len(last)
+        out: list[dict[str, Any]] = []
+        for i, message in enumerate(messages):
+            if i < reused:
+                before = last[i]
+                if message is before or message == before:
+                    out.append(before)
+                    continue
+            out.append(_copy(cut_message(message, fields)))
+        self._last = out
+        return out

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .gguf import end_of_turn_id, eog_ids, is_gguf, load_gguf_hf
-from .message_fields import cut_message, template_message_fields
+from .message_fields import MessageCut, cut_message, template_message_fields
 from .qwen3 import qwen3_tokenizer_file
 from .template_inputs import wants_object_arguments, with_object_arguments
 from .turn_end import learn_turn_end
@@ -127,6 +127,10 @@ class ChatTokenizer:
         """``messages`` with only the fields the chat template and echo matching read (see ``message_fields``)."""
         fields = template_message_fields(str(self.hf.chat_template))
         return [cut_message(m, fields) for m in messages]
+
+    def message_cut(self) -> MessageCut:
+        """``cut_messages`` for one conversation, turn after turn: only what changed is cut again."""
+        return MessageCut(template_message_fields(str(self.hf.chat_template)))
 
     def render(
         self,

@@ -1,0 +1,96 @@
+"""The turn path's per-turn work (issue 12): what is reused from the last turn, and where a turn is prepared.
+
+A turn that adds a short message is prepared on the event loop (the hand-off to a
+worker thread would cost more than the work); a long prompt still goes to the
+thread (tests/test_loop_free.py). The messages the history repeats are cut once,
+not every turn.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from _util import run_turn
+
+from actorproxy.config import ProxyConfig
+from actorproxy.core.messages import AssistantOutput
+from actorproxy.core.requests import ChatRequest, Identity
+from actorproxy.core.session_state import Prepared, SessionState, TurnResult
+from actorproxy.core.template_probe import probe_template
+from actorproxy.runtime.offload import Offload
+from actorproxy.runtime.runtime import open_runtime
+from actorproxy.runtime.turn_cost import INLINE_CHARS, small_turn
+from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.tokenization.message_fields import MessageCut, template_message_fields
+from actorproxy.tokenization.tokenizer import ChatTokenizer
+
+
+def test_message_cut_reuses_what_the_history_repeats(tokenizer: ChatTokenizer) -> None:
+    cut = MessageCut(template_message_fields(str(tokenizer.hf.chat_template)))
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}},
+    ]
+    first = cut.cut(history)
+    assert first == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert first[0] is not history[0]  # a copy: the agent's own dict is never handed on
+    again = [dict(m) for m in history] + [{"role": "user", "content": "more"}]
+    second = cut.cut(again)
+    assert second[0] is first[0]  # equal to last turn's: reused, not cut again
+    assert second[1] == first[1] and second[2] == {"role": "user", "content": "more"}
+    history[0]["content"] = "Be verbose."  # an in-process agent edits its dict in place
+    third = cut.cut(history)
+    assert third[0] == {"role": "system", "content": "Be verbose."} and first[0]["content"] == "Be brief."
+
+
+def _state(tokenizer: ChatTokenizer) -> SessionState:
+    return SessionState("s", config=ProxyConfig.of(port=0), tokenizer=tokenizer, context_window=1_000_000)
+
+
+def test_small_turns_are_told_apart_from_large_ones(tokenizer: ChatTokenizer) -> None:
+    probe_template(tokenizer)
+    state = _state(tokenizer)
+    long_text = "word " * 4000
+    messages: list[dict[str, Any]] = [{"role": "user", "content": long_text}]
+    assert not small_turn(state, ChatRequest(messages=messages), tokenizer)  # a whole long prompt to render
+    prepared = state.prepare(ChatRequest(messages=messages), Identity("s"))
+    assert isinstance(prepared, Prepared)
+    prepared.step.output_ids = [tokenizer.encode("ok")[0], tokenizer.eot_token_id]
+    prepared.step.output = AssistantOutput(content="ok", reasoning="", tool_calls=())
+    state.commit(TurnResult(prepared, completed=True))
+    follow = [*messages, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and then?"}]
+    assert small_turn(state, ChatRequest(messages=follow), tokenizer)  # only the short new message
+    rewritten = [{"role": "user", "content": long_text + "!"}, *follow[1:]]
+    assert not small_turn(state, ChatRequest(messages=rewritten), tokenizer)  # a rewrite renders it all
+    many = follow + [{"role": "user", "content": "x"}] * 40
+    assert not small_turn(state, ChatRequest(messages=many), tokenizer)
+    big_new = [*follow[:-1], {"role": "user", "content": "y" * (INLINE_CHARS + 1)}]
+    assert not small_turn(state, ChatRequest(messages=big_new), tokenizer)
+
+
+async def test_a_short_turn_is_prepared_on_the_loop_a_long_one_in_a_thread(tokenizer: ChatTokenizer) -> None:
+    """Which thread tokenizes each turn's prompt: the Trio thread for a short follow-up, a worker otherwise."""
+    seen: list[tuple[str, bool]] = []  # (the prompt text tokenized, on the Trio thread?)
+
+    class Watched(ChatTokenizer):
+        def encode(self, text: str) -> Any:
+            if "<|im_start|>user" in text:  # a prompt (the simulated engine tokenizes its replies too)
+                seen.append((text, threading.current_thread() is threading.main_thread()))
+            return super().encode(text)
+
+    tok = Watched(tokenizer.hf, name=tokenizer.name)
+    engine = SimEngine(tok, SimConfig(seed=1, token_interval=0.0))
+    async with open_runtime(ProxyConfig.of(port=0), backend=engine, tokenizer=tok,
+                            offload=Offload.threads()) as runtime:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "word " * 2000}]
+        first = await run_turn(runtime, "s", messages, max_tokens=8)
+        assert first.done is not None
+        seen.clear()
+        messages += [first.message, {"role": "user", "content": "and then?"}]
+        assert (await run_turn(runtime, "s", messages, max_tokens=8)).done is not None
+        assert [on_loop for text, on_loop in seen if "and then?" in text] == [True], seen
+        seen.clear()
+        assert (await run_turn(runtime, "other", [{"role": "user", "content": "word " * 2000}],
+                               max_tokens=8)).done is not None
+        assert [on_loop for text, on_loop in seen] == [False], seen
