@@ -104,6 +104,8 @@ class TurnGeneration:
         self._streaming = prepared.request.stream
         self._check_permit = check_permit
         self._shown = False  # a visible delta reached the agent
+        #: Non-streaming: the deltas after the first, merged, handed over with the result (see ``_deliver``).
+        self._held: OutputDelta | None = None
         self.client_gone = False
         self.finish: GenerateFinish | None = None
         self._experts: list[str] = []
@@ -140,6 +142,8 @@ class TurnGeneration:
             step.finished_at = time.time()
             if failure.error is not None:
                 step.error = step.error or failure.error.message
+                if self._held:
+                    await tell(events, TurnDelta(self._held))
                 await tell(events, TurnFailed(failure.error))
             return not_completed
         if self.client_gone:
@@ -181,9 +185,10 @@ class TurnGeneration:
             ),
         )
         try:
+            tail = _merged(self._held, tail)
             if tail:
-                await events.send(TurnDelta(tail))
-            await events.send(done)
+                await self._hand_over(TurnDelta(tail))
+            await self._hand_over(done)
         except GONE:
             # The agent left before the result was handed over: it never saw this reply.
             gone(step, finish)
@@ -323,7 +328,7 @@ class TurnGeneration:
                 continue
             if delta:
                 try:
-                    await self._send_delta(TurnDelta(delta))
+                    await self._deliver(delta)
                     self._shown = True
                 except GONE:
                     # The agent left. Abort at a token boundary and read on to the
@@ -339,16 +344,29 @@ class TurnGeneration:
                 return GenerateFinish("stop", weight_version=event.weight_version)
         return finish
 
-    async def _send_delta(self, event: TurnDelta) -> None:
-        """Queue a delta for the agent; wait only when its channel is full (a slow reader).
-
-        ``send_nowait`` hands it over without a scheduler round: the next engine
-        read is this task's checkpoint. Raises ``GONE`` when the agent left.
-        """
+    async def _hand_over(self, event: TurnEvent) -> None:
         try:
             self._events.send_nowait(event)
         except trio.WouldBlock:
             await self._events.send(event)
+
+    async def _deliver(self, delta: OutputDelta) -> None:
+        """Hand a delta to the agent's channel; raises ``GONE`` when the agent left.
+
+        A streaming agent gets each delta as it comes. A non-streaming one reads
+        only the result, so after the first delta (its time to first token) the
+        deltas are merged and handed over with the result: the agent's task is
+        not woken once per token. Whether it is still there is read off the
+        channel meanwhile. Either way the deltas concatenate to the same text.
+        ``send_nowait`` queues without a scheduler round (the next engine read is
+        this task's checkpoint); only a full channel (a slow reader) is waited for.
+        """
+        if self._streaming or not self._shown:
+            await self._hand_over(TurnDelta(delta))
+            return
+        if not self._events.statistics().open_receive_channels:
+            raise trio.BrokenResourceError("the agent closed its channel")
+        self._held = _merged(self._held, delta)
 
     async def _abort_when_asked(
         self, handle: GenerationHandle, generation: Generation, stream: trio.CancelScope
@@ -396,3 +414,10 @@ class TurnGeneration:
         self._experts = []
         self.parser = self._new_parser()
 
+
+def _merged(first: OutputDelta | None, then: OutputDelta) -> OutputDelta:
+    """One delta saying what ``first`` and then ``then`` say."""
+    if first is None:
+        return then
+    return OutputDelta(first.reasoning + then.reasoning, first.content + then.content,
+                       first.tool_calls + then.tool_calls)

@@ -277,6 +277,7 @@ async def open_runtime(
         await check_engine_tokenizer(tok, engine)
     window = context_window_for(config, info)
     output_format = output_format_for(config, tok)
+    await offload.run(lambda: _warm_up(tok))
     async with AsyncExitStack() as resources, trio.open_nursery() as nursery:
         if config.parsing.parse_backend != "local" and config.parse_url:
             from ..engines.sglang.parse import SGLangParseClient
@@ -328,3 +329,15 @@ async def open_runtime(
                 nursery.cancel_scope.cancel()
                 if backend is None:
                     await engine.aclose()
+
+
+def _warm_up(tokenizer: ChatTokenizer) -> None:
+    """Build what the first turn would otherwise build on the event loop (once per tokenizer, cached)."""
+    from ..core.template_probe import probe_template
+    from ..tokenization.detokenize import byte_table
+
+    byte_table(tokenizer)  # every turn's detokenizer: ~0.3 s for a 150k vocabulary
+    try:
+        probe_template(tokenizer)  # lets a session's first short turns be prepared inline
+    except Exception:  # a template that fails its probe fails the first turn that needs it, as before
+        log.debug("the chat template could not be probed at start", exc_info=True)
