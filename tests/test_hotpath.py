@@ -11,13 +11,16 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import trio
+import trio.testing
 from _util import run_turn
 
 from actorproxy.config import ProxyConfig
-from actorproxy.core.messages import AssistantOutput
+from actorproxy.core.messages import AssistantOutput, output_as_message
 from actorproxy.core.requests import ChatRequest, Identity
 from actorproxy.core.session_state import Prepared, SessionState, TurnResult
 from actorproxy.core.template_probe import probe_template
+from actorproxy.runtime.messages import TurnDelta, TurnDone
 from actorproxy.runtime.offload import Offload
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.runtime.turn_cost import INLINE_CHARS, small_turn
@@ -94,3 +97,31 @@ async def test_a_short_turn_is_prepared_on_the_loop_a_long_one_in_a_thread(token
         assert (await run_turn(runtime, "other", [{"role": "user", "content": "word " * 2000}],
                                max_tokens=8)).done is not None
         assert [on_loop for text, on_loop in seen] == [False], seen
+
+
+async def test_a_non_streaming_turn_wakes_its_agent_for_the_first_delta_and_the_result(
+    tokenizer: ChatTokenizer, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The deltas after the first come merged with the result; an agent gone meanwhile is still noticed."""
+    engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.01))
+    engine.script("one two three four five six", routing_key="s")
+    engine.script("Hello world again", routing_key="s")
+    async with open_runtime(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+        events = [e async for e in await runtime.start_turn(ChatRequest(messages=[{"role": "user", "content": "hi"}]),
+                                                              Identity("s"))]
+        kinds = [type(e).__name__ for e in events]
+        assert kinds == ["TurnAccepted", "TurnDelta", "TurnDelta", "TurnDone"], kinds
+        done = events[-1]
+        assert isinstance(done, TurnDone)
+        assert "".join(e.delta.content for e in events if isinstance(e, TurnDelta)) == done.output.content
+        messages = [{"role": "user", "content": "hi"}, output_as_message(done.output),
+                    {"role": "user", "content": "more"}]
+        async with await runtime.start_turn(ChatRequest(messages=messages), Identity("s")) as stream:
+            async for event in stream:
+                if isinstance(event, TurnDelta):
+                    break  # the agent leaves after the first piece of its reply
+        await runtime.finalize("s")
+        payload = await runtime.read(session_id="s", include_steps=True)
+    steps = payload["steps"]
+    assert [s["status"] for s in steps] == ["completed", "client_disconnected"]
+    assert steps[1]["completion_tokens"] < 4  # stopped at a token boundary soon after, not run to the end

@@ -221,7 +221,8 @@ async def test_agent_gone_before_the_result_keeps_the_reply_out(
         messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
         first = await run_turn(runtime, "late", messages)
         messages += [first.message, {"role": "user", "content": "more"}]
-        async with await runtime.start_turn(ChatRequest(messages=messages), Identity("late")) as events:
+        # Streaming: a non-streaming turn hands its deltas after the first over with the result (test_hotpath.py).
+        async with await runtime.start_turn(ChatRequest(messages=messages, stream=True), Identity("late")) as events:
             text = ""
             async for event in events:
                 if isinstance(event, TurnDelta):

@@ -213,7 +213,7 @@ class TurnGeneration:
                 try:
                     # Sent once generation is permitted: a turn that waits out a pause and gives
                     # up is a plain 503 with Retry-After, before any stream has started.
-                    await self._events.send(TurnAccepted(step.index, step.prompt_len))
+                    await self._hand_over(TurnAccepted(step.index, step.prompt_len))
                 except GONE:
                     await self._controller.send(End(handle, aborted=False))
                     self.client_gone = True
@@ -226,8 +226,12 @@ class TurnGeneration:
                 finish = await self._attempt(prompt, budget, handle)
                 interrupted = finish.reason == "abort" and handle.abort_requested.is_set()
             finally:
-                with trio.CancelScope(shield=True):
-                    await self._controller.send(End(handle, aborted=handle.abort_requested.is_set()))
+                end = End(handle, aborted=handle.abort_requested.is_set())
+                try:  # the controller's mailbox has room but when a pause is busy: no scheduler round then
+                    self._controller.send_nowait(end)
+                except trio.WouldBlock:
+                    with trio.CancelScope(shield=True):
+                        await self._controller.send(end)
             self._apply_finish(finish, start)
             if self.client_gone or not interrupted:
                 self.finish = finish
