@@ -4,7 +4,8 @@ Its mailbox serialises the session's turns, so a session never races with
 itself. The sans-IO :class:`~actorproxy.core.session_state.SessionState` plans
 and records; its CPU work (rendering, tokenizing, assembling and verifying a
 segment) runs through :class:`Offload`, in a worker thread, so it never holds
-the event loop. A :class:`~.generate.TurnGeneration` runs each turn's
+the event loop (a turn that renders only a short new message is prepared on
+the loop: :mod:`.turn_cost`). A :class:`~.generate.TurnGeneration` runs each turn's
 generation. Nothing is recorded into the segment unless the generation
 finished and the agent was there to receive it.
 
