@@ -27,6 +27,7 @@ from actorproxy.runtime.turn_cost import INLINE_CHARS, small_turn
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.message_fields import MessageCut, template_message_fields
 from actorproxy.tokenization.tokenizer import ChatTokenizer
+from actorproxy.wire.converter import CONVERTER
 
 
 def test_message_cut_reuses_what_the_history_repeats(tokenizer: ChatTokenizer) -> None:
@@ -121,7 +122,7 @@ async def test_a_non_streaming_turn_wakes_its_agent_for_the_first_delta_and_the_
                 if isinstance(event, TurnDelta):
                     break  # the agent leaves after the first piece of its reply
         await runtime.finalize("s")
-        payload = await runtime.read(session_id="s", include_steps=True)
+        payload = CONVERTER.unstructure(await runtime.read(session_id="s", include_steps=True))
     steps = payload["steps"]
     assert [s["status"] for s in steps] == ["completed", "client_disconnected"]
     assert steps[1]["completion_tokens"] < 4  # stopped at a token boundary soon after, not run to the end
