@@ -15,6 +15,8 @@ import outcome
 import trio
 
 T = TypeVar("T")
+#: An actor's message type (each actor's mailbox carries the union of its messages).
+M = TypeVar("M")
 
 Reply = trio.MemorySendChannel[outcome.Outcome[Any]]
 
@@ -23,7 +25,7 @@ class ActorGone(Exception):
     """The actor stopped before it answered."""
 
 
-async def ask(mailbox: trio.MemorySendChannel[Any], build: Callable[[Reply], Any]) -> Any:
+async def ask(mailbox: trio.MemorySendChannel[M], build: Callable[[Reply], M]) -> Any:
     """Send ``build(reply)`` to ``mailbox`` and return the actor's answer (or raise its error)."""
     reply_send, reply_recv = trio.open_memory_channel[outcome.Outcome[Any]](1)
     async with reply_recv:

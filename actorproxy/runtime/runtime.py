@@ -68,7 +68,7 @@ class Runtime:
     tokenizer: ChatTokenizer
     backend: Backend
     context_window: int
-    store: trio.MemorySendChannel[Any]
+    store: trio.MemorySendChannel[st.StoreMessage]
     registry: trio.MemorySendChannel[RegistryMessage]
     controller: trio.MemorySendChannel[ctl.ControllerMessage]
     #: Seconds the last pause took to be acknowledged (for the metrics).

@@ -75,7 +75,7 @@ class SessionServices:
     config: ProxyConfig
     tokenizer: ChatTokenizer
     backend: Any
-    store: trio.MemorySendChannel[Any]
+    store: trio.MemorySendChannel[store_msgs.StoreMessage]
     registry: trio.MemorySendChannel[RegistryMessage]
     controller: trio.MemorySendChannel[ControllerMessage]
     context_window: int

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -51,6 +51,7 @@ from .store_messages import (
     Read,
     Stats,
     StoreGauge,
+    StoreMessage,
     answer_outcome,
     capture,
     encode_body,
@@ -60,6 +61,7 @@ from .store_messages import (
 
 __all__ = [
     "BATCH_DELAY", "FULL_RETRY_AFTER", "Close", "Journal", "Knows", "Put", "Read", "Stats", "StoreGauge",
+    "StoreMessage",
     "TrajectoryStore", "encode_body",
 ]
 
@@ -120,9 +122,9 @@ class TrajectoryStore:
         return recovered
 
     async def run(
-        self, *, task_status: trio.TaskStatus[trio.MemorySendChannel[Any]] = trio.TASK_STATUS_IGNORED
+        self, *, task_status: trio.TaskStatus[trio.MemorySendChannel[StoreMessage]] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        send, inbox = trio.open_memory_channel[Any](256)
+        send, inbox = trio.open_memory_channel[StoreMessage](256)
         task_status.started(send)
         try:
             async with inbox, trio.open_nursery() as nursery:
@@ -173,7 +175,7 @@ class TrajectoryStore:
                 await trio.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    async def _gather(self, inbox: trio.MemoryReceiveChannel[Any], batch: list[Any]) -> None:
+    async def _gather(self, inbox: trio.MemoryReceiveChannel[StoreMessage], batch: list[StoreMessage]) -> None:
         """Take what is queued; while there are only writes nobody waits for, wait up to ``batch_delay``."""
         while len(batch) < _MAX_BATCH:
             try:
@@ -195,7 +197,7 @@ class TrajectoryStore:
 
     # -- applying a batch: commit, retry a few times, else keep it in memory (failed) --------
 
-    async def _execute(self, batch: list[Any]) -> None:
+    async def _execute(self, batch: list[StoreMessage]) -> None:
         """Run the batch in order (one thread hop), commit, then answer."""
         self._done, self._answers = 0, {}
         if not self._pending:
@@ -225,7 +227,7 @@ class TrajectoryStore:
                 if isinstance(msg, Close):
                     answer(msg.reply, True)
 
-    def _apply(self, batch: list[Any]) -> None:
+    def _apply(self, batch: list[StoreMessage]) -> None:
         """Apply ``batch[self._done:]`` and commit; ``self._done`` moves past each commit (a retry resumes there).
 
         On an error the uncommitted part is rolled back before the writer thread is let go.
@@ -236,7 +238,7 @@ class TrajectoryStore:
             self.backend.rollback()
             raise
 
-    def _apply_all(self, batch: list[Any]) -> None:
+    def _apply_all(self, batch: list[StoreMessage]) -> None:
         backend = self.backend
         for i in range(self._done, len(batch)):
             match batch[i]:
@@ -257,7 +259,7 @@ class TrajectoryStore:
         backend.commit()
         self._done = len(batch)
 
-    def _committed(self, writes: list[Any]) -> None:
+    def _committed(self, writes: Sequence[StoreMessage]) -> None:
         """Writes just committed: answer their finalizes, note their segments, wake the forwarder."""
         puts = [m for m in writes if isinstance(m, Put)]
         for msg in puts:
@@ -278,7 +280,7 @@ class TrajectoryStore:
             "(507 store_failed) and the writes not committed are kept in memory until the disk works again; "
             "free space or fix %s", COMMIT_ATTEMPTS, self.gauge.failure, getattr(self.backend, "path", "the disk"))
 
-    async def _without_disk(self, msg: Any) -> None:
+    async def _without_disk(self, msg: StoreMessage) -> None:
         """A message while the store is failed."""
         match msg:
             case Put() | Journal():

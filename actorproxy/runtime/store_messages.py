@@ -82,6 +82,10 @@ class Close:
     reply: Reply
 
 
+#: Everything the trajectory store's mailbox carries.
+StoreMessage = Put | Journal | Read | Knows | Stats | Close
+
+
 @attrs.define
 class StoreGauge:
     """Read by the ingress without a message: does the store refuse new turns (full, or its disk fails)?"""
@@ -142,7 +146,7 @@ def encode_body(result: Any) -> bytes:
         return json.dumps(data, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
-def refuse_queued(inbox: trio.MemoryReceiveChannel[Any]) -> None:
+def refuse_queued(inbox: trio.MemoryReceiveChannel[StoreMessage]) -> None:
     """Questions still queued once the store stopped: tell their askers it is gone (never leave them waiting)."""
     from .actor import ActorGone
 
@@ -151,7 +155,7 @@ def refuse_queued(inbox: trio.MemoryReceiveChannel[Any]) -> None:
             msg = inbox.receive_nowait()
         except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
             return
-        reply = getattr(msg, "reply", None)
+        reply = None if isinstance(msg, Journal) else msg.reply
         if reply is not None:
             answer_error(reply, ActorGone("the trajectory store has stopped"))
 
