@@ -47,6 +47,7 @@ from ..engines.base import (
 from ..errors import Conflict, EngineError, Overloaded, ProxyError
 from ..tokenization.tokenizer import ChatTokenizer
 from .actor import ActorGone, ask
+from .agent_channel import AgentChannel
 from .controller import ABORT_BOUND, ABORT_LIMIT, Begin, ControllerMessage, End, GenerationHandle, Permit, Withdraw
 from .messages import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed, TurnIds
 from .output import OutputFormat, parse_remotely, tool_call_id
@@ -57,7 +58,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds a turn whose agent left may read on to the engine's abort finish.
 ABORT_DRAIN_SECONDS = 5.0
-
 
 
 @attrs.define
@@ -100,12 +100,10 @@ class TurnGeneration:
         self._backend = backend
         self._controller = controller
         self._events = events
+        self._agent = AgentChannel(events, streaming=prepared.request.stream)
         self._settings = settings
         self._streaming = prepared.request.stream
         self._check_permit = check_permit
-        self._shown = False  # a visible delta reached the agent
-        #: Non-streaming: the deltas after the first, merged, handed over with the result (see ``_deliver``).
-        self._held: OutputDelta | None = None
         self.client_gone = False
         self.finish: GenerateFinish | None = None
         self._experts: list[str] = []
@@ -142,8 +140,9 @@ class TurnGeneration:
             step.finished_at = time.time()
             if failure.error is not None:
                 step.error = step.error or failure.error.message
-                if self._held:
-                    await tell(events, TurnDelta(self._held))
+                held = self._agent.take_held()
+                if held:
+                    await tell(events, TurnDelta(held))
                 await tell(events, TurnFailed(failure.error))
             return not_completed
         if self.client_gone:
@@ -185,10 +184,10 @@ class TurnGeneration:
             ),
         )
         try:
-            tail = _merged(self._held, tail)
+            tail = self._agent.held_then(tail)
             if tail:
-                await self._hand_over(TurnDelta(tail))
-            await self._hand_over(done)
+                await self._agent.hand_over(TurnDelta(tail))
+            await self._agent.hand_over(done)
         except GONE:
             # The agent left before the result was handed over: it never saw this reply.
             gone(step, finish)
@@ -213,7 +212,7 @@ class TurnGeneration:
                 try:
                     # Sent once generation is permitted: a turn that waits out a pause and gives
                     # up is a plain 503 with Retry-After, before any stream has started.
-                    await self._hand_over(TurnAccepted(step.index, step.prompt_len))
+                    await self._agent.hand_over(TurnAccepted(step.index, step.prompt_len))
                 except GONE:
                     await self._controller.send(End(handle, aborted=False))
                     self.client_gone = True
@@ -332,8 +331,7 @@ class TurnGeneration:
                 continue
             if delta:
                 try:
-                    await self._deliver(delta)
-                    self._shown = True
+                    await self._agent.deliver(delta)
                 except GONE:
                     # The agent left. Abort at a token boundary and read on to the
                     # engine's abort finish, so every token it generated is recorded;
@@ -347,30 +345,6 @@ class TurnGeneration:
                 # token sampled so far stays recorded on the step.
                 return GenerateFinish("stop", weight_version=event.weight_version)
         return finish
-
-    async def _hand_over(self, event: TurnEvent) -> None:
-        try:
-            self._events.send_nowait(event)
-        except trio.WouldBlock:
-            await self._events.send(event)
-
-    async def _deliver(self, delta: OutputDelta) -> None:
-        """Hand a delta to the agent's channel; raises ``GONE`` when the agent left.
-
-        A streaming agent gets each delta as it comes. A non-streaming one reads
-        only the result, so after the first delta (its time to first token) the
-        deltas are merged and handed over with the result: the agent's task is
-        not woken once per token. Whether it is still there is read off the
-        channel meanwhile. Either way the deltas concatenate to the same text.
-        ``send_nowait`` queues without a scheduler round (the next engine read is
-        this task's checkpoint); only a full channel (a slow reader) is waited for.
-        """
-        if self._streaming or not self._shown:
-            await self._hand_over(TurnDelta(delta))
-            return
-        if not self._events.statistics().open_receive_channels:
-            raise trio.BrokenResourceError("the agent closed its channel")
-        self._held = _merged(self._held, delta)
 
     async def _abort_when_asked(
         self, handle: GenerationHandle, generation: Generation, stream: trio.CancelScope
@@ -406,7 +380,7 @@ class TurnGeneration:
     async def _discard(self, start: int) -> None:
         """Non-partial mode: keep the interrupted attempt on the step, out of training, and start over."""
         step = self.step
-        if self._streaming and self._shown:
+        if self._streaming and self._agent.shown:
             raise TurnFailure(
                 Conflict(
                     "the generation was interrupted by a weight update after part of it was streamed; retry the turn",
@@ -418,10 +392,3 @@ class TurnGeneration:
         self._experts = []
         self.parser = self._new_parser()
 
-
-def _merged(first: OutputDelta | None, then: OutputDelta) -> OutputDelta:
-    """One delta saying what ``first`` and then ``then`` say."""
-    if first is None:
-        return then
-    return OutputDelta(first.reasoning + then.reasoning, first.content + then.content,
-                       first.tool_calls + then.tool_calls)

@@ -1,0 +1,58 @@
+"""The turn's end of the agent's event channel: how its deltas reach the agent.
+
+A streaming agent gets each delta as it comes. A non-streaming one reads only the
+result, so after the first delta (its time to first token) the deltas are merged
+and handed over with the result: the agent's task is not woken once per token.
+Either way the deltas concatenate to the same text.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from ..core.parser import OutputDelta
+from .messages import TurnDelta, TurnEvent
+
+
+class AgentChannel:
+    """Hands a turn's events to the agent's channel; sending raises ``GONE`` once the agent left."""
+
+    def __init__(self, events: trio.MemorySendChannel[TurnEvent], *, streaming: bool) -> None:
+        self.events = events
+        self.streaming = streaming
+        self.shown = False  # a visible delta reached the agent
+        #: Non-streaming: the deltas after the first, merged, handed over with the result.
+        self.held: OutputDelta | None = None
+
+    async def hand_over(self, event: TurnEvent) -> None:
+        """``send_nowait`` queues without a scheduler round; only a full channel (a slow reader) is waited for."""
+        try:
+            self.events.send_nowait(event)
+        except trio.WouldBlock:
+            await self.events.send(event)
+
+    async def deliver(self, delta: OutputDelta) -> None:
+        """Hand a delta over (or hold it, see the module); whether the agent is still there is read meanwhile."""
+        if self.streaming or not self.shown:
+            await self.hand_over(TurnDelta(delta))
+        elif not self.events.statistics().open_receive_channels:
+            raise trio.BrokenResourceError("the agent closed its channel")
+        else:
+            self.held = merged(self.held, delta)
+        self.shown = True
+
+    def take_held(self) -> OutputDelta | None:
+        """What is held (nothing is held afterwards)."""
+        held, self.held = self.held, None
+        return held
+
+    def held_then(self, tail: OutputDelta) -> OutputDelta:
+        """What is held followed by ``tail`` (nothing is held afterwards)."""
+        return merged(self.take_held(), tail)
+
+def merged(first: OutputDelta | None, then: OutputDelta) -> OutputDelta:
+    """One delta saying what ``first`` and then ``then`` say."""
+    if first is None:
+        return then
+    return OutputDelta(first.reasoning + then.reasoning, first.content + then.content,
+                       first.tool_calls + then.tool_calls)
