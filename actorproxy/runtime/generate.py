@@ -102,7 +102,6 @@ class TurnGeneration:
         self._events = events
         self._agent = AgentChannel(events, streaming=prepared.request.stream)
         self._settings = settings
-        self._streaming = prepared.request.stream
         self._check_permit = check_permit
         self.client_gone = False
         self.finish: GenerateFinish | None = None
@@ -380,7 +379,7 @@ class TurnGeneration:
     async def _discard(self, start: int) -> None:
         """Non-partial mode: keep the interrupted attempt on the step, out of training, and start over."""
         step = self.step
-        if self._streaming and self._agent.shown:
+        if self._agent.streaming and self._agent.shown:
             raise TurnFailure(
                 Conflict(
                     "the generation was interrupted by a weight update after part of it was streamed; retry the turn",
