@@ -28,6 +28,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from ..core.messages import output_as_message
+from ..core.records import Segment
 from ..errors import BadRequest, NotConfigured, NotFound, Overloaded, RewardFailed, RewardTimeout, Unauthorized
 from ..rewards import RewardFunctionError, as_reward, is_async, load_reward_fn
 from ..runtime import store as st
@@ -278,20 +279,23 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
 
     async def hand_over(groups: list[Group], complete_: bool) -> Response:
         """Read, serialise, and only then drain: a reply that cannot be built loses nothing."""
-        data: list[GroupBatch] = []
-        read: dict[str, set[str]] = {}
+        found: dict[str, list[Segment]] = {}
         for group in groups:
-            trajectories = []
             for item in group.trajectories:
                 try:
-                    segments = (await runtime.read(session_id=item.trajectory_id)).data
+                    found[item.trajectory_id] = (await runtime.read(session_id=item.trajectory_id)).data
                 except NotFound:
-                    segments = []  # already read (drained) with /trajectory/read
-                read[item.trajectory_id] = {s.trajectory_id for s in segments}
-                trajectories.append(HandedTrajectory(item.trajectory_id, item.reward,
-                                                     [CONVERTER.unstructure(s) for s in segments]))
-            data.append(GroupBatch(group.instance_id, trajectories))
-        reply = encode_body(FetchBatchResult(data, complete_))
+                    found[item.trajectory_id] = []  # already read (drained) with /trajectory/read
+        read = {trajectory_id: {s.trajectory_id for s in segments} for trajectory_id, segments in found.items()}
+
+        def serialise() -> bytes:  # token arrays of a whole batch: in a worker thread, not on the event loop
+            data = [GroupBatch(group.instance_id, [
+                HandedTrajectory(item.trajectory_id, item.reward,
+                                 [CONVERTER.unstructure(s) for s in found[item.trajectory_id]])
+                for item in group.trajectories]) for group in groups]
+            return encode_body(FetchBatchResult(data, complete_))
+
+        reply = await trio.to_thread.run_sync(serialise)
         for trajectory_id, segment_ids in read.items():
             if not segment_ids:
                 continue
