@@ -12,7 +12,8 @@ wrote and how the generation ended), the proxy
 
 A run: start N streams; once every client has ``--tokens-before-pause`` text events and
 both the engine and the proxy (``pause_state``) count N generations running, measure
-one second of steady streaming (the CPU each process spends), then time
+one second of steady streaming (the CPU each process spends, and the proxy's per token
+the engine streamed meanwhile: ``proxy µs/token``, meaningful while it keeps up), then time
 ``POST /v1/rollout/pause`` to its acknowledgment. Then every generation started from
 then on is made to end at once with the end-of-turn token, ``/v1/rollout/resume`` lets
 every turn finish, and each session's step is read: per session, the tokens the engine
@@ -71,8 +72,10 @@ def one_run(args: argparse.Namespace, streams: int) -> dict[str, Any]:
                 raise RuntimeError(f"not all {streams} streams in flight: engine {len(running)}, proxy {in_flight}")
             pids = {"proxy": server.pid, "engine": stub.pid, "clients": clients.pid}
             cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+            tokens0 = sum(g["tokens"] for g in get_json(stub.url + "/stub/generations")["generations"])
             time.sleep(1.0)
             cpu1 = {k: cpu_seconds(p) for k, p in pids.items()}
+            tokens1 = sum(g["tokens"] for g in get_json(stub.url + "/stub/generations")["generations"])
             spy = None
             if args.py_spy:  # a sampling profile of the proxy around the pause (py-spy on PATH)
                 command = ["py-spy", "record", "-r", "500", "-f", "raw", "-o", args.py_spy, "--nonblocking",
@@ -112,6 +115,9 @@ def one_run(args: argparse.Namespace, streams: int) -> dict[str, Any]:
         "engine_aborted": ended["abort"], "engine_cut": ended["cut"], "engine_still_running": ended["running"],
         "abort_calls": engine["abort_calls"], "produced": sum(produced.values()), "recorded": recorded, "lost": lost,
         "pause_cpu_ms": pause_cpu,
+        # The proxy's CPU per token the engine streamed meanwhile: what a streamed token costs
+        # it, as long as it keeps up (below 100 % it does; above, tokens pile up in the sockets).
+        "proxy_us_per_token": (cpu1["proxy"] - cpu0["proxy"]) * 1e6 / max(1, tokens1 - tokens0),
         **{f"{k}_cpu_pct": (cpu1[k] - cpu0[k]) * 100 for k in pids},
     }
 
@@ -168,7 +174,8 @@ def main(args: argparse.Namespace) -> None:
     print(f"load average before: {loadavg()}; token interval {args.token_interval * 1000:.0f} ms, "
           f"goal {args.token_interval * 1000 + 50:.0f} ms", flush=True)
     print(f"{'streams':>7} {'ack p50':>8} {'ack p99':>8} {'aborted':>8} {'cut':>4} {'calls':>6} {'produced':>9} "
-          f"{'recorded':>9} {'lost':>5} {'proxy %':>8} {'engine %':>9} {'clients %':>9} {'pause CPU ms':>12}",
+          f"{'recorded':>9} {'lost':>5} {'proxy %':>8} {'engine %':>9} {'clients %':>9} {'pause CPU ms':>12} "
+          f"{'proxy µs/token':>14}",
           flush=True)
     results: dict[int, list[dict[str, Any]]] = {}
     for streams in args.streams:
@@ -182,7 +189,8 @@ def main(args: argparse.Namespace) -> None:
         print(f"{streams:>7} {statistics.median(acks):>8.0f} {p99:>8.0f} {med('aborted'):>8.0f} "
               f"{sum(r['engine_cut'] for r in runs):>4} {med('abort_calls'):>6.0f} {med('produced'):>9.0f} "
               f"{med('recorded'):>9.0f} {max(r['lost'] for r in runs):>5} {med('proxy_cpu_pct'):>8.0f} "
-              f"{med('engine_cpu_pct'):>9.0f} {med('clients_cpu_pct'):>9.0f} {med('pause_cpu_ms'):>12.0f}",
+              f"{med('engine_cpu_pct'):>9.0f} {med('clients_cpu_pct'):>9.0f} {med('pause_cpu_ms'):>12.0f} "
+              f"{med('proxy_us_per_token'):>14.0f}",
               flush=True)
         for r in runs:
             if r["engine_still_running"] or r["aborted"] != streams or r["engine_aborted"] != streams:
