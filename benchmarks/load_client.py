@@ -129,6 +129,7 @@ async def throughput(args: argparse.Namespace, host: str, port: int, pids: dict[
     errors: list[str] = []
     stop = asyncio.Event()
     completed = 0
+    headers = {k.strip(): v.strip() for k, v in (h.split(":", 1) for h in args.header)}
 
     async def worker(w: int) -> None:
         nonlocal completed
@@ -147,7 +148,8 @@ async def throughput(args: argparse.Namespace, host: str, port: int, pids: dict[
                         return
                     body = json.dumps({"model": args.model, "messages": messages, "max_tokens": 64,
                                        "stream": args.stream}).encode()
-                    status, data, latency = await http.request("POST", args.path, body, {"X-Session-Id": sid})
+                    status, data, latency = await http.request("POST", args.path, body,
+                                                               {"X-Session-Id": sid, **headers})
                     ended = time.perf_counter()
                     if status != 200:
                         errors.append(f"{status}: {data[:200]!r}")
@@ -267,6 +269,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tag", default="s", help="session id prefix (unique per run)")
     parser.add_argument("--watch", action="append", default=[], metavar="NAME=PID")
     parser.add_argument("--stub-url", help="the engine stub, for its connection count")
+    parser.add_argument("--header", action="append", default=[], metavar="NAME: VALUE",
+                        help="an extra request header (e.g. a gateway's Authorization)")
     parser.add_argument("--long-session", type=int, default=0, metavar="TURNS")
     parser.add_argument("--tool-output-words", type=int, default=36)
     return parser.parse_args(argv)

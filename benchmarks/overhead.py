@@ -56,13 +56,17 @@ def canned(text: str, tokens: int | None = None) -> dict[str, Any]:
     return {"ids": ids, "pieces": pieces}
 
 
+LITELLM_KEY = "sk-actorproxy-benchmark"
+
+
 @contextmanager
 def litellm_proxy(engine_url: str) -> Iterator[Server]:
     """LiteLLM's proxy in front of the stub's OpenAI endpoint (``litellm`` must be on PATH)."""
     port = free_port()
     command = ["litellm", "--model", "openai/stub", "--api_base", engine_url + "/v1", "--port", str(port),
                "--num_workers", "1"]
-    env = {**os.environ, "OPENAI_API_KEY": "sk-stub", "LITELLM_LOG": "ERROR"}
+    # Recent LiteLLM refuses to start without a master key; the load client then sends it.
+    env = {**os.environ, "OPENAI_API_KEY": "sk-stub", "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": LITELLM_KEY}
     with running(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as process:
         url = f"http://127.0.0.1:{port}"
         wait_ready(url + "/health/liveliness", process)
@@ -121,6 +125,8 @@ def throughput_table(args: argparse.Namespace, stub: Server, targets: dict[str, 
                              "--reply-text", args.reply_text, "--model", "openai/stub" if name == "litellm" else "m"]
                     if name != "direct":
                         flags += ["--watch", f"target={server.pid}"]
+                    if name == "litellm":
+                        flags += ["--header", f"Authorization: Bearer {LITELLM_KEY}"]
                     if stream:
                         flags.append("--stream")
                     results.append(run_client(server.url, *flags))
