@@ -188,5 +188,6 @@ def proxy_in_thread(tokenizer: Any, config: Any, *, seed: int) -> Iterator[str]:
     try:
         yield url
     finally:
-        trio.from_thread.run_sync(done.set, trio_token=token)
+        token.run_sync_soon(done.set)  # never blocks, even if that loop is stuck
         thread.join(timeout=60)
+        assert not thread.is_alive(), "the proxy's thread did not stop within 60 s"

@@ -18,6 +18,7 @@ class Echo:
     def __init__(self) -> None:
         self.disconnected = trio.Event()
         self.waiting = trio.Event()
+        self.again: Any = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         body = b""
@@ -31,6 +32,11 @@ class Echo:
         if scope["path"] == "/hang":  # wait for the client to go away
             self.waiting.set()
             if (await receive())["type"] == "http.disconnect":
+                try:  # a receive after the disconnect answers at once, but still lets other tasks run
+                    with trio.testing.assert_checkpoints():
+                        self.again = await receive()
+                except AssertionError:
+                    self.again = {"type": "no checkpoint"}
                 self.disconnected.set()
             return
         out = f"{scope['method']} {scope['path']} {scope['query_string'].decode()} ".encode() + body
@@ -74,6 +80,18 @@ async def test_pipelined_requests_on_one_connection_are_answered_in_order(served
     assert b"date: " in data
 
 
+async def test_an_absolute_form_target_is_served_as_its_path(served: tuple[Echo, int]) -> None:
+    """RFC 9112 3.2.2: a server must accept ``http://host/path?query`` and serve ``/path``."""
+    _, port = served
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(b"GET http://h:9/a%20b?x=1 HTTP/1.1\r\nHost: h\r\n\r\n"
+                              b"GET HTTPS://h HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        with trio.fail_after(10):
+            data = await read_until(stream, b"never")  # the second reply closes the connection
+    assert b"GET /a b x=1 " in data and data.endswith(b"GET /  ")
+
+
 async def test_expect_100_continue(served: tuple[Echo, int]) -> None:
     _, port = served
     stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -96,6 +114,7 @@ async def test_a_chunked_request_body(served: tuple[Echo, int]) -> None:
 
 @pytest.mark.parametrize(("request_bytes", "status"), [
     (b"NOT HTTP AT ALL\r\n\r\n", b"400"),  # h11 cannot parse it
+    (b"POST /c HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", b"400"),  # h11 says 501: bad input
     (b"GET /fail HTTP/1.1\r\nHost: h\r\n\r\n", b"500"),  # the app fails before answering
 ])
 async def test_a_request_that_cannot_be_served_gets_an_error_and_the_connection_closes(
@@ -117,6 +136,8 @@ async def test_a_client_that_hangs_up_is_an_http_disconnect(served: tuple[Echo, 
     await stream.aclose()
     with trio.fail_after(10):
         await app.disconnected.wait()
+    # An app that keeps asking (say, a loop draining the body until the client leaves) must not hold the loop.
+    assert app.again == {"type": "http.disconnect"}
 
 
 async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(autojump_clock: Any) -> None:

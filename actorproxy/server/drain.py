@@ -54,7 +54,7 @@ class DrainRequestBody:
                 async with trio.open_nursery() as nursery:
 
                     async def pump() -> None:
-                        while True:
+                        while not received.is_set():  # a disconnect is final: no receive after it
                             await watched()  # cancel-safe: a memory channel loses nothing
 
                     nursery.start_soon(pump)

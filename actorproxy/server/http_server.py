@@ -11,10 +11,13 @@ app asks for it.
 
 What the proxy needs of its server, and nothing else: HTTP/1.1 with keep-alive (idle
 connections closed after ``keep_alive_timeout``), ``Expect: 100-continue``, chunked
-bodies both ways (h11 does the framing), a 4xx with ``connection: close`` for a request
-h11 cannot parse, ``http.disconnect`` when the client hangs up (so a turn is cancelled
-and its generation aborted), a 500 when the app fails before answering, and a shutdown
-that stops accepting and drops idle connections at once (``serve_proxy`` drains first).
+bodies both ways (h11 does the framing), absolute-form targets (``http://host/path``),
+a 4xx with ``connection: close`` for a request h11 cannot parse (400 where h11 would
+say 501: bad input is never a 5xx), ``http.disconnect`` when the client hangs up (so a
+turn is cancelled and its generation aborted; every ``receive`` after it is still a
+checkpoint, so an app that keeps asking cannot hold the event loop), a 500 when the app
+fails before answering, and a shutdown that stops accepting and drops idle connections
+at once (``serve_proxy`` drains first).
 Each request runs in a task of its own, as under hypercorn, so context variables set
 while serving one request never leak into the next one on the connection.
 """
@@ -91,7 +94,10 @@ class _Connection:
             event = await self.read_event()
         except h11.RemoteProtocolError as error:
             if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                await self.write(self.h11.send(h11.Response(status_code=error.error_status_hint, headers=[
+                # h11's hint, but a request it cannot take is the client's error (its 501 for a transfer
+                # coding other than chunked too): never a 5xx for bad input.
+                status = error.error_status_hint if error.error_status_hint < 500 else 400
+                await self.write(self.h11.send(h11.Response(status_code=status, headers=[
                     (b"content-length", b"0"), (b"connection", b"close"), (b"date", _Date.now())])))
             return None
         return event if isinstance(event, h11.Request) else None
@@ -110,6 +116,7 @@ class _Connection:
 
     async def write(self, data: bytes) -> None:
         if self.closed or not data:
+            await trio.lowlevel.checkpoint()  # an app sending into a closed connection still lets others run
             return
         await _acquire(self.write_lock)
         try:
@@ -126,7 +133,7 @@ class _Cycle:
     def __init__(self, connection: _Connection, request: h11.Request) -> None:
         self.connection = connection
         self.method = request.method.decode("ascii")
-        path, _, query = request.target.partition(b"?")
+        path, _, query = _origin_form(request.target).partition(b"?")
         self.scope = {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.1"},
@@ -178,6 +185,8 @@ class _Cycle:
     async def _receive(self) -> Message:
         connection = self.connection
         if connection.closed:
+            # A checkpoint: an app that keeps asking (a drain loop) must not hold the event loop forever.
+            await trio.lowlevel.checkpoint()
             return _DISCONNECT
         if self.body_done:
             return await self.wait_disconnect()
@@ -287,6 +296,17 @@ async def _acquire(lock: trio.Lock) -> None:
         lock.acquire_nowait()
     except trio.WouldBlock:
         await lock.acquire()
+
+
+def _origin_form(target: bytes) -> bytes:
+    """The path and query of a request target: an absolute-form one (``http://host/p?q``, RFC 9112 3.2.2) cut."""
+    if target[:1] == b"/":
+        return target
+    scheme, sep, rest = target.partition(b"://")
+    if sep and scheme.lower() in (b"http", b"https"):
+        slash = rest.find(b"/")
+        return rest[slash:] if slash >= 0 else b"/" + rest[len(rest.partition(b"?")[0]):]
+    return target
 
 
 def _address(name: Any) -> tuple[str, int] | None:
