@@ -144,3 +144,27 @@ async def test_no_frame_waits_for_the_next_and_heartbeats_still_go_out(autojump_
     assert await frames.__anext__() == b"b;error;"
     with pytest.raises(StopAsyncIteration):
         await frames.__anext__()
+
+
+async def test_a_client_that_hangs_up_mid_turn_cancels_it_and_the_engine_is_aborted(
+    proxy: Any, engine: SimEngine
+) -> None:
+    """Non-streaming: nothing is written while the turn runs, so only the server's reader can notice."""
+    engine.script("word " * 400, routing_key="left")
+    engine.pause("test")  # the generation starts and waits: the client leaves in the middle of it
+    host, port = proxy.url.removeprefix("http://").rsplit(":", 1)
+    body = b'{"messages":[{"role":"user","content":"talk"}],"max_tokens":500}'
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: left\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+    assert engine.running == 1
+    await stream.aclose()
+    await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+    engine.resume("test")
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as http:
+        with trio.fail_after(10):
+            step = (await http.get("/session/left")).json()["recent_steps"][-1]
+    assert step["status"] == "client_disconnected" and step["in_segment"] is False
+    stats = engine.stats(step["rid"])
+    assert stats.aborted and stats.finish_reason == "abort" and len(stats.token_ids) < 400

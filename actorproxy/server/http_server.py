@@ -1,4 +1,4 @@
-"""The HTTP/1.1 server: h11 on Trio streams, serving the ASGI app, one socket write per response.
+"""The HTTP/1.1 server: Trio streams, serving the ASGI app, one socket write per response.
 
 Why not hypercorn: measured with ``benchmarks/http_floor.py`` (a trivial JSON route,
 load generator in another process), hypercorn costs 0.75-1.1 ms of CPU per request
@@ -7,19 +7,22 @@ writes each ASGI message with its own socket write (head, body and end of a repl
 writes; every SSE chunk one more), each behind a lock and a shielded cancel scope, and
 passes the request body through memory channels and tasks. Here a reply's head, its body
 and its end leave in one write, and the request body is read from the socket when the
-app asks for it.
+app asks for it. The HTTP/1.1 framing itself is :mod:`.http1` (sans-IO; it replaced h11,
+which cost about 80 µs per request: see there).
 
 What the proxy needs of its server, and nothing else: HTTP/1.1 with keep-alive (idle
-connections closed after ``keep_alive_timeout``), ``Expect: 100-continue``, chunked
-bodies both ways (h11 does the framing), absolute-form targets (``http://host/path``),
-a 4xx with ``connection: close`` for a request h11 cannot parse (400 where h11 would
-say 501: bad input is never a 5xx), ``http.disconnect`` when the client hangs up (so a
-turn is cancelled and its generation aborted; every ``receive`` after it is still a
-checkpoint, so an app that keeps asking cannot hold the event loop), a 500 when the app
-fails before answering, and a shutdown that stops accepting and drops idle connections
-at once (``serve_proxy`` drains first).
-Each request runs in a task of its own, as under hypercorn, so context variables set
-while serving one request never leak into the next one on the connection.
+connections closed after ``keep_alive_timeout``), pipelining, ``Expect: 100-continue``,
+chunked bodies both ways, absolute-form targets (``http://host/path``), a 4xx with
+``connection: close`` for a request it cannot take (never a 5xx for bad input),
+``http.disconnect`` when the client hangs up (so a turn is cancelled and its generation
+aborted; every ``receive`` after it is still a checkpoint, so an app that keeps asking
+cannot hold the event loop), a 500 when the app fails before answering, and a shutdown
+that stops accepting and drops idle connections at once (``serve_proxy`` drains first).
+
+The requests of a connection run one after the other in the connection's task (a task
+per request cost a spawn and a join, two scheduling rounds): an app that sets a context
+variable resets it when its request ends (the turn lane does; Quart-trio serves each
+request in tasks of its own).
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
 
-import h11
 import trio
 
+from . import http1
 from .drain import ASGIApp, Message
 
 log = logging.getLogger("actorproxy.http")
@@ -43,6 +46,10 @@ _MAX_RECV = 65536
 #: Bytes of a pipelined next request kept while a response is under way (more: stop reading).
 _MAX_PIPELINED = 65536
 _DISCONNECT: Message = {"type": "http.disconnect"}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: The scope extension that calls back when the client hangs up: ``scope["extensions"][...](callback)``.
+#: The turn lane cancels its turn with it, instead of a task per request reading ``http.disconnect``.
+DISCONNECT_EXTENSION = "actorproxy.on_disconnect"
 
 
 class _Date:
@@ -64,7 +71,11 @@ class _Connection:
 
     def __init__(self, server: HTTPServer, stream: trio.SocketStream) -> None:
         self.server, self.stream = server, stream
-        self.h11 = h11.Connection(h11.SERVER)
+        self.buffer = bytearray()  # bytes read and not yet taken
+        self.eof = False  # the client sent its last byte (or the socket failed)
+        self.arrived = trio.lowlevel.ParkingLot()  # tasks waiting for bytes (or the EOF)
+        self.room = trio.lowlevel.ParkingLot()  # the reader, while the buffer is full
+        self.cycle: _Cycle | None = None  # the request being served
         self.write_lock = trio.Lock()
         self.closed = False  # the client went away (or the socket failed)
         sock = stream.socket
@@ -73,46 +84,79 @@ class _Connection:
 
     async def run(self) -> None:
         try:
-            while True:
-                request = None
-                with trio.move_on_after(self.server.keep_alive_timeout):  # idle: the client may not come back
-                    request = await self.next_request()
-                if request is None:
-                    return
-                async with trio.open_nursery() as nursery:  # a fresh context per request
-                    nursery.start_soon(_Cycle(self, request).run)
-                if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE or self.closed:
-                    return  # unread body, a close asked for, or a broken reply: the connection cannot go on
-                self.h11.start_next_cycle()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.read)
+                await self.serve()
+                nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await self.stream.aclose()
 
-    async def next_request(self) -> h11.Request | None:
-        """The next request's head; ``None`` when the connection should close."""
-        try:
-            event = await self.read_event()
-        except h11.RemoteProtocolError as error:
-            if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                # h11's hint, but a request it cannot take is the client's error (its 501 for a transfer
-                # coding other than chunked too): never a 5xx for bad input.
-                status = error.error_status_hint if error.error_status_hint < 500 else 400
-                await self.write(self.h11.send(h11.Response(status_code=status, headers=[
-                    (b"content-length", b"0"), (b"connection", b"close"), (b"date", _Date.now())])))
-            return None
-        return event if isinstance(event, h11.Request) else None
-
-    async def read_event(self) -> Any:
-        """The next h11 event, reading the socket as needed (EOF or a broken socket: ``ConnectionClosed``)."""
+    async def serve(self) -> None:
         while True:
-            event = self.h11.next_event()
-            if event is not h11.NEED_DATA:
-                return event
+            request = None
+            with trio.move_on_after(self.server.keep_alive_timeout):  # idle: the client may not come back
+                request = await self.next_request()
+            if request is None:
+                return
+            cycle = self.cycle = _Cycle(self, request)
+            try:
+                await cycle.run()  # in this task: no task to spawn and join per request
+            finally:
+                self.cycle = None
+            if not (cycle.complete and cycle.body.done and request.keep_alive) or cycle.close or self.closed:
+                return  # unread body, a close asked for, or a broken reply: the connection cannot go on
+
+    async def read(self) -> None:
+        """The connection's only reader: whatever the client sends goes to the buffer, its EOF to ``eof``.
+
+        Reading on while a request is served is how a client that hangs up is noticed (and a
+        pipelined request kept) without a task per request; at most ``_MAX_PIPELINED`` bytes
+        wait in the buffer before reading stops until they are taken.
+        """
+        while True:
+            if len(self.buffer) > _MAX_PIPELINED:
+                await self.room.park()
+                continue
             try:
                 data = await self.stream.receive_some(_MAX_RECV)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 data = b""
-            self.h11.receive_data(data)
+            if data:
+                self.buffer += data
+                self.arrived.unpark_all()
+                continue
+            self.eof = True
+            self.arrived.unpark_all()
+            cycle = self.cycle
+            if cycle is not None and cycle.body_given:  # gone while its request is served
+                self.closed = True
+                for callback in cycle.on_disconnect:
+                    callback()
+            return
+
+    async def wait_for_bytes(self) -> None:
+        """Until more bytes (or the EOF) arrive."""
+        if len(self.buffer) > _MAX_PIPELINED:
+            self.room.unpark_all()
+        await self.arrived.park()
+
+    async def next_request(self) -> http1.RequestHead | None:
+        """The next request's head; ``None`` when the connection should close."""
+        try:
+            while True:
+                request = http1.parse_head(self.buffer)
+                if request is not None:
+                    self.room.unpark_all()
+                    return request
+                if self.eof:
+                    if self.buffer.strip():  # a head cut short
+                        raise http1.BadRequest("incomplete request head")
+                    return None
+                await self.wait_for_bytes()
+        except http1.BadRequest as error:
+            await self.write(http1.error_response(error.status, _Date.now()))
+            return None
 
     async def write(self, data: bytes) -> None:
         if self.closed or not data:
@@ -130,50 +174,50 @@ class _Connection:
 class _Cycle:
     """One request and its response: the ASGI ``receive`` and ``send`` of the app's call."""
 
-    def __init__(self, connection: _Connection, request: h11.Request) -> None:
+    def __init__(self, connection: _Connection, request: http1.RequestHead) -> None:
         self.connection = connection
+        self.request = request
         self.method = request.method.decode("ascii")
         path, _, query = _origin_form(request.target).partition(b"?")
         self.scope = {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.1"},
-            "http_version": request.http_version.decode("ascii"),
+            "http_version": request.http_version,
             "method": self.method,
             "scheme": "http",
             "path": unquote(path.decode("ascii")),
             "raw_path": path,
             "query_string": query,
             "root_path": "",
-            "headers": list(request.headers),
+            "headers": request.headers,
             "client": connection.client,
             "server": connection.local,
-            "extensions": {},
+            "extensions": {DISCONNECT_EXTENSION: self.add_disconnect_callback},
         }
+        self.on_disconnect: list[Callable[[], None]] = []
+        self.body = http1.BodyReader(request)
         self.read_lock = trio.Lock()
-        self.pending: Any = None  # an h11 event read ahead
-        self.body_done = False
+        self.body_given = False  # the app has the body's last message
+        self.bad_body = False  # the body's framing was broken: answer 400 if the app did not answer
         self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None
-        self.head_sent = False
+        self.framing: http1.ResponseFraming | None = None
         self.complete = False
+        self.close = False  # the response says the connection ends
 
     async def run(self) -> None:
         try:
             await self.connection.server.app(self.scope, self.receive, self.send)
         except Exception:
             log.exception("error in the ASGI app serving %s %s", self.method, self.scope["path"])
-        if not self.head_sent:
-            await self.error_response(500)
+        if self.framing is None:
+            await self.error_response(400 if self.bad_body else 500)
         elif not self.complete:
             self.connection.closed = True  # a reply cut short: the client must not reuse the connection
 
     async def error_response(self, status: int) -> None:
-        connection = self.connection
-        if connection.h11.our_state is not h11.SEND_RESPONSE:
-            return
-        self.head_sent = self.complete = True
-        head = h11.Response(status_code=status, headers=[(b"content-length", b"0"), (b"connection", b"close"),
-                                                         (b"date", _Date.now())])
-        await connection.write(connection.h11.send(head) + (connection.h11.send(h11.EndOfMessage()) or b""))
+        self.complete = self.close = True
+        self.framing = http1.ResponseFraming(self.request, status, [])
+        await self.connection.write(http1.error_response(status, _Date.now()))
 
     async def receive(self) -> Message:
         await _acquire(self.read_lock)  # one reader at a time; a disconnect is seen by every later call
@@ -184,49 +228,48 @@ class _Cycle:
 
     async def _receive(self) -> Message:
         connection = self.connection
-        if connection.closed:
+        if connection.closed or self.bad_body:
             # A checkpoint: an app that keeps asking (a drain loop) must not hold the event loop forever.
             await trio.lowlevel.checkpoint()
             return _DISCONNECT
-        if self.body_done:
+        body = self.body
+        if self.body_given:
             return await self.wait_disconnect()
-        if connection.h11.they_are_waiting_for_100_continue:
-            await connection.write(connection.h11.send(h11.InformationalResponse(
-                status_code=100, headers=[(b"date", _Date.now())])))
         try:
-            event = self.pending if self.pending is not None else await connection.read_event()
-            self.pending = None
-            if isinstance(event, h11.Data):
-                body = bytes(event.data)
-                following = connection.h11.next_event()  # already here? (no read: NEED_DATA if not)
-                if isinstance(following, h11.EndOfMessage):  # the whole body in one message
-                    self.body_done = True
-                    return {"type": "http.request", "body": body, "more_body": False}
-                if following is not h11.NEED_DATA:
-                    self.pending = following
-                return {"type": "http.request", "body": body, "more_body": True}
-        except h11.RemoteProtocolError:
-            event = h11.ConnectionClosed()
-        if isinstance(event, h11.EndOfMessage):
-            self.body_done = True
-            return {"type": "http.request", "body": b"", "more_body": False}
+            while True:
+                data = b"" if body.done else body.read(connection.buffer)
+                if data is not None:
+                    self.body_given = body.done
+                    if len(connection.buffer) <= _MAX_PIPELINED:
+                        connection.room.unpark_all()
+                    return {"type": "http.request", "body": data, "more_body": not body.done}
+                if connection.eof:
+                    break
+                if self.request.expect_continue and self.framing is None:
+                    self.request.expect_continue = False
+                    await connection.write(_CONTINUE)
+                await connection.wait_for_bytes()
+        except http1.BadRequest:  # the client is still there: it gets a 400 unless the app answers
+            self.bad_body = True
+            return _DISCONNECT
         connection.closed = True
         return _DISCONNECT
 
     async def wait_disconnect(self) -> Message:
         """After the body: wait until the client hangs up (a pipelined next request is kept for later)."""
         connection = self.connection
-        while True:
-            if len(connection.h11.trailing_data[0]) > _MAX_PIPELINED:
-                await trio.sleep_forever()  # read no more until this response is done
-            try:
-                data = await connection.stream.receive_some(_MAX_RECV)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
-            if not data:
-                connection.closed = True
-                return _DISCONNECT
-            connection.h11.receive_data(data)
+        while not connection.eof:
+            await connection.arrived.park()
+        connection.closed = True
+        return _DISCONNECT
+
+    def add_disconnect_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the client hangs up after the body (at once if it has already)."""
+        if self.connection.eof:
+            self.connection.closed = True
+            callback()
+        else:
+            self.on_disconnect.append(callback)
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -235,21 +278,23 @@ class _Cycle:
             return
         if kind != "http.response.body" or self.complete or self.head is None:
             return
-        connection = self.connection
-        h = connection.h11
         out = b""
-        status, headers = self.head
-        if not self.head_sent:
-            self.head_sent = True
-            headers.append((b"date", _Date.now()))
-            out = h.send(h11.Response(status_code=status, headers=headers)) or b""
+        framing = self.framing
+        if framing is None:
+            status, headers = self.head
+            framing = http1.ResponseFraming(self.request, status, headers)
+            out = framing.head(status, headers, _Date.now())
+            self.framing, self.close = framing, framing.close
         body = message.get("body", b"")
-        if body and self.method != "HEAD" and status not in (204, 304):
-            out += h.send(h11.Data(data=body)) or b""
+        if body:
+            out += framing.piece(body)
         if not message.get("more_body", False):
-            self.complete = True
-            out += h.send(h11.EndOfMessage()) or b""
-        await connection.write(out)
+            end, whole = framing.end()
+            out += end
+            self.complete = whole
+            if not whole:
+                self.connection.closed = True
+        await self.connection.write(out)
 
 
 class HTTPServer:

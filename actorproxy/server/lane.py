@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 from typing import Any
 
 import attrs
@@ -33,6 +34,7 @@ from ..wire import jsonio
 from ..wire.format import Headers
 from .auth import AccessPolicy, route_kind
 from .drain import ASGIApp, Receive, Send, discard_body
+from .http_server import DISCONNECT_EXTENSION
 from .observe import Observer, error_code
 from .replies import error_reply, is_anthropic_route
 from .turns import TurnReply
@@ -146,9 +148,17 @@ class _Turn:
         self.started = False  # the response has started
         self.info = RequestInfo("POST", self.path, found.rule, time.perf_counter())
         self.info.session = found.url_session or self.headers.get("X-Session-Id")
+        self.on_disconnect: Callable[[Callable[[], None]], None] | None = (scope.get("extensions") or {}).get(
+            DISCONNECT_EXTENSION)
 
     async def serve(self) -> None:
-        CURRENT.set(self.info)
+        token = CURRENT.set(self.info)
+        try:
+            await self._serve()
+        finally:
+            CURRENT.reset(token)  # the server runs the next request of the connection in this task
+
+    async def _serve(self) -> None:
         try:
             raw = await self.request()
         except Exception as error:
@@ -156,20 +166,33 @@ class _Turn:
             return
         if self.gone:
             return
+        if self.on_disconnect is not None:  # our server calls back when the client hangs up: no task
+            with trio.CancelScope() as scope:
+                self.on_disconnect(partial(self.hung_up, scope))
+                await self.run(raw)
+            return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.watch, nursery.cancel_scope)
-            found = self.found
-            try:
-                reply = await found.handler(raw, self.headers, found.url_session, found.url_instance, self.confined)
-                if isinstance(reply, bytes):
-                    await self.answer(200, reply)
-                else:
-                    await self.stream(reply)
-            except Exception as error:
-                if self.started:  # a stream already under way: as under Quart, the server ends the connection
-                    raise
-                await self.fail(error)
+            await self.run(raw)
             nursery.cancel_scope.cancel()
+
+    async def run(self, raw: bytes) -> None:
+        """The handler, and its reply written (its error, in the caller's format)."""
+        found = self.found
+        try:
+            reply = await found.handler(raw, self.headers, found.url_session, found.url_instance, self.confined)
+            if isinstance(reply, bytes):
+                await self.answer(200, reply)
+            else:
+                await self.stream(reply)
+        except Exception as error:
+            if self.started:  # a stream already under way: as under Quart, the server ends the connection
+                raise
+            await self.fail(error)
+
+    def hung_up(self, scope: trio.CancelScope) -> None:
+        self.gone = True
+        scope.cancel()
 
     async def request(self) -> bytes:
         """Check the caller, then read the body (the Quart app's hook and checks, in their order)."""

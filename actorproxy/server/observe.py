@@ -77,6 +77,8 @@ class Observer:
             "actorproxy_prompt_tokens", "Prompt tokens sent to engines", registry=self.registry
         )
         self.sampled_tokens = Counter("actorproxy_sampled_tokens", "Tokens sampled by engines", registry=self.registry)
+        #: Label children by label values: ``labels()`` validates and locks on every call.
+        self._children: dict[tuple[Any, ...], Any] = {}
         self._snapshot = _Snapshot()
         self.registry.register(self._snapshot)
         self.history: deque[_Second] = deque(maxlen=HISTORY_SECONDS)
@@ -130,15 +132,15 @@ class Observer:
         now = time.perf_counter()
         status = info.status or 0
         seconds = now - info.started
-        self.requests.labels(info.route, info.method, str(status)).inc()
-        self.latency.labels(info.route).observe(seconds)
+        self._child(self.requests, info.route, info.method, status).inc()
+        self._child(self.latency, info.route).observe(seconds)
         second = self._second(int(time.time()))
         second.requests += 1
         second.latency_ms_sum += seconds * 1000
         if status >= 400:
             second.errors += 1
         if info.sampled_tokens is not None or (info.route.endswith(_TURN_ROUTES) and status):
-            self.turns.labels(info.route, str(status)).inc()
+            self._child(self.turns, info.route, status).inc()
             second.turns += 1
             second.turn_latency_ms.append(seconds * 1000)
         if info.sampled_tokens is not None and info.session:
@@ -154,8 +156,18 @@ class Observer:
             self.sampled_tokens.inc(info.sampled_tokens)
             second.sampled_tokens += info.sampled_tokens
         if info.first_token_at is not None:
-            self.ttft.labels(info.route).observe(info.first_token_at - info.started)
+            self._child(self.ttft, info.route).observe(info.first_token_at - info.started)
         self._log(info, now)
+
+    def _child(self, metric: Any, *values: Any) -> Any:
+        """``metric.labels(*values)``, looked up once per distinct label values."""
+        key = (metric, *values)
+        child = self._children.get(key)
+        if child is None:
+            if len(self._children) > 10_000:  # any method name can come in: bounded
+                self._children.clear()
+            child = self._children[key] = metric.labels(*(str(value) for value in values))
+        return child
 
     def _second(self, at: int) -> _Second:
         if not self.history or self.history[-1].at != at:
@@ -182,8 +194,7 @@ class Observer:
             fields["error"] = info.error_code
         if status >= 400 and self._suppressed((status, info.error_code, info.route), now):
             return
-        text = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
-        log.log(level, "%s", text, extra={"fields": fields})
+        log.log(level, _AccessLine(fields), extra={"fields": fields})
 
     def _suppressed(self, key: tuple[Any, ...], now: float) -> bool:
         """Rate-limit identical error lines: ``repeat_limit`` per window, then one summary."""
@@ -261,6 +272,18 @@ def add_metrics_route(app: QuartTrio, runtime: Runtime, observer: Observer) -> N
     async def metrics() -> Response:
         body = observer.render(_with_handoff(await gather_state(runtime), observer))
         return Response(body, status=200, content_type=CONTENT_TYPE_LATEST)
+
+
+class _AccessLine:
+    """An access line's text, written only when a handler formats the record (``key=value`` pairs)."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+
+    def __str__(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.fields.items() if v is not None)
 
 
 #: Route endings that are model calls.
