@@ -10,7 +10,9 @@
    bare ASGI app on hypercorn (what Quart adds is the difference), by a bare HTTP/1.1
    server on Trio streams with h11 doing the framing (what hypercorn adds is the difference),
    and as the same bare ASGI app on the proxy's own server (``actorproxy.server.http_server``:
-   what ASGI costs over that bare server).
+   what ASGI costs over that bare server); last, the proxy's real ingress (that server, the
+   request tracking, the turn lane with its checks, access log and metrics, Quart behind it)
+   with a canned turn handler: what the ingress costs a turn.
 2. Engine client: POSTs of a 2,000-token SGLang ``/generate`` body to ``engine_stub.py``,
    each reading the 16-event stream to its end, on one keep-alive connection per task,
    with httpx (the proxy's engine client library) and with a bare HTTP/1.1 exchange over
@@ -172,10 +174,46 @@ trio.run(partial(HTTPServer(lane).serve, "127.0.0.1", int(sys.argv[1]), shutdown
 ''')
 
 
+#: The proxy's real ingress (its server, request tracking, turn lane, observer, Quart behind) with a canned turn.
+INGRESS_APP = '''
+import sys
+from functools import partial
+import trio
+from quart_trio import QuartTrio
+from actorproxy.serve import _Tracked
+from actorproxy.server.auth import AccessPolicy
+from actorproxy.server.drain import DrainRequestBody
+from actorproxy.server.http_server import HTTPServer
+from actorproxy.server.lane import TurnLane
+from actorproxy.server.observe import Observer
+from actorproxy.telemetry import note_first_token, note_turn
+from actorproxy.wire.jsonio import dumps, loads
+app = QuartTrio(__name__)
+@app.get("/health")
+async def health():
+    return "ok"
+observer = Observer()
+observer.install(app)
+lane = TurnLane(DrainRequestBody(app.asgi_app), observer=observer, policy=AccessPolicy(), max_body=1 << 26,
+                body_timeout=600)
+ANSWER = dumps({"id": "c", "object": "chat.completion", "choices": [{"index": 0,
+    "message": {"role": "assistant", "content": "canned"}, "finish_reason": "stop"}]})
+async def chat(raw, headers, url_session, url_instance, confined):
+    loads(raw)
+    note_first_token()
+    note_turn(session=headers.get("x-session-id"), prompt_tokens=100, sampled_tokens=16)
+    return ANSWER
+lane.mount("/v1/chat/completions", chat)
+app.asgi_app = lane
+trio.run(partial(HTTPServer(_Tracked(app)).serve, "127.0.0.1", int(sys.argv[1]), shutdown_trigger=trio.sleep_forever))
+'''
+
+
 def ingress_floor(concurrency: list[int], duration: float) -> None:
     apps = (("hypercorn + quart-trio", APP), ("ASGI lane before quart", LANE_APP),
             ("hypercorn, bare ASGI   ", BARE_APP), ("h11 on trio, bare     ", H11_APP),
-            ("our server, bare ASGI ", OURS_APP), ("our server, lane+quart", LANE_OURS_APP))
+            ("our server, bare ASGI ", OURS_APP), ("our server, lane+quart", LANE_OURS_APP),
+            ("the proxy's ingress   ", INGRESS_APP))
     for name, app in apps:
         port = free_port()
         with running([sys.executable, "-c", app, str(port)]) as process:
