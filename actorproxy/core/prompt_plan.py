@@ -20,12 +20,13 @@ import attrs
 
 from ..config import ProxyConfig
 from ..errors import BadRequest, ContextOverflow
+from ..tokenization.message_fields import kept
 from ..tokenization.tokenizer import ChatTokenizer
 from .assemble import RebuiltPrefix, rebuild_prefix
 from .requests import ChatRequest
 from .spans import SpanError
 from .template_probe import probe_template
-from .tito import Continue, FragmentError, Fresh, OpenSegment, TurnPlan, plan_turn, render_fragment, snapshot
+from .tito import Continue, FragmentError, Fresh, OpenSegment, TurnPlan, plan_turn, render_fragment
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class PromptPlan:
     input_ids: array[int]
     #: The tokens this turn adds to the segment (the fragment, or the whole prompt when fresh).
     fragment: array[int]
-    #: Snapshots of the messages this turn accounts for.
+    #: The messages this turn accounts for, as the segment may keep them (``message_fields.kept``).
     new_messages: list[dict[str, Any]]
     max_new_tokens: int
     #: Recompute mode: the conversation rebuilt with the segment's replies located.
@@ -75,7 +76,7 @@ def plan_prompt(
             )
             fragment = tokenizer.encode(text)
             input_ids = segment.context_ids + fragment
-            new_messages = [snapshot(m) for m in plan.new_messages]
+            new_messages = [kept(m) for m in plan.new_messages]
         except FragmentError as exc:
             log.warning("session %s: %s; starting a new segment", session_id, exc)
             plan = Fresh("tito_failure")
@@ -97,7 +98,7 @@ def plan_prompt(
         except Exception as exc:  # the template rejects these messages
             raise BadRequest(f"the chat template cannot render these messages: {exc}", param="messages") from exc
         input_ids = array("i", fragment)
-        new_messages = [snapshot(m) for m in request.messages]
+        new_messages = [kept(m) for m in request.messages]
     prompt_len = len(input_ids)
     limits = config.limits
     if limits.max_prompt_tokens is not None and prompt_len > limits.max_prompt_tokens:

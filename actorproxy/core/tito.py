@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import attrs
 
+from ..tokenization.message_fields import FrozenMessage
 from ..tokenization.tokenizer import ChatTokenizer
 from .messages import AssistantOutput, echo_tolerance, message_key
 from .records import Step
@@ -61,13 +62,14 @@ class _Accounted:
     key: tuple[Any, ...] | None = None
     #: The assistant reply we generated (matched by meaning, not bytes).
     output: AssistantOutput | None = None
-    #: A snapshot of the last dict that matched: an equal dict next time matches at C speed.
+    #: A snapshot of the last dict that matched: an equal dict next time matches at C speed, and the
+    #: same ``FrozenMessage`` (which the wire layer hands out every turn, never edited) by identity.
     raw: Mapping[str, Any] | None = None
     #: The client's rewrites of our reply the echo matching saw through (``echo_tolerance``), once each.
     tolerated: frozenset[str] = frozenset()
 
     def matches(self, message: Mapping[str, Any]) -> bool:
-        if self.raw is not None and self.raw == message:
+        if self.raw is not None and (self.raw is message or self.raw == message):
             return True
         if self.output is not None:
             tolerated = echo_tolerance(message, self.output)
@@ -76,7 +78,7 @@ class _Accounted:
         else:
             ok = message_key(message) == self.key
         if ok:
-            self.raw = snapshot(message)
+            self.raw = message if type(message) is FrozenMessage else snapshot(message)
         return ok
 
 

@@ -112,7 +112,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
     def turn_route(suffix: str, fmt: TurnFormat[Any]) -> None:
         async def handler(raw: bytes, headers: Any, url_session: str | None, url_instance: str | None,
                           confined_to: str | None) -> Any:
-            return await serve_turn(runtime, fmt, json_body(raw), headers, url_session=url_session,
+            return await serve_turn(runtime, fmt, fmt.load(raw), headers, url_session=url_session,
                                     url_instance=url_instance, confined_to=confined_to)
 
         lane.mount(suffix, handler)

@@ -163,6 +163,18 @@ def cut_message(message: dict[str, Any], fields: frozenset[str] | None) -> dict[
     return out
 
 
+class FrozenMessage(dict[str, Any]):
+    """A message only the proxy holds, which nothing edits: shared between turns (and sessions) as it is.
+
+    The wire layer hands out one per distinct message text of a request body
+    (:mod:`actorproxy.wire.chat_messages`), the same object every turn the history
+    repeats it, and :class:`MessageCut` hands out its cut messages as such: so the
+    per-turn matching of a repeated history is an identity check.
+    """
+
+    __slots__ = ()
+
+
 def _copy(value: Any) -> Any:
     """A copy of a JSON-like value down to its (immutable) strings and numbers."""
     if isinstance(value, dict):
@@ -172,20 +184,35 @@ def _copy(value: Any) -> Any:
     return value
 
 
+def _frozen_copy(message: dict[str, Any]) -> FrozenMessage:
+    """A private copy of ``message`` (down to its strings), marked frozen: whoever holds it never edits it."""
+    return FrozenMessage({k: _copy(v) for k, v in message.items()})
+
+
+def kept(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` as something may keep it: a :class:`FrozenMessage` as it is, anything else copied."""
+    return message if type(message) is FrozenMessage else _copy(message)
+
+
 class MessageCut:
     """One session's messages cut to ``fields`` (:func:`cut_message`), in time proportional to what is new.
 
     The history comes back whole every turn. A message equal to the one at its
     position last turn (one dict comparison, at C speed) gets last turn's cut
-    message back; only the others are cut, and copied, so what is handed out is
-    never an object the client (an in-process agent) may edit in place later. A
-    message that had fields cut never equals its cut form: it is cut again each
-    turn (Claude Code's ``cache_control`` sits on the last few messages only).
-    The cut messages are shared between turns: nothing may edit them in place.
+    message back; so does the very :class:`FrozenMessage` given at that position
+    last turn (an identity check: the wire layer hands out the same object for the
+    same message text every turn, and nobody edits it). Only the others are cut,
+    and copied, so what is handed out is never an object the client (an
+    in-process agent) may edit in place later; a :class:`FrozenMessage` with
+    nothing to cut is kept as it is (no client holds it). What is handed out is
+    itself a :class:`FrozenMessage`, shared between turns: nothing may edit it in
+    place, and the append-only match compares it by identity next turn.
     """
 
     def __init__(self, fields: frozenset[str] | None) -> None:
         self._fields = fields
+        #: Last turn's messages as given, and as cut.
+        self._last_in: list[dict[str, Any]] = []
         self._last: list[dict[str, Any]] = []
 
     @property
@@ -194,15 +221,19 @@ class MessageCut:
         return len(self._last)
 
     def cut(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        last, fields = self._last, self._fields
+        last_in, last, fields = self._last_in, self._last, self._fields
         reused = len(last)
         out: list[dict[str, Any]] = []
         for i, message in enumerate(messages):
             if i < reused:
                 before = last[i]
-                if message is before or message == before:
+                if message is before or (message is last_in[i] and type(message) is FrozenMessage) or (
+                    message == before
+                ):
                     out.append(before)
                     continue
-            out.append(_copy(cut_message(message, fields)))
+            cut = cut_message(message, fields)
+            out.append(cut if cut is message and type(message) is FrozenMessage else _frozen_copy(cut))
+        self._last_in = list(messages)  # the caller's list may change; its frozen messages do not
         self._last = out
         return out

@@ -16,6 +16,7 @@ import attrs
 from ..core.parser import OutputDelta
 from ..errors import ProxyError
 from ..runtime.messages import ChatRequest, Identity, TurnAccepted, TurnDone
+from .jsonio import load_body
 
 #: Whose error shape a route answers in: OpenAI ``{"error": {...}}`` or Anthropic ``{"type": "error", ...}``.
 ErrorStyle = Literal["openai", "anthropic"]
@@ -75,8 +76,12 @@ class TurnFormat(Generic[C]):
     #: The shape of this protocol's error bodies.
     errors: ErrorStyle = "openai"
 
+    def load(self, raw: bytes) -> Any:
+        """A request's body as :meth:`parse` takes it: by default its JSON value (400 when empty or not JSON)."""
+        return load_body(raw)
+
     def parse(self, body: Any) -> C:
-        """The call a JSON body asks for; :class:`~actorproxy.errors.BadRequest` naming the bad field."""
+        """The call a body (:meth:`load`) asks for; :class:`~actorproxy.errors.BadRequest` naming the bad field."""
         raise NotImplementedError
 
     def new_id(self) -> str:

@@ -25,32 +25,53 @@ from ..errors import BadRequest
 MAX_DEPTH = 100
 
 
-def loads(raw: bytes | str) -> Any:
-    """Parse a request body; :class:`BadRequest` for anything that is not sound JSON within the limits."""
+def loads(raw: bytes | str, *, check: bool = True) -> Any:
+    """Parse a request body; :class:`BadRequest` for anything that is not sound JSON within the limits.
+
+    ``check=False`` leaves the nesting bound to the caller (:func:`check_depth`).
+    """
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-    check_depth(value)
+    if check:
+        check_depth(value)
     return value
+
+
+def load_body(raw: bytes, *, check: bool = True) -> Any:
+    """A request's JSON body (400 when it is empty or not JSON)."""
+    if not raw:
+        raise BadRequest("the request body is empty; send a JSON object")
+    return loads(raw, check=check)
+
+
+def too_deep(limit: int = MAX_DEPTH) -> BadRequest:
+    return BadRequest(f"the request body nests deeper than {limit} levels", code="too_deep")
 
 
 def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
     """Refuse ``value`` if its arrays and objects nest deeper than ``limit`` (iterative: no recursion)."""
+    if nesting(value, limit) > limit:
+        raise too_deep(limit)
+
+
+def nesting(value: Any, cap: int) -> int:
+    """Arrays and objects on the longest path into ``value`` (0 for a scalar), counted up to ``cap + 1``."""
+    if not isinstance(value, dict | list):
+        return 0
     level: list[Any] = [value]
     depth = 0
-    while level:
+    while level and depth <= cap:
+        depth += 1
         below: list[Any] = []
         for item in level:
             if isinstance(item, dict):
                 below.extend(v for v in item.values() if isinstance(v, dict | list))
             elif isinstance(item, list):
                 below.extend(v for v in item if isinstance(v, dict | list))
-        if below:
-            depth += 1
-            if depth >= limit:
-                raise BadRequest(f"the request body nests deeper than {limit} levels", code="too_deep")
         level = below
+    return depth
 
 
 def dumps(value: Any) -> bytes:

@@ -14,6 +14,7 @@ from ..core.messages import output_as_message
 from ..core.parser import OutputDelta
 from ..errors import BadRequest, ProxyError
 from ..runtime.messages import ChatRequest, TurnAccepted, TurnDone
+from .chat_messages import ChatBody, MessageMemo, load_chat_body
 from .converter import structure
 from .format import ReplyInfo, TurnFormat
 from .jsonio import dumps
@@ -50,18 +51,18 @@ def parse_chat_body(body: Any) -> OpenAIChatCall:
     """Validate a chat-completions body; raise :class:`BadRequest` naming the bad field.
 
     Unknown fields are tolerated (OpenAI clients send many we do not use); see
-    docs/endpoints.md for what each known field does here.
+    docs/endpoints.md for what each known field does here. A :class:`ChatBody`
+    (read from bytes by :func:`load_chat_body`) has its messages checked already.
     """
-    call = structure(body, ChatCompletionBody)
-    if not call.messages:
-        raise BadRequest("'messages' must be a non-empty array", param="messages")
-    for i, message in enumerate(call.messages):
-        if message.role in ("user", "system", "developer") and message.content is None:
-            raise BadRequest(f"messages[{i}].content is required for role {message.role!r}",
-                             param=f"messages[{i}].content")
-        if message.tool_calls is not None and message.role != "assistant":
-            raise BadRequest(f"messages[{i}].tool_calls must be on an assistant message",
-                             param=f"messages[{i}].tool_calls")
+    if isinstance(body, ChatBody):
+        call = structure({**body.value, "messages": []}, ChatCompletionBody)
+        messages: list[dict[str, Any]] = list(body.messages)
+        body = body.value
+    else:
+        call = structure(body, ChatCompletionBody)
+        _check_messages(call)
+        # Templates know "system", not OpenAI's newer "developer" role; messages go on as sent otherwise.
+        messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in body["messages"]]
     max_tokens = call.max_completion_tokens if call.max_completion_tokens is not None else call.max_tokens
     if max_tokens is not None and max_tokens < 1:
         raise BadRequest("'max_tokens' must be at least 1", param="max_tokens")
@@ -80,9 +81,6 @@ def parse_chat_body(body: Any) -> OpenAIChatCall:
             raise BadRequest(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
         if not call.logprobs:
             raise BadRequest("'logprobs' must be true when 'top_logprobs' is set", param="top_logprobs")
-    raw = body["messages"]
-    # Templates know "system", not OpenAI's newer "developer" role; messages go on as sent otherwise.
-    messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in raw]
     # tool_choice "none": the model is offered no tools (the prompt does not list them).
     tools = [] if call.tool_choice == "none" else list(body.get("tools") or [])
     stream = bool(call.stream)
@@ -107,6 +105,19 @@ def parse_chat_body(body: Any) -> OpenAIChatCall:
         turn_id=call.turn_id,
         logprobs=bool(call.logprobs),
     )
+
+
+def _check_messages(call: ChatCompletionBody) -> None:
+    """What the types alone do not say about the messages."""
+    if not call.messages:
+        raise BadRequest("'messages' must be a non-empty array", param="messages")
+    for i, message in enumerate(call.messages):
+        if message.role in ("user", "system", "developer") and message.content is None:
+            raise BadRequest(f"messages[{i}].content is required for role {message.role!r}",
+                             param=f"messages[{i}].content")
+        if message.tool_calls is not None and message.role != "assistant":
+            raise BadRequest(f"messages[{i}].tool_calls must be on an assistant message",
+                             param=f"messages[{i}].tool_calls")
 
 
 def new_completion_id() -> str:
@@ -261,6 +272,11 @@ class OpenAIChatFormat(TurnFormat[OpenAIChatCall]):
     def __init__(self, tokenizer: Any = None) -> None:
         #: Turns the sampled ids into tokens when a call asks for logprobs.
         self._tokenizer = tokenizer
+        #: The messages recent turns sent, checked: a history is not checked again every turn.
+        self._memo = MessageMemo()
+
+    def load(self, raw: bytes) -> Any:
+        return load_chat_body(raw, self._memo)
 
     def _logprobs_tokenizer(self, call: OpenAIChatCall) -> Any:
         return self._tokenizer if call.logprobs else None

@@ -1,0 +1,206 @@
+"""A chat-completions body's messages checked once per distinct message, not once per turn (issue 12).
+
+An agent sends its whole conversation every turn: at turn 200 of a tool-calling
+session that is 400 messages, 249 KB, of which two are new. Checking every
+message again (typing each field, the nesting bound, the ``developer`` role) cost
+about 2.5 ms of Python per turn at that length, growing with the history.
+
+So the body's messages are also read as raw JSON text (msgspec: it hands out
+each array item's bytes without building it, at C speed) and looked up in a
+:class:`MessageMemo`: bytes a turn already sent, byte for byte, map to the
+message that was checked then — the same :class:`FrozenMessage` object every
+turn, so later per-turn work (``MessageCut``, the append-only match) is an
+identity check too. Only messages not seen before are checked, here with a
+msgspec schema at least as strict as the typed one (``openai_types``). A
+message's validity depends on nothing but its own content, so equal bytes mean
+equal verdicts: editing an old message changes its bytes and it is checked
+again. Anything the fast path cannot vouch for (a body msgspec cannot read, a
+message its schema refuses) goes the ordinary way, so every error is the one
+the full check gives, word for word.
+
+The whole body is still parsed by orjson first (one C pass): what is accepted
+and refused as JSON, and how, does not change.
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter
+from typing import Any, Literal
+
+import attrs
+import msgspec
+
+from ..tokenization.message_fields import FrozenMessage
+from .jsonio import MAX_DEPTH, check_depth, load_body, nesting, too_deep
+
+#: Raw JSON bytes of messages kept (twice that at most while the memo turns over).
+MEMO_BYTES = 64 << 20
+
+
+class MessageMemo:
+    """Message JSON text -> the message checked for it (with its nesting), for every recent session.
+
+    Two generations: lookups hit the young one or promote from the old one;
+    when the young one holds ``max_bytes`` of text it becomes the old one, and
+    what was not used since is dropped. Bounded, no per-entry bookkeeping.
+    """
+
+    def __init__(self, max_bytes: int = MEMO_BYTES) -> None:
+        self._max = max_bytes
+        self._young: dict[bytes, tuple[FrozenMessage, int]] = {}
+        self._old: dict[bytes, tuple[FrozenMessage, int]] = {}
+        self._bytes = 0
+
+    def find(self, keys: list[bytes]) -> list[Any]:
+        """The entry of each key (``None`` where there is none), in order."""
+        found: list[Any] = list(map(self._young.get, keys))
+        if self._old and None in found:
+            for i, entry in enumerate(found):
+                if entry is None:
+                    entry = found[i] = self._old.pop(keys[i], None)
+                    if entry is not None:
+                        self._add(keys[i], entry)
+        return found
+
+    def put(self, key: bytes, message: FrozenMessage, depth: int) -> None:
+        if key not in self._young:
+            self._add(key, (message, depth))
+
+    def _add(self, key: bytes, entry: tuple[FrozenMessage, int]) -> None:
+        if self._bytes + len(key) > self._max:
+            self._old, self._young, self._bytes = self._young, {}, 0
+        self._young[key] = entry
+        self._bytes += len(key)
+
+    def __len__(self) -> int:
+        return len(self._young) + len(self._old)
+
+
+class _Messages(msgspec.Struct):
+    messages: list[msgspec.Raw]
+
+
+_RAW_MESSAGES = msgspec.json.Decoder(_Messages)
+_message = itemgetter(0)
+_depth = itemgetter(1)
+
+
+# -- the schema of one message (what ``parse_chat_body`` accepts, or stricter) ------------------------------
+
+
+class _Part(msgspec.Struct):
+    type: Literal["text"]
+    text: str
+
+
+class _Function(msgspec.Struct):
+    name: str
+    arguments: str | dict[str, Any] | None = ""
+
+
+class _ToolCall(msgspec.Struct):
+    function: _Function
+    id: str | None = None
+    type: str = "function"
+
+
+class _Message(msgspec.Struct, tag_field="role", kw_only=True):
+    name: str | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class _System(_Message, tag="system"):
+    content: str | list[_Part]
+    tool_calls: None = None
+
+
+class _Developer(_Message, tag="developer"):
+    content: str | list[_Part]
+    tool_calls: None = None
+
+
+class _User(_Message, tag="user"):
+    content: str | list[_Part]
+    tool_calls: None = None
+
+
+class _Assistant(_Message, tag="assistant"):
+    content: str | list[_Part] | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Tool(_Message, tag="tool"):
+    content: str | list[_Part] | None = None
+    tool_calls: None = None
+
+
+_MessageList = list[_System | _Developer | _User | _Assistant | _Tool]
+
+
+def _valid(messages: list[Any]) -> bool:
+    try:
+        msgspec.convert(messages, _MessageList)
+    except (msgspec.ValidationError, TypeError, ValueError):
+        return False
+    return True
+
+
+@attrs.frozen
+class ChatBody:
+    """A chat-completions body read from bytes whose messages are all known good."""
+
+    #: The body as orjson parsed it.
+    value: dict[str, Any]
+    #: Its messages, checked and with ``developer`` read as ``system``: the memo's shared objects.
+    messages: list[FrozenMessage]
+
+
+def load_chat_body(raw: bytes, memo: MessageMemo) -> Any:
+    """A request body: a :class:`ChatBody` when every message is known good, else its JSON value.
+
+    Raises what :func:`~actorproxy.wire.jsonio.load_body` raises (empty, not JSON,
+    too deep), with the same words. The JSON value returned otherwise has passed
+    those checks and goes through ``parse_chat_body`` whole, as before.
+    """
+    value = load_body(raw, check=False)
+    body = _from_memo(raw, value, memo)
+    if body is None:
+        check_depth(value)
+        return value
+    return body
+
+
+def _from_memo(raw: bytes, value: Any, memo: MessageMemo) -> ChatBody | None:
+    if not isinstance(value, dict):
+        return None
+    parsed = value.get("messages")
+    if not isinstance(parsed, list) or not parsed:
+        return None
+    try:
+        texts = _RAW_MESSAGES.decode(raw).messages
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if len(texts) != len(parsed):
+        return None
+    keys = list(map(bytes, texts))
+    found = memo.find(keys)
+    new = [i for i, hit in enumerate(found) if hit is None]
+    for i in new:
+        found[i] = (parsed[i], nesting(parsed[i], MAX_DEPTH))  # checked below; not in the memo yet
+    # The nesting bound first, as ``check_depth`` of the whole body would: the body, then its messages array.
+    rest = {k: v for k, v in value.items() if k != "messages"}
+    if max(nesting(rest, MAX_DEPTH), 2 + max(map(_depth, found))) > MAX_DEPTH:
+        raise too_deep()
+    if new and not _valid([parsed[i] for i in new]):
+        return None  # the full check names the culprit
+    for i in new:
+        message, depth = found[i]
+        frozen = FrozenMessage(message)
+        if message.get("role") == "developer":  # templates know "system", not OpenAI's newer "developer"
+            frozen["role"] = "system"
+        memo.put(keys[i], frozen, depth)
+        found[i] = (frozen, depth)
+    return ChatBody(value, list(map(_message, found)))
+

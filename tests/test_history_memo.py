@@ -1,0 +1,231 @@
+"""The history's messages are checked once per distinct message, not every turn (issue 12).
+
+``load_chat_body`` hands out one frozen message per distinct message text, the
+same object every turn; these tests make sure no cached message ever stands for
+one that changed: an old message edited (its text, a tool call), moved or
+deleted is checked again and is a history rewrite exactly as before, and a bad
+new message gets the full check's error word for word.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from actorproxy.errors import BadRequest
+from actorproxy.serve import RunningProxy
+from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.tokenization.message_fields import FrozenMessage
+from actorproxy.wire.chat_messages import ChatBody, MessageMemo, load_chat_body
+from actorproxy.wire.jsonio import MAX_DEPTH, load_body
+from actorproxy.wire.openai_chat import OpenAIChatFormat, parse_chat_body
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
+HISTORY: list[dict[str, Any]] = [
+    {"role": "developer", "content": "You are a coding agent."},
+    {"role": "user", "content": "Read a.py."},
+    {"role": "assistant", "content": "", "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "print('a')"},
+    {"role": "user", "content": "And now?"},
+]
+
+
+def _raw(messages: list[dict[str, Any]], **fields: Any) -> bytes:
+    return orjson.dumps({"model": "m", "messages": messages, **fields})
+
+
+def _loaded(memo: MessageMemo, messages: list[dict[str, Any]]) -> ChatBody:
+    body = load_chat_body(_raw(messages), memo)
+    assert isinstance(body, ChatBody)
+    return body
+
+
+def test_a_repeated_message_is_the_same_checked_object_every_turn() -> None:
+    memo = MessageMemo()
+    first = _loaded(memo, HISTORY)
+    second = _loaded(memo, [*HISTORY, {"role": "user", "content": "more"}])
+    assert all(a is b for a, b in zip(first.messages, second.messages, strict=False))
+    assert all(type(m) is FrozenMessage for m in second.messages)
+    assert second.messages[0] == {"role": "system", "content": "You are a coding agent."}  # developer read as system
+    assert second.messages[-1] == {"role": "user", "content": "more"}
+    plain = parse_chat_body(orjson.loads(_raw([*HISTORY, {"role": "user", "content": "more"}])))
+    assert parse_chat_body(second).request == plain.request
+
+
+@pytest.mark.parametrize("edit", ["content", "tool_call", "tool_call_id", "reorder", "delete", "spacing"])
+def test_an_old_message_edited_moved_or_deleted_is_never_its_cached_self(edit: str) -> None:
+    memo = MessageMemo()
+    before = _loaded(memo, HISTORY).messages
+    messages = json.loads(json.dumps(HISTORY))
+    if edit == "content":
+        messages[1]["content"] = "Read b.py."
+    elif edit == "tool_call":
+        messages[2]["tool_calls"][0]["function"]["arguments"] = '{"path": "b.py"}'
+    elif edit == "tool_call_id":
+        messages[3]["tool_call_id"] = "call_2"
+    elif edit == "reorder":
+        messages[1], messages[4] = messages[4], messages[1]
+    elif edit == "delete":
+        del messages[3]
+    raw = _raw(messages)
+    if edit == "spacing":  # the same message written otherwise: parsed again, equal
+        raw = raw.replace(b'"content":"Read a.py."', b'"content" : "Read a.py."')
+    after = load_chat_body(raw, memo)
+    assert isinstance(after, ChatBody)
+    expected = parse_chat_body(orjson.loads(raw)).request.messages
+    assert after.messages == expected  # what the full check gives, never a stale cached message
+    if edit == "content":
+        assert after.messages[1]["content"] == "Read b.py." and after.messages[1] is not before[1]
+    if edit == "spacing":
+        assert after.messages[1] == before[1] and after.messages[1] is not before[1]
+
+
+#: Bad messages, each sent after a history the memo already holds: the error must be the full check's.
+BAD_MESSAGES: list[Any] = [
+    {"role": "user", "content": None},
+    {"role": "user"},
+    {"role": "user", "content": "x", "tool_calls": [CALL]},
+    {"role": "user", "content": "x", "name": 3},
+    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]},
+    {"role": "user", "content": [{"type": "text"}]},
+    {"role": "user", "content": 5},
+    {"role": "robot", "content": "x"},
+    {"content": "x"},
+    {"role": 1, "content": "x"},
+    {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]},
+    {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 3}}]},
+    {"role": "assistant", "tool_calls": {"function": {"name": "f"}}},
+    {"role": "assistant", "tool_calls": [{"type": None, "function": {"name": "f"}}]},
+    {"role": "tool", "content": "x", "tool_call_id": 7},
+    {"role": "assistant", "content": "x", "reasoning_content": ["no"]},
+    "a string",
+    None,
+    [],
+]
+
+
+def _error(call: Any) -> tuple[str, str | None, str | None]:
+    with pytest.raises(BadRequest) as info:
+        call()
+    return (str(info.value), info.value.param, info.value.code)
+
+
+@pytest.mark.parametrize("bad", BAD_MESSAGES, ids=[json.dumps(b)[:40] for b in BAD_MESSAGES])
+def test_a_bad_new_message_gets_the_full_checks_error_word_for_word(bad: Any) -> None:
+    fmt = OpenAIChatFormat()
+    fmt.parse(fmt.load(_raw(HISTORY)))  # the history is in the memo
+    for messages in ([*HISTORY, bad], [HISTORY[0], bad, *HISTORY[1:]]):
+        raw = _raw(messages)
+        assert _error(lambda raw=raw: fmt.parse(fmt.load(raw))) == _error(
+            lambda raw=raw: parse_chat_body(load_body(raw))
+        )
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH - 4, MAX_DEPTH - 3, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH])
+@pytest.mark.parametrize("where", ["message", "tools"])
+def test_the_nesting_bound_is_the_same_with_a_cached_history(depth: int, where: str) -> None:
+    fmt = OpenAIChatFormat()
+    fmt.parse(fmt.load(_raw(HISTORY)))
+    if where == "message":
+        raw = _raw([*HISTORY, {"role": "user", "content": "x", "extra": _nested(depth)}])
+    else:
+        raw = _raw(HISTORY, tools=[{"type": "function", "function": {"name": "f", "parameters": _nested(depth)}}])
+
+    def outcome(load: Any, parse: Any) -> Any:
+        try:
+            return parse(load(raw)).request
+        except BadRequest as exc:
+            return (str(exc), exc.param, exc.code)
+
+    fast = outcome(fmt.load, fmt.parse)
+    assert fast == outcome(load_body, parse_chat_body)
+    assert isinstance(fast, tuple) == (depth + (3 if where == "message" else 4) > MAX_DEPTH)
+
+
+def test_a_duplicate_messages_key_reads_the_last_one_as_json_does() -> None:
+    memo = MessageMemo()
+    _loaded(memo, HISTORY)
+    raw = _raw(HISTORY)[:-1] + b',"messages":[{"role":"user","content":"last"}]}'
+    body = load_chat_body(raw, memo)
+    assert isinstance(body, ChatBody) and body.messages == [{"role": "user", "content": "last"}]
+
+
+def test_the_memo_is_bounded() -> None:
+    memo = MessageMemo(max_bytes=1000)
+    for i in range(100):
+        _loaded(memo, [{"role": "user", "content": f"message {i} " + "x" * 40}])
+    assert len(memo) < 50
+    again = _loaded(memo, [{"role": "user", "content": "message 0 " + "x" * 40}])  # evicted: checked again
+    assert again.messages == [{"role": "user", "content": "message 0 " + "x" * 40}]
+
+
+# -- over HTTP: a rewritten history still splits the segment ---------------------------------------------
+
+
+@pytest.fixture
+async def engine(tokenizer: Any) -> SimEngine:
+    """This module's engine (conftest's ``proxy`` and ``http`` serve it)."""
+    return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0))
+
+
+async def _turn(http: httpx.AsyncClient, session: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    response = await http.post("/v1/chat/completions", json={"model": "m", "messages": messages, "max_tokens": 12},
+                               headers={"X-Session-Id": session})
+    assert response.status_code == 200, response.text
+    message = response.json()["choices"][0]["message"]
+    return {"role": "assistant", "content": message["content"] or ""}
+
+
+async def _start_reasons(http: httpx.AsyncClient, session: str) -> list[str]:
+    assert (await http.post("/session/finalize", json={"session_id": session})).status_code == 200
+    data = (await http.post("/trajectory/read", json={"session_id": session, "drain": True})).json()["data"]
+    return [segment["start_reason"] for segment in data]
+
+
+@pytest.mark.parametrize("edit", [None, "content", "tool_call", "our_reply", "reorder", "delete"])
+async def test_an_edited_old_message_is_still_a_history_rewrite(
+    http: httpx.AsyncClient, proxy: RunningProxy, edit: str | None
+) -> None:
+    session = f"edit-{edit}"
+    messages = json.loads(json.dumps(HISTORY))
+    for turn in range(4):
+        if turn == 3 and edit is not None:
+            if edit == "content":
+                messages[1]["content"] = "Read b.py."
+            elif edit == "tool_call":
+                messages[2]["tool_calls"][0]["function"]["arguments"] = '{"path": "b.py"}'
+            elif edit == "our_reply":
+                messages[5]["content"] += " (edited)"
+            elif edit == "reorder":
+                messages[1], messages[3] = messages[3], messages[1]
+            elif edit == "delete":
+                del messages[4]
+        messages.append(await _turn(http, session, messages))
+        messages.append({"role": "user", "content": f"next {turn}"})
+    expected = ["session_start"] if edit is None else ["session_start", "history_rewrite"]
+    assert await _start_reasons(http, session) == expected
+
+
+def test_message_cut_trusts_identity_only_for_frozen_messages(tokenizer: Any) -> None:
+    cut = tokenizer.message_cut()
+    mine = {"role": "user", "content": "hi"}
+    history: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}, mine]
+    first = cut.cut(history)
+    mine["content"] = "bye"  # an in-process agent edits its own dict in place, and sends the same object again
+    again = cut.cut(history)
+    assert again[1] == {"role": "user", "content": "bye"} and first[1]["content"] == "hi"
+    frozen = _loaded(MessageMemo(), [{"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}}])
+    once = cut.cut(frozen.messages)
+    assert once == [{"role": "user", "content": "hi"}]  # the field no template reads is cut...
+    assert cut.cut(list(frozen.messages))[0] is once[0]  # ...once: the same frozen message is not cut again
