@@ -1,25 +1,27 @@
 """A chat-completions body's messages checked once per distinct message, not once per turn (issue 12).
 
 An agent sends its whole conversation every turn: at turn 200 of a tool-calling
-session that is 400 messages, 249 KB, of which two are new. Checking every
-message again (typing each field, the nesting bound, the ``developer`` role) cost
-about 2.5 ms of Python per turn at that length, growing with the history.
+session that is 400 messages, 249 KB, of which two are new. Parsing and checking
+every message again (typing each field, the nesting bound, the ``developer``
+role) cost about 3 ms per turn at that length, growing with the history.
 
-So the body's messages are also read as raw JSON text (msgspec: it hands out
-each array item's bytes without building it, at C speed) and looked up in a
-:class:`MessageMemo`: bytes a turn already sent, byte for byte, map to the
-message that was checked then — the same :class:`FrozenMessage` object every
-turn, so later per-turn work (``MessageCut``, the append-only match) is an
-identity check too. Only messages not seen before are checked, here with a
-msgspec schema at least as strict as the typed one (``openai_types``). A
-message's validity depends on nothing but its own content, so equal bytes mean
+So the body is read as raw JSON text first (msgspec hands out each top-level
+field's and each message's bytes without building them, at C speed), and each
+message is looked up in a :class:`MessageMemo`: bytes a turn already sent, byte
+for byte, map to the message that was parsed and checked then — the same
+:class:`FrozenMessage` object every turn, so later per-turn work
+(``MessageCut``, the append-only match) is an identity check too. Only messages
+not seen before are parsed (by orjson, as the whole body would be) and checked,
+with a msgspec schema at least as strict as the typed one (``openai_types``).
+A message's validity depends on nothing but its own text, so equal bytes mean
 equal verdicts: editing an old message changes its bytes and it is checked
-again. Anything the fast path cannot vouch for (a body msgspec cannot read, a
-message its schema refuses) goes the ordinary way, so every error is the one
-the full check gives, word for word.
+again.
 
-The whole body is still parsed by orjson first (one C pass): what is accepted
-and refused as JSON, and how, does not change.
+Anything the fast path cannot vouch for — a body msgspec cannot read, a part
+orjson refuses, a non-ASCII top-level key, nesting past the bound, a message
+the schema refuses — is loaded and checked the ordinary way, whole
+(``jsonio.load_body``, ``parse_chat_body``), so what is accepted is what was
+accepted before, and every error is the one the full check gives, word for word.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from typing import Any, Literal
 
 import attrs
 import msgspec
+import orjson
 
 from ..tokenization.message_fields import FrozenMessage
-from .jsonio import MAX_DEPTH, check_depth, load_body, nesting, too_deep
+from .jsonio import MAX_DEPTH, load_body, nesting
 
 #: Raw JSON bytes of messages kept (twice that at most while the memo turns over).
 MEMO_BYTES = 64 << 20
@@ -76,11 +79,9 @@ class MessageMemo:
         return len(self._young) + len(self._old)
 
 
-class _Messages(msgspec.Struct):
-    messages: list[msgspec.Raw]
-
-
-_RAW_MESSAGES = msgspec.json.Decoder(_Messages)
+#: A body's top-level fields, and an array's items, as raw JSON text (msgspec skips over them in C).
+_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 _message = itemgetter(0)
 _depth = itemgetter(1)
 
@@ -151,7 +152,7 @@ def _valid(messages: list[Any]) -> bool:
 class ChatBody:
     """A chat-completions body read from bytes whose messages are all known good."""
 
-    #: The body as orjson parsed it.
+    #: The body's fields but ``messages``, as orjson parses them.
     value: dict[str, Any]
     #: Its messages, checked and with ``developer`` read as ``system``: the memo's shared objects.
     messages: list[FrozenMessage]
@@ -161,39 +162,38 @@ def load_chat_body(raw: bytes, memo: MessageMemo) -> Any:
     """A request body: a :class:`ChatBody` when every message is known good, else its JSON value.
 
     Raises what :func:`~actorproxy.wire.jsonio.load_body` raises (empty, not JSON,
-    too deep), with the same words. The JSON value returned otherwise has passed
-    those checks and goes through ``parse_chat_body`` whole, as before.
+    too deep), with the same words: any body the fast path does not take whole
+    is loaded that way. The JSON value returned then goes through
+    ``parse_chat_body`` whole, as before.
     """
-    value = load_body(raw, check=False)
-    body = _from_memo(raw, value, memo)
-    if body is None:
-        check_depth(value)
-        return value
-    return body
+    body = _from_memo(raw, memo)
+    return body if body is not None else load_body(raw)
 
 
-def _from_memo(raw: bytes, value: Any, memo: MessageMemo) -> ChatBody | None:
-    if not isinstance(value, dict):
+def _from_memo(raw: bytes, memo: MessageMemo) -> ChatBody | None:
+    """The body with its messages from the memo, or ``None`` where the ordinary way must decide."""
+    try:
+        top = _TOP.decode(raw)
+        texts = _ITEMS.decode(top["messages"])
+    except Exception:  # not an object, no messages array, not JSON (orjson's error says what is wrong)
         return None
-    parsed = value.get("messages")
-    if not isinstance(parsed, list) or not parsed:
+    if not texts or not all(map(str.isascii, top)):
         return None
     try:
-        texts = _RAW_MESSAGES.decode(raw).messages
-    except (msgspec.DecodeError, msgspec.ValidationError):
+        # Each part parsed by orjson, as the whole body would be (a message the memo holds was, byte for byte).
+        value = {key: orjson.loads(bytes(part)) for key, part in top.items() if key != "messages"}
+        keys = list(map(bytes, texts))
+        found = memo.find(keys)
+        new = [i for i, hit in enumerate(found) if hit is None]
+        for i in new:
+            message = orjson.loads(keys[i])
+            found[i] = (message, nesting(message, MAX_DEPTH))  # checked below; not in the memo yet
+    except orjson.JSONDecodeError:
         return None
-    if len(texts) != len(parsed):
+    # The nesting bound: the body's other fields, and its messages array (two levels down).
+    if max(nesting(value, MAX_DEPTH), 2 + max(map(_depth, found))) > MAX_DEPTH:
         return None
-    keys = list(map(bytes, texts))
-    found = memo.find(keys)
-    new = [i for i, hit in enumerate(found) if hit is None]
-    for i in new:
-        found[i] = (parsed[i], nesting(parsed[i], MAX_DEPTH))  # checked below; not in the memo yet
-    # The nesting bound first, as ``check_depth`` of the whole body would: the body, then its messages array.
-    rest = {k: v for k, v in value.items() if k != "messages"}
-    if max(nesting(rest, MAX_DEPTH), 2 + max(map(_depth, found))) > MAX_DEPTH:
-        raise too_deep()
-    if new and not _valid([parsed[i] for i in new]):
+    if new and not _valid([found[i][0] for i in new]):
         return None  # the full check names the culprit
     for i in new:
         message, depth = found[i]
@@ -203,4 +203,3 @@ def _from_memo(raw: bytes, value: Any, memo: MessageMemo) -> ChatBody | None:
         memo.put(keys[i], frozen, depth)
         found[i] = (frozen, depth)
     return ChatBody(value, list(map(_message, found)))
-
