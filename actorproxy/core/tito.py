@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Collection, Mapping, Sequence
+from operator import attrgetter, is_
 from typing import Any, Literal
 
 import attrs
@@ -80,6 +81,9 @@ class _Accounted:
         if ok:
             self.raw = message if type(message) is FrozenMessage else snapshot(message)
         return ok
+
+
+_raw = attrgetter("raw")
 
 
 @attrs.define(eq=False)
@@ -222,7 +226,10 @@ def plan_turn(
     if tools_key != segment.tools_key:
         return Fresh("tool_schema_change")
     accounted = segment.accounted
-    for entry, message in zip(accounted, messages, strict=False):
+    # The very frozen messages that matched before match (a C loop); the others are compared one by one.
+    same = list(map(is_, map(_raw, accounted), messages))
+    start = same.index(False) if False in same else len(same)
+    for entry, message in zip(accounted[start:], messages[start:], strict=False):
         if not entry.matches(message):
             was_system = entry.key is not None and entry.key[0] == "system"
             if was_system and message.get("role") == "system" and entry is accounted[0]:

@@ -224,7 +224,12 @@ class MessageCut:
         last_in, last, fields = self._last_in, self._last, self._fields
         reused = len(last)
         out: list[dict[str, Any]] = []
-        for i, message in enumerate(messages):
+        start = 0
+        if len(messages) >= reused and messages[:reused] == last:
+            # Last turn's messages unchanged, each the very object handed out then (or equal to it): one C loop.
+            out, start = list(last), reused
+        for i in range(start, len(messages)):
+            message = messages[i]
             if i < reused:
                 before = last[i]
                 if message is before or (message is last_in[i] and type(message) is FrozenMessage) or (
