@@ -38,7 +38,7 @@ from processes import engine_stub, free_port, running, wait_ready
 
 from actorproxy.engines.base import GenerateRequest, SamplingParams
 from actorproxy.engines.connection import EngineOptions
-from actorproxy.engines.http11 import H11Client
+from actorproxy.engines.http11 import HTTP11Client
 from actorproxy.engines.sglang.client import SGLangBackend
 
 APP = '''
@@ -271,7 +271,7 @@ async def engine_client_floor(stub_url: str, requests: int, concurrency: int) ->
                 nursery.start_soon(task, requests // concurrency)
 
     async def h11_client() -> None:
-        pool = H11Client(stub_url, max_idle=concurrency)
+        pool = HTTP11Client(stub_url, max_idle=concurrency)
 
         async def task(n: int) -> None:
             for _ in range(n):
@@ -305,8 +305,8 @@ async def engine_client_floor(stub_url: str, requests: int, concurrency: int) ->
         return run
 
     runs: list[tuple[str, Callable[[], Awaitable[None]]]] = [
-        ("httpx", with_httpx), ("H11Client (ours)", h11_client), ("bare trio stream", bare),
-        ("SGLang client on httpx", generations(True)), ("SGLang client on H11", generations(False)),
+        ("httpx", with_httpx), ("HTTP11Client (ours)", h11_client), ("bare trio stream", bare),
+        ("SGLang client on httpx", generations(True)), ("SGLang client on HTTP11Client", generations(False)),
     ]
     for name, run in runs:
         samples = []

@@ -141,7 +141,7 @@ def test_sse_parser_splits_events_across_chunks() -> None:
     parser = SSEParser()
     raw = b': ping\r\ndata: {"a": 1}\r\n\r\nevent: x\ndata: 2\ndata: 3\n\ndata: [DONE]'
     events = [e for i in range(len(raw)) for e in parser.feed(raw[i : i + 1])] + parser.close()
-    assert [(e.event, e.data) for e in events] == [("message", '{"a": 1}'), ("x", "2\n3"), ("message", "[DONE]")]
+    assert [(e.event, e.data) for e in events] == [("message", b'{"a": 1}'), ("x", b"2\n3"), ("message", b"[DONE]")]
 
 
 # -- SGLang ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The engine's HTTP/1.1 client (h11 over Trio streams) against a scripted server on port 0.
+"""The engine's HTTP/1.1 client (a hand-written reader on Trio) against a scripted server on port 0.
 
 Each test server answers every request on a connection with the next scripted raw
 response and records what it saw (connections accepted, requests, when a client hung up).
@@ -17,7 +17,7 @@ import trio.testing
 
 from actorproxy.engines.base import BackendError
 from actorproxy.engines.errors import mapped_errors
-from actorproxy.engines.http11 import ConnectError, H11Client, ReadTimeout
+from actorproxy.engines.http11 import ConnectError, HTTP11Client, ReadTimeout
 
 CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
 
@@ -79,7 +79,7 @@ async def serving(answer: Callable[[int, bytes], bytes | None]) -> AsyncIterator
 async def test_bodies_of_both_framings_stream_and_the_connection_is_kept() -> None:
     bodies = [CHUNKED, sized(b'{"ok": true}'), CHUNKED]
     async with serving(lambda n, _: bodies[n - 1]) as server:
-        client = H11Client(server.url)
+        client = HTTP11Client(server.url)
         got = []
         for _ in bodies:
             response = await client.stream("POST", server.url + "/generate", b'{"x": 1}', {"X-Request-Id": "r1"})
@@ -96,7 +96,7 @@ async def test_bodies_of_both_framings_stream_and_the_connection_is_kept() -> No
 async def test_a_kept_connection_the_engine_closed_is_replaced_without_an_error() -> None:
     async with serving(lambda n, _: sized(b"ok")) as server:
         server.close_after_each = True  # closes without saying so (no "Connection: close")
-        client = H11Client(server.url)
+        client = HTTP11Client(server.url)
         for _ in range(3):
             response = await client.stream("GET", server.url + "/health")
             assert await response.aread() == b"ok"
@@ -104,9 +104,9 @@ async def test_a_kept_connection_the_engine_closed_is_replaced_without_an_error(
 
 
 async def test_connection_close_and_a_body_left_unread_are_not_reused() -> None:
-    answers = [sized(b"bye", b"Connection: close"), CHUNKED, sized(b"ok")]
+    answers = [sized(b"bye", b"Connection: close"), CHUNKED.removesuffix(b"0\r\n\r\n"), sized(b"ok")]
     async with serving(lambda n, _: answers[n - 1]) as server:
-        client = H11Client(server.url)
+        client = HTTP11Client(server.url)
         assert await (await client.stream("GET", server.url + "/a")).aread() == b"bye"
         response = await client.stream("GET", server.url + "/b")
         assert await response.receive() == b"hello world"  # the pieces already read come together
@@ -115,10 +115,21 @@ async def test_connection_close_and_a_body_left_unread_are_not_reused() -> None:
         assert server.accepted == 3 and client.idle == 1
 
 
+async def test_a_body_whose_end_arrives_with_its_last_piece_frees_the_connection_at_once() -> None:
+    async with serving(lambda n, _: CHUNKED) as server:
+        client = HTTP11Client(server.url)
+        response = await client.stream("GET", server.url + "/b")
+        assert await response.receive() == b"hello world"
+        assert client.idle == 1  # back in the pool before anyone asks for the (empty) rest
+        await response.aclose()
+        assert await (await client.stream("GET", server.url + "/c")).aread() == b"hello world"
+        assert server.accepted == 1
+
+
 async def test_cancelling_a_read_closes_the_connection() -> None:
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"  # and then nothing
     async with serving(lambda n, _: head) as server:
-        client = H11Client(server.url)
+        client = HTTP11Client(server.url)
         response = await client.stream("POST", server.url + "/generate", b"{}")
         assert await response.receive() == b"hello"
         with trio.CancelScope() as reading:
@@ -137,12 +148,12 @@ async def test_cancelling_a_read_closes_the_connection() -> None:
 
 async def test_timeouts_and_refusals_map_to_backend_errors(autojump_clock: Any) -> None:
     async with serving(lambda n, _: None) as server:  # never answers
-        client = H11Client(server.url, read_timeout=30.0)
+        client = HTTP11Client(server.url, read_timeout=30.0)
         with pytest.raises(BackendError) as caught, mapped_errors("engine"):
             await client.stream("POST", server.url + "/generate", b"{}")
         assert isinstance(caught.value.__cause__, ReadTimeout)
         assert caught.value.status == 504 and not caught.value.unreachable
-    refused = H11Client(server.url)  # the server is gone
+    refused = HTTP11Client(server.url)  # the server is gone
     with pytest.raises(BackendError) as caught, mapped_errors("engine"):
         await refused.stream("GET", server.url + "/health")
     assert isinstance(caught.value.__cause__, ConnectError)
@@ -151,7 +162,7 @@ async def test_timeouts_and_refusals_map_to_backend_errors(autojump_clock: Any) 
 
 async def test_a_malformed_answer_is_a_502() -> None:
     async with serving(lambda n, _: b"NOT HTTP AT ALL\r\n\r\n") as server:
-        client = H11Client(server.url)
+        client = HTTP11Client(server.url)
         with pytest.raises(BackendError) as caught, mapped_errors("engine"):
             await client.stream("GET", server.url + "/health")
         assert caught.value.status == 502 and not caught.value.unreachable

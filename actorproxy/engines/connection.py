@@ -2,7 +2,7 @@
 
 :class:`EngineOptions` holds what every engine client is built with; :class:`EngineConnection`
 owns the base URL and the connections: the hot path (generation streams, aborts) goes
-through :class:`~actorproxy.engines.http11.H11Client` pools (a keep-alive pool sized to the
+through :class:`~actorproxy.engines.http11.HTTP11Client` pools (a keep-alive pool sized to the
 engine's concurrency, and one for control calls), the rarely used calls (model info,
 health, prompt logprobs, pause) through an httpx client. :func:`request_json` and
 :func:`post_quietly` make one call, with request bodies written by orjson (:func:`json_body`).
@@ -19,10 +19,12 @@ import attrs
 import httpx
 import numpy as np
 import orjson
+import trio
 
 from .base import BackendError
 from .errors import check_status, discard, mapped_errors
-from .http11 import ConnectError, ConnectTimeout, H11Client, H11Response, ReadTimeout, TransportError
+from .http11 import ConnectError, ConnectTimeout, HTTP11Client, ReadTimeout, Response, TransportError
+from .sse import SSEEvent, SSEParser
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +53,14 @@ class EngineOptions:
     api: Literal["generate", "completions"] | None = None
 
 
-def make_client(options: EngineOptions, pool: H11Client | None = None) -> httpx.AsyncClient:
+def make_client(options: EngineOptions, pool: HTTP11Client | None = None) -> httpx.AsyncClient:
     """An httpx client for one engine: its timeouts, a keep-alive pool sized to its concurrency.
 
-    With ``pool``, its requests go through that :class:`H11Client` (same connections).
+    With ``pool``, its requests go through that :class:`HTTP11Client` (same connections).
     """
     timeout = httpx.Timeout(options.read_timeout, connect=options.connect_timeout)
     if pool is not None:
-        return httpx.AsyncClient(timeout=timeout, transport=H11Transport(pool))
+        return httpx.AsyncClient(timeout=timeout, transport=HTTP11Transport(pool))
     # No cap on connections: every running generation holds one for its stream and an
     # abort needs another meanwhile; a cap would queue aborts behind streams.
     return httpx.AsyncClient(
@@ -71,8 +73,8 @@ def make_client(options: EngineOptions, pool: H11Client | None = None) -> httpx.
     )
 
 
-class EngineResponse(Protocol):
-    """A streamed HTTP response (an :class:`~actorproxy.engines.http11.H11Response` or an httpx one)."""
+class BodyResponse(Protocol):
+    """A streamed HTTP response read as bytes (ours, or any httpx one)."""
 
     @property
     def status_code(self) -> int: ...
@@ -85,6 +87,21 @@ class EngineResponse(Protocol):
     async def aread(self) -> bytes: ...
 
     async def aclose(self) -> None: ...
+
+
+class EngineResponse(BodyResponse, Protocol):
+    """A streamed HTTP response (an :class:`~actorproxy.engines.http11.Response`, or httpx's in :class:`HttpxStreams`).
+
+    Reading events fails with :class:`~actorproxy.engines.http11.TransportError`.
+    """
+
+    async def receive_events(self) -> list[SSEEvent] | None:
+        """The next server-sent events (at least one); ``None`` at the end of the body."""
+        ...
+
+    def cut(self) -> None:
+        """Abandon the body now: a read waiting on it fails with ``TransportError``."""
+        ...
 
 
 class EngineHTTP(Protocol):
@@ -105,7 +122,60 @@ class HttpxStreams:
         self, method: str, url: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
     ) -> EngineResponse:
         request = self.client.build_request(method, url, content=body, headers=headers)
-        return await self.client.send(request, stream=True)
+        return _HttpxResponse(await self.client.send(request, stream=True))
+
+
+class _HttpxResponse:
+    """An httpx streamed response as an :class:`EngineResponse`."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self.status_code = response.status_code
+        self.reason_phrase = response.reason_phrase
+        self._chunks: AsyncIterator[bytes] | None = None
+        self._sse = SSEParser()
+        self._read: trio.CancelScope | None = None
+        self._cut = False
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]:
+        return self._response.aiter_bytes()
+
+    async def receive_events(self) -> list[SSEEvent] | None:
+        if self._chunks is None:
+            self._chunks = self._response.aiter_bytes()
+        while True:
+            if self._cut:
+                raise TransportError("the stream was cut")
+            with trio.CancelScope() as self._read:
+                try:
+                    chunk = await anext(self._chunks, None)
+                except httpx.HTTPError as exc:
+                    raise _transport_error(exc) from exc
+            if self._read.cancelled_caught:
+                raise TransportError("the stream was cut")
+            if chunk is None:
+                return self._sse.close() or None
+            if events := self._sse.feed(chunk):
+                return events
+
+    def cut(self) -> None:
+        self._cut = True
+        if self._read is not None:
+            self._read.cancel()
+
+    async def aread(self) -> bytes:
+        return await self._response.aread()
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+def _transport_error(exc: httpx.HTTPError) -> TransportError:
+    if isinstance(exc, httpx.TimeoutException):
+        return (ConnectTimeout if isinstance(exc, httpx.ConnectTimeout) else ReadTimeout)(f"timed out: {exc!r}")
+    if isinstance(exc, httpx.ConnectError):
+        return ConnectError(f"{type(exc).__name__}: {exc}")
+    return TransportError(f"{type(exc).__name__}: {exc}")
 
 
 def _httpx_error(exc: TransportError, request: httpx.Request) -> httpx.HTTPError:
@@ -116,8 +186,8 @@ def _httpx_error(exc: TransportError, request: httpx.Request) -> httpx.HTTPError
     return kind(str(exc), request=request)
 
 
-class _H11Body(httpx.AsyncByteStream):
-    def __init__(self, response: H11Response, request: httpx.Request) -> None:
+class _Body(httpx.AsyncByteStream):
+    def __init__(self, response: Response, request: httpx.Request) -> None:
         self._response = response
         self._request = request
 
@@ -132,10 +202,10 @@ class _H11Body(httpx.AsyncByteStream):
         await self._response.aclose()
 
 
-class H11Transport(httpx.AsyncBaseTransport):
-    """httpx over an :class:`H11Client`: the rare calls made with httpx share the hot path's connections."""
+class HTTP11Transport(httpx.AsyncBaseTransport):
+    """httpx over an :class:`HTTP11Client`: the rare calls made with httpx share the hot path's connections."""
 
-    def __init__(self, pool: H11Client) -> None:
+    def __init__(self, pool: HTTP11Client) -> None:
         self._pool = pool
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -146,16 +216,16 @@ class H11Transport(httpx.AsyncBaseTransport):
         except TransportError as exc:
             raise _httpx_error(exc, request) from exc
         return httpx.Response(
-            response.status_code, headers=list(response.headers.items()), stream=_H11Body(response, request)
+            response.status_code, headers=list(response.headers.items()), stream=_Body(response, request)
         )
 
 
 _SET_BY_POOL = frozenset({"host", "content-length", "transfer-encoding", "user-agent", "accept", "accept-encoding"})
 
 
-def make_streams(base_url: str, options: EngineOptions) -> H11Client:
+def make_streams(base_url: str, options: EngineOptions) -> HTTP11Client:
     """The hot-path client of one engine: idle connections kept up to its concurrency."""
-    return H11Client(
+    return HTTP11Client(
         base_url,
         max_idle=options.concurrency,
         keepalive_expiry=options.keepalive_expiry,
@@ -183,7 +253,7 @@ class EngineConnection:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.options = options = options or EngineOptions()
-        self._pools: list[H11Client] = []
+        self._pools: list[HTTP11Client] = []
         if http is None:
             self._pools.append(make_streams(self.base_url, options))
             if control_pool:

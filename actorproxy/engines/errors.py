@@ -19,7 +19,7 @@ from .base import BackendError
 from .http11 import TransportError
 
 if TYPE_CHECKING:
-    from .connection import EngineResponse
+    from .connection import BodyResponse
 
 _ERROR_BODY_LIMIT = 64 * 1024
 # Phrases engines use when a request can never succeed (prompt too long, bad params).
@@ -75,7 +75,7 @@ def stream_error_status(error: object, message: str) -> int:
     return 400 if _INVALID.search(message) else 502
 
 
-async def check_status(response: EngineResponse, what: str) -> None:
+async def check_status(response: BodyResponse, what: str) -> None:
     """Raise :class:`BackendError` with the engine's message when ``status >= 400``."""
     if response.status_code < 400:
         return
@@ -97,7 +97,7 @@ async def check_status(response: EngineResponse, what: str) -> None:
     )
 
 
-async def discard(response: EngineResponse) -> None:
+async def discard(response: BodyResponse) -> None:
     """Read a small unwanted body to its end and close it, so its connection is reused."""
     try:
         with mapped_errors("discard"):

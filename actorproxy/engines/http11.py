@@ -1,65 +1,92 @@
-"""A lean HTTP/1.1 client for engine traffic: h11 over Trio streams, a keep-alive pool per engine.
+"""A lean HTTP/1.1 client for engine traffic: a hand-written response reader on Trio, a keep-alive pool.
 
 Why not httpx here: per streamed ``/generate`` httpx + httpcore cost ~1 ms of CPU at one
-stream and ~3 ms at 64 (``benchmarks/http_floor.py``; its pool scans every connection on
-each request and release), more than the proxy's whole per-turn budget. This client does
-only what engine traffic needs: one ``send_all`` per request (headers and body together),
-a streamed response body (chunked or ``Content-Length``, framed by h11), per-read and
-connect timeouts, and a LIFO pool of idle keep-alive connections bounded by the engine's
-concurrency. h11 (already installed as hypercorn's dependency) is a small, well-kept,
-sans-IO HTTP/1.1 state machine: it does the parsing and framing we should not hand-write.
+stream and ~3 ms at 64 (``benchmarks/http_floor.py``). Why not h11 any more: its state
+machine cost ~536 Python calls per turn (17% of the proxy's CPU per turn), most of them
+re-checking states that an engine's response never leaves. Engine traffic needs little:
+one send per request (head and body together), a response head, a body framed by
+``Content-Length``, chunked encoding or the connection's end, and for generation streams
+server-sent events. :class:`Response` reads the head (:mod:`.http11_wire`), then
+de-chunks the body straight into an :class:`~.sse.SSEParser`'s buffer, which splits it
+into events in the same pass (:meth:`Response.receive_events`).
+
+Reads go to the socket itself (a non-blocking ``recv`` first; Trio waits only when
+nothing has arrived), so a read that finds its bytes waiting costs no scheduling round,
+but two in a row yield once, so a fast engine cannot starve the other tasks. A read
+waits at most ``read_timeout``; sends are bounded by the same timeout.
 
 Failures are :class:`TransportError` (mapped to :class:`BackendError` by
-``errors.mapped_errors``). A response not read to its end, or cancelled anywhere, closes
-its connection: only a connection whose exchange completed goes back to the pool.
+``errors.mapped_errors``): a response that breaks HTTP/1.1 (a bad status line, a bad
+chunk size, a truncated body, a head or an event beyond its size limit) is a
+:class:`ProtocolError` saying what was wrong. A response not read to its end, or
+cancelled anywhere, closes its connection: only a connection whose exchange completed
+cleanly goes back to the pool.
 """
 
 from __future__ import annotations
 
 import select
+import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from urllib.parse import urlsplit
 
-import h11
 import trio
 
+from .http11_wire import (
+    BodyDecoder,
+    ProtocolError,
+    ReadTimeout,
+    TransportError,
+    head_end,
+    parse_head,
+    request_head,
+)
+from .sse import SSEEvent, SSEParser
+
+__all__ = [
+    "ConnectError", "ConnectTimeout", "HTTP11Client", "ProtocolError", "ReadTimeout", "Response", "TransportError"
+]
+
 _READ_SIZE = 64 * 1024
-
-
-class TransportError(Exception):
-    """The engine could not be reached, dropped the connection, broke HTTP, or timed out."""
-
-    status = 502
-    #: Nothing reached the engine (the pool marks it down).
-    unreachable = False
+#: A response head (status line and headers) larger than this is refused.
+MAX_HEAD = 64 * 1024
+#: A server-sent event larger than this is refused (SGLang's cumulative events at 32k tokens are ~2 MiB).
+MAX_EVENT = 256 * 1024 * 1024
+#: Informational (1xx) answers skipped before the response itself.
+_MAX_INFORMATIONAL = 8
 
 
 class ConnectError(TransportError):
     unreachable = True
 
 
-class ReadTimeout(TransportError):
-    status = 504
-
-
 class ConnectTimeout(ReadTimeout):
     unreachable = True
 
 
+class _Unused(Exception):
+    """A kept-alive connection the engine had closed before answering: retried on a new one."""
+
+
 class _Connection:
-    __slots__ = ("stream", "h11", "idle_since", "raw", "reused")
+    __slots__ = ("stream", "raw", "sock", "buf", "idle_since", "reused", "eager")
 
     def __init__(self, stream: trio.abc.Stream, raw: trio.SocketStream) -> None:
         self.stream = stream
         self.raw = raw
-        self.h11 = h11.Connection(h11.CLIENT)
+        # The socket itself, read without Trio's wrappers (plain TCP only; TLS goes through the stream).
+        sock = getattr(raw.socket, "_sock", None) if stream is raw else None
+        self.sock: socket.socket | None = sock if isinstance(sock, socket.socket) else None
+        self.buf = bytearray()  # bytes received and not parsed yet
         self.idle_since = 0.0
         self.reused = False  # has served a request before (so the engine may have closed it meanwhile)
+        self.eager = False  # the last read found its bytes waiting (the next such read yields)
 
     def close(self) -> None:
-        # Synchronous and immediate: no await, so it is safe in any cleanup path.
+        # Synchronous and immediate: no await, so it is safe in any cleanup path. Trio's
+        # close wakes a task waiting on the socket (with ClosedResourceError).
         self.raw.socket.close()
 
     def stale(self) -> bool:
@@ -71,61 +98,102 @@ class _Connection:
         return bool(readable)
 
 
-class H11Response:
-    """A streamed response: ``status_code``, ``headers``; read with :meth:`aiter_bytes` or :meth:`aread`."""
+_CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError)
 
-    def __init__(self, client: H11Client, conn: _Connection, response: h11.Response) -> None:
-        self.status_code: int = response.status_code
-        self.reason_phrase = response.reason.decode("latin-1", errors="replace")
-        self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in response.headers}
+
+class Response:
+    """A streamed response: ``status_code``, ``reason_phrase``, ``headers`` (lower-case names).
+
+    Read the body with :meth:`receive` (bytes), :meth:`receive_events` (server-sent
+    events), :meth:`aiter_bytes` or :meth:`aread`; then :meth:`aclose`. The connection
+    goes back to the pool as soon as the body's end is read.
+    """
+
+    __slots__ = ("status_code", "reason_phrase", "headers", "_client", "_conn", "_body", "_sse", "_fault")
+
+    def __init__(
+        self, client: HTTP11Client, conn: _Connection, status: int, reason: str, headers: dict[str, str],
+        body: BodyDecoder,
+    ) -> None:
+        self.status_code = status
+        self.reason_phrase = reason
+        self.headers = headers
         self._client = client
         self._conn: _Connection | None = conn
-        self._ended = False  # the end of the body was parsed along with its last piece
+        self._body = body
+        self._sse: SSEParser | None = None
+        self._fault: ProtocolError | None = None  # found after bytes still to deliver
+        if body.done:
+            self._end()
 
     async def receive(self) -> bytes | None:
-        """The next piece of the body; ``None`` at its end (the connection then goes back to the pool)."""
+        """The next piece of the body (all that has arrived); ``None`` at its end."""
+        out = bytearray()
+        await self._fill(out)
+        return bytes(out) if out else None
+
+    async def receive_events(self) -> list[SSEEvent] | None:
+        """The next server-sent events (all that have arrived, at least one); ``None`` at the body's end."""
+        sse = self._sse
+        if sse is None:
+            sse = self._sse = SSEParser()
+        while True:
+            if not await self._fill(sse.buffer):
+                return sse.close() or None
+            events = sse.split()
+            if events:
+                return events
+            if len(sse.buffer) > MAX_EVENT:
+                self._drop()
+                raise ProtocolError(f"a server-sent event larger than {MAX_EVENT >> 20} MiB")
+
+    async def _fill(self, out: bytearray) -> bool:
+        """Append body bytes to ``out`` (reading once if none are buffered); ``False`` at the end."""
         conn = self._conn
         if conn is None:
-            return None
-        if self._ended:
-            self._conn = None
-            self._client._release(conn)
-            return None
-        parts: list[bytes] = []  # every piece already read: one answer, however many chunks
+            return False
+        if self._fault is not None:
+            self._drop()
+            raise self._fault
+        body = self._body
+        before = len(out)
         try:
             while True:
-                event = conn.h11.next_event()
-                if type(event) is h11.Data:
-                    parts.append(bytes(event.data))
-                    continue
-                if event is h11.NEED_DATA:
-                    if parts:
-                        return b"".join(parts)
-                    await self._client._receive(conn)
-                    continue
-                if type(event) is h11.EndOfMessage:
-                    if parts:  # the connection is released at the next call (or closed, if none comes)
-                        self._ended = True
-                        return b"".join(parts)
-                    self._conn = None
-                    self._client._release(conn)
-                    return None
-                raise TransportError(f"unexpected HTTP event {type(event).__name__}")
-        except h11.RemoteProtocolError as exc:
-            self._drop()
-            raise TransportError(f"HTTP protocol error: {exc}") from exc
+                try:
+                    body.decode(conn.buf, out)
+                except ProtocolError as exc:
+                    if len(out) == before:
+                        raise
+                    self._fault = exc  # the bytes before the fault first: it is raised at the next read
+                    return True
+                if body.done:
+                    self._end()
+                    return len(out) > before
+                if len(out) > before:
+                    return True
+                if not await self._client._fill(conn):
+                    body.eof()  # the end of an until-close body, else a ProtocolError
         except BaseException:
             self._drop()
             raise
+
+    def cut(self) -> None:
+        """Close the connection now (a read waiting on it fails); the body is abandoned."""
+        self._drop()
 
     def aiter_bytes(self) -> AsyncIterator[bytes]:
         return _Chunks(self)
 
     async def aread(self) -> bytes:
-        parts = []
-        while (chunk := await self.receive()) is not None:
-            parts.append(chunk)
-        return b"".join(parts)
+        out = bytearray()
+        while await self._fill(out):
+            pass
+        return bytes(out)
+
+    def _end(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._client._release(conn, self._body.keep_alive)
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -141,7 +209,7 @@ class H11Response:
 class _Chunks:
     __slots__ = ("_response",)
 
-    def __init__(self, response: H11Response) -> None:
+    def __init__(self, response: Response) -> None:
         self._response = response
 
     def __aiter__(self) -> _Chunks:
@@ -154,7 +222,7 @@ class _Chunks:
         return chunk
 
 
-class H11Client:
+class HTTP11Client:
     """HTTP/1.1 to one engine origin (``http://host:port[/prefix]``), with a keep-alive pool.
 
     ``max_idle``: idle connections kept (the engine's concurrency: every running
@@ -179,7 +247,8 @@ class H11Client:
         self._port = parts.port or (443 if self._tls else 80)
         self.origin = f"{parts.scheme}://{parts.netloc}"
         default_port = self._port == (443 if self._tls else 80)
-        self._host_header = (parts.hostname if default_port else f"{parts.hostname}:{self._port}").encode()
+        host = parts.hostname if default_port else f"{parts.hostname}:{self._port}"
+        self._fixed = f"host: {host}\r\nuser-agent: actorproxy\r\naccept: */*\r\n".encode()
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self._tls else None
         self._idle: deque[_Connection] = deque()
         self.max_idle = max_idle
@@ -190,74 +259,122 @@ class H11Client:
 
     async def stream(
         self, method: str, url: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
-    ) -> H11Response:
+    ) -> Response:
         """Send a request; the response once its head arrived (read its body, then ``aclose`` it)."""
         if not url.startswith(self.origin):
             raise ValueError(f"{url!r} is not on {self.origin}")
         target = url[len(self.origin):] or "/"
-        head = [(b"host", self._host_header), (b"user-agent", b"actorproxy"), (b"accept", b"*/*")]
-        if body is not None:
-            head.append((b"content-length", str(len(body)).encode()))
-        if headers:
-            head += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-        request = h11.Request(method=method, target=target.encode(), headers=head)
+        try:
+            head = request_head(method, target, self._fixed, body, headers)
+        except ValueError as exc:
+            raise TransportError(f"cannot send this request: {exc}") from exc
         conn = self._checkout()
         if conn is not None:
             try:
-                return await self._exchange(conn, request, body)
+                return await self._exchange(conn, method, head, body)
             except _Unused:
                 pass  # the engine had closed the idle connection: once more on a new one
-        return await self._exchange(await self._connect(), request, body)
+        return await self._exchange(await self._connect(), method, head, body)
 
-    async def _exchange(self, conn: _Connection, request: h11.Request, body: bytes | None) -> H11Response:
-        reused = conn.reused
+    async def _exchange(self, conn: _Connection, method: str, head: bytearray, body: bytes | None) -> Response:
+        unanswered = conn.reused  # nothing received yet on a kept connection: a failure retries
         try:
-            data = conn.h11.send(request) or b""
-            if body:
-                data += conn.h11.send(h11.Data(data=body)) or b""
-            data += conn.h11.send(h11.EndOfMessage()) or b""
             try:
-                await conn.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                if reused:
+                await self._send(conn, head, body or b"")
+            except TransportError as exc:
+                if unanswered and not isinstance(exc, ReadTimeout):
                     raise _Unused from exc
-                raise TransportError(f"send failed: {exc!r}") from exc
-            while True:
-                event = conn.h11.next_event()
-                if event is h11.NEED_DATA:
-                    got = await self._receive(conn, reused_unanswered=reused)
-                    reused = reused and got == 0
-                    continue
-                if type(event) is h11.Response:
-                    return H11Response(self, conn, event)
-                if type(event) is h11.InformationalResponse:
-                    continue
-                if type(event) is h11.ConnectionClosed and reused:
-                    raise _Unused
-                raise TransportError(f"unexpected HTTP event {type(event).__name__}")
-        except h11.ProtocolError as exc:
-            conn.close()
-            raise TransportError(f"HTTP protocol error: {exc}") from exc
+                raise
+            for _ in range(_MAX_INFORMATIONAL + 1):
+                buf = conn.buf
+                while (end := head_end(buf)) < 0:
+                    if len(buf) > MAX_HEAD:
+                        raise ProtocolError(f"the response head is larger than {MAX_HEAD // 1024} KiB")
+                    try:
+                        got = await self._fill(conn)
+                    except TransportError as exc:
+                        if unanswered and not isinstance(exc, ReadTimeout):
+                            raise _Unused from exc
+                        raise
+                    if not got:
+                        if unanswered:
+                            raise _Unused
+                        raise ProtocolError("the engine closed the connection before its response head ended")
+                    unanswered = False
+                status, reason, headers, framing = parse_head(buf, end, method)
+                if framing is not None:
+                    return Response(self, conn, status, reason, headers, framing)
+            raise ProtocolError(f"more than {_MAX_INFORMATIONAL} informational (1xx) responses")
         except BaseException:
             conn.close()
             raise
 
-    async def _receive(self, conn: _Connection, *, reused_unanswered: bool = False) -> int:
-        """Read what the engine sent into the connection's parser (an empty read is its EOF)."""
+    async def _fill(self, conn: _Connection) -> int:
+        """Read what the engine sent into ``conn.buf``: the number of bytes, 0 at its end."""
+        sock = conn.sock
+        if sock is None:
+            return await self._fill_stream(conn)
+        try:
+            data = sock.recv(_READ_SIZE)
+        except BlockingIOError:
+            data = await self._wait_recv(conn, sock)
+        except OSError as exc:
+            raise TransportError(f"the engine dropped the connection: {exc!r}") from exc
+        else:
+            if conn.eager:  # two reads in a row without waiting: let the other tasks run
+                conn.eager = False
+                await trio.lowlevel.checkpoint()
+            else:
+                conn.eager = True
+                await trio.lowlevel.checkpoint_if_cancelled()
+        conn.buf += data
+        return len(data)
+
+    async def _wait_recv(self, conn: _Connection, sock: socket.socket) -> bytes:
+        conn.eager = False
+        with trio.CancelScope(deadline=trio.current_time() + self.read_timeout):
+            while True:
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                    return sock.recv(_READ_SIZE)
+                except BlockingIOError:
+                    continue
+                except _CLOSED as exc:
+                    raise TransportError(f"the engine dropped the connection: {exc!r}") from exc
+        raise ReadTimeout(f"no data from the engine in {self.read_timeout:g} s")
+
+    async def _fill_stream(self, conn: _Connection) -> int:
         with trio.move_on_after(self.read_timeout) as scope:
             try:
                 data = await conn.stream.receive_some(_READ_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                if reused_unanswered:
-                    raise _Unused from exc
+            except _CLOSED as exc:
                 raise TransportError(f"the engine dropped the connection: {exc!r}") from exc
         if scope.cancelled_caught:
             raise ReadTimeout(f"no data from the engine in {self.read_timeout:g} s")
-        if not data and reused_unanswered:
-            raise _Unused
-        # b"" is the end: h11 then reports it (or a body cut short as an error)
-        conn.h11.receive_data(data if type(data) is bytes else bytes(data))
+        conn.buf += data
         return len(data)
+
+    async def _send(self, conn: _Connection, head: bytearray, body: bytes) -> None:
+        """Head and body in one system call when the socket takes them (no copy of the body)."""
+        sock = conn.sock
+        sent = 0
+        if sock is not None:
+            try:
+                sent = sock.sendmsg([head, body])
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise TransportError(f"send failed: {exc!r}") from exc
+            if sent == len(head) + len(body):
+                await trio.lowlevel.checkpoint_if_cancelled()
+                return
+        with trio.move_on_after(self.read_timeout) as scope:
+            try:
+                await conn.stream.send_all(memoryview(bytes(head) + body)[sent:])
+            except _CLOSED as exc:
+                raise TransportError(f"send failed: {exc!r}") from exc
+        if scope.cancelled_caught:
+            raise ReadTimeout(f"the engine took no data in {self.read_timeout:g} s")
 
     def _checkout(self) -> _Connection | None:
         now = trio.current_time()
@@ -289,11 +406,10 @@ class H11Client:
             stream = tls
         return _Connection(stream, raw)
 
-    def _release(self, conn: _Connection) -> None:
-        if conn.h11.our_state is not h11.DONE or conn.h11.their_state is not h11.DONE:
-            conn.close()  # Connection: close, or an HTTP/1.0 engine
+    def _release(self, conn: _Connection, keep_alive: bool) -> None:
+        if not keep_alive or conn.buf:
+            conn.close()  # Connection: close, an HTTP/1.0 engine, or bytes beyond the response
             return
-        conn.h11.start_next_cycle()
         conn.reused = True
         conn.idle_since = trio.current_time()
         self._idle.append(conn)
@@ -310,9 +426,4 @@ class H11Client:
         await trio.lowlevel.checkpoint()
 
     def __repr__(self) -> str:
-        return f"H11Client({self.origin!r}, idle={len(self._idle)})"
-
-
-class _Unused(Exception):
-    """A kept-alive connection the engine had closed before answering: retried on a new one."""
-
+        return f"HTTP11Client({self.origin!r}, idle={len(self._idle)})"

@@ -1,57 +1,101 @@
-"""Server-sent events, sans-IO: bytes in, events out (no I/O, no Trio)."""
+"""Server-sent events, sans-IO: bytes in, events out (no I/O, no Trio).
+
+:class:`SSEParser` keeps the bytes not yet split in :attr:`SSEParser.buffer`, a
+bytearray the HTTP reader de-chunks a body straight into (:meth:`SSEParser.split`
+then cuts the events out), so a body's bytes are copied once on their way to the
+events. The common event, one ``data:`` line, is one slice; other shapes (several
+``data:`` lines, ``event:`` names, comments, ``\\r\\n`` line ends) are read per line.
+"""
 
 from __future__ import annotations
 
-import attrs
+from typing import NamedTuple
 
 
-@attrs.frozen
-class SSEEvent:
+class SSEEvent(NamedTuple):
+    #: ``message`` unless an ``event:`` line names it (older llama.cpp's ``error:`` lines: ``error``).
     event: str
-    data: str
+    #: The ``data:`` lines, joined by ``\n``.
+    data: bytes
 
 
 class SSEParser:
-    """Server-sent events from raw bytes; tolerant of ``\\r\\n`` and missing final blank line."""
+    """Server-sent events from raw bytes; tolerant of ``\\r\\n`` and a missing final blank line."""
+
+    __slots__ = ("buffer", "_scan", "_cr")
 
     def __init__(self) -> None:
-        self._buffer = b""
-        self._data: list[str] = []
-        self._event = ""
+        #: Bytes received and not split into events yet (append to it, then :meth:`split`).
+        self.buffer = bytearray()
+        self._scan = 0  # where the search for the next blank line resumes
+        self._cr = False  # a "\r" was seen: lines may end in "\r\n"
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        self._buffer += chunk
-        *lines, self._buffer = self._buffer.split(b"\n")
+        self.buffer += chunk
+        return self.split()
+
+    def split(self) -> list[SSEEvent]:
+        """The events complete in :attr:`buffer` (removed from it)."""
+        buf, scan = self.buffer, self._scan
+        if not self._cr and buf.find(b"\r", scan) >= 0:
+            self._cr = True
         events: list[SSEEvent] = []
-        for line in lines:
-            event = self._line(line.rstrip(b"\r").decode("utf-8", errors="replace"))
+        start = 0
+        while True:
+            end, skip = buf.find(b"\n\n", scan), 2
+            if self._cr:
+                alt = buf.find(b"\n\r\n", scan, len(buf) if end < 0 else end + 2)
+                if alt >= 0 and (end < 0 or alt < end):
+                    end, skip = alt, 3
+            if end < 0:
+                break
+            event = _event(buf, start, end, self._cr)
             if event is not None:
                 events.append(event)
+            start = scan = end + skip
+        if start:
+            del buf[:start]
+        self._scan = max(0, len(buf) - 2)
         return events
 
     def close(self) -> list[SSEEvent]:
         """Flush at end of stream: a last event without its blank line still counts."""
-        events = self.feed(b"\n") if self._buffer else []
-        event = self._line("")
-        return events + ([event] if event is not None else [])
+        events = self.split()
+        buf = self.buffer
+        end = len(buf)
+        while end and buf[end - 1] in b"\r\n":
+            end -= 1
+        if end:
+            event = _event(buf, 0, end, True)
+            if event is not None:
+                events.append(event)
+        del buf[:]
+        self._scan = 0
+        return events
 
-    def _line(self, line: str) -> SSEEvent | None:
-        if not line:
-            if not self._data:
-                self._event = ""
-                return None
-            event = SSEEvent(self._event or "message", "\n".join(self._data))
-            self._data, self._event = [], ""
-            return event
-        if line.startswith(":"):  # a comment: keep-alive pings
-            return None
-        field, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if field == "data":
-            self._data.append(value)
-        elif field == "event":
-            self._event = value
-        elif field == "error":  # older llama.cpp writes `error: {...}` lines
-            self._event = "error"
-            self._data.append(value)
+
+def _event(buf: bytearray, start: int, end: int, cr: bool) -> SSEEvent | None:
+    """The event in ``buf[start:end]`` (its lines, without the blank line); ``None`` if it has no data."""
+    if buf.startswith(b"data: ", start) and buf.find(b"\n", start, end) < 0:
+        if cr and end > start and buf[end - 1] == 13:
+            end -= 1
+        return SSEEvent("message", bytes(buf[start + 6 : end]))
+    name, data = "message", []
+    for line in bytes(buf[start:end]).split(b"\n"):
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if not line or line.startswith(b":"):  # comments: keep-alive pings
+            continue
+        field, _, value = line.partition(b":")
+        if value.startswith(b" "):
+            value = value[1:]
+        if field == b"data":
+            data.append(value)
+        elif field == b"event":
+            name = value.decode("utf-8", errors="replace") or "message"
+        elif field == b"error":  # older llama.cpp writes `error: {...}` lines
+            name = "error"
+            data.append(value)
+    if not data:
         return None
+    return SSEEvent(name, b"\n".join(data))

@@ -11,10 +11,9 @@ shielded, bounded cleanup when the caller leaves the block early.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
-import httpx
 import orjson
 import trio
 
@@ -23,7 +22,7 @@ from .connection import EngineHTTP, EngineResponse
 from .deltas import take_merged
 from .errors import mapped_errors
 from .http11 import TransportError
-from .sse import SSEEvent, SSEParser
+from .sse import SSEEvent
 
 _DRAIN_LIMIT = 64 * 1024
 
@@ -61,8 +60,7 @@ class StreamedGeneration(Generic[P]):
         self._client = client
         self._grace = abort_grace
         self._response: EngineResponse | None = None
-        self._chunks: AsyncIterator[bytes] | None = None
-        self._sse = SSEParser()
+        self._body_ended = False  # the response was read to its end
         self._pending: deque[GenerationEvent] = deque()
         self._entered = False
         self._finish_queued = False
@@ -71,7 +69,6 @@ class StreamedGeneration(Generic[P]):
         self._payloads = 0
         self._cut: str | None = None  # why the stream is cut locally (no engine acknowledgement)
         self._error: BackendError | None = None  # raised once the events before it are delivered
-        self._read_scope: trio.CancelScope | None = None
         self._tail: list[SSEEvent] = []  # events read after the finish, in the same chunk
 
     # -- engine-specific --------------------------------------------------
@@ -120,7 +117,6 @@ class StreamedGeneration(Generic[P]):
                 with trio.CancelScope(shield=True), trio.move_on_after(self._grace):
                     await self._send_abort()
             raise
-        self._chunks = self._response.aiter_bytes()
         if self._abort_requested:
             await self._request_abort()
         return self
@@ -193,30 +189,27 @@ class StreamedGeneration(Generic[P]):
     def _cut_stream(self, message: str) -> None:
         if self._cut is None:
             self._cut = message
-        if self._read_scope is not None:
-            self._read_scope.cancel()
+        if self._response is not None:
+            self._response.cut()  # a read waiting on it fails, and the loop reports the local finish
 
     async def _read(self) -> None:
-        assert self._chunks is not None
-        with trio.CancelScope() as scope:
-            self._read_scope = scope
-            try:
-                with mapped_errors(self.what):
-                    chunk = await anext(self._chunks, None)
-            finally:
-                self._read_scope = None
-        if scope.cancelled_caught:
-            return  # _cut_stream: the loop reports the local finish
-        if chunk is None:
-            self._chunks = None  # the body is read to its end
-        events = self._sse.close() if chunk is None else self._sse.feed(chunk)
+        assert self._response is not None
+        try:
+            events = await self._response.receive_events()
+        except TransportError as exc:
+            if self._cut is not None:
+                return  # _cut_stream: the loop reports the local finish
+            raise BackendError(f"{self.what}: {exc}", status=exc.status, unreachable=exc.unreachable) from exc
+        if events is None:
+            self._body_ended = True
+            if not self._finish_queued:
+                self._queue_end(done=False)
+            return
         for event in events:
             if self._finish_queued:
                 self._tail.append(event)
             else:
                 await self._handle(event)
-        if chunk is None and not self._finish_queued:
-            self._queue_end(done=False)
 
     async def _drain(self) -> None:
         """Read what follows the finish (``[DONE]``, a usage chunk, the end of the
@@ -227,11 +220,12 @@ class StreamedGeneration(Generic[P]):
         :meth:`_tail_ok` refuses, past ``_DRAIN_LIMIT`` bytes, or on any error.
         """
         read = 0
+        events: list[SSEEvent] | None
         events, self._tail = self._tail, []
         while True:
             for event in events:
                 data = event.data.strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     continue
                 try:
                     payload = orjson.loads(data)
@@ -239,19 +233,18 @@ class StreamedGeneration(Generic[P]):
                     return
                 if not isinstance(payload, Mapping) or not self._tail_ok(payload):
                     return
-            if self._chunks is None:
+            if self._body_ended or self._response is None:
                 return
             try:
-                chunk = await anext(self._chunks, None)
-            except (httpx.HTTPError, TransportError):
+                events = await self._response.receive_events()
+            except TransportError:
                 return
-            if chunk is None:
-                self._chunks = None
+            if events is None:
+                self._body_ended = True
                 return
-            read += len(chunk)
+            read += sum(len(event.data) for event in events)
             if read > _DRAIN_LIMIT:
                 return
-            events = self._sse.feed(chunk)
 
     def _queue_end(self, done: bool) -> None:
         self._queue(self._end(done))
@@ -260,7 +253,7 @@ class StreamedGeneration(Generic[P]):
 
     async def _handle(self, event: SSEEvent) -> None:
         data = event.data.strip()
-        if data == "[DONE]":
+        if data == b"[DONE]":
             self._queue_end(done=True)
             return
         try:
@@ -288,9 +281,6 @@ class StreamedGeneration(Generic[P]):
 
     async def _close_response(self) -> None:
         response, self._response = self._response, None
-        chunks, self._chunks = self._chunks, None
-        with trio.CancelScope(shield=True), trio.move_on_after(self._grace):
-            if chunks is not None and isinstance(chunks, AsyncGenerator):
-                await chunks.aclose()
-            if response is not None:
+        if response is not None:
+            with trio.CancelScope(shield=True), trio.move_on_after(self._grace):
                 await response.aclose()
