@@ -243,3 +243,46 @@ def test_a_last_event_without_its_blank_line_still_counts() -> None:
     parser = SSEParser()
     assert parser.feed(b"data: 1\n\ndata: [DONE]") == [SSEEvent("message", b"1")]
     assert parser.close() == [SSEEvent("message", b"[DONE]")]
+
+
+_VALID = [
+    CHUNKED_HEAD + b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    OK + b"content-length: 11\r\n\r\nhello world",
+    CHUNKED_HEAD + _sglang_event([5]) + _sglang_event([5, 6]) + b"0\r\n\r\n",
+]
+
+
+@settings(max_examples=60, derandomize=True, database=None, deadline=None)
+@given(st.sampled_from(_VALID), st.integers(0, 10_000), st.sampled_from(["flip", "drop", "insert", "cut"]),
+       st.binary(min_size=1, max_size=8), st.booleans())
+def test_a_mutated_response_over_a_socket_ends_in_a_body_or_a_clear_error(
+    valid: bytes, at: int, how: str, noise: bytes, events: bool
+) -> None:
+    raw = bytearray(valid)
+    i = at % len(raw)
+    if how == "flip":
+        raw[i] ^= noise[0] or 1
+    elif how == "drop":
+        del raw[i : i + len(noise)]
+    elif how == "insert":
+        raw[i:i] = noise
+    else:
+        del raw[i:]
+
+    async def exchange() -> None:
+        async with serving(lambda n, _: bytes(raw)) as server:
+            server.close_after_each = True  # a truncation must end in an error, not a wait
+            client = HTTP11Client(server.url)
+            with trio.fail_after(20):
+                try:
+                    response = await client.stream("POST", server.url + "/generate", b"{}")
+                    if events:
+                        while await response.receive_events() is not None:
+                            pass
+                    else:
+                        await response.aread()
+                except http11.TransportError:
+                    pass
+            await client.aclose()
+
+    trio.run(exchange)

@@ -10,10 +10,8 @@ server-sent events. :class:`Response` reads the head (:mod:`.http11_wire`), then
 de-chunks the body straight into an :class:`~.sse.SSEParser`'s buffer, which splits it
 into events in the same pass (:meth:`Response.receive_events`).
 
-Reads go to the socket itself (a non-blocking ``recv`` first; Trio waits only when
-nothing has arrived), so a read that finds its bytes waiting costs no scheduling round,
-but two in a row yield once, so a fast engine cannot starve the other tasks. A read
-waits at most ``read_timeout``; sends are bounded by the same timeout.
+Reads and sends (:mod:`.http11_io`) go to the socket itself, without a cancel scope per
+read: a read waits at most ``read_timeout``, sends are bounded by the same timeout.
 
 Failures are :class:`TransportError` (mapped to :class:`BackendError` by
 ``errors.mapped_errors``): a response that breaks HTTP/1.1 (a bad status line, a bad
@@ -25,8 +23,6 @@ cleanly goes back to the pool.
 
 from __future__ import annotations
 
-import select
-import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
@@ -34,6 +30,7 @@ from urllib.parse import urlsplit
 
 import trio
 
+from .http11_io import Connection, SocketIO
 from .http11_wire import (
     BodyDecoder,
     ProtocolError,
@@ -49,7 +46,6 @@ __all__ = [
     "ConnectError", "ConnectTimeout", "HTTP11Client", "ProtocolError", "ReadTimeout", "Response", "TransportError"
 ]
 
-_READ_SIZE = 64 * 1024
 #: A response head (status line and headers) larger than this is refused.
 MAX_HEAD = 64 * 1024
 #: A server-sent event larger than this is refused (SGLang's cumulative events at 32k tokens are ~2 MiB).
@@ -70,37 +66,6 @@ class _Unused(Exception):
     """A kept-alive connection the engine had closed before answering: retried on a new one."""
 
 
-class _Connection:
-    __slots__ = ("stream", "raw", "sock", "buf", "idle_since", "reused", "eager")
-
-    def __init__(self, stream: trio.abc.Stream, raw: trio.SocketStream) -> None:
-        self.stream = stream
-        self.raw = raw
-        # The socket itself, read without Trio's wrappers (plain TCP only; TLS goes through the stream).
-        sock = getattr(raw.socket, "_sock", None) if stream is raw else None
-        self.sock: socket.socket | None = sock if isinstance(sock, socket.socket) else None
-        self.buf = bytearray()  # bytes received and not parsed yet
-        self.idle_since = 0.0
-        self.reused = False  # has served a request before (so the engine may have closed it meanwhile)
-        self.eager = False  # the last read found its bytes waiting (the next such read yields)
-
-    def close(self) -> None:
-        # Synchronous and immediate: no await, so it is safe in any cleanup path. Trio's
-        # close wakes a task waiting on the socket (with ClosedResourceError).
-        self.raw.socket.close()
-
-    def stale(self) -> bool:
-        """An idle connection the engine has closed (or wrote to unasked) is readable."""
-        try:
-            readable, _, _ = select.select([self.raw.socket.fileno()], [], [], 0)
-        except (OSError, ValueError):
-            return True
-        return bool(readable)
-
-
-_CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError)
-
-
 class Response:
     """A streamed response: ``status_code``, ``reason_phrase``, ``headers`` (lower-case names).
 
@@ -112,14 +77,14 @@ class Response:
     __slots__ = ("status_code", "reason_phrase", "headers", "_client", "_conn", "_body", "_sse", "_fault")
 
     def __init__(
-        self, client: HTTP11Client, conn: _Connection, status: int, reason: str, headers: dict[str, str],
+        self, client: HTTP11Client, conn: Connection, status: int, reason: str, headers: dict[str, str],
         body: BodyDecoder,
     ) -> None:
         self.status_code = status
         self.reason_phrase = reason
         self.headers = headers
         self._client = client
-        self._conn: _Connection | None = conn
+        self._conn: Connection | None = conn
         self._body = body
         self._sse: SSEParser | None = None
         self._fault: ProtocolError | None = None  # found after bytes still to deliver
@@ -171,7 +136,7 @@ class Response:
                     return len(out) > before
                 if len(out) > before:
                     return True
-                if not await self._client._fill(conn):
+                if not await self._client._io.fill(conn):
                     body.eof()  # the end of an until-close body, else a ProtocolError
         except BaseException:
             self._drop()
@@ -250,12 +215,13 @@ class HTTP11Client:
         host = parts.hostname if default_port else f"{parts.hostname}:{self._port}"
         self._fixed = f"host: {host}\r\nuser-agent: actorproxy\r\naccept: */*\r\n".encode()
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self._tls else None
-        self._idle: deque[_Connection] = deque()
+        self._idle: deque[Connection] = deque()
         self.max_idle = max_idle
         self.keepalive_expiry = keepalive_expiry
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.opened = 0  # connections opened (statistics, tests)
+        self._io = SocketIO(read_timeout)
 
     async def stream(
         self, method: str, url: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
@@ -276,11 +242,11 @@ class HTTP11Client:
                 pass  # the engine had closed the idle connection: once more on a new one
         return await self._exchange(await self._connect(), method, head, body)
 
-    async def _exchange(self, conn: _Connection, method: str, head: bytearray, body: bytes | None) -> Response:
+    async def _exchange(self, conn: Connection, method: str, head: bytearray, body: bytes | None) -> Response:
         unanswered = conn.reused  # nothing received yet on a kept connection: a failure retries
         try:
             try:
-                await self._send(conn, head, body or b"")
+                await self._io.send(conn, head, body or b"")
             except TransportError as exc:
                 if unanswered and not isinstance(exc, ReadTimeout):
                     raise _Unused from exc
@@ -291,7 +257,7 @@ class HTTP11Client:
                     if len(buf) > MAX_HEAD:
                         raise ProtocolError(f"the response head is larger than {MAX_HEAD // 1024} KiB")
                     try:
-                        got = await self._fill(conn)
+                        got = await self._io.fill(conn)
                     except TransportError as exc:
                         if unanswered and not isinstance(exc, ReadTimeout):
                             raise _Unused from exc
@@ -309,74 +275,7 @@ class HTTP11Client:
             conn.close()
             raise
 
-    async def _fill(self, conn: _Connection) -> int:
-        """Read what the engine sent into ``conn.buf``: the number of bytes, 0 at its end."""
-        sock = conn.sock
-        if sock is None:
-            return await self._fill_stream(conn)
-        try:
-            data = sock.recv(_READ_SIZE)
-        except BlockingIOError:
-            data = await self._wait_recv(conn, sock)
-        except OSError as exc:
-            raise TransportError(f"the engine dropped the connection: {exc!r}") from exc
-        else:
-            if conn.eager:  # two reads in a row without waiting: let the other tasks run
-                conn.eager = False
-                await trio.lowlevel.checkpoint()
-            else:
-                conn.eager = True
-                await trio.lowlevel.checkpoint_if_cancelled()
-        conn.buf += data
-        return len(data)
-
-    async def _wait_recv(self, conn: _Connection, sock: socket.socket) -> bytes:
-        conn.eager = False
-        with trio.CancelScope(deadline=trio.current_time() + self.read_timeout):
-            while True:
-                try:
-                    await trio.lowlevel.wait_readable(sock)
-                    return sock.recv(_READ_SIZE)
-                except BlockingIOError:
-                    continue
-                except _CLOSED as exc:
-                    raise TransportError(f"the engine dropped the connection: {exc!r}") from exc
-        raise ReadTimeout(f"no data from the engine in {self.read_timeout:g} s")
-
-    async def _fill_stream(self, conn: _Connection) -> int:
-        with trio.move_on_after(self.read_timeout) as scope:
-            try:
-                data = await conn.stream.receive_some(_READ_SIZE)
-            except _CLOSED as exc:
-                raise TransportError(f"the engine dropped the connection: {exc!r}") from exc
-        if scope.cancelled_caught:
-            raise ReadTimeout(f"no data from the engine in {self.read_timeout:g} s")
-        conn.buf += data
-        return len(data)
-
-    async def _send(self, conn: _Connection, head: bytearray, body: bytes) -> None:
-        """Head and body in one system call when the socket takes them (no copy of the body)."""
-        sock = conn.sock
-        sent = 0
-        if sock is not None:
-            try:
-                sent = sock.sendmsg([head, body])
-            except BlockingIOError:
-                pass
-            except OSError as exc:
-                raise TransportError(f"send failed: {exc!r}") from exc
-            if sent == len(head) + len(body):
-                await trio.lowlevel.checkpoint_if_cancelled()
-                return
-        with trio.move_on_after(self.read_timeout) as scope:
-            try:
-                await conn.stream.send_all(memoryview(bytes(head) + body)[sent:])
-            except _CLOSED as exc:
-                raise TransportError(f"send failed: {exc!r}") from exc
-        if scope.cancelled_caught:
-            raise ReadTimeout(f"the engine took no data in {self.read_timeout:g} s")
-
-    def _checkout(self) -> _Connection | None:
+    def _checkout(self) -> Connection | None:
         now = trio.current_time()
         while self._idle:
             conn = self._idle.pop()  # the most recently used: warm, least likely expired
@@ -385,7 +284,7 @@ class HTTP11Client:
             conn.close()
         return None
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> Connection:
         self.opened += 1
         with trio.move_on_after(self.connect_timeout) as scope:
             try:
@@ -404,9 +303,9 @@ class HTTP11Client:
                 raw.socket.close()
                 raise ConnectError(f"TLS handshake with {self.origin} failed: {exc!r}") from exc
             stream = tls
-        return _Connection(stream, raw)
+        return Connection(stream, raw)
 
-    def _release(self, conn: _Connection, keep_alive: bool) -> None:
+    def _release(self, conn: Connection, keep_alive: bool) -> None:
         if not keep_alive or conn.buf:
             conn.close()  # Connection: close, an HTTP/1.0 engine, or bytes beyond the response
             return

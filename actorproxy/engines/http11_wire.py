@@ -155,7 +155,7 @@ class BodyDecoder:
                 if len(buf) >= stop + 2:  # the whole chunk is here: one copy
                     if buf[stop] != 13 or buf[stop + 1] != 10:
                         raise ProtocolError("chunk data is not followed by CRLF (a wrong chunk size)")
-                    out += buf[start:stop]
+                    out += memoryview(buf)[start:stop]  # (the view is gone before the del)
                     del buf[: stop + 2]
                     continue
                 del buf[:start]

@@ -79,7 +79,7 @@ def _event(buf: bytearray, start: int, end: int, cr: bool) -> SSEEvent | None:
     if buf.startswith(b"data: ", start) and buf.find(b"\n", start, end) < 0:
         if cr and end > start and buf[end - 1] == 13:
             end -= 1
-        return SSEEvent("message", bytes(buf[start + 6 : end]))
+        return SSEEvent("message", bytes(memoryview(buf)[start + 6 : end]))
     name, data = "message", []
     for line in bytes(buf[start:end]).split(b"\n"):
         if line.endswith(b"\r"):

@@ -77,6 +77,10 @@ class StreamedGeneration(Generic[P]):
         """Send the request; return the (checked) streaming response."""
         raise NotImplementedError
 
+    def _decode(self, data: bytes) -> Any:
+        """One event's JSON (an engine's reader may decode less of it: SGLang's cumulative events)."""
+        return orjson.loads(data)
+
     def _feed(self, payload: Mapping[str, Any]) -> list[GenerationEvent]:
         """Events for one JSON payload of the stream."""
         return self._parser.feed(payload)
@@ -209,7 +213,11 @@ class StreamedGeneration(Generic[P]):
             if self._finish_queued:
                 self._tail.append(event)
             else:
-                await self._handle(event)
+                self._handle(event)
+        if self._resend_abort and self._payloads and not self._finish_queued:
+            self._resend_abort = False
+            with trio.move_on_after(self._grace):
+                await self._send_abort()
 
     async def _drain(self) -> None:
         """Read what follows the finish (``[DONE]``, a usage chunk, the end of the
@@ -251,32 +259,28 @@ class StreamedGeneration(Generic[P]):
         if not self._finish_queued:
             raise BackendError(f"{self.what}: the stream ended without a finish event")
 
-    async def _handle(self, event: SSEEvent) -> None:
+    def _handle(self, event: SSEEvent) -> None:
         data = event.data.strip()
         if data == b"[DONE]":
             self._queue_end(done=True)
             return
         try:
-            payload = orjson.loads(data)
+            payload = self._decode(data)
         except ValueError as exc:
             raise BackendError(f"{self.what}: malformed stream event: {data[:200]!r}") from exc
         if event.event == "error" and not (isinstance(payload, Mapping) and "error" in payload):
             payload = {"error": payload}
-        if not isinstance(payload, Mapping):
+        if type(payload) is not dict and not isinstance(payload, Mapping):
             raise BackendError(f"{self.what}: unexpected stream event: {data[:200]!r}")
         self._payloads += 1
         self._queue(self._feed(payload))
-        if self._resend_abort and not self._finish_queued:
-            self._resend_abort = False
-            with trio.move_on_after(self._grace):
-                await self._send_abort()
 
     def _queue(self, events: list[GenerationEvent]) -> None:
         for event in events:
             if self._finish_queued:
                 return
             self._pending.append(event)
-            if isinstance(event, GenerateFinish):
+            if type(event) is GenerateFinish:
                 self._finish_queued = True
 
     async def _close_response(self) -> None:

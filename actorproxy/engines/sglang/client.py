@@ -60,6 +60,9 @@ class SGLangGeneration(VersionedGeneration[protocol.SGLangStreamParser, "SGLangB
         await check_status(response, self.what)
         return response
 
+    def _decode(self, data: bytes) -> Any:
+        return self._parser.decode(data)
+
     def _feed(self, payload: Mapping[str, Any]) -> list[GenerationEvent]:
         self._parser.abort_requested = self._abort_requested
         return super()._feed(payload)

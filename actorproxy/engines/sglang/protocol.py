@@ -16,11 +16,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
+import orjson
 
 from ...wire.converter import TokenIds, at_least
 from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams, WeightVersionSpan
 from ..deltas import DEFAULT_VERSION, parse_spans, token_deltas, version_at
 from ..errors import http_status, stream_error_status
+from .cumulative import PrefixCutter
 
 GENERATE_PATH = "/generate"
 ABORT_PATH = "/abort_request"
@@ -187,6 +189,8 @@ class SGLangStreamParser:
         self.abort_requested = False
         self._stops = frozenset(stop_token_ids)
         self._incremental: bool | None = None
+        self._cutter = PrefixCutter()
+        self._cut = 0  # tokens cut from the event being decoded
 
     def feed(self, payload: Mapping[str, Any]) -> list[GenerationEvent]:
         if "error" in payload:
@@ -201,16 +205,11 @@ class SGLangStreamParser:
             ids = [entry[1] for entry in entries] if isinstance(entries, list) else []
         if not isinstance(ids, list):
             raise BackendError(f"SGLang: output_ids is not a list: {ids!r}")
-        if self._is_incremental(ids, meta.get("completion_tokens")):
-            new_ids, new_entries = ids, entries
-        else:
-            # O(new tokens), not O(all): the event repeats every earlier token; only the
-            # boundary is checked.
-            n = len(self.ids)
-            if len(ids) < n or (n and ids[n - 1] != self.ids[-1]):
-                raise BackendError("SGLang: a cumulative event does not extend the tokens already sent")
-            new_ids = ids[n:]
-            new_entries = entries[n:] if isinstance(entries, list) else entries
+        cut, self._cut = self._cut, 0
+        self._cutter.tokens = cut + len(ids)
+        skip = self._skip(ids, cut, meta.get("completion_tokens"))
+        new_ids = ids[skip:] if skip else ids
+        new_entries = entries[skip:] if skip and isinstance(entries, list) else entries
         if isinstance(meta.get("weight_version"), str):
             self.version = meta["weight_version"]
         spans = parse_spans(meta.get("weight_versions"))
@@ -222,6 +221,28 @@ class SGLangStreamParser:
 
     def end(self, done: bool) -> list[GenerationEvent]:
         raise BackendError("SGLang: the stream ended without a finish_reason")
+
+    def decode(self, raw: bytes) -> Any:
+        """One event's JSON; a cumulative event without the tokens already read (:mod:`.cumulative`)."""
+        raw, self._cut = self._cutter.cut(raw, use=self._incremental is False)
+        return orjson.loads(raw)
+
+    def _skip(self, ids: list[int], cut: int, completion: object) -> int:
+        """How many of the event's ``ids`` were delivered before (O(1): only the boundary is checked)."""
+        sent = len(self.ids)
+        if cut:  # the event's first ``cut`` tokens were cut from its bytes
+            skip = sent - cut
+        elif isinstance(completion, int) and completion == sent and len(ids) <= sent:
+            # Nothing new: an event without tokens, or SGLang's abort of a queued
+            # request, which repeats only the last token (in either stream shape).
+            return len(ids)
+        elif self._is_incremental(ids, completion):
+            return 0
+        else:
+            skip = sent  # the event repeats every earlier token
+        if not 0 <= skip <= len(ids) or (skip and ids[skip - 1] != self.ids[-1]):
+            raise BackendError("SGLang: a cumulative event does not extend the tokens already sent")
+        return skip
 
     def _is_incremental(self, ids: list[int], completion: object) -> bool:
         if self._incremental is not None:

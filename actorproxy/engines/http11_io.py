@@ -1,0 +1,170 @@
+"""The engine client's socket I/O on Trio: one connection, its reads and sends, and their timeouts.
+
+Reads go to the socket itself, not through Trio's stream wrappers: a non-blocking
+``recv_into`` first, into the client's one receive buffer (no fresh allocation per
+read), and a wait only when nothing has arrived. A read that finds its bytes waiting
+costs no scheduling round, but two in a row yield once, so an engine that streams
+without pause cannot starve the other tasks. TLS connections go through the
+``trio.SSLStream`` instead.
+
+A read waits at most ``read_timeout``. Rather than a cancel scope per read (which
+costs more than the read itself at thousands of streamed tokens a second), the
+waiting connections are listed in :class:`ReadDeadlines`, and one sleeping task
+closes those whose deadline passed (within a quarter of the timeout, at most a
+second late); the closed read then fails with :class:`ReadTimeout`.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+
+import trio
+
+from .http11_wire import ReadTimeout, TransportError
+
+_READ_SIZE = 256 * 1024
+_CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError)
+
+
+class Connection:
+    """One keep-alive connection to the engine: its stream, raw socket and unparsed bytes."""
+
+    __slots__ = ("stream", "raw", "sock", "buf", "idle_since", "reused", "eager", "expired")
+
+    def __init__(self, stream: trio.abc.Stream, raw: trio.SocketStream) -> None:
+        self.stream = stream
+        self.raw = raw
+        # The socket itself, read without Trio's wrappers (plain TCP only; TLS goes through the stream).
+        sock = getattr(raw.socket, "_sock", None) if stream is raw else None
+        self.sock: socket.socket | None = sock if isinstance(sock, socket.socket) else None
+        self.buf = bytearray()  # bytes received and not parsed yet
+        self.idle_since = 0.0
+        self.reused = False  # has served a request before (so the engine may have closed it meanwhile)
+        self.eager = False  # the last read found its bytes waiting (the next such read yields)
+        self.expired = False  # closed by ReadDeadlines
+
+    def close(self) -> None:
+        # Synchronous and immediate: no await, so it is safe in any cleanup path. Trio's
+        # close wakes a task waiting on the socket (with ClosedResourceError).
+        self.raw.socket.close()
+
+    def stale(self) -> bool:
+        """An idle connection the engine has closed (or wrote to unasked) is readable."""
+        try:
+            readable, _, _ = select.select([self.raw.socket.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
+
+class ReadDeadlines:
+    """The connections waiting for bytes, with their deadlines; one task closes the late ones."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._waiting: dict[Connection, float] = {}
+        self._watching = False
+
+    def arm(self, conn: Connection) -> None:
+        self._waiting[conn] = trio.current_time() + self.timeout
+        if not self._watching:
+            self._watching = True
+            trio.lowlevel.spawn_system_task(self._watch, name="actorproxy engine read deadlines")
+
+    def disarm(self, conn: Connection) -> None:
+        self._waiting.pop(conn, None)
+
+    async def _watch(self) -> None:
+        try:
+            while self._waiting:
+                await trio.sleep(min(1.0, self.timeout / 4))
+                now = trio.current_time()
+                for conn in [c for c, deadline in self._waiting.items() if deadline <= now]:
+                    del self._waiting[conn]
+                    conn.expired = True
+                    conn.close()
+        finally:
+            self._watching = False
+
+
+class SocketIO:
+    """Reads and sends for the connections of one client (they share its receive buffer)."""
+
+    def __init__(self, read_timeout: float) -> None:
+        self.read_timeout = read_timeout
+        self._deadlines = ReadDeadlines(read_timeout)
+        self._recv = bytearray(_READ_SIZE)
+        self._view = memoryview(self._recv)
+
+    async def fill(self, conn: Connection) -> int:
+        """Read what the engine sent into ``conn.buf``: the number of bytes, 0 at its end."""
+        sock = conn.sock
+        if sock is None:
+            return await self._fill_stream(conn)
+        try:
+            n = sock.recv_into(self._recv)
+        except BlockingIOError:
+            return await self._wait(conn, sock)
+        except OSError as exc:
+            raise TransportError(f"the engine dropped the connection: {exc!r}") from exc
+        conn.buf += self._view[:n]  # before any await: another task may read into the buffer then
+        if conn.eager:  # two reads in a row without waiting: let the other tasks run
+            conn.eager = False
+            await trio.lowlevel.checkpoint()
+        else:
+            conn.eager = True
+            await trio.lowlevel.checkpoint_if_cancelled()
+        return n
+
+    async def _wait(self, conn: Connection, sock: socket.socket) -> int:
+        conn.eager = False
+        self._deadlines.arm(conn)
+        try:
+            while True:
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                    n = sock.recv_into(self._recv)
+                except BlockingIOError:
+                    continue
+                except _CLOSED as exc:
+                    if conn.expired:
+                        raise ReadTimeout(f"no data from the engine in {self.read_timeout:g} s") from None
+                    raise TransportError(f"the engine dropped the connection: {exc!r}") from exc
+                conn.buf += self._view[:n]
+                return n
+        finally:
+            self._deadlines.disarm(conn)
+
+    async def _fill_stream(self, conn: Connection) -> int:
+        with trio.move_on_after(self.read_timeout) as scope:
+            try:
+                data = await conn.stream.receive_some(_READ_SIZE)
+            except _CLOSED as exc:
+                raise TransportError(f"the engine dropped the connection: {exc!r}") from exc
+        if scope.cancelled_caught:
+            raise ReadTimeout(f"no data from the engine in {self.read_timeout:g} s")
+        conn.buf += data
+        return len(data)
+
+    async def send(self, conn: Connection, head: bytearray, body: bytes) -> None:
+        """Head and body, in one system call when the socket takes them (no copy of the body)."""
+        sock = conn.sock
+        sent = 0
+        if sock is not None:
+            try:
+                sent = sock.sendmsg([head, body])
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise TransportError(f"send failed: {exc!r}") from exc
+            if sent == len(head) + len(body):
+                await trio.lowlevel.checkpoint_if_cancelled()
+                return
+        with trio.move_on_after(self.read_timeout) as scope:
+            try:
+                await conn.stream.send_all(memoryview(bytes(head) + body)[sent:])
+            except _CLOSED as exc:
+                raise TransportError(f"send failed: {exc!r}") from exc
+        if scope.cancelled_caught:
+            raise ReadTimeout(f"the engine took no data in {self.read_timeout:g} s")
