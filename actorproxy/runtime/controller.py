@@ -1,25 +1,34 @@
-"""The GenerationController actor: running or paused, the weight version, the epoch,
+"""The GenerationController: running or paused, the weight version, the epoch,
 and every generation in flight.
 
-Sessions ask it for permission before they generate (:class:`Begin`): while
-running the answer comes at once; while paused it comes at resume. Each
-permitted generation is registered as a :class:`GenerationHandle`, which the
-controller can ask to abort. A pause in ``abort`` mode asks every registered
-generation to stop at the next token boundary and answers only when each has
-ended and recorded its partial output (:class:`End`): an *acknowledged*
-abort. In ``wait`` mode it admits nothing new and answers when the generations
-in flight have finished on their own.
+Sessions ask it for permission before they generate (:meth:`begin`): while
+running the answer comes at once, while paused at resume. Each permitted
+generation is registered as a :class:`GenerationHandle`, which the controller
+can ask to abort. A pause in ``abort`` mode asks every registered generation
+to stop at the next token boundary and answers only when each has ended and
+recorded its partial output (:meth:`end`): an *acknowledged* abort. In
+``wait`` mode it admits nothing new and answers when the generations in
+flight have finished on their own.
 
-State changes reach the waiting sessions as replies to their ``Begin``
-questions: a broadcast over memory channels, no polling.
+It is a synchronous state machine, not a task with a mailbox: the turns and
+the runtime call its methods on the Trio thread, and no method awaits, so each
+one runs whole between two scheduler rounds, in the order the calls are made,
+as messages to an actor would. A turn that may generate is admitted by a method
+call: no message, no reply channel, no scheduler round (issue 12). Only a turn
+that must wait (paused) and a pause that must wait for its generations await
+a one-shot reply channel, answered when the state changes: a broadcast, no
+polling.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import attrs
+import outcome
 import trio
 
 from .actor import Reply, answer
@@ -44,26 +53,44 @@ _ids = itertools.count(1)
 class GenerationHandle:
     """One permitted generation, as the controller sees it.
 
-    The controller only *asks* for an abort (``abort_requested``); the turn's
-    own task performs it (``TurnGeneration._abort_when_asked``), so no field is
-    written by two actors: the turn writes ``tokens``, the controller sets the
-    event. ``id`` is unique per process.
+    The controller only *asks* for an abort (:meth:`request_abort`); the turn
+    performs it, in a task it starts in its own nursery only when asked (the
+    ``on_abort`` callback it set while its stream is open), so no field is
+    written by two parties: the turn writes ``tokens``, the controller sets
+    ``abort_requested``. ``id`` is unique per process.
     """
 
     session_id: str
     id: int = attrs.field(factory=lambda: next(_ids))
-    abort_requested: trio.Event = attrs.field(factory=trio.Event)
+    #: A pause in ``abort`` mode asked this generation to stop (set by the controller only).
+    abort_requested: bool = False
     #: Tokens this generation has produced so far (this attempt); written by the turn only.
     tokens: int = 0
     #: While the turn reads an aborted stream to its finish: the scope that cuts it
     #: after ``ABORT_BOUND`` seconds without a token (set by the turn).
     abort_bound: trio.CancelScope | None = None
+    #: While the turn's stream is open: how to start its abort (set by the turn).
+    _on_abort: Callable[[], None] | None = None
 
     def add_tokens(self, n: int) -> None:
         """Count ``n`` more tokens; while aborting, their arrival pushes the cut back."""
         self.tokens += n
         if self.abort_bound is not None:
             self.abort_bound.deadline = trio.current_time() + ABORT_BOUND
+
+    def request_abort(self) -> None:
+        """The controller asks the generation to stop (the turn's ``on_abort`` runs now if its stream is open)."""
+        if self.abort_requested:
+            return
+        self.abort_requested = True
+        if self._on_abort is not None:
+            self._on_abort()
+
+    def on_abort(self, start: Callable[[], None] | None) -> None:
+        """The turn: call ``start`` when an abort is asked (at once if it already was); ``None`` stops that."""
+        self._on_abort = start
+        if start is not None and self.abort_requested:
+            start()
 
 
 @attrs.frozen
@@ -72,48 +99,6 @@ class Permit:
 
     epoch: int
     weight_version: str
-
-
-@attrs.frozen
-class Begin:
-    handle: GenerationHandle
-    reply: Reply
-
-
-@attrs.frozen
-class Withdraw:
-    """A session stopped waiting for permission (its bound ran out or its agent left)."""
-
-    handle: GenerationHandle
-
-
-@attrs.frozen
-class End:
-    """A generation ended; its output (partial or whole) is recorded on its step."""
-
-    handle: GenerationHandle
-    aborted: bool
-
-
-@attrs.frozen
-class Pause:
-    mode: PauseMode
-    reply: Reply
-
-
-@attrs.frozen
-class Resume:
-    weight_version: str | None
-    bump_epoch: bool
-    reply: Reply
-
-
-@attrs.frozen
-class State:
-    reply: Reply
-
-
-ControllerMessage = Begin | Withdraw | End | Pause | Resume | State
 
 
 @attrs.define(eq=False)
@@ -139,67 +124,76 @@ class GenerationController:
         self._resumes = 0
         self._aborted_total = 0
 
-    async def run(
-        self, *, task_status: trio.TaskStatus[trio.MemorySendChannel[ControllerMessage]] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        send, inbox = trio.open_memory_channel[ControllerMessage](256)
-        async with inbox:
-            task_status.started(send)
-            async for msg in inbox:
-                self.handle(msg)
+    # -- the turns -------------------------------------------------------------------
 
-    def handle(self, msg: ControllerMessage) -> None:
-        match msg:
-            case Begin():
-                if self.paused:
-                    self._waiting[msg.handle.id] = (msg.handle, msg.reply)
-                else:
-                    self._admit(msg.handle, msg.reply)
-            case Withdraw():
-                # It may have been admitted just as it gave up: forget it either way.
-                self._waiting.pop(msg.handle.id, None)
-                self._end(End(msg.handle, aborted=False))
-            case End():
-                self._end(msg)
-            case Pause():
-                self._pause(msg)
-            case Resume():
-                self._resume(msg)
-            case State():
-                answer(msg.reply, self.state())
+    def try_begin(self, handle: GenerationHandle) -> Permit | None:
+        """Admit ``handle`` now if generation is not paused (``None``: paused, call :meth:`begin`)."""
+        if self.paused:
+            return None
+        return self._admit(handle)
 
-    def _admit(self, handle: GenerationHandle, reply: Reply) -> None:
-        self._in_flight[handle.id] = handle
-        answer(reply, Permit(self.epoch, self.weight_version))
+    async def begin(self, handle: GenerationHandle) -> Permit:
+        """Permission to generate: at once while running, at resume while paused.
 
-    def _end(self, msg: End) -> None:
-        handle = self._in_flight.pop(msg.handle.id, None)
-        if handle is None:
+        Cancelled while waiting, the caller must :meth:`withdraw` (it may have been
+        admitted just as it gave up).
+        """
+        permit = self.try_begin(handle)
+        if permit is not None:
+            return permit
+        reply, answered = trio.open_memory_channel[outcome.Outcome[Any]](1)
+        self._waiting[handle.id] = (handle, reply)
+        with answered:
+            result = await answered.receive()
+        granted: Permit = result.unwrap()
+        return granted
+
+    def withdraw(self, handle: GenerationHandle) -> None:
+        """A turn stopped waiting for permission (its bound ran out or it was cancelled)."""
+        self._waiting.pop(handle.id, None)
+        self.end(handle, aborted=False)
+
+    def end(self, handle: GenerationHandle, *, aborted: bool) -> None:
+        """A generation ended; its output (partial or whole) is recorded on its step."""
+        if self._in_flight.pop(handle.id, None) is None:
             return
-        for pending in list(self._pending):
+        for pending in self._pending:
             if handle.id in pending.waiting_for:
                 pending.waiting_for.discard(handle.id)
-                if msg.aborted:
+                if aborted:
                     pending.aborted += 1
                     pending.partial_tokens += handle.tokens
-        self._settle()
+        if self._pending:
+            self._settle()
 
-    def _pause(self, msg: Pause) -> None:
-        escalate = self.paused and self.mode == "wait" and msg.mode == "abort"
+    def _admit(self, handle: GenerationHandle) -> Permit:
+        self._in_flight[handle.id] = handle
+        return Permit(self.epoch, self.weight_version)
+
+    # -- the trainer (through the runtime) ---------------------------------------------
+
+    async def pause(self, mode: PauseMode) -> PauseAck:
+        """Stop admitting; in ``abort`` mode ask every generation in flight to stop. Answers once they ended."""
+        escalate = self.paused and self.mode == "wait" and mode == "abort"
+        reply, answered = trio.open_memory_channel[outcome.Outcome[Any]](1)
         if self.paused and not escalate:
             # Idempotent: already paused, nothing new to stop.
-            pending = _PendingPause(msg.reply, set())
+            pending = _PendingPause(reply, set())
         else:
             if not self.paused:
                 self._pauses += 1
             self.paused = True
-            self.mode = msg.mode
-            pending = _PendingPause(msg.reply, set(self._in_flight))
-            if msg.mode == "abort":
-                for handle in self._in_flight.values():
-                    handle.abort_requested.set()  # the turn aborts its own generation
+            self.mode = mode
+            pending = _PendingPause(reply, set(self._in_flight))
+            if mode == "abort":
+                for handle in list(self._in_flight.values()):
+                    handle.request_abort()  # the turn aborts its own generation
         self._pending.append(pending)
         self._settle()
+        with answered:
+            result = await answered.receive()
+        ack: PauseAck = result.unwrap()
+        return ack
 
     def _settle(self) -> None:
         """Answer every pause whose generations have all ended."""
@@ -212,10 +206,11 @@ class GenerationController:
                          weight_version=self.weight_version, epoch=self.epoch),
             )
 
-    def _resume(self, msg: Resume) -> None:
-        if msg.weight_version is not None:
-            self.weight_version = msg.weight_version
-        if msg.bump_epoch:
+    def resume(self, weight_version: str | None, *, bump_epoch: bool = False) -> ResumeAck:
+        """Install the weight version (and epoch), run again, and wake the waiting turns."""
+        if weight_version is not None:
+            self.weight_version = weight_version
+        if bump_epoch:
             self.epoch += 1
         was_paused = self.paused
         self.paused = False
@@ -230,11 +225,8 @@ class GenerationController:
         woken = len(self._waiting)
         waiting, self._waiting = self._waiting, {}
         for handle, reply in waiting.values():
-            self._admit(handle, reply)
-        answer(
-            msg.reply,
-            ResumeAck(resumed=was_paused, woken=woken, weight_version=self.weight_version, epoch=self.epoch),
-        )
+            answer(reply, self._admit(handle))
+        return ResumeAck(resumed=was_paused, woken=woken, weight_version=self.weight_version, epoch=self.epoch)
 
     def state(self) -> PauseState:
         return PauseState(

@@ -46,9 +46,8 @@ from ..engines.base import (
 )
 from ..errors import Conflict, EngineError, Overloaded, ProxyError
 from ..tokenization.tokenizer import ChatTokenizer
-from .actor import ActorGone, ask
 from .agent_channel import AgentChannel
-from .controller import ABORT_BOUND, ABORT_LIMIT, Begin, ControllerMessage, End, GenerationHandle, Permit, Withdraw
+from .controller import ABORT_BOUND, ABORT_LIMIT, GenerationController, GenerationHandle, Permit
 from .messages import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed, TurnIds
 from .output import OutputFormat, parse_remotely, tool_call_id
 from .turn_end import GONE, TurnFailure, engine_error, gone, tell
@@ -77,7 +76,7 @@ class TurnGeneration:
         *,
         tokenizer: ChatTokenizer,
         backend: Backend,
-        controller: trio.MemorySendChannel[ControllerMessage],
+        controller: GenerationController,
         events: trio.MemorySendChannel[TurnEvent],
         settings: GenerationSettings,
         output_format: OutputFormat,
@@ -206,14 +205,14 @@ class TurnGeneration:
                 try:
                     self._check_permit(permit)
                 except ProxyError as exc:
-                    await self._controller.send(End(handle, aborted=False))
+                    self._controller.end(handle, aborted=False)
                     raise TurnFailure(exc, "rejected") from None
                 try:
                     # Sent once generation is permitted: a turn that waits out a pause and gives
                     # up is a plain 503 with Retry-After, before any stream has started.
                     await self._agent.hand_over(TurnAccepted(step.index, step.prompt_len))
                 except GONE:
-                    await self._controller.send(End(handle, aborted=False))
+                    self._controller.end(handle, aborted=False)
                     self.client_gone = True
                     self.finish = GenerateFinish("abort")
                     return self.finish
@@ -222,14 +221,9 @@ class TurnGeneration:
             interrupted = False
             try:
                 finish = await self._attempt(prompt, budget, handle)
-                interrupted = finish.reason == "abort" and handle.abort_requested.is_set()
+                interrupted = finish.reason == "abort" and handle.abort_requested
             finally:
-                end = End(handle, aborted=handle.abort_requested.is_set())
-                try:  # the controller's mailbox has room but when a pause is busy: no scheduler round then
-                    self._controller.send_nowait(end)
-                except trio.WouldBlock:
-                    with trio.CancelScope(shield=True):
-                        await self._controller.send(end)
+                self._controller.end(handle, aborted=handle.abort_requested)
             self._apply_finish(finish, start)
             if self.client_gone or not interrupted:
                 self.finish = finish
@@ -258,14 +252,18 @@ class TurnGeneration:
     # -- permission -------------------------------------------------------------
 
     async def _permission(self, handle: GenerationHandle) -> Permit:
-        with trio.move_on_after(self._settings.pause_wait_timeout):
-            try:
-                permit: Permit = await ask(self._controller, lambda reply: Begin(handle, reply))
-            except ActorGone:
-                raise TurnFailure(Overloaded("the proxy is shutting down", code="shutting_down"), "error") from None
+        """Permission to generate: a method call while running (no scheduler round); waited for while paused."""
+        permit = self._controller.try_begin(handle)
+        if permit is not None:
             return permit
-        with trio.CancelScope(shield=True):
-            await self._controller.send(Withdraw(handle))
+        try:
+            with trio.move_on_after(self._settings.pause_wait_timeout):
+                permit = await self._controller.begin(handle)
+        finally:
+            if permit is None:  # gave up or cancelled; it may have been admitted just then
+                self._controller.withdraw(handle)
+        if permit is not None:
+            return permit
         wait = self._settings.pause_wait_timeout
         error = Overloaded(
             f"generation is paused for a weight update and did not resume within {wait:g} s; retry",
@@ -293,12 +291,14 @@ class TurnGeneration:
         try:
             with trio.CancelScope() as stream, trio.CancelScope() as drain:
                 async with self._backend.open_generation(request) as generation, trio.open_nursery() as watch:
-                    watch.start_soon(self._abort_when_asked, handle, generation, stream)
+                    # The abort task is started only when a pause asks for it: no task per attempt.
+                    handle.on_abort(lambda: watch.start_soon(self._abort_when_asked, handle, generation, stream))
                     try:
                         finish = await self._stream(generation, handle, drain)
                     except BackendError as exc:
                         failed = exc  # raised below, outside the nursery (which would wrap it in a group)
                     finally:
+                        handle.on_abort(None)
                         watch.cancel_scope.cancel()
             if failed is not None:
                 raise failed
@@ -348,13 +348,13 @@ class TurnGeneration:
     async def _abort_when_asked(
         self, handle: GenerationHandle, generation: Generation, stream: trio.CancelScope
     ) -> None:
-        """Perform the controller's abort request (a pause): this turn's own task stops its own stream.
+        """Perform the controller's abort request (a pause): the turn stops its own stream.
 
-        The engine is asked to stop at the next token boundary and the stream is
-        read on to its ``abort`` finish; if ``ABORT_BOUND`` seconds pass without a
-        token, or ``ABORT_LIMIT`` in all, the stream is cut (tokens in flight are then lost).
+        Started in the turn's nursery when the abort is asked, not before. The engine
+        is asked to stop at the next token boundary and the stream is read on to its
+        ``abort`` finish; if ``ABORT_BOUND`` seconds pass without a token, or
+        ``ABORT_LIMIT`` in all, the stream is cut (tokens in flight are then lost).
         """
-        await handle.abort_requested.wait()
         # The bound covers the abort call too: an engine slow to answer it is waited for
         # (cutting early would lose the tokens in flight), but not forever. Each token
         # read meanwhile pushes it back (handle.add_tokens): a backlog is read, not cut.

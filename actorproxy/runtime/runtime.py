@@ -62,7 +62,7 @@ _TURN_EVENT_BUFFER = 16
 
 @attrs.define(eq=False)
 class Runtime:
-    """Handles to the live actors; every method is a message to one of them."""
+    """Handles to the live actors; every method is a message to one of them (or a call on the controller)."""
 
     config: ProxyConfig
     tokenizer: ChatTokenizer
@@ -70,7 +70,7 @@ class Runtime:
     context_window: int
     store: trio.MemorySendChannel[st.StoreMessage]
     registry: trio.MemorySendChannel[RegistryMessage]
-    controller: trio.MemorySendChannel[ctl.ControllerMessage]
+    controller: ctl.GenerationController
     #: Seconds the last pause took to be acknowledged (for the metrics).
     last_pause_seconds: float | None = attrs.field(default=None, init=False)
     #: Is the store full (new turns refused)? Read without a message.
@@ -212,7 +212,7 @@ class Runtime:
         but admits nothing new. With ``engine_pause`` the engines are paused too.
         """
         started = trio.current_time()
-        ack: PauseAck = await ask(self.controller, lambda r: ctl.Pause(mode, r))
+        ack = await self.controller.pause(mode)
         self.last_pause_seconds = trio.current_time() - started
         if self.config.preemption.engine_pause and mode == "abort":
             # Only an abort pause is forwarded: engines have no "let running requests finish"
@@ -231,8 +231,7 @@ class Runtime:
                 log.warning("resume: could not ask the engine for its weight version: %s", exc)
         else:
             await forward_to_engines(self.backend, "set_weight_version", weight_version)
-        ack: ResumeAck = await ask(self.controller, lambda r: ctl.Resume(weight_version, bump_epoch, r))
-        return ack
+        return self.controller.resume(weight_version, bump_epoch=bump_epoch)
 
     async def backend_healthy(self) -> bool:
         """False only when an engine pool knows every engine is down (no probe is sent)."""
@@ -242,8 +241,7 @@ class Runtime:
         return any(engine["healthy"] for engine in stats()["engines"])
 
     async def pause_state(self) -> PauseState:
-        state: PauseState = await ask(self.controller, lambda r: ctl.State(r))
-        return state
+        return self.controller.state()
 
     async def close_all(self, reason: str = "shutdown") -> int:
         """Finalize every live session; returns how many there were."""
@@ -293,19 +291,19 @@ async def open_runtime(
         )
         recovered = await store.recover()
         store_box = await nursery.start(store.run)
-        controller_box = await nursery.start(ctl.GenerationController(weight_version=info.weight_version).run)
+        controller = ctl.GenerationController(weight_version=info.weight_version)
         registry_box: trio.MemorySendChannel[RegistryMessage] | None = None
 
         def factory(session_id: str, counters: SessionCounters) -> SessionActor:
             assert registry_box is not None
-            services = SessionServices(config, tok, engine, store_box, registry_box, controller_box, window,
-                                       output_format, offload)
+            services = SessionServices(config, tok, engine, store_box, registry_box, controller, window,
+                                       output_format, offload, journal=store.journal)
             return SessionActor(session_id, services, counters)
 
         known = {sid: SessionCounters(step, segment) for sid, (step, segment) in recovered.items()}
         registry = reg.SessionRegistry(factory, max_sessions=config.limits.max_sessions, known=known)
         registry_box = await nursery.start(registry.run)
-        runtime = Runtime(config, tok, engine, window, store_box, registry_box, controller_box, store.gauge,
+        runtime = Runtime(config, tok, engine, window, store_box, registry_box, controller, store.gauge,
                           sessions=registry)
         try:
             yield runtime

@@ -22,12 +22,14 @@ the store first, then it tells the registry it is gone.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import trio
 
 from ..config import ProxyConfig
+from ..core.records import Step
 from ..core.session_state import Moved, Refusal, SessionState
 from ..errors import BadRequest, Conflict, ProxyError, StorageFull
 from ..tokenization.tokenizer import ChatTokenizer
@@ -35,7 +37,7 @@ from ..wire.records import StepSummary
 from . import store as store_msgs
 from . import submitted_steps
 from .actor import ActorGone, answer, answer_error, ask
-from .controller import ControllerMessage, Permit
+from .controller import GenerationController, Permit
 from .generate import GenerationSettings, TurnGeneration
 from .messages import (
     DescribeSession,
@@ -77,10 +79,12 @@ class SessionServices:
     backend: Any
     store: trio.MemorySendChannel[store_msgs.StoreMessage]
     registry: trio.MemorySendChannel[RegistryMessage]
-    controller: trio.MemorySendChannel[ControllerMessage]
+    controller: GenerationController
     context_window: int
     output_format: OutputFormat = attrs.field(factory=OutputFormat)
     offload: Offload = attrs.field(factory=Offload.inline)
+    #: Journals a completed step (``TrajectoryStore.journal``: a method call, no message per turn).
+    journal: Callable[[str, Step], None] | None = None
 
 
 class SessionActor:
@@ -107,6 +111,7 @@ class SessionActor:
         self._controller = services.controller
         self._format = services.output_format
         self._offload = services.offload
+        self._journal = services.journal
         self._generation_settings = GenerationSettings(
             partial_rollout=config.preemption.partial_rollout,
             pause_wait_timeout=config.preemption.pause_wait_timeout,
@@ -329,12 +334,11 @@ class SessionActor:
         )
         result = await turn.run()
         self.state.commit(result)
-        if result.completed:  # journaled: the step survives a crash from here
-            journal = store_msgs.Journal(self.session_id, result.prepared.step)
-            try:  # no checkpoint when the mailbox has room: the turn ends as before (idle at once)
-                self._store.send_nowait(journal)
-            except trio.WouldBlock:
-                await self._store.send(journal)
+        if result.completed:  # journaled: the step survives a crash once its batch commits (within 50 ms)
+            if self._journal is not None:
+                self._journal(self.session_id, result.prepared.step)
+            else:
+                await self._store.send(store_msgs.Journal(self.session_id, result.prepared.step))
 
     def _check_version(self, permit: Permit) -> None:
         """Without partial rollout a session's turns must all run under one weight version and epoch."""

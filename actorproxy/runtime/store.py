@@ -9,6 +9,13 @@ carries a reply (a finalize) is answered only once it is committed. A durable
 backend runs in one worker thread (a limiter of one writer), so the event loop
 never waits for the disk. Reads are ordered after the writes before them.
 
+A completed turn's step is journaled by a method call (:meth:`TrajectoryStore.journal`),
+not a message: it joins a list the next batch takes first, and only the first step
+of a batch wakes the store (one scheduler round per batch, not per turn). A batch
+takes the list when it runs, so every step journaled before a message in the batch
+is written before it (a finalize's ``Put`` removes the steps it carries from the
+journal: they must be there first).
+
 Nothing is dropped: once the data not yet read reaches ``max_tokens`` or
 ``max_bytes``, :attr:`StoreGauge.full` is set and new turns are refused
 (507 + ``Retry-After``) until a trainer drains it; every refusal is counted.
@@ -35,7 +42,7 @@ import attrs
 import outcome
 import trio
 
-from ..core.records import Segment
+from ..core.records import Segment, Step
 from ..errors import StorageFull
 from ..store.base import ReadQuery, ReadResult, Recovered, StoreBackend
 from .actor import Reply, answer, answer_error
@@ -52,6 +59,7 @@ from .store_messages import (
     Stats,
     StoreGauge,
     StoreMessage,
+    Wake,
     answer_outcome,
     capture,
     encode_body,
@@ -109,12 +117,38 @@ class TrajectoryStore:
         self._pending: list[Put | Journal] = []
         self._next_retry = 0.0
         self._failures: Counter[str] = Counter()
+        #: Steps journaled since the last batch (``journal``), and the mailbox to wake the store with.
+        self._journals: list[Journal] = []
+        self._wake: trio.MemorySendChannel[StoreMessage] | None = None
+        self._woken = False
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run backend work: in the writer thread for a durable backend, inline otherwise."""
         if not self.backend.blocking:
             return fn(*args)
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    def journal(self, session_id: str, step: Step) -> None:
+        """Journal a completed step of an open session: written with the next batch, within ``batch_delay``.
+
+        Never blocks and never waits for a scheduler round; only the first step
+        after a batch wakes the store. A backend without a journal (memory) is not told.
+        """
+        if self.closed:
+            raise trio.ClosedResourceError("the trajectory store has stopped")
+        if not self.backend.journals:
+            return
+        self._journals.append(Journal(session_id, step))
+        if not self._woken and self._wake is not None:
+            try:
+                self._wake.send_nowait(Wake())
+                self._woken = True
+            except trio.WouldBlock:
+                pass  # a full mailbox: the store is busy, and each batch takes the journal list anyway
+
+    def _take_journals(self) -> list[Journal]:
+        journals, self._journals, self._woken = self._journals, [], False
+        return journals
 
     async def recover(self) -> Recovered:
         recovered: Recovered = await self.call(self.backend.recover)
@@ -125,6 +159,7 @@ class TrajectoryStore:
         self, *, task_status: trio.TaskStatus[trio.MemorySendChannel[StoreMessage]] = trio.TASK_STATUS_IGNORED
     ) -> None:
         send, inbox = trio.open_memory_channel[StoreMessage](256)
+        self._wake = send.clone()
         task_status.started(send)
         try:
             async with inbox, trio.open_nursery() as nursery:
@@ -183,7 +218,7 @@ class TrajectoryStore:
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
         if not self.backend.blocking or self._pending or not all(
-                isinstance(m, Journal) or (isinstance(m, Put) and m.reply is None) for m in batch):
+                isinstance(m, Journal | Wake) or (isinstance(m, Put) and m.reply is None) for m in batch):
             return
         with trio.move_on_after(self._delay):
             while len(batch) < _MAX_BATCH:
@@ -199,6 +234,9 @@ class TrajectoryStore:
 
     async def _execute(self, batch: list[StoreMessage]) -> None:
         """Run the batch in order (one thread hop), commit, then answer."""
+        journals = self._take_journals()
+        if journals:  # journaled before every message here was received: written first
+            batch = [*journals, *(m for m in batch if not isinstance(m, Wake))]
         self._done, self._answers = 0, {}
         if not self._pending:
             for attempt in range(COMMIT_ATTEMPTS):
@@ -246,6 +284,8 @@ class TrajectoryStore:
                     backend.put(msg.session_id, msg.segments, msg.steps)
                 case Journal() as msg:
                     backend.journal(msg.session_id, msg.step)
+                case Wake():
+                    pass
                 case Read() as msg:
                     backend.commit()  # what came before is durable, and never applied twice
                     query = ReadQuery(msg.session_id, msg.trajectory_id, msg.drain, msg.include_steps)
@@ -322,10 +362,11 @@ class TrajectoryStore:
                       "%.0f s", self.gauge.failure, len(pending), wait)
             return False
         self._pending = []
-        self.gauge.failure, self.gauge.retry_after = "", FAILED_RETRY
+        failed, self.gauge.failure, self.gauge.retry_after = self.gauge.failure, "", FAILED_RETRY
         self._committed(pending)
-        log.warning("the trajectory store can write again: %d write(s) kept in memory were committed; new turns "
-                    "are taken again", len(pending))
+        if failed:
+            log.warning("the trajectory store can write again: %d write(s) kept in memory were committed; new "
+                        "turns are taken again", len(pending))
         return True
 
     def _stats(self) -> dict[str, Any]:
@@ -362,6 +403,7 @@ class TrajectoryStore:
         if self.closed:
             return
         self.closed = True
+        self._pending.extend(self._take_journals())  # journaled since the last batch: written now
         if self._pending and not await self._retry_pending():
             counts = self._stats()
             log.critical("the trajectory store closes with its disk still failing: %d step(s) and %d segment(s) "

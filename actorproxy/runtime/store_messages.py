@@ -54,6 +54,11 @@ class Journal:
 
 
 @attrs.frozen
+class Wake:
+    """Steps were journaled (:meth:`TrajectoryStore.journal`): a batch should take them (no reply)."""
+
+
+@attrs.frozen
 class Read:
     session_id: str | None
     trajectory_id: str | None
@@ -83,7 +88,7 @@ class Close:
 
 
 #: Everything the trajectory store's mailbox carries.
-StoreMessage = Put | Journal | Read | Knows | Stats | Close
+StoreMessage = Put | Journal | Wake | Read | Knows | Stats | Close
 
 
 @attrs.define
@@ -155,7 +160,7 @@ def refuse_queued(inbox: trio.MemoryReceiveChannel[StoreMessage]) -> None:
             msg = inbox.receive_nowait()
         except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
             return
-        reply = None if isinstance(msg, Journal) else msg.reply
+        reply = None if isinstance(msg, Journal | Wake) else msg.reply
         if reply is not None:
             answer_error(reply, ActorGone("the trajectory store has stopped"))
 
@@ -164,7 +169,7 @@ def keep(result: T) -> T:
     return result
 
 
-WRITES = (Put, Journal)
+WRITES = (Put, Journal, Wake)
 
 
 def answer_outcome(reply: Reply, result: outcome.Outcome[Any]) -> None:

@@ -68,6 +68,8 @@ class StoreBackend(Protocol):
 
     #: Run in a worker thread (it does I/O), else inline on the event loop.
     blocking: bool
+    #: Keeps a journal (a crash can be recovered from): ``journal`` does something.
+    journals: bool
     name: str
 
     def put(self, session_id: str, segments: tuple[Segment, ...], steps: tuple[Step, ...]) -> None: ...

@@ -33,6 +33,7 @@ class MemoryStore:
     """Finalized segments and retired steps in dicts; the journal is not kept (nothing survives a crash)."""
 
     blocking = False
+    journals = False  # nothing survives the process anyway
     name = "memory"
 
     def __init__(self) -> None:

@@ -70,6 +70,7 @@ class SQLiteStore:
     """Segments and steps in ``<data_dir>/trajectories.sqlite3``; only counters are kept in memory."""
 
     blocking = True
+    journals = True
     name = "sqlite"
 
     def __init__(self, data_dir: str, *, synchronous: str = "FULL") -> None:
