@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .chat_render import CompiledTemplate, compile_template
 from .gguf import end_of_turn_id, eog_ids, is_gguf, load_gguf_hf
 from .message_fields import MessageCut, cut_message, template_message_fields
 from .qwen3 import qwen3_tokenizer_file
@@ -42,6 +43,7 @@ class ChatTokenizer:
         chat_template: str | None = None,
         eot_token_id: int | None = None,
         stop_token_ids: Sequence[int] = (),
+        trusted_template: bool = False,
     ) -> None:
         self.hf = hf
         self.name = name
@@ -81,6 +83,13 @@ class ChatTokenizer:
         # that costs about as much again for a short fragment (45 vs 30 us), with the same ids.
         backend = getattr(hf, "backend_tokenizer", None)
         self._rust: Any = None if getattr(hf, "split_special_tokens", False) else backend
+        # encode_batch_fast (tokenizers >= 0.21) skips the character offsets we never read: same ids, ~20% less.
+        self._encode_batch: Any = None if self._rust is None else getattr(
+            self._rust, "encode_batch_fast", self._rust.encode_batch)
+        self._token_texts: dict[int, str] = {}
+        # Rendering calls the compiled template directly when it renders exactly what transformers does.
+        self._compiled: CompiledTemplate | None = compile_template(
+            hf.chat_template, hf.special_tokens_map, self._apply_template, trusted=trusted_template)
         self._adopt_template_turn_end(keep_eot=explicit_eot)
 
     def _adopt_template_turn_end(self, *, keep_eot: bool) -> None:
@@ -108,10 +117,10 @@ class ChatTokenizer:
 
     def encode(self, text: str) -> array[int]:
         """Token ids of ``text``; special tokens written in the text are recognised, no BOS."""
-        if self._rust is not None:
+        if self._encode_batch is not None:
             # encode_batch, not encode: only the batch call releases the GIL while Rust works, so a
             # long prompt tokenized in a worker thread does not freeze the event loop (same ids, same cost).
-            return array("i", self._rust.encode_batch([text], add_special_tokens=False)[0].ids)
+            return array("i", self._encode_batch([text], add_special_tokens=False)[0].ids)
         return array("i", self.hf.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -119,7 +128,10 @@ class ChatTokenizer:
         return str(self.hf.decode(list(ids), skip_special_tokens=False))
 
     def token_text(self, token_id: int) -> str:
-        return self.decode([token_id])
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.decode([token_id])
+        return text
 
     # -- chat template ------------------------------------------------------
 
@@ -145,14 +157,25 @@ class ChatTokenizer:
         kwargs: dict[str, Any] = dict(template_kwargs)
         if enable_thinking is not None:
             kwargs["enable_thinking"] = enable_thinking
-        template = str(self.hf.chat_template)
-        convert = with_object_arguments if wants_object_arguments(template) else dict
+        template = self.hf.chat_template
+        convert = with_object_arguments if wants_object_arguments(str(template)) else dict
+        chat = [convert(m) for m in messages]
+        tool_list = [dict(t) for t in tools] if tools else None
+        compiled = self._compiled
+        if compiled is not None and compiled.source == template:
+            return compiled.render(chat, tool_list, add_generation_prompt, kwargs)
+        return self._apply_template(chat, tool_list, add_generation_prompt, kwargs)
+
+    def _apply_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        kwargs: dict[str, Any],
+    ) -> str:
+        """The chat template through transformers (the reference for :mod:`.chat_render`)."""
         text = self.hf.apply_chat_template(
-            [convert(m) for m in messages],
-            tools=[dict(t) for t in tools] if tools else None,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=False,
-            **kwargs,
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
         )
         return str(text)
 
@@ -182,7 +205,7 @@ def load_tokenizer(path: str | None = None, cache_dir: str | None = None) -> Cha
             pad_token="<|endoftext|>",
         )
         template = (_TEMPLATES / "qwen3.jinja").read_text(encoding="utf-8")
-        return ChatTokenizer(hf, name=BUILTIN_NAME, chat_template=template)
+        return ChatTokenizer(hf, name=BUILTIN_NAME, chat_template=template, trusted_template=True)
     if is_gguf(path):
         return load_gguf_chat_tokenizer(path)
     hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
