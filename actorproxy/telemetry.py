@@ -38,11 +38,11 @@ class RequestInfo:
 CURRENT: contextvars.ContextVar[RequestInfo | None] = contextvars.ContextVar("actorproxy_request", default=None)
 
 
-def note_first_token() -> None:
-    """The turn machinery saw its first sampled piece (for time-to-first-token)."""
+def note_first_token(at: float | None = None) -> None:
+    """The turn machinery saw its first sampled piece (for time-to-first-token), now or ``at`` (``perf_counter``)."""
     info = CURRENT.get()
     if info is not None and info.first_token_at is None:
-        info.first_token_at = time.perf_counter()
+        info.first_token_at = time.perf_counter() if at is None else at
 
 
 def note_turn(*, session: str | None, prompt_tokens: int, sampled_tokens: int) -> None:

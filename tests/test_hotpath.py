@@ -9,6 +9,7 @@ not every turn.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import trio
@@ -20,7 +21,7 @@ from actorproxy.core.messages import AssistantOutput, output_as_message
 from actorproxy.core.requests import ChatRequest, Identity
 from actorproxy.core.session_state import Prepared, SessionState, TurnResult
 from actorproxy.core.template_probe import probe_template
-from actorproxy.runtime.messages import TurnDelta, TurnDone
+from actorproxy.runtime.messages import TurnAccepted, TurnDelta, TurnDone
 from actorproxy.runtime.offload import Offload
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.runtime.turn_cost import INLINE_CHARS, small_turn
@@ -100,27 +101,27 @@ async def test_a_short_turn_is_prepared_on_the_loop_a_long_one_in_a_thread(token
         assert [on_loop for text, on_loop in seen] == [False], seen
 
 
-async def test_a_non_streaming_turn_wakes_its_agent_for_the_first_delta_and_the_result(
+async def test_a_non_streaming_turn_wakes_its_agent_for_its_start_and_its_result(
     tokenizer: ChatTokenizer, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """The deltas after the first come merged with the result; an agent gone meanwhile is still noticed."""
+    """The deltas come merged with the result, the first one's time with it; an agent gone meanwhile is noticed."""
     engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.01))
     engine.script("one two three four five six", routing_key="s")
     engine.script("Hello world again", routing_key="s")
     async with open_runtime(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+        before = time.perf_counter()
         events = [e async for e in await runtime.start_turn(ChatRequest(messages=[{"role": "user", "content": "hi"}]),
                                                               Identity("s"))]
         kinds = [type(e).__name__ for e in events]
-        assert kinds == ["TurnAccepted", "TurnDelta", "TurnDelta", "TurnDone"], kinds
+        assert kinds == ["TurnAccepted", "TurnDelta", "TurnDone"], kinds
         done = events[-1]
         assert isinstance(done, TurnDone)
         assert "".join(e.delta.content for e in events if isinstance(e, TurnDelta)) == done.output.content
+        assert done.first_token_at is not None and before < done.first_token_at < time.perf_counter()
         messages = [{"role": "user", "content": "hi"}, output_as_message(done.output),
                     {"role": "user", "content": "more"}]
         async with await runtime.start_turn(ChatRequest(messages=messages), Identity("s")) as stream:
-            async for event in stream:
-                if isinstance(event, TurnDelta):
-                    break  # the agent leaves after the first piece of its reply
+            assert isinstance(await stream.receive(), TurnAccepted)  # the agent leaves while the reply is sampled
         await runtime.finalize("s")
         payload = CONVERTER.unstructure(await runtime.read(session_id="s", include_steps=True))
     steps = payload["steps"]

@@ -1,12 +1,15 @@
 """The turn's end of the agent's event channel: how its deltas reach the agent.
 
 A streaming agent gets each delta as it comes. A non-streaming one reads only the
-result, so after the first delta (its time to first token) the deltas are merged
-and handed over with the result: the agent's task is not woken once per token.
-Either way the deltas concatenate to the same text.
+result, so its deltas are merged and handed over with the result, and the time its
+first piece was sampled travels on ``TurnDone`` (time to first token): the agent's
+task is woken for the turn's start and its end, not per token. Either way the
+deltas concatenate to the same text.
 """
 
 from __future__ import annotations
+
+import time
 
 import trio
 
@@ -20,9 +23,11 @@ class AgentChannel:
     def __init__(self, events: trio.MemorySendChannel[TurnEvent], *, streaming: bool) -> None:
         self.events = events
         self.streaming = streaming
-        self.shown = False  # a visible delta reached the agent
-        #: Non-streaming: the deltas after the first, merged, handed over with the result.
+        self.shown = False  # a visible delta reached the agent (or, not streaming, was produced for it)
+        #: Non-streaming: the deltas, merged, handed over with the result.
         self.held: OutputDelta | None = None
+        #: Non-streaming: when the first delta was produced (``time.perf_counter``).
+        self.first_at: float | None = None
 
     async def hand_over(self, event: TurnEvent) -> None:
         """``send_nowait`` queues without a scheduler round; only a full channel (a slow reader) is waited for."""
@@ -33,11 +38,13 @@ class AgentChannel:
 
     async def deliver(self, delta: OutputDelta) -> None:
         """Hand a delta over (or hold it, see the module); whether the agent is still there is read meanwhile."""
-        if self.streaming or not self.shown:
+        if self.streaming:
             await self.hand_over(TurnDelta(delta))
         elif not self.events.statistics().open_receive_channels:
             raise trio.BrokenResourceError("the agent closed its channel")
         else:
+            if self.first_at is None:
+                self.first_at = time.perf_counter()
             self.held = merged(self.held, delta)
         self.shown = True
 

@@ -1,7 +1,7 @@
 """The GenerationController: running or paused, the weight version, the epoch,
 and every generation in flight.
 
-Sessions ask it for permission before they generate (:meth:`begin`): while
+Sessions ask it for permission before they generate (:meth:`request`): while
 running the answer comes at once, while paused at resume. Each permitted
 generation is registered as a :class:`GenerationHandle`, which the controller
 can ask to abort. A pause in ``abort`` mode asks every registered generation
@@ -101,6 +101,10 @@ class Permit:
     weight_version: str
 
 
+#: Where a turn asking while paused gets its :class:`Permit` (one value, sent at resume).
+Waiting = trio.MemoryReceiveChannel[outcome.Outcome[Any]]
+
+
 @attrs.define(eq=False)
 class _PendingPause:
     reply: Reply
@@ -126,27 +130,17 @@ class GenerationController:
 
     # -- the turns -------------------------------------------------------------------
 
-    def try_begin(self, handle: GenerationHandle) -> Permit | None:
-        """Admit ``handle`` now if generation is not paused (``None``: paused, call :meth:`begin`)."""
-        if self.paused:
-            return None
-        return self._admit(handle)
+    def request(self, handle: GenerationHandle) -> Permit | Waiting:
+        """Ask permission to generate: the :class:`Permit` at once while running, else where it will come (at resume).
 
-    async def begin(self, handle: GenerationHandle) -> Permit:
-        """Permission to generate: at once while running, at resume while paused.
-
-        Cancelled while waiting, the caller must :meth:`withdraw` (it may have been
-        admitted just as it gave up).
+        A turn that stops waiting (it gave up, was cancelled, or no longer needs
+        to generate) must :meth:`withdraw`: it may have been admitted just then.
         """
-        permit = self.try_begin(handle)
-        if permit is not None:
-            return permit
+        if not self.paused:
+            return self._admit(handle)
         reply, answered = trio.open_memory_channel[outcome.Outcome[Any]](1)
         self._waiting[handle.id] = (handle, reply)
-        with answered:
-            result = await answered.receive()
-        granted: Permit = result.unwrap()
-        return granted
+        return answered
 
     def withdraw(self, handle: GenerationHandle) -> None:
         """A turn stopped waiting for permission (its bound ran out or it was cancelled)."""

@@ -47,7 +47,7 @@ from ..engines.base import (
 from ..errors import Conflict, EngineError, Overloaded, ProxyError
 from ..tokenization.tokenizer import ChatTokenizer
 from .agent_channel import AgentChannel
-from .controller import ABORT_BOUND, ABORT_LIMIT, GenerationController, GenerationHandle, Permit
+from .controller import ABORT_BOUND, ABORT_LIMIT, GenerationController, GenerationHandle, Permit, Waiting
 from .messages import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed, TurnIds
 from .output import OutputFormat, parse_remotely, tool_call_id
 from .turn_end import GONE, TurnFailure, engine_error, gone, tell
@@ -180,6 +180,7 @@ class TurnGeneration:
                 output_logprobs=array("f", step.output_logprobs),
                 output_versions=array("i", step.output_versions),
             ),
+            first_token_at=self._agent.first_at,
         )
         try:
             tail = self._agent.held_then(tail)
@@ -197,9 +198,10 @@ class TurnGeneration:
         step = self.step
         prompt = self._input_ids
         first = True
+        handle = GenerationHandle(step.session_id)
+        asked = self._controller.request(handle)
         while True:
-            handle = GenerationHandle(step.session_id)
-            permit = await self._permission(handle)
+            permit = await self._permission(handle, asked)
             if first:
                 first = False
                 try:
@@ -229,17 +231,37 @@ class TurnGeneration:
                 self.finish = finish
                 return finish
             step.preemptions += 1
-            if not await self._agent_still_there():
-                self.client_gone = True
-                self.finish = finish
-                return finish
+            # Asked again before anything else runs: once the pause is answered, this turn is among the waiting.
+            handle = GenerationHandle(step.session_id)
+            asked = self._controller.request(handle)
+            try:
+                ended = await self._after_preemption(finish, start)
+            except BaseException:
+                self._withdraw(handle, asked)
+                raise
+            if ended is not None:
+                self._withdraw(handle, asked)
+                self.finish = ended
+                return ended
             if self._settings.partial_rollout:
-                if len(step.output_ids) >= self._sampling.max_new_tokens:
-                    self.finish = GenerateFinish("length", weight_version=finish.weight_version)
-                    return self.finish
                 prompt = self._input_ids + step.output_ids
-                continue
-            await self._discard(start)
+
+    async def _after_preemption(self, finish: GenerateFinish, start: int) -> GenerateFinish | None:
+        """After a pause aborted the attempt: how the turn ends here, or ``None`` if it generates again."""
+        if not await self._agent_still_there():
+            self.client_gone = True
+            return finish
+        if self._settings.partial_rollout:
+            if len(self.step.output_ids) >= self._sampling.max_new_tokens:
+                return GenerateFinish("length", weight_version=finish.weight_version)
+            return None
+        await self._discard(start)
+        return None
+
+    def _withdraw(self, handle: GenerationHandle, asked: Permit | Waiting) -> None:
+        if not isinstance(asked, Permit):
+            asked.close()
+        self._controller.withdraw(handle)
 
     async def _agent_still_there(self) -> bool:
         """Probe the agent's channel with an empty delta (the ingress sends nothing for it)."""
@@ -251,14 +273,14 @@ class TurnGeneration:
 
     # -- permission -------------------------------------------------------------
 
-    async def _permission(self, handle: GenerationHandle) -> Permit:
-        """Permission to generate: a method call while running (no scheduler round); waited for while paused."""
-        permit = self._controller.try_begin(handle)
-        if permit is not None:
-            return permit
+    async def _permission(self, handle: GenerationHandle, asked: Permit | Waiting) -> Permit:
+        """Permission to generate: granted by a method call while running (no scheduler round), else waited for."""
+        if isinstance(asked, Permit):
+            return asked
+        permit: Permit | None = None
         try:
-            with trio.move_on_after(self._settings.pause_wait_timeout):
-                permit = await self._controller.begin(handle)
+            with asked, trio.move_on_after(self._settings.pause_wait_timeout):
+                permit = (await asked.receive()).unwrap()
         finally:
             if permit is None:  # gave up or cancelled; it may have been admitted just then
                 self._controller.withdraw(handle)

@@ -54,6 +54,8 @@ class TurnDone:
     session_id: str | None = None
     #: The turn's exact ids (the white-box /generate returns them).
     ids: TurnIds | None = None
+    #: When the first piece of a non-streamed reply was sampled (``time.perf_counter``), for time to first token.
+    first_token_at: float | None = None
 
 
 @attrs.frozen

@@ -29,10 +29,14 @@ class TurnStream:
         return self._first if self._first is not None else TurnMoved()
 
     async def receive(self) -> TurnEvent:
+        """The next event; one already queued is taken without a scheduler round (the tail and ``TurnDone``)."""
         if self._first is not None:
             event, self._first = self._first, None
             return event
-        return _noted(await self._channel.receive())
+        try:
+            return _noted(self._channel.receive_nowait())
+        except trio.WouldBlock:
+            return _noted(await self._channel.receive())
 
     def receive_nowait(self) -> TurnEvent:
         """The next event if one is ready; :class:`trio.WouldBlock` if none is (a streamed reply joins them)."""
@@ -74,6 +78,8 @@ def _noted(event: TurnEvent) -> TurnEvent:
         case TurnDelta():
             note_first_token()
         case TurnDone():
+            if event.first_token_at is not None:
+                note_first_token(event.first_token_at)
             note_turn(session=event.session_id, prompt_tokens=event.prompt_tokens,
                       sampled_tokens=event.completion_tokens)
     return event
