@@ -119,8 +119,11 @@ class Runtime:
             mailbox = self.sessions.live_mailbox(session_id) if self.sessions is not None and not attempt else None
             if mailbox is None:
                 mailbox = await ask(self.registry, lambda r: Lookup(session_id, True, r))  # noqa: B023
-            try:
-                await mailbox.send(RunTurn(request, identity, send))
+            try:  # queued without a scheduler round when the mailbox has room (the receive below waits anyway)
+                try:
+                    mailbox.send_nowait(RunTurn(request, identity, send))
+                except trio.WouldBlock:
+                    await mailbox.send(RunTurn(request, identity, send))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 recv.close()
                 continue  # the session retired between lookup and send: ask again

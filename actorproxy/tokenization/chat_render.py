@@ -98,13 +98,30 @@ def _environment(*, trusted: bool) -> jinja2.Environment:
     return env
 
 
+class _Message(dict[str, Any]):
+    """A message whose keys read as attributes too (``message.role``), as Jinja reads them.
+
+    Jinja tries the attribute before the item, so on a plain dict every
+    ``message.role`` raised and caught an ``AttributeError`` first. Underscore
+    names and dict methods (``items``...) resolve exactly as on a plain dict.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        if name[:1] == "_":
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
     """A message as transformers hands it to the template: no ``None`` values, reasoning under every name."""
-    out = {key: value for key, value in message.items() if value is not None}
+    out = _Message((key, value) for key, value in message.items() if value is not None)
     for key in _REASONING_FIELDS:
         reasoning = out.get(key)
         if reasoning is not None:
-            return {"thinking": reasoning, **out, "reasoning_content": reasoning}
+            return _Message({"thinking": reasoning, **out, "reasoning_content": reasoning})
     return out
 
 
