@@ -72,6 +72,14 @@ class OutputDelta:
         return bool(self.reasoning or self.content or self.tool_calls)
 
 
+
+class _Everything:
+    """The set of all ids (harmony: every token is read on its own)."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
 class _Out:
     """What one call of feed/finish produces."""
 
@@ -136,6 +144,11 @@ class OutputParser:
         self._skip = tokenizer.special_ids
         self._stop = StopMatcher(stop) if stop else None
         self._header: str | None = ""  # harmony: the header being read (None: in a body or between messages)
+        #: Ids that may change the mode or be dropped; any other id is plain text in every mode. Harmony reads
+        #: every token on its own (its headers are text).
+        markers = (self._think_start, self._think_end, self._block_start, self._block_end)
+        self._specials: frozenset[int] | _Everything = _Everything() if self._harmony is not None else frozenset(
+            {*(m for m in markers if m is not None), *self._skip})
 
     @property
     def stop_sequence(self) -> str | None:
@@ -158,7 +171,15 @@ class OutputParser:
 
     def feed(self, token_ids: Iterable[int]) -> OutputDelta:
         out = _Out()
+        specials = self._specials
+        run: list[int] = []  # ordinary tokens in a row: detokenized and routed together (same text, fewer calls)
         for tid in token_ids:
+            if tid not in specials:
+                run.append(tid)
+                continue
+            if run:
+                self._plain(run, out)
+                run = []
             if self.stopped:
                 break  # a stop sequence ended the reply: later tokens are not shown
             if self._harmony is not None:
@@ -180,10 +201,29 @@ class OutputParser:
             elif tid in self._skip and not (self._mode == "tool" and self._keep_special and tid not in self._ends):
                 continue
             else:
-                text = self._detok.feed((tid,))
+                self._plain((tid,), out)
+        if run:
+            self._plain(run, out)
+        return out.delta()
+
+    def _plain(self, token_ids: Sequence[int], out: _Out) -> None:
+        """Tokens that are none of the markers or special ids: their text goes where the mode says.
+
+        Reasoning and plain content take the run's text at once. A tool block's parser (which
+        may end the block, and Llama 3's opening ``{`` may start one) reads it token by token.
+        """
+        if self._mode != "tool" and not self._bare_open:
+            if not self.stopped:  # a stop sequence ended the reply: later tokens are not shown
+                text = self._detok.feed(token_ids)
                 if text:
                     self._route(text, out)
-        return out.delta()
+            return
+        for tid in token_ids:
+            if self.stopped:
+                return
+            text = self._detok.feed((tid,))
+            if text:
+                self._route(text, out)
 
     def finish(self) -> OutputDelta:
         """Flush what is held back; an unclosed tool call becomes content (flagged)."""
