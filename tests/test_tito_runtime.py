@@ -147,7 +147,8 @@ async def test_client_gone_leaves_segment_untouched(rig: tuple[Runtime, Recordin
     messages += [first.message, {"role": "user", "content": "tell me more"}]
     from actorproxy.runtime.messages import ChatRequest, Identity, TurnDelta
 
-    events = await runtime.start_turn(ChatRequest(messages=messages), Identity("g"))
+    # Streaming: a non-streaming turn hands its deltas over with the result (test_hotpath.py).
+    events = await runtime.start_turn(ChatRequest(messages=messages, stream=True), Identity("g"))
     async with events:
         async for event in events:
             if isinstance(event, TurnDelta):
