@@ -168,3 +168,9 @@ async def test_a_client_that_hangs_up_mid_turn_cancels_it_and_the_engine_is_abor
     assert step["status"] == "client_disconnected" and step["in_segment"] is False
     stats = engine.stats(step["rid"])
     assert stats.aborted and stats.finish_reason == "abort" and len(stats.token_ids) < 400
+    # Counted and logged all the same (nginx's 499: the client closed the request), not dropped.
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as http:
+        metrics = (await http.get("/metrics")).text
+    [line] = [m for m in metrics.splitlines() if m.startswith("actorproxy_requests_total{")
+              and 'route="/v1/chat/completions"' in m]
+    assert 'status="499"' in line and line.endswith(" 1.0")

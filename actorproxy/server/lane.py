@@ -156,6 +156,12 @@ class _Turn:
         try:
             await self._serve()
         finally:
+            if self.gone and not self.info.finished:
+                # The client left before any answer: counted and logged all the same, as
+                # nginx's 499 (the client closed the request), not silently dropped.
+                self.info.status = self.info.status or 499
+                self.info.error_code = self.info.error_code or "client_disconnected"
+                self.lane.observer.finish(self.info)
             CURRENT.reset(token)  # the server runs the next request of the connection in this task
 
     async def _serve(self) -> None:
