@@ -30,7 +30,7 @@ from .messages import (
     SessionMessage,
     SessionRetired,
 )
-from .session import SessionActor
+from .session import SESSION_MAILBOX, SessionActor
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,12 @@ class SessionRegistry:
             return
         counters = self._retired.pop(msg.session_id, SessionCounters())
         actor = self._factory(msg.session_id, counters)
-        mailbox = await sessions.start(self._supervise, actor)
+        # The mailbox is made here and the actor started without waiting for it to run:
+        # waiting (``nursery.start``) cost the registry a scheduler round per new session,
+        # and under load new sessions queued behind each other here (a c=64 p99 of 1.2 s
+        # with a new session every ten turns, 0.3 s without new sessions).
+        mailbox, inbox = trio.open_memory_channel[SessionMessage](SESSION_MAILBOX)
+        sessions.start_soon(self._supervise, actor, inbox)
         self._live[msg.session_id] = _Live(mailbox, actor.token)
         self._spawned += 1
         answer(msg.reply, mailbox)
@@ -159,12 +164,11 @@ class SessionRegistry:
             return True
         return False
 
-    async def _supervise(
-        self, actor: SessionActor, *, task_status: trio.TaskStatus[trio.MemorySendChannel[SessionMessage]]
-    ) -> None:
+    async def _supervise(self, actor: SessionActor, inbox: trio.MemoryReceiveChannel[SessionMessage]) -> None:
         """Run a session actor; whatever escapes it ends that session alone, never the registry."""
         try:
-            await actor.run(task_status=task_status)
+            async with inbox:  # closed however the actor ends, so that no sender waits on it
+                await actor.run(inbox)
         except Exception:
             log.exception("session %s crashed; it is dropped (the other sessions keep running)", actor.session_id)
             counters = SessionCounters(actor.state.next_step, actor.state.next_segment)

@@ -63,6 +63,9 @@ from .turn_end import tell
 
 log = logging.getLogger(__name__)
 
+#: Messages a session's mailbox holds before a sender waits (a turn at a time is the norm).
+SESSION_MAILBOX = 8
+
 
 class SessionFailed(BadRequest):
     """The session could not handle a request; it was closed and its recorded data kept."""
@@ -125,10 +128,15 @@ class SessionActor:
     # -- the actor loop ------------------------------------------------------
 
     async def run(
-        self, *, task_status: trio.TaskStatus[trio.MemorySendChannel[SessionMessage]] = trio.TASK_STATUS_IGNORED
+        self,
+        inbox: trio.MemoryReceiveChannel[SessionMessage] | None = None,
+        *,
+        task_status: trio.TaskStatus[trio.MemorySendChannel[SessionMessage]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        send, inbox = trio.open_memory_channel[SessionMessage](8)
-        task_status.started(send)
+        """Serve the session's mailbox: ``inbox`` (the registry makes it), or a new one given to ``task_status``."""
+        if inbox is None:
+            send, inbox = trio.open_memory_channel[SessionMessage](SESSION_MAILBOX)
+            task_status.started(send)
         async with inbox:
             while True:
                 msg: SessionMessage | None = None
