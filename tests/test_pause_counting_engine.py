@@ -190,6 +190,15 @@ async def counting_sglang(tokenizer: ChatTokenizer, *, abort_all: bool, streams:
         nursery.cancel_scope.cancel()
 
 
+async def counting_turn(client: httpx.AsyncClient, i: int) -> None:
+    """Session ``s{i}``'s streamed turn, read to its end."""
+    body = {"messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": 100}
+    async with client.stream("POST", "/v1/chat/completions", json=body, headers={"X-Session-Id": f"s{i}"}) as response:
+        assert response.status_code == 200
+        async for _ in response.aiter_lines():
+            pass
+
+
 @pytest.mark.parametrize("abort_all", [False, True], ids=["one-abort-each", "abort-all"])
 async def test_every_stream_in_flight_gets_the_acknowledged_abort_and_keeps_exactly_the_engines_tokens(
     tokenizer: ChatTokenizer, abort_all: bool
@@ -200,18 +209,10 @@ async def test_every_stream_in_flight_gets_the_acknowledged_abort_and_keeps_exac
         async with open_proxy(config, tokenizer=tokenizer) as proxy, \
                 httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
 
-            async def turn(i: int) -> None:
-                body = {"messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": 100}
-                async with client.stream("POST", "/v1/chat/completions", json=body,
-                                         headers={"X-Session-Id": f"s{i}"}) as response:
-                    assert response.status_code == 200
-                    async for _ in response.aiter_lines():
-                        pass
-
             with trio.fail_after(60):
                 async with trio.open_nursery() as nursery:
                     for i in range(STREAMS):
-                        nursery.start_soon(turn, i)
+                        nursery.start_soon(counting_turn, client, i)
                     await engine.all_in_flight.wait()
                     ack = (await client.post("/v1/rollout/pause", json={"mode": "abort"})).json()
                     # Acknowledged only once every generation ended by its abort and was recorded.
@@ -254,16 +255,9 @@ async def test_an_aborted_stream_still_delivering_its_backlog_is_read_to_its_fin
         async with open_proxy(config, tokenizer=tokenizer) as proxy, \
                 httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
 
-            async def turn(i: int) -> None:
-                body = {"messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": 100}
-                async with client.stream("POST", "/v1/chat/completions", json=body,
-                                         headers={"X-Session-Id": f"s{i}"}) as response:
-                    async for _ in response.aiter_lines():
-                        pass
-
             async with trio.open_nursery() as nursery:
                 for i in range(2):
-                    nursery.start_soon(turn, i)
+                    nursery.start_soon(counting_turn, client, i)
                 await engine.all_in_flight.wait()
                 start = trio.current_time()
                 ack = (await client.post("/v1/rollout/pause", json={"mode": "abort"})).json()
