@@ -167,8 +167,7 @@ class SessionRegistry:
     async def _supervise(self, actor: SessionActor, inbox: trio.MemoryReceiveChannel[SessionMessage]) -> None:
         """Run a session actor; whatever escapes it ends that session alone, never the registry."""
         try:
-            async with inbox:  # closed however the actor ends, so that no sender waits on it
-                await actor.run(inbox)
+            await actor.run(inbox)  # it closes the inbox however it ends
         except Exception:
             log.exception("session %s crashed; it is dropped (the other sessions keep running)", actor.session_id)
             counters = SessionCounters(actor.state.next_step, actor.state.next_segment)
