@@ -127,16 +127,8 @@ class SessionActor:
 
     # -- the actor loop ------------------------------------------------------
 
-    async def run(
-        self,
-        inbox: trio.MemoryReceiveChannel[SessionMessage] | None = None,
-        *,
-        task_status: trio.TaskStatus[trio.MemorySendChannel[SessionMessage]] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Serve the session's mailbox: ``inbox`` (the registry makes it), or a new one given to ``task_status``."""
-        if inbox is None:
-            send, inbox = trio.open_memory_channel[SessionMessage](SESSION_MAILBOX)
-            task_status.started(send)
+    async def run(self, inbox: trio.MemoryReceiveChannel[SessionMessage]) -> None:
+        """Serve the session's mailbox (the registry makes it); ``inbox`` is closed however this ends."""
         async with inbox:
             while True:
                 msg: SessionMessage | None = None
