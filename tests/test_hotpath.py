@@ -17,14 +17,15 @@ import trio.testing
 from _util import run_turn
 
 from actorproxy.config import ProxyConfig
+from actorproxy.core import tito
 from actorproxy.core.messages import AssistantOutput, output_as_message
 from actorproxy.core.requests import ChatRequest, Identity
-from actorproxy.core.session_state import Prepared, SessionState, TurnResult
+from actorproxy.core.session_state import Planned, Prepared, SessionState, TurnResult
 from actorproxy.core.template_probe import probe_template
 from actorproxy.runtime.messages import TurnAccepted, TurnDelta, TurnDone
 from actorproxy.runtime.offload import Offload
 from actorproxy.runtime.runtime import open_runtime
-from actorproxy.runtime.turn_cost import INLINE_CHARS, small_turn
+from actorproxy.runtime.turn_cost import INLINE_CHARS, may_be_small, small_turn
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.message_fields import MessageCut, template_message_fields
 from actorproxy.tokenization.tokenizer import ChatTokenizer
@@ -53,25 +54,63 @@ def _state(tokenizer: ChatTokenizer) -> SessionState:
     return SessionState("s", config=ProxyConfig.of(port=0), tokenizer=tokenizer, context_window=1_000_000)
 
 
+def _small(state: SessionState, request: ChatRequest) -> bool:
+    """Whether the turn would be rendered on the loop; the plan is rendered after (a plan must be)."""
+    planned = state.plan(request, Identity("s"))
+    assert isinstance(planned, Planned)
+    small = small_turn(planned)
+    assert isinstance(state.render(planned), Prepared)
+    return small
+
+
 def test_small_turns_are_told_apart_from_large_ones(tokenizer: ChatTokenizer) -> None:
     probe_template(tokenizer)
-    state = _state(tokenizer)
     long_text = "word " * 4000
     messages: list[dict[str, Any]] = [{"role": "user", "content": long_text}]
-    assert not small_turn(state, ChatRequest(messages=messages), tokenizer)  # a whole long prompt to render
+    assert not _small(_state(tokenizer), ChatRequest(messages=messages))  # a whole long prompt to render
+    state = _state(tokenizer)
     prepared = state.prepare(ChatRequest(messages=messages), Identity("s"))
     assert isinstance(prepared, Prepared)
     prepared.step.output_ids = [tokenizer.encode("ok")[0], tokenizer.eot_token_id]
     prepared.step.output = AssistantOutput(content="ok", reasoning="", tool_calls=())
     state.commit(TurnResult(prepared, completed=True))
     follow = [*messages, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and then?"}]
-    assert small_turn(state, ChatRequest(messages=follow), tokenizer)  # only the short new message
     rewritten = [{"role": "user", "content": long_text + "!"}, *follow[1:]]
-    assert not small_turn(state, ChatRequest(messages=rewritten), tokenizer)  # a rewrite renders it all
     many = follow + [{"role": "user", "content": "x"}] * 40
-    assert not small_turn(state, ChatRequest(messages=many), tokenizer)
     big_new = [*follow[:-1], {"role": "user", "content": "y" * (INLINE_CHARS + 1)}]
-    assert not small_turn(state, ChatRequest(messages=big_new), tokenizer)
+    # Each request is planned against the same segment (a turn not committed leaves it be; the rewrite goes last).
+    assert _small(state, ChatRequest(messages=follow))  # only the short new message
+    assert not may_be_small(state, ChatRequest(messages=many), tokenizer)  # not even planned on the loop
+    assert may_be_small(state, ChatRequest(messages=big_new), tokenizer)
+    assert not _small(state, ChatRequest(messages=big_new))
+    assert not _small(state, ChatRequest(messages=rewritten))  # a rewrite renders it all
+
+
+async def test_a_turn_is_cut_and_planned_once(tokenizer: ChatTokenizer, monkeypatch: Any) -> None:
+    """Deciding where to prepare a turn and preparing it share one cut and one plan (not one each)."""
+    calls = {"cut": 0, "plan_turn": 0}
+    cut, plan = MessageCut.cut, tito.plan_turn
+
+    def counted_cut(self: MessageCut, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        calls["cut"] += 1
+        return cut(self, messages)
+
+    def counted_plan(*args: Any, **kwargs: Any) -> Any:
+        calls["plan_turn"] += 1
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(MessageCut, "cut", counted_cut)
+    for module in ("actorproxy.core.session_state", "actorproxy.core.prompt_plan", "actorproxy.runtime.turn_cost"):
+        monkeypatch.setattr(f"{module}.plan_turn", counted_plan, raising=False)
+    engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.0))
+    async with open_runtime(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer,
+                            offload=Offload.threads()) as runtime:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+        for turn in range(3):
+            result = await run_turn(runtime, "s", messages, max_tokens=4)
+            assert result.done is not None
+            messages += [result.message, {"role": "user", "content": f"and {turn}?"}]
+    assert calls == {"cut": 3, "plan_turn": 3}
 
 
 async def test_a_short_turn_is_prepared_on_the_loop_a_long_one_in_a_thread(tokenizer: ChatTokenizer) -> None:

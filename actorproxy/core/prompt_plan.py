@@ -1,11 +1,12 @@
 """What a turn sends the engine, and whether it fits: TITO planning, rendering and the prompt guards.
 
-:func:`plan_prompt` decides, for one turn of an open segment, whether it
-continues the segment (only the new messages rendered as a fragment) or starts
-afresh (the whole conversation rendered, or, with ``--on-history-rewrite
-recompute``, rebuilt with the segment's replies located), renders and tokenizes
-accordingly, and applies the prompt guards (``--max-prompt-tokens``, the context
-window) and the ``max_tokens`` clamp. It reads the segment and changes nothing:
+:func:`plan_prompt` takes one turn as :func:`~.tito.plan_turn` planned it:
+continuing the open segment (only the new messages rendered as a fragment) or
+starting afresh (the whole conversation rendered, or, with ``--on-history-rewrite
+recompute``, rebuilt with the segment's replies located). It renders and tokenizes
+accordingly (a fragment the template cannot render starts afresh), and applies
+the prompt guards (``--max-prompt-tokens``, the context window) and the
+``max_tokens`` clamp. It reads the segment and changes nothing:
 a refused turn leaves no trace. Recording the turn (opening segments, the step)
 is :class:`~.session_state.SessionState`'s.
 """
@@ -25,8 +26,7 @@ from ..tokenization.tokenizer import ChatTokenizer
 from .assemble import RebuiltPrefix, rebuild_prefix
 from .requests import ChatRequest
 from .spans import SpanError
-from .template_probe import probe_template
-from .tito import Continue, FragmentError, Fresh, OpenSegment, TurnPlan, plan_turn, render_fragment
+from .tito import Continue, FragmentError, Fresh, OpenSegment, TurnPlan, render_fragment
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +53,15 @@ class PromptPlan:
 def plan_prompt(
     tokenizer: ChatTokenizer,
     config: ProxyConfig,
+    plan: TurnPlan,
     *,
     window: int,
     segment: OpenSegment | None,
     request: ChatRequest,
-    tools_key: str,
     session_id: str,
 ) -> PromptPlan:
-    """Plan, render and guard one turn; raises :class:`BadRequest` or :class:`ContextOverflow` to refuse it."""
-    plan = plan_turn(segment, request.messages, tools_key, append_only=probe_template(tokenizer).append_only)
+    """Render and guard one turn planned by ``plan_turn``; raises :class:`BadRequest` or
+    :class:`ContextOverflow` to refuse it."""
     fragment_failed = False
     if isinstance(plan, Continue):
         assert segment is not None

@@ -30,7 +30,8 @@ from .messages import tools_key
 from .prompt_plan import plan_prompt
 from .records import Segment, Step, float_array, sub_agent_of
 from .requests import ChatRequest, Identity
-from .tito import Fresh, OpenSegment
+from .template_probe import probe_template
+from .tito import Fresh, OpenSegment, TurnPlan, plan_turn
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,21 @@ class Moved:
     """The turn is a sub-agent's: it belongs to the child session ``session_id``."""
 
     session_id: str
+
+
+@attrs.define(eq=False)
+class Planned:
+    """A turn cut, routed and planned, nothing rendered yet (:meth:`SessionState.plan`)."""
+
+    #: The request, its messages cut to what the template reads.
+    request: ChatRequest
+    identity: Identity
+    #: The tools' key (``messages.tools_key``).
+    key: str
+    #: ``Continue`` the open segment or start a ``Fresh`` one.
+    plan: TurnPlan
+    #: A retry of the segment's last turn: that step and its request, taken back out of the segment.
+    retried: tuple[Step, Any] | None
 
 
 @attrs.define(eq=False)
@@ -124,6 +140,15 @@ class SessionState:
 
     def prepare(self, request: ChatRequest, identity: Identity) -> Prepared | Refusal | Moved:
         """Route, plan and guard a turn. On :class:`Prepared` the step is recorded as ``running``."""
+        planned = self.plan(request, identity)
+        return self.render(planned) if isinstance(planned, Planned) else planned
+
+    def plan(self, request: ChatRequest, identity: Identity) -> Planned | Refusal | Moved:
+        """The first half of :meth:`prepare`: cut, route and plan the turn, without rendering anything.
+
+        A :class:`Planned` turn must be handed to :meth:`render` next (a retried
+        turn has been taken back out of the segment meanwhile).
+        """
         # Fields nothing reads are not rendered, matched or kept (issue 11 #6: they cost memory, not tokens).
         request = attrs.evolve(request, messages=self.message_cut.cut(request.messages))
         child = self._talks.route(request.messages)
@@ -141,21 +166,36 @@ class SessionState:
             lane.turns -= 1
         elif lane.turns:
             self._talks.continued(lane)
+        planned = Planned(request, identity, key, Fresh("session_start"), retried)
         try:
-            prepared = self._plan_and_guard(request, identity, key)
+            append_only = probe_template(self._tok).append_only
+            planned.plan = plan_turn(self.segment, request.messages, key, append_only=append_only)
         except ProxyError as exc:
-            if retried is not None and self.segment is not None:
-                step, retried_request = retried
-                self.segment.push_back(step, step.new_messages, retried_request, self._tok.turn_end_ids)
-                lane.turns += 1
-            return Refusal(exc)
-        lane.offers_tools = bool(request.tools)
-        if retried is not None:
-            old = retried[0]
+            return self._refused(planned, exc)
+        return planned
+
+    def render(self, planned: Planned) -> Prepared | Refusal:
+        """The second half of :meth:`prepare`: render, tokenize and guard the planned turn, and record its step."""
+        try:
+            prepared = self._plan_and_guard(planned)
+        except ProxyError as exc:
+            return self._refused(planned, exc)
+        lane = self._talks.active
+        lane.offers_tools = bool(planned.request.tools)
+        if planned.retried is not None:
+            old = planned.retried[0]
             old.status = "superseded"
             old.superseded_by = prepared.step.index
             prepared.step.retry_of = old.index
         return prepared
+
+    def _refused(self, planned: Planned, exc: ProxyError) -> Refusal:
+        """A planned turn is refused: a retried turn taken back goes back into the segment."""
+        if planned.retried is not None and self.segment is not None:
+            step, retried_request = planned.retried
+            self.segment.push_back(step, step.new_messages, retried_request, self._tok.turn_end_ids)
+            self._talks.active.turns += 1
+        return Refusal(exc)
 
     def commit(self, result: TurnResult) -> None:
         """Record how the turn ended: a completed turn joins the open segment."""
@@ -256,9 +296,10 @@ class SessionState:
 
     # -- recording a planned turn ----------------------------------------------------------
 
-    def _plan_and_guard(self, request: ChatRequest, identity: Identity, key: str) -> Prepared:
+    def _plan_and_guard(self, turn: Planned) -> Prepared:
+        request, identity, key = turn.request, turn.identity, turn.key
         planned = plan_prompt(
-            self._tok, self._config, window=self._window, segment=self.segment, request=request, tools_key=key,
+            self._tok, self._config, turn.plan, window=self._window, segment=self.segment, request=request,
             session_id=self.session_id,
         )
         # Guards passed: from here on the turn is recorded.

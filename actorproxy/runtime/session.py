@@ -30,7 +30,7 @@ import trio
 
 from ..config import ProxyConfig
 from ..core.records import Step
-from ..core.session_state import Moved, Refusal, SessionState
+from ..core.session_state import Moved, Planned, Prepared, Refusal, SessionState
 from ..errors import BadRequest, Conflict, ProxyError, StorageFull
 from ..tokenization.tokenizer import ChatTokenizer
 from ..wire.records import StepSummary
@@ -58,7 +58,7 @@ from .offload import Offload
 from .output import OutputFormat, recompute_logprobs
 from .replies import FinalizeResult
 from .submitted_steps import Annotation, SubmitSteps
-from .turn_cost import small_turn
+from .turn_cost import may_be_small, small_turn
 from .turn_end import tell
 
 log = logging.getLogger(__name__)
@@ -303,13 +303,22 @@ class SessionActor:
 
     # -- a turn ------------------------------------------------------------
 
+    async def _prepare(self, msg: RunTurn) -> Prepared | Refusal | Moved:
+        """Plan and render the turn; a short one on the loop (the thread hand-off would cost more: ``turn_cost``)."""
+        state, offload = self.state, self._offload
+        if offload.limiter is None:
+            return state.prepare(msg.request, msg.identity)
+        if not may_be_small(state, msg.request, self._tok):
+            return await offload.run(lambda: state.prepare(msg.request, msg.identity))
+        planned = state.plan(msg.request, msg.identity)  # cheap: the messages not seen last turn are few
+        if not isinstance(planned, Planned):
+            return planned
+        return await offload.run(lambda: state.render(planned), inline=small_turn(planned))
+
     async def _run_turn(self, msg: RunTurn) -> None:
         """Run one turn; the caller closes its event channel."""
         events = msg.events
-        # A turn adding a short message is prepared on the loop: the thread hand-off would cost more.
-        prepared = await self._offload.run(lambda: self.state.prepare(msg.request, msg.identity),
-                                           inline=self._offload.limiter is None
-                                           or small_turn(self.state, msg.request, self._tok))
+        prepared = await self._prepare(msg)
         match prepared:
             case Moved():
                 await tell(events, TurnMoved(session_id=prepared.session_id))

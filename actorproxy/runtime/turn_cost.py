@@ -7,15 +7,17 @@ is tens to hundreds of milliseconds of CPU, so it runs in a worker thread
 adds one short message, and then the hand-off to a thread and back (two
 scheduler rounds, a futex wake-up each way) costs more than the work itself.
 
-:func:`small_turn` decides, without rendering anything: the messages are cut
-(:class:`~actorproxy.tokenization.message_fields.MessageCut`: what last turn
-already had is reused), matched against the open segment exactly as the
-preparation will (:func:`~actorproxy.core.tito.plan_turn`: dict comparisons),
-and the text of what would be rendered is measured: the new messages when the
-turn continues the segment, the whole conversation and its tools when it starts
-a new one. Up to :data:`INLINE_CHARS` characters the turn is prepared inline.
-A request with many messages not seen last turn goes to the thread before any
-of this (cutting them is work too).
+The decision takes two looks, and nothing is done twice. :func:`may_be_small`
+first, without touching the messages: a request with many messages not seen last
+turn (cutting them is work too), or the first turn (the template probe renders a
+few conversations), goes to the thread whole. Otherwise the actor plans the turn on
+the loop (:meth:`~actorproxy.core.session_state.SessionState.plan`: the messages
+cut, what last turn already had reused, then matched against the open segment by
+identity or dict comparisons) and :func:`small_turn` measures the text the plan
+will render: the new messages when the turn continues the segment, the whole
+conversation and its tools when it starts a new one. Up to :data:`INLINE_CHARS`
+characters the plan is rendered on the loop, otherwise in the thread
+(:meth:`~actorproxy.core.session_state.SessionState.render`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core.messages import tools_key
 from ..core.requests import ChatRequest
-from ..core.session_state import SessionState
+from ..core.session_state import Planned, SessionState
 from ..core.template_probe import cached_probe
-from ..core.tito import Continue, plan_turn
+from ..core.tito import Continue
 from ..tokenization.tokenizer import ChatTokenizer
 
 #: Characters of text to render (about 1,000 tokens) up to which a turn is prepared on the event loop.
@@ -36,20 +37,21 @@ INLINE_CHARS = 4096
 INLINE_NEW_MESSAGES = 32
 
 
-def small_turn(state: SessionState, request: ChatRequest, tokenizer: ChatTokenizer) -> bool:
-    """Whether preparing ``request`` renders at most ``INLINE_CHARS`` characters (see module docstring)."""
-    cut = state.message_cut
-    if len(request.messages) - cut.known > INLINE_NEW_MESSAGES:
+def may_be_small(state: SessionState, request: ChatRequest, tokenizer: ChatTokenizer) -> bool:
+    """Whether the turn is worth planning on the loop: few messages not seen last turn, the template probed."""
+    if len(request.messages) - state.message_cut.known > INLINE_NEW_MESSAGES:
         return False
-    probe = cached_probe(tokenizer)
-    if probe is None:  # the first turn probes the template (renders a few conversations): in the thread
-        return False
-    messages = cut.cut(request.messages)  # prepare cuts again: every message is then found unchanged
-    plan = plan_turn(state.segment, messages, tools_key(request.tools), append_only=probe.append_only)
+    return cached_probe(tokenizer) is not None
+
+
+def small_turn(planned: Planned) -> bool:
+    """Whether rendering ``planned`` renders at most ``INLINE_CHARS`` characters (see module docstring)."""
+    plan = planned.plan
     if isinstance(plan, Continue):
         return _within(plan.new_messages, INLINE_CHARS)
+    request = planned.request
     budget = INLINE_CHARS - _size(request.tools or [], INLINE_CHARS)
-    return budget >= 0 and _within(messages, budget)
+    return budget >= 0 and _within(request.messages, budget)
 
 
 def _within(messages: Sequence[Mapping[str, Any]], budget: int) -> bool:
