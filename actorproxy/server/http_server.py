@@ -51,6 +51,13 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: The turn lane cancels its turn with it, instead of a task per request reading ``http.disconnect``.
 DISCONNECT_EXTENSION = "actorproxy.on_disconnect"
 
+#: Moves a connection to another process (``actorproxy.workers``): called with the client's socket and the
+#: bytes read from it and not served yet, once this process has stopped reading it.
+Handoff = Callable[[trio.socket.SocketType, bytes], Awaitable[None]]
+#: Looks at each request head before it is served: a :data:`Handoff` takes the connection away, ``None``
+#: serves the request here. It may wait for more of the request in ``connection.buffer``.
+Router = Callable[["_Connection", http1.RequestHead], Awaitable[Handoff | None]]
+
 
 class _Date:
     """The ``date`` header, formatted once per second."""
@@ -69,9 +76,10 @@ class _Date:
 class _Connection:
     """One client connection: its requests one after the other."""
 
-    def __init__(self, server: HTTPServer, stream: trio.SocketStream) -> None:
+    def __init__(self, server: HTTPServer, stream: trio.SocketStream, data: bytes = b"") -> None:
         self.server, self.stream = server, stream
-        self.buffer = bytearray()  # bytes read and not yet taken
+        self.buffer = bytearray(data)  # bytes read and not yet taken (an adopted connection's come with it)
+        self.handoff: Handoff | None = None  # set by the server's router: the connection goes elsewhere
         self.eof = False  # the client sent its last byte (or the socket failed)
         self.arrived = trio.lowlevel.ParkingLot()  # tasks waiting for bytes (or the EOF)
         self.room = trio.lowlevel.ParkingLot()  # the reader, while the buffer is full
@@ -88,6 +96,8 @@ class _Connection:
                 nursery.start_soon(self.read)
                 await self.serve()
                 nursery.cancel_scope.cancel()
+            if self.handoff is not None:  # the reader has stopped: every byte read is in the buffer
+                await self.handoff(self.stream.socket, bytes(self.buffer))
         finally:
             with trio.CancelScope(shield=True):
                 await self.stream.aclose()
@@ -99,6 +109,10 @@ class _Connection:
                 request = await self.next_request()
             if request is None:
                 return
+            if self.server.router is not None:
+                self.handoff = await self.server.router(self, request)
+                if self.handoff is not None:
+                    return
             cycle = self.cycle = _Cycle(self, request)
             try:
                 await cycle.run()  # in this task: no task to spawn and join per request
@@ -300,9 +314,11 @@ class _Cycle:
 class HTTPServer:
     """Serves ``app`` on one listening socket until told to stop."""
 
-    def __init__(self, app: ASGIApp, *, keep_alive_timeout: float = 75.0) -> None:
+    def __init__(self, app: ASGIApp, *, keep_alive_timeout: float = 75.0, router: Router | None = None) -> None:
         self.app = app
         self.keep_alive_timeout = keep_alive_timeout
+        self.router = router
+        self._nursery: trio.Nursery | None = None
 
     async def serve(
         self,
@@ -312,24 +328,40 @@ class HTTPServer:
         backlog: int = 4096,
         shutdown_trigger: Callable[[], Awaitable[None]],
         task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+        sock: trio.socket.SocketType | None = None,
     ) -> None:
         """Listen on ``host:port`` (its URL goes to ``task_status``); stop when ``shutdown_trigger`` returns.
 
+        ``sock``: a socket already bound (a shared port, a Unix socket) to listen on instead.
         Stopping drops every connection at once, idle or not: what should finish was drained before.
         """
-        sock = trio.socket.socket(trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        await sock.bind((host, port))
+        if sock is None:
+            sock = trio.socket.socket(trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            await sock.bind((host, port))
         sock.listen(backlog)
         listener = trio.SocketListener(sock)
         bound = sock.getsockname()
-        url = f"http://[{bound[0]}]:{bound[1]}" if sock.family == socket.AF_INET6 else f"http://{bound[0]}:{bound[1]}"
-        log.info("Running on %s (CTRL + C to quit)", url)
+        if sock.family == socket.AF_UNIX:
+            url = f"unix:{bound}"
+        else:
+            url = f"http://[{bound[0]}]:{bound[1]}" if sock.family == socket.AF_INET6 else f"http://{bound[0]}:{bound[1]}"
+            log.info("Running on %s (CTRL + C to quit)", url)
         async with listener, trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(trio.serve_listeners, self._connection, [listener])
             task_status.started(url)
             await shutdown_trigger()
             nursery.cancel_scope.cancel()
+
+    def adopt(self, sock: trio.socket.SocketType, data: bytes) -> None:
+        """Serve a connection accepted elsewhere (handed over by another process), ``data`` already read from it."""
+        if self._nursery is None:
+            raise RuntimeError("the server is not serving")
+        self._nursery.start_soon(self._adopted, sock, data)
+
+    async def _adopted(self, sock: trio.socket.SocketType, data: bytes) -> None:
+        await _Connection(self, trio.SocketStream(sock), data).run()
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         await _Connection(self, stream).run()
