@@ -221,6 +221,21 @@ async def _run(config: ProxyConfig, tokenizer: ChatTokenizer) -> None:
             log.info("%s", line)
 
 
+async def _run_workers(config: ProxyConfig) -> None:
+    from .workers.supervisor import serve_workers
+
+    log = logging.getLogger("actorproxy")
+    config = config.evolve(store_kind="sqlite")  # the only store several workers can share (preflight)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(serve_workers, config, signals)
+            log.info("actorproxy %s serving on %s with %d worker processes (docs/workers.md)", __version__, url,
+                     config.server.workers)
+            log.info("  store:     sqlite, a file per worker under %s/worker-<i> (durable; crash-recovered)",
+                     config.store.data_dir)
+            log.info("  metrics:   %s/metrics (one worker label each)", url)
+
+
 def _store_line(config: ProxyConfig) -> str:
     store = config.store
     kind = store.store_kind
@@ -285,7 +300,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         preflight(config)
         tokenizer = load_tokenizer_checked(config.engines.tokenizer_path)
-        trio.run(_run, config, tokenizer)
+        if config.server.workers > 1:
+            trio.run(_run_workers, config)
+        else:
+            trio.run(_run, config, tokenizer)
     except BaseException as exc:  # a start-up failure arrives wrapped in exception groups
         failure = exc if isinstance(exc, StartupError) else startup_failure(exc, config)
         if failure is None:
@@ -309,6 +327,10 @@ def preflight(config: ProxyConfig) -> None:
     if problem is not None:
         raise StartupError("--host", problem)
     check_port(config.server.host, config.server.port)
+    if config.server.workers > 1 and config.store.store_kind in ("memory", "ray"):
+        raise StartupError("--workers", f"--store {config.store.store_kind} cannot be shared by several workers: "
+                           "use --store sqlite (each worker keeps its own file, the trainer reads them all) or "
+                           "--workers 1 (docs/workers.md)")
 
 
 async def run_checks(config: ProxyConfig) -> bool:

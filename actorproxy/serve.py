@@ -147,8 +147,12 @@ async def serve_until_signal(
     *,
     tokenizer: ChatTokenizer | None = None,
     task_status: trio.TaskStatus[RunningProxy] = trio.TASK_STATUS_IGNORED,
+    serve: Callable[..., Awaitable[None]] | None = None,
 ) -> None:
-    """``actorproxy run``: serve; the first SIGTERM/SIGINT drains and exits 0, a second one exits at once."""
+    """``actorproxy run``: serve; the first SIGTERM/SIGINT drains and exits 0, a second one exits at once.
+
+    ``serve``: what serves (default :func:`serve_proxy`; a worker process of ``--workers`` passes its own).
+    """
     first = trio.Event()
 
     async def watch(signals: AsyncIterator[int]) -> None:
@@ -165,7 +169,8 @@ async def serve_until_signal(
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch, signals)
-            await serve_proxy(config, tokenizer=tokenizer, shutdown_trigger=first.wait, task_status=task_status)
+            await (serve or serve_proxy)(config, tokenizer=tokenizer, shutdown_trigger=first.wait,
+                                         task_status=task_status)
             nursery.cancel_scope.cancel()
 
 

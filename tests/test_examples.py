@@ -68,3 +68,10 @@ def test_ray_data_pool_example_feeds_one_trainer_from_two_replicas() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "from 2 replicas, 3 groups fetched" in result.stdout
     assert "replicas exited with [0, 0]" in result.stdout  # SIGTERM drains a --store ray proxy: exit 0
+
+
+def test_several_workers_example_runs() -> None:
+    result = _run(str(EXAMPLES / "several_workers.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "8 segments of 8 sessions, one each" in result.stdout and "exited with 0" in result.stdout
+    assert "pause: paused on 2 workers" in result.stdout

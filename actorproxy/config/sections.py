@@ -31,6 +31,13 @@ class ServerSettings:
         "and containers on the host; a non-loopback address needs --admin-token or --insecure)",
     )
     port: int = setting(8800, env="ACTORPROXY_PORT", help="port to listen on (0 picks a free one)")
+    workers: int = setting(
+        1,
+        positive=True,
+        metavar="N",
+        help="worker processes serving the port, each a whole proxy; a session's turns are always served by the "
+        "same worker, the trainer's routes answer for all of them (docs/workers.md; needs --store sqlite)",
+    )
     heartbeat_interval: float = setting(
         10.0,
         positive=True,

@@ -1,0 +1,73 @@
+"""``python -m actorproxy.workers.child DIR INDEX READY_FD LIFE_FD``: one worker process, started by the supervisor.
+
+The settings come pickled in ``DIR/config.pickle`` (port already chosen). When the worker
+serves, it writes ``ready <url>`` to ``READY_FD`` and closes it; a worker that cannot start
+prints one line and exits 2, as ``actorproxy run`` does. ``LIFE_FD`` is the read end of a
+pipe the supervisor never writes to: its end of file means the supervisor is gone, and the
+worker then drains and exits as on SIGTERM. (Not ``PR_SET_PDEATHSIG``: it fires when the
+*thread* that started the child exits, and Trio starts processes from its worker threads.)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import sys
+from functools import partial
+
+import trio
+
+from ..config import ProxyConfig
+from ..errors import StartupError
+from ..logs import configure_logging
+from ..serve import RunningProxy, serve_until_signal
+from ..startup import load_tokenizer_checked, startup_failure
+from ..tokenization.tokenizer import ChatTokenizer
+from .worker import serve_worker
+
+
+async def _serve(config: ProxyConfig, tokenizer: ChatTokenizer, index: int, directory: str, ready_fd: int,
+                 life_fd: int) -> None:
+    serve = partial(serve_worker, index=index, directory=directory)
+    async with trio.open_nursery() as outer:
+        outer.start_soon(_watch_supervisor, life_fd)
+        async with trio.open_nursery() as nursery:
+            running: RunningProxy = await nursery.start(partial(serve_until_signal, config, tokenizer=tokenizer,
+                                                                serve=serve))
+            os.write(ready_fd, f"ready {running.url}\n".encode())
+            os.close(ready_fd)
+        outer.cancel_scope.cancel()
+
+
+async def _watch_supervisor(life_fd: int) -> None:
+    """At the end of file of the supervisor's pipe (it exited, even by SIGKILL): drain and exit, as on SIGTERM."""
+    async with trio.lowlevel.FdStream(life_fd) as pipe:
+        while await pipe.receive_some(64):
+            pass
+    logging.getLogger("actorproxy.workers").warning("the supervisor is gone: this worker drains and exits")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: list[str]) -> int:
+    directory, index, ready_fd, life_fd = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
+    with open(os.path.join(directory, "config.pickle"), "rb") as file:
+        config: ProxyConfig = pickle.load(file)
+    configure_logging(config.server.log_level, config.server.log_format)
+    logging.getLogger("actorproxy").info("worker %d of %d starting (pid %d)", index, config.server.workers,
+                                         os.getpid())
+    try:
+        tokenizer = load_tokenizer_checked(config.engines.tokenizer_path)
+        trio.run(_serve, config, tokenizer, index, directory, ready_fd, life_fd)
+    except BaseException as exc:  # a start-up failure arrives wrapped in exception groups
+        failure = exc if isinstance(exc, StartupError) else startup_failure(exc, config)
+        if failure is None:
+            raise
+        print(f"actorproxy: worker {index}: {failure}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,217 @@
+"""The control plane across workers: what the trainer and the operator ask is answered for ALL workers.
+
+Whichever worker receives ``/v1/rollout/pause|resume|pause_state``, ``/trajectory/read`` (of no
+particular session), ``/trajectory/stats``, ``/sessions``, ``/metrics``, ``/health``, ``/ready`` or
+``/ui/api/overview`` sends the same request (method, path, query, headers, body) to every worker's
+private HTTP socket (a Unix socket serving that worker's own app, its own answer included), waits
+for all of them and merges the answers (:mod:`.merge`). A pause is acknowledged only once every
+worker has acknowledged it. Nothing is silently partial: if a worker cannot be reached the answer is
+``503 worker_unavailable`` (``Retry-After: 1``) naming it, and if a worker answers an error that
+error is the answer. Pause and resume are idempotent, so the trainer retries them as they are.
+
+The Claw-R1 gateway routes (``/init_trajectory``, ``/generate``, ``/trajectory/fetch_batch``, ...)
+group trajectories by prompt across sessions and keep their hand-off queue in one process: with
+more than one worker they answer ``501 not_configured`` (run them with ``--workers 1``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import trio
+
+from ..server.drain import ASGIApp, Message, Receive, Send
+from ..wire import jsonio
+from .merge import merge_json, merge_metrics
+from .routing import FANOUT_PATHS, body_session, is_gateway
+
+log = logging.getLogger("actorproxy.workers")
+
+#: Request headers not forwarded (this hop's own framing).
+_HOP = frozenset({b"connection", b"content-length", b"transfer-encoding", b"expect", b"keep-alive", b"host"})
+#: How long a worker may take to answer a fanned-out request (a pause waits for every generation to end).
+ASK_TIMEOUT = 900.0
+
+
+def control_path(directory: str, index: int) -> str:
+    return os.path.join(directory, f"w{index}.http")
+
+
+class WorkerUnavailable(Exception):
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"worker {index} did not answer ({reason}); nothing was merged: retry")
+        self.index = index
+
+
+class Answer:
+    """One worker's HTTP answer."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    def header(self, name: bytes) -> bytes | None:
+        return next((value for key, value in self.headers if key == name), None)
+
+
+async def ask(directory: str, index: int, method: str, target: bytes, headers: list[tuple[bytes, bytes]],
+              body: bytes) -> Answer:
+    """One HTTP/1.1 request to worker ``index``'s private socket (``connection: close``), its whole answer."""
+    lines = [f"{method} ".encode() + target + b" HTTP/1.1", b"host: worker", b"connection: close",
+             b"content-length: " + str(len(body)).encode()]
+    lines += [name + b": " + value for name, value in headers if name not in _HOP]
+    try:
+        with trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock, trio.fail_after(ASK_TIMEOUT):
+            await sock.connect(control_path(directory, index))
+            stream = trio.SocketStream(sock)
+            await stream.send_all(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+            received = bytearray()
+            while data := await stream.receive_some(1 << 16):
+                received += data
+    except (OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
+        raise WorkerUnavailable(index, str(exc) or type(exc).__name__) from exc
+    return _parse_answer(index, bytes(received))
+
+
+def _parse_answer(index: int, raw: bytes) -> Answer:
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if not sep or len(parts) < 2 or not parts[1].isdigit():
+        raise WorkerUnavailable(index, "no complete answer")
+    headers = []
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        headers.append((name.strip().lower(), value.strip()))
+    answer = Answer(int(parts[1]), headers, body)
+    if (answer.header(b"transfer-encoding") or b"").lower() == b"chunked":
+        answer.body = _dechunk(index, body)
+    return answer
+
+
+def _dechunk(index: int, data: bytes) -> bytes:
+    out, at = bytearray(), 0
+    while True:
+        end = data.find(b"\r\n", at)
+        if end < 0:
+            raise WorkerUnavailable(index, "a chunked answer cut short")
+        size = int(data[at:end].split(b";")[0], 16)
+        if size == 0:
+            return bytes(out)
+        out += data[end + 2:end + 2 + size]
+        at = end + 2 + size + 2
+
+
+class FanOut:
+    """ASGI middleware of a worker's public app: control routes answered for every worker (see the module doc)."""
+
+    def __init__(self, app: ASGIApp, workers: int, directory: str) -> None:
+        self.app, self.workers, self.directory = app, workers, directory
+
+    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if is_gateway(path):
+            await _reply(send, 501, _error(
+                "the Claw-R1 gateway routes need --workers 1: their prompt groups span sessions, which "
+                "several workers serve (docs/workers.md)", "not_configured", "invalid_request_error"))
+            return
+        if path not in FANOUT_PATHS:
+            await self.app(scope, receive, send)
+            return
+        body = await _read_body(receive)
+        if path == "/trajectory/read" and body_session(body) is not None:  # one session: its owner routed it here
+            await self.app(scope, _replay(body, receive), send)
+            return
+        target = scope["raw_path"] + (b"?" + scope["query_string"] if scope["query_string"] else b"")
+        results = await self.ask_all(scope["method"], target, list(scope["headers"]), body)
+        answers = [r for r in results if isinstance(r, Answer) and 200 <= r.status < 300]
+        missing = [i for i, r in enumerate(results) if not (isinstance(r, Answer) and 200 <= r.status < 300)]
+        if missing and not (answers and path == "/trajectory/read" and _drains(body)):
+            failed = results[missing[0]]
+            if isinstance(failed, WorkerUnavailable):
+                await _reply(send, 503, _error(str(failed), "worker_unavailable", "server_error"), retry_after=True)
+            else:  # the same refusal every worker gives (auth, a bad body), or one worker's error
+                await _reply(send, failed.status, failed.body, content_type=failed.header(b"content-type"))
+            return
+        if path == "/metrics":
+            text = merge_metrics([a.body.decode() for a in answers])
+            await _reply(send, 200, text.encode(), content_type=answers[0].header(b"content-type"))
+            return
+        merged = merge_json([jsonio.loads(a.body, check=False) for a in answers])
+        if isinstance(merged, dict) and path != "/trajectory/read":
+            merged["workers"] = self.workers
+        if missing:
+            # A drain has deleted what the other workers answered: their data goes out now; the missing
+            # workers' data is still in their stores, for the next read.
+            merged["missing_workers"] = missing
+            log.warning("a draining read could not reach worker(s) %s: their data waits for the next read", missing)
+        await _reply(send, 200, jsonio.dumps(merged))
+
+    async def ask_all(self, method: str, target: bytes, headers: list[tuple[bytes, bytes]],
+                      body: bytes) -> list[Answer | WorkerUnavailable]:
+        """Every worker's answer (or why there is none), in worker order; all asked at once."""
+        results: list[Answer | WorkerUnavailable] = [WorkerUnavailable(i, "not asked") for i in range(self.workers)]
+
+        async def one(index: int) -> None:
+            try:
+                results[index] = await ask(self.directory, index, method, target, headers, body)
+            except WorkerUnavailable as exc:
+                results[index] = exc
+
+        async with trio.open_nursery() as nursery:
+            for index in range(self.workers):
+                nursery.start_soon(one, index)
+        return results
+
+
+def _drains(body: bytes) -> bool:
+    try:
+        parsed = jsonio.loads(body) if body.strip() else {}
+    except Exception:  # the workers answer the 400
+        return False
+    return isinstance(parsed, dict) and parsed.get("drain") is True
+
+
+async def _read_body(receive: Receive) -> bytes:
+    pieces = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        pieces.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(pieces)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+def _error(message: str, code: str, kind: str) -> bytes:
+    return jsonio.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+
+async def _reply(send: Send, status: int, body: bytes, *, content_type: bytes | None = None,
+                 retry_after: bool = False) -> None:
+    headers = [(b"content-type", content_type or b"application/json")]
+    if retry_after:
+        headers.append((b"retry-after", b"1"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

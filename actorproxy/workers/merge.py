@@ -1,0 +1,88 @@
+"""Merging the answers of every worker into one: JSON by a few rules, Prometheus text by a ``worker`` label.
+
+JSON (``/trajectory/read``, ``/trajectory/stats``, ``/health``, ``/v1/rollout/*``, ``/sessions``,
+``/ui/api/overview``): objects are merged key by key, lists are concatenated (worker 0's
+items first), counts are summed (of the pause and resume counts, the largest). What every
+worker must agree on (a setting, the epoch, the weight version) is kept when they agree and
+becomes the list of the workers' values when they do not: a disagreement shows, it is never
+averaged away. ``status`` is ``degraded`` when any worker is.
+
+Metrics: each worker's samples get a ``worker="<i>"`` label (aggregate with ``sum by``);
+each metric's ``# HELP`` and ``# TYPE`` lines appear once, before all of its samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Numbers every worker has the same of: kept when equal, listed when not (never summed).
+SAME = frozenset({
+    "epoch", "max_tokens", "max_bytes", "max_sessions", "context_window", "limit",
+    "vocab_size", "port", "max_model_len",
+})
+#: Counts of fanned-out calls each worker has seen: a worker started later has seen fewer (the largest is kept).
+LARGEST = frozenset({"pauses", "resumes"})
+#: Objects whose every number is a setting (``/health``'s ``config``).
+SAME_TREES = frozenset({"config"})
+
+
+def merge_json(answers: list[Any], key: str = "", same: bool = False) -> Any:
+    """One value from each worker's (see the module doc)."""
+    first = answers[0]
+    if all(isinstance(a, dict) for a in answers):
+        keys: dict[str, None] = {}
+        for answer in answers:
+            keys.update(dict.fromkeys(answer))
+        inner_same = same or key in SAME_TREES
+        merged = {}
+        for k in keys:
+            values = [a[k] for a in answers if k in a]
+            merged[k] = merge_json(values, k, inner_same)
+        return merged
+    if all(isinstance(a, list) for a in answers):
+        return [item for answer in answers for item in answer]
+    numbers = all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in answers)
+    if numbers and key in LARGEST:
+        return max(answers)
+    if numbers and not same and key not in SAME:
+        return sum(answers)
+    if all(a == first for a in answers):
+        return first
+    if key == "status" and "degraded" in answers:
+        return "degraded"
+    if all(isinstance(a, bool) for a in answers) and key in ("full", "resumed", "failed"):
+        return any(answers)
+    return answers
+
+
+def merge_metrics(texts: list[str]) -> str:
+    """Prometheus text of every worker, each sample labelled with its worker."""
+    families: dict[str, tuple[list[str], list[str]]] = {}
+    for index, text in enumerate(texts):
+        family = ""
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            if line.startswith("#"):
+                parts = line.split(None, 3)
+                if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
+                    family = parts[2]
+                    comments, _ = families.setdefault(family, ([], []))
+                    if index == 0:
+                        comments.append(line)
+                continue
+            name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=len(line))
+            name = line[:name_end]
+            if not (family and name.startswith(family)):
+                family = name
+            label = f'worker="{index}"'
+            if line[name_end:name_end + 1] == "{":
+                closing = line[name_end + 1:name_end + 2] == "}"
+                sample = f"{name}{{{label}{'' if closing else ','}{line[name_end + 1:]}"
+            else:
+                sample = f"{name}{{{label}}}{line[name_end:]}"
+            families.setdefault(family, ([], []))[1].append(sample)
+    lines = []
+    for comments, samples in families.values():
+        lines += comments + samples
+    return "\n".join(lines) + "\n"

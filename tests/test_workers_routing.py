@@ -1,0 +1,88 @@
+"""The workers' routing rules, their merges, and a fan-out that cannot reach a worker (in one process)."""
+
+from __future__ import annotations
+
+import socket
+import zlib
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from actorproxy.server.http_server import HTTPServer
+from actorproxy.workers.fanout import FanOut, control_path
+from actorproxy.workers.merge import merge_json, merge_metrics
+from actorproxy.workers.routing import NEED_BODY, body_session, head_session, owner, owner_key
+
+
+async def _local(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"local " + scope["path"].encode()})
+
+
+def test_the_session_is_found_where_resolve_identity_finds_it() -> None:
+    turn = "/v1/chat/completions"
+    assert head_session(turn, [(b"x-session-id", b" s1 ")]) == "s1"
+    assert head_session(turn, [(b"x-claude-code-session-id", b"cc")]) == "cc"
+    assert head_session("/sess/s%2F2/v1/messages", []) == "s/2"
+    assert head_session("/traj/prompt/v1/chat/completions", []) == "traj"
+    assert head_session(turn, []) == NEED_BODY
+    assert head_session("/session/finalize", [(b"x-session-id", b"s")]) == NEED_BODY
+    assert head_session("/session/abc/sub-1", []) == "abc/sub-1"
+    assert head_session("/trajectory/stats", [(b"x-session-id", b"s")]) is None
+    assert head_session("/v1/models", [(b"x-session-id", b"s")]) is None
+    key = "ap1.c2Vzcw.0123"  # a session key names its session ("sess") in base64url
+    assert head_session(turn, [(b"authorization", f"Bearer {key}".encode())]) == "sess"
+    assert body_session(b'{"session_id": "b", "messages": []}') == "b"
+    assert body_session(b'{"trajectory_id": "t#3"}') == "t#3"
+    assert body_session(b'{"session_id": 3}') is None and body_session(b"not json") is None
+
+
+def test_a_session_its_sub_agents_and_its_segments_have_one_owner() -> None:
+    assert owner_key("s/sub-2") == owner_key("s#4") == owner_key("s/sub-1/sub-3") == "s"
+    assert owner_key("a#b") == "a#b"
+    owners = {owner(f"session-{i}", 3) for i in range(60)}
+    assert owners == {0, 1, 2}
+    assert all(owner(f"s{i}/sub-1", 4) == owner(f"s{i}", 4) == owner(f"s{i}#7", 4) for i in range(50))
+    assert owner("fixed", 7) == zlib.crc32(b"fixed") % 7  # the same in every process and run
+
+
+def test_merged_answers_sum_counts_and_show_disagreements() -> None:
+    merged = merge_json([{"status": "ok", "sessions": 2, "epoch": 1, "data": [1], "config": {"port": 5, "n": 3}},
+                         {"status": "degraded", "sessions": 3, "epoch": 2, "data": [2], "config": {"port": 5, "n": 3}}])
+    assert merged == {"status": "degraded", "sessions": 5, "epoch": [1, 2], "data": [1, 2],
+                      "config": {"port": 5, "n": 3}}
+    text = merge_metrics(["# HELP a_total A\n# TYPE a_total counter\na_total 1.0\nb{x=\"1\"} 2\n",
+                          "# HELP a_total A\n# TYPE a_total counter\na_total 3.0\nb{x=\"1\"} 4\n"])
+    assert text == ('# HELP a_total A\n# TYPE a_total counter\na_total{worker="0"} 1.0\na_total{worker="1"} 3.0\n'
+                    'b{worker="0",x="1"} 2\nb{worker="1",x="1"} 4\n')
+
+
+async def test_a_worker_that_does_not_answer_fails_the_control_route_but_a_drain_keeps_what_it_took(
+        tmp_path: Path) -> None:
+    """Worker 0 answers on its private socket, worker 1 is down (no socket): nothing is merged silently."""
+    async def worker0(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        body = b'{"data": [{"trajectory_id": "s#0"}]}' if scope["path"] == "/trajectory/read" else b'{"sessions": 1}'
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+    directory = str(tmp_path)
+    unix = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await unix.bind(control_path(directory, 0))
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(HTTPServer(worker0).serve, "", 0, sock=unix, shutdown_trigger=stop.wait))
+        public = FanOut(_local, 2, directory)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=public), base_url="http://proxy") as client:
+            stats = await client.get("/trajectory/stats")
+            assert stats.status_code == 503 and stats.headers["retry-after"] == "1"
+            assert stats.json()["error"]["code"] == "worker_unavailable" and "worker 1" in stats.text
+            assert (await client.post("/trajectory/read", json={})).status_code == 503
+            drained = await client.post("/trajectory/read", json={"drain": True})
+            assert drained.status_code == 200
+            assert drained.json() == {"data": [{"trajectory_id": "s#0"}], "missing_workers": [1]}
+            assert (await client.get("/openapi.json")).text.startswith("local")  # not a control route: served here
+        stop.set()
