@@ -14,7 +14,8 @@ with the CPU time of each turn.
 
 CPU time is the process-wide CPU clock of each watched pid (``clock_gettime`` on
 ``CPUCLOCK_SCHED(pid)``: the sum of ``utime + stime`` of ``/proc/<pid>/stat`` over all its
-threads, at nanosecond resolution instead of 10 ms ticks).
+threads, at nanosecond resolution instead of 10 ms ticks), plus that of its live child
+processes (``actorproxy run --workers N``: the supervisor and its workers).
 
 A hand-written HTTP/1.1 client on asyncio rather than httpx: the generator's own CPU per
 request must stay well below the proxy's, on the same two cores.
@@ -33,6 +34,26 @@ from typing import Any
 TEXT = re.compile(rb'"(?:content|reasoning_content)": ?"(?!")')
 TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time of process ``pid`` and of its live child processes (the workers of ``actorproxy run --workers N``)."""
+    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
+                found += [int(child) for child in f.read().split()]
+        except OSError:
+            continue
+    return found
 
 
 def cpu_seconds(pid: int) -> float:
@@ -105,7 +126,7 @@ class Http:
 
 
 def watch(pids: dict[str, int]) -> dict[str, float]:
-    return {name: cpu_seconds(pid) for name, pid in pids.items()}
+    return {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
 
 
 async def stub_connections(http: Http | None) -> int | None:
@@ -219,9 +240,9 @@ async def long_session(args: argparse.Namespace, host: str, port: int, pids: dic
     try:
         for i in range(args.long_session):
             body = json.dumps({"model": args.model, "messages": messages, "tools": [TOOL], "max_tokens": 64}).encode()
-            before = cpu_seconds(proxy)
+            before = tree_cpu_seconds(proxy)
             status, data, _ = await http.request("POST", args.path, body, {"X-Session-Id": sid})
-            cpu.append(cpu_seconds(proxy) - before)
+            cpu.append(tree_cpu_seconds(proxy) - before)
             sizes.append(len(body))
             if status != 200:
                 raise RuntimeError(f"turn {i + 1}: HTTP {status}: {data[:300]!r}")
