@@ -153,3 +153,48 @@ async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(autojum
             assert await stream.receive_some(100) == b""  # closed by the server
             assert trio.current_time() - start == pytest.approx(5)
         stop.set()
+
+
+class Firehose:
+    """Streams ``pieces`` chunks of 64 KiB as fast as the server takes them; counts what it handed over."""
+
+    def __init__(self, pieces: int) -> None:
+        self.pieces = pieces
+        self.sent = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        for _ in range(self.pieces):
+            await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
+            self.sent += 1
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def test_a_client_that_does_not_read_holds_the_sender_back_and_gets_every_byte_once_it_reads() -> None:
+    """Backpressure: a slow reader blocks the app's send (the kernel's buffers hold the rest, not the proxy)."""
+    app = Firehose(pieces=1024)  # 64 MiB
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(lambda task_status: HTTPServer(app, keep_alive_timeout=5).serve(
+            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
+        stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        async with stream:
+            await stream.send_all(b"GET /firehose HTTP/1.1\r\nHost: h\r\n\r\n")
+            while True:  # until the app stops making progress: its send waits for the reader
+                before = app.sent
+                await trio.testing.wait_all_tasks_blocked()
+                if app.sent == before and app.sent > 0:
+                    break
+            held = app.sent
+            assert held < 256  # at most the kernel's socket buffers (a few MiB), far from the 64 MiB sent
+            received, tail = 0, b""
+            with trio.fail_after(30):
+                while not tail.endswith(b"\r\n0\r\n\r\n"):
+                    data = await stream.receive_some(1 << 20)
+                    assert data, "the server closed the connection before the end of the body"
+                    received, tail = received + len(data), (tail + data)[-16:]
+            assert app.sent == 1024
+            assert received > 1024 * 65536
+        stop.set()

@@ -1,4 +1,4 @@
-"""The HTTP/1.1 server: Trio streams, serving the ASGI app, one socket write per response.
+"""The HTTP/1.1 server: plain non-blocking sockets under Trio, serving the ASGI app, one socket write per response.
 
 Why not hypercorn: measured with ``benchmarks/http_floor.py`` (a trivial JSON route,
 load generator in another process), hypercorn costs 0.75-1.1 ms of CPU per request
@@ -28,7 +28,9 @@ request in tasks of its own).
 from __future__ import annotations
 
 import email.utils
+import errno
 import logging
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -43,6 +45,17 @@ from .drain import ASGIApp, Message
 log = logging.getLogger("actorproxy.http")
 
 _MAX_RECV = 65536
+#: Bytes a response may leave unsent in the kernel before the socket stops counting as writable (as Trio sets).
+_NOTSENT_LOWAT = 16384
+#: Writes that complete at once without a scheduling round; every this many, one round (fairness).
+_WRITES_PER_ROUND = 16
+#: ``accept`` errors that mean the machine is short of something: wait and retry (as ``trio.serve_listeners``).
+_ACCEPT_CAPACITY = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+#: ``accept`` errors about one connection (reset or refused before it was taken): take the next one.
+_ACCEPT_SKIP = {getattr(errno, name) for name in (
+    "EPERM", "ECONNABORTED", "EPROTO", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET", "EHOSTUNREACH",
+    "EOPNOTSUPP", "ENETUNREACH", "ENOSR", "ESOCKTNOSUPPORT", "EPROTONOSUPPORT", "ETIMEDOUT", "ECONNRESET",
+) if hasattr(errno, name)}
 #: Bytes of a pipelined next request kept while a response is under way (more: stop reading).
 _MAX_PIPELINED = 65536
 _DISCONNECT: Message = {"type": "http.disconnect"}
@@ -74,10 +87,17 @@ class _Date:
 
 
 class _Connection:
-    """One client connection: its requests one after the other."""
+    """One client connection: its requests one after the other.
 
-    def __init__(self, server: HTTPServer, stream: trio.SocketStream, data: bytes = b"") -> None:
-        self.server, self.stream = server, stream
+    The socket is a plain non-blocking one, read and written with its own calls; Trio is
+    asked only to wait (``wait_readable``/``wait_writable``). Trio's socket streams spend a
+    failed ``recv`` before every wait and a scheduling round after every ``send`` that went
+    through at once: per request, a syscall and a round more than needed, and per SSE chunk
+    a round more.
+    """
+
+    def __init__(self, server: HTTPServer, sock: socket.socket, data: bytes = b"") -> None:
+        self.server, self.sock = server, sock
         self.buffer = bytearray(data)  # bytes read and not yet taken (an adopted connection's come with it)
         self.handoff: Handoff | None = None  # set by the server's router: the connection goes elsewhere
         self.eof = False  # the client sent its last byte (or the socket failed)
@@ -85,8 +105,8 @@ class _Connection:
         self.room = trio.lowlevel.ParkingLot()  # the reader, while the buffer is full
         self.cycle: _Cycle | None = None  # the request being served
         self.write_lock = trio.Lock()
+        self.writes = 0  # writes since the last scheduling round one of them took
         self.closed = False  # the client went away (or the socket failed)
-        sock = stream.socket
         self.client = _address(sock.getpeername())
         self.local = _address(sock.getsockname())
 
@@ -97,10 +117,10 @@ class _Connection:
                 await self.serve()
                 nursery.cancel_scope.cancel()
             if self.handoff is not None:  # the reader has stopped: every byte read is in the buffer
-                await self.handoff(self.stream.socket, bytes(self.buffer))
+                await self.handoff(trio.socket.from_stdlib_socket(self.sock), bytes(self.buffer))
         finally:
-            with trio.CancelScope(shield=True):
-                await self.stream.aclose()
+            trio.lowlevel.notify_closing(self.sock)
+            self.sock.close()
 
     async def serve(self) -> None:
         while True:
@@ -128,13 +148,18 @@ class _Connection:
         pipelined request kept) without a task per request; at most ``_MAX_PIPELINED`` bytes
         wait in the buffer before reading stops until they are taken.
         """
+        sock = self.sock
         while True:
             if len(self.buffer) > _MAX_PIPELINED:
                 await self.room.park()
                 continue
+            # Wait first, then read: one recv per arrival (the wait is the checkpoint).
+            await trio.lowlevel.wait_readable(sock)
             try:
-                data = await self.stream.receive_some(_MAX_RECV)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = sock.recv(_MAX_RECV)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
                 data = b""
             if data:
                 self.buffer += data
@@ -173,13 +198,40 @@ class _Connection:
             return None
 
     async def write(self, data: bytes) -> None:
+        """Send ``data``: at once when the socket takes it all, else waiting until it is writable again.
+
+        A write that goes through at once takes no scheduling round (the task waits for
+        something right after: the next request, the next token), except one in
+        ``_WRITES_PER_ROUND``, so that a sender that never waits still lets others run.
+        Waiting while the client does not read is the backpressure: the kernel holds at most
+        its socket buffer, never the proxy.
+        """
         if self.closed or not data:
             await trio.lowlevel.checkpoint()  # an app sending into a closed connection still lets others run
             return
+        await trio.lowlevel.checkpoint_if_cancelled()
         await _acquire(self.write_lock)
+        sock = self.sock
         try:
-            await self.stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            try:
+                sent = sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            if sent < len(data):
+                view = memoryview(data)[sent:]
+                while view:
+                    await trio.lowlevel.wait_writable(sock)
+                    try:
+                        view = view[sock.send(view):]
+                    except (BlockingIOError, InterruptedError):
+                        pass
+                self.writes = 0
+            else:
+                self.writes += 1
+                if self.writes >= _WRITES_PER_ROUND:
+                    self.writes = 0
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+        except OSError:  # the client is gone (a reset, a broken pipe)
             self.closed = True
         finally:
             self.write_lock.release()
@@ -336,35 +388,71 @@ class HTTPServer:
         Stopping drops every connection at once, idle or not: what should finish was drained before.
         """
         if sock is None:
-            sock = trio.socket.socket(trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            await sock.bind((host, port))
-        sock.listen(backlog)
-        listener = trio.SocketListener(sock)
-        bound = sock.getsockname()
-        if sock.family == socket.AF_UNIX:
-            url = f"unix:{bound}"
+            listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         else:
-            url = f"http://[{bound[0]}]:{bound[1]}" if sock.family == socket.AF_INET6 else f"http://{bound[0]}:{bound[1]}"
-            log.info("Running on %s (CTRL + C to quit)", url)
-        async with listener, trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(trio.serve_listeners, self._connection, [listener])
-            task_status.started(url)
-            await shutdown_trigger()
-            nursery.cancel_scope.cancel()
+            listener = socket.socket(fileno=sock.detach())  # served with our own accept loop
+        try:
+            if sock is None:
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                listener.bind((host, port))  # once, at start: a host name's lookup may block the loop here
+            listener.setblocking(False)
+            listener.listen(backlog)
+            bound = listener.getsockname()
+            if listener.family == socket.AF_UNIX:
+                url = f"unix:{bound}"
+            else:
+                url = (f"http://[{bound[0]}]:{bound[1]}" if listener.family == socket.AF_INET6
+                       else f"http://{bound[0]}:{bound[1]}")
+                log.info("Running on %s (CTRL + C to quit)", url)
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._accept, listener, nursery)
+                task_status.started(url)
+                await shutdown_trigger()
+                nursery.cancel_scope.cancel()
+        finally:
+            trio.lowlevel.notify_closing(listener)
+            listener.close()
 
     def adopt(self, sock: trio.socket.SocketType, data: bytes) -> None:
         """Serve a connection accepted elsewhere (handed over by another process), ``data`` already read from it."""
         if self._nursery is None:
             raise RuntimeError("the server is not serving")
-        self._nursery.start_soon(self._adopted, sock, data)
+        self._nursery.start_soon(self.serve_connection, socket.socket(fileno=sock.detach()), data)
 
-    async def _adopted(self, sock: trio.socket.SocketType, data: bytes) -> None:
-        await _Connection(self, trio.SocketStream(sock), data).run()
+    async def _accept(self, listener: socket.socket, nursery: trio.Nursery) -> None:
+        """Accept connections for as long as the server runs, each served in a task of its own."""
+        while True:
+            await trio.lowlevel.wait_readable(listener)
+            while True:
+                try:
+                    sock, _ = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as error:
+                    if error.errno in _ACCEPT_SKIP:
+                        continue
+                    if error.errno not in _ACCEPT_CAPACITY:
+                        raise
+                    log.error("accept failed: %s; retrying in 0.1 s", os.strerror(error.errno or 0))
+                    await trio.sleep(0.1)
+                    break
+                nursery.start_soon(self.serve_connection, sock)
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
-        await _Connection(self, stream).run()
+    async def serve_connection(self, sock: socket.socket, data: bytes = b"") -> None:
+        """Serve the requests of one accepted connection (``data``: read from it already) until it ends; the
+        socket is closed after."""
+        try:
+            sock.setblocking(False)
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if hasattr(socket, "TCP_NOTSENT_LOWAT"):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, _NOTSENT_LOWAT)
+            connection = _Connection(self, sock, data)
+        except OSError:  # gone before it could be served
+            sock.close()
+            return
+        await connection.run()
 
 
 async def _acquire(lock: trio.Lock) -> None:
