@@ -198,3 +198,39 @@ async def test_a_client_that_does_not_read_holds_the_sender_back_and_gets_every_
             assert app.sent == 1024
             assert received > 1024 * 65536
         stop.set()
+
+
+class CutShort:
+    """Streams 1 MiB pieces; the first one that has to wait for the reader is cancelled (mid-write), then it goes on."""
+
+    def __init__(self) -> None:
+        self.cut = trio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        while not self.cut.is_set():
+            with trio.move_on_after(1) as waited:  # a client that does not read: the write waits, then is cut
+                await send({"type": "http.response.body", "body": b"x" * (1 << 20), "more_body": True})
+            if waited.cancelled_caught:
+                self.cut.set()
+        await send({"type": "http.response.body", "body": b"after", "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def test_a_write_cut_in_the_middle_ends_the_connection_instead_of_going_on_unframed(
+    autojump_clock: Any,
+) -> None:
+    app = CutShort()
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(lambda task_status: HTTPServer(app, keep_alive_timeout=5).serve(
+            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
+        stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        async with stream:
+            await stream.send_all(b"GET /cut HTTP/1.1\r\nHost: h\r\n\r\n")
+            await app.cut.wait()
+            data = await read_until(stream, b"never")  # everything until the server closes the connection
+        assert b"after" not in data and not data.endswith(b"0\r\n\r\n")
+        stop.set()

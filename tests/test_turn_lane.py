@@ -25,7 +25,9 @@ from actorproxy.runtime.runtime import open_runtime
 from actorproxy.runtime.turn_stream import TurnStream
 from actorproxy.server import app as app_module
 from actorproxy.server.app import create_app
+from actorproxy.server.auth import AccessPolicy
 from actorproxy.server.lane import TurnLane
+from actorproxy.server.observe import Observer
 from actorproxy.server.turns import sse_frames
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.tokenizer import ChatTokenizer
@@ -129,21 +131,61 @@ async def test_frames_that_are_ready_leave_in_one_chunk() -> None:
     assert chunks == [b"start;a;b;c;error;"]  # one send instead of five
 
 
-async def test_no_frame_waits_for_the_next_and_heartbeats_still_go_out(autojump_clock: trio.abc.Clock) -> None:
+async def test_no_frame_waits_for_the_next(autojump_clock: trio.abc.Clock) -> None:
     send, events = _stream()
     assert isinstance(await events.receive(), TurnAccepted)
     frames = sse_frames(events, TurnAccepted(0, 1), _Writer(), heartbeat=5)
     assert await frames.__anext__() == b"start;"  # at once: nothing is ready behind it
     send.send_nowait(TurnDelta(OutputDelta(content="a")))
     assert await frames.__anext__() == b"a;"
-    before = trio.current_time()
-    assert await frames.__anext__() == b"beat;"  # nothing for 5 s: the heartbeat
-    assert trio.current_time() - before == pytest.approx(5)
     send.send_nowait(TurnDelta(OutputDelta(content="b")))
     send.send_nowait(TurnFailed(EngineError("x")))
     assert await frames.__anext__() == b"b;error;"
     with pytest.raises(StopAsyncIteration):
         await frames.__anext__()
+
+
+async def test_the_lane_sends_a_heartbeat_after_each_interval_of_silence_and_none_while_chunks_flow(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    send, events = _stream()
+    assert isinstance(await events.receive(), TurnAccepted)
+    lane = TurnLane(_no_app, observer=Observer(), policy=AccessPolicy(), max_body=1000, body_timeout=5)
+
+    async def handler(*_: Any) -> Any:
+        return sse_frames(events, TurnAccepted(0, 1), _Writer(), heartbeat=5)
+
+    lane.mount("/v1/chat/completions", handler)
+    sent: list[tuple[float, bytes]] = []
+    request = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if request:
+            return request.pop()
+        await trio.sleep_forever()
+        raise AssertionError
+
+    async def asgi_send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            sent.append((trio.current_time(), message.get("body", b"")))
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lane, scope, receive, asgi_send)
+        start = trio.current_time()
+        for _ in range(4):  # a chunk every 3 s: no heartbeat
+            await trio.sleep(3)
+            send.send_nowait(TurnDelta(OutputDelta(content="a")))
+        await trio.sleep(12)  # 12 s of silence: two heartbeats, 5 and 10 s after the last chunk
+        send.send_nowait(TurnFailed(EngineError("x")))
+    assert [(round(at - start), body) for at, body in sent] == [
+        (0, b"start;"), (3, b"a;"), (6, b"a;"), (9, b"a;"), (12, b"a;"), (17, b"beat;"), (22, b"beat;"),
+        (24, b"error;"), (24, b""),
+    ]
+
+
+async def _no_app(scope: Any, receive: Any, send: Any) -> None:
+    raise AssertionError("a turn route reached the app behind the lane")
 
 
 async def test_a_client_that_hangs_up_mid_turn_cancels_it_and_the_engine_is_aborted(

@@ -219,12 +219,17 @@ class _Connection:
                 sent = 0
             if sent < len(data):
                 view = memoryview(data)[sent:]
-                while view:
-                    await trio.lowlevel.wait_writable(sock)
-                    try:
-                        view = view[sock.send(view):]
-                    except (BlockingIOError, InterruptedError):
-                        pass
+                try:
+                    while view:
+                        await trio.lowlevel.wait_writable(sock)
+                        try:
+                            view = view[sock.send(view):]
+                        except (BlockingIOError, InterruptedError):
+                            pass
+                except BaseException:
+                    if len(view) < len(data):  # cut in the middle (cancelled): nothing after it can be framed
+                        self.closed = True
+                    raise
                 self.writes = 0
             else:
                 self.writes += 1

@@ -37,7 +37,7 @@ from .drain import ASGIApp, Receive, Send, discard_body
 from .http_server import DISCONNECT_EXTENSION
 from .observe import Observer, error_code
 from .replies import error_reply, is_anthropic_route
-from .turns import TurnReply
+from .turns import SSEReply, TurnReply
 
 #: A turn route's handler: (body bytes, headers, URL session, URL prompt group, the key's session) -> reply.
 TurnHandler = Callable[[bytes, Headers, str | None, str | None, str | None], Awaitable[TurnReply]]
@@ -146,6 +146,7 @@ class _Turn:
         self.gone = False  # the client went away
         self.confined: str | None = None  # the session an agent's key confines the call to
         self.started = False  # the response has started
+        self.last_sent = 0.0  # when a streamed reply last sent something (``trio.current_time``)
         self.info = RequestInfo("POST", self.path, found.rule, time.perf_counter())
         self.info.session = found.url_session or self.headers.get("X-Session-Id")
         self.on_disconnect: Callable[[Callable[[], None]], None] | None = (scope.get("extensions") or {}).get(
@@ -260,19 +261,41 @@ class _Turn:
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def stream(self, chunks: Any) -> None:
-        """An SSE reply, chunk by chunk; counted and logged when it ends, however it ends."""
+    async def stream(self, reply: SSEReply) -> None:
+        """An SSE reply, chunk by chunk, with its heartbeat after each ``interval`` of silence.
+
+        Counted and logged when it ends, however it ends.
+        """
         self.info.status = 200
         send = self.send
         try:
             self.started = True
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-            async for chunk in chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            self.last_sent = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.heartbeats, reply)
+                async for chunk in reply:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    self.last_sent = trio.current_time()
+                nursery.cancel_scope.cancel()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self.lane.observer.finish(self.info)
-            await chunks.aclose()
+            await reply.aclose()
+
+    async def heartbeats(self, reply: SSEReply) -> None:
+        """The reply's heartbeat whenever nothing was sent for ``reply.interval`` seconds.
+
+        One task per streamed reply, asleep until the next heartbeat could be due: a chunk
+        sent meanwhile only moves ``last_sent`` (no timer per chunk).
+        """
+        while True:
+            due = self.last_sent + reply.interval
+            if trio.current_time() < due:
+                await trio.sleep_until(due)
+                continue
+            self.last_sent = trio.current_time()
+            await self.send({"type": "http.response.body", "body": reply.heartbeat(), "more_body": True})
 
 
 async def served_by_the_lane(**_: Any) -> Any:

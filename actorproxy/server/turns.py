@@ -3,15 +3,15 @@
 A protocol is a :class:`~actorproxy.wire.format.TurnFormat`; :func:`serve_turn`
 parses the body with it, resolves who the call belongs to, runs the turn on the
 runtime and answers with the format's JSON, or streams the format's frames
-through :func:`sse_frames` (with heartbeats while nothing happens, say during a
-weight update). Nothing here knows the HTTP server: the turn lane
+through :class:`SSEReply` (with heartbeats while nothing happens, say during a
+weight update: the lane sends them). Nothing here knows the HTTP server: the turn lane
 (:mod:`actorproxy.server.lane`) writes what :func:`serve_turn` returns.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeAlias, TypeVar
 
 import trio
 
@@ -25,8 +25,8 @@ from .identity import resolve_identity
 
 C = TypeVar("C", bound=TurnCall)
 
-#: What a turn route answers: a JSON body, or the SSE stream's byte chunks.
-TurnReply = bytes | AsyncIterator[bytes]
+#: What a turn route answers: a JSON body, or the SSE stream's byte chunks (and its heartbeat).
+TurnReply: TypeAlias = "bytes | SSEReply"
 
 
 def json_body(raw: bytes) -> Any:
@@ -91,72 +91,95 @@ async def turn_accepted(events: TurnStream) -> TurnAccepted:
     raise first.error if isinstance(first, TurnFailed) else EngineError("the turn ended without a result")
 
 
-async def sse_frames(
-    events: TurnStream,
-    accepted: TurnAccepted,
-    writer: StreamWriter,
-    on_done: Callable[[TurnDone], None] | None = None,
-    *,
-    heartbeat: float,
-) -> AsyncIterator[bytes]:
-    """The stream's frames as the session produces them; closing ``events`` stops the generation.
+class SSEReply:
+    """A streamed reply: its chunks as the session produces them (iterate it), and its heartbeat.
 
-    Each chunk holds every frame that is ready: after an event arrives, the
-    events already waiting behind it are written with it (one send, one socket
-    write, instead of one per token), and nothing is ever held back to wait for
-    more. After ``heartbeat`` seconds with nothing sent (say, the generation is
-    paused for a weight update) the writer's heartbeat goes out, so the
-    connection stays alive. ``on_done`` sees the finished turn before its last
-    frames are written.
+    Each chunk holds every frame that is ready: after an event arrives, the events
+    already waiting behind it are written with it (one send, one socket write, instead
+    of one per token), and nothing is ever held back to wait for more. ``on_done`` sees
+    the finished turn before its last frames are written. Closing it (``aclose``)
+    closes the events, which stops the generation.
+
+    The heartbeat is the writer's frame that keeps a silent connection alive (say, while
+    the generation is paused for a weight update); whoever writes the chunks sends it
+    after ``interval`` seconds with nothing sent (the turn lane does, from a task of the
+    reply's own). Waiting here with a timeout instead cost a cancel scope per token.
     """
 
-    def frame(event: TurnEvent | None) -> tuple[bytes, bool]:
-        """The frame of ``event`` (``None``: the turn's events ended early), and whether it is the last."""
-        match event:
-            case TurnDelta():
-                return writer.delta(event.delta), False
-            case TurnDone():
-                if on_done is not None:
-                    on_done(event)
-                return writer.finish(event), True
-            case TurnFailed():
-                return writer.error(event.error), True
-            case _:
-                return writer.error(EngineError("the turn ended without a result")), True
+    def __init__(
+        self,
+        events: TurnStream,
+        accepted: TurnAccepted,
+        writer: StreamWriter,
+        on_done: Callable[[TurnDone], None] | None = None,
+        *,
+        heartbeat: float,
+    ) -> None:
+        self.events, self.writer, self.on_done = events, writer, on_done
+        self.interval = heartbeat
+        self._frames = [writer.start(accepted)]
+        self._ended = False
 
-    with events:
-        frames = [writer.start(accepted)]
-        deadline = trio.current_time() + heartbeat
+    def heartbeat(self) -> bytes:
+        return self.writer.heartbeat()
+
+    def __aiter__(self) -> SSEReply:
+        return self
+
+    async def __anext__(self) -> bytes:
+        events, frames = self.events, self._frames
         while True:
-            last = False
-            while not last:  # every event that is ready joins this chunk
+            while not self._ended:  # every event that is ready joins this chunk
                 try:
                     ready: TurnEvent | None = events.receive_nowait()
                 except trio.WouldBlock:
                     break
                 except trio.EndOfChannel:
                     ready = None
-                piece, last = frame(ready)
-                frames.append(piece)
-            chunk = b"".join(frames)
-            frames = []
-            if chunk:
-                yield chunk
-                deadline = trio.current_time() + heartbeat
-            if last:
-                return
-            event: TurnEvent | None = None
-            with trio.move_on_at(deadline) as waiting:
-                try:
-                    event = await events.receive()  # cancel-safe: a memory channel loses nothing
-                except trio.EndOfChannel:
-                    pass
-            if waiting.cancelled_caught:
-                frames.append(writer.heartbeat())
-                deadline = trio.current_time() + heartbeat
-                continue
-            piece, last = frame(event)
-            frames.append(piece)
-            if last:
-                yield b"".join(frames)
-                return
+                frames.append(self._frame(ready))
+            if frames and (self._ended or any(frames)):
+                chunk = b"".join(frames)
+                frames.clear()
+                return chunk
+            if self._ended:
+                raise StopAsyncIteration
+            frames.clear()
+            try:
+                event: TurnEvent | None = await events.receive()  # cancel-safe: a memory channel loses nothing
+            except trio.EndOfChannel:
+                event = None
+            frames.append(self._frame(event))
+
+    def _frame(self, event: TurnEvent | None) -> bytes:
+        """The frame of ``event`` (``None``: the turn's events ended early); the last one ends the reply."""
+        writer = self.writer
+        match event:
+            case TurnDelta():
+                return writer.delta(event.delta)
+            case TurnDone():
+                self._ended = True
+                if self.on_done is not None:
+                    self.on_done(event)
+                return writer.finish(event)
+            case TurnFailed():
+                self._ended = True
+                return writer.error(event.error)
+            case _:
+                self._ended = True
+                return writer.error(EngineError("the turn ended without a result"))
+
+    async def aclose(self) -> None:
+        self._ended = True
+        self.events.close()
+
+
+def sse_frames(
+    events: TurnStream,
+    accepted: TurnAccepted,
+    writer: StreamWriter,
+    on_done: Callable[[TurnDone], None] | None = None,
+    *,
+    heartbeat: float,
+) -> SSEReply:
+    """The stream's frames as the session produces them (see :class:`SSEReply`)."""
+    return SSEReply(events, accepted, writer, on_done, heartbeat=heartbeat)
