@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from actorproxy.server.http_server import HTTPServer
+from actorproxy.server.http_server import BODY_EXTENSION, HTTPServer
 
 
 class Echo:
@@ -233,4 +233,42 @@ async def test_a_write_cut_in_the_middle_ends_the_connection_instead_of_going_on
             await app.cut.wait()
             data = await read_until(stream, b"never")  # everything until the server closes the connection
         assert b"after" not in data and not data.endswith(b"0\r\n\r\n")
+        stop.set()
+
+
+class BodyNow:
+    """Takes its body through the server's ``body_now`` extension when it can; says how it got it."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        whole = scope["extensions"][BODY_EXTENSION]()
+        how = b"now"
+        if whole is None:
+            how, whole = b"received", b""
+            while True:
+                message = await receive()
+                whole += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+        out = how + b":" + whole + b";"
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(out)).encode())]})
+        await send({"type": "http.response.body", "body": out})
+
+
+async def test_a_body_that_has_all_arrived_is_handed_over_at_once_and_a_pipelined_request_is_kept() -> None:
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(lambda task_status: HTTPServer(BodyNow(), keep_alive_timeout=5).serve(
+            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
+        stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        async with stream:
+            await stream.send_all(b"POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc"
+                                  b"POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n"
+                                  b"POST /c HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nde")
+            data = await read_until(stream, b"now:;")
+            await trio.testing.wait_all_tasks_blocked()
+            await stream.send_all(b"fg")  # the third body arrives after its request started: received as usual
+            data += await read_until(stream, b"received:defg;")
+        assert data.count(b"HTTP/1.1 200") == 3
+        assert data.index(b"now:abc;") < data.index(b"now:;") < data.index(b"received:defg;")
         stop.set()

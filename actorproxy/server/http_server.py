@@ -60,9 +60,14 @@ _ACCEPT_SKIP = {getattr(errno, name) for name in (
 _MAX_PIPELINED = 65536
 _DISCONNECT: Message = {"type": "http.disconnect"}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-#: The scope extension that calls back when the client hangs up: ``scope["extensions"][...](callback)``.
-#: The turn lane cancels its turn with it, instead of a task per request reading ``http.disconnect``.
+#: The scope extension that calls back when the client hangs up: ``scope["extensions"][...](callback)``; the
+#: request is then cancelled (the connection ends). The turn lane's turn ends so, without a task per request
+#: reading ``http.disconnect`` nor a cancel scope of its own.
 DISCONNECT_EXTENSION = "actorproxy.on_disconnect"
+#: The scope extension that hands over the whole request body when it has all arrived already
+#: (``scope["extensions"][...]()``: its bytes, as if received; ``None``: receive it as usual). The turn lane's
+#: body then needs no timeout (the common case: the body came with the head).
+BODY_EXTENSION = "actorproxy.body_now"
 
 #: Moves a connection to another process (``actorproxy.workers``): called with the client's socket and the
 #: bytes read from it and not served yet, once this process has stopped reading it.
@@ -107,26 +112,31 @@ class _Connection:
         self.write_lock = trio.Lock()
         self.writes = 0  # writes since the last scheduling round one of them took
         self.closed = False  # the client went away (or the socket failed)
+        self.idle_since: float | None = None  # waiting for a request since (``trio.current_time``)
+        self.timed_out = False  # idle longer than the keep-alive timeout: close
+        self.scope = trio.CancelScope()  # the connection's: cancelled when a client gone means its request must end
         self.client = _address(sock.getpeername())
         self.local = _address(sock.getsockname())
 
     async def run(self) -> None:
+        server = self.server
+        server.connections.add(self)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.read)
-                await self.serve()
-                nursery.cancel_scope.cancel()
+            with self.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.read)
+                    await self.serve()
+                    nursery.cancel_scope.cancel()
             if self.handoff is not None:  # the reader has stopped: every byte read is in the buffer
                 await self.handoff(trio.socket.from_stdlib_socket(self.sock), bytes(self.buffer))
         finally:
+            server.connections.discard(self)
             trio.lowlevel.notify_closing(self.sock)
             self.sock.close()
 
     async def serve(self) -> None:
         while True:
-            request = None
-            with trio.move_on_after(self.server.keep_alive_timeout):  # idle: the client may not come back
-                request = await self.next_request()
+            request = await self.next_request()
             if request is None:
                 return
             if self.server.router is not None:
@@ -169,9 +179,7 @@ class _Connection:
             self.arrived.unpark_all()
             cycle = self.cycle
             if cycle is not None and cycle.body_given:  # gone while its request is served
-                self.closed = True
-                for callback in cycle.on_disconnect:
-                    callback()
+                cycle.hung_up()
             return
 
     async def wait_for_bytes(self) -> None:
@@ -181,19 +189,30 @@ class _Connection:
         await self.arrived.park()
 
     async def next_request(self) -> http1.RequestHead | None:
-        """The next request's head; ``None`` when the connection should close."""
+        """The next request's head; ``None`` when the connection should close.
+
+        A client that sends no whole head within the keep-alive timeout is dropped: the
+        server's sweeper marks the connection ``timed_out`` and wakes it (no timer per
+        request; a head that arrived first is still served).
+        """
         try:
             while True:
                 request = http1.parse_head(self.buffer)
                 if request is not None:
+                    self.idle_since, self.timed_out = None, False
                     self.room.unpark_all()
                     return request
                 if self.eof:
                     if self.buffer.strip():  # a head cut short
                         raise http1.BadRequest("incomplete request head")
                     return None
+                if self.timed_out:
+                    return None
+                if self.idle_since is None:
+                    self.idle_since = trio.current_time()
                 await self.wait_for_bytes()
         except http1.BadRequest as error:
+            self.idle_since = None
             await self.write(http1.error_response(error.status, _Date.now()))
             return None
 
@@ -263,7 +282,7 @@ class _Cycle:
             "headers": request.headers,
             "client": connection.client,
             "server": connection.local,
-            "extensions": {DISCONNECT_EXTENSION: self.add_disconnect_callback},
+            "extensions": {DISCONNECT_EXTENSION: self.add_disconnect_callback, BODY_EXTENSION: self.body_now},
         }
         self.on_disconnect: list[Callable[[], None]] = []
         self.body = http1.BodyReader(request)
@@ -334,13 +353,38 @@ class _Cycle:
         connection.closed = True
         return _DISCONNECT
 
-    def add_disconnect_callback(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` when the client hangs up after the body (at once if it has already)."""
-        if self.connection.eof:
-            self.connection.closed = True
-            callback()
+    def body_now(self) -> bytes | None:
+        """The whole body if it has all arrived (then received: the next ``receive`` waits for the disconnect)."""
+        body, buffer = self.body, self.connection.buffer
+        if self.body_given or self.bad_body or self.read_lock.locked() or body.chunked:
+            return None
+        if body.done:
+            data = b""
+        elif len(buffer) >= body.remaining:
+            data = body.read(buffer) or b""
+            if len(buffer) <= _MAX_PIPELINED:
+                self.connection.room.unpark_all()
         else:
-            self.on_disconnect.append(callback)
+            return None
+        self.body_given = True
+        return data
+
+    def add_disconnect_callback(self, callback: Callable[[], None]) -> None:
+        """When the client hangs up after the body (at once if it has already): ``callback()``, then the request is
+        cancelled (in the connection's cancel scope, which ends the connection)."""
+        self.on_disconnect.append(callback)
+        if self.connection.eof:
+            self.hung_up()
+
+    def hung_up(self) -> None:
+        """The client went away while this request is served (after its body)."""
+        connection = self.connection
+        connection.closed = True
+        callbacks, self.on_disconnect = self.on_disconnect, []
+        for callback in callbacks:
+            callback()
+        if callbacks:
+            connection.scope.cancel()
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -376,6 +420,7 @@ class HTTPServer:
         self.keep_alive_timeout = keep_alive_timeout
         self.router = router
         self._nursery: trio.Nursery | None = None
+        self.connections: set[_Connection] = set()
 
     async def serve(
         self,
@@ -412,6 +457,7 @@ class HTTPServer:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._accept, listener, nursery)
+                nursery.start_soon(self._sweep)
                 task_status.started(url)
                 await shutdown_trigger()
                 nursery.cancel_scope.cancel()
@@ -443,6 +489,23 @@ class HTTPServer:
                     await trio.sleep(0.1)
                     break
                 nursery.start_soon(self.serve_connection, sock)
+
+    async def _sweep(self) -> None:
+        """Drop the connections idle for ``keep_alive_timeout``: one task asleep until the next one is due."""
+        timeout = self.keep_alive_timeout
+        while True:
+            now = trio.current_time()
+            wake = now + timeout  # a connection idle from now on is due no earlier
+            for connection in self.connections:
+                since = connection.idle_since
+                if since is None:
+                    continue
+                if since + timeout <= now:
+                    connection.timed_out = True
+                    connection.arrived.unpark_all()
+                else:
+                    wake = min(wake, since + timeout)
+            await trio.sleep_until(wake)
 
     async def serve_connection(self, sock: socket.socket, data: bytes = b"") -> None:
         """Serve the requests of one accepted connection (``data``: read from it already) until it ends; the

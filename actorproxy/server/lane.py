@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from functools import partial
 from typing import Any
 
 import attrs
@@ -34,7 +33,7 @@ from ..wire import jsonio
 from ..wire.format import Headers
 from .auth import AccessPolicy, route_kind
 from .drain import ASGIApp, Receive, Send, discard_body
-from .http_server import DISCONNECT_EXTENSION
+from .http_server import BODY_EXTENSION, DISCONNECT_EXTENSION
 from .observe import Observer, error_code
 from .replies import error_reply, is_anthropic_route
 from .turns import SSEReply, TurnReply
@@ -149,8 +148,9 @@ class _Turn:
         self.last_sent = 0.0  # when a streamed reply last sent something (``trio.current_time``)
         self.info = RequestInfo("POST", self.path, found.rule, time.perf_counter())
         self.info.session = found.url_session or self.headers.get("X-Session-Id")
-        self.on_disconnect: Callable[[Callable[[], None]], None] | None = (scope.get("extensions") or {}).get(
-            DISCONNECT_EXTENSION)
+        extensions = scope.get("extensions") or {}
+        self.on_disconnect: Callable[[Callable[[], None]], None] | None = extensions.get(DISCONNECT_EXTENSION)
+        self.body_now: Callable[[], bytes | None] | None = extensions.get(BODY_EXTENSION)
 
     async def serve(self) -> None:
         token = CURRENT.set(self.info)
@@ -173,10 +173,9 @@ class _Turn:
             return
         if self.gone:
             return
-        if self.on_disconnect is not None:  # our server calls back when the client hangs up: no task
-            with trio.CancelScope() as scope:
-                self.on_disconnect(partial(self.hung_up, scope))
-                await self.run(raw)
+        if self.on_disconnect is not None:  # our server calls back, then cancels this task, when the client hangs up
+            self.on_disconnect(self.hung_up)
+            await self.run(raw)
             return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.watch, nursery.cancel_scope)
@@ -197,9 +196,8 @@ class _Turn:
                 raise
             await self.fail(error)
 
-    def hung_up(self, scope: trio.CancelScope) -> None:
+    def hung_up(self) -> None:
         self.gone = True
-        scope.cancel()
 
     async def request(self) -> bytes:
         """Check the caller, then read the body (the Quart app's hook and checks, in their order)."""
@@ -223,6 +221,13 @@ class _Turn:
         lane = self.lane
         if _content_length(self.headers) > lane.max_body:
             raise RequestEntityTooLarge()
+        if self.body_now is not None:  # the whole body is there already (the common case): no timeout to set
+            whole = self.body_now()
+            if whole is not None:
+                if len(whole) > lane.max_body:
+                    raise RequestEntityTooLarge()
+                self.body_complete = True
+                return whole
         chunks: list[bytes] = []
         size = 0
         with trio.move_on_after(lane.body_timeout):
