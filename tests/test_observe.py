@@ -103,3 +103,31 @@ async def test_repeated_errors_are_rate_limited(http: httpx.AsyncClient, caplog:
     assert len(logged) == 5
     metrics = await _metrics(http)
     assert metrics[("actorproxy_turns_total", (("route", "/v1/chat/completions"), ("status", "400")))] == 12
+
+
+def test_the_request_metrics_expose_what_prometheus_clients_own_counters_and_histograms_would() -> None:
+    """Plain numbers, turned into families at scrape time: the same text as prometheus_client's own metrics."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from actorproxy.server.request_metrics import RequestMetrics
+
+    buckets = (0.001, 0.01, 0.1, 1, 10)
+    values = [0.0, 0.001, 0.0010001, 0.01, 0.5, 1.0, 10, 11, 1e9]  # on the bounds, between them, past the last
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    metrics = RequestMetrics(buckets)
+    ours.register(metrics)
+    requests = Counter("actorproxy_requests", "HTTP requests by route, method and status",
+                       ["route", "method", "status"], registry=theirs)
+    latency = Histogram("actorproxy_request_duration_seconds", "Time from request to last byte, by route",
+                        ["route"], buckets=buckets, registry=theirs)
+    for n, value in enumerate(values):
+        route = f"/r{n % 2}"
+        metrics.request(route, "POST", "200", value)
+        requests.labels(route, "POST", "200").inc()
+        latency.labels(route).observe(value)
+
+    def text(registry: CollectorRegistry) -> set[str]:
+        return {line for line in generate_latest(registry).decode().splitlines()
+                if "_created" not in line and ("actorproxy_requests" in line or "duration" in line)}
+
+    assert text(ours) == text(theirs)

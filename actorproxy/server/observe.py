@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from quart import Response, request
 from quart.wrappers.response import IterableBody
@@ -32,6 +32,7 @@ from quart_trio import QuartTrio
 from ..runtime.runtime import Runtime
 from ..telemetry import CURRENT, RequestInfo
 from ..wire.converter import CONVERTER
+from .request_metrics import RequestMetrics
 
 log = logging.getLogger("actorproxy.access")
 
@@ -58,27 +59,8 @@ class Observer:
 
     def __init__(self, *, repeat_limit: int = 5, repeat_window: float = 10.0) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.requests = Counter(
-            "actorproxy_requests", "HTTP requests by route, method and status", ["route", "method", "status"],
-            registry=self.registry,
-        )
-        self.latency = Histogram(
-            "actorproxy_request_duration_seconds", "Time from request to last byte, by route", ["route"],
-            buckets=_LATENCY_BUCKETS, registry=self.registry,
-        )
-        self.ttft = Histogram(
-            "actorproxy_time_to_first_token_seconds", "Time from request to the first sampled token, by route",
-            ["route"], buckets=_LATENCY_BUCKETS, registry=self.registry,
-        )
-        self.turns = Counter(
-            "actorproxy_turns", "Model calls (turns) by route and status", ["route", "status"], registry=self.registry
-        )
-        self.prompt_tokens = Counter(
-            "actorproxy_prompt_tokens", "Prompt tokens sent to engines", registry=self.registry
-        )
-        self.sampled_tokens = Counter("actorproxy_sampled_tokens", "Tokens sampled by engines", registry=self.registry)
-        #: Label children by label values: ``labels()`` validates and locks on every call.
-        self._children: dict[tuple[Any, ...], Any] = {}
+        self.metrics = RequestMetrics(_LATENCY_BUCKETS)
+        self.registry.register(self.metrics)
         self._snapshot = _Snapshot()
         self.registry.register(self._snapshot)
         self.history: deque[_Second] = deque(maxlen=HISTORY_SECONDS)
@@ -132,15 +114,15 @@ class Observer:
         now = time.perf_counter()
         status = info.status or 0
         seconds = now - info.started
-        self._child(self.requests, info.route, info.method, status).inc()
-        self._child(self.latency, info.route).observe(seconds)
+        metrics = self.metrics
+        metrics.request(info.route, info.method, str(status), seconds)
         second = self._second(int(time.time()))
         second.requests += 1
         second.latency_ms_sum += seconds * 1000
         if status >= 400:
             second.errors += 1
         if info.sampled_tokens is not None or (info.route.endswith(_TURN_ROUTES) and status):
-            self._child(self.turns, info.route, status).inc()
+            metrics.turn(info.route, str(status))
             second.turns += 1
             second.turn_latency_ms.append(seconds * 1000)
         if info.sampled_tokens is not None and info.session:
@@ -152,22 +134,12 @@ class Observer:
             while len(self.activity) > _ACTIVITY_MEMORY:
                 self.activity.popitem(last=False)
         if info.sampled_tokens is not None:
-            self.prompt_tokens.inc(info.prompt_tokens or 0)
-            self.sampled_tokens.inc(info.sampled_tokens)
+            metrics.prompt_tokens += info.prompt_tokens or 0
+            metrics.sampled_tokens += info.sampled_tokens
             second.sampled_tokens += info.sampled_tokens
         if info.first_token_at is not None:
-            self._child(self.ttft, info.route).observe(info.first_token_at - info.started)
+            metrics.first_token(info.route, info.first_token_at - info.started)
         self._log(info, now)
-
-    def _child(self, metric: Any, *values: Any) -> Any:
-        """``metric.labels(*values)``, looked up once per distinct label values."""
-        key = (metric, *values)
-        child = self._children.get(key)
-        if child is None:
-            if len(self._children) > 10_000:  # any method name can come in: bounded
-                self._children.clear()
-            child = self._children[key] = metric.labels(*(str(value) for value in values))
-        return child
 
     def _second(self, at: int) -> _Second:
         if not self.history or self.history[-1].at != at:
