@@ -272,3 +272,48 @@ async def test_a_body_that_has_all_arrived_is_handed_over_at_once_and_a_pipeline
         assert data.count(b"HTTP/1.1 200") == 3
         assert data.index(b"now:abc;") < data.index(b"now:;") < data.index(b"received:defg;")
         stop.set()
+
+
+class TwoWriters:
+    """A reply whose second piece is sent by another task while the first still waits for the reader."""
+
+    def __init__(self) -> None:
+        self.first_waits = trio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+
+        async def first() -> None:
+            await send({"type": "http.response.body", "body": b"a" * (8 << 20), "more_body": True})
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await trio.testing.wait_all_tasks_blocked()  # the first piece fills the socket and waits
+            self.first_waits.set()
+            await send({"type": "http.response.body", "body": b"b" * 100, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def test_a_write_while_another_waits_for_the_reader_goes_after_it_whole() -> None:
+    app = TwoWriters()
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(lambda task_status: HTTPServer(app, keep_alive_timeout=5).serve(
+            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
+        stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        async with stream:
+            await stream.send_all(b"GET /two HTTP/1.1\r\nHost: h\r\n\r\n")
+            await app.first_waits.wait()
+            with trio.fail_after(30):
+                data = await read_until(stream, b"\r\n0\r\n\r\n")
+        body = data.split(b"\r\n\r\n", 1)[1]
+        pieces = []
+        while body:  # the chunked framing, piece by piece
+            size, _, rest = body.partition(b"\r\n")
+            pieces.append(rest[: int(size, 16)])
+            body = rest[int(size, 16) + 2:]
+        assert [len(piece) for piece in pieces] == [8 << 20, 100, 0]
+        assert pieces[0] == b"a" * (8 << 20) and pieces[1] == b"b" * 100
+        stop.set()

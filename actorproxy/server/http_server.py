@@ -197,7 +197,7 @@ class _Connection:
         """
         try:
             while True:
-                request = http1.parse_head(self.buffer)
+                request = http1.parse_head(self.buffer) if self.buffer else None
                 if request is not None:
                     self.idle_since, self.timed_out = None, False
                     self.room.unpark_all()
@@ -229,36 +229,48 @@ class _Connection:
             await trio.lowlevel.checkpoint()  # an app sending into a closed connection still lets others run
             return
         await trio.lowlevel.checkpoint_if_cancelled()
-        await _acquire(self.write_lock)
-        sock = self.sock
+        lock = self.write_lock
+        if lock.locked():  # another write waits for the socket: this one goes after it
+            async with lock:
+                if not self.closed:
+                    await self._send(data, 0)
+            return
         try:
-            try:
-                sent = sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            if sent < len(data):
-                view = memoryview(data)[sent:]
-                try:
-                    while view:
-                        await trio.lowlevel.wait_writable(sock)
-                        try:
-                            view = view[sock.send(view):]
-                        except (BlockingIOError, InterruptedError):
-                            pass
-                except BaseException:
-                    if len(view) < len(data):  # cut in the middle (cancelled): nothing after it can be framed
-                        self.closed = True
-                    raise
-                self.writes = 0
-            else:
-                self.writes += 1
-                if self.writes >= _WRITES_PER_ROUND:
-                    self.writes = 0
-                    await trio.lowlevel.cancel_shielded_checkpoint()
+            sent = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
         except OSError:  # the client is gone (a reset, a broken pipe)
             self.closed = True
+            return
+        if sent == len(data):  # the common case: no lock taken, no scheduling round
+            self.writes += 1
+            if self.writes >= _WRITES_PER_ROUND:
+                self.writes = 0
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        lock.acquire_nowait()  # free: nothing was awaited since it was found free
+        try:
+            await self._send(data, sent)
         finally:
-            self.write_lock.release()
+            lock.release()
+
+    async def _send(self, data: bytes, sent: int) -> None:
+        """Send ``data[sent:]``, waiting for the socket as needed (the caller holds the write lock)."""
+        sock = self.sock
+        view = memoryview(data)[sent:]
+        self.writes = 0
+        try:
+            while view:
+                try:
+                    view = view[sock.send(view):]
+                except (BlockingIOError, InterruptedError):
+                    await trio.lowlevel.wait_writable(sock)
+        except OSError:  # the client is gone (a reset, a broken pipe)
+            self.closed = True
+        except BaseException:
+            if len(view) < len(data):  # cut in the middle (cancelled): nothing after it can be framed
+                self.closed = True
+            raise
 
 
 class _Cycle:

@@ -128,6 +128,8 @@ class SSEReply:
 
     async def __anext__(self) -> bytes:
         events, frames = self.events, self._frames
+        if not frames and not self._ended:  # nothing pending: wait for the next event (taken at once if ready)
+            frames.append(self._frame(await self._receive()))
         while True:
             while not self._ended:  # every event that is ready joins this chunk
                 try:
@@ -144,11 +146,13 @@ class SSEReply:
             if self._ended:
                 raise StopAsyncIteration
             frames.clear()
-            try:
-                event: TurnEvent | None = await events.receive()  # cancel-safe: a memory channel loses nothing
-            except trio.EndOfChannel:
-                event = None
-            frames.append(self._frame(event))
+            frames.append(self._frame(await self._receive()))
+
+    async def _receive(self) -> TurnEvent | None:
+        try:
+            return await self.events.receive()  # cancel-safe: a memory channel loses nothing
+        except trio.EndOfChannel:
+            return None
 
     def _frame(self, event: TurnEvent | None) -> bytes:
         """The frame of ``event`` (``None``: the turn's events ended early); the last one ends the reply."""
