@@ -27,7 +27,7 @@ accepted before, and every error is the one the full check gives, word for word.
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import attrs
 import msgspec
@@ -39,8 +39,11 @@ from .jsonio import MAX_DEPTH, load_body, nesting
 #: Raw JSON bytes of messages kept (twice that at most while the memo turns over).
 MEMO_BYTES = 64 << 20
 
+#: What a memo keeps for a message's text: the checked message (a chat body), or what it converts to.
+T = TypeVar("T")
 
-class MessageMemo:
+
+class MessageMemo(Generic[T]):
     """Message JSON text -> the message checked for it (with its nesting), for every recent session.
 
     Two generations: lookups hit the young one or promote from the old one;
@@ -50,8 +53,8 @@ class MessageMemo:
 
     def __init__(self, max_bytes: int = MEMO_BYTES) -> None:
         self._max = max_bytes
-        self._young: dict[bytes, tuple[FrozenMessage, int]] = {}
-        self._old: dict[bytes, tuple[FrozenMessage, int]] = {}
+        self._young: dict[bytes, tuple[T, int]] = {}
+        self._old: dict[bytes, tuple[T, int]] = {}
         self._bytes = 0
 
     def find(self, keys: list[bytes]) -> list[Any]:
@@ -65,11 +68,11 @@ class MessageMemo:
                         self._add(keys[i], entry)
         return found
 
-    def put(self, key: bytes, message: FrozenMessage, depth: int) -> None:
+    def put(self, key: bytes, message: T, depth: int) -> None:
         if key not in self._young:
             self._add(key, (message, depth))
 
-    def _add(self, key: bytes, entry: tuple[FrozenMessage, int]) -> None:
+    def _add(self, key: bytes, entry: tuple[T, int]) -> None:
         if self._bytes + len(key) > self._max:
             self._old, self._young, self._bytes = self._young, {}, 0
         self._young[key] = entry
@@ -158,7 +161,7 @@ class ChatBody:
     messages: list[FrozenMessage]
 
 
-def load_chat_body(raw: bytes, memo: MessageMemo) -> Any:
+def load_chat_body(raw: bytes, memo: MessageMemo[FrozenMessage]) -> Any:
     """A request body: a :class:`ChatBody` when every message is known good, else its JSON value.
 
     Raises what :func:`~actorproxy.wire.jsonio.load_body` raises (empty, not JSON,
@@ -170,7 +173,7 @@ def load_chat_body(raw: bytes, memo: MessageMemo) -> Any:
     return body if body is not None else load_body(raw)
 
 
-def _from_memo(raw: bytes, memo: MessageMemo) -> ChatBody | None:
+def _from_memo(raw: bytes, memo: MessageMemo[FrozenMessage]) -> ChatBody | None:
     """The body with its messages from the memo, or ``None`` where the ordinary way must decide."""
     try:
         top = _TOP.decode(raw)

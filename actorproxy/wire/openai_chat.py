@@ -14,6 +14,7 @@ from ..core.messages import output_as_message
 from ..core.parser import OutputDelta
 from ..errors import BadRequest, ProxyError
 from ..runtime.messages import ChatRequest, TurnAccepted, TurnDone
+from ..tokenization.message_fields import FrozenMessage
 from .chat_messages import ChatBody, MessageMemo, load_chat_body
 from .converter import structure
 from .format import ReplyInfo, TurnFormat
@@ -273,7 +274,7 @@ class OpenAIChatFormat(TurnFormat[OpenAIChatCall]):
         #: Turns the sampled ids into tokens when a call asks for logprobs.
         self._tokenizer = tokenizer
         #: The messages recent turns sent, checked: a history is not checked again every turn.
-        self._memo = MessageMemo()
+        self._memo: MessageMemo[FrozenMessage] = MessageMemo()
 
     def load(self, raw: bytes) -> Any:
         return load_chat_body(raw, self._memo)

@@ -1,0 +1,155 @@
+"""An Anthropic Messages body's history converted once per distinct message, not once per turn (issue 12).
+
+Claude Code sends its whole conversation, its system prompt and its tools (tens of
+KB of schemas) every turn. Parsing all of it, checking every content block and
+converting every message to the OpenAI form the template renders took about 7 ms
+per turn at 400 messages (215 KB), growing with the history.
+
+The same scheme as the chat body's (:mod:`.chat_messages`): msgspec hands out the
+raw JSON text of each top-level field and of each message; a message whose text a
+recent turn sent, byte for byte, maps to what it converted to then — the same
+:class:`FrozenMessage` objects every turn, so ``MessageCut`` and the append-only
+match are identity checks too. The ``system`` and ``tools`` fields are kept the
+same way, by their text. What converts a message depends on nothing but its own
+text (its index only names it in errors), except that a ``role: "system"`` message
+with ``clear_at: "next_user_message"`` leaves the conversation once a later user
+message exists: that is decided per body, from the roles.
+
+Anything the fast path cannot vouch for — a body msgspec cannot read, a part orjson
+refuses, a non-ASCII top-level key, nesting past the bound, a message, ``system`` or
+``tools`` that does not convert, a last message from the assistant — is loaded and
+checked the ordinary way, whole (``jsonio.load_body``, ``parse_messages_body``), so
+what is accepted is what was accepted before and every error is the one the full
+check gives, word for word.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import attrs
+import orjson
+
+from ..tokenization.message_fields import FrozenMessage
+from .anthropic_request import clears_at_next_user, convert_content, convert_tools, role_and_content, system_messages
+from .chat_messages import _ITEMS, _TOP, MEMO_BYTES, MessageMemo
+from .jsonio import MAX_DEPTH, load_body, nesting
+
+#: Raw JSON bytes of ``system`` and ``tools`` fields kept (they repeat every turn; a few per agent).
+FIELD_MEMO_BYTES = 16 << 20
+T = TypeVar("T")
+#: The fields converted through a memo; the others are parsed as they come.
+_CONVERTED = ("messages", "system", "tools")
+
+
+@attrs.frozen
+class Converted:
+    """One Anthropic message as converted: its role, its OpenAI messages, and whether a later user turn clears it."""
+
+    role: str
+    messages: tuple[FrozenMessage, ...]
+    clears: bool = False
+
+
+@attrs.frozen
+class MessagesBody:
+    """A Messages body read from bytes whose messages, system prompt and tools all convert."""
+
+    #: The body's fields but ``messages``, ``system`` and ``tools``, as orjson parses them.
+    value: dict[str, Any]
+    #: The conversation as OpenAI messages (``system`` first): the memo's shared objects.
+    messages: list[FrozenMessage]
+    #: The tools as OpenAI function tools (a list of its own; the tools themselves are shared).
+    tools: list[dict[str, Any]]
+
+
+class AnthropicMemo:
+    """What recent turns' messages, system prompts and tool lists converted to, by their JSON text."""
+
+    def __init__(self, max_bytes: int = MEMO_BYTES, field_bytes: int = FIELD_MEMO_BYTES) -> None:
+        self.messages: MessageMemo[Converted] = MessageMemo(max_bytes)
+        self.system: MessageMemo[tuple[FrozenMessage, ...]] = MessageMemo(field_bytes)
+        self.tools: MessageMemo[tuple[dict[str, Any], ...]] = MessageMemo(field_bytes)
+
+
+def load_messages_body(raw: bytes, memo: AnthropicMemo) -> Any:
+    """A request body: a :class:`MessagesBody` when everything in it converts, else its JSON value.
+
+    Raises what :func:`~actorproxy.wire.jsonio.load_body` raises (empty, not JSON,
+    too deep), with the same words: any body the fast path does not take whole is
+    loaded that way, and its JSON value goes through ``parse_messages_body`` whole.
+    """
+    try:
+        body = _from_memo(raw, memo)
+    except Exception:  # anything a conversion refuses: the full check says what, in its order
+        body = None
+    return body if body is not None else load_body(raw)
+
+
+def _from_memo(raw: bytes, memo: AnthropicMemo) -> MessagesBody | None:
+    try:
+        top = _TOP.decode(raw)
+        texts = _ITEMS.decode(top["messages"])
+    except Exception:  # not an object, no messages array, not JSON (orjson's error says what is wrong)
+        return None
+    if not texts or not all(map(str.isascii, top)):
+        return None
+    # Each part parsed by orjson, as the whole body would be (a text the memo holds was, byte for byte).
+    value = {key: orjson.loads(bytes(part)) for key, part in top.items() if key not in _CONVERTED}
+    depth = nesting(value, MAX_DEPTH)
+    system: tuple[FrozenMessage, ...] = ()
+    if "system" in top:
+        system, system_depth = _field(memo.system, bytes(top["system"]), _system)
+        depth = max(depth, 1 + system_depth)
+    tools: tuple[dict[str, Any], ...] = ()
+    if "tools" in top:
+        tools, tools_depth = _field(memo.tools, bytes(top["tools"]), _tools)
+        depth = max(depth, 1 + tools_depth)
+    keys = list(map(bytes, texts))
+    found = memo.messages.find(keys)
+    for i, hit in enumerate(found):
+        if hit is None:
+            message = orjson.loads(keys[i])
+            found[i] = (_convert(message), nesting(message, MAX_DEPTH))
+            memo.messages.put(keys[i], *found[i])
+    if max(depth, 2 + max(entry[1] for entry in found)) > MAX_DEPTH:
+        return None
+    entries: list[Converted] = [entry[0] for entry in found]
+    if entries[-1].role == "assistant":
+        return None  # prefill: the full check names it
+    messages = list(system)
+    user_later = [False] * len(entries)
+    seen_user = False
+    for i in range(len(entries) - 1, -1, -1):
+        user_later[i] = seen_user
+        seen_user = seen_user or entries[i].role == "user"
+    for entry, cleared in zip(entries, user_later, strict=True):
+        if not (entry.clears and cleared):
+            messages.extend(entry.messages)
+    return MessagesBody(value, messages, list(tools))
+
+
+def _field(memo: MessageMemo[T], key: bytes, convert: Callable[[Any], T]) -> tuple[T, int]:
+    """A top-level field converted (from the memo when its text was seen), with its nesting."""
+    hit: tuple[T, int] | None = memo.find([key])[0]
+    if hit is None:
+        parsed = orjson.loads(key)
+        hit = (convert(parsed), nesting(parsed, MAX_DEPTH))
+        memo.put(key, *hit)
+    return hit
+
+
+def _system(system: Any) -> tuple[FrozenMessage, ...]:
+    return tuple(FrozenMessage(m) for m in system_messages(system))
+
+
+def _tools(tools: Any) -> tuple[dict[str, Any], ...]:
+    return tuple(convert_tools(tools))
+
+
+def _convert(message: Any) -> Converted:
+    """One message converted (raises as the full check does on it; the index in the words is not used)."""
+    role, content = role_and_content(message, "messages")
+    clears = role == "system" and clears_at_next_user(message)
+    return Converted(role, tuple(FrozenMessage(m) for m in convert_content(role, content, "messages")), clears)

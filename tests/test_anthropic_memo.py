@@ -1,0 +1,291 @@
+"""An Anthropic Messages history is converted once per distinct message, not every turn (issue 12).
+
+``AnthropicFormat.load`` hands out the same converted (frozen) messages for the
+same message text every turn, and the same converted tools for the same tools
+text. These tests make sure nothing cached ever stands for something that
+changed (an old message edited, moved or deleted converts again and is a history
+rewrite exactly as before), that a ``clear_at`` system message is cleared by the
+body it is in, and that every body is decided as the full conversion decides it:
+the same request, or the same error word for word.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import hypothesis.strategies as st
+import orjson
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+
+from actorproxy.errors import BadRequest
+from actorproxy.serve import RunningProxy
+from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.tokenization.message_fields import FrozenMessage
+from actorproxy.wire.anthropic import AnthropicFormat, parse_messages_body
+from actorproxy.wire.anthropic_messages import AnthropicMemo, MessagesBody, load_messages_body
+from actorproxy.wire.jsonio import MAX_DEPTH, load_body
+
+TOOLS = [{"name": "read_file", "description": "Read a file", "input_schema": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
+SYSTEM = [{"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}}]
+HISTORY: list[dict[str, Any]] = [
+    {"role": "user", "content": [{"type": "text", "text": "Read a.py."}]},
+    {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "Read it.", "signature": "sig"},
+        {"type": "text", "text": "Reading."},
+        {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a.py"}}]},
+    {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "print('a')"}]},
+        {"type": "text", "text": "And now?"}]},
+]
+_FIELDS = ["role", "content", "type", "text", "thinking", "signature", "id", "name", "input", "tool_use_id",
+           "is_error", "clear_at", "system", "messages", "model", "max_tokens", "tools", "input_schema",
+           "description", "stream", "temperature", "extra"]
+
+
+def _raw(messages: list[dict[str, Any]], **fields: Any) -> bytes:
+    return orjson.dumps({"model": "m", "max_tokens": 64, "system": SYSTEM, "tools": TOOLS, "messages": messages,
+                         **fields})
+
+
+def _loaded(memo: AnthropicMemo, raw: bytes) -> MessagesBody:
+    body = load_messages_body(raw, memo)
+    assert isinstance(body, MessagesBody)
+    return body
+
+
+def _decision(load: Any, parse: Any, raw: bytes) -> Any:
+    try:
+        return parse(load(raw))
+    except BadRequest as exc:
+        return (str(exc), exc.param, exc.code)
+
+
+def test_a_repeated_history_is_the_same_converted_objects_every_turn() -> None:
+    fmt = AnthropicFormat()
+    first = fmt.load(_raw(HISTORY))
+    later = [*HISTORY, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "Thanks."}]
+    second = fmt.load(_raw(later))
+    assert isinstance(first, MessagesBody) and isinstance(second, MessagesBody)
+    assert all(a is b for a, b in zip(first.messages, second.messages, strict=False))
+    assert len(second.messages) == len(first.messages) + 2
+    assert all(type(m) is FrozenMessage for m in second.messages)
+    assert all(a is b for a, b in zip(first.tools, second.tools, strict=True))
+    assert fmt.parse(second).request == parse_messages_body(orjson.loads(_raw(later))).request
+
+
+@pytest.mark.parametrize("edit", ["text", "tool_input", "tool_result", "reorder", "delete", "system", "tools",
+                                  "spacing"])
+def test_an_old_message_edited_moved_or_deleted_is_never_its_cached_self(edit: str) -> None:
+    fmt = AnthropicFormat()
+    fmt.parse(fmt.load(_raw(HISTORY)))
+    messages = json.loads(json.dumps(HISTORY))
+    fields: dict[str, Any] = {}
+    if edit == "text":
+        messages[0]["content"][0]["text"] = "Read b.py."
+    elif edit == "tool_input":
+        messages[1]["content"][2]["input"] = {"path": "b.py"}
+    elif edit == "tool_result":
+        messages[2]["content"][0]["content"][0]["text"] = "print('b')"
+    elif edit == "reorder":
+        messages[0], messages[2] = messages[2], messages[0]
+    elif edit == "delete":
+        del messages[1]
+    elif edit == "system":
+        fields["system"] = "Another system prompt."
+    elif edit == "tools":
+        fields["tools"] = [{**TOOLS[0], "name": "write_file"}]
+    raw = _raw(messages, **fields)
+    if edit == "spacing":  # the same message written otherwise: converted again, equal
+        raw = raw.replace(b'"text":"Read a.py."', b'"text" : "Read a.py."')
+    assert _decision(fmt.load, fmt.parse, raw) == _decision(load_body, parse_messages_body, raw)
+
+
+def test_a_cleared_system_message_is_decided_by_the_body_it_is_in() -> None:
+    fmt = AnthropicFormat()
+    reminder = {"role": "system", "content": "Remember the tests.", "clear_at": "next_user_message"}
+    go_on = {"role": "user", "content": "Go on."}
+    bodies = {
+        "cleared": [*HISTORY, reminder, go_on],
+        "kept": [*HISTORY, reminder],  # no user message after it (yet)
+        "cleared later": [*HISTORY, reminder, {"role": "assistant", "content": "Ok."}, go_on],
+    }
+    for name, messages in bodies.items():  # the same cached reminder in each
+        raw = _raw(messages)
+        assert isinstance(fmt.load(raw), MessagesBody)
+        call = _decision(fmt.load, fmt.parse, raw)
+        assert call == _decision(load_body, parse_messages_body, raw)
+        assert ({"role": "system", "content": "Remember the tests."} in call.request.messages) == (name == "kept")
+
+
+BAD_MESSAGES: list[Any] = [
+    {"role": "user", "content": [{"type": "image", "source": {}}]},
+    {"role": "user", "content": [{"type": "tool_result", "content": "x"}]},
+    {"role": "user", "content": [{"text": "no type"}]},
+    {"role": "user", "content": 7},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": "not an object"}]},
+    {"role": "assistant", "content": [{"type": "server_tool_use", "id": "t"}]},
+    {"role": "robot", "content": "x"},
+    {"content": "x"},
+    {"role": "system", "content": [{"type": "image"}]},
+    {"role": "system", "content": [{"type": "image"}], "clear_at": "next_user_message"},
+    "a string",
+    None,
+    [],
+]
+
+
+@pytest.mark.parametrize("bad", BAD_MESSAGES, ids=[json.dumps(b)[:40] for b in BAD_MESSAGES])
+def test_a_bad_new_message_gets_the_full_conversions_error_word_for_word(bad: Any) -> None:
+    fmt = AnthropicFormat()
+    fmt.parse(fmt.load(_raw(HISTORY)))  # the history is in the memo
+    after = {"role": "user", "content": "."}
+    for messages in ([*HISTORY, bad], [HISTORY[0], bad, *HISTORY[1:]], [*HISTORY, bad, after],
+                     [*HISTORY, {"role": "assistant", "content": "prefill"}]):
+        raw = _raw(messages)
+        assert _decision(fmt.load, fmt.parse, raw) == _decision(load_body, parse_messages_body, raw)
+
+
+@pytest.mark.parametrize("bad", [{"system": 7}, {"system": [{"type": "image"}]}, {"tools": [{"name": "f"}]},
+                                 {"tools": [{"type": "web_search", "name": "w"}]}, {"tools": {}},
+                                 {"model": None, "tools": 3}])
+def test_bad_system_or_tools_get_the_full_conversions_error(bad: dict[str, Any]) -> None:
+    fmt = AnthropicFormat()
+    fmt.parse(fmt.load(_raw(HISTORY)))
+    raw = _raw(HISTORY, **bad)
+    decided = _decision(fmt.load, fmt.parse, raw)
+    assert isinstance(decided, tuple) and decided == _decision(load_body, parse_messages_body, raw)
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH - 5, MAX_DEPTH - 4, MAX_DEPTH - 3, MAX_DEPTH - 2, MAX_DEPTH - 1])
+@pytest.mark.parametrize("where", ["message", "tools", "system", "other"])
+def test_the_nesting_bound_is_the_same_with_a_cached_history(depth: int, where: str) -> None:
+    fmt = AnthropicFormat()
+    fmt.parse(fmt.load(_raw(HISTORY)))
+    if where == "message":
+        raw = _raw([*HISTORY[:-1], {**HISTORY[-1], "extra": _nested(depth)}])
+    elif where == "tools":
+        raw = _raw(HISTORY, tools=[{**TOOLS[0], "input_schema": _nested(depth)}])
+    elif where == "system":
+        raw = _raw(HISTORY, system=[{**SYSTEM[0], "cache_control": _nested(depth)}])
+    else:
+        raw = _raw(HISTORY, metadata=_nested(depth))
+    assert _decision(fmt.load, fmt.parse, raw) == _decision(load_body, parse_messages_body, raw)
+
+
+def test_the_memo_is_bounded() -> None:
+    memo = AnthropicMemo(max_bytes=1000, field_bytes=1000)
+    for i in range(100):
+        _loaded(memo, _raw([{"role": "user", "content": f"message {i} " + "x" * 40}]))
+    assert len(memo.messages) < 50
+    again = _loaded(memo, _raw([{"role": "user", "content": "message 0 " + "x" * 40}]))
+    assert again.messages[-1] == {"role": "user", "content": "message 0 " + "x" * 40}
+
+
+# -- the fast path decides every body as the full one does -----------------------------------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8) | st.sampled_from(["user", "assistant", "system", "text", "tool_use", "tool_result",
+                                             "thinking", "next_user_message", "\udc80"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_FIELDS), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@st.composite
+def _bodies(draw: st.DrawFn) -> bytes:
+    """A body with the cached history and a new message, one thing in it changed, then maybe its bytes."""
+    messages = json.loads(json.dumps([*HISTORY, {"role": "assistant", "content": "ok"},
+                                      {"role": "user", "content": "n"}]))
+    if draw(st.booleans()):
+        messages.insert(draw(st.integers(0, len(messages))),
+                        {"role": "system", "content": "note", "clear_at": "next_user_message"})
+    body: dict[str, Any] = {"model": "m", "max_tokens": 64, "system": json.loads(json.dumps(SYSTEM)),
+                            "tools": json.loads(json.dumps(TOOLS)), "messages": messages}
+    target: Any = draw(st.sampled_from([body, body, body["tools"][0], *messages]))
+    content = target.get("content")
+    if draw(st.booleans()) and isinstance(content, list) and content:
+        target = draw(st.sampled_from(content))
+    action = draw(st.sampled_from(["set", "set", "delete", "none"]))
+    if action == "delete" and target:
+        target.pop(draw(st.sampled_from(sorted(target))))
+    elif action == "set":
+        target[draw(st.sampled_from(_FIELDS))] = draw(_json)
+    text = json.dumps(body, ensure_ascii=draw(st.booleans()), indent=draw(st.sampled_from([None, 1])))
+    raw = text.encode("utf-8", "surrogatepass")  # a lone surrogate raw or escaped: both refused as JSON
+    cut = draw(st.sampled_from(["none", "none", "byte", "insert", "truncate"]))
+    if cut != "none" and raw:
+        at = draw(st.integers(0, len(raw) - 1))
+        if cut == "byte":
+            raw = raw[:at] + bytes([draw(st.integers(0, 255))]) + raw[at + 1:]
+        elif cut == "insert":
+            raw = raw[:at] + draw(st.sampled_from([b",", b"]", b"{", b'"', b"\\", b"\xff", b" ", b"1"])) + raw[at:]
+        else:
+            raw = raw[:at]
+    return raw
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=_bodies())
+def test_a_body_is_decided_as_the_full_conversion_decides_it(raw: bytes) -> None:
+    fmt = AnthropicFormat()
+    fmt.parse(fmt.load(_raw(HISTORY)))  # the history is in the memo
+    fast = _decision(fmt.load, fmt.parse, raw)
+    assert fast == _decision(load_body, parse_messages_body, raw)
+    try:
+        event("refused" if isinstance(fast, tuple) else "fast path" if isinstance(fmt.load(raw), MessagesBody)
+              else "full")
+    except BadRequest:
+        event("refused on load")
+
+
+# -- over HTTP: a rewritten history still splits the segment ---------------------------------------------
+
+
+@pytest.fixture
+async def engine(tokenizer: Any) -> SimEngine:
+    """This module's engine (conftest's ``proxy`` and ``http`` serve it)."""
+    return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0))
+
+
+@pytest.mark.parametrize("edit", [None, "text", "tool_input", "our_reply", "system", "delete"])
+async def test_an_edited_old_message_is_still_a_history_rewrite(
+    http: httpx.AsyncClient, proxy: RunningProxy, edit: str | None
+) -> None:
+    session = f"anthropic-edit-{edit}"
+    messages = json.loads(json.dumps(HISTORY))
+    system: Any = SYSTEM
+    for turn in range(4):
+        if turn == 3 and edit is not None:
+            if edit == "text":
+                messages[0]["content"][0]["text"] = "Read b.py."
+            elif edit == "tool_input":
+                messages[1]["content"][2]["input"] = {"path": "b.py"}
+            elif edit == "our_reply":
+                messages[3]["content"][0]["text"] += " (edited)"
+            elif edit == "system":
+                system = "Another system prompt."
+            elif edit == "delete":
+                del messages[2:4]
+        body = {"model": "m", "max_tokens": 12, "system": system, "tools": TOOLS, "messages": messages}
+        response = await http.post("/v1/messages", json=body, headers={"X-Session-Id": session})
+        assert response.status_code == 200, response.text
+        text = "".join(block["text"] for block in response.json()["content"] if block["type"] == "text")
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
+        messages.append({"role": "user", "content": f"next {turn}"})
+    assert (await http.post("/session/finalize", json={"session_id": session})).status_code == 200
+    data = (await http.post("/trajectory/read", json={"session_id": session, "drain": True})).json()["data"]
+    expected = {None: ["session_start"], "system": ["session_start", "system_changed"]}.get(
+        edit, ["session_start", "history_rewrite"])
+    assert [segment["start_reason"] for segment in data] == expected
