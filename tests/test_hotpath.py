@@ -134,8 +134,8 @@ async def test_a_short_turn_is_prepared_on_the_loop_a_long_one_in_a_thread(token
         messages += [first.message, {"role": "user", "content": "and then?"}]
         assert (await run_turn(runtime, "s", messages, max_tokens=8)).done is not None
         assert [on_loop for text, on_loop in seen if "and then?" in text] == [True], seen
-        seen.clear()
-        assert (await run_turn(runtime, "other", [{"role": "user", "content": "word " * 2000}],
+        seen.clear()  # another long prompt (session "s"'s again would come from the prompt cache, untokenized)
+        assert (await run_turn(runtime, "other", [{"role": "user", "content": "other words " * 1000}],
                                max_tokens=8)).done is not None
         assert [on_loop for text, on_loop in seen] == [False], seen
 

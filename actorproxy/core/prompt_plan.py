@@ -94,7 +94,7 @@ def plan_prompt(
                     add_generation_prompt=True,
                     enable_thinking=request.enable_thinking,
                 )
-                fragment = tokenizer.encode(text)
+                fragment = tokenizer.encode_prompt(text)  # what an earlier prompt started with is not tokenized again
         except Exception as exc:  # the template rejects these messages
             raise BadRequest(f"the chat template cannot render these messages: {exc}", param="messages") from exc
         input_ids = array("i", fragment)

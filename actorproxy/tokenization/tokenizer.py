@@ -18,10 +18,12 @@ from typing import Any
 from .chat_render import CompiledTemplate, compile_template
 from .gguf import end_of_turn_id, eog_ids, is_gguf, load_gguf_hf
 from .message_fields import MessageCut, cut_message, template_message_fields
+from .prompt_cache import PromptCache, prompt_cache
 from .qwen3 import qwen3_tokenizer_file
 from .template_inputs import wants_object_arguments, with_object_arguments
 from .turn_end import learn_turn_end
 
+log = logging.getLogger(__name__)
 _TEMPLATES = Path(__file__).parent / "templates"
 BUILTIN_NAME = "qwen3"
 
@@ -87,6 +89,9 @@ class ChatTokenizer:
         self._encode_batch: Any = None if self._rust is None else getattr(
             self._rust, "encode_batch_fast", self._rust.encode_batch)
         self._token_texts: dict[int, str] = {}
+        #: Whole prompts tokenized from the prefix an earlier one had (built on first use; ``None``: not possible).
+        self._prompt_cache: PromptCache | None = None
+        self._prompt_cache_made = False
         # Rendering calls the compiled template directly when it renders exactly what transformers does.
         self._compiled: CompiledTemplate | None = compile_template(
             hf.chat_template, hf.special_tokens_map, self._apply_template, trusted=trusted_template)
@@ -122,6 +127,29 @@ class ChatTokenizer:
             # long prompt tokenized in a worker thread does not freeze the event loop (same ids, same cost).
             return array("i", self._encode_batch([text], add_special_tokens=False)[0].ids)
         return array("i", self.hf.encode(text, add_special_tokens=False))
+
+    def encode_prompt(self, text: str) -> array[int]:
+        """:meth:`encode` for a whole rendered prompt: a prefix an earlier prompt had is not tokenized again.
+
+        The same ids as :meth:`encode` (see :mod:`.prompt_cache`, which checks this tokenizer can be cut).
+        """
+        if not self._prompt_cache_made:
+            self._prompt_cache = self._make_prompt_cache()
+            self._prompt_cache_made = True
+        cache = self._prompt_cache
+        return self.encode(text) if cache is None else cache.encode(text)
+
+    def _make_prompt_cache(self) -> PromptCache | None:
+        if self._encode_batch is None:
+            return None
+        sample = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                  {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"}]
+        try:
+            text = self.render(sample, add_generation_prompt=True)
+            return prompt_cache(self.encode, dict(self.hf.added_tokens_decoder), text)
+        except Exception:  # a template that cannot render the sample: prompts are tokenized whole
+            log.debug("prompts are tokenized whole (the cache could not be set up)", exc_info=True)
+            return None
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens included."""
