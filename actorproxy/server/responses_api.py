@@ -84,6 +84,8 @@ def _text(parts: Any, where: str, *, joiner: str = "\n") -> str:
     for j, part in enumerate(parts):
         at = f"{where}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str):  # a list or an object is no kind (and cannot be looked up in a set)
+            kind = None
         if kind in _MEDIA_PARTS:
             raise _bad(f"{at}: {kind} parts are not supported (this proxy serves a text-only model)", at)
         if kind == "refusal" and isinstance(part.get("refusal"), str):
@@ -130,21 +132,15 @@ class _Assistant:
         # Reasoning after text or calls, or text after calls, begins a new turn.
         return self._ORDER[kind] >= self.stage and not (kind != "function_call" and self.stage == 2)
 
-    def add(self, kind: str, item: dict[str, Any], where: str) -> None:
+    def add_part(self, kind: str, part: Any) -> None:
+        """A converted part (:func:`assistant_part`) of this turn."""
         self.stage = max(self.stage, self._ORDER[kind])
         if kind == "reasoning":
-            self.reasoning.append(decode_reasoning(item, where))
+            self.reasoning.append(part)
         elif kind == "message":
-            self.texts.append(_text(item.get("content"), f"{where}.content", joiner=""))
+            self.texts.append(part)
         else:
-            name, arguments, call_id = item.get("name"), item.get("arguments"), item.get("call_id")
-            if not isinstance(name, str) or not name:
-                raise _bad(f"{where}.name must be a non-empty string", f"{where}.name")
-            if not isinstance(arguments, str):
-                raise _bad(f"{where}.arguments must be a JSON string", f"{where}.arguments")
-            if not isinstance(call_id, str) or not call_id:
-                raise _bad(f"{where}.call_id must be a non-empty string", f"{where}.call_id")
-            self.calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+            self.calls.append(part)
 
     def message(self) -> dict[str, Any]:
         # Texts are joined with "" as the Anthropic path does: a reply streamed in parts echoes whole.
@@ -157,49 +153,86 @@ class _Assistant:
         return message
 
 
+def assistant_part(kind: str, item: dict[str, Any], where: str) -> Any:
+    """An output item of an assistant turn converted: its reasoning or text, or its tool call."""
+    if kind == "reasoning":
+        return decode_reasoning(item, where)
+    if kind == "message":
+        return _text(item.get("content"), f"{where}.content", joiner="")
+    name, arguments, call_id = item.get("name"), item.get("arguments"), item.get("call_id")
+    if not isinstance(name, str) or not name:
+        raise _bad(f"{where}.name must be a non-empty string", f"{where}.name")
+    if not isinstance(arguments, str):
+        raise _bad(f"{where}.arguments must be a JSON string", f"{where}.arguments")
+    if not isinstance(call_id, str) or not call_id:
+        raise _bad(f"{where}.call_id must be a non-empty string", f"{where}.call_id")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def item_kind(item: Any, where: str) -> tuple[Any, bool]:
+    """An input item's kind, and whether it is part of an assistant turn (reasoning, message, function_call)."""
+    if not isinstance(item, dict):
+        raise _bad(f"{where} must be an object", where)
+    kind = item.get("type", "message" if "role" in item else None)
+    if kind == "message" and item.get("role") == "assistant" or kind in ("reasoning", "function_call"):
+        return ("message" if kind == "message" else kind), True
+    return kind, False
+
+
+def other_message(kind: Any, item: dict[str, Any], where: str) -> dict[str, Any]:
+    """An input item that is not part of an assistant turn, as its chat message."""
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "system", "developer"):
+            raise _bad(f"{where}.role must be user, assistant, system or developer, got {role!r}", f"{where}.role")
+        text = _text(item.get("content"), f"{where}.content")
+        return {"role": "user" if role == "user" else "system", "content": text}
+    if kind == "function_call_output":
+        # Codex also injects outputs that answer no call (no call_id; a name such as
+        # "goal_objective"): they are tool results all the same.
+        call_id = item.get("call_id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise _bad(f"{where}.call_id must be a string", f"{where}.call_id")
+        tool: dict[str, Any] = {"role": "tool", "content": _text(item.get("output"), f"{where}.output")}
+        if call_id:
+            tool = {"role": "tool", "tool_call_id": call_id, "content": tool["content"]}
+        return tool
+    raise _bad(f"{where}: input items of type {kind!r} are not supported "
+               "(use message, function_call, function_call_output, reasoning)", f"{where}.type")
+
+
 def convert_input(items: Any) -> list[dict[str, Any]]:
     """Responses ``input`` as the chat messages the template renders (see the module docstring)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
         raise _bad("'input' must be a string or a non-empty array of items", "input")
-    messages: list[dict[str, Any]] = []
-    turn: _Assistant | None = None
+    parts = []
     for i, item in enumerate(items):
         where = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise _bad(f"{where} must be an object", where)
-        kind = item.get("type", "message" if "role" in item else None)
-        role = item.get("role")
-        if kind == "message" and role == "assistant" or kind in ("reasoning", "function_call"):
-            kind = "message" if kind == "message" else kind
+        kind, assistant = item_kind(item, where)
+        parts.append((kind, assistant_part(kind, item, where) if assistant else other_message(kind, item, where),
+                      assistant))
+    return assemble_input(parts)
+
+
+def assemble_input(parts: Iterable[tuple[Any, Any, bool]]) -> list[dict[str, Any]]:
+    """The chat messages of converted items ``(kind, part or message, part of an assistant turn)``:
+    a run of assistant parts becomes one assistant message."""
+    messages: list[dict[str, Any]] = []
+    turn: _Assistant | None = None
+    for kind, converted, assistant in parts:
+        if assistant:
             if turn is None or not turn.accepts(kind):
                 if turn is not None:
                     messages.append(turn.message())
                 turn = _Assistant()
-            turn.add(kind, item, where)
+            turn.add_part(kind, converted)
             continue
         if turn is not None:
             messages.append(turn.message())
             turn = None
-        if kind == "message":
-            if role not in ("user", "system", "developer"):
-                raise _bad(f"{where}.role must be user, assistant, system or developer, got {role!r}", f"{where}.role")
-            text = _text(item.get("content"), f"{where}.content")
-            messages.append({"role": "user" if role == "user" else "system", "content": text})
-        elif kind == "function_call_output":
-            # Codex also injects outputs that answer no call (no call_id; a name such as
-            # "goal_objective"): they are tool results all the same.
-            call_id = item.get("call_id")
-            if call_id is not None and not isinstance(call_id, str):
-                raise _bad(f"{where}.call_id must be a string", f"{where}.call_id")
-            tool: dict[str, Any] = {"role": "tool", "content": _text(item.get("output"), f"{where}.output")}
-            if call_id:
-                tool = {"role": "tool", "tool_call_id": call_id, "content": tool["content"]}
-            messages.append(tool)
-        else:
-            raise _bad(f"{where}: input items of type {kind!r} are not supported "
-                       "(use message, function_call, function_call_output, reasoning)", f"{where}.type")
+        messages.append(converted)
     if turn is not None:
         messages.append(turn.message())
     return messages
@@ -247,18 +280,25 @@ def _thinking(reasoning: Any) -> bool | None:
     return effort != "none"
 
 
-def parse_responses_body(body: Any) -> ResponsesCall:
-    """Validate a Responses body; raise :class:`BadRequest` naming the bad field. Unknown fields are ignored."""
+def parse_responses_body(
+    body: Any, *, messages: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None
+) -> ResponsesCall:
+    """Validate a Responses body; raise :class:`BadRequest` naming the bad field. Unknown fields are ignored.
+
+    ``messages`` and ``tools``, when given, are the body's ``input`` and ``tools`` converted already
+    (``responses_memo``); its own are then not converted again.
+    """
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str | list):
         raise _bad("'instructions' must be a string", "instructions")
-    messages = convert_input(body.get("input"))
+    messages = convert_input(body.get("input")) if messages is None else messages
     text = _text(instructions, "instructions") if instructions else ""
     if text:
         messages.insert(0, {"role": "system", "content": text})
-    tools, _skipped = convert_tools(body.get("tools"))
+    if tools is None:
+        tools, _skipped = convert_tools(body.get("tools"))
     max_tokens = body.get("max_output_tokens")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise _bad("'max_output_tokens' must be an integer of at least 1", "max_output_tokens")

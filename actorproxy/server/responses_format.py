@@ -18,6 +18,7 @@ from ..runtime.messages import ChatRequest, Identity, TurnAccepted, TurnDone
 from ..wire.format import BodyIdentity, Headers, ReplyInfo, TurnFormat
 from .responses_api import ResponseHistory, ResponsesCall, parse_responses_body
 from .responses_events import ResponseEventWriter, new_response_id, response_json
+from .responses_memo import ResponsesBody, ResponsesMemo, load_responses_body
 
 
 class _Writer:
@@ -49,8 +50,15 @@ class ResponsesFormat(TurnFormat[ResponsesCall]):
 
     def __init__(self) -> None:
         self.history = ResponseHistory()
+        #: What recent turns' input items converted to: a history is not converted again every turn.
+        self._memo = ResponsesMemo()
+
+    def load(self, raw: bytes) -> Any:
+        return load_responses_body(raw, self._memo)
 
     def parse(self, body: Any) -> ResponsesCall:
+        if isinstance(body, ResponsesBody):
+            return parse_responses_body(body.value, messages=body.messages, tools=body.tools)
         return parse_responses_body(body)
 
     def new_id(self) -> str:

@@ -1,0 +1,110 @@
+"""A Responses body's input items converted once per distinct item, not once per turn (issue 12).
+
+Codex sends its whole conversation (``store: false``: every reasoning item, call and
+call output) and its tool schemas every turn. Parsing all of it and converting every
+item again took about 3.3 ms per turn at 600 items (194 KB), growing with the history.
+
+The scheme of the chat and Anthropic bodies (``wire/chat_messages.py``,
+``wire/anthropic_messages.py``): msgspec hands out each top-level field's and each
+item's raw JSON; an item whose bytes a recent turn sent maps to what it converted to
+then — a user, system or tool message (the same :class:`FrozenMessage` every turn) or
+a part of an assistant turn (its reasoning, text or tool call). The parts are grouped
+into assistant messages per body, as ``convert_input`` groups them (a run of output
+items is one turn). The ``tools`` field is kept by its bytes the same way.
+
+Anything the fast path cannot vouch for — a body msgspec cannot read, a part orjson
+refuses, a non-ASCII top-level key, an ``input`` that is not a non-empty array,
+nesting past the bound, an item or tool list that does not convert — is loaded and
+converted whole the ordinary way (``jsonio.load_body``, ``parse_responses_body``), so
+what is accepted is what was accepted before and every error is the one the full
+conversion gives, word for word.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import orjson
+
+from ..tokenization.message_fields import FrozenMessage
+from ..wire.chat_messages import _ITEMS, _TOP, MEMO_BYTES, MessageMemo
+from ..wire.jsonio import MAX_DEPTH, load_body, nesting
+from .responses_api import assemble_input, assistant_part, convert_tools, item_kind, other_message
+
+#: Raw JSON bytes of ``tools`` fields kept (they repeat every turn).
+TOOLS_MEMO_BYTES = 16 << 20
+#: An item as converted: its kind, its message or assistant part, whether it is part of an assistant turn.
+_Item = tuple[Any, Any, bool]
+
+
+@attrs.frozen
+class ResponsesBody:
+    """A Responses body read from bytes whose input items and tools all convert."""
+
+    #: The body's fields but ``input``, as orjson parses them (``tools`` as sent: the response echoes it).
+    value: dict[str, Any]
+    #: The input as chat messages (a list of its own; the non-assistant messages are the memo's shared objects).
+    messages: list[dict[str, Any]]
+    #: The function tools as chat tools.
+    tools: list[dict[str, Any]]
+
+
+class ResponsesMemo:
+    """What recent turns' input items and tool lists converted to, by their JSON text."""
+
+    def __init__(self, max_bytes: int = MEMO_BYTES, tools_bytes: int = TOOLS_MEMO_BYTES) -> None:
+        self.items: MessageMemo[_Item] = MessageMemo(max_bytes)
+        self.tools: MessageMemo[tuple[Any, tuple[dict[str, Any], ...]]] = MessageMemo(tools_bytes)
+
+
+def load_responses_body(raw: bytes, memo: ResponsesMemo) -> Any:
+    """A request body: a :class:`ResponsesBody` when everything in it converts, else its JSON value.
+
+    Raises what :func:`~actorproxy.wire.jsonio.load_body` raises, with the same words.
+    """
+    try:
+        body = _from_memo(raw, memo)
+    except Exception:  # anything a conversion refuses: the full conversion says what, in its order
+        body = None
+    return body if body is not None else load_body(raw)
+
+
+def _from_memo(raw: bytes, memo: ResponsesMemo) -> ResponsesBody | None:
+    try:
+        top = _TOP.decode(raw)
+        texts = _ITEMS.decode(top["input"])
+    except Exception:  # not an object, no input array (a string input is cheap anyway), not JSON
+        return None
+    if not texts or not all(map(str.isascii, top)):
+        return None
+    value = {key: orjson.loads(bytes(part)) for key, part in top.items() if key not in ("input", "tools")}
+    depth = nesting(value, MAX_DEPTH)
+    tools: tuple[dict[str, Any], ...] = ()
+    if "tools" in top:
+        key = bytes(top["tools"])
+        hit = memo.tools.find([key])[0]
+        if hit is None:
+            parsed = orjson.loads(key)
+            hit = ((parsed, tuple(convert_tools(parsed)[0])), nesting(parsed, MAX_DEPTH))
+            memo.tools.put(key, *hit)
+        (value["tools"], tools), tools_depth = hit
+        depth = max(depth, 1 + tools_depth)
+    keys = list(map(bytes, texts))
+    found = memo.items.find(keys)
+    for i, entry in enumerate(found):
+        if entry is None:
+            item = orjson.loads(keys[i])
+            found[i] = (_convert(item), nesting(item, MAX_DEPTH))
+            memo.items.put(keys[i], *found[i])
+    if max(depth, 2 + max(entry[1] for entry in found)) > MAX_DEPTH:
+        return None
+    return ResponsesBody(value, assemble_input(entry[0] for entry in found), list(tools))
+
+
+def _convert(item: Any) -> _Item:
+    """One input item converted (raises as the full conversion does on it; the index in the words is not used)."""
+    kind, assistant = item_kind(item, "input")
+    if assistant:
+        return kind, assistant_part(kind, item, "input"), True
+    return kind, FrozenMessage(other_message(kind, item, "input")), False

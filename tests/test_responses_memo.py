@@ -1,0 +1,248 @@
+"""A Responses input is converted once per distinct item, not every turn (issue 12).
+
+``ResponsesFormat.load`` hands out the same converted (frozen) user, system and tool
+messages for the same item text every turn, groups the assistant parts per body,
+and keeps the converted tools by their text. These tests make sure nothing cached
+stands for something that changed, and that every body is decided as the full
+conversion decides it: the same call, or the same error word for word.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import hypothesis.strategies as st
+import orjson
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+
+from actorproxy.errors import BadRequest
+from actorproxy.serve import RunningProxy
+from actorproxy.server.responses_api import parse_responses_body
+from actorproxy.server.responses_format import ResponsesFormat
+from actorproxy.server.responses_memo import ResponsesBody, ResponsesMemo, load_responses_body
+from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.tokenization.message_fields import FrozenMessage
+from actorproxy.wire.jsonio import MAX_DEPTH, load_body
+
+TOOLS = [{"type": "function", "name": "shell", "description": "Run a command",
+          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
+         {"type": "web_search"}]
+HISTORY: list[dict[str, Any]] = [
+    {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be careful."}]},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List the files."}]},
+    {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Use ls."}]},
+    {"type": "function_call", "name": "shell", "arguments": '{"cmd": "ls"}', "call_id": "call_1"},
+    {"type": "function_call_output", "call_id": "call_1", "output": "a.py\nb.py"},
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Two files."}]},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "And now?"}]},
+]
+_FIELDS = ["type", "role", "content", "text", "name", "arguments", "call_id", "output", "summary", "input",
+           "tools", "instructions", "model", "store", "stream", "parameters", "encrypted_content", "extra"]
+
+
+def _raw(items: list[dict[str, Any]], **fields: Any) -> bytes:
+    return orjson.dumps({"model": "m", "instructions": "You are Codex.", "tools": TOOLS, "input": items,
+                         "store": False, **fields})
+
+
+def _decision(load: Any, parse: Any, raw: bytes) -> Any:
+    try:
+        return parse(load(raw))
+    except BadRequest as exc:
+        return (str(exc), exc.param, exc.code)
+
+
+def test_a_repeated_input_is_the_same_converted_objects_every_turn() -> None:
+    fmt = ResponsesFormat()
+    first = fmt.parse(fmt.load(_raw(HISTORY))).request
+    later = [*HISTORY, {"type": "function_call", "name": "shell", "arguments": "{}", "call_id": "call_2"},
+             {"type": "function_call_output", "call_id": "call_2", "output": "ok"}]
+    second = fmt.parse(fmt.load(_raw(later))).request
+    same = [a is b for a, b in zip(first.messages, second.messages, strict=False)]
+    # The instructions' system message and the assistant turns are made anew; every other message is the memo's.
+    assert same == [False] + [m["role"] != "assistant" for m in first.messages[1:]], same
+    assert sum(type(m) is FrozenMessage for m in second.messages) == 5
+    assert second == parse_responses_body(orjson.loads(_raw(later))).request
+    assert isinstance(ResponsesFormat().load(_raw(later)), ResponsesBody)
+
+
+@pytest.mark.parametrize("edit", ["text", "arguments", "output", "reorder", "delete", "tools", "spacing"])
+def test_an_old_item_edited_moved_or_deleted_is_never_its_cached_self(edit: str) -> None:
+    fmt = ResponsesFormat()
+    fmt.parse(fmt.load(_raw(HISTORY)))
+    items = json.loads(json.dumps(HISTORY))
+    fields: dict[str, Any] = {}
+    if edit == "text":
+        items[1]["content"][0]["text"] = "List the dirs."
+    elif edit == "arguments":
+        items[3]["arguments"] = '{"cmd": "ls -a"}'
+    elif edit == "output":
+        items[4]["output"] = "c.py"
+    elif edit == "reorder":
+        items[2], items[3] = items[3], items[2]
+    elif edit == "delete":
+        del items[5]
+    elif edit == "tools":
+        fields["tools"] = [{**TOOLS[0], "name": "bash"}]
+    raw = _raw(items, **fields)
+    if edit == "spacing":
+        raw = raw.replace(b'"output":"a.py\\nb.py"', b'"output" : "a.py\\nb.py"')
+    fast = _decision(fmt.load, fmt.parse, raw)
+    assert not isinstance(fast, tuple) and fast == _decision(load_body, parse_responses_body, raw)
+
+
+BAD_ITEMS: list[Any] = [
+    {"type": "message", "role": "robot", "content": "x"},
+    {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]},
+    {"type": "message", "role": "user", "content": 7},
+    {"type": "message", "role": "user", "content": [{"type": [], "text": "x"}]},  # was a TypeError: a 500
+    {"type": "function_call", "arguments": "{}", "call_id": "c"},
+    {"type": "function_call", "name": "f", "arguments": {}, "call_id": "c"},
+    {"type": "function_call_output", "call_id": 3, "output": "x"},
+    {"type": "reasoning", "encrypted_content": "actorproxy-b64:!!!"},
+    {"type": "web_search_call"},
+    {"content": "no type, no role"},
+    "a string",
+    None,
+]
+
+
+@pytest.mark.parametrize("bad", BAD_ITEMS, ids=[json.dumps(b)[:40] for b in BAD_ITEMS])
+def test_a_bad_new_item_gets_the_full_conversions_error_word_for_word(bad: Any) -> None:
+    fmt = ResponsesFormat()
+    fmt.parse(fmt.load(_raw(HISTORY)))
+    for items in ([*HISTORY, bad], [HISTORY[0], bad, *HISTORY[1:]]):
+        raw = _raw(items)
+        decided = _decision(fmt.load, fmt.parse, raw)
+        assert isinstance(decided, tuple) and decided == _decision(load_body, parse_responses_body, raw)
+
+
+@pytest.mark.parametrize("fields", [{"tools": [{"type": "function"}]}, {"tools": {}}, {"tools": [3]},
+                                    {"input": []}, {"input": "just text"}, {"instructions": 5, "tools": 7}])
+def test_odd_tools_and_inputs_are_decided_as_before(fields: dict[str, Any]) -> None:
+    fmt = ResponsesFormat()
+    fmt.parse(fmt.load(_raw(HISTORY)))
+    raw = _raw(HISTORY, **fields)
+    assert _decision(fmt.load, fmt.parse, raw) == _decision(load_body, parse_responses_body, raw)
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH - 5, MAX_DEPTH - 4, MAX_DEPTH - 3, MAX_DEPTH - 2, MAX_DEPTH - 1])
+@pytest.mark.parametrize("where", ["item", "tools", "other"])
+def test_the_nesting_bound_is_the_same_with_a_cached_history(depth: int, where: str) -> None:
+    fmt = ResponsesFormat()
+    fmt.parse(fmt.load(_raw(HISTORY)))
+    if where == "item":
+        raw = _raw([*HISTORY, {"type": "message", "role": "user", "content": "x", "extra": _nested(depth)}])
+    elif where == "tools":
+        raw = _raw(HISTORY, tools=[{**TOOLS[0], "parameters": _nested(depth)}])
+    else:
+        raw = _raw(HISTORY, metadata=_nested(depth))
+    assert _decision(fmt.load, fmt.parse, raw) == _decision(load_body, parse_responses_body, raw)
+
+
+def test_the_memo_is_bounded() -> None:
+    memo = ResponsesMemo(max_bytes=1000, tools_bytes=1000)
+    for i in range(100):
+        body = load_responses_body(_raw([{"type": "message", "role": "user", "content": f"m {i} " + "x" * 40}]), memo)
+        assert isinstance(body, ResponsesBody)
+    assert len(memo.items) < 50
+
+
+# -- the fast path decides every body as the full one does -----------------------------------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8) | st.sampled_from(["user", "assistant", "developer", "message", "reasoning",
+                                             "function_call", "function_call_output", "input_text", "\udc80"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_FIELDS), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@st.composite
+def _bodies(draw: st.DrawFn) -> bytes:
+    """A body with the cached history and a new item, one thing in it changed, then maybe its bytes."""
+    items = json.loads(json.dumps([*HISTORY, {"type": "message", "role": "user", "content": "n"}]))
+    body: dict[str, Any] = {"model": "m", "instructions": "You are Codex.", "tools": json.loads(json.dumps(TOOLS)),
+                            "input": items, "store": False}
+    target: Any = draw(st.sampled_from([body, body, body["tools"][0], *items]))
+    content = target.get("content")
+    if draw(st.booleans()) and isinstance(content, list) and content:
+        target = draw(st.sampled_from(content))
+    action = draw(st.sampled_from(["set", "set", "delete", "none"]))
+    if action == "delete" and target:
+        target.pop(draw(st.sampled_from(sorted(target))))
+    elif action == "set":
+        target[draw(st.sampled_from(_FIELDS))] = draw(_json)
+    text = json.dumps(body, ensure_ascii=draw(st.booleans()), indent=draw(st.sampled_from([None, 1])))
+    raw = text.encode("utf-8", "surrogatepass")
+    cut = draw(st.sampled_from(["none", "none", "byte", "insert", "truncate"]))
+    if cut != "none" and raw:
+        at = draw(st.integers(0, len(raw) - 1))
+        if cut == "byte":
+            raw = raw[:at] + bytes([draw(st.integers(0, 255))]) + raw[at + 1:]
+        elif cut == "insert":
+            raw = raw[:at] + draw(st.sampled_from([b",", b"]", b"{", b'"', b"\\", b"\xff", b" ", b"1"])) + raw[at:]
+        else:
+            raw = raw[:at]
+    return raw
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=_bodies())
+def test_a_body_is_decided_as_the_full_conversion_decides_it(raw: bytes) -> None:
+    fmt = ResponsesFormat()
+    fmt.parse(fmt.load(_raw(HISTORY)))  # the history is in the memo
+    fast = _decision(fmt.load, fmt.parse, raw)
+    assert fast == _decision(load_body, parse_responses_body, raw)
+    try:
+        event("refused" if isinstance(fast, tuple) else "fast path" if isinstance(fmt.load(raw), ResponsesBody)
+              else "full")
+    except BadRequest:
+        event("refused on load")
+
+
+# -- over HTTP: a rewritten history still splits the segment ---------------------------------------------
+
+
+@pytest.fixture
+async def engine(tokenizer: Any) -> SimEngine:
+    """This module's engine (conftest's ``proxy`` and ``http`` serve it)."""
+    return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0))
+
+
+@pytest.mark.parametrize("edit", [None, "text", "our_reply", "delete"])
+async def test_an_edited_old_item_is_still_a_history_rewrite(
+    http: httpx.AsyncClient, proxy: RunningProxy, edit: str | None
+) -> None:
+    session = f"responses-edit-{edit}"
+    items = json.loads(json.dumps(HISTORY[:2]))
+    for turn in range(4):
+        if turn == 3 and edit is not None:
+            if edit == "text":
+                items[1]["content"][0]["text"] = "List the dirs."
+            elif edit == "our_reply":
+                items[2]["content"][0]["text"] += " (edited)"
+            elif edit == "delete":
+                del items[2:4]
+        body = {"model": "m", "max_output_tokens": 12, "instructions": "You are Codex.", "input": items,
+                "store": False}
+        response = await http.post("/v1/responses", json=body, headers={"session-id": session})
+        assert response.status_code == 200, response.text
+        output = [item for item in response.json()["output"] if item["type"] == "message"]
+        items.append({"type": "message", "role": "assistant", "content": output[0]["content"]})
+        items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"n{turn}"}]})
+    assert (await http.post("/session/finalize", json={"session_id": session})).status_code == 200
+    data = (await http.post("/trajectory/read", json={"session_id": session, "drain": True})).json()["data"]
+    expected = ["session_start"] if edit is None else ["session_start", "history_rewrite"]
+    assert [segment["start_reason"] for segment in data] == expected
