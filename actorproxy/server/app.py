@@ -125,7 +125,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
         def count() -> int:
             text = runtime.tokenizer.render(chat.messages, tools=chat.tools, add_generation_prompt=True,
                                             enable_thinking=chat.enable_thinking)
-            return len(runtime.tokenizer.encode(text))
+            return len(runtime.tokenizer.encode_prompt(text))  # what earlier prompts shared: not tokenized again
 
         try:
             tokens = await trio.to_thread.run_sync(count, limiter=render_limiter)
