@@ -62,9 +62,9 @@ def test_a_repeated_input_is_the_same_converted_objects_every_turn() -> None:
              {"type": "function_call_output", "call_id": "call_2", "output": "ok"}]
     second = fmt.parse(fmt.load(_raw(later))).request
     same = [a is b for a, b in zip(first.messages, second.messages, strict=False)]
-    # The instructions' system message and the assistant turns are made anew; every other message is the memo's.
-    assert same == [False] + [m["role"] != "assistant" for m in first.messages[1:]], same
-    assert sum(type(m) is FrozenMessage for m in second.messages) == 5
+    # The instructions' system message is made anew; every other message (assistant turns too) is the memo's.
+    assert same == [False] + [True] * (len(first.messages) - 1), same
+    assert [type(m) is FrozenMessage for m in second.messages] == [False] + [True] * (len(second.messages) - 1)
     assert second == parse_responses_body(orjson.loads(_raw(later))).request
     assert isinstance(ResponsesFormat().load(_raw(later)), ResponsesBody)
 
@@ -151,11 +151,15 @@ def test_the_nesting_bound_is_the_same_with_a_cached_history(depth: int, where: 
 
 
 def test_the_memo_is_bounded() -> None:
-    memo = ResponsesMemo(max_bytes=1000, tools_bytes=1000)
+    memo = ResponsesMemo(max_bytes=1000, tools_bytes=1000, max_turns=10)
     for i in range(100):
-        body = load_responses_body(_raw([{"type": "message", "role": "user", "content": f"m {i} " + "x" * 40}]), memo)
-        assert isinstance(body, ResponsesBody)
+        reply = {"type": "message", "role": "assistant", "content": f"reply {i}"}
+        items = [{"type": "message", "role": "user", "content": f"m {i} " + "x" * 40}, reply,
+                 {"type": "message", "role": "user", "content": "more"}]
+        body = load_responses_body(_raw(items), memo)
+        assert isinstance(body, ResponsesBody) and body.messages[1]["content"] == f"reply {i}"
     assert len(memo.items) < 50
+    assert len(memo._turns) + len(memo._old_turns) <= 20
 
 
 # -- the fast path decides every body as the full one does -----------------------------------------------

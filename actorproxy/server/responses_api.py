@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import base64
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -214,6 +214,16 @@ def convert_input(items: Any) -> list[dict[str, Any]]:
         parts.append((kind, assistant_part(kind, item, where) if assistant else other_message(kind, item, where),
                       assistant))
     return assemble_input(parts)
+
+
+def turn_end(parts: Sequence[tuple[Any, Any, bool]], start: int) -> int:
+    """Where the assistant turn whose first part is ``parts[start]`` ends (as :func:`assemble_input` groups)."""
+    turn = _Assistant()
+    end = start
+    while end < len(parts) and parts[end][2] and turn.accepts(parts[end][0]):
+        turn.stage = max(turn.stage, turn._ORDER[parts[end][0]])
+        end += 1
+    return end
 
 
 def assemble_input(parts: Iterable[tuple[Any, Any, bool]]) -> list[dict[str, Any]]:

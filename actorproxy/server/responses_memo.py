@@ -10,7 +10,8 @@ item's raw JSON; an item whose bytes a recent turn sent maps to what it converte
 then — a user, system or tool message (the same :class:`FrozenMessage` every turn) or
 a part of an assistant turn (its reasoning, text or tool call). The parts are grouped
 into assistant messages per body, as ``convert_input`` groups them (a run of output
-items is one turn). The ``tools`` field is kept by its bytes the same way.
+items is one turn), and a turn whose items' bytes a recent turn sent is the same
+frozen assistant message again. The ``tools`` field is kept by its bytes the same way.
 
 Anything the fast path cannot vouch for — a body msgspec cannot read, a part orjson
 refuses, a non-ASCII top-level key, an ``input`` that is not a non-empty array,
@@ -30,10 +31,12 @@ import orjson
 from ..tokenization.message_fields import FrozenMessage
 from ..wire.chat_messages import _ITEMS, _TOP, MEMO_BYTES, MessageMemo
 from ..wire.jsonio import MAX_DEPTH, load_body, nesting
-from .responses_api import assemble_input, assistant_part, convert_tools, item_kind, other_message
+from .responses_api import assemble_input, assistant_part, convert_tools, item_kind, other_message, turn_end
 
 #: Raw JSON bytes of ``tools`` fields kept (they repeat every turn).
 TOOLS_MEMO_BYTES = 16 << 20
+#: Assistant turns kept (twice that at most while the memo turns over).
+MEMO_TURNS = 1 << 16
 #: An item as converted: its kind, its message or assistant part, whether it is part of an assistant turn.
 _Item = tuple[Any, Any, bool]
 
@@ -53,9 +56,27 @@ class ResponsesBody:
 class ResponsesMemo:
     """What recent turns' input items and tool lists converted to, by their JSON text."""
 
-    def __init__(self, max_bytes: int = MEMO_BYTES, tools_bytes: int = TOOLS_MEMO_BYTES) -> None:
+    def __init__(self, max_bytes: int = MEMO_BYTES, tools_bytes: int = TOOLS_MEMO_BYTES,
+                 max_turns: int = MEMO_TURNS) -> None:
         self.items: MessageMemo[_Item] = MessageMemo(max_bytes)
         self.tools: MessageMemo[tuple[Any, tuple[dict[str, Any], ...]]] = MessageMemo(tools_bytes)
+        #: Assistant turns by the bytes of their items (two generations of ``max_turns`` at most).
+        self._turns: dict[tuple[bytes, ...], FrozenMessage] = {}
+        self._old_turns: dict[tuple[bytes, ...], FrozenMessage] = {}
+        self._max_turns = max_turns
+
+    def turn(self, key: tuple[bytes, ...], parts: list[_Item]) -> FrozenMessage:
+        """The assistant message of ``parts`` (one turn's items, ``key`` their bytes): the memo's when known."""
+        message = self._turns.get(key)
+        if message is None:
+            message = self._old_turns.pop(key, None)
+            if message is None:
+                (assembled,) = assemble_input(parts)
+                message = FrozenMessage(assembled)
+            if len(self._turns) >= self._max_turns:
+                self._old_turns, self._turns = self._turns, {}
+            self._turns[key] = message
+        return message
 
 
 def load_responses_body(raw: bytes, memo: ResponsesMemo) -> Any:
@@ -99,7 +120,22 @@ def _from_memo(raw: bytes, memo: ResponsesMemo) -> ResponsesBody | None:
             memo.items.put(keys[i], *found[i])
     if max(depth, 2 + max(entry[1] for entry in found)) > MAX_DEPTH:
         return None
-    return ResponsesBody(value, assemble_input(entry[0] for entry in found), list(tools))
+    return ResponsesBody(value, _assemble([entry[0] for entry in found], keys, memo), list(tools))
+
+
+def _assemble(parts: list[_Item], keys: list[bytes], memo: ResponsesMemo) -> list[dict[str, Any]]:
+    """``assemble_input(parts)``, each assistant turn from the memo when its items were seen together."""
+    messages: list[dict[str, Any]] = []
+    at = 0
+    while at < len(parts):
+        if not parts[at][2]:
+            messages.append(parts[at][1])
+            at += 1
+            continue
+        end = turn_end(parts, at)
+        messages.append(memo.turn(tuple(keys[at:end]), parts[at:end]))
+        at = end
+    return messages
 
 
 def _convert(item: Any) -> _Item:
