@@ -137,8 +137,9 @@ def test_a_tokenizer_the_cut_could_change_is_never_cut() -> None:
 
 
 def test_the_cache_is_bounded() -> None:
-    cache = pc.PromptCache(_toy_encode, "<s>", 1000, max_chars=20_000)
+    cache = pc.PromptCache(_toy_encode, "<s>", 1000, max_bytes=20_000)
     for i in range(50):
         text = f"<s>system {i}\n" + "y" * 2000 + "<s>user\nq"
         assert cache.encode(text).tolist() == _toy_encode(text).tolist()
-    assert sum(len(e[0]) for gen in (cache._young, cache._old) for v in gen.values() for e in v) <= 40_000
+    kept = [e for gen in (cache._young, cache._old) for v in gen.values() for e in v]
+    assert sum(len(text) + 4 * len(ids) for text, ids in kept) <= 40_000

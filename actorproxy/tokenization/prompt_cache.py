@@ -24,8 +24,8 @@ the tokenizer gives identical ids cut and whole on a set of probe texts (this
 rules out pre-tokenizers that treat a text's start differently, such as a
 Metaspace ``prepend_scheme="first"``). Ids are handed out as new arrays.
 
-Bounded by the characters of the prefixes kept (two generations, as the message
-memo): what is not used for a while is dropped.
+Bounded by the bytes of the prefixes kept, text and ids (two generations of 32 MB,
+as the message memo): what is not used for a while is dropped.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-#: Characters of prefix text kept (twice that at most while the cache turns over).
-CACHE_CHARS = 32 << 20
+#: Bytes of prefixes kept, their text and their ids (twice that at most while the cache turns over).
+CACHE_BYTES = 32 << 20
 #: Prompts shorter than this are tokenized whole (the cache costs more than it saves).
 MIN_CHARS = 1024
 #: Prefixes kept per prompt: up to the first and the last few occurrences of the cut token.
@@ -51,15 +51,15 @@ class PromptCache:
     """Prompt text -> ids, reusing the ids of a prefix an earlier prompt had (see module docstring)."""
 
     def __init__(self, encode: Callable[[str], array[int]], cut: str, cut_id: int,
-                 max_chars: int = CACHE_CHARS) -> None:
+                 max_bytes: int = CACHE_BYTES) -> None:
         self._encode = encode
         self.cut = cut
         self._cut_id = cut_id
-        self._max = max_chars
+        self._max = max_bytes
         #: Two generations of prefixes, by length (a lookup compares with ``startswith``: no hashing, no copy).
         self._young: dict[int, list[_Entry]] = {}
         self._old: dict[int, list[_Entry]] = {}
-        self._chars = 0
+        self._bytes = 0
         self.hits = 0
         self.misses = 0
 
@@ -126,11 +126,12 @@ class PromptCache:
         same = self._young.setdefault(len(text), [])
         if any(other[0] == text for other in same):
             return
-        if self._chars + len(text) > self._max:
-            self._old, self._young, self._chars = self._young, {}, 0
+        size = len(text) + entry[1].itemsize * len(entry[1])  # about what the text and the ids hold in memory
+        if self._bytes + size > self._max:
+            self._old, self._young, self._bytes = self._young, {}, 0
             same = self._young.setdefault(len(text), [])
         same.append(entry)
-        self._chars += len(text)
+        self._bytes += size
 
 
 #: Texts the cut must leave alone: ids cut before the token equal the ids of the whole.
