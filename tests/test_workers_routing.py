@@ -13,6 +13,7 @@ import trio
 
 from actorproxy.server.http_server import HTTPServer
 from actorproxy.workers.fanout import FanOut, control_path
+from actorproxy.workers.handoff import Router, serve_handoffs
 from actorproxy.workers.merge import merge_json, merge_metrics
 from actorproxy.workers.routing import NEED_BODY, body_session, head_session, owner, owner_key
 
@@ -85,4 +86,67 @@ async def test_a_worker_that_does_not_answer_fails_the_control_route_but_a_drain
             assert drained.status_code == 200
             assert drained.json() == {"data": [{"trajectory_id": "s#0"}], "missing_workers": [1]}
             assert (await client.get("/openapi.json")).text.startswith("local")  # not a control route: served here
+        stop.set()
+
+
+def _session_of(worker: int) -> str:
+    return next(f"s{i}" for i in range(100) if owner(f"s{i}", 2) == worker)
+
+
+async def test_a_connection_goes_to_its_owner_over_scm_rights_even_when_the_body_names_the_session(
+        tmp_path: Path) -> None:
+    """Worker 0's router, worker 1's hand-off socket, in one process: the socket itself moves."""
+    async def named(name: bytes) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            body = b""
+            while (message := await receive())["type"] == "http.request":
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length",
+                                                                                  str(len(name)).encode())]})
+            await send({"type": "http.response.body", "body": name})
+        return app
+
+    directory, theirs = str(tmp_path), _session_of(1)
+    here = HTTPServer(await named(b"w0"), router=Router(0, 2, directory))
+    there = HTTPServer(await named(b"w1"))
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(partial(here.serve, "127.0.0.1", 0, shutdown_trigger=stop.wait))
+        await nursery.start(partial(there.serve, "127.0.0.1", 0, shutdown_trigger=stop.wait))
+        await nursery.start(serve_handoffs, directory, 1, there)
+        stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        body = b'{"session_id": "%s", "messages": []}' % theirs.encode()
+        await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\n"
+                              b"content-length: %d\r\n\r\n" % len(body))
+        received = b""
+        while b"100 Continue" not in received:  # the router asks for the body it needs
+            received += await stream.receive_some(65536)
+        await stream.send_all(body)
+        while not received.endswith(b"w1"):
+            received += await stream.receive_some(65536)
+        assert received.count(b"100 Continue") == 1  # the owner does not ask again
+        await stream.send_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")  # no session: served where it is
+        while received.count(b"\r\n\r\nw1") < 2:
+            received += await stream.receive_some(65536)
+        await stream.aclose()
+        stop.set()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_session_whose_worker_is_down_gets_503_in_the_callers_format(tmp_path: Path) -> None:
+    here = HTTPServer(_local, router=Router(0, 2, str(tmp_path)))  # worker 1 has no hand-off socket
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(partial(here.serve, "127.0.0.1", 0, shutdown_trigger=stop.wait))
+        async with httpx.AsyncClient(base_url=url) as client:
+            theirs = {"X-Session-Id": _session_of(1)}
+            refused = await client.post("/v1/chat/completions", headers=theirs, json={"messages": []})
+            assert (refused.status_code, refused.headers["retry-after"]) == (503, "1")
+            assert refused.json()["error"]["code"] == "worker_unavailable"
+            anthropic = await client.post("/v1/messages", headers=theirs, json={"messages": []})
+            assert anthropic.json()["type"] == "error" and anthropic.json()["error"]["type"] == "overloaded_error"
+            ours = await client.post("/v1/chat/completions", headers={"X-Session-Id": _session_of(0)}, json={})
+            assert ours.text == "local /v1/chat/completions"
         stop.set()
