@@ -14,7 +14,7 @@ import trio
 from actorproxy.server.http_server import HTTPServer
 from actorproxy.workers.fanout import FanOut, control_path
 from actorproxy.workers.handoff import Router, serve_handoffs
-from actorproxy.workers.merge import merge_json, merge_metrics
+from actorproxy.workers.merge import merge_history, merge_json, merge_metrics
 from actorproxy.workers.routing import NEED_BODY, body_session, head_session, owner, owner_key
 
 
@@ -150,3 +150,9 @@ async def test_a_session_whose_worker_is_down_gets_503_in_the_callers_format(tmp
             ours = await client.post("/v1/chat/completions", headers={"X-Session-Id": _session_of(0)}, json={})
             assert ours.text == "local /v1/chat/completions"
         stop.set()
+
+
+def test_the_dashboards_history_is_one_sample_per_second() -> None:
+    merged = merge_history([{"t": 2, "turns": 1, "p50_ms": 5.0}, {"t": 1, "turns": 2, "p50_ms": None},
+                            {"t": 2, "turns": 3, "p50_ms": 9.0}])
+    assert merged == [{"t": 1, "turns": 2, "p50_ms": None}, {"t": 2, "turns": 4, "p50_ms": 9.0}]

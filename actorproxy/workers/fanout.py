@@ -25,7 +25,7 @@ import trio
 
 from ..server.drain import ASGIApp, Message, Receive, Send
 from ..wire import jsonio
-from .merge import merge_json, merge_metrics
+from .merge import merge_history, merge_json, merge_metrics
 from .routing import FANOUT_PATHS, body_session, is_gateway
 
 log = logging.getLogger("actorproxy.workers")
@@ -147,6 +147,8 @@ class FanOut:
         merged = merge_json([jsonio.loads(a.body, check=False) for a in answers])
         if isinstance(merged, dict) and path != "/trajectory/read":
             merged["workers"] = self.workers
+        if path == "/ui/api/overview" and isinstance(merged, dict) and isinstance(merged.get("history"), list):
+            merged["history"] = merge_history(merged["history"])
         if missing:
             # A drain has deleted what the other workers answered: their data goes out now; the missing
             # workers' data is still in their stores, for the next read.

@@ -21,7 +21,7 @@ SAME = frozenset({
     "vocab_size", "port", "max_model_len",
 })
 #: Counts of fanned-out calls each worker has seen: a worker started later has seen fewer (the largest is kept).
-LARGEST = frozenset({"pauses", "resumes"})
+LARGEST = frozenset({"pauses", "resumes", "now", "last_pause_seconds"})
 #: Objects whose every number is a setting (``/health``'s ``config``).
 SAME_TREES = frozenset({"config"})
 
@@ -53,6 +53,22 @@ def merge_json(answers: list[Any], key: str = "", same: bool = False) -> Any:
     if all(isinstance(a, bool) for a in answers) and key in ("full", "resumed", "failed"):
         return any(answers)
     return answers
+
+
+def merge_history(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The dashboard's per-second samples of every worker as one per second: counts summed, latency the worst."""
+    by_second: dict[Any, dict[str, Any]] = {}
+    for sample in history:
+        into = by_second.get(sample["t"])
+        if into is None:
+            by_second[sample["t"]] = dict(sample)
+            continue
+        for key, value in sample.items():
+            if key in ("p50_ms", "p99_ms"):
+                into[key] = max((v for v in (into[key], value) if v is not None), default=None)
+            elif key != "t" and isinstance(value, (int, float)):
+                into[key] = into.get(key, 0) + value
+    return [by_second[t] for t in sorted(by_second)]
 
 
 def merge_metrics(texts: list[str]) -> str:
