@@ -30,6 +30,7 @@ import trio
 
 from .config import ProxyConfig
 from .engines.base import Backend
+from .errors import StartupError
 from .runtime.runtime import Runtime, open_runtime
 from .server.app import create_app
 from .server.drain import ASGIApp
@@ -81,6 +82,9 @@ async def serve_proxy(
     task_status: trio.TaskStatus[RunningProxy] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until ``shutdown_trigger`` returns (or forever); then drain and shut down (see the module doc)."""
+    if config.server.workers > 1:  # worker processes are started by ``actorproxy run`` alone (actorproxy/workers/)
+        raise StartupError("--workers", "an embedded proxy is one process: start worker processes with "
+                           "`actorproxy run --workers N` (docs/workers.md)")
     async with open_runtime(config, backend=backend, tokenizer=tokenizer) as runtime:
         app = _Tracked(create_app(runtime))
         stop_http = trio.Event()

@@ -9,8 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
+from actorproxy.config import ProxyConfig
+from actorproxy.errors import StartupError
+from actorproxy.serve import open_proxy
 from actorproxy.server.http_server import HTTPServer
 from actorproxy.workers.fanout import FanOut, control_path
 from actorproxy.workers.handoff import Router, serve_handoffs
@@ -156,3 +160,11 @@ def test_the_dashboards_history_is_one_sample_per_second() -> None:
     merged = merge_history([{"t": 2, "turns": 1, "p50_ms": 5.0}, {"t": 1, "turns": 2, "p50_ms": None},
                             {"t": 2, "turns": 3, "p50_ms": 9.0}])
     assert merged == [{"t": 1, "turns": 2, "p50_ms": None}, {"t": 2, "turns": 4, "p50_ms": 9.0}]
+
+
+async def test_an_embedded_proxy_refuses_several_workers() -> None:
+    """Only ``actorproxy run`` starts worker processes: an embedded proxy is one, and says so instead of ignoring it."""
+    with pytest.raises(BaseExceptionGroup) as raised:  # from open_proxy's nursery
+        async with open_proxy(ProxyConfig.of(port=0, workers=2)):
+            pass
+    assert raised.group_contains(StartupError, match="--workers: an embedded proxy is one process", depth=None)
