@@ -89,6 +89,9 @@ async def test_a_worker_that_does_not_answer_fails_the_control_route_but_a_drain
             drained = await client.post("/trajectory/read", json={"drain": True})
             assert drained.status_code == 200
             assert drained.json() == {"data": [{"trajectory_id": "s#0"}], "missing_workers": [1]}
+            health = await client.get("/health")
+            assert health.status_code == 200
+            assert health.json() == {"sessions": 1, "status": "degraded", "workers": 2, "missing_workers": [1]}
             assert (await client.get("/openapi.json")).text.startswith("local")  # not a control route: served here
         stop.set()
 

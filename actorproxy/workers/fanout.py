@@ -7,7 +7,10 @@ private HTTP socket (a Unix socket serving that worker's own app, its own answer
 for all of them and merges the answers (:mod:`.merge`). A pause is acknowledged only once every
 worker has acknowledged it. Nothing is silently partial: if a worker cannot be reached the answer is
 ``503 worker_unavailable`` (``Retry-After: 1``) naming it, and if a worker answers an error that
-error is the answer. Pause and resume are idempotent, so the trainer retries them as they are.
+error is the answer. Two exceptions say what is missing instead (``missing_workers``): a draining
+read (what the others drained is gone from their stores) and ``/health`` (``degraded``: a liveness
+probe must not fail the whole proxy while one worker restarts). Pause and resume are idempotent,
+so the trainer retries them as they are.
 
 The Claw-R1 gateway routes (``/init_trajectory``, ``/generate``, ``/trajectory/fetch_batch``, ...)
 group trajectories by prompt across sessions and keep their hand-off queue in one process: with
@@ -133,7 +136,8 @@ class FanOut:
         results = await self.ask_all(scope["method"], target, list(scope["headers"]), body)
         answers = [r for r in results if isinstance(r, Answer) and 200 <= r.status < 300]
         missing = [i for i, r in enumerate(results) if not (isinstance(r, Answer) and 200 <= r.status < 300)]
-        if missing and not (answers and path == "/trajectory/read" and _drains(body)):
+        draining = path == "/trajectory/read" and _drains(body)
+        if missing and not (answers and (draining or path == "/health")):
             failed = results[missing[0]]
             if isinstance(failed, WorkerUnavailable):
                 await _reply(send, 503, _error(str(failed), "worker_unavailable", "server_error"), retry_after=True)
@@ -151,9 +155,14 @@ class FanOut:
             merged["history"] = merge_history(merged["history"])
         if missing:
             # A drain has deleted what the other workers answered: their data goes out now; the missing
-            # workers' data is still in their stores, for the next read.
+            # workers' data is still in their stores, for the next read. /health: a liveness probe must not
+            # fail the whole proxy while one worker restarts; it says "degraded" and which one is missing.
             merged["missing_workers"] = missing
-            log.warning("a draining read could not reach worker(s) %s: their data waits for the next read", missing)
+            if draining:
+                log.warning("a draining read could not reach worker(s) %s: their data waits for the next read",
+                            missing)
+            else:
+                merged["status"] = "degraded"
         await _reply(send, 200, jsonio.dumps(merged))
 
     async def ask_all(self, method: str, target: bytes, headers: list[tuple[bytes, bytes]],
