@@ -49,8 +49,8 @@ class Proxy:
         self.changed.set()
 
     async def wait_log(self, pattern: str, count: int = 1) -> list[str]:
-        """The matches of ``pattern`` once there are ``count`` of them in the log (within a minute)."""
-        with trio.fail_after(60):
+        """The matches of ``pattern`` once there are ``count`` of them in the log (within two minutes: a loaded machine starts processes slowly)."""
+        with trio.fail_after(120):
             while len(found := re.findall(pattern, self.log)) < count:
                 if self.eof:
                     raise AssertionError(f"the proxy exited ({self.process.wait()}):\n{self.log}")
