@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -49,7 +50,7 @@ class Proxy:
         self.changed.set()
 
     async def wait_log(self, pattern: str, count: int = 1) -> list[str]:
-        """The matches of ``pattern`` once there are ``count`` of them in the log (within two minutes: a loaded machine starts processes slowly)."""
+        """The matches of ``pattern`` once there are ``count`` of them in the log (two minutes at most)."""
         with trio.fail_after(120):
             while len(found := re.findall(pattern, self.log)) < count:
                 if self.eof:
@@ -215,3 +216,16 @@ def test_workers_is_in_the_help() -> None:
     result = subprocess.run([sys.executable, "-m", "actorproxy", "run", "--help"], capture_output=True, text=True,
                             timeout=120)
     assert "--workers N" in result.stdout
+
+
+def test_a_worker_that_cannot_start_stops_the_run(tmp_path: Path) -> None:
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    result = subprocess.run([sys.executable, "-m", "actorproxy", "run", "--workers", "2", "--store", "sqlite",
+                             "--port", "0", "--data-dir", str(tmp_path), "--backend", "sglang", "--backend-url",
+                             f"http://127.0.0.1:{port}", "--engine-startup-timeout", "1"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "the inference engine did not answer within 1 s" in result.stderr
+    assert "could not start (exit code 2" in result.stderr
