@@ -16,6 +16,7 @@ second signal exits at once: the journal holds every completed step.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -174,8 +175,40 @@ async def serve_until_signal(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch, signals)
             await (serve or serve_proxy)(config, tokenizer=tokenizer, shutdown_trigger=first.wait,
-                                         task_status=task_status)
+                                         task_status=_TuneGCOnStart(task_status))
             nursery.cancel_scope.cancel()
+
+
+#: Allocations between two collections of the youngest generation (Python's default: 700).
+GC_THRESHOLD = 50_000
+
+
+def tune_gc() -> None:
+    """A serving process's garbage collector: what startup built is frozen, young objects are collected rarely.
+
+    With Python's defaults a proxy streaming to 1,000 agents spent about a third of its CPU
+    in the collector: at 700 allocations between young collections, the objects of the
+    tokens in flight (a thousand streams interleaved) survived into the old generation,
+    and full collections of ~500,000 objects (~0.3 s each) ran every second or two, right
+    through a pause. Collected every 50,000 allocations, those objects are gone before the
+    collector looks; the modules, the tokenizer and the app (frozen) are never scanned
+    again. Reference counting frees everything acyclic as before: only cycles wait longer.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
+
+
+class _TuneGCOnStart:
+    """A task status that tunes the collector (:func:`tune_gc`) once the proxy serves."""
+
+    def __init__(self, inner: trio.TaskStatus[RunningProxy]) -> None:
+        self._inner = inner
+
+    def started(self, value: RunningProxy | None = None) -> None:
+        assert value is not None
+        tune_gc()
+        self._inner.started(value)
 
 
 @asynccontextmanager
