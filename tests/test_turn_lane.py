@@ -165,9 +165,12 @@ async def test_the_lane_sends_a_heartbeat_after_each_interval_of_silence_and_non
         await trio.sleep_forever()
         raise AssertionError
 
+    more_body: list[bool] = []
+
     async def asgi_send(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.body":
             sent.append((trio.current_time(), message.get("body", b"")))
+            more_body.append(message.get("more_body", False))
 
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
     async with trio.open_nursery() as nursery:
@@ -180,8 +183,9 @@ async def test_the_lane_sends_a_heartbeat_after_each_interval_of_silence_and_non
         send.send_nowait(TurnFailed(EngineError("x")))
     assert [(round(at - start), body) for at, body in sent] == [
         (0, b"start;"), (3, b"a;"), (6, b"a;"), (9, b"a;"), (12, b"a;"), (17, b"beat;"), (22, b"beat;"),
-        (24, b"error;"), (24, b""),
+        (24, b"error;"),
     ]
+    assert more_body == [True] * 7 + [False]  # the body's end leaves with the last frames: one write, not two
 
 
 async def _no_app(scope: Any, receive: Any, send: Any) -> None:

@@ -277,13 +277,17 @@ class _Turn:
             self.started = True
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
             self.last_sent = trio.current_time()
+            ended = False
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.heartbeats, reply)
+                clock = trio.lowlevel.current_clock()
                 async for chunk in reply:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    self.last_sent = trio.current_time()
+                    ended = reply.ended  # the reply's last frames: the body's end leaves with them, in one write
+                    await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+                    self.last_sent = clock.current_time()
                 nursery.cancel_scope.cancel()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if not ended:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self.lane.observer.finish(self.info)
             await reply.aclose()

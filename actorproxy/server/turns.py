@@ -123,6 +123,11 @@ class SSEReply:
     def heartbeat(self) -> bytes:
         return self.writer.heartbeat()
 
+    @property
+    def ended(self) -> bool:
+        """Whether the chunk last returned holds the reply's last frames (no chunk comes after it)."""
+        return self._ended and not self._frames
+
     def __aiter__(self) -> SSEReply:
         return self
 
