@@ -24,10 +24,11 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import cast
 
 import attrs
 import trio
+from quart_trio import QuartTrio
 
 from .config import ProxyConfig
 from .engines.base import Backend
@@ -35,7 +36,7 @@ from .errors import StartupError
 from .runtime.runtime import Runtime, open_runtime
 from .server.app import create_app
 from .server.drain import ASGIApp
-from .server.http_server import HTTPServer
+from .server.http_server import HTTPServer, RequestTracker
 from .tokenization.tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,8 @@ async def serve_proxy(
         raise StartupError("--workers", "an embedded proxy is one process: start worker processes with "
                            "`actorproxy run --workers N` (docs/workers.md)")
     async with open_runtime(config, backend=backend, tokenizer=tokenizer) as runtime:
-        app = _Tracked(create_app(runtime))
+        tracker = RequestTracker()
+        server = HTTPServer(asgi_of(create_app(runtime)), keep_alive_timeout=_KEEP_ALIVE, tracker=tracker)
         stop_http = trio.Event()
 
         async def drain_then_stop() -> None:
@@ -95,10 +97,9 @@ async def serve_proxy(
                 await trio.sleep_forever()
             else:
                 await shutdown_trigger()
-            await _drain(runtime, app, config.server.shutdown_grace)
+            await _drain(runtime, tracker, config.server.shutdown_grace)
             stop_http.set()
 
-        server = HTTPServer(app, keep_alive_timeout=_KEEP_ALIVE)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(drain_then_stop)
             # The drain happens before the server is told to stop: by then nothing is in flight that should be
@@ -108,40 +109,23 @@ async def serve_proxy(
             task_status.started(RunningProxy(url, runtime))
 
 
-class _Tracked:
-    """The ASGI app, counting the HTTP requests in flight (what shutdown waits for; idle connections are not)."""
+def asgi_of(app: QuartTrio) -> ASGIApp:
+    """What serves the Quart app's requests: its ASGI callable (the turn lane in front of Quart), called directly.
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self.active = 0
-        self._idle = trio.Event()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        self.active += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.active -= 1
-            if self.active == 0:
-                self._idle.set()
-
-    async def wait_idle(self) -> None:
-        while self.active:
-            self._idle = trio.Event()
-            await self._idle.wait()
+    ``Quart.__call__`` only forwards to it: one coroutine level less in every request's task (and on every
+    resumption of a streaming turn's task).
+    """
+    return cast(ASGIApp, app.asgi_app)
 
 
-async def _drain(runtime: Runtime, app: _Tracked, limit: float) -> None:
+async def _drain(runtime: Runtime, requests: RequestTracker, limit: float) -> None:
     """Refuse new turns; give the turns and requests in flight ``limit`` seconds to finish."""
     runtime.draining = True
     log.info("draining: %d turn(s) and %d request(s) in flight; new turns get 503 (up to %g s)",
-             runtime.turns_in_flight, app.active, limit)
+             runtime.turns_in_flight, requests.active, limit)
     with trio.move_on_after(limit):
         await runtime.wait_turns_done()
-        await app.wait_idle()
+        await requests.wait_idle()
     if runtime.turns_in_flight:
         log.warning("drain timeout: aborting %d turn(s) still in flight (their partial output is kept)",
                     runtime.turns_in_flight)

@@ -180,10 +180,9 @@ import sys
 from functools import partial
 import trio
 from quart_trio import QuartTrio
-from actorproxy.serve import _Tracked
 from actorproxy.server.auth import AccessPolicy
 from actorproxy.server.drain import DrainRequestBody
-from actorproxy.server.http_server import HTTPServer
+from actorproxy.server.http_server import HTTPServer, RequestTracker
 from actorproxy.server.lane import TurnLane
 from actorproxy.server.observe import Observer
 from actorproxy.telemetry import note_first_token, note_turn
@@ -205,7 +204,8 @@ async def chat(raw, headers, url_session, url_instance, confined):
     return ANSWER
 lane.mount("/v1/chat/completions", chat)
 app.asgi_app = lane
-trio.run(partial(HTTPServer(_Tracked(app)).serve, "127.0.0.1", int(sys.argv[1]), shutdown_trigger=trio.sleep_forever))
+trio.run(partial(HTTPServer(lane, tracker=RequestTracker()).serve, "127.0.0.1", int(sys.argv[1]),
+                  shutdown_trigger=trio.sleep_forever))
 '''
 
 

@@ -30,6 +30,12 @@ def test_bare_line_feeds_keep_alive_and_expect() -> None:
     assert parse(b"PUT / HTTP/1.1\r\nHost: x\r\nExpect: 100-Continue\r\n\r\n").expect_continue  # type: ignore[union-attr]
 
 
+def test_field_values_are_trimmed_and_keep_tabs_and_high_bytes_inside() -> None:
+    request = parse(b"GET / HTTP/1.1\r\nHost:x\r\nX-A: \t a\tb \xff \t\r\nX-B:\r\nX-C: c\n\r\n")
+    assert request is not None
+    assert request.headers == [(b"host", b"x"), (b"x-a", b"a\tb \xff"), (b"x-b", b""), (b"x-c", b"c")]
+
+
 @pytest.mark.parametrize(("head", "status"), [
     (b"GET  / HTTP/1.1\r\nHost: x\r\n\r\n", 400),  # two spaces
     (b"GET / HTTP/2\r\nHost: x\r\n\r\n", 400),
@@ -42,6 +48,10 @@ def test_bare_line_feeds_keep_alive_and_expect() -> None:
     (b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400),
     (b"GET / HTTP/1.1\r\nHost: x\r\n: empty\r\n\r\n", 400),
     (b"GET / HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nX: a\rb\r\n\r\n", 400),  # a bare CR inside a value
+    (b"GET / HTTP/1.1\r\nHost: x\r\nX: a\r\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nX : a\r\n\r\n", 400),  # whitespace before the colon
+    (b"GET / HTTP/1.1\r\nHost: x\r\nnot a field X: a\r\n\r\n", 400),  # a field inside a bad line
     (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400),
     (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", 400),
     (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 9999999999999999999\r\n\r\n", 400),

@@ -29,7 +29,9 @@ _MAX_CHUNK_LINE = 1024
 
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _TARGET = re.compile(rb"[\x21-\x7e]+")
-_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+#: One header line (without its LF): a token name, a colon, a value without control characters (HTAB allowed),
+#: optional whitespace around the value, an optional CR. Anchored at each line's start (``re.M``).
+_FIELD = re.compile(rb"^([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*)\r?$", re.M)
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 
@@ -74,8 +76,8 @@ def parse_head(buffer: bytearray) -> RequestHead | None:
         raise BadRequest("request head too large", 431)
     head = bytes(buffer[:end])
     del buffer[: end + skip]
-    lines = head.split(b"\n")
-    request_line = lines[0].removesuffix(b"\r")
+    request_line, _, block = head.partition(b"\n")
+    request_line = request_line.removesuffix(b"\r")
     parts = request_line.split(b" ")
     if len(parts) != 3:
         raise BadRequest("malformed request line")
@@ -89,15 +91,13 @@ def parse_head(buffer: bytearray) -> RequestHead | None:
     else:
         raise BadRequest("unsupported HTTP version")
     headers: list[tuple[bytes, bytes]] = []
-    for raw in lines[1:]:
-        line = raw.removesuffix(b"\r")
-        name, colon, value = line.partition(b":")
-        if not colon or not _TOKEN.fullmatch(name):  # also obsolete line folding (a leading space)
+    if block:
+        # Every line must be a field (one regex pass for all of them): a line that is not (obsolete line
+        # folding, a name that is no token, a control character in a value) leaves the count short.
+        fields = _FIELD.findall(block)
+        if len(fields) != block.count(b"\n") + 1:
             raise BadRequest("malformed header line")
-        value = value.strip(b" \t")
-        if _BAD_VALUE.search(value):
-            raise BadRequest("control character in a header value")
-        headers.append((name.lower(), value))
+        headers = [(name.lower(), value.rstrip(b" \t")) for name, value in fields]
     request = RequestHead(method, target, http_version, headers)
     _framing(request)
     return request
@@ -246,11 +246,10 @@ class ResponseFraming:
         self.remaining = length
 
     def head(self, status: int, headers: list[tuple[bytes, bytes]], date: bytes) -> bytes:
-        out = [status_line(status)]
-        for name, value in headers:
-            if b"\n" in value or b"\r" in value or b"\n" in name or b"\r" in name:
-                raise ValueError("a response header holds a line break")
-            out.append(name + b": " + value + b"\r\n")
+        fields = b"".join([name + b": " + value + b"\r\n" for name, value in headers])
+        if fields.count(b"\n") != len(headers) or fields.count(b"\r") != len(headers):  # one CRLF per field
+            raise ValueError("a response header holds a line break")
+        out = [status_line(status), fields]
         if self.chunked:
             out.append(b"transfer-encoding: chunked\r\n")
         if self.close and not self._said_close:

@@ -298,7 +298,7 @@ class _Cycle:
         }
         self.on_disconnect: list[Callable[[], None]] = []
         self.body = http1.BodyReader(request)
-        self.read_lock = trio.Lock()
+        self.read_lock: trio.Lock | None = None  # made by the first ``receive`` (the turn lane takes ``body_now``)
         self.body_given = False  # the app has the body's last message
         self.bad_body = False  # the body's framing was broken: answer 400 if the app did not answer
         self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None
@@ -307,10 +307,17 @@ class _Cycle:
         self.close = False  # the response says the connection ends
 
     async def run(self) -> None:
+        server = self.connection.server
+        tracker = server.tracker
+        if tracker is not None:
+            tracker.active += 1
         try:
-            await self.connection.server.app(self.scope, self.receive, self.send)
+            await server.app(self.scope, self.receive, self.send)
         except Exception:
             log.exception("error in the ASGI app serving %s %s", self.method, self.scope["path"])
+        finally:
+            if tracker is not None:
+                tracker.finished()
         if self.framing is None:
             await self.error_response(400 if self.bad_body else 500)
         elif not self.complete:
@@ -322,11 +329,14 @@ class _Cycle:
         await self.connection.write(http1.error_response(status, _Date.now()))
 
     async def receive(self) -> Message:
-        await _acquire(self.read_lock)  # one reader at a time; a disconnect is seen by every later call
+        lock = self.read_lock
+        if lock is None:
+            lock = self.read_lock = trio.Lock()
+        await _acquire(lock)  # one reader at a time; a disconnect is seen by every later call
         try:
             return await self._receive()
         finally:
-            self.read_lock.release()
+            lock.release()
 
     async def _receive(self) -> Message:
         connection = self.connection
@@ -368,7 +378,7 @@ class _Cycle:
     def body_now(self) -> bytes | None:
         """The whole body if it has all arrived (then received: the next ``receive`` waits for the disconnect)."""
         body, buffer = self.body, self.connection.buffer
-        if self.body_given or self.bad_body or self.read_lock.locked() or body.chunked:
+        if self.body_given or self.bad_body or body.chunked or (self.read_lock is not None and self.read_lock.locked()):
             return None
         if body.done:
             data = b""
@@ -424,13 +434,37 @@ class _Cycle:
         await self.connection.write(out)
 
 
-class HTTPServer:
-    """Serves ``app`` on one listening socket until told to stop."""
+class RequestTracker:
+    """The requests in flight (their app calls) of one or more servers: what a shutdown waits for.
 
-    def __init__(self, app: ASGIApp, *, keep_alive_timeout: float = 75.0, router: Router | None = None) -> None:
+    Counted by the server around each app call (a wrapping ASGI app cost a coroutine level per request,
+    and one more frame on every resumption of a turn's task); idle connections are not requests.
+    """
+
+    def __init__(self) -> None:
+        self.active = 0
+        self._idle = trio.Event()
+
+    def finished(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        while self.active:
+            self._idle = trio.Event()
+            await self._idle.wait()
+
+
+class HTTPServer:
+    """Serves ``app`` on one listening socket until told to stop (``tracker``: counts its requests in flight)."""
+
+    def __init__(self, app: ASGIApp, *, keep_alive_timeout: float = 75.0, router: Router | None = None,
+                 tracker: RequestTracker | None = None) -> None:
         self.app = app
         self.keep_alive_timeout = keep_alive_timeout
         self.router = router
+        self.tracker = tracker
         self._nursery: trio.Nursery | None = None
         self.connections: set[_Connection] = set()
 

@@ -55,10 +55,8 @@ class RequestHeaders:
     __slots__ = ("_values",)
 
     def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
-        values: dict[str, str] = {}
-        for name, value in raw:
-            values.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
-        self._values = values
+        # Last to first, so that the first value of a repeated name is the one kept.
+        self._values = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in reversed([*raw])}
 
     def get(self, key: str, /) -> str | None:
         return self._values.get(key.lower())
@@ -155,7 +153,21 @@ class _Turn:
     async def serve(self) -> None:
         token = CURRENT.set(self.info)
         try:
-            await self._serve()
+            try:
+                raw = await self.request()
+            except Exception as error:
+                await self.fail(error)
+                return
+            if self.gone:
+                return
+            if self.on_disconnect is not None:  # our server calls back, then cancels this task, when the client leaves
+                self.on_disconnect(self.hung_up)
+                await self.run(raw)
+                return
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.watch, nursery.cancel_scope)
+                await self.run(raw)
+                nursery.cancel_scope.cancel()
         finally:
             if self.gone and not self.info.finished:
                 # The client left before any answer: counted and logged all the same, as
@@ -164,23 +176,6 @@ class _Turn:
                 self.info.error_code = self.info.error_code or "client_disconnected"
                 self.lane.observer.finish(self.info)
             CURRENT.reset(token)  # the server runs the next request of the connection in this task
-
-    async def _serve(self) -> None:
-        try:
-            raw = await self.request()
-        except Exception as error:
-            await self.fail(error)
-            return
-        if self.gone:
-            return
-        if self.on_disconnect is not None:  # our server calls back, then cancels this task, when the client hangs up
-            self.on_disconnect(self.hung_up)
-            await self.run(raw)
-            return
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.watch, nursery.cancel_scope)
-            await self.run(raw)
-            nursery.cancel_scope.cancel()
 
     async def run(self, raw: bytes) -> None:
         """The handler, and its reply written (its error, in the caller's format)."""

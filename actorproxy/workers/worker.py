@@ -26,9 +26,9 @@ import trio
 
 from ..config import ProxyConfig
 from ..runtime.runtime import Runtime, open_runtime
-from ..serve import _KEEP_ALIVE, RunningProxy, _drain, _Tracked, bind_host
+from ..serve import _KEEP_ALIVE, RunningProxy, _drain, asgi_of, bind_host
 from ..server.app import create_app
-from ..server.http_server import HTTPServer
+from ..server.http_server import HTTPServer, RequestTracker
 from ..tokenization.tokenizer import ChatTokenizer
 from ..wire import jsonio
 from .fanout import FanOut, WorkerUnavailable, ask, control_path
@@ -64,11 +64,12 @@ async def serve_worker(
     workers = config.server.workers
     async with open_runtime(worker_config(config, index), tokenizer=tokenizer) as runtime:
         await take_rollout_state(runtime, index, workers, directory)
-        app = _Tracked(create_app(runtime))
+        app = asgi_of(create_app(runtime))
+        tracker = RequestTracker()  # the requests in flight of both servers
         stop = trio.Event()
-        private = HTTPServer(app, keep_alive_timeout=_KEEP_ALIVE)
+        private = HTTPServer(app, keep_alive_timeout=_KEEP_ALIVE, tracker=tracker)
         public = HTTPServer(FanOut(app, workers, directory), keep_alive_timeout=_KEEP_ALIVE,
-                            router=Router(index, workers, directory))
+                            router=Router(index, workers, directory), tracker=tracker)
         control = control_path(directory, index)
         remove_stale(control)
         unix = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -81,7 +82,7 @@ async def serve_worker(
                 await trio.sleep_forever()
             else:
                 await shutdown_trigger()
-            await _drain(runtime, app, config.server.shutdown_grace)
+            await _drain(runtime, tracker, config.server.shutdown_grace)
             stop.set()
 
         async with trio.open_nursery() as nursery:
