@@ -19,6 +19,7 @@ class Echo:
         self.disconnected = trio.Event()
         self.waiting = trio.Event()
         self.again: Any = None
+        self.proceed = trio.Event()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         body = b""
@@ -29,6 +30,9 @@ class Echo:
                 break
         if scope["path"] == "/fail":
             raise RuntimeError("the app fails")
+        if scope["path"] == "/later":  # answer once the test says so
+            self.waiting.set()
+            await self.proceed.wait()
         if scope["path"] == "/hang":  # wait for the client to go away
             self.waiting.set()
             if (await receive())["type"] == "http.disconnect":
@@ -138,6 +142,22 @@ async def test_a_client_that_hangs_up_is_an_http_disconnect(served: tuple[Echo, 
         await app.disconnected.wait()
     # An app that keeps asking (say, a loop draining the body until the client leaves) must not hold the loop.
     assert app.again == {"type": "http.disconnect"}
+
+
+async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(served: tuple[Echo, int]) -> None:
+    """HTTP/1.1 lets a client shut its sending side once the request is out (RFC 9112 9.6) and read on: its EOF
+    is not a hang-up. h11 allows it; hypercorn (and this server until now) cancelled the request."""
+    app, port = served
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(b"POST /later HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc")
+        await app.waiting.wait()
+        await stream.send_eof()  # shutdown(SHUT_WR): nothing more to send, still reading
+        await trio.testing.wait_all_tasks_blocked()  # the server has seen the EOF
+        assert not app.disconnected.is_set()
+        app.proceed.set()
+        data = await read_until(stream, b"never")  # until the server closes the connection after the answer
+    assert b"HTTP/1.1 200 OK\r\n" in data and data.endswith(b"POST /later  abc")
 
 
 async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(autojump_clock: Any) -> None:

@@ -31,6 +31,7 @@ from actorproxy.server.observe import Observer
 from actorproxy.server.turns import sse_frames
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.tokenizer import ChatTokenizer
+from actorproxy.wire import jsonio
 
 PATHS = [
     "/v1/chat/completions", "/v1/messages", "/v1/responses", "/generate",
@@ -188,6 +189,42 @@ async def test_the_lane_sends_a_heartbeat_after_each_interval_of_silence_and_non
     assert more_body == [True] * 7 + [False]  # the body's end leaves with the last frames: one write, not two
 
 
+async def test_a_client_that_half_closes_after_its_request_gets_the_answer_and_the_turn_is_kept(
+    proxy: Any, engine: SimEngine
+) -> None:
+    """shutdown(SHUT_WR) once the request is out is not a hang-up (HTTP/1.1 allows it): the turn runs to its end."""
+    engine.script("word " * 40, routing_key="half")
+    stream = await _turn_waiting_at_the_engine(proxy, engine, "half", 100)  # the client half-closes meanwhile
+    async with stream:
+        await stream.send_eof()
+        await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+        engine.resume("test")
+        data = b""
+        with trio.fail_after(10):
+            while chunk := await stream.receive_some(65536):  # until the server closes after the answer
+                data += chunk
+    head, _, reply = data.rpartition(b"\r\n\r\n")
+    assert b"HTTP/1.1 200 OK\r\n" in head
+    assert jsonio.loads(reply)["choices"][0]["message"]["content"].startswith("word word")
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as http:
+        step = (await http.get("/session/half")).json()["recent_steps"][-1]
+    assert step["status"] != "client_disconnected" and step["finish_reason"] == "stop"
+    assert not engine.stats(step["rid"]).aborted
+
+
+async def _turn_waiting_at_the_engine(proxy: Any, engine: SimEngine, session: str, tokens: int) -> trio.SocketStream:
+    """A non-streaming turn sent on a raw connection, its generation started and paused (``engine.resume`` it)."""
+    engine.pause("test")
+    host, port = proxy.url.removeprefix("http://").rsplit(":", 1)
+    body = b'{"messages":[{"role":"user","content":"talk"}],"max_tokens":%d}' % tokens
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: %s\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (session.encode(), len(body), body))
+    await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+    assert engine.running == 1
+    return stream
+
+
 async def _no_app(scope: Any, receive: Any, send: Any) -> None:
     raise AssertionError("a turn route reached the app behind the lane")
 
@@ -197,14 +234,7 @@ async def test_a_client_that_hangs_up_mid_turn_cancels_it_and_the_engine_is_abor
 ) -> None:
     """Non-streaming: nothing is written while the turn runs, so only the server's reader can notice."""
     engine.script("word " * 400, routing_key="left")
-    engine.pause("test")  # the generation starts and waits: the client leaves in the middle of it
-    host, port = proxy.url.removeprefix("http://").rsplit(":", 1)
-    body = b'{"messages":[{"role":"user","content":"talk"}],"max_tokens":500}'
-    stream = await trio.open_tcp_stream(host, int(port))
-    await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: left\r\n"
-                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-    await trio.testing.wait_all_tasks_blocked(cushion=0.05)
-    assert engine.running == 1
+    stream = await _turn_waiting_at_the_engine(proxy, engine, "left", 500)  # the client leaves in the middle of it
     await stream.aclose()
     await trio.testing.wait_all_tasks_blocked(cushion=0.05)
     engine.resume("test")

@@ -16,7 +16,8 @@ chunked bodies both ways, absolute-form targets (``http://host/path``), a 4xx wi
 ``connection: close`` for a request it cannot take (never a 5xx for bad input),
 ``http.disconnect`` when the client hangs up (so a turn is cancelled and its generation
 aborted; every ``receive`` after it is still a checkpoint, so an app that keeps asking
-cannot hold the event loop), a 500 when the app fails before answering, and a shutdown
+cannot hold the event loop) but an answer for a client that only half-closed after its
+request (:meth:`_Connection.half_closed`), a 500 when the app fails before answering, and a shutdown
 that stops accepting and drops idle connections at once (``serve_proxy`` drains first).
 
 The requests of a connection run one after the other in the connection's task (a task
@@ -31,6 +32,7 @@ import email.utils
 import errno
 import logging
 import os
+import select
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -106,6 +108,7 @@ class _Connection:
         self.buffer = bytearray(data)  # bytes read and not yet taken (an adopted connection's come with it)
         self.handoff: Handoff | None = None  # set by the server's router: the connection goes elsewhere
         self.eof = False  # the client sent its last byte (or the socket failed)
+        self.gone = False  # the client is gone (not only done sending): a request in flight is then cancelled
         self.arrived = trio.lowlevel.ParkingLot()  # tasks waiting for bytes (or the EOF)
         self.room = trio.lowlevel.ParkingLot()  # the reader, while the buffer is full
         self.cycle: _Cycle | None = None  # the request being served
@@ -166,11 +169,11 @@ class _Connection:
             # Wait first, then read: one recv per arrival (the wait is the checkpoint).
             await trio.lowlevel.wait_readable(sock)
             try:
-                data = sock.recv(_MAX_RECV)
+                data: bytes | None = sock.recv(_MAX_RECV)
             except (BlockingIOError, InterruptedError):
                 continue
-            except OSError:
-                data = b""
+            except OSError:  # reset: gone for sure
+                data = None
             if data:
                 self.buffer += data
                 self.arrived.unpark_all()
@@ -178,9 +181,40 @@ class _Connection:
             self.eof = True
             self.arrived.unpark_all()
             cycle = self.cycle
-            if cycle is not None and cycle.body_given:  # gone while its request is served
-                cycle.hung_up()
+            if data is not None and cycle is not None and cycle.whole() and cycle.request.http_version == "1.1":
+                await self.half_closed(cycle)
+            self.client_gone()
             return
+
+    async def half_closed(self, cycle: _Cycle) -> None:
+        """The client sent its EOF after a whole request: wait until it turns out gone, answering it meanwhile.
+
+        HTTP/1.1 lets a client shut its sending side and read the answer (RFC 9112 9.6; h11
+        allows it, hypercorn and nginx take it as an abort); a client that closed its socket for
+        good sends the same EOF. What tells them apart is the next byte this side sends: a closed
+        socket answers it with a reset. So, if nothing of the answer is out yet, an interim
+        ``100 Continue`` goes out at once (every HTTP/1.1 client parses 1xx responses before its
+        answer, RFC 9110 15.2), and a private epoll that asks for no event (epoll still reports
+        ``EPOLLHUP``/``EPOLLERR``, never the readable EOF) wakes this task when the reset comes:
+        the turn is then cancelled as before, within a round trip. A half-closed client is
+        answered, and the connection closed after the answer.
+        """
+        with select.epoll() as watch:
+            watch.register(self.sock.fileno(), 0)
+            if cycle.framing is None and not self.write_lock.locked():
+                await self.write(_CONTINUE)
+            try:
+                await trio.lowlevel.wait_readable(watch.fileno())
+            finally:
+                trio.lowlevel.notify_closing(watch.fileno())
+
+    def client_gone(self) -> None:
+        """The client is gone: the request being served (past its body) is told so, and cancelled if it asked to be."""
+        self.gone = True
+        self.arrived.unpark_all()  # a receive waiting for the disconnect
+        cycle = self.cycle
+        if cycle is not None and cycle.body_given:
+            cycle.hung_up()
 
     async def wait_for_bytes(self) -> None:
         """Until more bytes (or the EOF) arrive."""
@@ -368,12 +402,17 @@ class _Cycle:
         return _DISCONNECT
 
     async def wait_disconnect(self) -> Message:
-        """After the body: wait until the client hangs up (a pipelined next request is kept for later)."""
+        """After the body: wait until the client is gone (a pipelined next request is kept for later)."""
         connection = self.connection
-        while not connection.eof:
+        while not connection.gone:
             await connection.arrived.park()
         connection.closed = True
         return _DISCONNECT
+
+    def whole(self) -> bool:
+        """Whether the whole request has arrived (its body given to the app, or all of it in the buffer)."""
+        body = self.body
+        return self.body_given or body.done or (not body.chunked and len(self.connection.buffer) >= body.remaining)
 
     def body_now(self) -> bytes | None:
         """The whole body if it has all arrived (then received: the next ``receive`` waits for the disconnect)."""
@@ -395,7 +434,7 @@ class _Cycle:
         """When the client hangs up after the body (at once if it has already): ``callback()``, then the request is
         cancelled (in the connection's cancel scope, which ends the connection)."""
         self.on_disconnect.append(callback)
-        if self.connection.eof:
+        if self.connection.gone:
             self.hung_up()
 
     def hung_up(self) -> None:
