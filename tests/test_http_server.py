@@ -9,7 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from actorproxy.server.http_server import BODY_EXTENSION, HTTPServer
+from actorproxy.server.http_cycle import BODY_EXTENSION
+from actorproxy.server.http_server import HTTPServer
 
 
 class Echo:

@@ -28,21 +28,19 @@ request in tasks of its own).
 
 from __future__ import annotations
 
-import email.utils
 import errno
 import logging
 import os
 import select
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import unquote
 
 import trio
 
 from . import http1
-from .drain import ASGIApp, Message
+from .drain import ASGIApp
+from .http_cycle import CONTINUE, MAX_PIPELINED, Cycle, Date
 
 log = logging.getLogger("actorproxy.http")
 
@@ -58,18 +56,6 @@ _ACCEPT_SKIP = {getattr(errno, name) for name in (
     "EPERM", "ECONNABORTED", "EPROTO", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET", "EHOSTUNREACH",
     "EOPNOTSUPP", "ENETUNREACH", "ENOSR", "ESOCKTNOSUPPORT", "EPROTONOSUPPORT", "ETIMEDOUT", "ECONNRESET",
 ) if hasattr(errno, name)}
-#: Bytes of a pipelined next request kept while a response is under way (more: stop reading).
-_MAX_PIPELINED = 65536
-_DISCONNECT: Message = {"type": "http.disconnect"}
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-#: The scope extension that calls back when the client hangs up: ``scope["extensions"][...](callback)``; the
-#: request is then cancelled (the connection ends). The turn lane's turn ends so, without a task per request
-#: reading ``http.disconnect`` nor a cancel scope of its own.
-DISCONNECT_EXTENSION = "actorproxy.on_disconnect"
-#: The scope extension that hands over the whole request body when it has all arrived already
-#: (``scope["extensions"][...]()``: its bytes, as if received; ``None``: receive it as usual). The turn lane's
-#: body then needs no timeout (the common case: the body came with the head).
-BODY_EXTENSION = "actorproxy.body_now"
 
 #: Moves a connection to another process (``actorproxy.workers``): called with the client's socket and the
 #: bytes read from it and not served yet, once this process has stopped reading it.
@@ -77,20 +63,6 @@ Handoff = Callable[[trio.socket.SocketType, bytes], Awaitable[None]]
 #: Looks at each request head before it is served: a :data:`Handoff` takes the connection away, ``None``
 #: serves the request here. It may wait for more of the request in ``connection.buffer``.
 Router = Callable[["_Connection", http1.RequestHead], Awaitable[Handoff | None]]
-
-
-class _Date:
-    """The ``date`` header, formatted once per second."""
-
-    second = -1
-    value = b""
-
-    @classmethod
-    def now(cls) -> bytes:
-        second = int(time.time())
-        if second != cls.second:
-            cls.second, cls.value = second, email.utils.formatdate(second, usegmt=True).encode()
-        return cls.value
 
 
 class _Connection:
@@ -111,7 +83,7 @@ class _Connection:
         self.gone = False  # the client is gone (not only done sending): a request in flight is then cancelled
         self.arrived = trio.lowlevel.ParkingLot()  # tasks waiting for bytes (or the EOF)
         self.room = trio.lowlevel.ParkingLot()  # the reader, while the buffer is full
-        self.cycle: _Cycle | None = None  # the request being served
+        self.cycle: Cycle | None = None  # the request being served
         self.write_lock = trio.Lock()
         self.writes = 0  # writes since the last scheduling round one of them took
         self.closed = False  # the client went away (or the socket failed)
@@ -146,7 +118,7 @@ class _Connection:
                 self.handoff = await self.server.router(self, request)
                 if self.handoff is not None:
                     return
-            cycle = self.cycle = _Cycle(self, request)
+            cycle = self.cycle = Cycle(self, request)
             try:
                 await cycle.run()  # in this task: no task to spawn and join per request
             finally:
@@ -158,12 +130,12 @@ class _Connection:
         """The connection's only reader: whatever the client sends goes to the buffer, its EOF to ``eof``.
 
         Reading on while a request is served is how a client that hangs up is noticed (and a
-        pipelined request kept) without a task per request; at most ``_MAX_PIPELINED`` bytes
+        pipelined request kept) without a task per request; at most ``MAX_PIPELINED`` bytes
         wait in the buffer before reading stops until they are taken.
         """
         sock = self.sock
         while True:
-            if len(self.buffer) > _MAX_PIPELINED:
+            if len(self.buffer) > MAX_PIPELINED:
                 await self.room.park()
                 continue
             # Wait first, then read: one recv per arrival (the wait is the checkpoint).
@@ -186,7 +158,7 @@ class _Connection:
             self.client_gone()
             return
 
-    async def half_closed(self, cycle: _Cycle) -> None:
+    async def half_closed(self, cycle: Cycle) -> None:
         """The client sent its EOF after a whole request: wait until it turns out gone, answering it meanwhile.
 
         HTTP/1.1 lets a client shut its sending side and read the answer (RFC 9112 9.6; h11
@@ -202,7 +174,7 @@ class _Connection:
         with select.epoll() as watch:
             watch.register(self.sock.fileno(), 0)
             if cycle.framing is None and not self.write_lock.locked():
-                await self.write(_CONTINUE)
+                await self.write(CONTINUE)
             try:
                 await trio.lowlevel.wait_readable(watch.fileno())
             finally:
@@ -218,7 +190,7 @@ class _Connection:
 
     async def wait_for_bytes(self) -> None:
         """Until more bytes (or the EOF) arrive."""
-        if len(self.buffer) > _MAX_PIPELINED:
+        if len(self.buffer) > MAX_PIPELINED:
             self.room.unpark_all()
         await self.arrived.park()
 
@@ -247,7 +219,7 @@ class _Connection:
                 await self.wait_for_bytes()
         except http1.BadRequest as error:
             self.idle_since = None
-            await self.write(http1.error_response(error.status, _Date.now()))
+            await self.write(http1.error_response(error.status, Date.now()))
             return None
 
     async def write(self, data: bytes) -> None:
@@ -305,172 +277,6 @@ class _Connection:
             if len(view) < len(data):  # cut in the middle (cancelled): nothing after it can be framed
                 self.closed = True
             raise
-
-
-class _Cycle:
-    """One request and its response: the ASGI ``receive`` and ``send`` of the app's call."""
-
-    def __init__(self, connection: _Connection, request: http1.RequestHead) -> None:
-        self.connection = connection
-        self.request = request
-        self.method = request.method.decode("ascii")
-        path, _, query = _origin_form(request.target).partition(b"?")
-        self.scope = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.1"},
-            "http_version": request.http_version,
-            "method": self.method,
-            "scheme": "http",
-            "path": unquote(path.decode("ascii")),
-            "raw_path": path,
-            "query_string": query,
-            "root_path": "",
-            "headers": request.headers,
-            "client": connection.client,
-            "server": connection.local,
-            "extensions": {DISCONNECT_EXTENSION: self.add_disconnect_callback, BODY_EXTENSION: self.body_now},
-        }
-        self.on_disconnect: list[Callable[[], None]] = []
-        self.body = http1.BodyReader(request)
-        self.read_lock: trio.Lock | None = None  # made by the first ``receive`` (the turn lane takes ``body_now``)
-        self.body_given = False  # the app has the body's last message
-        self.bad_body = False  # the body's framing was broken: answer 400 if the app did not answer
-        self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None
-        self.framing: http1.ResponseFraming | None = None
-        self.complete = False
-        self.close = False  # the response says the connection ends
-
-    async def run(self) -> None:
-        server = self.connection.server
-        tracker = server.tracker
-        if tracker is not None:
-            tracker.active += 1
-        try:
-            await server.app(self.scope, self.receive, self.send)
-        except Exception:
-            log.exception("error in the ASGI app serving %s %s", self.method, self.scope["path"])
-        finally:
-            if tracker is not None:
-                tracker.finished()
-        if self.framing is None:
-            await self.error_response(400 if self.bad_body else 500)
-        elif not self.complete:
-            self.connection.closed = True  # a reply cut short: the client must not reuse the connection
-
-    async def error_response(self, status: int) -> None:
-        self.complete = self.close = True
-        self.framing = http1.ResponseFraming(self.request, status, [])
-        await self.connection.write(http1.error_response(status, _Date.now()))
-
-    async def receive(self) -> Message:
-        lock = self.read_lock
-        if lock is None:
-            lock = self.read_lock = trio.Lock()
-        await _acquire(lock)  # one reader at a time; a disconnect is seen by every later call
-        try:
-            return await self._receive()
-        finally:
-            lock.release()
-
-    async def _receive(self) -> Message:
-        connection = self.connection
-        if connection.closed or self.bad_body:
-            # A checkpoint: an app that keeps asking (a drain loop) must not hold the event loop forever.
-            await trio.lowlevel.checkpoint()
-            return _DISCONNECT
-        body = self.body
-        if self.body_given:
-            return await self.wait_disconnect()
-        try:
-            while True:
-                data = b"" if body.done else body.read(connection.buffer)
-                if data is not None:
-                    self.body_given = body.done
-                    if len(connection.buffer) <= _MAX_PIPELINED:
-                        connection.room.unpark_all()
-                    return {"type": "http.request", "body": data, "more_body": not body.done}
-                if connection.eof:
-                    break
-                if self.request.expect_continue and self.framing is None:
-                    self.request.expect_continue = False
-                    await connection.write(_CONTINUE)
-                await connection.wait_for_bytes()
-        except http1.BadRequest:  # the client is still there: it gets a 400 unless the app answers
-            self.bad_body = True
-            return _DISCONNECT
-        connection.closed = True
-        return _DISCONNECT
-
-    async def wait_disconnect(self) -> Message:
-        """After the body: wait until the client is gone (a pipelined next request is kept for later)."""
-        connection = self.connection
-        while not connection.gone:
-            await connection.arrived.park()
-        connection.closed = True
-        return _DISCONNECT
-
-    def whole(self) -> bool:
-        """Whether the whole request has arrived (its body given to the app, or all of it in the buffer)."""
-        body = self.body
-        return self.body_given or body.done or (not body.chunked and len(self.connection.buffer) >= body.remaining)
-
-    def body_now(self) -> bytes | None:
-        """The whole body if it has all arrived (then received: the next ``receive`` waits for the disconnect)."""
-        body, buffer = self.body, self.connection.buffer
-        if self.body_given or self.bad_body or body.chunked or (self.read_lock is not None and self.read_lock.locked()):
-            return None
-        if body.done:
-            data = b""
-        elif len(buffer) >= body.remaining:
-            data = body.read(buffer) or b""
-            if len(buffer) <= _MAX_PIPELINED:
-                self.connection.room.unpark_all()
-        else:
-            return None
-        self.body_given = True
-        return data
-
-    def add_disconnect_callback(self, callback: Callable[[], None]) -> None:
-        """When the client hangs up after the body (at once if it has already): ``callback()``, then the request is
-        cancelled (in the connection's cancel scope, which ends the connection)."""
-        self.on_disconnect.append(callback)
-        if self.connection.gone:
-            self.hung_up()
-
-    def hung_up(self) -> None:
-        """The client went away while this request is served (after its body)."""
-        connection = self.connection
-        connection.closed = True
-        callbacks, self.on_disconnect = self.on_disconnect, []
-        for callback in callbacks:
-            callback()
-        if callbacks:
-            connection.scope.cancel()
-
-    async def send(self, message: Message) -> None:
-        kind = message["type"]
-        if kind == "http.response.start":
-            self.head = (int(message["status"]), list(message.get("headers", ())))
-            return
-        if kind != "http.response.body" or self.complete or self.head is None:
-            return
-        out = b""
-        framing = self.framing
-        if framing is None:
-            status, headers = self.head
-            framing = http1.ResponseFraming(self.request, status, headers)
-            out = framing.head(status, headers, _Date.now())
-            self.framing, self.close = framing, framing.close
-        body = message.get("body", b"")
-        if body:
-            out += framing.piece(body)
-        if not message.get("more_body", False):
-            end, whole = framing.end()
-            out += end
-            self.complete = whole
-            if not whole:
-                self.connection.closed = True
-        await self.connection.write(out)
 
 
 class RequestTracker:
@@ -606,25 +412,6 @@ class HTTPServer:
             sock.close()
             return
         await connection.run()
-
-
-async def _acquire(lock: trio.Lock) -> None:
-    """Take ``lock``; no scheduling round when it is free (the common case: the I/O after it yields anyway)."""
-    try:
-        lock.acquire_nowait()
-    except trio.WouldBlock:
-        await lock.acquire()
-
-
-def _origin_form(target: bytes) -> bytes:
-    """The path and query of a request target: an absolute-form one (``http://host/p?q``, RFC 9112 3.2.2) cut."""
-    if target[:1] == b"/":
-        return target
-    scheme, sep, rest = target.partition(b"://")
-    if sep and scheme.lower() in (b"http", b"https"):
-        slash = rest.find(b"/")
-        return rest[slash:] if slash >= 0 else b"/" + rest[len(rest.partition(b"?")[0]):]
-    return target
 
 
 def _address(name: Any) -> tuple[str, int] | None:

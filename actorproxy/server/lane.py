@@ -33,7 +33,7 @@ from ..wire import jsonio
 from ..wire.format import Headers
 from .auth import AccessPolicy, route_kind
 from .drain import ASGIApp, Receive, Send, discard_body
-from .http_server import BODY_EXTENSION, DISCONNECT_EXTENSION
+from .http_cycle import BODY_EXTENSION, DISCONNECT_EXTENSION
 from .observe import Observer, error_code
 from .replies import error_reply, is_anthropic_route
 from .turns import SSEReply, TurnReply

@@ -1,0 +1,240 @@
+"""One request and its response on the HTTP/1.1 server (:mod:`.http_server`): the ASGI scope, ``receive`` and ``send``.
+
+The connection (:class:`~.http_server._Connection`) reads the socket and runs one
+:class:`Cycle` after another in its own task; a cycle gives the app the request's body
+as it arrives (or at once, through the ``actorproxy.body_now`` extension), frames the
+app's response (:mod:`.http1`) so that its head, body and end leave in one write, and
+tells the app when the client is gone (``http.disconnect``, or the
+``actorproxy.on_disconnect`` callback that cancels the request).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+import trio
+
+from . import http1
+from .drain import Message
+
+if TYPE_CHECKING:
+    from .http_server import _Connection
+
+log = logging.getLogger("actorproxy.http")
+
+#: Bytes of a pipelined next request kept while a response is under way (more: stop reading).
+MAX_PIPELINED = 65536
+DISCONNECT: Message = {"type": "http.disconnect"}
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: The scope extension that calls back when the client hangs up: ``scope["extensions"][...](callback)``; the
+#: request is then cancelled (the connection ends). The turn lane's turn ends so, without a task per request
+#: reading ``http.disconnect`` nor a cancel scope of its own.
+DISCONNECT_EXTENSION = "actorproxy.on_disconnect"
+#: The scope extension that hands over the whole request body when it has all arrived already
+#: (``scope["extensions"][...]()``: its bytes, as if received; ``None``: receive it as usual). The turn lane's
+#: body then needs no timeout (the common case: the body came with the head).
+BODY_EXTENSION = "actorproxy.body_now"
+
+
+class Date:
+    """The ``date`` header, formatted once per second."""
+
+    second = -1
+    value = b""
+
+    @classmethod
+    def now(cls) -> bytes:
+        second = int(time.time())
+        if second != cls.second:
+            cls.second, cls.value = second, email.utils.formatdate(second, usegmt=True).encode()
+        return cls.value
+
+
+class Cycle:
+    """One request and its response: the ASGI ``receive`` and ``send`` of the app's call."""
+
+    def __init__(self, connection: _Connection, request: http1.RequestHead) -> None:
+        self.connection = connection
+        self.request = request
+        self.method = request.method.decode("ascii")
+        path, _, query = _origin_form(request.target).partition(b"?")
+        self.scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.1"},
+            "http_version": request.http_version,
+            "method": self.method,
+            "scheme": "http",
+            "path": unquote(path.decode("ascii")),
+            "raw_path": path,
+            "query_string": query,
+            "root_path": "",
+            "headers": request.headers,
+            "client": connection.client,
+            "server": connection.local,
+            "extensions": {DISCONNECT_EXTENSION: self.add_disconnect_callback, BODY_EXTENSION: self.body_now},
+        }
+        self.on_disconnect: list[Callable[[], None]] = []
+        self.body = http1.BodyReader(request)
+        self.read_lock: trio.Lock | None = None  # made by the first ``receive`` (the turn lane takes ``body_now``)
+        self.body_given = False  # the app has the body's last message
+        self.bad_body = False  # the body's framing was broken: answer 400 if the app did not answer
+        self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None
+        self.framing: http1.ResponseFraming | None = None
+        self.complete = False
+        self.close = False  # the response says the connection ends
+
+    async def run(self) -> None:
+        server = self.connection.server
+        tracker = server.tracker
+        if tracker is not None:
+            tracker.active += 1
+        try:
+            await server.app(self.scope, self.receive, self.send)
+        except Exception:
+            log.exception("error in the ASGI app serving %s %s", self.method, self.scope["path"])
+        finally:
+            if tracker is not None:
+                tracker.finished()
+        if self.framing is None:
+            await self.error_response(400 if self.bad_body else 500)
+        elif not self.complete:
+            self.connection.closed = True  # a reply cut short: the client must not reuse the connection
+
+    async def error_response(self, status: int) -> None:
+        self.complete = self.close = True
+        self.framing = http1.ResponseFraming(self.request, status, [])
+        await self.connection.write(http1.error_response(status, Date.now()))
+
+    async def receive(self) -> Message:
+        lock = self.read_lock
+        if lock is None:
+            lock = self.read_lock = trio.Lock()
+        await _acquire(lock)  # one reader at a time; a disconnect is seen by every later call
+        try:
+            return await self._receive()
+        finally:
+            lock.release()
+
+    async def _receive(self) -> Message:
+        connection = self.connection
+        if connection.closed or self.bad_body:
+            # A checkpoint: an app that keeps asking (a drain loop) must not hold the event loop forever.
+            await trio.lowlevel.checkpoint()
+            return DISCONNECT
+        body = self.body
+        if self.body_given:
+            return await self.wait_disconnect()
+        try:
+            while True:
+                data = b"" if body.done else body.read(connection.buffer)
+                if data is not None:
+                    self.body_given = body.done
+                    if len(connection.buffer) <= MAX_PIPELINED:
+                        connection.room.unpark_all()
+                    return {"type": "http.request", "body": data, "more_body": not body.done}
+                if connection.eof:
+                    break
+                if self.request.expect_continue and self.framing is None:
+                    self.request.expect_continue = False
+                    await connection.write(CONTINUE)
+                await connection.wait_for_bytes()
+        except http1.BadRequest:  # the client is still there: it gets a 400 unless the app answers
+            self.bad_body = True
+            return DISCONNECT
+        connection.closed = True
+        return DISCONNECT
+
+    async def wait_disconnect(self) -> Message:
+        """After the body: wait until the client is gone (a pipelined next request is kept for later)."""
+        connection = self.connection
+        while not connection.gone:
+            await connection.arrived.park()
+        connection.closed = True
+        return DISCONNECT
+
+    def whole(self) -> bool:
+        """Whether the whole request has arrived (its body given to the app, or all of it in the buffer)."""
+        body = self.body
+        return self.body_given or body.done or (not body.chunked and len(self.connection.buffer) >= body.remaining)
+
+    def body_now(self) -> bytes | None:
+        """The whole body if it has all arrived (then received: the next ``receive`` waits for the disconnect)."""
+        body, buffer = self.body, self.connection.buffer
+        if self.body_given or self.bad_body or body.chunked or (self.read_lock is not None and self.read_lock.locked()):
+            return None
+        if body.done:
+            data = b""
+        elif len(buffer) >= body.remaining:
+            data = body.read(buffer) or b""
+            if len(buffer) <= MAX_PIPELINED:
+                self.connection.room.unpark_all()
+        else:
+            return None
+        self.body_given = True
+        return data
+
+    def add_disconnect_callback(self, callback: Callable[[], None]) -> None:
+        """When the client hangs up after the body (at once if it has already): ``callback()``, then the request is
+        cancelled (in the connection's cancel scope, which ends the connection)."""
+        self.on_disconnect.append(callback)
+        if self.connection.gone:
+            self.hung_up()
+
+    def hung_up(self) -> None:
+        """The client went away while this request is served (after its body)."""
+        connection = self.connection
+        connection.closed = True
+        callbacks, self.on_disconnect = self.on_disconnect, []
+        for callback in callbacks:
+            callback()
+        if callbacks:
+            connection.scope.cancel()
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.head = (int(message["status"]), list(message.get("headers", ())))
+            return
+        if kind != "http.response.body" or self.complete or self.head is None:
+            return
+        out = b""
+        framing = self.framing
+        if framing is None:
+            status, headers = self.head
+            framing = http1.ResponseFraming(self.request, status, headers)
+            out = framing.head(status, headers, Date.now())
+            self.framing, self.close = framing, framing.close
+        body = message.get("body", b"")
+        if body:
+            out += framing.piece(body)
+        if not message.get("more_body", False):
+            end, whole = framing.end()
+            out += end
+            self.complete = whole
+            if not whole:
+                self.connection.closed = True
+        await self.connection.write(out)
+
+
+async def _acquire(lock: trio.Lock) -> None:
+    """Take ``lock``; no scheduling round when it is free (the common case: the I/O after it yields anyway)."""
+    try:
+        lock.acquire_nowait()
+    except trio.WouldBlock:
+        await lock.acquire()
+
+
+def _origin_form(target: bytes) -> bytes:
+    """The path and query of a request target: an absolute-form one (``http://host/p?q``, RFC 9112 3.2.2) cut."""
+    if target[:1] == b"/":
+        return target
+    scheme, sep, rest = target.partition(b"://")
+    if sep and scheme.lower() in (b"http", b"https"):
+        slash = rest.find(b"/")
+        return rest[slash:] if slash >= 0 else b"/" + rest[len(rest.partition(b"?")[0]):]
+    return target
