@@ -12,7 +12,8 @@
    and as the same bare ASGI app on the proxy's own server (``actorproxy.server.http_server``:
    what ASGI costs over that bare server); last, the proxy's real ingress (that server, the
    request tracking, the turn lane with its checks, access log and metrics, Quart behind it)
-   with a canned turn handler: what the ingress costs a turn.
+   with a canned turn handler: what the ingress costs a turn; and the same with a streamed reply of
+   16 SSE events arriving one per scheduler round (a real ``SSEReply``): what a streamed token costs it.
 2. Engine client: POSTs of a 2,000-token SGLang ``/generate`` body to ``engine_stub.py``,
    each reading the 16-event stream to its end, on one keep-alive connection per task,
    with httpx (the proxy's engine client library) and with a bare HTTP/1.1 exchange over
@@ -174,11 +175,16 @@ trio.run(partial(HTTPServer(lane).serve, "127.0.0.1", int(sys.argv[1]), shutdown
 ''')
 
 
-#: The proxy's real ingress (its server, request tracking, turn lane, observer, Quart behind) with a canned turn.
+#: The proxy's real ingress (its server, request tracking, turn lane, observer, Quart behind) with a canned turn:
+#: a JSON answer, or (``"stream": true``) a real SSEReply of 16 deltas arriving one per scheduler round, as an
+#: engine's tokens do (the per-event cost of a streamed reply).
 INGRESS_APP = '''
-import sys
+import math, sys
 from functools import partial
 import trio
+from actorproxy.runtime.messages import TurnAccepted, TurnDelta, TurnDone
+from actorproxy.runtime.turn_stream import TurnStream
+from actorproxy.server.turns import sse_frames
 from quart_trio import QuartTrio
 from actorproxy.server.auth import AccessPolicy
 from actorproxy.server.drain import DrainRequestBody
@@ -197,15 +203,42 @@ lane = TurnLane(DrainRequestBody(app.asgi_app), observer=observer, policy=Access
                 body_timeout=600)
 ANSWER = dumps({"id": "c", "object": "chat.completion", "choices": [{"index": 0,
     "message": {"role": "assistant", "content": "canned"}, "finish_reason": "stop"}]})
+class Writer:
+    def start(self, accepted):
+        return b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\\n\\n'
+    def delta(self, delta):
+        return b'data: {"choices":[{"index":0,"delta":{"content":"' + delta + b'"}}]}\\n\\n'
+    def heartbeat(self):
+        return b": ping\\n\\n"
+    def finish(self, done):
+        return b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\\n\\ndata: [DONE]\\n\\n'
+    def error(self, error):
+        return b'data: {"error":{}}\\n\\n'
+DONE = TurnDone(0, None, "stop", 100, 16, False)
+async def feed(send):
+    for _ in range(16):
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        send.send_nowait(TurnDelta(b"tok"))
+    await trio.lowlevel.cancel_shielded_checkpoint()
+    send.send_nowait(DONE)
 async def chat(raw, headers, url_session, url_instance, confined):
-    loads(raw)
-    note_first_token()
-    note_turn(session=headers.get("x-session-id"), prompt_tokens=100, sampled_tokens=16)
-    return ANSWER
+    if not loads(raw).get("stream"):
+        note_first_token()
+        note_turn(session=headers.get("x-session-id"), prompt_tokens=100, sampled_tokens=16)
+        return ANSWER
+    send, receive = trio.open_memory_channel(math.inf)
+    events = TurnStream(TurnAccepted(0, 100), receive)
+    accepted = await events.receive()
+    feeders.start_soon(feed, send)
+    return sse_frames(events, accepted, Writer(), heartbeat=15.0)
 lane.mount("/v1/chat/completions", chat)
 app.asgi_app = lane
-trio.run(partial(HTTPServer(lane, tracker=RequestTracker()).serve, "127.0.0.1", int(sys.argv[1]),
-                  shutdown_trigger=trio.sleep_forever))
+async def main():
+    global feeders
+    async with trio.open_nursery() as feeders:
+        await HTTPServer(lane, tracker=RequestTracker()).serve("127.0.0.1", int(sys.argv[1]),
+                                                               shutdown_trigger=trio.sleep_forever)
+trio.run(main)
 '''
 
 
@@ -223,6 +256,11 @@ def ingress_floor(concurrency: list[int], duration: float) -> None:
                 out = run_client(url, "--concurrency", str(c), "--duration", str(duration), "--watch",
                                  f"target={process.pid}", "--tag", f"floor{c}")
                 print(f"{name}, trivial chat route, c={c:<3}: "
+                      f"{out['cpu_ms_per_turn']['target']:.2f} ms CPU per request ({out['turns_per_s']:.0f}/s)")
+            for c in concurrency if app is INGRESS_APP else ():
+                out = run_client(url, "--concurrency", str(c), "--duration", str(duration), "--watch",
+                                 f"target={process.pid}", "--tag", f"sse{c}", "--stream")
+                print(f"{name}, 16 SSE events,       c={c:<3}: "
                       f"{out['cpu_ms_per_turn']['target']:.2f} ms CPU per request ({out['turns_per_s']:.0f}/s)")
 
 
