@@ -157,6 +157,10 @@ def test_identity_precedence() -> None:
         resolve_identity({"X-Claude-Code-Session-Id": "x" * 300})
     with pytest.raises(BadRequest, match="no session id"):
         resolve_identity({})
+    for control in ("a\x00b", "a\tb", "a\x1fb", "a\x7fb"):  # control characters are refused, anywhere inside
+        with pytest.raises(BadRequest, match="printable"):
+            resolve_identity({"X-Session-Id": control})
+    assert resolve_identity({"X-Session-Id": "sé-\x80~"}).session_id == "sé-\x80~"  # the rest is kept
 
 
 async def test_claude_code_session_header(http: httpx.AsyncClient) -> None:
