@@ -145,20 +145,46 @@ async def test_a_client_that_hangs_up_is_an_http_disconnect(served: tuple[Echo, 
     assert app.again == {"type": "http.disconnect"}
 
 
-async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(served: tuple[Echo, int]) -> None:
+async def _after_the_eof(connection: Any, head: Any) -> None:
+    """A router that lets a request be served only once the client's EOF has been read (then: here)."""
+    while not connection.eof:
+        await connection.arrived.park()
+
+
+@pytest.mark.parametrize(("version", "eof_with_the_request"), [("1.1", False), ("1.1", True), ("1.0", True)])
+async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(
+    version: str, eof_with_the_request: bool
+) -> None:
     """HTTP/1.1 lets a client shut its sending side once the request is out (RFC 9112 9.6) and read on: its EOF
-    is not a hang-up. h11 allows it; hypercorn (and this server until now) cancelled the request."""
-    app, port = served
+    is not a hang-up. h11 allows it; hypercorn (and this server until now) cancelled the request. HTTP/1.0 gets
+    no interim 100 to tell a half-close from a hang-up: its EOF is a hang-up, as before. ``eof_with_the_request``:
+    the EOF is read before the request starts (a router holds it back until then)."""
+    app, stop = Echo(), trio.Event()
+    router = _after_the_eof if eof_with_the_request else None
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(lambda task_status: HTTPServer(app, router=router).serve(
+            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
+        data = await _half_close(app, int(url.rsplit(":", 1)[1]), version, eof_with_the_request)
+        stop.set()
+    if version == "1.0":
+        assert data == b""
+    else:
+        assert data.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n")
+        assert data.endswith(b"POST /later  abc")
+
+
+async def _half_close(app: Echo, port: int, version: str, eof_with_the_request: bool) -> bytes:
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
-        await stream.send_all(b"POST /later HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc")
+        await stream.send_all(b"POST /later HTTP/%s\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc" % version.encode())
+        if eof_with_the_request:
+            await stream.send_eof()  # shutdown(SHUT_WR) at once: nothing more to send, still reading
         await app.waiting.wait()
-        await stream.send_eof()  # shutdown(SHUT_WR): nothing more to send, still reading
+        if not eof_with_the_request:
+            await stream.send_eof()
         await trio.testing.wait_all_tasks_blocked()  # the server has seen the EOF
-        assert not app.disconnected.is_set()
         app.proceed.set()
-        data = await read_until(stream, b"never")  # until the server closes the connection after the answer
-    assert b"HTTP/1.1 200 OK\r\n" in data and data.endswith(b"POST /later  abc")
+        return await read_until(stream, b"never")  # until the server closes the connection after the answer
 
 
 async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(autojump_clock: Any) -> None:

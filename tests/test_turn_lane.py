@@ -189,14 +189,15 @@ async def test_the_lane_sends_a_heartbeat_after_each_interval_of_silence_and_non
     assert more_body == [True] * 7 + [False]  # the body's end leaves with the last frames: one write, not two
 
 
+@pytest.mark.parametrize("eof_with_the_request", [False, True])
 async def test_a_client_that_half_closes_after_its_request_gets_the_answer_and_the_turn_is_kept(
-    proxy: Any, engine: SimEngine
+    proxy: Any, engine: SimEngine, eof_with_the_request: bool
 ) -> None:
     """shutdown(SHUT_WR) once the request is out is not a hang-up (HTTP/1.1 allows it): the turn runs to its end."""
     engine.script("word " * 40, routing_key="half")
-    stream = await _turn_waiting_at_the_engine(proxy, engine, "half", 100)  # the client half-closes meanwhile
+    stream = await _turn_waiting_at_the_engine(proxy, engine, "half", 100, eof=eof_with_the_request)
     async with stream:
-        await stream.send_eof()
+        await stream.send_eof()  # (again, when it came with the request: harmless)
         await trio.testing.wait_all_tasks_blocked(cushion=0.05)
         engine.resume("test")
         data = b""
@@ -212,14 +213,19 @@ async def test_a_client_that_half_closes_after_its_request_gets_the_answer_and_t
     assert not engine.stats(step["rid"]).aborted
 
 
-async def _turn_waiting_at_the_engine(proxy: Any, engine: SimEngine, session: str, tokens: int) -> trio.SocketStream:
-    """A non-streaming turn sent on a raw connection, its generation started and paused (``engine.resume`` it)."""
+async def _turn_waiting_at_the_engine(
+    proxy: Any, engine: SimEngine, session: str, tokens: int, *, eof: bool = False
+) -> trio.SocketStream:
+    """A non-streaming turn sent on a raw connection (``eof``: the client's EOF right behind it), its generation
+    started and paused (``engine.resume`` it)."""
     engine.pause("test")
     host, port = proxy.url.removeprefix("http://").rsplit(":", 1)
     body = b'{"messages":[{"role":"user","content":"talk"}],"max_tokens":%d}' % tokens
     stream = await trio.open_tcp_stream(host, int(port))
     await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: %s\r\n"
                           b"Content-Length: %d\r\n\r\n%s" % (session.encode(), len(body), body))
+    if eof:
+        await stream.send_eof()
     await trio.testing.wait_all_tasks_blocked(cushion=0.05)
     assert engine.running == 1
     return stream

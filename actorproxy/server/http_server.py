@@ -82,6 +82,7 @@ class _Connection:
         self.eof = False  # the client sent its last byte (or the socket failed)
         self.gone = False  # the client is gone (not only done sending): a request in flight is then cancelled
         self.arrived = trio.lowlevel.ParkingLot()  # tasks waiting for bytes (or the EOF)
+        self.serving = trio.lowlevel.ParkingLot()  # the reader after an EOF, until the request that came with it runs
         self.room = trio.lowlevel.ParkingLot()  # the reader, while the buffer is full
         self.cycle: Cycle | None = None  # the request being served
         self.write_lock = trio.Lock()
@@ -119,6 +120,8 @@ class _Connection:
                 if self.handoff is not None:
                     return
             cycle = self.cycle = Cycle(self, request)
+            if self.eof:
+                self.serving.unpark_all()
             try:
                 await cycle.run()  # in this task: no task to spawn and join per request
             finally:
@@ -152,14 +155,13 @@ class _Connection:
                 continue
             self.eof = True
             self.arrived.unpark_all()
-            cycle = self.cycle
-            if data is not None and cycle is not None and cycle.whole() and cycle.request.http_version == "1.1":
-                await self.half_closed(cycle)
+            if data is not None:  # a clean EOF: perhaps only the end of what the client sends
+                await self.half_closed()
             self.client_gone()
             return
 
-    async def half_closed(self, cycle: Cycle) -> None:
-        """The client sent its EOF after a whole request: wait until it turns out gone, answering it meanwhile.
+    async def half_closed(self) -> None:
+        """The client sent its EOF: if after a whole request, wait until it turns out gone, answering it meanwhile.
 
         HTTP/1.1 lets a client shut its sending side and read the answer (RFC 9112 9.6; h11
         allows it, hypercorn and nginx take it as an abort); a client that closed its socket for
@@ -169,8 +171,18 @@ class _Connection:
         answer, RFC 9110 15.2), and a private epoll that asks for no event (epoll still reports
         ``EPOLLHUP``/``EPOLLERR``, never the readable EOF) wakes this task when the reset comes:
         the turn is then cancelled as before, within a round trip. A half-closed client is
-        answered, and the connection closed after the answer.
+        answered, and the connection closed after the answer. A request that came with the EOF
+        is waited for until it is served; an EOF on HTTP/1.0 (no 1xx may be sent to it), before
+        a whole request, or with nothing left to serve, returns at once: the client is gone.
         """
+        cycle = self.cycle
+        while cycle is None:  # the request that came with the EOF is not served yet
+            if not self.buffer.strip():
+                return
+            await self.serving.park()  # until the server starts it (or stops serving, which cancels this task)
+            cycle = self.cycle
+        if not cycle.whole() or cycle.request.http_version != "1.1":
+            return
         with select.epoll() as watch:
             watch.register(self.sock.fileno(), 0)
             if cycle.framing is None and not self.write_lock.locked():
