@@ -138,50 +138,61 @@ class BodyDecoder:
         self.done = True
 
     def _dechunk(self, buf: bytearray, out: bytearray) -> None:
-        while True:
-            state = self._state
-            if state == _SIZE:
-                m = _CHUNK_LINE.match(buf)
-                if m is None:
-                    if len(buf) > MAX_CHUNK_LINE or b"\n" in buf:
-                        raise ProtocolError(f"bad chunk size line {bytes(buf[:40])!r}")
-                    return
-                size, start = int(m[1], 16), m.end()
-                if size == 0:
-                    del buf[:start]
-                    self._state = _TRAILERS
+        # Whole chunks are copied out from a moving position and removed together at the
+        # end (several events in one read: one removal, not one per chunk).
+        pos = 0
+        try:
+            while True:
+                state = self._state
+                if state == _SIZE:
+                    m = _CHUNK_LINE.match(buf, pos)
+                    if m is None:
+                        if len(buf) - pos > MAX_CHUNK_LINE or buf.find(b"\n", pos) >= 0:
+                            raise ProtocolError(f"bad chunk size line {bytes(buf[pos : pos + 40])!r}")
+                        return
+                    size, start = int(m[1], 16), m.end()
+                    if size == 0:
+                        pos = start
+                        self._state = _TRAILERS
+                        continue
+                    stop = start + size
+                    if len(buf) >= stop + 2:  # the whole chunk is here: one copy
+                        if buf[stop] != 13 or buf[stop + 1] != 10:
+                            raise ProtocolError("chunk data is not followed by CRLF (a wrong chunk size)")
+                        out += memoryview(buf)[start:stop]  # (the view is gone before the del)
+                        pos = stop + 2
+                        continue
+                    pos = start
+                    self._left, self._state = size, _DATA
                     continue
-                stop = start + size
-                if len(buf) >= stop + 2:  # the whole chunk is here: one copy
-                    if buf[stop] != 13 or buf[stop + 1] != 10:
+                if pos:  # the other states read from the start of the buffer
+                    del buf[:pos]
+                    pos = 0
+                if state == _DATA:
+                    left, n = self._left, len(buf)
+                    if n < left:
+                        out += buf
+                        del buf[:]
+                        self._left = left - n
+                        return
+                    out += buf[:left]
+                    del buf[:left]
+                    self._state = _CRLF
+                elif state == _CRLF:
+                    if len(buf) < 2:
+                        if buf and buf[0] != 13:
+                            raise ProtocolError("chunk data is not followed by CRLF (a wrong chunk size)")
+                        return
+                    if buf[0] != 13 or buf[1] != 10:
                         raise ProtocolError("chunk data is not followed by CRLF (a wrong chunk size)")
-                    out += memoryview(buf)[start:stop]  # (the view is gone before the del)
-                    del buf[: stop + 2]
-                    continue
-                del buf[:start]
-                self._left, self._state = size, _DATA
-            elif state == _DATA:
-                left, n = self._left, len(buf)
-                if n < left:
-                    out += buf
-                    del buf[:]
-                    self._left = left - n
+                    del buf[:2]
+                    self._state = _SIZE
+                else:
+                    self._trailers(buf)
                     return
-                out += buf[:left]
-                del buf[:left]
-                self._state = _CRLF
-            elif state == _CRLF:
-                if len(buf) < 2:
-                    if buf and buf[0] != 13:
-                        raise ProtocolError("chunk data is not followed by CRLF (a wrong chunk size)")
-                    return
-                if buf[0] != 13 or buf[1] != 10:
-                    raise ProtocolError("chunk data is not followed by CRLF (a wrong chunk size)")
-                del buf[:2]
-                self._state = _SIZE
-            else:
-                self._trailers(buf)
-                return
+        finally:
+            if pos:
+                del buf[:pos]
 
     def _trailers(self, buf: bytearray) -> None:
         if buf.startswith(b"\r\n") or buf.startswith(b"\n"):

@@ -19,7 +19,15 @@ import attrs
 import orjson
 
 from ...wire.converter import TokenIds, at_least
-from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams, WeightVersionSpan
+from ..base import (
+    BackendError,
+    FinishReason,
+    GenerateFinish,
+    GenerationEvent,
+    SamplingParams,
+    TokenDelta,
+    WeightVersionSpan,
+)
 from ..deltas import DEFAULT_VERSION, parse_spans, token_deltas, version_at
 from ..errors import http_status, stream_error_status
 from .cumulative import PrefixCutter
@@ -198,7 +206,8 @@ class SGLangStreamParser:
             message = str(error.get("message", error)) if isinstance(error, Mapping) else str(error)
             raise BackendError(f"SGLang: {message}", status=stream_error_status(error, message))
         meta = payload.get("meta_info")
-        meta = meta if isinstance(meta, Mapping) else {}
+        if type(meta) is not dict:
+            meta = meta if isinstance(meta, Mapping) else {}
         entries = meta.get("output_token_logprobs")
         ids = payload.get("output_ids")
         if ids is None:  # older builds: the ids only inside the logprob entries
@@ -210,10 +219,20 @@ class SGLangStreamParser:
         skip = self._skip(ids, cut, meta.get("completion_tokens"))
         new_ids = ids[skip:] if skip else ids
         new_entries = entries[skip:] if skip and isinstance(entries, list) else entries
-        if isinstance(meta.get("weight_version"), str):
-            self.version = meta["weight_version"]
-        spans = parse_spans(meta.get("weight_versions"))
-        events: list[GenerationEvent] = self._deltas(new_ids, self._logprobs(new_ids, new_entries), spans)
+        version = meta.get("weight_version")
+        if isinstance(version, str):
+            self.version = version
+        raw_spans = meta.get("weight_versions")
+        spans = parse_spans(raw_spans) if raw_spans else ()
+        logprobs = self._logprobs(new_ids, new_entries)
+        events: list[GenerationEvent]
+        if spans:
+            events = self._deltas(new_ids, logprobs, spans)
+        elif new_ids:  # every token stamped with the event's version: one delta
+            self.ids += new_ids
+            events = [TokenDelta(tuple(new_ids), tuple(logprobs), self.version)]
+        else:
+            events = []
         finish = meta.get("finish_reason")
         if finish is not None:
             events.append(self._finish(finish, meta, spans))
@@ -224,6 +243,8 @@ class SGLangStreamParser:
 
     def decode(self, raw: bytes) -> Any:
         """One event's JSON; a cumulative event without the tokens already read (:mod:`.cumulative`)."""
+        if self._incremental:  # nothing repeated to cut (known once the second event is read)
+            return orjson.loads(raw)
         raw, self._cut = self._cutter.cut(raw, use=self._incremental is False)
         return orjson.loads(raw)
 
@@ -271,9 +292,12 @@ class SGLangStreamParser:
             raise BackendError(f"SGLang: {len(ids)} new tokens but logprob entries {got!r}")
         logprobs: list[float] = []
         for token, entry in zip(ids, entries, strict=True):
-            if not isinstance(entry, list | tuple) or len(entry) < 2 or entry[1] != token or entry[0] is None:
+            if type(entry) is list and len(entry) >= 2 and entry[1] == token and (value := entry[0]) is not None:
+                logprobs.append(float(value))  # the common entry, [logprob, id, text], checked once
+            elif not isinstance(entry, list | tuple) or len(entry) < 2 or entry[1] != token or entry[0] is None:
                 raise BackendError(f"SGLang: logprob entry {entry!r} does not match token {token}")
-            logprobs.append(float(entry[0]))
+            else:
+                logprobs.append(float(entry[0]))
         return logprobs
 
     def _deltas(
