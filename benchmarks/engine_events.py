@@ -12,6 +12,8 @@ splitter, ``SGLangStreamParser.decode`` and ``feed``, merged deltas):
   paced engine reads them (``pause_latency.py``'s streams).
 
 Prints the best of ``--rounds`` rounds, in process CPU time, per generation and per event.
+Then the CPU of opening an engine connection (``HTTP11Client._connect``, 500 at once to
+a local listener that closes them, as the abort calls of a pause do), accepting included.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import trio
 
 from actorproxy.engines.base import GenerationEvent
 from actorproxy.engines.deltas import take_merged
+from actorproxy.engines.http11 import HTTP11Client
 from actorproxy.engines.http11_wire import BodyDecoder
 from actorproxy.engines.sglang.protocol import SGLangStreamParser
 from actorproxy.engines.sse import SSEParser
@@ -76,6 +80,38 @@ def best(run: Callable[[], object], rounds: int, turns: int) -> float:
     return min(times)
 
 
+async def _connect(client: HTTP11Client, opened: list[Any]) -> None:
+    opened.append(await client._connect())
+
+
+async def connections(rounds: int, at_once: int = 500) -> float:
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(2 * at_once)
+
+    async def refuse() -> None:
+        while True:
+            sock, _ = await listener.accept()
+            sock.close()
+
+    client = HTTP11Client(f"http://127.0.0.1:{listener.getsockname()[1]}")
+    times = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(refuse)
+        for _ in range(rounds):
+            start = time.process_time()
+            opened: list[Any] = []
+
+            async with trio.open_nursery() as batch:
+                for _ in range(at_once):
+                    batch.start_soon(_connect, client, opened)
+            for conn in opened:
+                conn.close()
+            times.append((time.process_time() - start) / at_once)
+        nursery.cancel_scope.cancel()
+    return min(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
@@ -84,6 +120,7 @@ def main() -> None:
     for name, pieces in (("cumulative, one read", [CUMULATIVE]), ("incremental, a read per event", INCREMENTAL)):
         seconds = best(lambda pieces=pieces: read(pieces), args.rounds, args.turns)
         print(f"{name:<30} {seconds * 1e6:7.1f} µs per generation, {seconds * 1e6 / 16:5.2f} µs per event")
+    print(f"{'an engine connection':<30} {trio.run(connections, args.rounds) * 1e6:7.1f} µs")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ cleanly goes back to the pool.
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
@@ -187,6 +189,13 @@ class _Chunks:
         return chunk
 
 
+def _ip_family(host: str) -> socket.AddressFamily | None:
+    try:
+        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        return None
+
+
 class HTTP11Client:
     """HTTP/1.1 to one engine origin (``http://host:port[/prefix]``), with a keep-alive pool.
 
@@ -209,6 +218,7 @@ class HTTP11Client:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
         self._tls = parts.scheme == "https"
         self._host = parts.hostname
+        self._family = _ip_family(parts.hostname)  # an address, not a name: connected without a lookup
         self._port = parts.port or (443 if self._tls else 80)
         self.origin = f"{parts.scheme}://{parts.netloc}"
         default_port = self._port == (443 if self._tls else 80)
@@ -288,7 +298,7 @@ class HTTP11Client:
         self.opened += 1
         with trio.move_on_after(self.connect_timeout) as scope:
             try:
-                raw = await trio.open_tcp_stream(self._host, self._port)
+                raw = await self._open_tcp()
             except OSError as exc:
                 raise ConnectError(f"cannot connect to {self.origin}: {exc}") from exc
         if scope.cancelled_caught:
@@ -304,6 +314,19 @@ class HTTP11Client:
                 raise ConnectError(f"TLS handshake with {self.origin} failed: {exc!r}") from exc
             stream = tls
         return Connection(stream, raw)
+
+    async def _open_tcp(self) -> trio.SocketStream:
+        """A TCP connection: straight to an address (a pause opens hundreds of abort connections at once,
+        and ``trio.open_tcp_stream``'s name lookup and happy-eyeballs nursery cost more than the connect)."""
+        if self._family is None:
+            return await trio.open_tcp_stream(self._host, self._port)
+        sock = trio.socket.socket(self._family, socket.SOCK_STREAM)
+        try:
+            await sock.connect((self._host, self._port))
+        except BaseException:
+            sock.close()
+            raise
+        return trio.SocketStream(sock)
 
     def _release(self, conn: Connection, keep_alive: bool) -> None:
         if not keep_alive or conn.buf:
