@@ -49,6 +49,22 @@ def get_json(url: str) -> Any:
         return json.loads(response.read())
 
 
+def _py_spy(path: str | None, pid: int, settle: float = 1.0) -> subprocess.Popen[bytes] | None:
+    """A sampling profile of ``pid`` into ``path`` (raw py-spy output; py-spy on PATH), ``settle`` s after it starts."""
+    if not path:
+        return None
+    command = ["py-spy", "record", "-r", "500", "-f", "raw", "-o", path, "--nonblocking", "-p", str(pid)]
+    spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(settle)
+    return spy
+
+
+def _stop(spy: subprocess.Popen[bytes] | None) -> None:
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait()
+
+
 def one_run(args: argparse.Namespace, streams: int) -> dict[str, Any]:
     capacity = str(streams + 10)
     interval = args.token_interval
@@ -71,25 +87,20 @@ def one_run(args: argparse.Namespace, streams: int) -> dict[str, Any]:
             if len(running) != streams or in_flight != streams:
                 raise RuntimeError(f"not all {streams} streams in flight: engine {len(running)}, proxy {in_flight}")
             pids = {"proxy": server.pid, "engine": stub.pid, "clients": clients.pid}
+            spy = _py_spy(args.py_spy_steady, server.pid)  # the steady window below (not its CPU figures)
             cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
             tokens0 = sum(g["tokens"] for g in get_json(stub.url + "/stub/generations")["generations"])
             time.sleep(1.0)
             cpu1 = {k: cpu_seconds(p) for k, p in pids.items()}
             tokens1 = sum(g["tokens"] for g in get_json(stub.url + "/stub/generations")["generations"])
-            spy = None
-            if args.py_spy:  # a sampling profile of the proxy around the pause (py-spy on PATH)
-                command = ["py-spy", "record", "-r", "500", "-f", "raw", "-o", args.py_spy, "--nonblocking",
-                           "-p", str(server.pid)]
-                spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                time.sleep(1.0)
+            _stop(spy)
+            spy = _py_spy(args.py_spy, server.pid, 0.3)  # around the pause (from 0.3 s before it)
             before = cpu_seconds(server.pid)
             t0 = time.perf_counter()
             ack = post_json(server.url + "/v1/rollout/pause", {"mode": "abort"}, timeout=600)
             ack_ms = (time.perf_counter() - t0) * 1000
             pause_cpu = (cpu_seconds(server.pid) - before) * 1000
-            if spy is not None:
-                spy.send_signal(signal.SIGINT)
-                spy.wait()
+            _stop(spy)
             engine = get_json(stub.url + "/stub/generations")
             post_json(stub.url + "/stub/pace", {"max_new_tokens": 1})
             post_json(server.url + "/v1/rollout/resume", {"weight_version": "1"})
@@ -211,6 +222,7 @@ if __name__ == "__main__":
     parser.add_argument("--proxy-flag", action="append", default=[], help="an extra `actorproxy run` argument")
     parser.add_argument("--json", help="also write every run's figures to this file")
     parser.add_argument("--py-spy", metavar="FILE", help="profile the proxy around the pause (raw py-spy output)")
+    parser.add_argument("--py-spy-steady", metavar="FILE", help="profile the proxy's steady streaming (1 s)")
     parser.add_argument("--clients", metavar="PROXY_URL", help=argparse.SUPPRESS)  # the clients' process
     parsed = parser.parse_args()
     if parsed.clients:
