@@ -16,6 +16,8 @@ import struct
 from array import array
 from typing import Any
 
+import orjson
+
 from ..core.records import Segment, Step, build_segment, float_array, int_array
 from ..wire.converter import CONVERTER
 from ..wire.records import StoredStep, segment_fields, segment_from, step_fields
@@ -25,6 +27,20 @@ _HEADER = struct.Struct("<cI")
 
 def dumps(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def fast_dumps(data: Any) -> str:
+    """:func:`dumps` through orjson (about ten times faster): the same JSON values, not always the same text.
+
+    Only for data without non-finite floats: orjson writes ``NaN`` and ``Infinity`` as
+    ``null``. Floats may be spelled otherwise (``1e-7`` for ``1e-07``), which reads back
+    as the same value. What orjson refuses (an integer past 64 bits, a key that is not a
+    string, a lone surrogate) goes through :func:`dumps`, as before.
+    """
+    try:
+        return orjson.dumps(data).decode()
+    except TypeError:
+        return dumps(data)
 
 
 def pack_arrays(arrays: list[array[Any]]) -> bytes:
@@ -93,6 +109,16 @@ def segment_bytes(seg: Segment) -> int:
 def step_meta(step: Step) -> dict[str, Any]:
     """The step's JSON without the arrays (the row's text)."""
     return step_fields(step)
+
+
+def journal_meta(step: Step) -> str:
+    """The step's JSON text for the journal, which only recovery reads back (as values: ``json.loads``).
+
+    Every float of a step's fields is a timestamp, except the logprobs of discarded
+    attempts (``-inf`` is a logprob): a step with those goes through :func:`dumps`.
+    """
+    meta = step_meta(step)
+    return dumps(meta) if step.discarded else fast_dumps(meta)
 
 
 def step_blob(step: Step) -> bytes:

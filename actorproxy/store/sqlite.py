@@ -29,6 +29,7 @@ from .codec import (
     decode_segment,
     decode_step,
     dumps,
+    journal_meta,
     recovered_segment,
     segment_blobs,
     segment_meta,
@@ -185,8 +186,7 @@ class SQLiteStore:
         self._db.execute(
             "INSERT OR REPLACE INTO journal (session_id, step_index, key, segment_index, meta, arrays)"
             " VALUES (?, ?, ?, ?, ?, ?)",
-            (session_id, step.index, session_key(session_id), step.segment_index, dumps(step_meta(step)),
-             step_blob(step)),
+            (session_id, step.index, session_key(session_id), step.segment_index, journal_meta(step), step_blob(step)),
         )
         if step.retry_of is not None:  # the retried step left the segment
             row = self._db.execute(
