@@ -99,3 +99,21 @@ def test_none_values_are_dropped_and_reasoning_is_aliased_as_transformers_does(t
     hf = tokenizer.hf
     expected = hf.apply_chat_template(messages, chat_template=template, tokenize=False)
     assert compiled.render(messages, None, False, {}) == expected
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_a_messages_fields_read_as_transformers_reads_them(tokenizer: ChatTokenizer, trusted: bool) -> None:
+    """``message.x`` is the item ``x`` (underscore names too); dict methods stay methods; a missing field is undefined.
+
+    The environments read a message's fields as items at once (``chat_render._field``):
+    the same values as Jinja's attribute-then-item lookup on transformers' plain dicts.
+    """
+    template = (
+        "{% for m in messages %}{{ m.role }}|{{ m.content }}|{{ m._private }}|{{ m.items is callable }}|"
+        "{{ m.get('role') }}|{{ m.missing is defined }}|{{ m.missing | default('none') }}|"
+        "{{ m.name is defined }}|{{ m.keys is callable }}\n{% endfor %}"
+    )
+    messages = [{"role": "user", "content": "hi", "_private": "p", "items": "not the method"},
+                {"role": "assistant", "content": "yo", "name": None}]
+    expected = tokenizer.hf.apply_chat_template(messages, chat_template=template, tokenize=False)
+    assert CompiledTemplate(template, {}, trusted=trusted).render(messages, None, False, {}) == expected

@@ -87,9 +87,47 @@ class _Namespace(jinja2.utils.Namespace):
             )
 
 
+class _Environment(jinja2.Environment):
+    """Jinja's environment, reading a message's fields (``message.role``) as its items at once (:func:`_field`)."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is _Message and attribute not in _MESSAGE_ATTRIBUTES:
+            return _field(self, obj, attribute)
+        try:  # what jinja2.Environment.getattr does
+            return getattr(obj, attribute)
+        except AttributeError:
+            pass
+        try:
+            return obj[attribute]
+        except (TypeError, LookupError, AttributeError):
+            return self.undefined(obj=obj, name=attribute)
+
+
+class _SandboxedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """transformers' sandbox, reading a message's fields as its items at once (:func:`_field`)."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is _Message and attribute not in _MESSAGE_ATTRIBUTES:
+            return _field(self, obj, attribute)
+        return jinja2.sandbox.ImmutableSandboxedEnvironment.getattr(self, obj, attribute)
+
+
+def _field(env: jinja2.Environment, message: _Message, name: str) -> Any:
+    """``message.name`` for a name that is no attribute of a message: the item, else undefined.
+
+    What Jinja's ``getattr`` gives through :meth:`_Message.__getattr__` (the attribute
+    lookup fails, the item is read, and the sandbox finds a plain value safe), without
+    the failed lookup and the two calls.
+    """
+    try:
+        return message[name]
+    except KeyError:
+        return env.undefined(obj=message, name=name)
+
+
 def _environment(*, trusted: bool) -> jinja2.Environment:
     options: dict[str, Any] = {"trim_blocks": True, "lstrip_blocks": True, "extensions": [jinja2.ext.loopcontrols]}
-    env = jinja2.Environment(**options) if trusted else jinja2.sandbox.ImmutableSandboxedEnvironment(**options)
+    env = _Environment(**options) if trusted else _SandboxedEnvironment(**options)
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -115,6 +153,10 @@ class _Message(dict[str, Any]):
             raise AttributeError(name) from None
 
 
+#: The names that are attributes of a message (dict's methods, dunders): read by Jinja's own lookup.
+_MESSAGE_ATTRIBUTES = frozenset(dir(_Message))
+
+
 def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
     """A message as transformers hands it to the template: no ``None`` values, reasoning under every name."""
     out = _Message((key, value) for key, value in message.items() if value is not None)
@@ -130,8 +172,10 @@ class CompiledTemplate:
 
     def __init__(self, source: str, special_tokens: Mapping[str, Any], *, trusted: bool) -> None:
         self.source = source
-        self._template = _environment(trusted=trusted).from_string(source)
+        self._template = template = _environment(trusted=trusted).from_string(source)
         self._special = dict(special_tokens)
+        #: The template's globals, flattened once: ``Template.render`` copies their ChainMap on every call.
+        self._globals = dict(template.globals)
 
     def render(
         self,
@@ -141,13 +185,22 @@ class CompiledTemplate:
         kwargs: Mapping[str, Any],
     ) -> str:
         variables = {**self._special, **kwargs} if kwargs else self._special
-        return self._template.render(
+        names = dict(
             messages=[template_message(m) for m in messages],
             tools=[dict(t) for t in tools] if tools else None,
             documents=None,
             add_generation_prompt=add_generation_prompt,
             **variables,
         )
+        # What ``Template.render`` does (its context: the globals, then these names), with the globals flat.
+        template = self._template
+        env = template.environment
+        context = env.context_class(env, {**self._globals, **names}, template.name, template.blocks,
+                                    globals=self._globals)
+        try:
+            return env.concat(template.root_render_func(context))
+        except Exception:
+            env.handle_exception()
 
 
 #: Conversations the compiled template must render as transformers does before it is used.
