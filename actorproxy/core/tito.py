@@ -265,7 +265,7 @@ def render_fragment(
     stand_in = [{"role": "user", "content": "."}, {"role": "assistant", "content": _MARKER}]
     try:
         text = tokenizer.render(
-            stand_in + [dict(m) for m in new_messages],
+            [*stand_in, *new_messages],  # copied for the template by ``render``
             tools=tools,
             add_generation_prompt=True,
             enable_thinking=enable_thinking,

@@ -186,13 +186,14 @@ class ChatTokenizer:
         if enable_thinking is not None:
             kwargs["enable_thinking"] = enable_thinking
         template = self.hf.chat_template
-        convert = with_object_arguments if wants_object_arguments(str(template)) else dict
-        chat = [convert(m) for m in messages]
-        tool_list = [dict(t) for t in tools] if tools else None
+        objects = wants_object_arguments(str(template))
         compiled = self._compiled
-        if compiled is not None and compiled.source == template:
-            return compiled.render(chat, tool_list, add_generation_prompt, kwargs)
-        return self._apply_template(chat, tool_list, add_generation_prompt, kwargs)
+        if compiled is not None and compiled.source == template:  # it copies the messages and tools itself
+            chat = [with_object_arguments(m) for m in messages] if objects else messages
+            return compiled.render(chat, tools or None, add_generation_prompt, kwargs)
+        convert = with_object_arguments if objects else dict
+        tool_list = [dict(t) for t in tools] if tools else None
+        return self._apply_template([convert(m) for m in messages], tool_list, add_generation_prompt, kwargs)
 
     def _apply_template(
         self,
