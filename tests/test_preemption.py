@@ -8,6 +8,7 @@ import pytest
 import trio
 import trio.testing
 
+from actorproxy.runtime.messages import ChatRequest, Identity, TurnDelta
 from actorproxy.sim import SimConfig
 from actorproxy.testing import SimulatedProxy, TurnResult, open_simulated_proxy
 
@@ -289,3 +290,33 @@ async def test_an_engine_that_ignores_the_abort_is_cut_by_the_turn_itself(
             await sim.resume()
         [step] = await _steps(sim, "deaf")
         assert step["preemptions"] == 1
+
+
+async def test_a_paused_stream_sends_its_agent_nothing_but_its_tokens(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Whether the agent is still there after the pause's abort is read from its channel,
+    # not asked with an empty delta: at a pause of a thousand streams, that probe woke
+    # every agent's connection task once for nothing.
+    ids = _ids(tokenizer, "Once upon a time there was a very long story indeed, and it went on.")
+    async with open_simulated_proxy(
+        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL), partial_rollout=True
+    ) as sim:
+        sim.engine.script(ids[:6] + ids, routing_key="s")
+        sim.engine.script(ids[5:], routing_key="s")
+        deltas: list[Any] = []
+
+        async def turn() -> None:
+            request = ChatRequest(messages=USER, stream=True)
+            async with await sim.runtime.start_turn(request, Identity("s")) as events:
+                async for event in events:
+                    if isinstance(event, TurnDelta):
+                        deltas.append(event.delta)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(turn)
+            await sim.wait_for_tokens("s", 5)
+            assert (await sim.pause())["aborted"] == 1
+            await sim.resume(weight_version="1")
+        assert deltas and all(deltas)  # every delta says something
+        assert "".join(d.content for d in deltas) == tokenizer.decode(ids[:-1])

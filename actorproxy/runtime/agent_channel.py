@@ -40,13 +40,17 @@ class AgentChannel:
         """Hand a delta over (or hold it, see the module); whether the agent is still there is read meanwhile."""
         if self.streaming:
             await self.hand_over(TurnDelta(delta))
-        elif not self.events.statistics().open_receive_channels:
+        elif not self.still_there():
             raise trio.BrokenResourceError("the agent closed its channel")
         else:
             if self.first_at is None:
                 self.first_at = time.perf_counter()
             self.held = merged(self.held, delta)
         self.shown = True
+
+    def still_there(self) -> bool:
+        """Whether the agent still reads its channel (the ingress closes its end when the agent leaves)."""
+        return self.events.statistics().open_receive_channels > 0
 
     def take_held(self) -> OutputDelta | None:
         """What is held (nothing is held afterwards)."""

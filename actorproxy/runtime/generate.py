@@ -32,7 +32,7 @@ import attrs
 import trio
 
 from ..core.attempts import apply_finish, discard_attempt, record_delta
-from ..core.parser import OutputDelta, OutputParser
+from ..core.parser import OutputParser
 from ..core.session_state import Prepared, TurnResult
 from ..core.tito import reasoning_opened_by_prompt
 from ..engines.base import (
@@ -248,7 +248,7 @@ class TurnGeneration:
 
     async def _after_preemption(self, finish: GenerateFinish, start: int) -> GenerateFinish | None:
         """After a pause aborted the attempt: how the turn ends here, or ``None`` if it generates again."""
-        if not await self._agent_still_there():
+        if not self._agent.still_there():
             self.client_gone = True
             return finish
         if self._settings.partial_rollout:
@@ -262,14 +262,6 @@ class TurnGeneration:
         if not isinstance(asked, Permit):
             asked.close()
         self._controller.withdraw(handle)
-
-    async def _agent_still_there(self) -> bool:
-        """Probe the agent's channel with an empty delta (the ingress sends nothing for it)."""
-        try:
-            await self._events.send(TurnDelta(OutputDelta()))
-        except GONE:
-            return False
-        return True
 
     # -- permission -------------------------------------------------------------
 
