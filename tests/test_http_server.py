@@ -9,6 +9,7 @@ import pytest
 import trio
 import trio.testing
 
+from actorproxy.server import http_server
 from actorproxy.server.http_cycle import BODY_EXTENSION
 from actorproxy.server.http_server import HTTPServer
 
@@ -171,6 +172,17 @@ async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer
     else:
         assert data.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n")
         assert data.endswith(b"POST /later  abc")
+
+
+async def test_without_epoll_an_eof_after_the_request_is_a_hang_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not Linux (no epoll to tell a reset from a half-close): the EOF is a hang-up, as it always was there."""
+    monkeypatch.setattr(http_server, "_EPOLL", None)
+    app, stop = Echo(), trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(lambda task_status: HTTPServer(app).serve(
+            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
+        assert await _half_close(app, int(url.rsplit(":", 1)[1]), "1.1", False) == b""
+        stop.set()
 
 
 async def _half_close(app: Echo, port: int, version: str, eof_with_the_request: bool) -> bytes:

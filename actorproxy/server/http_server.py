@@ -57,6 +57,9 @@ _ACCEPT_SKIP = {getattr(errno, name) for name in (
     "EOPNOTSUPP", "ENETUNREACH", "ENOSR", "ESOCKTNOSUPPORT", "EPROTONOSUPPORT", "ETIMEDOUT", "ECONNRESET",
 ) if hasattr(errno, name)}
 
+#: A private epoll tells a client that closed its socket from one that only half-closed (Linux; see ``half_closed``).
+_EPOLL = getattr(select, "epoll", None)
+
 #: Moves a connection to another process (``actorproxy.workers``): called with the client's socket and the
 #: bytes read from it and not served yet, once this process has stopped reading it.
 Handoff = Callable[[trio.socket.SocketType, bytes], Awaitable[None]]
@@ -181,9 +184,9 @@ class _Connection:
                 return
             await self.serving.park()  # until the server starts it (or stops serving, which cancels this task)
             cycle = self.cycle
-        if not cycle.whole() or cycle.request.http_version != "1.1":
-            return
-        with select.epoll() as watch:
+        if not cycle.whole() or cycle.request.http_version != "1.1" or _EPOLL is None:
+            return  # (no epoll, not Linux: an EOF is a hang-up, as it always was there)
+        with _EPOLL() as watch:
             watch.register(self.sock.fileno(), 0)
             if cycle.framing is None and not self.write_lock.locked():
                 await self.write(CONTINUE)
