@@ -93,23 +93,11 @@ class _Environment(jinja2.Environment):
     def getattr(self, obj: Any, attribute: str) -> Any:
         if type(obj) is _Message and attribute not in _MESSAGE_ATTRIBUTES:
             return _field(self, obj, attribute)
-        try:  # what jinja2.Environment.getattr does
-            return getattr(obj, attribute)
-        except AttributeError:
-            pass
-        try:
-            return obj[attribute]
-        except (TypeError, LookupError, AttributeError):
-            return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
 
 
-class _SandboxedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
+class _SandboxedEnvironment(_Environment, jinja2.sandbox.ImmutableSandboxedEnvironment):
     """transformers' sandbox, reading a message's fields as its items at once (:func:`_field`)."""
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        if type(obj) is _Message and attribute not in _MESSAGE_ATTRIBUTES:
-            return _field(self, obj, attribute)
-        return jinja2.sandbox.ImmutableSandboxedEnvironment.getattr(self, obj, attribute)
 
 
 def _field(env: jinja2.Environment, message: _Message, name: str) -> Any:
