@@ -33,10 +33,11 @@ from quart_trio import QuartTrio
 from .config import ProxyConfig
 from .engines.base import Backend
 from .errors import StartupError
+from .runtime.in_flight import InFlight
 from .runtime.runtime import Runtime, open_runtime
 from .server.app import create_app
 from .server.drain import ASGIApp
-from .server.http_server import HTTPServer, RequestTracker
+from .server.http_server import HTTPServer
 from .tokenization.tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ async def serve_proxy(
         raise StartupError("--workers", "an embedded proxy is one process: start worker processes with "
                            "`actorproxy run --workers N` (docs/workers.md)")
     async with open_runtime(config, backend=backend, tokenizer=tokenizer) as runtime:
-        tracker = RequestTracker()
+        tracker = InFlight()
         server = HTTPServer(asgi_of(create_app(runtime)), keep_alive_timeout=_KEEP_ALIVE, tracker=tracker)
         stop_http = trio.Event()
 
@@ -118,17 +119,17 @@ def asgi_of(app: QuartTrio) -> ASGIApp:
     return cast(ASGIApp, app.asgi_app)
 
 
-async def _drain(runtime: Runtime, requests: RequestTracker, limit: float) -> None:
+async def _drain(runtime: Runtime, requests: InFlight, limit: float) -> None:
     """Refuse new turns; give the turns and requests in flight ``limit`` seconds to finish."""
     runtime.draining = True
     log.info("draining: %d turn(s) and %d request(s) in flight; new turns get 503 (up to %g s)",
-             runtime.turns_in_flight, requests.active, limit)
+             runtime.turns.active, requests.active, limit)
     with trio.move_on_after(limit):
-        await runtime.wait_turns_done()
+        await runtime.turns.wait_idle()
         await requests.wait_idle()
-    if runtime.turns_in_flight:
+    if runtime.turns.active:
         log.warning("drain timeout: aborting %d turn(s) still in flight (their partial output is kept)",
-                    runtime.turns_in_flight)
+                    runtime.turns.active)
 
 
 async def serve_until_signal(

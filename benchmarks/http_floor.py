@@ -188,7 +188,8 @@ from actorproxy.server.turns import sse_frames
 from quart_trio import QuartTrio
 from actorproxy.server.auth import AccessPolicy
 from actorproxy.server.drain import DrainRequestBody
-from actorproxy.server.http_server import HTTPServer, RequestTracker
+from actorproxy.runtime.in_flight import InFlight
+from actorproxy.server.http_server import HTTPServer
 from actorproxy.server.lane import TurnLane
 from actorproxy.server.observe import Observer
 from actorproxy.telemetry import note_first_token, note_turn
@@ -236,7 +237,7 @@ app.asgi_app = lane
 async def main():
     global feeders
     async with trio.open_nursery() as feeders:
-        await HTTPServer(lane, tracker=RequestTracker()).serve("127.0.0.1", int(sys.argv[1]),
+        await HTTPServer(lane, tracker=InFlight()).serve("127.0.0.1", int(sys.argv[1]),
                                                                shutdown_trigger=trio.sleep_forever)
 trio.run(main)
 '''

@@ -33,6 +33,7 @@ from .backends import (
     wait_for_engine,
 )
 from .controller import PauseMode
+from .in_flight import InFlight
 from .messages import (
     Census,
     ChatRequest,
@@ -77,8 +78,8 @@ class Runtime:
     store_gauge: st.StoreGauge = attrs.field(factory=st.StoreGauge)
     #: Set at shutdown: new turns get 503 + Retry-After while the turns in flight finish.
     draining: bool = False
-    turns_in_flight: int = 0
-    _turns_done: trio.Event = attrs.field(factory=trio.Event)
+    #: The turns handed to the agents' requests and not closed yet (what shutdown's drain waits for).
+    turns: InFlight = attrs.field(factory=InFlight, init=False)
     #: The registry actor itself: a turn finds a live session's mailbox without a message (``live_mailbox``).
     sessions: reg.SessionRegistry | None = None
 
@@ -90,17 +91,6 @@ class Runtime:
         refusal = self.store_gauge.refusal()  # full, or its disk fails: 507 + Retry-After
         if refusal is not None:
             raise refusal
-
-    def _turn_ended(self) -> None:
-        self.turns_in_flight -= 1
-        if self.turns_in_flight == 0:
-            self._turns_done.set()
-
-    async def wait_turns_done(self) -> None:
-        """Return once no turn is in flight (shutdown's drain)."""
-        while self.turns_in_flight:
-            self._turns_done = trio.Event()
-            await self._turns_done.wait()
 
     async def start_turn(self, request: ChatRequest, identity: Identity) -> TurnStream:
         """Queue a turn on its session and wait until the session takes it up.
@@ -137,8 +127,8 @@ class Runtime:
                 if first.session_id is not None:
                     identity = attrs.evolve(identity, session_id=first.session_id)  # a sub-agent's turn
                 continue  # the session was retiring: its successor takes the turn
-            self.turns_in_flight += 1
-            return TurnStream(first, recv, self._turn_ended)
+            self.turns.started()
+            return TurnStream(first, recv, self.turns.finished)
         raise Overloaded(f"session {identity.session_id!r} is restarting; retry")
 
     async def finalize(

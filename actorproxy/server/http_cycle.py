@@ -92,7 +92,7 @@ class Cycle:
         server = self.connection.server
         tracker = server.tracker
         if tracker is not None:
-            tracker.active += 1
+            tracker.started()
         try:
             await server.app(self.scope, self.receive, self.send)
         except Exception:

@@ -38,6 +38,7 @@ from typing import Any
 
 import trio
 
+from ..runtime.in_flight import InFlight
 from . import http1
 from .drain import ASGIApp
 from .http_cycle import CONTINUE, MAX_PIPELINED, Cycle, Date
@@ -294,33 +295,11 @@ class _Connection:
             raise
 
 
-class RequestTracker:
-    """The requests in flight (their app calls) of one or more servers: what a shutdown waits for.
-
-    Counted by the server around each app call (a wrapping ASGI app cost a coroutine level per request,
-    and one more frame on every resumption of a turn's task); idle connections are not requests.
-    """
-
-    def __init__(self) -> None:
-        self.active = 0
-        self._idle = trio.Event()
-
-    def finished(self) -> None:
-        self.active -= 1
-        if self.active == 0:
-            self._idle.set()
-
-    async def wait_idle(self) -> None:
-        while self.active:
-            self._idle = trio.Event()
-            await self._idle.wait()
-
-
 class HTTPServer:
     """Serves ``app`` on one listening socket until told to stop (``tracker``: counts its requests in flight)."""
 
     def __init__(self, app: ASGIApp, *, keep_alive_timeout: float = 75.0, router: Router | None = None,
-                 tracker: RequestTracker | None = None) -> None:
+                 tracker: InFlight | None = None) -> None:
         self.app = app
         self.keep_alive_timeout = keep_alive_timeout
         self.router = router

@@ -25,10 +25,11 @@ from functools import partial
 import trio
 
 from ..config import ProxyConfig
+from ..runtime.in_flight import InFlight
 from ..runtime.runtime import Runtime, open_runtime
 from ..serve import _KEEP_ALIVE, RunningProxy, _drain, asgi_of, bind_host
 from ..server.app import create_app
-from ..server.http_server import HTTPServer, RequestTracker
+from ..server.http_server import HTTPServer
 from ..tokenization.tokenizer import ChatTokenizer
 from ..wire import jsonio
 from .fanout import FanOut, WorkerUnavailable, ask, control_path
@@ -65,7 +66,7 @@ async def serve_worker(
     async with open_runtime(worker_config(config, index), tokenizer=tokenizer) as runtime:
         await take_rollout_state(runtime, index, workers, directory)
         app = asgi_of(create_app(runtime))
-        tracker = RequestTracker()  # the requests in flight of both servers
+        tracker = InFlight()  # the requests in flight of both servers
         stop = trio.Event()
         private = HTTPServer(app, keep_alive_timeout=_KEEP_ALIVE, tracker=tracker)
         public = HTTPServer(FanOut(app, workers, directory), keep_alive_timeout=_KEEP_ALIVE,
