@@ -224,15 +224,7 @@ class SGLangStreamParser:
             self.version = version
         raw_spans = meta.get("weight_versions")
         spans = parse_spans(raw_spans) if raw_spans else ()
-        logprobs = self._logprobs(new_ids, new_entries)
-        events: list[GenerationEvent]
-        if spans:
-            events = self._deltas(new_ids, logprobs, spans)
-        elif new_ids:  # every token stamped with the event's version: one delta
-            self.ids += new_ids
-            events = [TokenDelta(tuple(new_ids), tuple(logprobs), self.version)]
-        else:
-            events = []
+        events = self._deltas(new_ids, self._logprobs(new_ids, new_entries), spans)
         finish = meta.get("finish_reason")
         if finish is not None:
             events.append(self._finish(finish, meta, spans))
@@ -303,6 +295,9 @@ class SGLangStreamParser:
     def _deltas(
         self, ids: list[int], logprobs: list[float], spans: tuple[WeightVersionSpan, ...]
     ) -> list[GenerationEvent]:
+        if not spans:  # every token stamped with the event's version: one delta (or none)
+            self.ids += ids
+            return [TokenDelta(tuple(ids), tuple(logprobs), self.version)] if ids else []
         stamps = [version_at(spans, len(self.ids) + i) or self.version for i in range(len(ids))]
         self.ids.extend(ids)
         return token_deltas(ids, logprobs, stamps)
