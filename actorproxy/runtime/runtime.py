@@ -80,7 +80,7 @@ class Runtime:
     draining: bool = False
     #: The turns handed to the agents' requests and not closed yet (what shutdown's drain waits for).
     turns: InFlight = attrs.field(factory=InFlight, init=False)
-    #: The registry actor itself: a turn finds a live session's mailbox without a message (``live_mailbox``).
+    #: The registry actor itself: a turn finds or spawns its session without a message (``mailbox_for_turn``).
     sessions: reg.SessionRegistry | None = None
 
     def _check_admission(self) -> None:
@@ -104,9 +104,10 @@ class Runtime:
         for attempt in range(4):
             send, recv = trio.open_memory_channel[TurnEvent](_TURN_EVENT_BUFFER)
             session_id = identity.session_id
-            # A live session's mailbox is read off the registry directly (no round trip through its mailbox);
-            # a retry asks, so that it comes after whatever the registry has queued (a retirement).
-            mailbox = self.sessions.live_mailbox(session_id) if self.sessions is not None and not attempt else None
+            # The session's mailbox (its actor spawned if none is live) comes off the registry directly,
+            # not through the registry's mailbox; a retry asks, so that it comes after whatever the
+            # registry has queued (a retirement).
+            mailbox = self.sessions.mailbox_for_turn(session_id) if self.sessions is not None and not attempt else None
             if mailbox is None:
                 mailbox = await ask(self.registry, lambda r: Lookup(session_id, True, r))  # noqa: B023
             try:  # queued without a scheduler round when the mailbox has room (the receive below waits anyway)
