@@ -12,7 +12,7 @@ wrote and how the generation ended), the proxy
 
 A run: start N streams; once every client has ``--tokens-before-pause`` text events and
 both the engine and the proxy (``pause_state``) count N generations running, measure
-one second of steady streaming (the CPU each process spends, and the proxy's per token
+``--steady`` seconds (one) of steady streaming (the CPU each process spends, and the proxy's per token
 the engine streamed meanwhile: ``proxy µs/token``, meaningful while it keeps up), then time
 ``POST /v1/rollout/pause`` to its acknowledgment. Then every generation started from
 then on is made to end at once with the end-of-turn token, ``/v1/rollout/resume`` lets
@@ -90,7 +90,7 @@ def one_run(args: argparse.Namespace, streams: int) -> dict[str, Any]:
             spy = _py_spy(args.py_spy_steady, server.pid)  # the steady window below (not its CPU figures)
             cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
             tokens0 = sum(g["tokens"] for g in get_json(stub.url + "/stub/generations")["generations"])
-            time.sleep(1.0)
+            time.sleep(args.steady)
             cpu1 = {k: cpu_seconds(p) for k, p in pids.items()}
             tokens1 = sum(g["tokens"] for g in get_json(stub.url + "/stub/generations")["generations"])
             _stop(spy)
@@ -129,7 +129,7 @@ def one_run(args: argparse.Namespace, streams: int) -> dict[str, Any]:
         # The proxy's CPU per token the engine streamed meanwhile: what a streamed token costs
         # it, as long as it keeps up (below 100 % it does; above, tokens pile up in the sockets).
         "proxy_us_per_token": (cpu1["proxy"] - cpu0["proxy"]) * 1e6 / max(1, tokens1 - tokens0),
-        **{f"{k}_cpu_pct": (cpu1[k] - cpu0[k]) * 100 for k in pids},
+        **{f"{k}_cpu_pct": (cpu1[k] - cpu0[k]) * 100 / args.steady for k in pids},
     }
 
 
@@ -219,6 +219,8 @@ if __name__ == "__main__":
     parser.add_argument("--tokens-before-pause", type=int, default=3, help="text events each client must have")
     parser.add_argument("--max-tokens", type=int, default=20000, help="long enough that no reply ends by itself")
     parser.add_argument("--repeat", type=int, default=1, help="runs per row (ack: median and p99 over them)")
+    parser.add_argument("--steady", type=float, default=1.0, metavar="SECONDS",
+                        help="the steady streaming measured before the pause (CPU %%, µs per token)")
     parser.add_argument("--proxy-flag", action="append", default=[], help="an extra `actorproxy run` argument")
     parser.add_argument("--json", help="also write every run's figures to this file")
     parser.add_argument("--py-spy", metavar="FILE", help="profile the proxy around the pause (raw py-spy output)")
