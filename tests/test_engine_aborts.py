@@ -10,9 +10,11 @@ tested in test_engine_path.py and test_engine_clients.py.)
 
 from __future__ import annotations
 
+import socket
 from collections import Counter
 from typing import Any
 
+import orjson
 import pytest
 import trio
 import trio.testing
@@ -150,3 +152,65 @@ async def test_the_abort_batcher_sends_a_round_once_and_survives_a_cancelled_sen
     others = sorted(set("abc") - {sender})
     assert [sorted(c) for c in calls] == [["a", "b", "c"], others]
     assert results == {rid: rid != "b" for rid in others}  # each caller gets its own request's answer
+
+
+
+async def test_aborts_asked_at_once_each_go_on_a_connection_of_their_own_and_get_their_own_answer() -> None:
+    """A pause's SGLang aborts: one call per rid (SGLang takes one), each sent by the asking task, none awaited."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.setblocking(False)
+    backend = SGLangBackend(f"http://127.0.0.1:{listener.getsockname()[1]}")
+    results: dict[str, bool] = {}
+    scopes = {rid: trio.CancelScope() for rid in ("r0", "r1", "r2", "r3")}
+    requests: list[tuple[socket.socket, bytes]] = []
+
+    async def ask(rid: str) -> None:
+        with scopes[rid]:
+            results[rid] = await backend.abort_now(rid)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for rid in scopes:
+                nursery.start_soon(ask, rid)
+            await trio.testing.wait_all_tasks_blocked()
+            while True:  # every request is there already, though none was answered
+                try:
+                    conn, _ = listener.accept()
+                except BlockingIOError:
+                    break
+                requests.append((conn, conn.recv(65536)))
+            connections = {}
+            for conn, raw in requests:
+                head, _, body = raw.partition(b"\r\n\r\n")
+                assert head.startswith(b"POST /abort_request HTTP/1.1\r\n") and b"connection: close" in head
+                connections[orjson.loads(body)["rid"]] = conn
+            assert sorted(connections) == ["r0", "r1", "r2", "r3"]
+            scopes["r3"].cancel()  # its caller leaves: its connection is closed, the others wait on
+            await trio.testing.wait_all_tasks_blocked()
+            assert connections["r3"].recv(10) == b""
+            connections["r1"].sendall(b"HTTP/1.1 404 Not Found\r\ncontent-length: 3\r\n\r\nno!")
+            connections["r0"].sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n")
+            connections["r2"].sendall(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nconnection: close\r\n\r\n")
+            connections["r2"].shutdown(socket.SHUT_WR)
+        assert results == {"r0": True, "r1": False, "r2": True}  # each caller gets its own request's answer
+        assert backend.abort_calls == 4
+    finally:
+        for conn, _ in requests:
+            conn.close()
+        listener.close()
+        await backend.aclose()
+
+
+async def test_an_abort_asked_at_once_of_an_unreachable_engine_is_not_acknowledged() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()  # nothing listens there now
+    backend = SGLangBackend(f"http://127.0.0.1:{port}")
+    try:
+        assert await backend.abort_now("a") is False  # refused: the caller cuts its stream
+        assert backend.control.opened == 0  # type: ignore[attr-defined]  # (not through the pool)
+    finally:
+        await backend.aclose()

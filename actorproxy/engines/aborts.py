@@ -1,17 +1,29 @@
-"""Abort calls coalesced per engine: the aborts asked in one scheduling round go out together.
+"""Abort calls: coalesced per engine where the engine takes several ids, else each sent at once.
 
 A pause asks every generation in flight to stop, each from its own task. Sent one by
 one, a thousand aborts are a thousand HTTP calls to the engine while it streams; an
 :class:`AbortBatcher` sends the ones asked in the same round as one call (vLLM takes
 a list of ids; SGLang, when allowed, one ``abort_all``). Each caller still gets the
-answer for its own request: the acknowledgement stays per request.
+answer for its own request: the acknowledgement stays per request. Where each abort is
+a call of its own (SGLang's ``/abort_request`` takes one rid), :class:`OneShot` opens
+its connection and sends it in the task that asks, without a scheduling round.
 """
 
 from __future__ import annotations
 
+import errno
+import ipaddress
+import os
+import socket
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from urllib.parse import urlsplit
 
+import attrs
 import trio
+
+from .http11_wire import TransportError, head_end, parse_head, request_head
+
+_READ_SIZE = 4096
 
 
 class _Batch:
@@ -57,3 +69,122 @@ class AbortBatcher:
                 self._open = None
             batch.done.set()
         return all(i in batch.acknowledged for i in ids)
+
+
+@attrs.frozen
+class Origin:
+    """Where :class:`OneShot` requests go: plain HTTP to an IP address (no name to look up, no TLS)."""
+
+    family: socket.AddressFamily
+    address: tuple[str, int]
+    #: The request head's fixed lines (``host`` and the like).
+    fixed: bytes
+    #: The URL's path prefix (``http://host:port/prefix``).
+    prefix: str
+
+    @classmethod
+    def of(cls, base_url: str) -> Origin | None:
+        """``base_url``'s origin; ``None`` when it is not plain HTTP to an IP address."""
+        parts = urlsplit(base_url)
+        if parts.scheme != "http" or not parts.hostname:
+            return None
+        try:
+            ip = ipaddress.ip_address(parts.hostname)
+        except ValueError:
+            return None
+        family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+        host = parts.netloc.rpartition("@")[2]
+        fixed = f"host: {host}\r\nuser-agent: actorproxy\r\naccept: */*\r\n".encode()
+        return cls(family, (parts.hostname, parts.port or 80), fixed, parts.path.rstrip("/"))
+
+    def post(self, path: str, body: bytes, timeout: float) -> OneShot:
+        """``POST path`` with a JSON ``body``, on a connection of its own, sent now (see :class:`OneShot`)."""
+        head = request_head("POST", self.prefix + path, self.fixed, body,
+                            {"content-type": "application/json", "connection": "close"})
+        return OneShot(self.family, self.address, bytes(head) + body, timeout)
+
+
+class OneShot:
+    """One request on a connection of its own, sent as it is made; :meth:`status` reads the answer's status.
+
+    The connection is opened and the request written without a scheduling round: on
+    loopback a connect completes within its system call, so a pause's aborts reach the
+    engine in the round that asks for them, not one round (tens of milliseconds, with a
+    thousand streams to read) later. Bytes the socket does not take at once (still
+    connecting, elsewhere than loopback) are sent by :meth:`status`. Nothing is kept: the
+    connection is closed once the answer is read (or the caller leaves).
+    """
+
+    def __init__(self, family: socket.AddressFamily, address: tuple[str, int], request: bytes,
+                 timeout: float) -> None:
+        self._timeout = timeout
+        self._out = memoryview(request)
+        self._failed = False
+        self._sock = sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            error = sock.connect_ex(address)
+            if error not in (0, errno.EINPROGRESS):
+                raise OSError(error, os.strerror(error))
+            self._send()
+        except OSError:
+            self._failed = True
+
+    def _send(self) -> None:
+        try:
+            self._out = self._out[self._sock.send(self._out):]
+        except (BlockingIOError, InterruptedError):
+            pass  # still connecting, or the socket is full: sent when it is writable
+
+    async def status(self) -> int | None:
+        """The answer's status; ``None`` if the engine could not be reached or did not answer in time."""
+        sock = self._sock
+        try:
+            if self._failed:
+                await trio.lowlevel.checkpoint()
+                return None
+            with trio.move_on_after(self._timeout):
+                while self._out:
+                    await trio.lowlevel.wait_writable(sock)
+                    error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                    if error:
+                        return None
+                    self._send()
+                return await self._read()
+            return None
+        except (OSError, TransportError):
+            return None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the connection (the request, if sent, stays sent)."""
+        if self._sock.fileno() >= 0:
+            trio.lowlevel.notify_closing(self._sock)
+            self._sock.close()
+
+    async def _read(self) -> int | None:
+        sock, buf, body = self._sock, bytearray(), bytearray()
+        status, framing = 0, None
+        while True:
+            try:
+                data = sock.recv(_READ_SIZE)
+            except (BlockingIOError, InterruptedError):
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            if not data:  # the engine closed: an answer whose body runs to the end is whole
+                if framing is not None:
+                    framing.eof()
+                    return status
+                return None
+            buf += data
+            while framing is None:  # the head (after any 1xx answers)
+                end = head_end(buf)
+                if end < 0:
+                    break
+                status, _, _, framing = parse_head(buf, end, "POST")
+            if framing is not None:
+                framing.decode(buf, body)
+                body.clear()
+                if framing.done:
+                    return status

@@ -19,13 +19,16 @@ from array import array
 from collections.abc import Collection, Mapping
 from typing import Any
 
+import httpx
 import trio
 
 from ...wire.converter import CONVERTER, TokenIds
+from ..aborts import Origin
 from ..base import ROUTING_HEADER, BackendError, GenerateRequest, GenerationEvent, ModelInfo, SamplingParams, new_rid
 from ..client_base import VersionedConnection, VersionedGeneration, first_model_card, read_tolerantly
-from ..connection import EngineResponse, post_quietly, post_stream, request_json
+from ..connection import EngineOptions, EngineResponse, json_body, post_quietly, post_stream, request_json
 from ..errors import check_status
+from ..http11 import HTTP11Client
 from ..shared_wire import UpdateWeightVersionReqInput, WeightVersionOutput
 from . import protocol
 
@@ -68,6 +71,8 @@ class SGLangGeneration(VersionedGeneration[protocol.SGLangStreamParser, "SGLangB
         return super()._feed(payload)
 
     async def _send_abort(self) -> bool:
+        if self._abort_requested:  # asked to stop (not leaving early): the engine must hear it at once
+            return await self._backend.abort_now(self.rid)
         return await self._backend.abort(self.rid)
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -86,6 +91,13 @@ class SGLangBackend(VersionedConnection):
 
     kind = "sglang"
 
+    def __init__(
+        self, base_url: str, options: EngineOptions | None = None, *, http: httpx.AsyncClient | None = None
+    ) -> None:
+        super().__init__(base_url, options, http=http)
+        #: Where an acknowledged abort goes on a connection of its own (plain HTTP to an address, our own pools).
+        self._origin = Origin.of(self.base_url) if isinstance(self.control, HTTP11Client) else None
+
     async def abort(self, rid: str) -> bool:
         """``POST /abort_request`` for ``rid``; ``True`` if acknowledged (status below 400).
 
@@ -95,6 +107,23 @@ class SGLangBackend(VersionedConnection):
         if self.options.abort_all:
             return await self.batcher.abort([rid])
         return await self._post_abort(protocol.AbortReq(rid))
+
+    async def abort_now(self, rid: str) -> bool:
+        """:meth:`abort` for a generation asked to stop (a pause, an agent gone): sent without a scheduling round.
+
+        A pause asks a thousand of these at once, and the engine streams on until each
+        arrives. With no kept-alive control connection free, each goes on a connection
+        of its own opened and written in the asking task (:class:`OneShot`), not one
+        round later (tens of milliseconds, with a thousand streams to read) when a
+        connect through the pool would complete.
+        """
+        control, origin = self.control, self._origin
+        if self.options.abort_all or origin is None or not isinstance(control, HTTP11Client) or control.idle:
+            return await self.abort(rid)
+        self.abort_calls += 1
+        body = json_body(CONVERTER.unstructure(protocol.AbortReq(rid)))
+        status = await origin.post(protocol.ABORT_PATH, body, control.read_timeout).status()
+        return status is not None and status < 400
 
     async def _post_abort(self, abort: protocol.AbortReq) -> bool:
         self.abort_calls += 1
