@@ -22,7 +22,7 @@ from actorproxy.core.messages import AssistantOutput, output_as_message
 from actorproxy.core.requests import ChatRequest, Identity
 from actorproxy.core.session_state import Planned, Prepared, SessionState, TurnResult
 from actorproxy.core.template_probe import probe_template
-from actorproxy.runtime.messages import TurnAccepted, TurnDelta, TurnDone
+from actorproxy.runtime.messages import TurnDelta, TurnDone
 from actorproxy.runtime.offload import Offload
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.runtime.turn_cost import INLINE_CHARS, may_be_small, small_turn
@@ -140,10 +140,11 @@ async def test_a_short_turn_is_prepared_on_the_loop_a_long_one_in_a_thread(token
         assert [on_loop for text, on_loop in seen] == [False], seen
 
 
-async def test_a_non_streaming_turn_wakes_its_agent_for_its_start_and_its_result(
+async def test_a_non_streaming_turn_wakes_its_agent_for_its_result_only(
     tokenizer: ChatTokenizer, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """The deltas come merged with the result, the first one's time with it; an agent gone meanwhile is noticed."""
+    """No ``TurnAccepted``: the deltas come merged with the result, the first one's time with it; an agent gone
+    meanwhile (its wait for the result cancelled, as a hang-up cancels its request) is noticed."""
     engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.01))
     engine.script("one two three four five six", routing_key="s")
     engine.script("Hello world again", routing_key="s")
@@ -152,17 +153,41 @@ async def test_a_non_streaming_turn_wakes_its_agent_for_its_start_and_its_result
         events = [e async for e in await runtime.start_turn(ChatRequest(messages=[{"role": "user", "content": "hi"}]),
                                                               Identity("s"))]
         kinds = [type(e).__name__ for e in events]
-        assert kinds == ["TurnAccepted", "TurnDelta", "TurnDone"], kinds
+        assert kinds == ["TurnDelta", "TurnDone"], kinds
         done = events[-1]
         assert isinstance(done, TurnDone)
         assert "".join(e.delta.content for e in events if isinstance(e, TurnDelta)) == done.output.content
         assert done.first_token_at is not None and before < done.first_token_at < time.perf_counter()
         messages = [{"role": "user", "content": "hi"}, output_as_message(done.output),
                     {"role": "user", "content": "more"}]
-        async with await runtime.start_turn(ChatRequest(messages=messages), Identity("s")) as stream:
-            assert isinstance(await stream.receive(), TurnAccepted)  # the agent leaves while the reply is sampled
+        with trio.move_on_after(0.025):  # the agent leaves while the reply is sampled
+            await runtime.start_turn(ChatRequest(messages=messages), Identity("s"))
+            raise AssertionError("the result came before the agent left")
         await runtime.finalize("s")
         payload = CONVERTER.unstructure(await runtime.read(session_id="s", include_steps=True))
     steps = payload["steps"]
     assert [s["status"] for s in steps] == ["completed", "client_disconnected"]
     assert steps[1]["completion_tokens"] < 4  # stopped at a token boundary soon after, not run to the end
+
+
+async def test_an_agent_that_leaves_while_its_turn_waits_out_a_pause_is_not_answered(
+    tokenizer: ChatTokenizer, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Cancelling ``start_turn`` closes the turn's channel: the turn, admitted at the resume, does not generate."""
+    engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.01))
+    async with open_runtime(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+        await runtime.pause()
+        for stream in (False, True):
+            with trio.move_on_after(1):
+                await runtime.start_turn(ChatRequest(messages=[{"role": "user", "content": "hi"}], stream=stream),
+                                         Identity(f"s{stream}"))
+                raise AssertionError("the turn started while paused")
+        await runtime.resume()
+        await trio.testing.wait_all_tasks_blocked()
+        with trio.fail_after(60):  # a streamed turn whose channel stayed open would block on its full buffer
+            for stream in (False, True):
+                await runtime.finalize(f"s{stream}")
+        steps = [CONVERTER.unstructure(await runtime.read(session_id=f"s{stream}", include_steps=True))["steps"]
+                 for stream in (False, True)]
+    assert [[(s["status"], s["completion_tokens"]) for s in each] for each in steps] == [
+        [("client_disconnected", 0)], [("client_disconnected", 0)]]

@@ -59,7 +59,7 @@ async def test_busy_sessions_are_never_evicted(tokenizer: Any, autojump_clock: t
     engine = _engine(tokenizer)
     engine.script("one two three four five six seven eight nine ten eleven twelve", routing_key="busy")
     async with open_runtime(config, backend=engine, tokenizer=tokenizer) as runtime:
-        request = ChatRequest(messages=HI, max_tokens=50)
+        request = ChatRequest(messages=HI, max_tokens=50, stream=True)  # told when it is accepted
         async with await runtime.start_turn(request, Identity("busy")) as events:
             assert isinstance(events.first, TurnAccepted)  # "busy" is generating
             with pytest.raises(Overloaded):

@@ -96,9 +96,12 @@ class Runtime:
         """Queue a turn on its session and wait until the session takes it up.
 
         The returned stream's first event is ``TurnAccepted`` or ``TurnFailed``
-        (a guard refused the turn: nothing was recorded). Close the stream
+        (a guard refused the turn: nothing was recorded). A non-streaming
+        request is not told it was accepted: it waits here until its result (its
+        first event is then the result, or ``TurnFailed``). Close the stream
         (``with``/``async with``) when done: a closed stream tells the session
-        the agent went away, and the generation stops.
+        the agent went away, and the generation stops; so does cancelling this
+        call while it waits (the agent's request was cancelled: it hung up).
         """
         self._check_admission()
         for attempt in range(4):
@@ -123,6 +126,9 @@ class Runtime:
             except trio.EndOfChannel:
                 recv.close()
                 raise EngineError("the session ended the turn without an answer") from None
+            except BaseException:
+                recv.close()  # cancelled (the agent hung up): the session sees its channel closed
+                raise
             if isinstance(first, TurnMoved):
                 recv.close()
                 if first.session_id is not None:
