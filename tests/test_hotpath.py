@@ -8,6 +8,7 @@ not every turn.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from typing import Any
@@ -191,3 +192,26 @@ async def test_an_agent_that_leaves_while_its_turn_waits_out_a_pause_is_not_answ
                  for stream in (False, True)]
     assert [[(s["status"], s["completion_tokens"]) for s in each] for each in steps] == [
         [("client_disconnected", 0)], [("client_disconnected", 0)]]
+
+
+async def test_a_finished_turn_is_freed_by_reference_counting(
+    tokenizer: ChatTokenizer, autojump_clock: trio.testing.MockClock
+) -> None:
+    """No reference cycle through a turn: its generation, parser and channels go when it ends, not at a collection."""
+    engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.01))
+    async with open_runtime(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+        first = await run_turn(runtime, "s", messages, max_tokens=8)  # the session exists
+        messages += [first.message, {"role": "user", "content": "more"}]
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            assert (await run_turn(runtime, "s", messages, max_tokens=8)).done is not None
+            gc.collect()
+            left = sorted({type(o).__name__ for o in gc.garbage if type(o).__module__.startswith("actorproxy")})
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    assert left == [], left

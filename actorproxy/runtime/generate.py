@@ -27,6 +27,7 @@ import logging
 import time
 from array import array
 from collections.abc import Callable
+from functools import partial
 
 import attrs
 import trio
@@ -95,6 +96,9 @@ class TurnGeneration:
         )
         self._format = output_format
         self._reasoning_open = reasoning_opened_by_prompt(tokenizer, prepared.input_ids[-8:])
+        # Not a bound method: the parser keeps it, and a cycle through this turn would leave the
+        # turn (its parser, detokenizer, channels) to the cycle collector instead of freeing it at once.
+        self._call_id = partial(tool_call_id, step.session_id, step.index)
         self.parser = self._new_parser()
         self._backend = backend
         self._controller = controller
@@ -106,9 +110,6 @@ class TurnGeneration:
         self.finish: GenerateFinish | None = None
         self._experts: list[str] = []
         self._forced = False  # a pause's abort was not honoured in time and the stream was cut
-
-    def _call_id(self, index: int) -> str:
-        return tool_call_id(self.step.session_id, self.step.index, index)
 
     def _new_parser(self) -> OutputParser:
         request, fmt = self.prepared.request, self._format
