@@ -75,7 +75,7 @@ async def test_a_turn_spawns_no_task_and_sends_the_controller_no_message(
 async def test_a_pause_still_starts_the_abort_of_each_generation_in_flight(
     tokenizer: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """The abort task that is no longer started per attempt is started by the pause, in the turn's nursery."""
+    """The abort task that is no longer started per attempt is started by the pause, in the session's side nursery."""
     async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=1.0),
                                     partial_rollout=True) as sim:
         rounds = Rounds()

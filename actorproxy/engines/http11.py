@@ -157,6 +157,11 @@ class Response:
             pass
         return bytes(out)
 
+    @property
+    def ended(self) -> bool:
+        """Whether the body was read to its end (its connection is back in the pool): closing it cannot wait."""
+        return self._conn is None and self._body.done and self._fault is None
+
     def _end(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:

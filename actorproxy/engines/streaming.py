@@ -21,7 +21,7 @@ from .base import BackendError, GenerateFinish, GenerationEvent
 from .connection import EngineHTTP, EngineResponse
 from .deltas import take_merged
 from .errors import mapped_errors
-from .http11 import TransportError
+from .http11 import Response, TransportError
 from .sse import SSEEvent
 
 _DRAIN_LIMIT = 64 * 1024
@@ -126,6 +126,14 @@ class StreamedGeneration(Generic[P]):
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        response = self._response
+        if (type(response) is Response and response.ended and self._finish_queued and self._error is None
+                and self._cut is None):
+            # The usual end of a short generation: its finish and the body's end came in the reads
+            # already done, the connection is back in its pool, and nothing is left to wait for
+            # (what _drain and _close_response would do here takes no await).
+            self._response, self._tail, self._body_ended = None, [], True
+            return
         # Runs on cancellation too: shielded, and bounded so a dead engine cannot hang us.
         with trio.CancelScope(shield=True), trio.move_on_after(self._grace):
             if self._finish_queued and self._error is None and self._cut is None:

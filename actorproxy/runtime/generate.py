@@ -81,6 +81,7 @@ class TurnGeneration:
         events: trio.MemorySendChannel[TurnEvent],
         settings: GenerationSettings,
         output_format: OutputFormat,
+        side: trio.Nursery,
         check_permit: Callable[[Permit], None] = lambda permit: None,
     ) -> None:
         self.prepared = prepared
@@ -105,6 +106,7 @@ class TurnGeneration:
         self._events = events
         self._agent = AgentChannel(events, streaming=prepared.request.stream)
         self._settings = settings
+        self._side = side  # where a pause's abort task runs (the session actor's nursery)
         self._check_permit = check_permit
         self.client_gone = False
         self.finish: GenerateFinish | None = None
@@ -315,17 +317,22 @@ class TurnGeneration:
         failed: BackendError | None = None
         self._forced = False
         try:
-            with trio.CancelScope() as stream, trio.CancelScope() as drain:
-                async with self._backend.open_generation(request) as generation, trio.open_nursery() as watch:
-                    # The abort task is started only when a pause asks for it: no task per attempt.
-                    handle.on_abort(lambda: watch.start_soon(self._abort_when_asked, handle, generation, stream))
+            # One scope cuts the stream: cancelled when a pause's abort is not honoured in time, its
+            # deadline set when the agent leaves (the drain's bound).
+            with trio.CancelScope() as stream:
+                async with self._backend.open_generation(request) as generation:
+                    # The abort task is started only when a pause asks for it (no task, no nursery per
+                    # attempt): in the session's side nursery, in a scope this attempt cancels as it ends.
+                    watch = trio.CancelScope()
+                    handle.on_abort(lambda: self._side.start_soon(
+                        self._abort_when_asked, handle, generation, stream, watch))
                     try:
-                        finish = await self._stream(generation, handle, drain)
+                        finish = await self._stream(generation, handle, stream)
                     except BackendError as exc:
-                        failed = exc  # raised below, outside the nursery (which would wrap it in a group)
+                        failed = exc  # raised below, outside the generation's block
                     finally:
                         handle.on_abort(None)
-                        watch.cancel_scope.cancel()
+                        watch.cancel()
             if failed is not None:
                 raise failed
         except BackendError as exc:
@@ -372,11 +379,15 @@ class TurnGeneration:
         return finish
 
     async def _abort_when_asked(
-        self, handle: GenerationHandle, generation: Generation, stream: trio.CancelScope
+        self, handle: GenerationHandle, generation: Generation, stream: trio.CancelScope, watch: trio.CancelScope
     ) -> None:
+        with watch:  # cancelled when the attempt ends
+            await self._abort_then_cut(handle, generation, stream)
+
+    async def _abort_then_cut(self, handle: GenerationHandle, generation: Generation, stream: trio.CancelScope) -> None:
         """Perform the controller's abort request (a pause): the turn stops its own stream.
 
-        Started in the turn's nursery when the abort is asked, not before. The engine
+        Started in the session's side nursery when the abort is asked, not before. The engine
         is asked to stop at the next token boundary and the stream is read on to its
         ``abort`` finish; if ``ABORT_BOUND`` seconds pass without a token, or
         ``ABORT_LIMIT`` in all, the stream is cut (tokens in flight are then lost).

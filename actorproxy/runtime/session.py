@@ -127,9 +127,14 @@ class SessionActor:
 
     # -- the actor loop ------------------------------------------------------
 
+    _side: trio.Nursery  # opened by run()
+
     async def run(self, inbox: trio.MemoryReceiveChannel[SessionMessage]) -> None:
-        """Serve the session's mailbox (the registry makes it); ``inbox`` is closed however this ends."""
-        async with inbox:
+        """Serve the session's mailbox (the registry makes it); ``inbox`` is closed however this ends.
+
+        Its side nursery holds what a turn starts beside itself: a pause's abort task.
+        """
+        async with inbox, trio.open_nursery() as self._side:
             while True:
                 msg: SessionMessage | None = None
                 # The idle clock runs only while waiting: a long turn is never cut by it.
@@ -339,6 +344,7 @@ class SessionActor:
             events=events,
             settings=self._generation_settings,
             output_format=self._format,
+            side=self._side,
             check_permit=self._check_version,
         )
         result = await turn.run()
