@@ -30,6 +30,19 @@ def test_bare_line_feeds_keep_alive_and_expect() -> None:
     assert parse(b"PUT / HTTP/1.1\r\nHost: x\r\nExpect: 100-Continue\r\n\r\n").expect_continue  # type: ignore[union-attr]
 
 
+def test_the_head_ends_at_its_first_empty_line_whatever_the_body_holds() -> None:
+    buffer = bytearray(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nab\n\ncd")
+    request = http1.parse_head(buffer)
+    assert request is not None and request.length == 6 and buffer == b"ab\n\ncd"
+    buffer = bytearray(b"POST / HTTP/1.1\nHost: x\nContent-Length: 6\n\nab\r\n\r\n")  # bare, then CRLFs
+    request = http1.parse_head(buffer)
+    assert request is not None and request.headers[-1] == (b"content-length", b"6") and buffer == b"ab\r\n\r\n"
+    long_line = b"GET / HTTP/1.1\r\nX-A: " + b"a" * http1.MAX_HEAD + b"\n\n"
+    with pytest.raises(http1.BadRequest) as info:
+        parse(long_line)
+    assert info.value.status == 431
+
+
 def test_field_values_are_trimmed_and_keep_tabs_and_high_bytes_inside() -> None:
     request = parse(b"GET / HTTP/1.1\r\nHost:x\r\nX-A: \t a\tb \xff \t\r\nX-B:\r\nX-C: c\n\r\n")
     assert request is not None

@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from actorproxy.server import http_server
-from actorproxy.server.http_cycle import BODY_EXTENSION
+from actorproxy.server.http_cycle import BODY_AT_ONCE, BODY_EXTENSION
 from actorproxy.server.http_server import HTTPServer
 
 
@@ -375,4 +375,43 @@ async def test_a_write_while_another_waits_for_the_reader_goes_after_it_whole() 
             body = rest[int(size, 16) + 2:]
         assert [len(piece) for piece in pieces] == [8 << 20, 100, 0]
         assert pieces[0] == b"a" * (8 << 20) and pieces[1] == b"b" * 100
+        stop.set()
+
+
+class Pieces:
+    """Answers with how many body messages the request came in and the body's length and checksum."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        pieces: list[bytes] = []
+        while True:
+            message = await receive()
+            pieces.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(pieces)
+        out = b"%d %d %d;" % (len(pieces), len(body), sum(body))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(out))]})
+        await send({"type": "http.response.body", "body": out})
+
+
+async def test_a_body_that_arrives_in_pieces_is_given_whole_up_to_body_at_once() -> None:
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(lambda task_status: HTTPServer(Pieces(), keep_alive_timeout=5).serve(
+            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
+        stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        async with stream:
+            for size in (300_000, BODY_AT_ONCE + 300_000):
+                body = bytes(range(256)) * (size // 256)
+                await stream.send_all(b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % len(body))
+                for at in range(0, len(body), 100_000):  # the body in pieces, the server waiting in between
+                    await trio.testing.wait_all_tasks_blocked()
+                    await stream.send_all(body[at : at + 100_000])
+                answer = await read_until(stream, b";")
+                count, length, total = answer.rpartition(b"\r\n\r\n")[2].rstrip(b";").split()
+                assert (int(length), int(total)) == (len(body), sum(body))
+                if size <= BODY_AT_ONCE:
+                    assert int(count) == 1  # gathered, then given in one message
+                else:
+                    assert int(count) > 1  # past the bound: given as it comes, the buffer stays bounded
         stop.set()

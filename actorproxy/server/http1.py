@@ -63,7 +63,8 @@ def parse_head(buffer: bytearray) -> RequestHead | None:
     while buffer[:2] == b"\r\n" or buffer[:1] == b"\n":  # empty lines before a request line are ignored
         del buffer[: 2 if buffer[:1] == b"\r" else 1]
     end = buffer.find(b"\n\r\n")
-    bare = buffer.find(b"\n\n")
+    # Only where it would come first (not through a long body after the head); past MAX_HEAD it is too large anyway.
+    bare = buffer.find(b"\n\n", 0, end + 1 if end >= 0 else MAX_HEAD + 2)
     if bare >= 0 and (end < 0 or bare < end):
         end, skip = bare, 2
     else:
@@ -159,8 +160,7 @@ class BodyReader:
             if not buffer:
                 return None
             take = min(self.remaining, len(buffer))
-            data = bytes(buffer[:take])
-            del buffer[:take]
+            data = _take(buffer, take)
             self.remaining -= take
             self.done = self.remaining == 0
             return data
@@ -171,8 +171,7 @@ class BodyReader:
                     if not buffer:
                         break
                     take = min(self.remaining, len(buffer))
-                    pieces.append(bytes(buffer[:take]))
-                    del buffer[:take]
+                    pieces.append(_take(buffer, take))
                     self.remaining -= take
                     continue
                 line = _line(buffer)  # the CRLF after the chunk's data
@@ -199,6 +198,18 @@ class BodyReader:
         if not pieces and not self.done:
             return None
         return b"".join(pieces)
+
+
+def _take(buffer: bytearray, n: int) -> bytes:
+    """The first ``n`` bytes of ``buffer``, taken out of it (copied once: a slice of a bytearray copies twice)."""
+    if n == len(buffer):
+        data = bytes(buffer)
+        buffer.clear()
+        return data
+    with memoryview(buffer) as view:
+        data = bytes(view[:n])
+    del buffer[:n]
+    return data
 
 
 def _line(buffer: bytearray) -> bytes | None:

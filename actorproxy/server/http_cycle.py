@@ -29,6 +29,9 @@ log = logging.getLogger("actorproxy.http")
 
 #: Bytes of a pipelined next request kept while a response is under way (more: stop reading).
 MAX_PIPELINED = 65536
+#: Bytes of a request body (with a ``Content-Length``) gathered before the app gets them, at most: a body
+#: up to this size is read from the socket in as few calls as it arrives in and given to the app whole.
+BODY_AT_ONCE = 1 << 20
 DISCONNECT: Message = {"type": "http.disconnect"}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: The scope extension that calls back when the client hangs up: ``scope["extensions"][...](callback)``; the
@@ -131,7 +134,12 @@ class Cycle:
             return await self.wait_disconnect()
         try:
             while True:
-                data = b"" if body.done else body.read(connection.buffer)
+                if body.done:
+                    data: bytes | None = b""
+                elif connection.eof or len(connection.buffer) >= self.gathered():
+                    data = body.read(connection.buffer)
+                else:
+                    data = None  # a body up to BODY_AT_ONCE is given whole: one message, not one per read
                 if data is not None:
                     self.body_given = body.done
                     if len(connection.buffer) <= MAX_PIPELINED:
@@ -156,6 +164,13 @@ class Cycle:
             await connection.arrived.park()
         connection.closed = True
         return DISCONNECT
+
+    def gathered(self) -> int:
+        """Bytes of the body to gather in the buffer before the app gets them (the reader may hold that many)."""
+        body = self.body
+        if body.chunked or body.done or self.body_given:
+            return 0
+        return min(body.remaining, BODY_AT_ONCE)
 
     def whole(self) -> bool:
         """Whether the whole request has arrived (its body given to the app, or all of it in the buffer)."""

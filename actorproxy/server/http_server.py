@@ -142,13 +142,15 @@ class _Connection:
         """
         sock = self.sock
         while True:
-            if len(self.buffer) > MAX_PIPELINED:
+            # A request body being gathered (``Cycle.gathered``) may fill the buffer past that, and is read in
+            # one call as far as it has arrived.
+            if len(self.buffer) > MAX_PIPELINED + self.gathering():
                 await self.room.park()
                 continue
             # Wait first, then read: one recv per arrival (the wait is the checkpoint).
             await trio.lowlevel.wait_readable(sock)
             try:
-                data: bytes | None = sock.recv(_MAX_RECV)
+                data: bytes | None = sock.recv(max(_MAX_RECV, self.gathering() - len(self.buffer)))
             except (BlockingIOError, InterruptedError):
                 continue
             except OSError:  # reset: gone for sure
@@ -163,6 +165,11 @@ class _Connection:
                 await self.half_closed()
             self.client_gone()
             return
+
+    def gathering(self) -> int:
+        """Bytes of the current request's body the buffer may gather (``Cycle.gathered``; 0 between requests)."""
+        cycle = self.cycle
+        return 0 if cycle is None else cycle.gathered()
 
     async def half_closed(self) -> None:
         """The client sent its EOF: if after a whole request, wait until it turns out gone, answering it meanwhile.
