@@ -31,13 +31,17 @@ from typing import Any, Generic, Literal, TypeVar
 
 import attrs
 import msgspec
+import numpy as np
 import orjson
 
 from ..tokenization.message_fields import FrozenMessage
 from .jsonio import MAX_DEPTH, load_body, nesting
+from .prefixes import Kept, Prefixes
 
 #: Raw JSON bytes of messages kept (twice that at most while the memo turns over).
 MEMO_BYTES = 64 << 20
+#: Bodies shorter than this are read whole every time (a 4 KB body costs a few µs).
+BODY_PREFIX_BYTES = 4096
 
 #: What a memo keeps for a message's text: the checked message (a chat body), or what it converts to.
 T = TypeVar("T")
@@ -56,6 +60,9 @@ class MessageMemo(Generic[T]):
         self._young: dict[bytes, tuple[T, int]] = {}
         self._old: dict[bytes, tuple[T, int]] = {}
         self._bytes = 0
+        #: Recent bodies up to the end of their messages (:func:`load_chat_body`): a body that starts with
+        #: one has only its new end read.
+        self.bodies: Prefixes[Any] = Prefixes(min_bytes=BODY_PREFIX_BYTES, window=64, max_bytes=max_bytes)
 
     def find(self, keys: list[bytes]) -> list[Any]:
         """The entry of each key (``None`` where there is none), in order."""
@@ -175,6 +182,11 @@ def load_chat_body(raw: bytes, memo: MessageMemo[FrozenMessage]) -> Any:
 
 def _from_memo(raw: bytes, memo: MessageMemo[FrozenMessage]) -> ChatBody | None:
     """The body with its messages from the memo, or ``None`` where the ordinary way must decide."""
+    kept = memo.bodies.find(raw)
+    if kept is not None:
+        body = _after(raw, kept, memo)
+        if body is not None:
+            return body
     try:
         top = _TOP.decode(raw)
         texts = _ITEMS.decode(top["messages"])
@@ -185,24 +197,120 @@ def _from_memo(raw: bytes, memo: MessageMemo[FrozenMessage]) -> ChatBody | None:
     try:
         # Each part parsed by orjson, as the whole body would be (a message the memo holds was, byte for byte).
         value = {key: orjson.loads(bytes(part)) for key, part in top.items() if key != "messages"}
-        keys = list(map(bytes, texts))
-        found = memo.find(keys)
-        new = [i for i, hit in enumerate(found) if hit is None]
+    except orjson.JSONDecodeError:
+        return None
+    checked = _checked(texts, memo, value, 0)
+    if checked is None:
+        return None
+    messages, depth = checked
+    if len(raw) >= BODY_PREFIX_BYTES:
+        _keep(raw, top, texts[-1], messages, depth, memo)
+    return ChatBody(value, list(messages))
+
+
+@attrs.frozen
+class _Seen:
+    """What a body's bytes up to the end of its last message gave (kept in ``MessageMemo.bodies``)."""
+
+    #: The top-level fields before ``messages``: name and JSON text.
+    head: tuple[tuple[str, bytes], ...]
+    messages: list[FrozenMessage]
+    #: The deepest nesting of a message.
+    depth: int
+
+
+#: What stands for the kept messages in front of a body's new end: ``{"messages":[0`` then the rest of the body.
+_RESUME = b'{"messages":[0'
+
+
+def _after(raw: bytes, kept: Kept[_Seen], memo: MessageMemo[FrozenMessage]) -> ChatBody | None:
+    """The body read from the end of a kept one: its top-level fields after those messages and its new messages.
+
+    The bytes up to ``len(kept)`` are those of a body read before, up to the end of its last
+    message: the parser's state there was "in the messages array, after an element". So
+    ``{"messages":[0`` and the rest of this body read as JSON exactly when the whole body
+    does, with the new messages after the ``0`` and the fields that follow the array.
+    ``None`` (read it whole) for anything else: not JSON, another ``messages`` field after
+    the array. A field named again after the array takes its place with its new value, as
+    in a dict built from the whole body.
+    """
+    seen = kept.value
+    tail = _RESUME + raw[len(kept) :]
+    try:
+        top = _TOP.decode(tail)
+        texts = _ITEMS.decode(top["messages"])
+    except Exception:
+        return None
+    base = _address(tail)
+    if _address(top["messages"]) - base != len(_RESUME) - 2 or not all(map(str.isascii, top)):
+        return None  # a second "messages" after the array: the last one counts, read the body whole
+    try:
+        value = {key: orjson.loads(part) for key, part in seen.head}
+        value.update((key, orjson.loads(bytes(part))) for key, part in top.items() if key != "messages")
+    except orjson.JSONDecodeError:
+        return None
+    checked = _checked(texts[1:], memo, value, seen.depth)
+    if checked is None:
+        return None
+    new, depth = checked
+    messages = seen.messages + new
+    end = len(kept) + _address(texts[-1]) - base + len(texts[-1]) - len(_RESUME)
+    memo.bodies.drop(kept)  # the session has moved on: this body replaces it
+    memo.bodies.keep(raw, end, _Seen(seen.head, messages, depth))
+    return ChatBody(value, list(messages))
+
+
+def _checked(
+    texts: list[msgspec.Raw], memo: MessageMemo[FrozenMessage], value: dict[str, Any], depth: int
+) -> tuple[list[FrozenMessage], int] | None:
+    """Messages from their JSON texts, from the memo or parsed and checked; ``None`` where one is refused.
+
+    ``value``: the body's other fields (the nesting bound covers them); ``depth``: the
+    deepest message already read. Also the deepest message's nesting.
+    """
+    keys = list(map(bytes, texts))
+    found = memo.find(keys)
+    new = [i for i, hit in enumerate(found) if hit is None]
+    try:
         for i in new:
             message = orjson.loads(keys[i])
             found[i] = (message, nesting(message, MAX_DEPTH))  # checked below; not in the memo yet
     except orjson.JSONDecodeError:
         return None
+    depth = max(depth, *map(_depth, found)) if found else depth
     # The nesting bound: the body's other fields, and its messages array (two levels down).
-    if max(nesting(value, MAX_DEPTH), 2 + max(map(_depth, found))) > MAX_DEPTH:
+    if max(nesting(value, MAX_DEPTH), 2 + depth) > MAX_DEPTH:
         return None
     if new and not _valid([found[i][0] for i in new]):
         return None  # the full check names the culprit
     for i in new:
-        message, depth = found[i]
+        message, level = found[i]
         frozen = FrozenMessage(message)
         if message.get("role") == "developer":  # templates know "system", not OpenAI's newer "developer"
             frozen["role"] = "system"
-        memo.put(keys[i], frozen, depth)
-        found[i] = (frozen, depth)
-    return ChatBody(value, list(map(_message, found)))
+        memo.put(keys[i], frozen, level)
+        found[i] = (frozen, level)
+    return list(map(_message, found)), depth
+
+
+def _address(buffer: Any) -> int:
+    """Where a buffer's bytes are in memory (msgspec's ``Raw`` parts point into the body they were read from)."""
+    return int(np.frombuffer(buffer, np.uint8).__array_interface__["data"][0])
+
+
+def _keep(
+    raw: bytes, top: dict[str, msgspec.Raw], last: msgspec.Raw, messages: list[FrozenMessage], depth: int,
+    memo: MessageMemo[FrozenMessage],
+) -> None:
+    """Keep ``raw`` up to the end of its ``last`` message, unless a field is named both before and after the array."""
+    base = _address(raw)
+    at = _address(top["messages"]) - base
+    names = list(top)
+    split = names.index("messages")
+    # A dict keeps a name where it came first, with the value that came last: a name on the wrong side is named twice.
+    if any(_address(top[name]) - base > at for name in names[:split]):
+        return
+    if any(_address(top[name]) - base < at for name in names[split + 1 :]):
+        return
+    head = tuple((name, bytes(top[name])) for name in names[:split])
+    memo.bodies.keep(raw, _address(last) - base + len(last), _Seen(head, messages, depth))
