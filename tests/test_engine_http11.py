@@ -93,6 +93,18 @@ async def test_bodies_of_both_framings_stream_and_the_connection_is_kept() -> No
         await client.aclose()
 
 
+async def test_a_body_larger_than_the_socket_takes_at_once_arrives_whole() -> None:
+    body = bytes(range(256)) * (24 << 10)  # 6 MB: sent in several goes, the server reading as it comes
+    async with serving(lambda n, _: sized(b"ok")) as server:
+        client = HTTP11Client(server.url)
+        for _ in range(2):
+            response = await client.stream("POST", server.url + "/generate", body)
+            assert await response.aread() == b"ok"
+        assert [request.partition(b"\r\n\r\n")[2] for request in server.requests] == [body, body]
+        assert server.accepted == 1
+        await client.aclose()
+
+
 async def test_a_kept_connection_the_engine_closed_is_replaced_without_an_error() -> None:
     async with serving(lambda n, _: sized(b"ok")) as server:
         server.close_after_each = True  # closes without saying so (no "Connection: close")

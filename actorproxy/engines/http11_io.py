@@ -163,8 +163,27 @@ class SocketIO:
                 return
         with trio.move_on_after(self.read_timeout) as scope:
             try:
-                await conn.stream.send_all(memoryview(bytes(head) + body)[sent:])
+                if sock is None:
+                    await conn.stream.send_all(memoryview(bytes(head) + body)[sent:])
+                else:  # the rest as it goes, without a copy of the body (a long prompt: hundreds of KB)
+                    await _send_rest(sock, [memoryview(head), memoryview(body)], sent)
             except _CLOSED as exc:
                 raise TransportError(f"send failed: {exc!r}") from exc
         if scope.cancelled_caught:
             raise ReadTimeout(f"the engine took no data in {self.read_timeout:g} s")
+
+
+async def _send_rest(sock: socket.socket, parts: list[memoryview], sent: int) -> None:
+    """Send ``parts`` after their first ``sent`` bytes, waiting for the socket between sends."""
+    while True:
+        while parts and sent >= len(parts[0]):
+            sent -= len(parts[0])
+            parts.pop(0)
+        if not parts:
+            return
+        parts[0] = parts[0][sent:]
+        await trio.lowlevel.wait_writable(sock)
+        try:
+            sent = sock.sendmsg(parts)
+        except BlockingIOError:
+            sent = 0
