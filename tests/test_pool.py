@@ -178,3 +178,30 @@ async def test_backpressure_at_the_concurrency_limit(tokenizer: Any, autojump_cl
         assert (snapshot["in_flight"], snapshot["queued"]) == (2, 3)
     # Five 5-token generations, two at a time: done at 5, 5, 10, 10, 15 intervals.
     assert finished == pytest.approx([5 * INTERVAL, 5 * INTERVAL, 10 * INTERVAL, 10 * INTERVAL, 15 * INTERVAL])
+
+
+@attrs.define
+class _Hanging(Flaky):
+    """An engine whose generations never open (a connect that hangs)."""
+
+    @asynccontextmanager
+    async def open_generation(self, request: GenerateRequest) -> AsyncIterator[Any]:
+        self.opened += 1
+        await trio.sleep_forever()
+        yield  # pragma: no cover
+
+
+async def test_a_turn_cancelled_while_its_generation_opens_frees_its_slot(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The agent left while the engine connection was being made: the engine's concurrency slot comes back."""
+    pool = EnginePool([_Hanging(SimEngine(tokenizer, SimConfig()))], max_concurrency=1)
+    with trio.move_on_after(1):
+        await _drain(pool, _request(tokenizer, "s"))
+    snapshot = pool.statistics()["engines"][0]
+    assert (snapshot["in_flight"], snapshot["queued"]) == (0, 0)
+    engine = pool._engines[0]
+    assert engine.limiter.borrowed_tokens == 0  # the next turn is not refused a slot forever
+    engine.backend = Flaky(SimEngine(tokenizer, SimConfig(token_interval=INTERVAL)))
+    with trio.fail_after(1):
+        assert (await _drain(pool, _request(tokenizer, "s"))).reason == "length"

@@ -20,7 +20,7 @@ import logging
 from array import array
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import attrs
@@ -122,14 +122,7 @@ class EnginePool:
         return None if engine is None else engine.name
 
     def open_generation(self, request: GenerateRequest) -> AbstractAsyncContextManager[Generation]:
-        return self._open(request)
-
-    @asynccontextmanager
-    async def _open(self, request: GenerateRequest) -> AsyncIterator[Generation]:
-        async with AsyncExitStack() as stack:
-            generation = _PoolGeneration(self, request, stack)
-            await generation.connect(set())
-            yield generation
+        return _PoolGeneration(self, request)
 
     def _failed(self, engine: _Engine, error: BackendError, tried: set[int]) -> bool:
         """Account a failure before the first token; whether to retry on another engine.
@@ -203,13 +196,17 @@ class EnginePool:
 
 
 class _PoolGeneration:
-    """A generation that may move to another engine until its first token arrives."""
+    """A generation that may move to another engine until its first token arrives.
 
-    def __init__(self, pool: EnginePool, request: GenerateRequest, stack: AsyncExitStack) -> None:
+    Its own context manager: entering it takes a concurrency slot of an engine (at
+    once, without a scheduling round, when one is free) and opens the engine's
+    generation; leaving it leaves that generation, then frees the slot.
+    """
+
+    def __init__(self, pool: EnginePool, request: GenerateRequest) -> None:
         self._pool = pool
         self._request = request
-        self._outer = stack
-        self._inner: AsyncExitStack | None = None
+        self._opened: AbstractAsyncContextManager[Generation] | None = None  # the engine's, entered
         self._generation: Generation | None = None
         self._iterator: AsyncIterator[GenerationEvent] | None = None
         self._engine: _Engine | None = None
@@ -217,50 +214,70 @@ class _PoolGeneration:
         self._tried: set[int] = set()
         self.rid = request.rid
 
+    async def __aenter__(self) -> _PoolGeneration:
+        await self.connect(set())
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._leave()
+
     async def connect(self, tried: set[int]) -> None:
         while True:
             engine = self._pool._choose(self._request.routing_key, tried)
             tried.add(id(engine))
-            inner = AsyncExitStack()
-            engine.queued += 1
+            limiter = engine.limiter
             try:
-                await inner.enter_async_context(engine.limiter)
-            finally:
-                engine.queued -= 1
+                limiter.acquire_nowait()  # a free slot: no scheduling round (the engine call yields anyway)
+            except trio.WouldBlock:
+                engine.queued += 1
+                try:
+                    await limiter.acquire()
+                finally:
+                    engine.queued -= 1
             engine.in_flight += 1
-            inner.callback(self._release, engine)
             engine.requests += 1
+            opened = engine.backend.open_generation(self._request)
             try:
-                generation = await inner.enter_async_context(engine.backend.open_generation(self._request))
-            except BackendError as exc:
-                await inner.aclose()
-                if self._pool._failed(engine, exc, tried):
+                generation = await opened.__aenter__()
+            except BaseException as exc:
+                self._release(engine)
+                if isinstance(exc, BackendError) and self._pool._failed(engine, exc, tried):
                     continue
                 raise
-            self._inner, self._engine, self._generation = inner, engine, generation
+            self._opened, self._engine, self._generation = opened, engine, generation
             self._iterator = generation.__aiter__()
-            self._outer.push_async_callback(inner.aclose)
             self._tried = tried
             return
 
+    async def _leave(self) -> None:
+        """Leave the engine's generation (as after a clean exit: it sends its own abort if it must), free the slot."""
+        opened, engine = self._opened, self._engine
+        self._opened = None
+        if opened is None or engine is None:
+            return
+        try:
+            await opened.__aexit__(None, None, None)
+        finally:
+            self._release(engine)
 
     @staticmethod
     def _release(engine: _Engine) -> None:
         engine.in_flight -= 1
+        engine.limiter.release()
 
     def __aiter__(self) -> _PoolGeneration:
         return self
 
     async def __anext__(self) -> GenerationEvent:
         while True:
-            assert self._iterator is not None and self._inner is not None and self._engine is not None
+            assert self._iterator is not None and self._engine is not None
+            if self._started:
+                return await self._iterator.__anext__()
             try:
                 event = await self._iterator.__anext__()
             except BackendError as exc:
-                if self._started:
-                    raise
                 # Nothing was generated yet: the turn can move to another engine.
-                await self._inner.aclose()
+                await self._leave()
                 if not self._pool._failed(self._engine, exc, self._tried):
                     raise
                 await self.connect(self._tried)
