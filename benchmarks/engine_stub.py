@@ -19,9 +19,10 @@ With ``--start-together N`` the steps begin once N generations are running (a ro
 batch), so that starting a thousand streams is not measured as streaming. ``POST
 /abort_request`` (``{"rid"}`` or ``{"abort_all": true}``) makes the next step the
 last: one more token, then ``finish_reason: abort``. ``GET /stub/generations`` tells,
-per generation, its routing key, the tokens written to the connection, and how it ended
+per generation, its routing key, the tokens written to the connection, how it ended
 (``stop``/``length``, ``abort`` after an abort call, or ``cut``: the connection closed
-before the finish); after ``POST /stub/pace {"max_new_tokens": n}`` the generations
+before the finish), when its first abort call arrived and when its finish was written
+(``time.monotonic``); after ``POST /stub/pace {"max_new_tokens": n}`` the generations
 started from then on end after ``n`` tokens with the end-of-turn token, ``stop`` (``null``
 lifts it).
 
@@ -66,6 +67,8 @@ class Paced:
         self.abort_calls = 0  # abort calls that named it (or all)
         self.state = "running"  # then stop, length, abort or cut
         self.stop_after: int | None = None  # end with the end-of-turn token at this many tokens
+        self.abort_at: float | None = None  # when the first abort call naming it arrived (``time.monotonic``)
+        self.ended_at: float | None = None  # when its finish was written
 
 
 class Stub:
@@ -104,7 +107,8 @@ class Stub:
             return 200, b"", None
         if path == "/stub/generations":
             return 200, dumps({"abort_calls": self.abort_calls, "generations": [
-                {"rid": g.rid, "key": g.key, "tokens": g.written, "state": g.state, "abort_calls": g.abort_calls}
+                {"rid": g.rid, "key": g.key, "tokens": g.written, "state": g.state, "abort_calls": g.abort_calls,
+                 "abort_at": g.abort_at, "ended_at": g.ended_at}
                 for g in self.generations]}), None
         if path == "/stub/pace" and method == "POST":
             self.cap = loads(body).get("max_new_tokens")
@@ -163,8 +167,10 @@ class Stub:
         else:
             target = self.running.get(str(body.get("rid") or ""))
             targets = [] if target is None else [target]
+        now = time.monotonic()
         for gen in targets:
             gen.abort_calls += 1
+            gen.abort_at = gen.abort_at or now
 
     async def tick(self) -> None:
         """One decoding step per interval for every running paced generation."""
@@ -207,6 +213,7 @@ class Stub:
         gen.written = len(gen.ids)
         if finish is not None:
             gen.state = finish["type"]
+            gen.ended_at = time.monotonic()
             del self.running[gen.rid]
             events.append(b"[DONE]")
         parts = []

@@ -19,7 +19,9 @@ then on is made to end at once with the end-of-turn token, ``/v1/rollout/resume`
 every turn finish, and each session's step is read: per session, the tokens the engine
 wrote (over all attempts) must equal the tokens the proxy recorded (``lost``), and every
 generation the pause stopped must have ended by an abort call (``abort``), none by a
-closed connection (``cut``).
+closed connection (``cut``). Per run it also prints when the abort calls reached the engine
+and when the engine wrote the last aborted stream's finish (the engine's clock, ms after
+the pause): what is left of the acknowledgement is the proxy reading what came before.
 
 Goal (issue 12): at 1,000 streams, acknowledged within one token interval + 50 ms, 0 lost.
 """
@@ -96,6 +98,7 @@ def one_run(args: argparse.Namespace, streams: int) -> dict[str, Any]:
             _stop(spy)
             spy = _py_spy(args.py_spy, server.pid, 0.3)  # around the pause (from 0.3 s before it)
             before = cpu_seconds(server.pid)
+            paused_at = time.monotonic()  # the engine stub's clock (the same on one machine)
             t0 = time.perf_counter()
             ack = post_json(server.url + "/v1/rollout/pause", {"mode": "abort"}, timeout=600)
             ack_ms = (time.perf_counter() - t0) * 1000
@@ -121,8 +124,15 @@ def one_run(args: argparse.Namespace, streams: int) -> dict[str, Any]:
             got = sum(len(step["output_ids"]) for step in data["steps"])
             recorded += got
             lost += abs(produced[sid] - got)
+    aborted = [g for g in engine["generations"] if g["abort_at"] is not None]
+    arrived = sorted((g["abort_at"] - paused_at) * 1000 for g in aborted)
+    stopped = max(((g["ended_at"] or paused_at) - paused_at) * 1000 for g in aborted) if aborted else 0.0
     return {
-        "ack_ms": ack_ms, "aborted": ack["aborted"], "partial_tokens": ack["partial_tokens"],
+        "ack_ms": ack_ms,
+        # When the abort calls reached the engine, and when it wrote the last aborted stream's finish (ms after
+        # the pause was asked): the rest of the acknowledgement is the proxy reading what came before.
+        "aborts_in_ms": [arrived[0], arrived[len(arrived) // 2], arrived[-1]] if arrived else [],
+        "engine_stopped_ms": stopped, "aborted": ack["aborted"], "partial_tokens": ack["partial_tokens"],
         "engine_aborted": ended["abort"], "engine_cut": ended["cut"], "engine_still_running": ended["running"],
         "abort_calls": engine["abort_calls"], "produced": sum(produced.values()), "recorded": recorded, "lost": lost,
         "pause_cpu_ms": pause_cpu,
@@ -203,6 +213,12 @@ def main(args: argparse.Namespace) -> None:
               f"{med('engine_cpu_pct'):>9.0f} {med('clients_cpu_pct'):>9.0f} {med('pause_cpu_ms'):>12.0f} "
               f"{med('proxy_us_per_token'):>14.0f}",
               flush=True)
+        for r in runs:
+            if r["aborts_in_ms"]:
+                first, mid, last = r["aborts_in_ms"]
+                print(f"    ack {r['ack_ms']:.0f} ms: the abort calls reached the engine {first:.0f}-{last:.0f} ms "
+                      f"after the pause (median {mid:.0f}), its last aborted stream ended at "
+                      f"{r['engine_stopped_ms']:.0f} ms", flush=True)
         for r in runs:
             if r["engine_still_running"] or r["aborted"] != streams or r["engine_aborted"] != streams:
                 print(f"    a run did not stop every stream by its abort: {r}", flush=True)
