@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import trio
 import trio.testing
@@ -34,6 +35,7 @@ from actorproxy.engines.base import (
 from actorproxy.engines.connection import EngineOptions
 from actorproxy.engines.llamacpp.client import LlamaCppBackend
 from actorproxy.engines.sglang.client import SGLangBackend
+from actorproxy.engines.sglang.protocol import SGLangStreamParser
 from actorproxy.engines.sse import SSEParser
 from actorproxy.engines.vllm.client import VLLMBackend
 from actorproxy.engines.vllm.protocol import npy_to_int32_b64
@@ -208,6 +210,36 @@ async def test_sglang_stream_shapes(events: list[bytes]) -> None:
     ids, lps, versions = flat(deltas)
     assert (ids, lps, versions) == (IDS, LPS, ["step-1"] * 4)
     assert finish == GenerateFinish("stop", matched_stop=EOT, weight_version="step-1", prompt_tokens=3, cached_tokens=2)
+
+
+@pytest.mark.parametrize("versions", [["v1"] * 6, ["v1", "v1", "v1", "v2", "v2", "v2"], ["v1", "v2"] * 3])
+async def test_sglang_cumulative_events_read_together_are_decoded_only_where_needed(
+    versions: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events that arrive in one read (SGLang's own bytes, orjson): one the last repeats whole is not decoded.
+
+    The tokens, logprobs and each token's version are the engine's either way: an event whose
+    version differs from the last one's is decoded (its tokens are stamped with it).
+    """
+    ids, lps = [11, 12, 13, 14, 15, EOT], [-0.5, -0.25, -1.0, -0.125, -2.0, -0.75]
+
+    def event(n: int) -> bytes:
+        meta = {"id": "rid", "finish_reason": STOP if n == 6 else None, "prompt_tokens": 3, "cached_tokens": 2,
+                "weight_version": versions[n - 1], "completion_tokens": n,
+                "output_token_logprobs": [[lp, t, None] for t, lp in zip(ids[:n], lps[:n], strict=True)]}
+        return b"data: " + orjson.dumps({"text": "x" * n, "output_ids": ids[:n], "meta_info": meta}) + b"\n\n"
+
+    decoded: list[int] = []
+    decode = SGLangStreamParser.decode
+    monkeypatch.setattr(SGLangStreamParser, "decode",
+                        lambda self, raw: decoded.append(len(raw)) or decode(self, raw))  # type: ignore[func-returns-value]
+    engine = Engine({"/generate": lambda r, b: stream(b"".join(event(n) for n in range(1, 7)) + DONE)})
+    deltas, finish = await run(SGLangBackend(URL, http=engine.client()), request())
+    assert flat(deltas) == (ids, lps, versions)  # each token stamped with the version of the event it came in
+    assert finish.reason == "stop" and finish.weight_version == versions[-1]
+    # Always the first two (the second tells the stream is cumulative) and the last; between them only an
+    # event whose version is not the next one's.
+    assert len(decoded) == 3 + sum(versions[i] != versions[i + 1] for i in range(2, 5))
 
 
 async def test_sglang_incremental_delta_that_repeats_history() -> None:

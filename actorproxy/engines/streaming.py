@@ -97,6 +97,14 @@ class StreamedGeneration(Generic[P]):
         """The finish to report when the stream is cut without the engine's own."""
         return GenerateFinish("abort", weight_version=self._parser.version, message=message)
 
+    def _handle_all(self, events: list[SSEEvent]) -> None:
+        """Handle the events read together (those after the finish are kept for the drain)."""
+        for event in events:
+            if self._finish_queued:
+                self._tail.append(event)
+            else:
+                self._handle(event)
+
     def _tail_ok(self, payload: Mapping[str, Any]) -> bool:
         """Whether a payload after the finish may be read past to reuse the connection.
 
@@ -217,11 +225,7 @@ class StreamedGeneration(Generic[P]):
             if not self._finish_queued:
                 self._queue_end(done=False)
             return
-        for event in events:
-            if self._finish_queued:
-                self._tail.append(event)
-            else:
-                self._handle(event)
+        self._handle_all(events)
         if self._resend_abort and self._payloads and not self._finish_queued:
             self._resend_abort = False
             with trio.move_on_after(self._grace):

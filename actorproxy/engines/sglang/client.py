@@ -30,7 +30,9 @@ from ..connection import EngineOptions, EngineResponse, json_body, post_quietly,
 from ..errors import check_status
 from ..http11 import HTTP11Client
 from ..shared_wire import UpdateWeightVersionReqInput, WeightVersionOutput
+from ..sse import SSEEvent
 from . import protocol
+from .cumulative import look
 
 
 class SGLangGeneration(VersionedGeneration[protocol.SGLangStreamParser, "SGLangBackend"]):
@@ -65,6 +67,36 @@ class SGLangGeneration(VersionedGeneration[protocol.SGLangStreamParser, "SGLangB
 
     def _decode(self, data: bytes) -> Any:
         return self._parser.decode(data)
+
+    def _handle_all(self, events: list[SSEEvent]) -> None:
+        """Cumulative events read together: one the next repeats is not decoded (``cumulative.look``).
+
+        A proxy reads several events at once when it is behind its engine (a pause's
+        backlog, a busy loop) or the engine is fast (a short reply arrives whole): each
+        would cost a decode for tokens the next one repeats (with the same version: a run
+        of such events is read as its last). Only once the stream is known to be cumulative
+        (from its second event); the last event is always read.
+        """
+        last = len(events) - 1
+        while last > 0 and (events[last].event != "message" or events[last].data.strip() == b"[DONE]"):
+            last -= 1
+        if last < 2:
+            super()._handle_all(events)
+            return
+        parser = self._parser
+        ordinary, version = look(events[0].data)
+        for i, event in enumerate(events):
+            if self._finish_queued:
+                self._tail.append(event)
+                continue
+            if i < last:
+                skip = ordinary and parser._incremental is False and event.event == "message"
+                ordinary, next_version = look(events[i + 1].data)
+                skip = skip and version is not None and version == next_version
+                version = next_version
+                if skip:
+                    continue
+            self._handle(event)
 
     def _feed(self, payload: Mapping[str, Any]) -> list[GenerationEvent]:
         self._parser.abort_requested = self._abort_requested

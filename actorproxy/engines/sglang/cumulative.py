@@ -20,6 +20,10 @@ from __future__ import annotations
 _IDS = b',"output_ids":['
 _LOGPROBS = b'"output_token_logprobs":['
 _TEXT = b'{"text":"'
+_OPEN = b'"finish_reason":null'
+_VERSION = b'"weight_version":'
+_SPANS = b'"weight_versions"'
+_ERROR = b'"error"'
 
 
 class PrefixCutter:
@@ -76,3 +80,29 @@ class PrefixCutter:
 def _extends(raw: bytes, at: int, prefix: bytes) -> bool:
     """``raw`` holds ``prefix`` at ``at``, followed by the next element or the array's end."""
     return bool(prefix) and raw.startswith(prefix, at) and raw[at + len(prefix) : at + len(prefix) + 1] in (b",", b"]")
+
+
+def look(raw: bytes) -> tuple[bool, bytes | None]:
+    """Whether event ``raw`` may be skipped when its next event has its version, and that version.
+
+    A cumulative event need not be decoded when the next event of the same stream repeats
+    it (the reader checks that the next one extends what it decoded before, as for any
+    event) and stamps its tokens with the same version. Only an ordinary event qualifies,
+    checked on its bytes: its arrays where SGLang writes them, no finish, no error, no
+    weight-version spans. The version is the raw ``weight_version`` value (``b""`` when
+    there is none), ``None`` when the event has spans (its tokens may carry other
+    versions: nothing before it is skipped). A key cannot be forged from inside a JSON
+    string (its quotes would be escaped).
+    """
+    if _SPANS in raw:
+        return False, None
+    ordinary = _IDS in raw and _OPEN in raw and _ERROR not in raw
+    i = raw.find(_VERSION)
+    if i < 0:
+        return ordinary, b""
+    i += len(_VERSION)
+    end = raw.find(b",", i)
+    close = raw.find(b"}", i)
+    if end < 0 or 0 <= close < end:
+        end = close
+    return ordinary, raw[i:end] if end >= 0 else None
