@@ -304,7 +304,9 @@ class TurnGeneration:
 
     async def _attempt(self, prompt: array[int], budget: int, handle: GenerationHandle) -> GenerateFinish:
         step = self.step
-        sampling = attrs.evolve(self._sampling, max_new_tokens=budget)
+        sampling = self._sampling
+        if budget != sampling.max_new_tokens:  # an attempt after a preemption: the budget left
+            sampling = attrs.evolve(sampling, max_new_tokens=budget)
         request = GenerateRequest(
             prompt,
             sampling,
