@@ -8,6 +8,7 @@ from array import array
 import numpy as np
 import orjson
 
+from actorproxy.engines.connection import json_body
 from actorproxy.engines.ids_json import MIN_IDS, IdsJSON
 
 
@@ -76,3 +77,17 @@ def test_what_is_kept_stays_within_its_bytes() -> None:
     for prompt in prompts:  # the oldest were dropped: written whole again, the same bytes
         longer = prompt + array("i", [1, 2, 3])
         assert kept.text(longer) == whole(longer)
+
+
+def test_engine_bodies_are_the_bytes_orjson_writes_whatever_they_hold() -> None:
+    rng = random.Random(5)
+    prompt = ids_of(MIN_IDS + 3, rng)
+    other = ids_of(2 * MIN_IDS, rng)
+    for turn in range(4):
+        body = {"input_ids": prompt, "rid": f"r{turn}", "stop": ["\0", "a\0b"], "lp": array("f", [0.5, -1.0]),
+                "nested": {"ids": other, "few": array("i", [1, 2])}, "text": "\0" * turn}
+        expected = orjson.dumps(body, default=lambda v: np.frombuffer(v, dtype=v.typecode),
+                                option=orjson.OPT_SERIALIZE_NUMPY)
+        assert json_body(body) == expected
+        prompt = prompt + ids_of(turn * 3, rng)
+        other = other + ids_of(1, rng)

@@ -33,26 +33,51 @@ class IdsJSON:
 
     def __init__(self, max_bytes: int = MAX_BYTES) -> None:
         # Filed by the 8 ids before a power-of-two offset.
-        self._kept: Prefixes[bytes] = Prefixes(min_bytes=4 * MIN_IDS, window=32, max_bytes=max_bytes)
+        self._kept: Prefixes[memoryview] = Prefixes(min_bytes=4 * MIN_IDS, window=32, max_bytes=max_bytes)
+
+    @staticmethod
+    def takes(ids: array[int]) -> bool:
+        """Whether ``ids`` is long enough to be kept (shorter arrays: orjson over a numpy view, as before)."""
+        return len(ids) >= MIN_IDS and ids.typecode == "i" and ids.itemsize == 4
 
     def text(self, ids: array[int]) -> bytes:
         """``ids`` as a JSON array (exactly what orjson writes for them)."""
-        view = np.frombuffer(ids, dtype=ids.typecode)
-        if len(ids) < MIN_IDS or ids.typecode != "i" or ids.itemsize != 4:
-            return orjson.dumps(view, option=_OPTIONS)
-        raw = ids.tobytes()
-        found = self._kept.find(raw)
-        if found is None:
-            text = orjson.dumps(view, option=_OPTIONS)
-        else:
-            self._kept.drop(found)  # the session has moved on: its longer prompt replaces it
-            m = len(found) // 4
-            text = found.value
-            if m < len(ids):
-                new = orjson.dumps(view[m:], option=_OPTIONS)  # "[a,b]": joined as "<kept text but ]>,a,b]"
-                text = b"".join((memoryview(text)[:-1], b",", memoryview(new)[1:]))
-        self._kept.keep(raw, len(raw), text, len(text))
-        return text
+        if not self.takes(ids):
+            return orjson.dumps(np.frombuffer(ids, dtype=ids.typecode), option=_OPTIONS)
+        return self.splice([b"", b""], [ids])
+
+    def splice(self, pieces: list[bytes], arrays: list[array[int]]) -> bytes:
+        """``pieces[0]``, the JSON of ``arrays[0]``, ``pieces[1]``, ... in one copy (a body written around them).
+
+        Each array's text is kept as a view of the result, for the prompt that extends it.
+        """
+        parts: list[bytes | memoryview] = [pieces[0]]
+        at = len(pieces[0])
+        spans: list[tuple[bytes, int, int]] = []  # each array's ids and where its text is in the result
+        for ids, after in zip(arrays, pieces[1:], strict=True):
+            raw = ids.tobytes()
+            text: list[bytes | memoryview]
+            kept = self._kept.find(raw)
+            if kept is None:
+                text = [orjson.dumps(np.frombuffer(ids, dtype="i"), option=_OPTIONS)]
+            else:
+                self._kept.drop(kept)  # the session has moved on: its longer prompt replaces it
+                m = len(kept) // 4
+                if m == len(ids):
+                    text = [kept.value]
+                else:  # "<kept text but its ]>" "," "<new ids' text but its [>"
+                    new = orjson.dumps(np.frombuffer(ids, dtype="i")[m:], option=_OPTIONS)
+                    text = [kept.value[:-1], b",", memoryview(new)[1:]]
+            size = sum(map(len, text))
+            spans.append((raw, at, at + size))
+            parts += text
+            parts.append(after)
+            at += size + len(after)
+        body = b"".join(parts)
+        view = memoryview(body)
+        for raw, start, end in spans:
+            self._kept.keep(raw, len(raw), view[start:end], len(body))
+        return body
 
     def __len__(self) -> int:
         return len(self._kept)
