@@ -3,8 +3,8 @@
 A streaming agent gets each delta as it comes. A non-streaming one reads only the
 result, so its deltas are merged and handed over with the result, and the time its
 first piece was sampled travels on ``TurnDone`` (time to first token): the agent's
-task is woken for the turn's start and its end, not per token. Either way the
-deltas concatenate to the same text.
+task is woken once, for the result; it is not told the turn started either. Either
+way the deltas concatenate to the same text.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 import trio
 
 from ..core.parser import OutputDelta
-from .messages import TurnDelta, TurnEvent
+from .messages import TurnAccepted, TurnDelta, TurnEvent
 
 
 class AgentChannel:
@@ -36,17 +36,27 @@ class AgentChannel:
         except trio.WouldBlock:
             await self.events.send(event)
 
+    async def accept(self, accepted: TurnAccepted) -> None:
+        """Tell a streaming agent its turn started; of a non-streaming one, only read that it is still there."""
+        if self.streaming:
+            await self.hand_over(accepted)
+        else:
+            self._check_there()
+
     async def deliver(self, delta: OutputDelta) -> None:
         """Hand a delta over (or hold it, see the module); whether the agent is still there is read meanwhile."""
         if self.streaming:
             await self.hand_over(TurnDelta(delta))
-        elif not self.still_there():
-            raise trio.BrokenResourceError("the agent closed its channel")
         else:
+            self._check_there()
             if self.first_at is None:
                 self.first_at = time.perf_counter()
             self.held = merged(self.held, delta)
         self.shown = True
+
+    def _check_there(self) -> None:
+        if not self.still_there():
+            raise trio.BrokenResourceError("the agent closed its channel")
 
     def still_there(self) -> bool:
         """Whether the agent still reads its channel (the ingress closes its end when the agent leaves)."""

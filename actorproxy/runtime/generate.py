@@ -213,7 +213,9 @@ class TurnGeneration:
                     self._controller.end(handle, aborted=False)
                     raise TurnFailure(exc, "rejected") from None
                 try:
-                    await self._accepted()
+                    # Once generation is permitted: a turn that waits out a pause and gives up is a
+                    # plain 503 with Retry-After, before any stream has started.
+                    await self._agent.accept(TurnAccepted(step.index, step.prompt_len))
                 except GONE:
                     self._controller.end(handle, aborted=False)
                     self.client_gone = True
@@ -246,19 +248,6 @@ class TurnGeneration:
                 return ended
             if self._settings.partial_rollout:
                 prompt = self._input_ids + step.output_ids
-
-    async def _accepted(self) -> None:
-        """Tell a streaming agent its turn is accepted; see only whether a non-streaming one is still there.
-
-        Sent once generation is permitted: a turn that waits out a pause and gives up is
-        a plain 503 with Retry-After, before any stream has started. A non-streaming
-        agent reads only the result, so its task is not woken for the start (its turn's
-        first event is the result, or its failure).
-        """
-        if self._agent.streaming:
-            await self._agent.hand_over(TurnAccepted(self.step.index, self.step.prompt_len))
-        elif not self._agent.still_there():
-            raise trio.BrokenResourceError("the agent closed its channel")
 
     async def _after_preemption(self, finish: GenerateFinish, start: int) -> GenerateFinish | None:
         """After a pause aborted the attempt: how the turn ends here, or ``None`` if it generates again."""
