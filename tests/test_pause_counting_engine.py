@@ -284,3 +284,45 @@ def test_token_deltas_already_read_are_handed_on_as_one() -> None:
     assert take_merged(pending) == TokenDelta((4,), (-0.4,), "v1")  # another version: not merged
     assert take_merged(pending) == GenerateFinish("abort", weight_version="v1")
     assert not pending
+
+
+async def test_a_pause_hands_the_agent_what_its_aborted_stream_still_sends_only_once_it_resumes(
+    tokenizer: ChatTokenizer, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The acknowledgement waits for every aborted stream's last event, and at a thousand
+    # streams each frame written to an agent meanwhile delays it: the tokens a stream
+    # sends after its abort was asked are recorded at once but reach the agent with its
+    # next delta (after the resume), the same text in fewer frames.
+    async with counting_sglang(tokenizer, abort_all=False, streams=2) as engine:
+        engine.tail_tokens, engine.tail_gap = 4, 0.5
+        config = ProxyConfig.of(port=0, backend="sglang", backend_urls=(engine.url,), partial_rollout=True)
+        seen: dict[int, list[str]] = {0: [], 1: []}
+
+        async def turn(client: httpx.AsyncClient, i: int) -> None:
+            body = {"messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": 100}
+            async with client.stream("POST", "/v1/chat/completions", json=body,
+                                     headers={"X-Session-Id": f"s{i}"}) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        [choice] = orjson.loads(line[6:])["choices"] or [{}]
+                        if choice.get("delta", {}).get("content"):
+                            seen[i].append(choice["delta"]["content"])
+
+        async with open_proxy(config, tokenizer=tokenizer) as proxy, \
+                httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
+            async with trio.open_nursery() as nursery:
+                for i in range(2):
+                    nursery.start_soon(turn, client, i)
+                await engine.all_in_flight.wait()
+                await trio.testing.wait_all_tasks_blocked()
+                before = {i: list(pieces) for i, pieces in seen.items()}
+                ack = (await client.post("/v1/rollout/pause", json={"mode": "abort"})).json()
+                assert ack["partial_tokens"] == sum(len(g.ids) for g in engine.generations) == 2 * (BEFORE_PAUSE + 5)
+                await trio.testing.wait_all_tasks_blocked()
+                assert seen == before  # recorded, not yet handed to the agents
+                engine.finish_at_once = True
+                await client.post("/v1/rollout/resume", json={})
+        for i in range(2):
+            produced = [t for g in engine.generations if g.key == f"s{i}" for t in g.ids]
+            assert "".join(seen[i]) == tokenizer.decode(produced[:-1]).lstrip()  # every piece, once, in order
+            assert len(seen[i]) == len(before[i]) + 1  # what was held came as one delta, with the last token

@@ -1,10 +1,11 @@
 """The turn's end of the agent's event channel: how its deltas reach the agent.
 
-A streaming agent gets each delta as it comes. A non-streaming one reads only the
-result, so its deltas are merged and handed over with the result, and the time its
-first piece was sampled travels on ``TurnDone`` (time to first token): the agent's
-task is woken once, for the result; it is not told the turn started either. Either
-way the deltas concatenate to the same text.
+A streaming agent gets each delta as it comes, except while a pause is being answered
+(:meth:`AgentChannel.hold`). A non-streaming one reads only the result, so its deltas
+are merged and handed over with the result, and the time its first piece was sampled
+travels on ``TurnDone`` (time to first token): the agent's task is woken once, for the
+result; it is not told the turn started either. Either way the deltas concatenate to
+the same text.
 """
 
 from __future__ import annotations
@@ -46,12 +47,25 @@ class AgentChannel:
     async def deliver(self, delta: OutputDelta) -> None:
         """Hand a delta over (or hold it, see the module); whether the agent is still there is read meanwhile."""
         if self.streaming:
+            if self.held is not None:
+                delta = merged(self.take_held(), delta)
             await self.hand_over(TurnDelta(delta))
+            self.shown = True
         else:
-            self._check_there()
-            if self.first_at is None:
-                self.first_at = time.perf_counter()
-            self.held = merged(self.held, delta)
+            self.hold(delta)
+
+    def hold(self, delta: OutputDelta) -> None:
+        """Keep ``delta`` for the next hand-over: a non-streaming agent's result, or a streaming agent's next delta.
+
+        A streaming turn holds what its stream sends while a pause is being answered:
+        the acknowledgement waits for every aborted stream's last event, and a frame
+        written to each agent meanwhile would delay it. The agent gets the held text
+        with its next delta (after the resume) or with the result.
+        """
+        self._check_there()
+        if self.first_at is None and not self.streaming:
+            self.first_at = time.perf_counter()
+        self.held = merged(self.held, delta)
         self.shown = True
 
     def _check_there(self) -> None:

@@ -354,7 +354,10 @@ class TurnGeneration:
                 continue
             if delta:
                 try:
-                    await self._agent.deliver(delta)
+                    if handle.abort_requested:
+                        self._agent.hold(delta)  # a pause waits for this stream's end: the agent's copy waits
+                    else:
+                        await self._agent.deliver(delta)
                 except GONE:
                     # The agent left. Abort at a token boundary and read on to the
                     # engine's abort finish, so every token it generated is recorded;
