@@ -83,6 +83,9 @@ class _Replay:
     async def abort(self) -> None:
         pass
 
+    def abort_soon(self, batch: Any = None) -> None:
+        pass
+
 
 async def one_session(turns: int, words: int, **settings: Any) -> tuple[list[float], int, float]:
     tok = load_tokenizer(None)

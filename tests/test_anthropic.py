@@ -432,6 +432,9 @@ class _Failing:
     async def abort(self) -> None:
         await self.inner.abort()
 
+    def abort_soon(self, batch: Any = None) -> Any:
+        return self.inner.abort_soon(batch)
+
 
 @attrs.define
 class FailingBackend:

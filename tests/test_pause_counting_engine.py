@@ -190,6 +190,20 @@ async def counting_sglang(tokenizer: ChatTokenizer, *, abort_all: bool, streams:
         nursery.cancel_scope.cancel()
 
 
+@attrs.define(eq=False)
+class SentInThePausesStep(trio.abc.Instrument):
+    """The abort calls the proxy had made when the task step that paused its controller ended."""
+
+    proxy: Any
+    sent: int | None = None
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        runtime = self.proxy.runtime
+        if self.sent is None and runtime.controller.paused:
+            backend = runtime.backend
+            self.sent = sum(b.abort_calls for b in getattr(backend, "engines", lambda: [backend])())
+
+
 async def counting_turn(client: httpx.AsyncClient, i: int) -> None:
     """Session ``s{i}``'s streamed turn, read to its end."""
     body = {"messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": 100}
@@ -214,7 +228,14 @@ async def test_every_stream_in_flight_gets_the_acknowledged_abort_and_keeps_exac
                     for i in range(STREAMS):
                         nursery.start_soon(counting_turn, client, i)
                     await engine.all_in_flight.wait()
-                    ack = (await client.post("/v1/rollout/pause", json={"mode": "abort"})).json()
+                    sent = SentInThePausesStep(proxy)
+                    trio.lowlevel.add_instrument(sent)
+                    try:
+                        ack = (await client.post("/v1/rollout/pause", json={"mode": "abort"})).json()
+                    finally:
+                        trio.lowlevel.remove_instrument(sent)
+                    # Every abort call went out in the pause's own step, before any other task ran.
+                    assert sent.sent == (1 if abort_all else STREAMS)
                     # Acknowledged only once every generation ended by its abort and was recorded.
                     assert ack["aborted"] == STREAMS
                     assert [g.ended for g in engine.generations] == ["abort"] * STREAMS

@@ -69,6 +69,9 @@ class _Broken:
     async def abort(self) -> None:
         pass
 
+    def abort_soon(self, batch: Any = None) -> None:
+        pass
+
 
 def _request(tokenizer: Any, key: str | None) -> GenerateRequest:
     return GenerateRequest(tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"),

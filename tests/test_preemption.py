@@ -269,15 +269,15 @@ async def test_an_engine_that_ignores_the_abort_is_cut_by_the_turn_itself(
     Tokens keep coming (the engine ignores the abort), so ABORT_BOUND, which runs from the
     last token (a backlog still arriving is read, not cut), never expires: ABORT_LIMIT does.
     """
-    from actorproxy.runtime import generate
+    from actorproxy.runtime import controller
     from actorproxy.sim.generation import SimGeneration
 
-    async def ignored(self: SimGeneration) -> None:
+    def ignored(self: SimGeneration, batch: object = None) -> None:
         pass
 
-    monkeypatch.setattr(SimGeneration, "abort", ignored)
+    monkeypatch.setattr(SimGeneration, "abort_soon", ignored)
     limit = 30.0
-    monkeypatch.setattr(generate, "ABORT_LIMIT", limit)
+    monkeypatch.setattr(controller, "ABORT_LIMIT", limit)
     async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=1.0)) as sim:
         sim.engine.script(_ids(tokenizer, "word " * 100), routing_key="deaf")
         async with trio.open_nursery() as nursery:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import uuid
 from array import array
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import attrs
 
@@ -115,6 +115,16 @@ class ModelInfo:
     weight_version: str
 
 
+class AbortBatch:
+    """The aborts one pause asks for: while it asks (:attr:`open`), an engine may send them as one call."""
+
+    def __init__(self) -> None:
+        #: The pause is asking (one synchronous pass): every abort asked meanwhile is in the batch.
+        self.open = True
+        #: Per engine client, what it keeps of the batch (its one call and who joined it).
+        self.shared: dict[object, Any] = {}
+
+
 class Generation(Protocol):
     """A running generation: iterate it for events, abort it for a clean stop."""
 
@@ -128,6 +138,17 @@ class Generation(Protocol):
         The iterator then yields the remaining tokens and a final
         ``GenerateFinish(reason="abort")``. Safe to call more than once and
         after the stream ended.
+        """
+        ...
+
+    def abort_soon(self, batch: AbortBatch | None = None) -> Callable[[], Awaitable[None]] | None:
+        """:meth:`abort`, begun before this returns: what is left of it, to await in a task, or ``None``.
+
+        Where the engine allows, the abort call is sent now, without a scheduling round
+        (a pause asks a thousand generations at once, and the engine streams on until
+        each call arrives); what is returned then only reads the answer. Aborts asked
+        with the same ``batch`` (one pause) may go to the engine as one call: only one
+        of them is then left something to await.
         """
         ...
 

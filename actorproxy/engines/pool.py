@@ -19,14 +19,14 @@ import itertools
 import logging
 from array import array
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import attrs
 import trio
 
-from .base import Backend, BackendError, GenerateRequest, Generation, GenerationEvent, ModelInfo, TokenDelta
+from .base import AbortBatch, Backend, BackendError, GenerateRequest, Generation, GenerationEvent, ModelInfo, TokenDelta
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +285,11 @@ class _PoolGeneration:
             if isinstance(event, TokenDelta):
                 self._started = True
             return event
+
+    def abort_soon(self, batch: AbortBatch | None = None) -> Callable[[], Awaitable[None]] | None:
+        if self._generation is not None:
+            return self._generation.abort_soon(batch)
+        return self.abort
 
     async def abort(self) -> None:
         if self._generation is not None:

@@ -11,13 +11,13 @@ shielded, bounded cleanup when the caller leaves the block early.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 import orjson
 import trio
 
-from .base import BackendError, GenerateFinish, GenerationEvent
+from .base import AbortBatch, BackendError, GenerateFinish, GenerationEvent
 from .connection import EngineHTTP, EngineResponse
 from .deltas import take_merged
 from .errors import mapped_errors
@@ -173,6 +173,22 @@ class StreamedGeneration(Generic[P]):
                 # Tokens that arrived before the failure are still delivered first.
                 self._error = exc
 
+    def abort_soon(self, batch: AbortBatch | None = None) -> Callable[[], Awaitable[None]] | None:
+        """:meth:`abort`, begun now (see ``Generation.abort_soon``); the engine's own part is :meth:`_start_abort`."""
+        if self._finish_queued or self._abort_requested:
+            return None
+        if not (self._entered and self._response is not None):
+            return self.abort  # sent as the generation opens
+        self._abort_requested = True
+        return self._start_abort(batch)
+
+    def _start_abort(self, batch: AbortBatch | None) -> Callable[[], Awaitable[None]] | None:
+        """Send the abort now if the engine allows; what is left (see :meth:`abort_soon`).
+
+        By default nothing is sent here: the whole call is left to the task.
+        """
+        return self._request_abort
+
     async def abort(self) -> None:
         """Acknowledged abort: the engine stops and the stream goes on to its finish.
 
@@ -196,7 +212,10 @@ class StreamedGeneration(Generic[P]):
         # streams being aborted) is still stopping them, and cutting the stream now would
         # lose the tokens in flight and leave the engine unaware. The caller bounds it
         # (the controller cuts a generation that does not end in time).
-        acknowledged = await self._send_abort()
+        self.abort_answered(await self._send_abort())
+
+    def abort_answered(self, acknowledged: bool) -> None:
+        """What the engine answered the abort call: a refusal cuts the stream."""
         if self._finish_queued:
             return  # the engine's finish came first: nothing is left to stop
         if not acknowledged:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ import attrs
 import outcome
 import trio
 
+from ..engines.base import AbortBatch
 from .actor import Reply, answer
 from .replies import PauseAck, PauseState, ResumeAck
 from .replies import PauseMode as PauseMode
@@ -64,11 +66,15 @@ class GenerationHandle:
     id: int = attrs.field(factory=lambda: next(_ids))
     #: A pause in ``abort`` mode asked this generation to stop (set by the controller only).
     abort_requested: bool = False
+    #: The pause that asked: aborts asked by one pause may go to an engine as one call.
+    abort_batch: AbortBatch | None = None
     #: Tokens this generation has produced so far (this attempt); written by the turn only.
     tokens: int = 0
     #: While the turn reads an aborted stream to its finish: the scope that cuts it
-    #: after ``ABORT_BOUND`` seconds without a token (set by the turn).
+    #: ``ABORT_BOUND`` seconds after its last token, or ``ABORT_LIMIT`` after the abort
+    #: (:meth:`bound_abort`, by the turn).
     abort_bound: trio.CancelScope | None = None
+    _abort_limit: float = math.inf
     #: While the turn's stream is open: how to start its abort (set by the turn).
     _on_abort: Callable[[], None] | None = None
 
@@ -76,13 +82,19 @@ class GenerationHandle:
         """Count ``n`` more tokens; while aborting, their arrival pushes the cut back."""
         self.tokens += n
         if self.abort_bound is not None:
-            self.abort_bound.deadline = trio.current_time() + ABORT_BOUND
+            self.abort_bound.deadline = min(self._abort_limit, trio.current_time() + ABORT_BOUND)
 
-    def request_abort(self) -> None:
+    def bound_abort(self, stream: trio.CancelScope) -> None:
+        """The turn: cut ``stream`` if the aborted generation does not end in time (see ``abort_bound``)."""
+        now = trio.current_time()
+        self.abort_bound, self._abort_limit = stream, now + ABORT_LIMIT
+        stream.deadline = min(stream.deadline, now + ABORT_BOUND)
+
+    def request_abort(self, batch: AbortBatch | None = None) -> None:
         """The controller asks the generation to stop (the turn's ``on_abort`` runs now if its stream is open)."""
         if self.abort_requested:
             return
-        self.abort_requested = True
+        self.abort_requested, self.abort_batch = True, batch
         if self._on_abort is not None:
             self._on_abort()
 
@@ -180,8 +192,10 @@ class GenerationController:
             self.mode = mode
             pending = _PendingPause(reply, set(self._in_flight))
             if mode == "abort":
+                batch = AbortBatch()
                 for handle in list(self._in_flight.values()):
-                    handle.request_abort()  # the turn aborts its own generation
+                    handle.request_abort(batch)  # the turn aborts its own generation, now
+                batch.open = False
         self._pending.append(pending)
         self._settle()
         with answered:

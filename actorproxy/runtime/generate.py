@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 import attrs
@@ -308,15 +308,15 @@ class TurnGeneration:
         failed: BackendError | None = None
         self._forced = False
         try:
-            # One scope cuts the stream: cancelled when a pause's abort is not honoured in time, its
-            # deadline set when the agent leaves (the drain's bound).
+            # One scope cuts the stream, by its deadline: a pause's abort not honoured in time
+            # (GenerationHandle.bound_abort), or the agent gone (the drain's bound).
             with trio.CancelScope() as stream:
                 async with self._backend.open_generation(request) as generation:
-                    # The abort task is started only when a pause asks for it (no task, no nursery per
-                    # attempt): in the session's side nursery, in a scope this attempt cancels as it ends.
+                    # A pause's abort is sent in the pause's own call (no task, no nursery per attempt);
+                    # what is left of it, if anything, runs in the session's side nursery, in a scope
+                    # this attempt cancels as it ends.
                     watch = trio.CancelScope()
-                    handle.on_abort(lambda: self._side.start_soon(
-                        self._abort_when_asked, handle, generation, stream, watch))
+                    handle.on_abort(lambda: self._abort_asked(handle, generation, stream, watch))
                     try:
                         finish = await self._stream(generation, handle, stream)
                     except BackendError as exc:
@@ -324,6 +324,10 @@ class TurnGeneration:
                     finally:
                         handle.on_abort(None)
                         watch.cancel()
+            if stream.cancelled_caught and handle.abort_bound is not None:
+                log.warning("session %s: the aborted stream did not end (%g s without a token, or %g s in all); "
+                            "cutting it", handle.session_id, ABORT_BOUND, ABORT_LIMIT)
+                self._forced = True
             if failed is not None:
                 raise failed
         except BackendError as exc:
@@ -363,7 +367,8 @@ class TurnGeneration:
                     # engine's abort finish, so every token it generated is recorded;
                     # bounded, after which leaving the block cuts the stream.
                     self.client_gone = True
-                    drain.deadline = trio.current_time() + ABORT_DRAIN_SECONDS
+                    handle.abort_bound = None  # a pause's bound, if any, no longer pushed back by tokens
+                    drain.deadline = min(drain.deadline, trio.current_time() + ABORT_DRAIN_SECONDS)
                     await generation.abort()
                     continue
             if self.parser.stopped:
@@ -372,34 +377,34 @@ class TurnGeneration:
                 return GenerateFinish("stop", weight_version=event.weight_version)
         return finish
 
-    async def _abort_when_asked(
+    def _abort_asked(
         self, handle: GenerationHandle, generation: Generation, stream: trio.CancelScope, watch: trio.CancelScope
     ) -> None:
-        with watch:  # cancelled when the attempt ends
-            await self._abort_then_cut(handle, generation, stream)
+        """Perform the controller's abort request (a pause), in the pause's own call: the turn stops its own stream.
 
-    async def _abort_then_cut(self, handle: GenerationHandle, generation: Generation, stream: trio.CancelScope) -> None:
-        """Perform the controller's abort request (a pause): the turn stops its own stream.
-
-        Started in the session's side nursery when the abort is asked, not before. The engine
-        is asked to stop at the next token boundary and the stream is read on to its
-        ``abort`` finish; if ``ABORT_BOUND`` seconds pass without a token, or
-        ``ABORT_LIMIT`` in all, the stream is cut (tokens in flight are then lost).
+        The engine is asked to stop at the next token boundary (the call sent now where
+        the engine allows) and the stream is read on to its ``abort`` finish; if
+        ``ABORT_BOUND`` seconds pass without a token, or ``ABORT_LIMIT`` in all, the
+        stream is cut (tokens in flight are then lost). The bound covers the abort call
+        too: an engine slow to answer it is waited for (cutting early would lose the
+        tokens in flight), but not forever; each token read meanwhile pushes it back
+        (``handle.add_tokens``): a backlog is read, not cut.
         """
-        # The bound covers the abort call too: an engine slow to answer it is waited for
-        # (cutting early would lose the tokens in flight), but not forever. Each token
-        # read meanwhile pushes it back (handle.add_tokens): a backlog is read, not cut.
-        with trio.move_on_after(ABORT_LIMIT), trio.move_on_after(ABORT_BOUND) as bound:
-            handle.abort_bound = bound
+        handle.bound_abort(stream)
+        rest = generation.abort_soon(handle.abort_batch)
+        if rest is not None:
+            self._side.start_soon(self._abort_rest, handle, rest, watch)
+
+    @staticmethod
+    async def _abort_rest(
+        handle: GenerationHandle, rest: Callable[[], Awaitable[None]], watch: trio.CancelScope
+    ) -> None:
+        """What is left of an abort (the engine's answer, or the whole call), until the attempt ends."""
+        with watch:
             try:
-                await generation.abort()
+                await rest()
             except BackendError as exc:
                 log.warning("abort of a generation of session %s failed: %s", handle.session_id, exc)
-            await trio.sleep_forever()
-        log.warning("session %s: the aborted stream did not end (%g s without a token, or %g s in all); cutting it",
-                    handle.session_id, ABORT_BOUND, ABORT_LIMIT)
-        self._forced = True
-        stream.cancel()
 
     def _record(self, event: TokenDelta) -> None:
         record_delta(self.step, event)

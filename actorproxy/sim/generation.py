@@ -15,6 +15,7 @@ from .outputs import Plan, SimRequestStats
 from .policy import routed_experts
 
 if TYPE_CHECKING:
+    from ..engines.base import AbortBatch
     from .engine import SimEngine
 
 
@@ -163,6 +164,10 @@ class SimGeneration:
 
     def abort_nowait(self) -> None:
         """The synchronous twin of :meth:`abort` (for servers aborting many at once)."""
+        self._request_abort()
+
+    def abort_soon(self, batch: AbortBatch | None = None) -> None:
+        """:meth:`abort`, whole: the simulated engine hears it at once."""
         self._request_abort()
 
     def _request_abort(self) -> None:

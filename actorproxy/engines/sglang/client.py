@@ -16,7 +16,7 @@ because SGLang alone would notice the disconnect only ~2 s later.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 import httpx
@@ -24,7 +24,16 @@ import trio
 
 from ...wire.converter import CONVERTER, TokenIds
 from ..aborts import Origin
-from ..base import ROUTING_HEADER, BackendError, GenerateRequest, GenerationEvent, ModelInfo, SamplingParams, new_rid
+from ..base import (
+    ROUTING_HEADER,
+    AbortBatch,
+    BackendError,
+    GenerateRequest,
+    GenerationEvent,
+    ModelInfo,
+    SamplingParams,
+    new_rid,
+)
 from ..client_base import VersionedConnection, VersionedGeneration, first_model_card, read_tolerantly
 from ..connection import EngineOptions, EngineResponse, json_body, post_quietly, post_stream, request_json
 from ..errors import check_status
@@ -102,6 +111,11 @@ class SGLangGeneration(VersionedGeneration[protocol.SGLangStreamParser, "SGLangB
         self._parser.abort_requested = self._abort_requested
         return super()._feed(payload)
 
+    def _start_abort(self, batch: AbortBatch | None) -> Callable[[], Awaitable[None]] | None:
+        if not self._backend.sends_aborts_now(batch):
+            return super()._start_abort(batch)
+        return self._backend.start_abort(self, batch)
+
     async def _send_abort(self) -> bool:
         if self._abort_requested:  # asked to stop (not leaving early): the engine must hear it at once
             return await self._backend.abort_now(self.rid)
@@ -156,6 +170,44 @@ class SGLangBackend(VersionedConnection):
         body = json_body(CONVERTER.unstructure(protocol.AbortReq(rid)))
         status = await origin.post(protocol.ABORT_PATH, body, control.read_timeout).status()
         return status is not None and status < 400
+
+    def sends_aborts_now(self, batch: AbortBatch | None) -> bool:
+        """Whether :meth:`start_abort` can send an abort asked now (else it is sent from a task)."""
+        if self._origin is None:
+            return False
+        return not self.options.abort_all or (batch is not None and batch.open)
+
+    def start_abort(
+        self, generation: SGLangGeneration, batch: AbortBatch | None
+    ) -> Callable[[], Awaitable[None]] | None:
+        """Send ``generation``'s abort now (:meth:`sends_aborts_now`); reading the answer is left (or ``None``).
+
+        Each goes on a connection of its own (:class:`OneShot`), or, with
+        ``options.abort_all``, the pause's first sends one ``abort_all`` for all of its
+        batch: everything this proxy runs on the engine, since a pause asks every
+        generation in flight (a generation still opening sends its own as it opens).
+        """
+        assert self._origin is not None and isinstance(self.control, HTTP11Client)
+        if self.options.abort_all:
+            assert batch is not None
+            joined: list[SGLangGeneration] | None = batch.shared.get(self)
+            if joined is not None:
+                joined.append(generation)
+                return None  # the batch's call is sent; its answer is read for everyone
+            joined = batch.shared[self] = [generation]
+            abort = protocol.AbortReq("", abort_all=True)
+        else:
+            joined, abort = [generation], protocol.AbortReq(generation.rid)
+        self.abort_calls += 1
+        body = json_body(CONVERTER.unstructure(abort))
+        call = self._origin.post(protocol.ABORT_PATH, body, self.control.read_timeout)
+
+        async def answer() -> None:
+            status = await call.status()
+            for each in joined:
+                each.abort_answered(status is not None and status < 400)
+
+        return answer
 
     async def _post_abort(self, abort: protocol.AbortReq) -> bool:
         self.abort_calls += 1
