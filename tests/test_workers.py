@@ -212,6 +212,14 @@ def test_a_store_the_workers_cannot_share_is_refused_at_start(tmp_path: Path, st
     assert f"--store {store} cannot be shared by several workers" in result.stderr
 
 
+def test_abort_all_with_several_workers_is_refused_at_start(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "actorproxy", "run", "--workers", "2", "--store", "sqlite",
+                             "--engine-abort-all", "--port", "0"], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path)
+    assert result.returncode == 2
+    assert "one worker's abort_all would stop the other workers' generations" in result.stderr
+
+
 def test_workers_is_in_the_help() -> None:
     result = subprocess.run([sys.executable, "-m", "actorproxy", "run", "--help"], capture_output=True, text=True,
                             timeout=120)
