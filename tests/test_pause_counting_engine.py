@@ -63,6 +63,8 @@ class CountingSGLang:
     #: backlog an engine had already streamed when it stopped, read slowly by the proxy.
     tail_tokens: int = 0
     tail_gap: float = 0.0
+    #: While a generation waits for its abort: a token every ``pre_gap`` seconds (0: none).
+    pre_gap: float = 0.0
     url: str = ""
 
     async def serve(self, stream: trio.SocketStream) -> None:
@@ -152,7 +154,14 @@ class CountingSGLang:
                     gen.ended = "cut"
                     nursery.cancel_scope.cancel()
 
+                async def tick() -> None:
+                    for n in range(BEFORE_PAUSE, 1_000_000):
+                        await trio.sleep(self.pre_gap)
+                        await event([self.words[n % len(self.words)]], None)
+
                 nursery.start_soon(hang_up)
+                if self.pre_gap:
+                    nursery.start_soon(tick)
                 await gen.aborted.wait()
                 nursery.cancel_scope.cancel()
             if gen.ended == "cut":
@@ -347,3 +356,34 @@ async def test_a_pause_hands_the_agent_what_its_aborted_stream_still_sends_only_
             produced = [t for g in engine.generations if g.key == f"s{i}" for t in g.ids]
             assert "".join(seen[i]) == tokenizer.decode(produced[:-1]).lstrip()  # every piece, once, in order
             assert len(seen[i]) == len(before[i]) + 1  # what was held came as one delta, with the last token
+
+
+async def test_a_pause_does_not_stretch_the_drain_of_a_stream_whose_agent_left(
+    tokenizer: ChatTokenizer, autojump_clock: trio.testing.MockClock
+) -> None:
+    # An agent that left has its generation aborted and read on for at most
+    # ABORT_DRAIN_SECONDS (5 s). A pause asking that generation to stop meanwhile must not
+    # turn that bound into the pause's (10 s from the last token, pushed by every token):
+    # here the engine streams 20 more tokens 0.5 s apart after the abort, and the stream
+    # is still cut at the drain's bound.
+    async with counting_sglang(tokenizer, abort_all=False, streams=1) as engine:
+        engine.pre_gap, engine.tail_tokens, engine.tail_gap = 1.0, 20, 0.5
+        config = ProxyConfig.of(port=0, backend="sglang", backend_urls=(engine.url,), partial_rollout=True)
+        async with open_proxy(config, tokenizer=tokenizer) as proxy, \
+                httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(counting_turn, client, 0)
+                await engine.all_in_flight.wait()
+                nursery.cancel_scope.cancel()  # the agent leaves
+            [gen] = engine.generations
+            await gen.aborted.wait()  # the turn saw it at the next token and aborted
+            left = trio.current_time()
+            ack = (await client.post("/v1/rollout/pause", json={"mode": "abort"})).json()
+            assert trio.current_time() - left <= generate.ABORT_DRAIN_SECONDS + 1
+            assert gen.ended != "abort"  # cut at the drain's bound, before the engine's finish 10 s later
+            assert ack["status"] == "paused"
+            await client.post("/v1/rollout/resume", json={})
+            await client.post("/session/finalize", json={"session_id": "s0"})
+            read = await client.post("/trajectory/read", json={"session_id": "s0", "include_steps": True})
+            [step] = read.json()["steps"]
+            assert step["status"] == "client_disconnected"

@@ -390,6 +390,8 @@ class TurnGeneration:
         tokens in flight), but not forever; each token read meanwhile pushes it back
         (``handle.add_tokens``): a backlog is read, not cut.
         """
+        if self.client_gone:
+            return  # aborted when the agent left, and read on within the drain's own bound
         handle.bound_abort(stream)
         rest = generation.abort_soon(handle.abort_batch)
         if rest is not None:
