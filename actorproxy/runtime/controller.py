@@ -56,10 +56,11 @@ class GenerationHandle:
     """One permitted generation, as the controller sees it.
 
     The controller only *asks* for an abort (:meth:`request_abort`); the turn
-    performs it, in a task it starts in its own nursery only when asked (the
-    ``on_abort`` callback it set while its stream is open), so no field is
-    written by two parties: the turn writes ``tokens``, the controller sets
-    ``abort_requested``. ``id`` is unique per process.
+    performs it, in the ``on_abort`` callback it set while its stream is open (run
+    within the asking call, so that a pause's abort calls leave before any other
+    task runs), so no field is written by two parties: the turn writes ``tokens``
+    and ``abort_bound``, the controller sets ``abort_requested``. ``id`` is unique
+    per process.
     """
 
     session_id: str
