@@ -17,13 +17,14 @@ delivered before the stream ends.
 
 from __future__ import annotations
 
-import uuid
 from array import array
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, Protocol
 
 import attrs
+
+from ..core.ids import uuid4_hex
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -36,7 +37,7 @@ def new_rid() -> str:
 
     SGLang aborts by rid *prefix*; fixed-length random ids keep that safe.
     """
-    return uuid.uuid4().hex
+    return uuid4_hex()
 
 
 @attrs.frozen

@@ -12,9 +12,9 @@ from __future__ import annotations
 import base64
 import json
 import time
-import uuid
 from typing import Any
 
+from ..core.ids import uuid4_hex
 from ..core.messages import AssistantOutput
 from ..core.parser import OutputDelta
 from ..errors import ProxyError
@@ -23,7 +23,7 @@ from .responses_api import ENCRYPTED_PREFIX, ResponsesCall
 
 
 def new_response_id() -> str:
-    return "resp_" + uuid.uuid4().hex
+    return "resp_" + uuid4_hex()
 
 
 def encrypt_reasoning(text: str) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from typing import Any
 
+from ..core.ids import uuid4_hex
 from ..core.messages import AssistantOutput, ToolCall
 from ..core.parser import OutputDelta
 from ..errors import ProxyError
@@ -15,7 +15,7 @@ from .jsonio import dumps
 
 
 def new_message_id() -> str:
-    return "msg_" + uuid.uuid4().hex
+    return "msg_" + uuid4_hex()
 
 
 def thinking_signature(thinking: str) -> str:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
 import attrs
 
+from ..core.ids import uuid4_hex
 from ..core.messages import output_as_message
 from ..core.parser import OutputDelta
 from ..errors import BadRequest, ProxyError
@@ -122,7 +122,7 @@ def _check_messages(call: ChatCompletionBody) -> None:
 
 
 def new_completion_id() -> str:
-    return "chatcmpl-" + uuid.uuid4().hex
+    return "chatcmpl-" + uuid4_hex()
 
 
 def _usage(done: TurnDone) -> dict[str, int]:
