@@ -8,8 +8,8 @@ invalid, 503 when it is overloaded or starting, 504 on its timeouts, else 502.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 import httpx
@@ -26,20 +26,34 @@ _ERROR_BODY_LIMIT = 64 * 1024
 _INVALID = re.compile(r"context length|too long|longer than|exceed|invalid|must be|not supported", re.I)
 
 
-@contextmanager
-def mapped_errors(what: str) -> Iterator[None]:
-    """Turn transport failures into :class:`BackendError` (504 for timeouts)."""
-    try:
-        yield
-    except TransportError as exc:
-        raise BackendError(f"{what}: {exc}", status=exc.status, unreachable=exc.unreachable) from exc
-    except httpx.TimeoutException as exc:
-        unreachable = isinstance(exc, httpx.ConnectTimeout)
-        raise BackendError(f"{what}: timed out ({type(exc).__name__})", status=504, unreachable=unreachable) from exc
-    except httpx.HTTPError as exc:
-        # Only a failed connect says the engine is gone; a dropped stream may be this request's.
-        unreachable = isinstance(exc, httpx.ConnectError)
-        raise BackendError(f"{what}: {type(exc).__name__}: {exc}", status=502, unreachable=unreachable) from exc
+class mapped_errors:  # noqa: N801 (a context manager named like the function it was)
+    """Turn transport failures into :class:`BackendError` (504 for timeouts).
+
+    A class, not a ``@contextmanager`` generator: it is entered on every engine request (a few µs less).
+    """
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is None or not isinstance(exc, Exception):
+            return
+        what = self.what
+        if isinstance(exc, TransportError):
+            raise BackendError(f"{what}: {exc}", status=exc.status, unreachable=exc.unreachable) from exc
+        if isinstance(exc, httpx.TimeoutException):
+            unreachable = isinstance(exc, httpx.ConnectTimeout)
+            message = f"{what}: timed out ({type(exc).__name__})"
+            raise BackendError(message, status=504, unreachable=unreachable) from exc
+        if isinstance(exc, httpx.HTTPError):
+            # Only a failed connect says the engine is gone; a dropped stream may be this request's.
+            unreachable = isinstance(exc, httpx.ConnectError)
+            raise BackendError(f"{what}: {type(exc).__name__}: {exc}", status=502, unreachable=unreachable) from exc
 
 
 def error_message(body: object) -> str:
