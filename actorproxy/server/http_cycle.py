@@ -103,6 +103,10 @@ class Cycle:
         finally:
             if tracker is not None:
                 tracker.finished()
+            # What pointed back at this cycle (its bound methods in the scope, the app's disconnect callbacks)
+            # is dropped with the app's call: the request's objects go by reference counting, not at a collection.
+            self.scope.pop("extensions", None)
+            self.on_disconnect = []
         if self.framing is None:
             await self.error_response(400 if self.bad_body else 500)
         elif not self.complete:
