@@ -145,6 +145,7 @@ class BodyDecoder:
             while True:
                 state = self._state
                 if state == _SIZE:
+                    pos = _whole_chunks(buf, pos, out)
                     m = _CHUNK_LINE.match(buf, pos)
                     if m is None:
                         if len(buf) - pos > MAX_CHUNK_LINE or buf.find(b"\n", pos) >= 0:
@@ -245,3 +246,21 @@ def parse_head(buf: bytearray, end: int, method: str) -> tuple[int, str, dict[st
             raise ProtocolError("the engine switched protocols (101)")
         return status, reason, headers, None
     return status, reason, headers, BodyDecoder.of(status, method, headers, http10=m[1] == b"0")
+
+
+def _whole_chunks(buf: bytearray, pos: int, out: bytearray) -> int:
+    """Copy to ``out`` the whole non-empty chunks from ``pos`` on; where the first that is not (all) here begins.
+
+    ``BodyDecoder._dechunk``'s common case, in a tight loop (several events read at once);
+    anything else (a chunk cut short, the last chunk, a bad line) is left to it, from the returned position.
+    """
+    match, n = _CHUNK_LINE.match, len(buf)
+    with memoryview(buf) as view:
+        while (m := match(buf, pos)) is not None:
+            start = m.end()
+            stop = start + int(m[1], 16)
+            if stop == start or n < stop + 2 or buf[stop] != 13 or buf[stop + 1] != 10:
+                break
+            out += view[start:stop]
+            pos = stop + 2
+    return pos

@@ -39,6 +39,8 @@ class SSEParser:
         buf, scan = self.buffer, self._scan
         if not self._cr and buf.find(b"\r", scan) >= 0:
             self._cr = True
+        if not self._cr:
+            return self._split_lf(buf, scan)
         events: list[SSEEvent] = []
         start = 0
         while True:
@@ -58,6 +60,40 @@ class SSEParser:
         self._scan = max(0, len(buf) - 2)
         return events
 
+    def _split_lf(self, buf: bytearray, scan: int) -> list[SSEEvent]:
+        """:meth:`split` when lines end in ``\\n`` only: the common event (one ``data:`` line) inline.
+
+        The same events as the general loop (``_event`` for any other shape), with one ``\\n`` search per
+        event instead of a two-byte search for the blank line and another for a second line.
+        """
+        events: list[SSEEvent] = []
+        find, n, start = buf.find, len(buf), 0
+        view = memoryview(buf)
+        try:
+            while True:
+                if start >= scan:  # (before ``scan``: the start of an event that came in part, no blank line there)
+                    nl = find(b"\n", start)
+                    if nl < 0 or nl + 1 >= n:
+                        break
+                    if buf[nl + 1] == 10 and buf.startswith(b"data: ", start):
+                        events.append(_new(SSEEvent, ("message", bytes(view[start + 6 : nl]))))
+                        start = scan = nl + 2
+                        continue
+                    scan = nl
+                end = find(b"\n\n", scan)
+                if end < 0:
+                    break
+                event = _event(buf, start, end, False)
+                if event is not None:
+                    events.append(event)
+                start = scan = end + 2
+        finally:
+            view.release()  # before the buffer is resized
+        if start:
+            del buf[:start]
+        self._scan = max(0, len(buf) - 2)
+        return events
+
     def close(self) -> list[SSEEvent]:
         """Flush at end of stream: a last event without its blank line still counts."""
         events = self.split()
@@ -72,6 +108,10 @@ class SSEParser:
         del buf[:]
         self._scan = 0
         return events
+
+
+#: ``tuple.__new__``: an :class:`SSEEvent` made without its generated ``__new__`` (half the cost).
+_new = tuple.__new__
 
 
 def _event(buf: bytearray, start: int, end: int, cr: bool) -> SSEEvent | None:
