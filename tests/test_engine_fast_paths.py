@@ -1,20 +1,25 @@
-"""The engine client's fast paths read exactly what the general code reads.
+"""The engine client's fast paths read and write exactly what the general code does.
 
 The SSE splitter's one-``data:``-line events and the body decoder's whole chunks are
 read inline (``SSEParser._split_lf``, ``http11_wire._whole_chunks``); random streams,
 fed whole and in small pieces, must give the same events, the same bytes left over and
-the same errors as the general loops.
+the same errors as the general loops. A ``/generate`` body is the converter's.
 """
 
 from __future__ import annotations
 
 import random
+from array import array
 
 import pytest
 
 from actorproxy.engines import http11_wire
+from actorproxy.engines.base import GenerateRequest, SamplingParams
+from actorproxy.engines.connection import json_body
 from actorproxy.engines.http11_wire import BodyDecoder, ProtocolError
+from actorproxy.engines.sglang import protocol
 from actorproxy.engines.sse import SSEParser
+from actorproxy.wire.converter import CONVERTER, TokenIds
 
 _SSE_PARTS = [b"data: ", b"data:", b"data: {}\n\n", b"\n", b"\n\n", b"x", b"yz", b"event: e", b":ping",
               b"error: q", b"data: a\ndata: b", b" "]
@@ -75,3 +80,29 @@ def test_whole_chunks_read_inline_are_read_as_the_general_states_read_them(monke
     for stream, a, b in zip(streams, inline, general, strict=True):
         assert a == b, stream
 
+
+def test_a_generate_body_is_the_converters_body_of_its_request() -> None:
+    rnd = random.Random(5)
+    for _ in range(2000):
+        sampling = SamplingParams(
+            max_new_tokens=rnd.randint(1, 50), temperature=rnd.choice([0.0, 0.7, 1.0]), top_p=rnd.choice([1.0, 0.9]),
+            top_k=rnd.choice([-1, 20]), min_p=rnd.choice([0.0, 0.1]),
+            stop_token_ids=tuple(rnd.sample(range(100), rnd.randint(0, 3))), seed=rnd.choice([None, 1, 2]))
+        request = GenerateRequest(array("i", [rnd.randint(0, 1000) for _ in range(rnd.randint(0, 5))]), sampling)
+        routed = rnd.random() < 0.3
+        expected = CONVERTER.unstructure(protocol.GenerateReqInput(
+            rid=request.rid, input_ids=TokenIds(request.input_ids), stream=True,
+            sampling_params=protocol.SGLangSamplingParams.of(sampling), return_logprob=True, logprob_start_len=-1,
+            top_logprobs_num=0, return_routed_experts=routed))
+        body = protocol.generate_body(request, routed)
+        assert list(body) == list(expected) and json_body(body) == json_body(expected)
+
+
+def test_sampling_settings_that_cannot_be_a_key_still_give_the_converters_body() -> None:
+    sampling = SamplingParams(max_new_tokens=4, stop_token_ids=[7, 8])  # type: ignore[arg-type]
+    request = GenerateRequest(array("i", [1, 2]), sampling)
+    expected = CONVERTER.unstructure(protocol.GenerateReqInput(
+        rid=request.rid, input_ids=TokenIds(request.input_ids), stream=True,
+        sampling_params=protocol.SGLangSamplingParams.of(sampling), return_logprob=True, logprob_start_len=-1,
+        top_logprobs_num=0))
+    assert json_body(protocol.generate_body(request, False)) == json_body(expected)

@@ -58,19 +58,10 @@ class SGLangGeneration(VersionedGeneration[protocol.SGLangStreamParser, "SGLangB
     async def _open(self) -> EngineResponse:
         self._backend.running.add(self.rid)
         req = self._request
-        body = protocol.GenerateReqInput(
-            rid=req.rid,
-            input_ids=TokenIds(req.input_ids),
-            stream=True,
-            sampling_params=protocol.SGLangSamplingParams.of(req.sampling),
-            return_logprob=True,
-            logprob_start_len=-1,
-            top_logprobs_num=0,
-            return_routed_experts=req.return_routed_experts and self._backend.options.routed_experts,
-        )
+        body = protocol.generate_body(req, req.return_routed_experts and self._backend.options.routed_experts)
         headers = {ROUTING_HEADER: req.routing_key} if req.routing_key else {}
         url = self._backend.url(protocol.GENERATE_PATH)
-        response = await post_stream(self._client, url, CONVERTER.unstructure(body), headers)
+        response = await post_stream(self._client, url, body, headers)
         await check_status(response, self.what)
         return response
 

@@ -18,11 +18,12 @@ from typing import Any, Literal
 import attrs
 import orjson
 
-from ...wire.converter import TokenIds, at_least
+from ...wire.converter import CONVERTER, TokenIds, at_least
 from ..base import (
     BackendError,
     FinishReason,
     GenerateFinish,
+    GenerateRequest,
     GenerationEvent,
     SamplingParams,
     TokenDelta,
@@ -98,6 +99,43 @@ class GenerateReqInput:
     logprob_start_len: int = attrs.field(default=-1, validator=at_least(-1))
     top_logprobs_num: int = attrs.field(default=0, validator=at_least(0))
     return_routed_experts: bool = False
+
+
+def generate_body(request: GenerateRequest, routed_experts: bool) -> dict[str, Any]:
+    """The streamed ``/generate`` body of ``request``, unstructured: what ``CONVERTER.unstructure`` gives
+    for its :class:`GenerateReqInput`, from a copy of the one made for its sampling settings before.
+
+    A session's turns sample alike: only the ids and the rid differ, and they are put in
+    the copy where the converter put them (``input_ids`` as the converter writes them).
+    The copy shares the template's ``sampling_params``: a body is serialized, never changed.
+    """
+    key = (request.sampling, routed_experts)
+    try:
+        template, keep = _TEMPLATES.get(key), True
+    except TypeError:  # settings that cannot be a key (a list where a tuple is typed): made for this request
+        template, keep = None, False
+    if template is None:
+        if len(_TEMPLATES) >= _MAX_TEMPLATES:
+            _TEMPLATES.clear()
+        template = CONVERTER.unstructure(GenerateReqInput(
+            rid="",
+            stream=True,
+            sampling_params=SGLangSamplingParams.of(request.sampling),
+            return_logprob=True,
+            logprob_start_len=-1,
+            top_logprobs_num=0,
+            return_routed_experts=routed_experts,
+        ))
+        if keep:
+            _TEMPLATES[key] = template
+    body = template.copy()
+    body["input_ids"], body["rid"] = _unstructure_ids(TokenIds(request.input_ids)), request.rid
+    return body
+
+
+_TEMPLATES: dict[tuple[SamplingParams, bool], dict[str, Any]] = {}
+_MAX_TEMPLATES = 256
+_unstructure_ids = CONVERTER.get_unstructure_hook(TokenIds)
 
 
 @attrs.frozen
