@@ -23,7 +23,7 @@ import httpx
 import trio
 
 from ...wire.converter import CONVERTER, TokenIds
-from ..aborts import Origin
+from ..aborts import OneShot, Origin
 from ..base import (
     ROUTING_HEADER,
     AbortBatch,
@@ -154,13 +154,10 @@ class SGLangBackend(VersionedConnection):
         round later (tens of milliseconds, with a thousand streams to read) when a
         connect through the pool would complete.
         """
-        control, origin = self.control, self._origin
-        if self.options.abort_all or origin is None or not isinstance(control, HTTP11Client) or control.idle:
+        control = self.control
+        if self.options.abort_all or self._origin is None or not isinstance(control, HTTP11Client) or control.idle:
             return await self.abort(rid)
-        self.abort_calls += 1
-        body = json_body(CONVERTER.unstructure(protocol.AbortReq(rid)))
-        status = await origin.post(protocol.ABORT_PATH, body, control.read_timeout).status()
-        return status is not None and status < 400
+        return _acknowledged(await self._one_shot(protocol.AbortReq(rid)).status())
 
     def sends_aborts_now(self, batch: AbortBatch | None) -> bool:
         """Whether :meth:`start_abort` can send an abort asked now (else it is sent from a task)."""
@@ -178,7 +175,6 @@ class SGLangBackend(VersionedConnection):
         batch: everything this proxy runs on the engine, since a pause asks every
         generation in flight (a generation still opening sends its own as it opens).
         """
-        assert self._origin is not None and isinstance(self.control, HTTP11Client)
         if self.options.abort_all:
             assert batch is not None
             joined: list[SGLangGeneration] | None = batch.shared.get(self)
@@ -189,22 +185,26 @@ class SGLangBackend(VersionedConnection):
             abort = protocol.AbortReq("", abort_all=True)
         else:
             joined, abort = [generation], protocol.AbortReq(generation.rid)
-        self.abort_calls += 1
-        body = json_body(CONVERTER.unstructure(abort))
-        call = self._origin.post(protocol.ABORT_PATH, body, self.control.read_timeout)
+        call = self._one_shot(abort)
 
         async def answer() -> None:
-            status = await call.status()
+            acknowledged = _acknowledged(await call.status())
             for each in joined:
-                each.abort_answered(status is not None and status < 400)
+                each.abort_answered(acknowledged)
 
         return answer
+
+    def _one_shot(self, abort: protocol.AbortReq) -> OneShot:
+        """``abort`` on a connection of its own, sent now (``_origin`` is known)."""
+        assert self._origin is not None and isinstance(self.control, HTTP11Client)
+        self.abort_calls += 1
+        body = json_body(CONVERTER.unstructure(abort))
+        return self._origin.post(protocol.ABORT_PATH, body, self.control.read_timeout)
 
     async def _post_abort(self, abort: protocol.AbortReq) -> bool:
         self.abort_calls += 1
         body = CONVERTER.unstructure(abort)
-        status = await post_quietly(self.control, self.url(protocol.ABORT_PATH), body, "SGLang abort")
-        return status is not None and status < 400
+        return _acknowledged(await post_quietly(self.control, self.url(protocol.ABORT_PATH), body, "SGLang abort"))
 
     async def _abort_batch(self, rids: list[str]) -> Collection[str]:
         if len(rids) > 1 and self.running <= set(rids):
@@ -287,3 +287,8 @@ class SGLangBackend(VersionedConnection):
         body = CONVERTER.unstructure(UpdateWeightVersionReqInput(version, abort_all_requests))
         await request_json(self.http, "POST", self.url("/update_weight_version"), "SGLang weight version", body=body)
         self.last_version = version
+
+
+def _acknowledged(status: int | None) -> bool:
+    """An abort call's answer: acknowledged when the engine answered below 400."""
+    return status is not None and status < 400
