@@ -1,4 +1,6 @@
-"""``logprobs``/``top_logprobs`` on chat completions: the sampled tokens' logprobs, JSON and SSE (issue 19 §5)."""
+"""The sampled tokens' logprobs, JSON and SSE: ``logprobs``/``top_logprobs`` on chat completions (issue 19 §5),
+and ``include: ["message.output_text.logprobs"]`` on the Responses API (the same entries, on the message's
+``output_text``)."""
 
 from __future__ import annotations
 
@@ -99,3 +101,55 @@ async def test_bad_logprobs_fields_are_a_clear_400(proxy: RunningProxy) -> None:
             reply = await http.post("/sess/bad/v1/chat/completions", json={"messages": MESSAGES, **extra})
             assert reply.status_code == 400, (extra, reply.text)
             assert reply.json()["error"]["param"] == param, reply.text
+
+
+INCLUDE = ["message.output_text.logprobs"]
+
+
+async def test_responses_json_carries_the_sampled_tokens_logprobs(
+    proxy: RunningProxy, engine: SimEngine, tokenizer: Any
+) -> None:
+    engine.script(REPLY, REPLY, routing_key="rlp")
+
+    def ask() -> tuple[Any, Any]:
+        with _client(proxy.url, "rlp") as client:
+            with_lp = client.responses.create(model="m", input="Say hello.", include=INCLUDE,  # type: ignore[list-item]
+                                              top_logprobs=3, store=False)
+            without = client.responses.create(model="m", input="Say hello.", store=False)
+        return with_lp, without
+
+    with_lp, without = await trio.to_thread.run_sync(ask)
+    [text] = with_lp.output[-1].content
+    assert text.text == REPLY
+    assert without.output[-1].content[0].logprobs == []
+    _check(text.logprobs, (await _steps(proxy.url, "rlp"))[0], tokenizer)
+
+
+async def test_responses_stream_carries_the_same_logprobs(
+    proxy: RunningProxy, engine: SimEngine, tokenizer: Any
+) -> None:
+    engine.script(REPLY, routing_key="rlps")
+
+    def ask() -> tuple[list[Any], Any]:
+        with _client(proxy.url, "rlps") as client:
+            with client.responses.stream(model="m", input="Say hello.", include=INCLUDE,  # type: ignore[list-item]
+                                         store=False) as stream:
+                events = list(stream)
+                return events, stream.get_final_response()
+
+    events, final = await trio.to_thread.run_sync(ask)
+    [text] = final.output[-1].content
+    assert text.text == REPLY
+    step = (await _steps(proxy.url, "rlps"))[0]
+    _check(text.logprobs, step, tokenizer)
+    [done] = [e for e in events if e.type == "response.output_text.done"]
+    _check(done.logprobs, step, tokenizer)
+
+
+async def test_bad_responses_top_logprobs_is_a_clear_400(proxy: RunningProxy) -> None:
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as http:
+        for value in (21, -1, "3", True):
+            body = {"input": "hi", "include": INCLUDE, "top_logprobs": value}
+            reply = await http.post("/sess/bad/v1/responses", json=body)
+            assert reply.status_code == 400, (value, reply.text)
+            assert reply.json()["error"]["param"] == "top_logprobs", reply.text

@@ -153,7 +153,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
 
     turn_route("/v1/chat/completions", OpenAIChatFormat(runtime.tokenizer))
     turn_route("/v1/messages", AnthropicFormat())
-    turn_route("/v1/responses", ResponsesFormat())
+    turn_route("/v1/responses", ResponsesFormat(runtime.tokenizer))
 
     async def generate(raw: bytes, *_: Any) -> bytes:
         return await generate_turn(runtime, gateway, raw)

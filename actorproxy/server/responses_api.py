@@ -33,6 +33,7 @@ from ..core.messages import validate_tools
 from ..errors import BadRequest
 from ..runtime.messages import ChatRequest
 from ..wire.converter import number_in_range
+from ..wire.openai_chat import MAX_TOP_LOGPROBS
 
 #: The prefix of the ``encrypted_content`` we hand out: the reasoning text, base64, so an echo restores it.
 ENCRYPTED_PREFIX = "actorproxy-b64:"
@@ -61,6 +62,8 @@ class ResponsesCall:
     session_id: str | None
     #: ``request.messages`` starts with the system message made of ``instructions``.
     has_instructions: bool = False
+    #: The client asked for ``message.output_text.logprobs``: the sampled tokens' logprobs.
+    logprobs: bool = False
 
     def own_messages(self) -> list[dict[str, Any]]:
         """The input's messages without ``instructions`` (which a later response does not inherit)."""
@@ -321,6 +324,9 @@ def parse_responses_body(
     include = body.get("include") or []
     if not isinstance(include, list):
         raise _bad("'include' must be an array", "include")
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise _bad(f"'top_logprobs' must be an integer between 0 and {MAX_TOP_LOGPROBS}", "top_logprobs")
     request = ChatRequest(
         messages=messages,
         tools=tools,
@@ -340,6 +346,7 @@ def parse_responses_body(
         previous_response_id=echo["previous_response_id"], store=store is not False,
         include_encrypted="reasoning.encrypted_content" in include, echo=echo,
         session_id=_optional_str(body, "session_id"), has_instructions=bool(text),
+        logprobs="message.output_text.logprobs" in include,
     )
 
 

@@ -19,6 +19,7 @@ from ..core.messages import AssistantOutput
 from ..core.parser import OutputDelta
 from ..errors import ProxyError
 from ..runtime.messages import TurnDone
+from ..wire.openai_chat import sampled_logprobs
 from .responses_api import ENCRYPTED_PREFIX, ResponsesCall
 
 
@@ -50,6 +51,8 @@ class _Items:
         self._stem = response_id.removeprefix("resp_")
         self._include_encrypted = include_encrypted
         self.items: list[dict[str, Any]] = []
+        #: The sampled tokens' logprobs, once known, when the client asked for them (on the message's text).
+        self.logprobs: list[dict[str, Any]] = []
 
     def open(self, kind: str, **fields: Any) -> dict[str, Any]:
         prefix = {"reasoning": "rs", "message": "msg", "function_call": "fc"}[kind]
@@ -69,7 +72,7 @@ class _Items:
             if self._include_encrypted:
                 item["encrypted_content"] = encrypt_reasoning(text)
         elif item["type"] == "message":
-            item["content"] = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+            item["content"] = [{"type": "output_text", "text": text, "annotations": [], "logprobs": self.logprobs}]
         else:
             item["arguments"] = text
         item["status"] = "completed"
@@ -102,8 +105,13 @@ def response_object(call: ResponsesCall, *, response_id: str, model: str, create
     return body
 
 
-def response_json(call: ResponsesCall, done: TurnDone, *, response_id: str, model: str) -> dict[str, Any]:
-    items = _Items(response_id, include_encrypted=call.include_encrypted).of(done.output)
+def response_json(call: ResponsesCall, done: TurnDone, *, response_id: str, model: str,
+                  tokenizer: Any = None) -> dict[str, Any]:
+    """The whole response object; ``tokenizer`` (when the call asked for logprobs) spells the sampled tokens."""
+    made = _Items(response_id, include_encrypted=call.include_encrypted)
+    if tokenizer is not None:
+        made.logprobs = sampled_logprobs(tokenizer, done)
+    items = made.of(done.output)
     return response_object(call, response_id=response_id, model=model, created_at=int(time.time()),
                            status=_status(done)[0], output=items, done=done)
 
@@ -119,8 +127,9 @@ class ResponseEventWriter:
     items as streamed and ``usage``.
     """
 
-    def __init__(self, call: ResponsesCall, *, response_id: str, model: str) -> None:
+    def __init__(self, call: ResponsesCall, *, response_id: str, model: str, tokenizer: Any = None) -> None:
         self._call = call
+        self._tokenizer = tokenizer  # when the call asked for logprobs: they go out with the text's end
         self._response_id, self._model, self._created_at = response_id, model, int(time.time())
         self._items = _Items(response_id, include_encrypted=call.include_encrypted)
         self._sequence = 0
@@ -155,9 +164,11 @@ class ResponseEventWriter:
             frames.append(self._event("response.content_part.done", **where, content_index=0,
                                       part={"type": "reasoning_text", "text": text}))
         elif item["type"] == "message":
-            frames.append(self._event("response.output_text.done", **where, content_index=0, text=text, logprobs=[]))
-            frames.append(self._event("response.content_part.done", **where, content_index=0,
-                                      part={"type": "output_text", "text": text, "annotations": [], "logprobs": []}))
+            logprobs = self._items.logprobs
+            frames.append(self._event("response.output_text.done", **where, content_index=0, text=text,
+                                      logprobs=logprobs))
+            frames.append(self._event("response.content_part.done", **where, content_index=0, part={
+                "type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}))
         else:
             frames.append(self._event("response.function_call_arguments.done", **where, name=item["name"],
                                       arguments=text))
@@ -202,6 +213,13 @@ class ResponseEventWriter:
         return b"".join(frames)
 
     def finish(self, done: TurnDone) -> bytes:
+        if self._tokenizer is not None:
+            # Deltas are parsed text, not tokens: the logprobs come with the text's end, or, when the
+            # message ended before (a tool call after it), with the completed response's items.
+            logprobs = self._items.logprobs = sampled_logprobs(self._tokenizer, done)
+            for item in self._items.items:
+                if item["type"] == "message" and item["status"] == "completed":
+                    item["content"][0]["logprobs"] = logprobs
         frames = self._close()
         status = _status(done)[0]
         kind = "response.completed" if status == "completed" else "response.incomplete"

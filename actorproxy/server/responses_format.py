@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core.messages import output_as_message
 from ..core.parser import OutputDelta
-from ..errors import ProxyError
+from ..errors import BadRequest, ProxyError
 from ..runtime.messages import ChatRequest, Identity, TurnAccepted, TurnDone
 from ..wire.format import BodyIdentity, Headers, ReplyInfo, TurnFormat
 from .responses_api import ResponseHistory, ResponsesCall, parse_responses_body
@@ -48,7 +48,9 @@ class ResponsesFormat(TurnFormat[ResponsesCall]):
 
     errors = "openai"
 
-    def __init__(self) -> None:
+    def __init__(self, tokenizer: Any = None) -> None:
+        #: Spells the sampled tokens when a call asks for ``message.output_text.logprobs``.
+        self._tokenizer = tokenizer
         self.history = ResponseHistory()
         #: What recent turns' input items converted to: a history is not converted again every turn.
         self._memo = ResponsesMemo()
@@ -58,8 +60,15 @@ class ResponsesFormat(TurnFormat[ResponsesCall]):
 
     def parse(self, body: Any) -> ResponsesCall:
         if isinstance(body, ResponsesBody):
-            return parse_responses_body(body.value, messages=body.messages, tools=body.tools)
-        return parse_responses_body(body)
+            call = parse_responses_body(body.value, messages=body.messages, tools=body.tools)
+        else:
+            call = parse_responses_body(body)
+        if call.logprobs and self._tokenizer is None:
+            raise BadRequest("'message.output_text.logprobs' is not available on this route", param="include")
+        return call
+
+    def _logprobs_tokenizer(self, call: ResponsesCall) -> Any:
+        return self._tokenizer if call.logprobs else None
 
     def new_id(self) -> str:
         return new_response_id()
@@ -79,7 +88,9 @@ class ResponsesFormat(TurnFormat[ResponsesCall]):
             self.history.add(identity.session_id, reply.id, call.previous_response_id, added)
 
     def render(self, call: ResponsesCall, reply: ReplyInfo, done: TurnDone) -> Any:
-        return response_json(call, done, response_id=reply.id, model=reply.model)
+        return response_json(call, done, response_id=reply.id, model=reply.model,
+                             tokenizer=self._logprobs_tokenizer(call))
 
     def writer(self, call: ResponsesCall, reply: ReplyInfo) -> _Writer:
-        return _Writer(ResponseEventWriter(call, response_id=reply.id, model=reply.model))
+        return _Writer(ResponseEventWriter(call, response_id=reply.id, model=reply.model,
+                                           tokenizer=self._logprobs_tokenizer(call)))

@@ -171,11 +171,15 @@ def token_logprobs(tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float]
     return content
 
 
+def sampled_logprobs(tokenizer: Any, done: TurnDone) -> list[dict[str, Any]]:
+    """:func:`token_logprobs` of every token a finished turn sampled."""
+    ids = done.ids
+    return [] if ids is None else token_logprobs(tokenizer, ids.output_ids, ids.output_logprobs)
+
+
 def choice_logprobs(tokenizer: Any, done: TurnDone) -> dict[str, Any]:
     """A choice's ``logprobs`` object for a finished turn."""
-    ids = done.ids
-    content = [] if ids is None else token_logprobs(tokenizer, ids.output_ids, ids.output_logprobs)
-    return {"content": content, "refusal": None}
+    return {"content": sampled_logprobs(tokenizer, done), "refusal": None}
 
 
 def completion_json(
