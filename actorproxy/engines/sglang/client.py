@@ -90,7 +90,7 @@ class SGLangGeneration(VersionedGeneration[protocol.SGLangStreamParser, "SGLangB
                 self._tail.append(event)
                 continue
             if i < last:
-                skip = ordinary and parser._incremental is False and event.event == "message"
+                skip = ordinary and parser.cumulative and event.event == "message"
                 ordinary, next_version = look(events[i + 1].data)
                 skip = skip and version is not None and version == next_version
                 version = next_version

@@ -238,6 +238,11 @@ class SGLangStreamParser:
         self._cutter = PrefixCutter()
         self._cut = 0  # tokens cut from the event being decoded
 
+    @property
+    def cumulative(self) -> bool:
+        """Whether the stream is known to be in SGLang's cumulative shape (from its second event on)."""
+        return self._incremental is False
+
     def feed(self, payload: Mapping[str, Any]) -> list[GenerationEvent]:
         if "error" in payload:
             error = payload["error"]
