@@ -66,12 +66,13 @@ class Server:
 
 
 @asynccontextmanager
-async def serving(answer: Callable[[int, bytes], bytes | None]) -> AsyncIterator[Server]:
+async def serving(answer: Callable[[int, bytes], bytes | None], host: str = "127.0.0.1") -> AsyncIterator[Server]:
     server = Server(answer)
     async with trio.open_nursery() as nursery:
-        serve = partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1")
+        serve = partial(trio.serve_tcp, server.handle, 0, host=host)
         [listener] = await nursery.start(serve)
-        server.url = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+        name = f"[{host}]" if ":" in host else host
+        server.url = f"http://{name}:{listener.socket.getsockname()[1]}"
         yield server
         nursery.cancel_scope.cancel()
 
@@ -178,3 +179,31 @@ async def test_a_malformed_answer_is_a_502() -> None:
         with pytest.raises(BackendError) as caught, mapped_errors("engine"):
             await client.stream("GET", server.url + "/health")
         assert caught.value.status == 502 and not caught.value.unreachable
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+async def test_a_one_shot_request_goes_where_the_client_goes_with_its_head(host: str) -> None:
+    # A pause's aborts go on connections of their own (OneShot), made from the engine
+    # client's own origin: the same address, path prefix and Host line as every other
+    # request (an IPv6 address in brackets, as RFC 9110 writes it).
+    async with serving(lambda n, request: sized(b"{}"), host=host) as server:
+        client = HTTP11Client(server.url + "/prefix")
+        response = await client.stream("POST", server.url + "/prefix/generate", b"{}")
+        await response.aread()
+        origin = client.one_shot_origin()
+        assert origin is not None
+        assert await origin.post("/abort_request", b"{}", 10.0).status() == 200
+        await client.aclose()
+    pooled, one_shot = server.requests
+    assert pooled.split(b"\r\n")[0] == b"POST /prefix/generate HTTP/1.1"
+    assert one_shot.split(b"\r\n")[0] == b"POST /prefix/abort_request HTTP/1.1"
+    port = server.url.rsplit(":", 1)[1]
+    name = b"[::1]" if host == "::1" else host.encode()
+    host_line = b"host: " + name + b":" + port.encode()
+    assert host_line in pooled.split(b"\r\n") and host_line in one_shot.split(b"\r\n")
+
+
+def test_no_one_shot_origin_over_tls_or_to_a_host_name() -> None:
+    assert HTTP11Client("https://127.0.0.1:8443").one_shot_origin() is None
+    assert HTTP11Client("http://localhost:30000").one_shot_origin() is None
+

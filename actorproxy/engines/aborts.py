@@ -12,11 +12,9 @@ its connection and sends it in the task that asks, without a scheduling round.
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
 import socket
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from urllib.parse import urlsplit
 
 import attrs
 import trio
@@ -73,7 +71,10 @@ class AbortBatcher:
 
 @attrs.frozen
 class Origin:
-    """Where :class:`OneShot` requests go: plain HTTP to an IP address (no name to look up, no TLS)."""
+    """Where :class:`OneShot` requests go: plain HTTP to an IP address (no name to look up, no TLS).
+
+    Made by the engine's client (``HTTP11Client.one_shot_origin``), with the head lines it sends itself.
+    """
 
     family: socket.AddressFamily
     address: tuple[str, int]
@@ -81,21 +82,6 @@ class Origin:
     fixed: bytes
     #: The URL's path prefix (``http://host:port/prefix``).
     prefix: str
-
-    @classmethod
-    def of(cls, base_url: str) -> Origin | None:
-        """``base_url``'s origin; ``None`` when it is not plain HTTP to an IP address."""
-        parts = urlsplit(base_url)
-        if parts.scheme != "http" or not parts.hostname:
-            return None
-        try:
-            ip = ipaddress.ip_address(parts.hostname)
-        except ValueError:
-            return None
-        family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-        host = parts.netloc.rpartition("@")[2]
-        fixed = f"host: {host}\r\nuser-agent: actorproxy\r\naccept: */*\r\n".encode()
-        return cls(family, (parts.hostname, parts.port or 80), fixed, parts.path.rstrip("/"))
 
     def post(self, path: str, body: bytes, timeout: float) -> OneShot:
         """``POST path`` with a JSON ``body``, on a connection of its own, sent now (see :class:`OneShot`)."""

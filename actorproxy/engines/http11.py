@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 import trio
 
+from .aborts import Origin
 from .http11_io import Connection, SocketIO
 from .http11_wire import (
     BodyDecoder,
@@ -226,8 +227,11 @@ class HTTP11Client:
         self._family = _ip_family(parts.hostname)  # an address, not a name: connected without a lookup
         self._port = parts.port or (443 if self._tls else 80)
         self.origin = f"{parts.scheme}://{parts.netloc}"
+        #: The URL's path prefix (``http://host:port/prefix``): engine paths are under it.
+        self.prefix = parts.path.rstrip("/")
         default_port = self._port == (443 if self._tls else 80)
-        host = parts.hostname if default_port else f"{parts.hostname}:{self._port}"
+        name = f"[{parts.hostname}]" if self._family == socket.AF_INET6 else parts.hostname
+        host = name if default_port else f"{name}:{self._port}"
         self._fixed = f"host: {host}\r\nuser-agent: actorproxy\r\naccept: */*\r\n".encode()
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self._tls else None
         self._idle: deque[Connection] = deque()
@@ -289,6 +293,15 @@ class HTTP11Client:
         except BaseException:
             conn.close()
             raise
+
+    def one_shot_origin(self) -> Origin | None:
+        """Where requests on connections of their own (:class:`~.aborts.OneShot`) go, with this client's head.
+
+        ``None`` over TLS or to a host name: a ``OneShot`` connects without a lookup or a handshake.
+        """
+        if self._tls or self._family is None:
+            return None
+        return Origin(self._family, (self._host, self._port), self._fixed, self.prefix)
 
     def _checkout(self) -> Connection | None:
         now = trio.current_time()

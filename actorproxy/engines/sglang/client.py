@@ -23,7 +23,7 @@ import httpx
 import trio
 
 from ...wire.converter import CONVERTER, TokenIds
-from ..aborts import OneShot, Origin
+from ..aborts import OneShot
 from ..base import (
     ROUTING_HEADER,
     AbortBatch,
@@ -133,7 +133,7 @@ class SGLangBackend(VersionedConnection):
     ) -> None:
         super().__init__(base_url, options, http=http)
         #: Where an acknowledged abort goes on a connection of its own (plain HTTP to an address, our own pools).
-        self._origin = Origin.of(self.base_url) if isinstance(self.control, HTTP11Client) else None
+        self._origin = self.control.one_shot_origin() if isinstance(self.control, HTTP11Client) else None
 
     async def abort(self, rid: str) -> bool:
         """``POST /abort_request`` for ``rid``; ``True`` if acknowledged (status below 400).
