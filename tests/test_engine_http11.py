@@ -207,3 +207,12 @@ def test_no_one_shot_origin_over_tls_or_to_a_host_name() -> None:
     assert HTTP11Client("https://127.0.0.1:8443").one_shot_origin() is None
     assert HTTP11Client("http://localhost:30000").one_shot_origin() is None
 
+
+async def test_a_one_shot_answer_with_an_endless_head_is_refused_at_the_heads_bound() -> None:
+    # The same bound as a pooled request's (MAX_HEAD): the buffer does not grow until the timeout.
+    endless = b"HTTP/1.1 200 OK\r\n" + b"X-A: " + b"a" * (70 * 1024)
+    async with serving(lambda n, request: None if n > 1 else endless) as server:
+        origin = HTTP11Client(server.url).one_shot_origin()
+        assert origin is not None
+        with trio.fail_after(5):
+            assert await origin.post("/abort_request", b"{}", 600.0).status() is None

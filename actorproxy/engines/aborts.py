@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 import attrs
 import trio
 
-from .http11_wire import TransportError, head_end, parse_head, request_head
+from .http11_wire import MAX_HEAD, ProtocolError, TransportError, head_end, parse_head, request_head
 
 _READ_SIZE = 4096
 
@@ -167,6 +167,8 @@ class OneShot:
             while framing is None:  # the head (after any 1xx answers)
                 end = head_end(buf)
                 if end < 0:
+                    if len(buf) > MAX_HEAD:
+                        raise ProtocolError(f"the response head is larger than {MAX_HEAD // 1024} KiB")
                     break
                 status, _, _, framing = parse_head(buf, end, "POST")
             if framing is not None:

@@ -35,6 +35,7 @@ import trio
 from .aborts import Origin
 from .http11_io import Connection, SocketIO
 from .http11_wire import (
+    MAX_HEAD,
     BodyDecoder,
     ProtocolError,
     ReadTimeout,
@@ -49,8 +50,6 @@ __all__ = [
     "ConnectError", "ConnectTimeout", "HTTP11Client", "ProtocolError", "ReadTimeout", "Response", "TransportError"
 ]
 
-#: A response head (status line and headers) larger than this is refused.
-MAX_HEAD = 64 * 1024
 #: A server-sent event larger than this is refused (SGLang's cumulative events at 32k tokens are ~2 MiB).
 MAX_EVENT = 256 * 1024 * 1024
 #: Informational (1xx) answers skipped before the response itself.

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 #: A chunk-size line (size, extensions) or a trailer section longer than this is refused.
 MAX_CHUNK_LINE = 4096
 MAX_TRAILERS = 64 * 1024
+#: A response head (status line and headers) larger than this is refused.
+MAX_HEAD = 64 * 1024
 
 
 class TransportError(Exception):
