@@ -199,6 +199,14 @@ async def counting_sglang(tokenizer: ChatTokenizer, *, abort_all: bool, streams:
         nursery.cancel_scope.cancel()
 
 
+async def only_step(client: httpx.AsyncClient, session: str) -> dict[str, Any]:
+    """Session ``session``'s one step, once finalized."""
+    await client.post("/session/finalize", json={"session_id": session})
+    read = await client.post("/trajectory/read", json={"session_id": session, "include_steps": True})
+    [step] = read.json()["steps"]
+    return dict(step)
+
+
 @attrs.define(eq=False)
 class SentInThePausesStep(trio.abc.Instrument):
     """The abort calls the proxy had made when the task step that paused its controller ended."""
@@ -258,9 +266,7 @@ async def test_every_stream_in_flight_gets_the_acknowledged_abort_and_keeps_exac
                     await client.post("/v1/rollout/resume", json={})
             assert [g.ended for g in engine.generations[STREAMS:]] == ["stop"] * STREAMS
             for i in range(STREAMS):
-                await client.post("/session/finalize", json={"session_id": f"s{i}"})
-                read = await client.post("/trajectory/read", json={"session_id": f"s{i}", "include_steps": True})
-                [step] = read.json()["steps"]
+                step = await only_step(client, f"s{i}")
                 produced = [t for g in engine.generations if g.key == f"s{i}" for t in g.ids]
                 # Every token the engine streamed, in order, each once: the aborted attempt's
                 # BEFORE_PAUSE + 1 tokens, then the continuation's end of turn.
@@ -298,9 +304,7 @@ async def test_an_aborted_stream_still_delivering_its_backlog_is_read_to_its_fin
                 engine.finish_at_once = True
                 await client.post("/v1/rollout/resume", json={})
             for i in range(2):
-                await client.post("/session/finalize", json={"session_id": f"s{i}"})
-                read = await client.post("/trajectory/read", json={"session_id": f"s{i}", "include_steps": True})
-                [step] = read.json()["steps"]
+                step = await only_step(client, f"s{i}")
                 assert step["output_ids"] == [t for g in engine.generations if g.key == f"s{i}" for t in g.ids]
 
 
@@ -383,7 +387,5 @@ async def test_a_pause_does_not_stretch_the_drain_of_a_stream_whose_agent_left(
             assert gen.ended != "abort"  # cut at the drain's bound, before the engine's finish 10 s later
             assert ack["status"] == "paused"
             await client.post("/v1/rollout/resume", json={})
-            await client.post("/session/finalize", json={"session_id": "s0"})
-            read = await client.post("/trajectory/read", json={"session_id": "s0", "include_steps": True})
-            [step] = read.json()["steps"]
+            step = await only_step(client, "s0")
             assert step["status"] == "client_disconnected"
