@@ -68,8 +68,54 @@ def content_text(content: Any) -> str:
 def _json_value(text: str) -> Any:
     try:
         return json.loads(text)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # not JSON, or nested past the parser's recursion
         return text.strip()
+
+
+#: Nesting past which a value is keyed as never equal to another (no real message nests this deep).
+_KEY_DEPTH = 100
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def _frozen(value: Any, depth: int = 0) -> Any:
+    """``value`` (a JSON value, or whatever a client sent) as a hashable value that compares as it did.
+
+    Objects become frozensets of their items, arrays tuples: equal exactly when the
+    values were (``==``), and usable in a conversation's key (a dict key, a set).
+    """
+    if isinstance(value, dict):
+        if depth >= _KEY_DEPTH:
+            raise _TooDeep
+        return frozenset((_frozen(k, depth + 1), _frozen(v, depth + 1)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        if depth >= _KEY_DEPTH:
+            raise _TooDeep
+        return tuple(_frozen(v, depth + 1) for v in value)
+    try:
+        hash(value)
+    except TypeError:  # no JSON value, but never a reason to fail a session: equal only to itself
+        return object()
+    return value
+
+
+def _key_value(value: Any) -> Any:
+    """A message field's value in a key: hashable; nested past :data:`_KEY_DEPTH`, equal to nothing else."""
+    try:
+        return _frozen(value)
+    except _TooDeep:
+        return object()
+
+
+def _arguments_key(raw: Any) -> Any:
+    """A call's arguments in a key: their JSON value, whether sent as JSON text or as an object."""
+    text = _tool_call_arguments(raw)
+    try:
+        return _frozen(_json_value(text))
+    except _TooDeep:
+        return ("text", text.strip())  # nested deeper than any real call: compared as text
 
 
 def _split_inline_reasoning(content: str) -> tuple[str, str]:
@@ -83,28 +129,37 @@ def _split_inline_reasoning(content: str) -> tuple[str, str]:
 def _tool_call_arguments(raw: Any) -> str:
     if isinstance(raw, str):
         return raw
-    return json.dumps(raw, ensure_ascii=False)
+    try:
+        return json.dumps(raw, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):  # not a JSON value (the embedded API checks nothing)
+        return f"<{type(raw).__name__}>"
+
+
+def _call_key(call: Any) -> tuple[str, Any]:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping):
+        function = {}
+    return (str(function.get("name", "")), _arguments_key(function.get("arguments", "")))
 
 
 def message_key(message: Mapping[str, Any]) -> tuple[Any, ...]:
-    """A comparable summary of a context message (what the template renders)."""
-    role = message.get("role")
-    calls: tuple[tuple[str, Any], ...] = ()
+    """A comparable summary of a context message (what the template renders).
+
+    Every part is hashable whatever the client sent (a conversation is known by the keys
+    of its first messages): tool-call arguments key as their JSON value, the same whether
+    sent as JSON text or as an object.
+    """
+    role = _key_value(message.get("role"))
     if role == "assistant":
-        calls = tuple(
-            (
-                str(call.get("function", {}).get("name", "")),
-                _json_value(_tool_call_arguments(call.get("function", {}).get("arguments", ""))),
-            )
-            for call in message.get("tool_calls") or ()
-        )
+        calls = message.get("tool_calls")
+        calls = tuple(_call_key(call) for call in calls) if isinstance(calls, list | tuple) else ()
         reasoning, content = _split_inline_reasoning(content_text(message.get("content")))
         return (role, content.strip(), calls)
     return (
         role,
         content_text(message.get("content")),
-        message.get("tool_call_id"),
-        message.get("name"),
+        _key_value(message.get("tool_call_id")),
+        _key_value(message.get("name")),
     )
 
 
