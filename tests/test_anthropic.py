@@ -245,7 +245,7 @@ async def test_stop_reasons(http: httpx.AsyncClient, engine: SimEngine) -> None:
             "messages": [{"role": "user", "content": "go"}]}
     plain = (await http.post("/v1/messages", json=body, headers={"X-Session-Id": "stop-plain"})).json()
     assert plain["stop_reason"] == "stop_sequence" and plain["stop_sequence"] == "Observation:"
-    assert plain["content"] == [{"type": "text", "text": "Thought: look around.\nAction: ls"}]
+    assert plain["content"] == [{"type": "text", "text": "Thought: look around.\nAction: ls\n"}]
     events = sse_events((await http.post("/v1/messages", json={**body, "stream": True},
                                          headers={"X-Session-Id": "stop-stream"})).text)
     assert check_block_order(events) == ["text"]

@@ -262,7 +262,7 @@ async def test_stop_sequences_streamed_and_not(http: httpx.AsyncClient, engine: 
     plain = (await http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "stop-a"})).json()
     streamed = _assemble(_parse_sse((await http.post(
         "/v1/chat/completions", json={**body, "stream": True}, headers={"X-Session-Id": "stop-b"})).text))
-    assert plain["choices"][0]["message"]["content"] == streamed["content"] == "Thought: look around.\nAction: ls"
+    assert plain["choices"][0]["message"]["content"] == streamed["content"] == "Thought: look around.\nAction: ls\n"
     assert plain["choices"][0]["finish_reason"] == streamed["finish"] == "stop"
     # The agent echoes the truncated reply; the session continues the same segment.
     follow = messages + [{"role": "assistant", "content": "Thought: look around.\nAction: ls"},

@@ -144,7 +144,16 @@ def test_stop_sequence_split_across_chunks(tokenizer: Any, chunks: list[int]) ->
     text = "Step one.\nObservation: the file is there\nmore text"
     parser, _, content, _ = _run(tokenizer, text, chunks=chunks, stop=("Observation:", "never"))
     assert parser.stopped and parser.stop_sequence == "Observation:"
-    assert content == parser.output.content == "Step one."
+    # The text before the stop sequence is returned as it was sampled, its trailing whitespace
+    # included (OpenAI's rule); only the start of the reply is stripped.
+    assert content == parser.output.content == "Step one.\n"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=30))
+def test_stop_sequence_after_a_space_keeps_the_space(tokenizer: Any, chunks: list[int]) -> None:
+    parser, _, content, _ = _run(tokenizer, "  Runs the sea and the see", chunks=chunks, stop=("see",))
+    assert parser.stopped and content == parser.output.content == "Runs the sea and the "
 
 
 def test_stop_sequence_absent_changes_nothing(tokenizer: Any) -> None:
@@ -168,7 +177,7 @@ def test_text_around_calls_and_stop_sequences_outside_them(tokenizer: Any) -> No
     )
     parser, _, content, calls = _run(tokenizer, text, stop=("STOP",))
     # Stop sequences apply to content only: the argument text never ends the reply.
-    assert content == parser.output.content == "First.\n\nBetween.\n\nAfter."
+    assert content == parser.output.content == "First.\n\nBetween.\n\nAfter. "
     assert [c[2:] for c in _joined(calls)] == [("f", '{"s": "STOP inside"}'), ("g", "{}")]
     assert parser.stopped and not parser.tool_call_parse_error
 

@@ -12,8 +12,9 @@ gives the same result as feeding it at once, and the deltas concatenate to that
 result: that is what makes streamed and non-streamed replies identical.
 
 Whitespace rule (as the reference parsers do): reasoning and content are
-stripped at both ends. While streaming, trailing whitespace is held back until
-more text follows, so the concatenated deltas equal the final strings.
+stripped at both ends, except that content cut by a ``stop`` sequence keeps the
+whitespace before it, as OpenAI returns it. While streaming, trailing whitespace
+is held back until more text follows, so the concatenated deltas equal the final strings.
 
 A tool call that does not parse is never dropped: the raw text of its block goes
 back as content and :attr:`OutputParser.tool_call_parse_error` is set. A client
@@ -161,11 +162,12 @@ class OutputParser:
         return self._stop is not None and self._stop.hit
 
     def _push_content(self, text: str) -> str:
-        # Stop sequences match the raw text; stripping comes after, so a reply cut
-        # by a stop sequence is trimmed like any other.
-        if self._stop is not None:
-            text = self._stop.push(text)
-        return self._content.push(text)
+        # Stop sequences match the raw text. A reply cut by one keeps the whitespace before it
+        # (OpenAI returns the text up to the stop sequence as it was sampled); only its start is stripped.
+        if self._stop is None:
+            return self._content.push(text)
+        emitted = self._content.push(self._stop.push(text))
+        return emitted + self._content.release() if self._stop.hit else emitted
 
     # -- feeding ------------------------------------------------------------
 

@@ -24,6 +24,13 @@ class StrippedText:
             self.parts.append(emitted)
         return emitted
 
+    def release(self) -> str:
+        """The trailing whitespace held back, emitted now: the text ends here as it was sampled."""
+        emitted, self._pending = self._pending, ""
+        if emitted:
+            self.parts.append(emitted)
+        return emitted
+
     @property
     def text(self) -> str:
         return "".join(self.parts)
