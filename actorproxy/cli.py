@@ -144,7 +144,15 @@ def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "--disable-vllm-generate-endpoint",
         dest="vllm_generate_endpoint",
         action="store_false",
-        help="answer 404 on /inference/v1/generate, like a vLLM without the tokens endpoint",
+        help="answer 403 on /inference/v1/generate and /inference/v1/abort_requests and leave them out of "
+        "/openapi.json, like vLLM 0.32 without --enable-scale-out",
+    )
+    sim.add_argument(
+        "--disable-vllm-dev-mode",
+        dest="vllm_dev_mode",
+        action="store_false",
+        help="serve no /pause, /resume, /is_paused, /abort_requests, /weight_info or /update_weight_version, "
+        "like a vLLM without VLLM_SERVER_DEV_MODE=1",
     )
     sim.add_argument("--log-level", default="INFO", help="logging level")
 
@@ -166,6 +174,7 @@ def sim_settings_from_args(args: argparse.Namespace) -> SimServerSettings:
         model_path=args.model_path,
         tokenizer_path=args.tokenizer_path,
         vllm_generate_endpoint=args.vllm_generate_endpoint,
+        vllm_dev_mode=args.vllm_dev_mode,
         record_capacity=args.record_capacity,
     )
 

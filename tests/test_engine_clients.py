@@ -527,7 +527,7 @@ async def test_vllm_generate_api(old: bool) -> None:
     assert finish == GenerateFinish("stop", matched_stop=EOT, weight_version="v7", prompt_tokens=3, cached_tokens=1,
                                     weight_versions=(WeightVersionSpan("v7", 0, 4),))
     assert backend.api == "generate" and backend.last_version == "v7"
-    (_, body, headers) = engine.calls[0]
+    (_, body, headers) = engine.calls[1]  # after /openapi.json (404 here: the route is tried)
     assert body["token_ids"] == list(PROMPT) and body["request_id"] == req.rid and headers["x-request-id"] == req.rid
     sp = body["sampling_params"]
     assert (sp["max_tokens"], sp["logprobs"], sp["seed"], sp["skip_special_tokens"]) == (16, 0, 5, False)

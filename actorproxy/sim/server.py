@@ -5,15 +5,18 @@ same as an async context manager for tests (port 0 by default: read the URL from
 the yielded :class:`RunningSim`). SGLang's parsing endpoints (``/parse_function_call``,
 ``/separate_reasoning``) are in :mod:`.parse_routes`. Routes shared by the engines (``/health``,
 ``/v1/models``, ``/update_weight_version``) answer in a shape all their clients
-accept; ``/sim/faults`` and ``/sim/requests`` are the simulator's own.
+accept; ``/openapi.json`` lists the routes served, as FastAPI's does (the vLLM client reads
+it); ``/sim/faults`` and ``/sim/requests`` are the simulator's own.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 import attrs
 import trio
@@ -109,7 +112,17 @@ def create_sim_app(engine: SimEngine, *, settings: SimServerSettings) -> QuartTr
         )
         return json_response(CONVERTER.unstructure(ModelList([card])))
 
-    @app.post("/update_weight_version")
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        paths: dict[str, dict[str, Any]] = {}
+        for rule in app.url_map.iter_rules():
+            if rule.rule in state.unlisted or rule.endpoint == "static":
+                continue
+            path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)
+            methods = sorted(m.lower() for m in (rule.methods or ()) if m not in ("HEAD", "OPTIONS"))
+            paths.setdefault(path, {}).update({m: {} for m in methods})
+        return json_response({"openapi": "3.1.0", "info": {"title": "actorproxy-sim"}, "paths": paths})
+
     async def update_weight_version() -> Response:
         body = await read_body(UpdateWeightVersionReqInput)
         version = body.new_version
@@ -120,6 +133,9 @@ def create_sim_app(engine: SimEngine, *, settings: SimServerSettings) -> QuartTr
         engine.set_weight_version(version)
         message = f"Weight version updated to {version}"
         return json_response({"success": True, "message": message, "new_version": version})
+
+    if settings.vllm_dev_mode:  # a dev-mode route on vLLM (SGLang always has it)
+        app.post("/update_weight_version")(update_weight_version)
 
     @app.route("/sim/faults", methods=["GET", "POST"])
     async def faults() -> Response:

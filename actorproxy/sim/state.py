@@ -52,8 +52,12 @@ class SimServerSettings:
     model_path: str = "actorproxy-sim"
     #: Reported as ``tokenizer_path``; ``None``: the tokenizer's name.
     tokenizer_path: str | None = None
-    #: ``False`` imitates a vLLM without ``/inference/v1/generate`` (it answers 404).
+    #: ``False`` imitates a vLLM 0.32 without ``--enable-scale-out``: ``/inference/v1/generate``
+    #: and ``/inference/v1/abort_requests`` answer 403 and ``/openapi.json`` does not list them.
     vllm_generate_endpoint: bool = True
+    #: ``False`` imitates a vLLM without ``VLLM_SERVER_DEV_MODE=1``: no ``/pause``, ``/resume``,
+    #: ``/is_paused``, ``/abort_requests``, ``/weight_info`` or ``/update_weight_version``.
+    vllm_dev_mode: bool = True
     #: Requests remembered for ``GET /sim/requests``.
     record_capacity: int = 1000
     #: Seconds shutdown waits for responses in flight (generations are aborted first).
@@ -146,6 +150,8 @@ class SimState:
         self.records: OrderedDict[str, RequestRecord] = OrderedDict()
         #: ``(path, body)`` of the latest requests to the parsing endpoints (``parse_routes``).
         self.parse_requests: deque[tuple[str, dict[str, Any]]] = deque(maxlen=settings.record_capacity)
+        #: Routes that only refuse (vLLM's disabled scale-out routes): left out of ``/openapi.json``.
+        self.unlisted: set[str] = set()
 
     @property
     def running(self) -> int:

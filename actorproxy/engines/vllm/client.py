@@ -1,14 +1,25 @@
 """The vLLM client: ``/inference/v1/generate`` when the server has it, else ``/v1/completions``.
 
-Which API a server speaks is learned on first use and cached: the first generation tries
-the token-in/token-out ``/inference/v1/generate`` and falls back to completions (with
-``return_token_ids``) when the route is missing (404/405) or disabled. Logprobs are read
-in both shapes (``{"token_id": N}`` and ``{"token": "token_id:N"}`` entries, and
-completions' ``token_logprobs``).
+Which routes a server has is read once from its ``/openapi.json`` (:meth:`VLLMBackend.routes`,
+at start-up or on first use): the token-in/token-out ``/inference/v1/generate`` where it is
+listed (``--enable-scale-out``), completions with ``return_token_ids`` otherwise. A server
+without ``/openapi.json`` (``--disable-fastapi-docs``) is asked by trying the tokens route:
+a 403 (vLLM 0.32 refuses it so without ``--enable-scale-out``), 404 or 405 means completions.
+A listed route that answers 403/404/405 all the same is left for completions too. Which
+API each engine uses, and why, is logged once. Logprobs are read in both shapes
+(``{"token_id": N}`` and ``{"token": "token_id:N"}`` entries, and completions'
+``token_logprobs``).
 
-Weight versions: vLLM reports ``weight_versions`` spans only on a choice's last chunk,
-so tokens are stamped as they arrive with the best-known version (the last one seen from
-this server) and the authoritative spans travel in ``GenerateFinish.weight_versions``.
+Dev mode (``VLLM_SERVER_DEV_MODE=1``) adds ``/pause``, ``/resume``, ``/abort_requests``,
+``/update_weight_version`` and ``/weight_info``. Without it, each degrades with one log
+line: a pause or resume is refused with a clear :class:`BackendError` (the proxy's own
+pause still stops its generations), a new weight version labels this client's tokens
+only (vLLM cannot hold it), and aborts close the stream when no abort route is left.
+
+Weight versions: vLLM reports ``weight_versions`` spans only on a choice's last chunk
+(and only on the tokens route), so tokens are stamped as they arrive with the best-known
+version (the last one seen from this server, or given to it) and the authoritative spans
+travel in ``GenerateFinish.weight_versions``.
 
 Aborts: ``POST /inference/v1/abort_requests`` (or ``/abort_requests``) with the engine's
 request ids, after which the stream ends with ``finish_reason: "abort"`` (or, when no
@@ -22,6 +33,7 @@ closed instead; vLLM aborts a request whose client disconnects.
 
 from __future__ import annotations
 
+import logging
 from array import array
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -33,6 +45,10 @@ from ..connection import EngineResponse, post_quietly, post_stream, request_json
 from ..errors import check_status, discard
 from ..shared_wire import ModelCard, UpdateWeightVersionReqInput, WeightVersionOutput
 from . import protocol
+
+log = logging.getLogger(__name__)
+#: The ``/openapi.json`` answer that means "no route list": the client asks by trying.
+_NO_ROUTE_LIST = frozenset({401, 403, 404, 405})
 
 
 class VLLMGeneration(VersionedGeneration[protocol.VLLMStreamParser, "VLLMBackend"]):
@@ -46,20 +62,20 @@ class VLLMGeneration(VersionedGeneration[protocol.VLLMStreamParser, "VLLMBackend
         self._api: protocol.Api | None = backend.api
 
     async def _open(self) -> EngineResponse:
-        if self._api in (None, "generate"):
+        backend = self._backend
+        api = self._api = await backend.detect_api()
+        if api != "completions":
             response = await self._post(protocol.GENERATE_PATH, self._generate_body())
-            if self._api == "generate" or response.status_code < 400:
-                self._backend.api = self._api = "generate"
+            status = response.status_code
+            if status not in protocol.ROUTE_ABSENT or backend.options.api == "generate":
                 await check_status(response, self.what)
+                if api is None:
+                    backend.settle("generate", f"{protocol.GENERATE_PATH} answered {status}")
                 return response
-            if response.status_code not in (404, 405):
-                try:
-                    await check_status(response, self.what)
-                except BackendError as exc:
-                    if "generate tokens" not in str(exc):  # the route exists but is disabled
-                        raise
             await discard(response)
-            self._backend.api = self._api = "completions"
+            listed = " although /openapi.json lists it" if api == "generate" else ""
+            backend.settle("completions", f"{protocol.GENERATE_PATH} answered {status}{listed}")
+            self._api = "completions"
         body = await self._completions_body()
         response = await self._post("/v1/completions", body)
         await check_status(response, self.what)
@@ -100,25 +116,84 @@ class VLLMGeneration(VersionedGeneration[protocol.VLLMStreamParser, "VLLMBackend
 class VLLMBackend(VersionedConnection):
     """One vLLM server behind the :class:`Backend` interface.
 
-    ``options.api``: ``None`` to detect on first use, or force ``"generate"`` / ``"completions"``.
+    ``options.api``: ``None`` to detect it (see module docstring), or force ``"generate"`` / ``"completions"``.
     """
 
     kind = "vllm"
-    #: The API detected (``api`` until then: ``options.api``).
+    #: The API settled on (``api`` until then: ``options.api``).
     _detected: protocol.Api | None = None
     _models: ModelCard | None = None
+    #: What ``/openapi.json`` says (``_routes_read``: it was asked; ``None`` then: no route list).
+    _routes: protocol.ServerRoutes | None = None
+    _routes_read = False
     #: The abort route that answered (``None``: not known yet); ``_abort_missing``: none did.
     _abort_path: str | None = None
     _abort_missing = False
+    #: Dev-mode routes found missing, each logged once.
+    _missing_logged: frozenset[str] = frozenset()
 
     @property
     def api(self) -> protocol.Api | None:
         """The generation API this server speaks (``None``: not known yet)."""
         return self._detected or self.options.api
 
-    @api.setter
-    def api(self, value: protocol.Api) -> None:
-        self._detected = value
+    def settle(self, api: protocol.Api, why: str) -> None:
+        """Use ``api`` from now on; logged once, with the reason."""
+        if self._detected == api:
+            return
+        self._detected = api
+        if api == "generate":
+            log.info("vLLM %s: generating through %s (%s)", self.base_url, protocol.GENERATE_PATH, why)
+        else:
+            log.info(
+                "vLLM %s: generating through /v1/completions with return_token_ids (%s; start vLLM with "
+                "--enable-scale-out for the tokens route)", self.base_url, why,
+            )
+
+    async def routes(self) -> protocol.ServerRoutes | None:
+        """The server's routes from ``GET /openapi.json``, asked once (``None``: it has no route list).
+
+        An engine that cannot be reached is asked again next time.
+        """
+        if self._routes_read:
+            return self._routes
+        try:
+            answer = await request_json(self.http, "GET", self.url(protocol.OPENAPI_PATH), "vLLM /openapi.json")
+        except BackendError as exc:
+            if exc.unreachable or not any(f"HTTP {s}:" in str(exc) for s in _NO_ROUTE_LIST):
+                raise
+            answer = None
+        self._routes, self._routes_read = protocol.ServerRoutes.of(answer), True
+        routes = self._routes
+        if routes is None:
+            log.info("vLLM %s has no route list at %s: its routes are learned by trying them",
+                     self.base_url, protocol.OPENAPI_PATH)
+        elif not routes.has(protocol.PAUSE_PATH):
+            log.warning(
+                "vLLM %s runs without dev mode (no %s, %s, %s or %s; VLLM_SERVER_DEV_MODE=1 adds them): "
+                "engine pause and resume are refused, a new weight version labels the proxy's tokens only%s",
+                self.base_url, protocol.PAUSE_PATH, protocol.RESUME_PATH, protocol.VERSION_PATH,
+                protocol.WEIGHT_INFO_PATH,
+                "" if routes.abort_paths else ", and with no abort route an abort closes the stream",
+            )
+        return routes
+
+    async def detect_api(self) -> protocol.Api | None:
+        """The API to use: forced, settled, or as ``/openapi.json`` says (``None``: try the tokens route)."""
+        if self.api is not None:
+            return self.api
+        routes = await self.routes()
+        if routes is None:
+            return None
+        if routes.generate:
+            self.settle("generate", f"/openapi.json lists {protocol.GENERATE_PATH}")
+        else:
+            self.settle("completions", f"/openapi.json does not list {protocol.GENERATE_PATH}")
+        return self.api
+
+    def _lacks(self, path: str) -> bool:
+        """Whether the server's route list says it has no ``path`` (unknown: ``False``)."""
+        return self._routes is not None and not self._routes.has(path)
 
     def open_generation(self, request: GenerateRequest) -> VLLMGeneration:
         return VLLMGeneration(self, request)
@@ -138,9 +213,12 @@ class VLLMBackend(VersionedConnection):
 
     async def model_info(self) -> ModelInfo:
         card = await self._model_card()
+        await self.detect_api()  # at start-up: which API, logged once
         version = self.last_version
+        if self._lacks(protocol.WEIGHT_INFO_PATH):
+            return ModelInfo(card.id or "vllm", card.max_model_len, version)
         try:
-            got = await request_json(self.http, "GET", self.url("/weight_info"), "vLLM weight info")
+            got = await request_json(self.http, "GET", self.url(protocol.WEIGHT_INFO_PATH), "vLLM weight info")
             current = read_tolerantly(got, WeightVersionOutput).weight_version
             if current is not None:
                 version = self.last_version = str(current)
@@ -159,7 +237,11 @@ class VLLMBackend(VersionedConnection):
         """Abort by engine request id; ``False`` if the server has no abort route or fails."""
         if self._abort_missing:
             return False
-        paths = [self._abort_path] if self._abort_path else list(protocol.ABORT_PATHS)
+        if self._abort_path:
+            paths = [self._abort_path]
+        else:
+            listed = self._routes.abort_paths if self._routes is not None else protocol.ABORT_PATHS
+            paths = list(listed)
         for path in paths:
             self.abort_calls += 1
             body = CONVERTER.unstructure(protocol.AbortRequests(list(request_ids)))
@@ -169,9 +251,13 @@ class VLLMBackend(VersionedConnection):
             if status < 400:
                 self._abort_path = path
                 return True
-            if status not in (404, 405):
+            if status not in protocol.ROUTE_ABSENT:
                 return False
-        self._abort_missing = self._abort_path is None
+        if self._abort_path is None and not self._abort_missing:
+            self._abort_missing = True
+            log.warning("vLLM %s has no abort route (%s need --enable-scale-out or VLLM_SERVER_DEV_MODE=1): "
+                        "an abort closes the stream, and tokens vLLM sampled meanwhile are not received",
+                        self.base_url, " and ".join(protocol.ABORT_PATHS))
         return False
 
     async def prompt_logprobs(self, input_ids: array[int]) -> list[float | None]:
@@ -210,13 +296,32 @@ class VLLMBackend(VersionedConnection):
         return result
 
     async def pause(self, mode: str = "abort") -> None:
-        """``POST /pause?mode=abort|wait|keep`` (dev-mode servers)."""
-        await request_json(self.http, "POST", self.url(f"/pause?mode={mode}"), "vLLM pause")
+        """``POST /pause?mode=abort|wait|keep`` (dev-mode servers; refused with a clear error elsewhere)."""
+        self._dev_route(protocol.PAUSE_PATH, "the engine is not paused (the proxy's own pause stops its requests)")
+        await request_json(self.http, "POST", self.url(f"{protocol.PAUSE_PATH}?mode={mode}"), "vLLM pause")
 
     async def resume(self) -> None:
-        await request_json(self.http, "POST", self.url("/resume"), "vLLM resume")
+        self._dev_route(protocol.RESUME_PATH, "nothing to resume on the engine")
+        await request_json(self.http, "POST", self.url(protocol.RESUME_PATH), "vLLM resume")
 
     async def update_weight_version(self, version: str) -> None:
+        """``POST /update_weight_version``; without dev mode the version labels this client's tokens only."""
+        if self._lacks(protocol.VERSION_PATH):
+            self.last_version = version
+            self._log_missing(protocol.VERSION_PATH, f"weight version {version!r} labels the proxy's tokens only")
+            return
         body = CONVERTER.unstructure(UpdateWeightVersionReqInput(version))
-        await request_json(self.http, "POST", self.url("/update_weight_version"), "vLLM weight version", body=body)
+        await request_json(self.http, "POST", self.url(protocol.VERSION_PATH), "vLLM weight version", body=body)
         self.last_version = version
+
+    def _dev_route(self, path: str, consequence: str) -> None:
+        """Refuse a call to a dev-mode route the server does not list (the caller logs it)."""
+        if self._lacks(path):
+            raise BackendError(f"vLLM {self.base_url} has no {path} (start it with VLLM_SERVER_DEV_MODE=1): "
+                               f"{consequence}", status=501)
+
+    def _log_missing(self, path: str, consequence: str) -> None:
+        if path not in self._missing_logged:
+            self._missing_logged |= {path}
+            log.warning("vLLM %s has no %s (dev mode is off; VLLM_SERVER_DEV_MODE=1 adds it): %s",
+                        self.base_url, path, consequence)

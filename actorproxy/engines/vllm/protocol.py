@@ -30,6 +30,14 @@ from ..errors import error_message, stream_error_status
 Api = Literal["generate", "completions"]
 GENERATE_PATH = "/inference/v1/generate"
 ABORT_PATHS = ("/inference/v1/abort_requests", "/abort_requests")
+#: The server's own route list (FastAPI's; absent with ``--disable-fastapi-docs``).
+OPENAPI_PATH = "/openapi.json"
+#: The answers of a route the server does not have: vLLM 0.32 answers 403 on the
+#: scale-out routes when ``--enable-scale-out`` is off, 404/405 where there is no route.
+ROUTE_ABSENT = frozenset({403, 404, 405})
+#: Routes only a ``VLLM_SERVER_DEV_MODE=1`` server has (``/abort_requests`` too).
+PAUSE_PATH, RESUME_PATH = "/pause", "/resume"
+VERSION_PATH, WEIGHT_INFO_PATH = "/update_weight_version", "/weight_info"
 _NPY_TYPES = {"u1": "B", "i1": "b", "u2": "H", "i2": "h", "u4": "I", "i4": "i", "u8": "Q", "i8": "q"}
 
 
@@ -146,6 +154,36 @@ class CompletionRequest(SamplingFields):
             stream=stream,
             stream_options=StreamOptions(include_usage=True) if stream else None,
         )
+
+
+@attrs.frozen
+class ServerRoutes:
+    """The routes a vLLM server lists in its ``/openapi.json`` (``paths``).
+
+    A route vLLM registers only to refuse it (the scale-out routes without
+    ``--enable-scale-out`` answer 403) is not listed there.
+    """
+
+    paths: frozenset[str]
+
+    @classmethod
+    def of(cls, openapi: object) -> ServerRoutes | None:
+        """The routes of an ``/openapi.json`` document; ``None`` when it is not one."""
+        paths = openapi.get("paths") if isinstance(openapi, Mapping) else None
+        if not isinstance(paths, Mapping):
+            return None
+        return cls(frozenset(p for p in paths if isinstance(p, str)))
+
+    @property
+    def generate(self) -> bool:
+        return GENERATE_PATH in self.paths
+
+    @property
+    def abort_paths(self) -> tuple[str, ...]:
+        return tuple(p for p in ABORT_PATHS if p in self.paths)
+
+    def has(self, path: str) -> bool:
+        return path in self.paths
 
 
 @attrs.frozen

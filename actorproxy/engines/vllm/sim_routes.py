@@ -1,8 +1,10 @@
 """vLLM's token routes over the simulated engine.
 
-``/inference/v1/generate`` (tokens in, tokens out; optional, see
-``SimServerSettings.vllm_generate_endpoint``), the ``/v1/completions`` fallback
-with a token-id prompt, aborts and the RL pause routes. Errors are
+``/inference/v1/generate`` and ``/inference/v1/abort_requests`` (the scale-out routes:
+without ``SimServerSettings.vllm_generate_endpoint`` they answer 403, as vLLM 0.32 does
+without ``--enable-scale-out``), the ``/v1/completions`` fallback with a token-id prompt,
+and the dev-mode routes (``/abort_requests``, the RL pause routes, ``/weight_info``;
+absent without ``SimServerSettings.vllm_dev_mode``). Errors are
 ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -52,7 +54,8 @@ class _Call:
 
 
 def _error(message: str, status: int = 400, param: str | None = None) -> Response:
-    kinds = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
+    kinds = {400: "BadRequestError", 403: "PermissionDeniedError", 404: "NotFoundError",
+             503: "ServiceUnavailableError"}
     kind = kinds.get(status, "InternalServerError")
     return wire.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
 
@@ -270,29 +273,50 @@ async def _answer(state: SimState, *, completions: bool) -> Response:
     return wire.json_response(data | {"usage": writer.usage()}, headers=headers)
 
 
+#: vLLM 0.32's answer on a scale-out route when ``--enable-scale-out`` is off.
+SCALE_OUT_DISABLED = "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+
+
 def vllm_blueprint(state: SimState) -> Blueprint:
-    """vLLM's routes: generate (if enabled), completions, aborts, pause/resume."""
+    """vLLM's routes: generate and its abort (or their 403), completions, the dev-mode routes if enabled."""
     bp = wire.engine_blueprint("vllm", __name__, _error, _invalid)
-
-    if state.settings.vllm_generate_endpoint:
-
-        @bp.post(GENERATE_PATH)
-        async def generate() -> Response:
-            return await _answer(state, completions=False)
+    settings = state.settings
 
     @bp.post("/v1/completions")
     async def completions() -> Response:
         return await _answer(state, completions=True)
 
-    @bp.post("/inference/v1/abort_requests")
-    async def abort_tokens_requests() -> Response:
-        ids = (await wire.read_body(AbortRequests)).request_ids
-        if ids is None:
-            raise wire.BadField("Missing 'request_ids' in request body")
-        state.abort_calls += 1
-        await state.faults.abort_wait()
-        state.abort_ids(ids)
-        return Response("", status=200)
+    if not settings.vllm_generate_endpoint:
+
+        @bp.post(GENERATE_PATH)
+        @bp.post("/inference/v1/abort_requests")
+        async def scale_out_disabled() -> Response:
+            return _error(SCALE_OUT_DISABLED, 403)
+
+        state.unlisted |= {GENERATE_PATH, "/inference/v1/abort_requests"}
+    else:
+
+        @bp.post(GENERATE_PATH)
+        async def generate() -> Response:
+            return await _answer(state, completions=False)
+
+        @bp.post("/inference/v1/abort_requests")
+        async def abort_tokens_requests() -> Response:
+            ids = (await wire.read_body(AbortRequests)).request_ids
+            if ids is None:
+                raise wire.BadField("Missing 'request_ids' in request body")
+            state.abort_calls += 1
+            await state.faults.abort_wait()
+            state.abort_ids(ids)
+            return Response("", status=200)
+
+    if settings.vllm_dev_mode:
+        _dev_routes(bp, state)
+    return bp
+
+
+def _dev_routes(bp: Blueprint, state: SimState) -> None:
+    """The routes of a ``VLLM_SERVER_DEV_MODE=1`` server."""
 
     @bp.post("/abort_requests")
     async def abort_requests() -> Response:
@@ -329,5 +353,3 @@ def vllm_blueprint(state: SimState) -> Blueprint:
     @bp.get("/weight_info")
     async def weight_info() -> Response:
         return wire.json_response(CONVERTER.unstructure(WeightVersionOutput(state.engine.weight_version)))
-
-    return bp
