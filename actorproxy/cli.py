@@ -228,6 +228,7 @@ async def _run(config: ProxyConfig, tokenizer: ChatTokenizer) -> None:
         running: RunningProxy = await nursery.start(partial(serve_until_signal, config, tokenizer=tokenizer))
         for line in banner(config, running):
             log.info("%s", line)
+        _warn_if_open(config, running.url)
 
 
 async def _run_workers(config: ProxyConfig) -> None:
@@ -242,6 +243,7 @@ async def _run_workers(config: ProxyConfig) -> None:
                      config.server.workers)
             log.info("  store:     sqlite, a file per worker under %s/worker-<i> (durable; crash-recovered)",
                      config.store.data_dir)
+            _warn_if_open(config, url)
             log.info("  metrics:   %s/metrics (one worker label each)", url)
 
 
@@ -256,6 +258,14 @@ def _store_line(config: ProxyConfig) -> str:
     return f"sqlite under {store.data_dir} (durable; crash-recovered; docs/storage.md)"
 
 
+def _warn_if_open(config: ProxyConfig, url: str) -> None:
+    """Say at WARNING that the trainer's routes are open when no admin token is set (docs/security.md)."""
+    if not config.security.admin_token:
+        logging.getLogger("actorproxy").warning(
+            "no --admin-token: every route is open to anyone who reaches %s (setting rewards, finalizing, "
+            "draining trajectories, pausing); GET /health says \"access\": \"open\"", url)
+
+
 def banner(config: ProxyConfig, running: RunningProxy) -> list[str]:
     """What start-up tells the operator: where it listens, engines, tokenizer, access, and what to try."""
     runtime = running.runtime
@@ -268,7 +278,8 @@ def banner(config: ProxyConfig, running: RunningProxy) -> list[str]:
         engine = f"{engines.backend}: " + ", ".join(
             f"{url} ({'healthy' if states.get(url, True) else 'DOWN'})" for url in engines.backend_urls
         )
-    auth = "admin token required for trainer routes" if config.security.admin_token else "open (loopback only)"
+    auth = "admin token required for trainer routes" if config.security.admin_token else (
+        f"OPEN: anyone reaching {config.server.host} may set rewards, finalize, drain and pause (--admin-token)")
     if config.security.agent_auth != "none":
         auth += f"; agents need a key ({config.security.agent_auth})"
     curl = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +13,9 @@ from hypothesis import strategies as st
 
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.cli import main
+from actorproxy.runtime.runtime import open_runtime
 from actorproxy.serve import RunningProxy
+from actorproxy.server.app import create_app
 from actorproxy.server.auth import AccessPolicy, exposure_problem, route_kind
 from actorproxy.sim import SimConfig, SimEngine
 
@@ -60,6 +63,17 @@ ADMIN_CALLS = [
     ("POST", "/session/finalize", {"session_id": "victim"}),
     ("GET", "/session/victim", None),
     ("POST", "/session/open", {}),
+    # Every other route that finalizes, grades, submits steps or hands a trajectory to training.
+    ("POST", "/session/finalize", {"session_id": "agent-a", "reward": 1.0}),
+    ("POST", "/complete_trajectory/agent-a", {"reward": 1.0}),
+    ("POST", "/submit_steps", {"steps": [{"trajectory_uid": "agent-a", "prompt_uid": "p", "prompt_ids": [1],
+                                          "response_ids": [2], "step_index": 0, "reward": 1.0, "is_last": True}]}),
+    ("POST", "/compute_reward", {"trajectory_uid": "agent-a", "messages": []}),
+    ("POST", "/trajectory/fetch_batch", {"groups": 1, "rollouts_per_group": 1, "timeout_s": 0}),
+    ("POST", "/init_trajectory", {}),
+    ("POST", "/generate", {"trajectory_uid": "agent-a", "prompt_uid": "p", "messages": []}),
+    ("POST", "/agent-a/p/v1/register_trajectory", {"channel": "train"}),
+    ("POST", "/sess/agent-a/v1/register_trajectory", {"channel": "train"}),
 ]
 
 
@@ -176,6 +190,21 @@ def test_route_kinds() -> None:
     assert route_kind("/health") == "public"
     assert route_kind("/ui/assets/app.js") == "public"
     assert route_kind("/ui") == "admin" and route_kind("/ui/api/overview") == "admin"
+
+
+async def test_the_route_table_names_every_agent_route(engine: SimEngine, tokenizer: Any) -> None:
+    """Every route is the admin's unless listed here: a new route that settles a trajectory cannot slip out."""
+    config = ProxyConfig.of(port=0, admin_token=ADMIN, agent_auth="session-key")
+    async with open_runtime(config, backend=engine, tokenizer=tokenizer) as runtime:
+        app = create_app(runtime)
+        rules = {rule.rule: re.sub(r"<[^>]+>", "x", rule.rule) for rule in app.url_map.iter_rules()}
+    agent = sorted(rule for rule, path in rules.items() if route_kind(path) == "agent")
+    turns = ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/models", "/v1/responses"]
+    mounts = ["", "/<url_session>/<url_instance>", "/sess/<url_session>"]
+    completion = "/<url_session>/<url_instance>/v1/complete_trajectory"
+    assert agent == sorted([m + t for m in mounts for t in turns] + [completion])
+    assert route_kind("/sess/x/v1/complete_trajectory") == "agent"  # its rule is the one above (with "sess")
+    assert route_kind("/t/p/v1/register_trajectory") == "admin"
 
 
 @given(st.text(max_size=120))

@@ -198,6 +198,8 @@ def create_app(runtime: Runtime) -> QuartTrio:
         return _json(
             {
                 "status": status,
+                # "open": no admin token, every route (rewards, finalize, drain, pause) is anyone's (docs/security.md)
+                "access": policy.access,
                 **await runtime.census(),
                 "store": await runtime.store_stats(),
                 "backend": runtime.backend.kind,

@@ -46,8 +46,8 @@ AGENT_SUFFIXES = (
     "/v1/messages/count_tokens",
     "/v1/responses",
     "/v1/models",
-    # The Claw-R1 base URL's own routes (a key confines them to its trajectory; a reward needs the admin).
-    "/v1/register_trajectory",
+    # The Claw-R1 base URL's completion: an agent's own, never graded (see AccessPolicy.completes).
+    # (Registering a trajectory's channel and metadata is the trainer's: not listed, so the admin's.)
     "/v1/complete_trajectory",
 )
 #: Paths anyone may call: liveness, and the API's description (``/health`` shows its details to the admin alone).
@@ -169,6 +169,37 @@ class AccessPolicy:
                 code="invalid_api_key",
             )
         return session
+
+    def completes(self, headers: Headers, confined: str | None, trajectory: str, *, grading: bool) -> bool:
+        """Whether the caller completing ``trajectory`` on an agent route is the trainer (``False``: its own agent).
+
+        The one rule for rewards and completion (docs/security.md): the trainer, who
+        may grade a trajectory (a reward, a channel) and hand it to training, holds
+        the admin token, or is anyone a session key does not confine when no admin
+        token is configured (everything is open then). An agent completes only its
+        own trajectory, named by its session key, and never grades it
+        (``grading``: the call sets a reward or a channel). Anyone else: 401.
+        """
+        if confined is None:
+            if self.is_admin(headers):
+                return True
+            raise Unauthorized(
+                "completing a trajectory needs the admin token: send 'Authorization: Bearer <token>' (an agent "
+                "completes its own trajectory only with its session key, --agent-auth session-key)",
+                code="admin_token_required",
+            )
+        check_scope(confined, trajectory)
+        if grading:
+            raise Unauthorized(
+                "a reward or a channel needs the admin token: an agent completes its own trajectory but never "
+                "grades it", code="admin_token_required",
+            )
+        return False
+
+    @property
+    def access(self) -> Literal["open", "admin-token"]:
+        """``open``: no admin token, so every route (rewards, finalize, drain, pause) is anyone's who reaches it."""
+        return "open" if self.admin_token is None else "admin-token"
 
 
 def bearer(headers: Headers) -> str | None:

@@ -29,7 +29,7 @@ from quart_trio import QuartTrio
 
 from ..core.messages import output_as_message
 from ..core.records import Segment
-from ..errors import BadRequest, NotConfigured, NotFound, Overloaded, RewardFailed, RewardTimeout, Unauthorized
+from ..errors import BadRequest, NotConfigured, NotFound, Overloaded, RewardFailed, RewardTimeout
 from ..rewards import RewardFunctionError, as_reward, is_async, load_reward_fn
 from ..runtime import store as st
 from ..runtime.actor import ActorGone, ask
@@ -154,7 +154,6 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
 
     @app.post("/<url_session>/<url_instance>/v1/register_trajectory")
     async def register_trajectory(url_session: str, url_instance: str) -> Response:
-        _confined(url_session)
         body: RegisterBody = await _body(RegisterBody, optional=True)
         trajectory = gateway.remember(
             _uid(url_session, "trajectory_uid"), Trajectory(_uid(url_instance, "prompt_uid"), body.channel,
@@ -179,13 +178,18 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
 
     @app.post("/<url_session>/<url_instance>/v1/complete_trajectory")
     async def complete_under_base_url(url_session: str, url_instance: str) -> Response:
-        _confined(url_session)
         body: CompleteBody = await _body(CompleteBody, optional=True)
-        if body.reward is not None and g.get("agent_session") is not None:
-            raise Unauthorized(
-                "a reward needs the admin token: an agent cannot grade itself", code="admin_token_required"
-            )
-        return await complete(_uid(url_session, "trajectory_uid"), _uid(url_instance, "prompt_uid"), body)
+        if url_session == "sess":  # /sess/<id>/v1/...: the per-session mount, as on the model routes
+            trajectory_uid, prompt_uid = _uid(url_instance, "trajectory_uid"), None
+        else:
+            trajectory_uid, prompt_uid = _uid(url_session, "trajectory_uid"), _uid(url_instance, "prompt_uid")
+        grading = body.reward is not None or body.channel is not None
+        if not policy.completes(request.headers, g.get("agent_session"), trajectory_uid, grading=grading):
+            # Its own agent's word that it is done: the trainer completes it (reward, hand-off).
+            known = gateway.trajectories.get(trajectory_uid)
+            return _reply(CompleteResult("awaiting_trainer", trajectory_uid, prompt_uid or (
+                known.prompt_uid if known else None), known.channel if known else "train", False))
+        return await complete(trajectory_uid, prompt_uid, body)
 
     @app.post("/complete_trajectory/<trajectory_uid>")
     async def complete_by_id(trajectory_uid: str) -> Response:
@@ -385,11 +389,3 @@ async def generate_turn(runtime: Runtime, gateway: Gateway, raw: bytes) -> bytes
         tool_calls=message.get("tool_calls", []),
         reasoning_content=output.reasoning or None,
     )))
-
-
-def _confined(trajectory_uid: str) -> None:
-    """An agent holding a session key may touch only its own trajectory."""
-    confined = g.get("agent_session")
-    if confined is not None and confined != trajectory_uid:
-        raise Unauthorized("this API key belongs to another trajectory", code="wrong_session")
-
