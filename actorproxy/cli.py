@@ -134,7 +134,7 @@ def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         default=d.record_capacity,
         help="requests remembered for GET /sim/requests",
     )
-    sim.add_argument("--model-path", default=d.model_path, help="model name reported by /get_model_info and /v1/models")
+    sim.add_argument("--model-path", default=d.model_path, help="model name reported by /model_info and /v1/models")
     sim.add_argument(
         "--tokenizer-path",
         default=None,

@@ -470,7 +470,8 @@ async def test_sglang_model_info_prompt_logprobs_and_helpers() -> None:
         return httpx.Response(200, json={"output_ids": [], "meta_info": {"input_token_logprobs": entries}})
 
     engine = Engine({
-        "/get_model_info": lambda r, b: httpx.Response(200, json={"model_path": "Qwen/Qwen3-8B", "weight_version": 0}),
+        # An older build: no /model_info (404), and a model info without the version.
+        "/get_model_info": lambda r, b: httpx.Response(200, json={"model_path": "Qwen/Qwen3-8B"}),
         "/get_weight_version": lambda r, b: httpx.Response(200, json={"weight_version": "step-9"}),
         "/v1/models": lambda r, b: httpx.Response(200, json={"data": [{"id": "q", "max_model_len": 4096}]}),
         "/generate": generate,
@@ -482,6 +483,8 @@ async def test_sglang_model_info_prompt_logprobs_and_helpers() -> None:
     backend = SGLangBackend(URL, http=engine.client())
     info = await backend.model_info()
     assert (info.model_id, info.max_model_len, info.weight_version) == ("Qwen/Qwen3-8B", 4096, "step-9")
+    await backend.model_info()
+    assert [path for path, _, _ in engine.calls].count("/model_info") == 1  # asked once: the choice is kept
     assert await backend.prompt_logprobs(PROMPT) == [None, -2.5, -0.75]
     body = engine.bodies("/generate")[0]
     assert body["sampling_params"]["max_new_tokens"] == 0 and body["logprob_start_len"] == 0

@@ -15,11 +15,13 @@ because SGLang alone would notice the disconnect only ~2 s later.
 
 from __future__ import annotations
 
+import logging
 from array import array
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 import httpx
+import orjson
 import trio
 
 from ...wire.converter import CONVERTER, TokenIds
@@ -36,12 +38,14 @@ from ..base import (
 )
 from ..client_base import VersionedConnection, VersionedGeneration, first_model_card, read_tolerantly
 from ..connection import EngineOptions, EngineResponse, json_body, post_quietly, post_stream, request_json
-from ..errors import check_status
+from ..errors import check_status, mapped_errors
 from ..http11 import HTTP11Client
 from ..shared_wire import UpdateWeightVersionReqInput, WeightVersionOutput
 from ..sse import SSEEvent
 from . import protocol
 from .cumulative import look
+
+log = logging.getLogger(__name__)
 
 
 class SGLangGeneration(VersionedGeneration[protocol.SGLangStreamParser, "SGLangBackend"]):
@@ -134,6 +138,8 @@ class SGLangBackend(VersionedConnection):
         super().__init__(base_url, options, http=http)
         #: Where an acknowledged abort goes on a connection of its own (plain HTTP to an address, our own pools).
         self._origin = self.control.one_shot_origin() if isinstance(self.control, HTTP11Client) else None
+        #: Where the model info is read (:meth:`_model_info_json`; ``None``: not known yet).
+        self._info_path: str | None = None
 
     async def abort(self, rid: str) -> bool:
         """``POST /abort_request`` for ``rid``; ``True`` if acknowledged (status below 400).
@@ -225,17 +231,21 @@ class SGLangBackend(VersionedConnection):
         return SGLangGeneration(self, request)
 
     async def model_info(self) -> ModelInfo:
-        """From ``/get_model_info`` (+ ``/get_weight_version``; ``/v1/models`` for the length)."""
-        got = await request_json(self.http, "GET", self.url("/get_model_info"), "SGLang model info")
-        info = read_tolerantly(got, protocol.ModelInfoOutput)
+        """From SGLang's model info (:meth:`_model_info_json`; ``/v1/models`` for the length).
+
+        Its ``weight_version`` is the engine's current one (``/update_weight_version`` moves
+        it). Only a build whose model info has none is asked ``/get_weight_version``, a route
+        SGLang had for a while and has dropped (0.5.23 answers it 404).
+        """
+        info = read_tolerantly(await self._model_info_json(), protocol.ModelInfoOutput)
         version = info.weight_version
-        try:
-            got = await request_json(self.http, "GET", self.url("/get_weight_version"), "SGLang weight version")
-            current = read_tolerantly(got, WeightVersionOutput).weight_version
-            if current is not None:
-                version = current
-        except BackendError:
-            pass  # older servers: the model info's version will do
+        if version is None:
+            try:
+                got = await request_json(self.http, "GET", self.url("/get_weight_version"), "SGLang weight version")
+                version = read_tolerantly(got, WeightVersionOutput).weight_version
+            except BackendError as exc:
+                log.warning("SGLang at %s reports no weight version (%s); keeping %r", self.base_url, exc,
+                            self.last_version)
         max_len = info.max_model_len if info.max_model_len is not None else info.context_length
         if max_len is None:
             max_len = await self._max_len_from_models()
@@ -243,6 +253,30 @@ class SGLangBackend(VersionedConnection):
             self.last_version = str(version)
         model = info.model_path or info.served_model_name or "sglang"
         return ModelInfo(model, max_len, str(version if version is not None else self.last_version))
+
+    async def _model_info_json(self) -> Any:
+        """``GET /model_info``, or ``/get_model_info`` where the engine has no ``/model_info``.
+
+        SGLang 0.5.23 serves ``/model_info`` and keeps ``/get_model_info`` as a deprecated
+        alias that logs a warning on every call; older builds (and gateways) have only
+        ``/get_model_info``. The first answer decides, by its status alone (404/405: the
+        route is absent), once per engine, and the choice is logged.
+        """
+        what = "SGLang model info"
+        if self._info_path is None:
+            with mapped_errors(what):
+                response = await self.http.get(self.url(protocol.MODEL_INFO_PATH))
+            if response.status_code not in _ROUTE_ABSENT:
+                await check_status(response, what)
+                self._info_path = protocol.MODEL_INFO_PATH
+                try:
+                    return orjson.loads(response.content)
+                except ValueError as exc:
+                    raise BackendError(f"{what}: response is not JSON: {response.content[:200]!r}") from exc
+            self._info_path = protocol.LEGACY_MODEL_INFO_PATH
+            log.info("SGLang at %s has no %s (HTTP %d): reading its model info from %s", self.base_url,
+                     protocol.MODEL_INFO_PATH, response.status_code, self._info_path)
+        return await request_json(self.http, "GET", self.url(self._info_path), what)
 
     async def _max_len_from_models(self) -> int | None:
         try:
@@ -287,6 +321,10 @@ class SGLangBackend(VersionedConnection):
         body = CONVERTER.unstructure(UpdateWeightVersionReqInput(version, abort_all_requests))
         await request_json(self.http, "POST", self.url("/update_weight_version"), "SGLang weight version", body=body)
         self.last_version = version
+
+
+#: An engine's answer to a route it does not have (FastAPI: 404 for the path, 405 for the method).
+_ROUTE_ABSENT = frozenset({404, 405})
 
 
 def _acknowledged(status: int | None) -> bool:

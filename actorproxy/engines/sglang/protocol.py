@@ -35,6 +35,9 @@ from .cumulative import PrefixCutter
 
 GENERATE_PATH = "/generate"
 ABORT_PATH = "/abort_request"
+#: The model info (SGLang 0.5.23); builds before it serve only the legacy path, which 0.5.23 keeps deprecated.
+MODEL_INFO_PATH = "/model_info"
+LEGACY_MODEL_INFO_PATH = "/get_model_info"
 
 
 @attrs.frozen(kw_only=True)
@@ -148,7 +151,7 @@ class AbortReq:
 
 @attrs.frozen(kw_only=True)
 class ModelInfoOutput:
-    """``GET /get_model_info`` (the length fields: some builds and gateways add them)."""
+    """``GET /model_info`` (``/get_model_info``); the length fields: some builds and gateways add them."""
 
     __wire_omit_if_default__ = ("served_model_name", "max_model_len", "context_length")
 

@@ -25,6 +25,8 @@ from ..shared_wire import WeightVersionOutput
 from .protocol import (
     ABORT_PATH,
     GENERATE_PATH,
+    LEGACY_MODEL_INFO_PATH,
+    MODEL_INFO_PATH,
     AbortReq,
     GenerateReqInput,
     ModelInfoOutput,
@@ -212,7 +214,8 @@ def sglang_blueprint(state: SimState) -> Blueprint:
         state.abort_prefix(abort.rid, abort_all=abort.abort_all)
         return Response("", status=200)
 
-    @bp.get("/get_model_info")
+    @bp.get(MODEL_INFO_PATH)
+    @bp.get(LEGACY_MODEL_INFO_PATH)
     async def get_model_info() -> Response:
         info = ModelInfoOutput(
             model_path=state.settings.model_path,
