@@ -38,6 +38,7 @@ TOOL = {
     "input_schema": WEATHER_TOOL["function"]["parameters"],  # type: ignore[index]
 }
 QUESTION = "Weather in Zürich?"
+THINKING = {"type": "enabled", "budget_tokens": 1024}  # thinking blocks come back only when it is enabled
 
 
 async def in_thread(base_url: str, session: str | None, work: Callable[[Any], Any]) -> Any:
@@ -101,7 +102,7 @@ async def test_tool_loop_non_streaming(proxy: RunningProxy, engine: SimEngine) -
 
     def loop(client: Any) -> list[Any]:
         messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
-        kwargs = {"model": "claude-x", "max_tokens": 256, "system": SYSTEM, "tools": [TOOL]}
+        kwargs = {"model": "claude-x", "max_tokens": 256, "system": SYSTEM, "tools": [TOOL], "thinking": THINKING}
         first = client.messages.create(messages=messages, **kwargs)
         call = first.content[-1]
         messages += [{"role": "assistant", "content": first.content},
@@ -135,7 +136,7 @@ async def test_tool_loop_streaming(proxy: RunningProxy, engine: SimEngine) -> No
     def first_turn(client: Any) -> list[Any]:
         return list(client.messages.create(
             messages=[{"role": "user", "content": QUESTION}], model="claude-x", max_tokens=256,
-            system=SYSTEM, tools=[TOOL], stream=True))
+            system=SYSTEM, tools=[TOOL], thinking=THINKING, stream=True))
 
     raw = await in_thread(proxy.url, "anth-stream", first_turn)
     kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in raw]
@@ -165,7 +166,7 @@ async def test_tool_loop_streaming(proxy: RunningProxy, engine: SimEngine) -> No
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id,
                                                   "content": [{"type": "text", "text": "18 °C"}]}]}]
         with client.messages.stream(messages=messages, model="claude-x", max_tokens=256, system=SYSTEM,
-                                    tools=[TOOL]) as stream:
+                                    tools=[TOOL], thinking=THINKING) as stream:
             texts = list(stream.text_stream)
             return texts, stream.get_final_message()
 
@@ -180,7 +181,7 @@ async def test_tool_loop_streaming(proxy: RunningProxy, engine: SimEngine) -> No
 
 async def test_stream_wire_format(http: httpx.AsyncClient, engine: SimEngine) -> None:
     engine.script(REPLY, routing_key="wire")
-    body = {"model": "m", "max_tokens": 100, "tools": [TOOL], "stream": True,
+    body = {"model": "m", "max_tokens": 100, "tools": [TOOL], "stream": True, "thinking": THINKING,
             "messages": [{"role": "user", "content": QUESTION}]}
     response = await http.post("/v1/messages", json=body, headers={"X-Session-Id": "wire"})
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")

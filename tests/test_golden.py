@@ -117,7 +117,8 @@ def _anthropic_turns() -> list[tuple[str, str, dict[str, Any]]]:
         "role": "user",
         "content": [{"type": "tool_result", "tool_use_id": "call_40ce81ead57aca7068fbc265", "content": "Light rain."}],
     }
-    base = {"model": "claude-golden", "max_tokens": 300, "system": _SYSTEM, "tools": [_ANTHROPIC_TOOL]}
+    base = {"model": "claude-golden", "max_tokens": 300, "system": _SYSTEM, "tools": [_ANTHROPIC_TOOL],
+            "thinking": {"type": "enabled", "budget_tokens": 1024}}
     return [
         (
             ANTHROPIC,

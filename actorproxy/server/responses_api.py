@@ -312,6 +312,8 @@ def parse_responses_body(
         messages.insert(0, {"role": "system", "content": text})
     if tools is None:
         tools, _skipped = convert_tools(body.get("tools"))
+    if body.get("tool_choice") == "none":
+        tools = []  # as on chat: the model is offered no tools (the prompt does not list them)
     max_tokens = body.get("max_output_tokens")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise _bad("'max_output_tokens' must be an integer of at least 1", "max_output_tokens")

@@ -70,7 +70,8 @@ class AnthropicFormat(TurnFormat[AnthropicCall]):
         return new_message_id()
 
     def render(self, call: AnthropicCall, reply: ReplyInfo, done: TurnDone) -> Any:
-        return message_json(done, message_id=reply.id, model=reply.model, session_id=reply.session_id)
+        return message_json(done, message_id=reply.id, model=reply.model, session_id=reply.session_id,
+                            thinking=call.thinking_shown)
 
     def writer(self, call: AnthropicCall, reply: ReplyInfo) -> EventWriter:
-        return EventWriter(message_id=reply.id, model=reply.model)
+        return EventWriter(message_id=reply.id, model=reply.model, thinking=call.thinking_shown)

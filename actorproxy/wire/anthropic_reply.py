@@ -27,9 +27,10 @@ def _tool_input(call: ToolCall) -> Any:
     return call.parsed if isinstance(call.parsed, dict) else json.loads(call.arguments)
 
 
-def content_blocks(output: AssistantOutput) -> list[dict[str, Any]]:
+def content_blocks(output: AssistantOutput, *, thinking: bool = True) -> list[dict[str, Any]]:
+    """The reply's blocks; ``thinking`` false leaves the reasoning out (the request did not enable it)."""
     blocks: list[dict[str, Any]] = []
-    if output.reasoning:
+    if output.reasoning and thinking:
         blocks.append({"type": "thinking", "thinking": output.reasoning,
                        "signature": thinking_signature(output.reasoning)})
     if output.content:
@@ -54,14 +55,16 @@ def _usage(done: TurnDone) -> dict[str, int]:
     return {"input_tokens": done.prompt_tokens, "output_tokens": done.completion_tokens}
 
 
-def message_json(done: TurnDone, *, message_id: str, model: str, session_id: str) -> dict[str, Any]:
+def message_json(
+    done: TurnDone, *, message_id: str, model: str, session_id: str, thinking: bool = True
+) -> dict[str, Any]:
     reason, sequence = stop_reason(done)
     return {
         "id": message_id,
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": content_blocks(done.output),
+        "content": content_blocks(done.output, thinking=thinking),
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": _usage(done),
@@ -101,8 +104,9 @@ class EventWriter:
     opens; a thinking block gets its ``signature_delta`` just before it closes.
     """
 
-    def __init__(self, *, message_id: str, model: str) -> None:
+    def __init__(self, *, message_id: str, model: str, thinking: bool = True) -> None:
         self._message_id = message_id
+        self._show_thinking = thinking  # false: reasoning deltas are not sent (the request did not enable it)
         self._model = model
         self._index = -1
         self._open: str | None = None
@@ -150,7 +154,7 @@ class EventWriter:
 
     def delta(self, delta: OutputDelta) -> bytes:
         frames: list[bytes] = []
-        if delta.reasoning:
+        if delta.reasoning and self._show_thinking:
             if self._open != "thinking":
                 frames += self._begin("thinking", {"type": "thinking", "thinking": "", "signature": ""})
             self._thinking.append(delta.reasoning)

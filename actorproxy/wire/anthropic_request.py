@@ -25,6 +25,9 @@ class AnthropicCall:
     session_id: str | None
     instance_id: str | None
     turn_id: str | None
+    #: The request enables ``thinking``: only then does the reply carry thinking blocks (Anthropic's
+    #: rule). The sampled reasoning is recorded either way.
+    thinking_shown: bool = False
 
 
 # -- request --------------------------------------------------------------------
@@ -288,14 +291,19 @@ def parse_messages_body(
     for name in ("session_id", "instance_id", "turn_id"):
         value = body.get(name)
         ids[name] = None if value is None else _string(value, name)
+    thinking = _thinking(body.get("thinking"))
+    if tools is None:
+        tools = convert_tools(body.get("tools"))
+    if tool_choice is not None and tool_choice["type"] == "none":
+        tools = []  # as on chat: the model is offered no tools (the prompt does not list them)
     request = ChatRequest(
         messages=convert_messages(body.get("system"), body.get("messages")) if messages is None else messages,
-        tools=convert_tools(body.get("tools")) if tools is None else tools,
+        tools=tools,
         max_tokens=max_tokens,
         temperature=number_in_range(body, "temperature", 0.0, 1.0),
         top_p=number_in_range(body, "top_p", 0.0, 1.0),
-        enable_thinking=_thinking(body.get("thinking")),
+        enable_thinking=thinking,
         stop=_stop_sequences(body.get("stop_sequences")),
         stream=bool(stream),
     )
-    return AnthropicCall(request=request, model=model, stream=bool(stream), **ids)
+    return AnthropicCall(request=request, model=model, stream=bool(stream), thinking_shown=bool(thinking), **ids)

@@ -70,6 +70,8 @@ def parse_chat_body(body: Any) -> OpenAIChatCall:
     if call.n not in (None, 1):
         raise BadRequest("only n=1 is supported: send n requests for n samples", param="n")
     thinking = (call.chat_template_kwargs or {}).get("enable_thinking", call.enable_thinking)
+    if thinking is None and call.reasoning_effort is not None:
+        thinking = call.reasoning_effort != "none"
     if thinking is not None and not isinstance(thinking, bool):
         raise BadRequest("'enable_thinking' must be a boolean", param="chat_template_kwargs.enable_thinking")
     stop = [call.stop] if isinstance(call.stop, str) else list(call.stop or [])

@@ -101,6 +101,8 @@ class ChatCompletionBody:
     stream_options: StreamOptions | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     enable_thinking: bool | None = None
+    #: ``"none"`` turns thinking off (as Responses' ``reasoning.effort``); any other effort leaves it on.
+    reasoning_effort: str | None = None
     stop: str | list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
