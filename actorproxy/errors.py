@@ -134,3 +134,26 @@ class StartupError(Exception):
     def __init__(self, flag: str, message: str) -> None:
         super().__init__(f"{flag}: {message}")
         self.flag = flag
+
+
+def release(error: BaseException) -> None:
+    """Drop the tracebacks of ``error``, its causes and its group's members, once it is answered.
+
+    A traceback holds its frames and their locals: the request body among them. Where
+    a frame also holds the exception (cattrs collects each field's error in a list of
+    its own frame, then raises them as a group), exception, traceback and frame form
+    a cycle that only the cyclic collector frees, and a refused 20 MB body stayed in
+    memory until it ran. Without the tracebacks, a refusal is freed as soon as it is
+    answered. Call it after the error is logged.
+    """
+    pending: list[BaseException] = [error]
+    seen: set[int] = set()
+    while pending:
+        item = pending.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        item.__traceback__ = None
+        pending.extend(e for e in (item.__context__, item.__cause__) if e is not None)
+        if isinstance(item, BaseExceptionGroup):
+            pending.extend(item.exceptions)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gc
 import json
+import types
 from typing import Any
 
 import trio
@@ -52,3 +53,73 @@ async def test_a_served_turn_is_freed_by_reference_counting(proxy: RunningProxy)
         gc.enable()
     await stream.aclose()
     assert left == [] and total == 0, (left, total, kinds)
+
+
+_IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 4096}}
+#: Refusals of every kind, on every route family: each must leave nothing for the cyclic collector (issue 28 §3:
+#: a refused 20 MB body was held by a traceback cycle until the collector ran, +20 MB per request).
+_REFUSED = [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [_IMAGE]}]}),
+    ("/s/p/v1/chat/completions", {"messages": [{"role": "user", "content": [_IMAGE]}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": 9}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "web"}]}),
+    ("/v1/chat/completions", "{not json"),
+    ("/v1/chat/completions", "[" * 200 + "]" * 200),
+    ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "A" * 4096}}]}]}),
+    ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+                      "temperature": 9}),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+    ("/v1/responses", {"input": "x", "temperature": 9}),
+    ("/generate", {"input_ids": "x"}),
+    ("/session/finalize", {"session_id": 5}),
+    ("/trajectory/read", {"limit": "x"}),
+    ("/nowhere", {}),
+]
+
+
+def _werkzeug_matcher(o: Any) -> bool:
+    """Part of the recursive closure werkzeug's URL matcher makes per match: a few cells, sets and
+    strings, never the request (the rule's methods and the path)."""
+    if isinstance(o, types.FunctionType):
+        return o.__module__ == "werkzeug.routing.matcher"
+    return isinstance(o, types.CellType | tuple | set)
+
+
+async def test_a_refused_request_is_freed_by_reference_counting(proxy: RunningProxy) -> None:
+    host, port = proxy.url.removeprefix("http://").rsplit(":", 1)
+
+    async def refused(path: str, value: Any) -> int:
+        body = value.encode() if isinstance(value, str) else json.dumps(value).encode()
+        async with await trio.open_tcp_stream(host, int(port)) as stream:
+            head = b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            await stream.send_all(head % (path.encode(), len(body)) + b"connection: close\r\n\r\n" + body)
+            data = b""
+            while chunk := await stream.receive_some():
+                data += chunk
+        await trio.testing.wait_all_tasks_blocked()
+        return int(data.split(b" ", 2)[1])
+
+    for path, value in _REFUSED:  # each code path once first: what it caches on first use is no garbage
+        await refused(path, value)
+    failures = []
+    for path, value in _REFUSED:
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            status = await refused(path, value)
+            gc.collect()
+            left = [o for o in gc.garbage if not _werkzeug_matcher(o)]
+            kinds = sorted({type(o).__name__ for o in left})
+            total = len(left)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert 400 <= status < 500, (path, status)
+        if total:
+            failures.append((path, value if isinstance(value, str) else list(value)[:3], total, kinds))
+    assert failures == [], "\n".join(map(str, failures))

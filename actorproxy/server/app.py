@@ -25,7 +25,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from ..errors import BadRequest, ProxyError, StorageFull
+from ..errors import BadRequest, ProxyError, StorageFull, release
 from ..runtime.runtime import Runtime
 from ..trajectory_file import write_trajectory_file
 from ..wire import jsonio
@@ -59,6 +59,7 @@ def _json(data: Any, status: int = 200) -> Response:
 def _error_response(error: Exception) -> Response:
     failed = error_reply(error, anthropic_shape=is_anthropic_route(request.path), method=request.method,
                          path=request.path)
+    release(error)  # answered: its traceback must not keep the body alive in a cycle
     response = _json(failed.data, failed.status)
     for name, value in failed.headers:
         response.headers[name] = value

@@ -28,6 +28,7 @@ import attrs
 import trio
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
+from ..errors import release
 from ..telemetry import CURRENT, RequestInfo
 from ..wire import jsonio
 from ..wire.format import Headers
@@ -206,8 +207,10 @@ class _Turn:
     async def fail(self, error: Exception) -> None:
         """Every error in the caller's format, as the Quart app's error handlers answer it."""
         if self.gone:
+            release(error)
             return
         failed = error_reply(error, anthropic_shape=is_anthropic_route(self.path), method="POST", path=self.path)
+        release(error)  # answered (and logged): its traceback must not keep the body alive in a cycle
         extra = [(name.lower().encode(), value.encode("latin-1")) for name, value in failed.headers]
         await self.answer(failed.status, jsonio.dumps(failed.data), extra)
 
