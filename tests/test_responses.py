@@ -173,7 +173,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"input": []}, "'input'"),
     ({"input": 5}, "'input'"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]}, "input_image"),
-    ({"input": [{"type": "item_reference", "id": "x"}]}, "'item_reference'"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "'x' is not known"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": {}, "call_id": "c"}]}, "arguments"),
     ({"input": [{"type": "function_call_output", "call_id": 5, "output": "x"}]}, "call_id"),
@@ -269,3 +269,47 @@ def test_writer_mid_stream_error_and_order() -> None:
     events = sse(failing.error(EngineError("engine died")).decode())
     assert [e["type"] for e in events] == ["error", "response.failed"]
     assert events[1]["response"]["error"] == {"code": "engine_error", "message": "engine died"}
+
+
+async def test_item_references_resolve_to_the_items_this_proxy_issued(
+    http: httpx.AsyncClient, engine: SimEngine
+) -> None:
+    """The Vercel AI SDK's default (``store: true``) refers to earlier reasoning and text items by id."""
+    engine.script(REPLY, ANSWER, "A third reply.", routing_key="refs")
+    engine.script(REPLY, ANSWER, routing_key="refs-stream")
+    tools = [{"type": "function", **FUNCTION}]
+    for session, stream in (("refs", False), ("refs-stream", True)):
+        headers = {"X-Session-Id": session}
+        body: dict[str, Any] = {"model": "m", "input": [{"role": "user", "content": QUESTION}], "tools": tools,
+                                "stream": stream}
+        first = await http.post("/v1/responses", json=body, headers=headers)
+        output = (sse(first.text)[-1]["response"] if stream else first.json())["output"]
+        assert [item["type"] for item in output] == ["reasoning", "function_call"]
+        reasoning, call = output
+        # As the SDK sends it: the reasoning by reference, the function call in full, then its output.
+        second_input = [*body["input"], {"type": "item_reference", "id": reasoning["id"]},
+                        {"type": "function_call", "id": call["id"], "call_id": call["call_id"], "name": call["name"],
+                         "arguments": call["arguments"]},
+                        {"type": "function_call_output", "call_id": call["call_id"], "output": "18 °C"}]
+        second = await http.post("/v1/responses", json={**body, "input": second_input, "stream": False},
+                                 headers=headers)
+        assert second.status_code == 200, second.text
+        message = second.json()["output"][-1]
+        assert message["type"] == "message" and message["content"][0]["text"] == ANSWER_TEXT
+        if not stream:
+            # A text item by reference too; an unknown id and another session's item are 400s naming them.
+            third_input = [*second_input, {"type": "item_reference", "id": message["id"]},
+                           {"role": "user", "content": "Thanks."}]
+            third = await http.post("/v1/responses", json={**body, "input": third_input}, headers=headers)
+            assert third.status_code == 200, third.text
+            unknown = await http.post("/v1/responses", json={**body, "input": [
+                *body["input"], {"type": "item_reference", "id": "rs_nope"}]}, headers=headers)
+            assert unknown.status_code == 400 and "'rs_nope' is not known" in unknown.json()["error"]["message"]
+            assert unknown.json()["error"]["param"] == "input[1].id"
+            stolen = await http.post("/v1/responses", json={**body, "input": second_input},
+                                     headers={"X-Session-Id": "thief"})
+            assert stolen.status_code == 400 and reasoning["id"] in stolen.json()["error"]["message"]
+        segments, steps = await finalized(str(http.base_url).rstrip("/"), session)
+        # One segment: the referenced items are the echo of what was sampled, not a rewrite.
+        assert len(segments) == 1 and segments[0]["num_steps"] == len(steps) == (3 if not stream else 2)
+        assert all(s["boundary_reason"] in (None, "session_start") for s in steps)

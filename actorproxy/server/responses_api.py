@@ -17,7 +17,9 @@ conversation, so both record the same tokens:
 
 ``previous_response_id`` is resolved within the session by a
 :class:`ResponseHistory` the app keeps; ``store: false`` clients send the
-whole conversation every time.
+whole conversation every time. An ``item_reference`` names an output item of a
+stored response (the Vercel AI SDK refers to earlier reasoning and text that
+way): :class:`IssuedItems` resolves it to the item as it was sent, within its session.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class ResponsesCall:
     has_instructions: bool = False
     #: The client asked for ``message.output_text.logprobs``: the sampled tokens' logprobs.
     logprobs: bool = False
+    #: ``(item id, session)`` of each ``item_reference`` resolved in ``input``: checked against the
+    #: turn's session once it is known.
+    references: tuple[tuple[str, str], ...] = ()
 
     def own_messages(self) -> list[dict[str, Any]]:
         """The input's messages without ``instructions`` (which a later response does not inherit)."""
@@ -360,6 +365,61 @@ class _Stored:
     parent: str | None
     #: The messages this response added: its input (without instructions) and its output.
     messages: tuple[dict[str, Any], ...]
+
+
+class IssuedItems:
+    """The output items of stored responses, by id, for ``item_reference`` input items.
+
+    Item ids are unique (they derive from the response id), so a reference is found
+    without its session; the session it belongs to is kept and checked once the turn's
+    session is known (:meth:`check`). At most ``capacity`` items are kept (least recently
+    used go first); an unknown or evicted id is a 400 naming it. Items are the reply's
+    own objects, held by reference, not copies.
+    """
+
+    def __init__(self, capacity: int = 1 << 17) -> None:
+        self._capacity = capacity
+        self._items: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()
+
+    def add(self, session: str, items: Iterable[dict[str, Any]]) -> None:
+        for item in items:
+            self._items[item["id"]] = (session, item)
+        while len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+
+    def resolve(self, body: dict[str, Any]) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]]:
+        """``body`` with each ``item_reference`` of its ``input`` replaced by the item it names."""
+        items = body.get("input")
+        if not isinstance(items, list) or not any(
+            isinstance(item, dict) and item.get("type") == "item_reference" for item in items
+        ):
+            return body, ()
+        resolved, references = [], []
+        for i, item in enumerate(items):
+            if not (isinstance(item, dict) and item.get("type") == "item_reference"):
+                resolved.append(item)
+                continue
+            item_id = item.get("id")
+            where = f"input[{i}].id"
+            if not isinstance(item_id, str):
+                raise _bad(f"{where} must be a string", where)
+            found = self._items.get(item_id)
+            if found is None:
+                raise BadRequest(f"{where}: item {item_id!r} is not known (not an output of a response stored "
+                                 "by this proxy, or expired): send the item itself", param=where,
+                                 code="item_not_found")
+            self._items.move_to_end(item_id)
+            references.append((item_id, found[0]))
+            resolved.append(found[1])
+        return {**body, "input": resolved}, tuple(references)
+
+    @staticmethod
+    def check(call: ResponsesCall, session: str) -> None:
+        """A reference to another session's item is refused as unknown (sessions do not see each other)."""
+        for item_id, owner in call.references:
+            if owner != session:
+                raise BadRequest(f"item {item_id!r} is not known in session {session!r}: send the item itself",
+                                 param="input", code="item_not_found")
 
 
 class ResponseHistory:

@@ -145,6 +145,11 @@ class ResponseEventWriter:
         return response_object(self._call, response_id=self._response_id, model=self._model,
                                created_at=self._created_at, status=status, output=self._items.items, **kwargs)
 
+    @property
+    def items(self) -> list[dict[str, Any]]:
+        """The output items opened so far (all of them, once :meth:`finish` has run)."""
+        return self._items.items
+
     def start(self) -> bytes:
         return self._event("response.created", response=self._response("in_progress")) + self._event(
             "response.in_progress", response=self._response("in_progress"))

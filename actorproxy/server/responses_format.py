@@ -9,23 +9,31 @@ only plugs it into ``server/turns.py``: ``previous_response_id`` is resolved in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
+
+import attrs
 
 from ..core.messages import output_as_message
 from ..core.parser import OutputDelta
 from ..errors import BadRequest, ProxyError
 from ..runtime.messages import ChatRequest, Identity, TurnAccepted, TurnDone
 from ..wire.format import BodyIdentity, Headers, ReplyInfo, TurnFormat
-from .responses_api import ResponseHistory, ResponsesCall, parse_responses_body
+from .responses_api import IssuedItems, ResponseHistory, ResponsesCall, parse_responses_body
 from .responses_events import ResponseEventWriter, new_response_id, response_json
 from .responses_memo import ResponsesBody, ResponsesMemo, load_responses_body
 
 
 class _Writer:
-    """``ResponseEventWriter`` as a :class:`~actorproxy.wire.format.StreamWriter` (an SSE comment as heartbeat)."""
+    """``ResponseEventWriter`` as a :class:`~actorproxy.wire.format.StreamWriter` (an SSE comment as heartbeat).
 
-    def __init__(self, inner: ResponseEventWriter) -> None:
+    ``issued``, for a stored response, keeps its output items as streamed (``item_reference``).
+    """
+
+    def __init__(self, inner: ResponseEventWriter, issued: Callable[[list[dict[str, Any]]], None] | None) -> None:
         self._inner = inner
+        self._issued = issued
 
     def start(self, accepted: TurnAccepted) -> bytes:
         return self._inner.start()
@@ -37,7 +45,10 @@ class _Writer:
         return b": keep-alive\n\n"
 
     def finish(self, done: TurnDone) -> bytes:
-        return self._inner.finish(done)
+        frames = self._inner.finish(done)
+        if self._issued is not None:
+            self._issued(self._inner.items)
+        return frames
 
     def error(self, error: ProxyError) -> bytes:
         return self._inner.error(error)
@@ -52,6 +63,8 @@ class ResponsesFormat(TurnFormat[ResponsesCall]):
         #: Spells the sampled tokens when a call asks for ``message.output_text.logprobs``.
         self._tokenizer = tokenizer
         self.history = ResponseHistory()
+        #: Output items of stored responses, for ``item_reference`` input items.
+        self.issued = IssuedItems()
         #: What recent turns' input items converted to: a history is not converted again every turn.
         self._memo = ResponsesMemo()
 
@@ -61,6 +74,12 @@ class ResponsesFormat(TurnFormat[ResponsesCall]):
     def parse(self, body: Any) -> ResponsesCall:
         if isinstance(body, ResponsesBody):
             call = parse_responses_body(body.value, messages=body.messages, tools=body.tools)
+        elif isinstance(body, dict):
+            # item_reference never converts on the memo's path: such a body arrives here whole.
+            body, references = self.issued.resolve(body)
+            call = parse_responses_body(body)
+            if references:
+                call = attrs.evolve(call, references=references)
         else:
             call = parse_responses_body(body)
         if call.logprobs and self._tokenizer is None:
@@ -78,6 +97,7 @@ class ResponsesFormat(TurnFormat[ResponsesCall]):
         return call.session_id or headers.get("session-id") or headers.get("thread-id"), None, None
 
     def prepare(self, call: ResponsesCall, identity: Identity) -> ChatRequest:
+        IssuedItems.check(call, identity.session_id)
         if call.previous_response_id is None:
             return call.request
         return call.continuing(self.history.conversation(identity.session_id, call.previous_response_id))
@@ -88,9 +108,13 @@ class ResponsesFormat(TurnFormat[ResponsesCall]):
             self.history.add(identity.session_id, reply.id, call.previous_response_id, added)
 
     def render(self, call: ResponsesCall, reply: ReplyInfo, done: TurnDone) -> Any:
-        return response_json(call, done, response_id=reply.id, model=reply.model,
+        body = response_json(call, done, response_id=reply.id, model=reply.model,
                              tokenizer=self._logprobs_tokenizer(call))
+        if call.store:
+            self.issued.add(reply.session_id, body["output"])
+        return body
 
     def writer(self, call: ResponsesCall, reply: ReplyInfo) -> _Writer:
+        issued = partial(self.issued.add, reply.session_id) if call.store else None
         return _Writer(ResponseEventWriter(call, response_id=reply.id, model=reply.model,
-                                           tokenizer=self._logprobs_tokenizer(call)))
+                                           tokenizer=self._logprobs_tokenizer(call)), issued)
