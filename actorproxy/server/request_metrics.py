@@ -39,8 +39,27 @@ class Histogram:
         return out
 
 
+#: The methods a request is counted under; any other (a client may send any token) is ``other``.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"})
+
+
+def method_label(method: str) -> str:
+    """``method`` as a label: one of :data:`METHODS`, else ``other``."""
+    return method if method in METHODS else "other"
+
+
+def status_label(status: str) -> str:
+    """A status as a label: its three digits (100-599), else ``other``."""
+    return status if len(status) == 3 and "100" <= status <= "599" and status.isdigit() else "other"
+
+
 class RequestMetrics:
-    """Requests, turns, latencies and tokens, by route (a Prometheus collector of its own)."""
+    """Requests, turns, latencies and tokens, by route (a Prometheus collector of its own).
+
+    Every label takes its values from a fixed set, whatever clients send: the route
+    is the URL map's rule (``<unmatched>`` for a path it does not know), the method
+    one of :data:`METHODS` or ``other``, the status three digits the server chose.
+    """
 
     def __init__(self, buckets: Sequence[float]) -> None:
         self.buckets = tuple(buckets)
@@ -52,12 +71,12 @@ class RequestMetrics:
         self.sampled_tokens = 0
 
     def request(self, route: str, method: str, status: str, seconds: float) -> None:
-        key = (route, method, status)
+        key = (route, method_label(method), status_label(status))
         self.requests[key] = self.requests.get(key, 0) + 1
         self._histogram(self.latency, route).observe(seconds)
 
     def turn(self, route: str, status: str) -> None:
-        key = (route, status)
+        key = (route, status_label(status))
         self.turns[key] = self.turns.get(key, 0) + 1
 
     def first_token(self, route: str, seconds: float) -> None:
