@@ -250,6 +250,14 @@ async def test_sglang_incremental_delta_that_repeats_history() -> None:
     assert flat(deltas)[:2] == ([5, 5, 5], [-1.0, -2.0, -3.0])
 
 
+async def test_sglang_incremental_tokens_past_the_count_must_repeat_the_last_ones() -> None:
+    # Deltas [1, 2], then [3, 4] with a count of 3: the 4 is not a repeat of what came before.
+    events = [sg([1, 2], [-1.0, -2.0], completion_tokens=2), sg([3, 4], [-3.0, -4.0], completion_tokens=3, finish=STOP)]
+    engine = Engine({"/generate": lambda r, b: stream(*events, DONE)})
+    with pytest.raises(BackendError, match="repeat nothing delivered"):
+        await run(SGLangBackend(URL, http=engine.client()), request())
+
+
 async def test_sglang_request_body_and_headers() -> None:
     engine = Engine({"/generate": lambda r, b: stream(*cumulative(), DONE)})
     backend = SGLangBackend(URL, EngineOptions(routed_experts=True), http=engine.client())

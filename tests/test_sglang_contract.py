@@ -510,6 +510,22 @@ async def test_an_abort_in_the_waiting_queue_as_sglang_writes_it(sgl: Contract, 
     assert (finish.reason, finish.message) == ("abort", "Abort in waiting queue")
 
 
+async def test_an_abort_in_the_waiting_queue_coalesced_with_unread_deltas(sgl: Contract) -> None:
+    """Incremental: tokens still queued for the client when the waiting-queue abort comes are
+    coalesced with it, and SGLang's abort repeats the last token, with every logprob entry so far
+    after the unread ones. What ``completion_tokens`` counts is what is new; the repeat is checked."""
+    stream = Stream(sgl, incremental=True)
+    stream.batch(IDS[:2], LPS[:2])
+    stream.read()
+    stream.batch(IDS[2:4], LPS[2:4])
+    stream.abort_in_waiting_queue()
+    stream.read()
+    engine = Recorder(sgl, {("POST", "/generate"): streamed(stream)})
+    deltas, finish = await generate(SGLangBackend(URL, http=engine.client()), request())
+    assert tokens(deltas)[:2] == (IDS[:4], LPS[:4])
+    assert (finish.reason, finish.message) == ("abort", "Abort in waiting queue")
+
+
 async def test_a_refusal_as_sglang_writes_it(sgl: Contract) -> None:
     """The scheduler's abort with an error status (prompt too long), and the in-stream error."""
     stream = Stream(sgl, incremental=False)

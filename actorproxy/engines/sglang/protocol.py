@@ -262,9 +262,12 @@ class SGLangStreamParser:
             raise BackendError(f"SGLang: output_ids is not a list: {ids!r}")
         cut, self._cut = self._cut, 0
         self._cutter.tokens = cut + len(ids)
-        skip = self._skip(ids, cut, meta.get("completion_tokens"))
+        completion = meta.get("completion_tokens")
+        skip = self._skip(ids, cut, completion)
         new_ids = ids[skip:] if skip else ids
         new_entries = entries[skip:] if skip and isinstance(entries, list) else entries
+        if self._incremental is not False and type(completion) is int and completion < len(self.ids) + len(new_ids):
+            new_ids, new_entries = self._drop_repeat(new_ids, new_entries, completion)
         version = meta.get("weight_version")
         if isinstance(version, str):
             self.version = version
@@ -302,6 +305,22 @@ class SGLangStreamParser:
         if not 0 <= skip <= len(ids) or (skip and ids[skip - 1] != self.ids[-1]):
             raise BackendError("SGLang: a cumulative event does not extend the tokens already sent")
         return skip
+
+    def _drop_repeat(self, ids: list[int], entries: object, completion: int) -> tuple[list[int], object]:
+        """An incremental event with more tokens than ``completion_tokens`` counts: the tokens past the count repeat.
+
+        SGLang's abort of a request in its waiting queue (one retracted there) repeats the
+        last token, with every logprob entry so far; coalesced with deltas the client had
+        not read yet, it comes after them. The first ``completion - delivered`` tokens (and
+        entries) are the new ones; the rest must repeat the last tokens delivered.
+        """
+        keep = completion - len(self.ids)
+        delivered = self.ids + ids[: max(keep, 0)]
+        extra = ids[max(keep, 0) :]
+        if keep < 0 or extra != delivered[len(delivered) - len(extra) :]:
+            raise BackendError(f"SGLang: an event carries {len(ids)} tokens, but completion_tokens {completion} "
+                               f"counts {keep} new after {len(self.ids)}, and the rest repeat nothing delivered")
+        return ids[:keep], entries[:keep] if isinstance(entries, list) else entries
 
     def _is_incremental(self, ids: list[int], completion: object) -> bool:
         if self._incremental is not None:
