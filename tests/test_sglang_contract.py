@@ -27,6 +27,7 @@ import logging
 import math
 import re
 import sys
+import time
 import typing
 from array import array
 from collections.abc import Callable, Mapping
@@ -121,6 +122,11 @@ class Contract:
         })  # fmt: skip
         self.detokenize_logprob_tokens = methods.detokenize_logprob_tokens
         self.coalesce = methods._coalesce_streaming_chunks
+        openai = source.definitions("sglang/srt/entrypoints/openai/protocol.py", ["ModelCard", "ModelList"], {
+            "BaseModel": pydantic.BaseModel, "Field": pydantic.Field, "time": time,
+        })  # fmt: skip
+        self.ModelCard, self.ModelList = openai.ModelCard, openai.ModelList
+        self.ToolCallItem = source.module("sglang/srt/function_call/core_types.py").ToolCallItem
         self.tool_call_parsers = source.module("sglang/srt/function_call/parser_names.py").TOOL_CALL_PARSER_NAMES
         self.reasoning_parsers = source.module("sglang/srt/parser/reasoning_parser_names.py").REASONING_PARSER_NAMES
         adapters = source.definitions(
@@ -249,11 +255,11 @@ def _handler_source(sgl: Contract, name: str) -> str:
     return text[start : text.index("\n\n\n", start)]
 
 
-def models_reply(body: Any) -> httpx.Response:
-    """``/v1/models``: the OpenAI protocol's ``ModelList`` of ``ModelCard`` (``max_model_len`` the context length)."""
-    card = {"id": "Qwen/Qwen3-8B", "object": "model", "created": 1, "owned_by": "sglang",
-            "root": "Qwen/Qwen3-8B", "parent": None, "max_model_len": 40960}  # fmt: skip
-    return httpx.Response(200, json={"object": "list", "data": [card]})
+def models_reply(sgl: Contract) -> Callable[[Any], httpx.Response]:
+    """``/v1/models`` as ``available_models`` writes it: the release's ``ModelList`` of ``ModelCard``."""
+    card = sgl.ModelCard(id="Qwen/Qwen3-8B", root="Qwen/Qwen3-8B", max_model_len=40960)
+    reply = sgl.ModelList(data=[card]).model_dump(mode="json")
+    return lambda body: httpx.Response(200, json=reply)
 
 
 class Stream:
@@ -375,11 +381,18 @@ def three_reads(stream: Stream, finish: Any) -> None:
 async def test_every_request_the_clients_send_is_one_sglang_takes(sgl: Contract) -> None:
     stream = Stream(sgl, incremental=False, version="7")
     three_reads(stream, sgl.finish.FINISH_MATCHED_TOKEN(matched=EOT))
-    prefill = {"text": "", "output_ids": [], "meta_info": {"input_token_logprobs": [[None, t, None] for t in PROMPT]}}
+    # The prefill-only /generate of prompt_logprobs: not streamed, the prompt's logprobs (none for the first token).
+    prompt_lps = [None, -2.5, -0.75, -1.5]
+    entries = sgl.detokenize_logprob_tokens(None, prompt_lps, list(PROMPT), False)
+    meta = {"id": "rid", "finish_reason": sgl.finish.FINISH_LENGTH(length=0).to_json(), "prompt_tokens": len(PROMPT),
+            "weight_version": "7", "input_token_logprobs": entries, "output_token_logprobs": [],
+            "completion_tokens": 0, "cached_tokens": 0}  # fmt: skip
+    prefill = orjson.loads(sgl.dumps_json({"text": "", "output_ids": [], "meta_info": meta}))
+    sgl.api.GenerateResponse.from_json_value(prefill)
     engine = Recorder(sgl, {
         ("GET", "/model_info"): model_info_reply(sgl, "7"),
         ("GET", "/get_model_info"): model_info_reply(sgl, "7"),
-        ("GET", "/v1/models"): models_reply,
+        ("GET", "/v1/models"): models_reply(sgl),
         ("GET", "/health"): lambda body: httpx.Response(200),
         ("POST", "/generate"): lambda body: (
             streamed(stream)(body) if body["stream"] else httpx.Response(200, json=prefill)
@@ -387,9 +400,9 @@ async def test_every_request_the_clients_send_is_one_sglang_takes(sgl: Contract)
         ("POST", "/update_weight_version"): lambda body: httpx.Response(
             200, json={"success": True, "message": "ok", "new_version": body["new_version"]}
         ),
-        ("POST", "/parse_function_call"): lambda body: httpx.Response(
-            200, json={"normal_text": "", "calls": [{"tool_index": 0, "name": "ls", "parameters": '{"path": "."}'}]}
-        ),
+        ("POST", "/parse_function_call"): lambda body: httpx.Response(200, json={"normal_text": "", "calls": [
+            sgl.ToolCallItem(tool_index=0, name="ls", parameters='{"path": "."}').model_dump(),
+        ]}),
         ("POST", "/separate_reasoning"): lambda body: httpx.Response(200, json={"reasoning_text": "r", "text": "t"}),
     })  # fmt: skip
     backend = SGLangBackend(URL, EngineOptions(routed_experts=True), http=engine.client())
@@ -398,7 +411,7 @@ async def test_every_request_the_clients_send_is_one_sglang_takes(sgl: Contract)
     for sampling in ({}, {"temperature": 0.0, "seed": 11}, {"temperature": 0.7, "top_p": 0.9, "top_k": 20,
                      "min_p": 0.05, "max_new_tokens": 1}):  # fmt: skip
         await generate(backend, request(**sampling))
-    await backend.prompt_logprobs(PROMPT)
+    assert await backend.prompt_logprobs(PROMPT) == prompt_lps
     assert await backend.abort("a" * 32)
     for mode in ("abort", "retract", "in_place"):
         await backend.pause(mode)  # type: ignore[arg-type]
@@ -413,7 +426,8 @@ async def test_every_request_the_clients_send_is_one_sglang_takes(sgl: Contract)
     parse = SGLangParseClient(URL, http=engine.client())
     tools = [{"type": "function", "function": {"name": "ls", "description": "list", "parameters": {"type": "object"},
                                                "strict": True}}]  # fmt: skip
-    await parse.parse("<think>r</think><tool_call>{}</tool_call>", tools, tool_call_parser="qwen25")
+    parsed = await parse.parse("<think>r</think><tool_call>{}</tool_call>", tools, tool_call_parser="qwen25")
+    assert (parsed.reasoning, parsed.content, parsed.calls) == ("r", "", (("ls", '{"path": "."}'),))
     for method, path, body in engine.calls:
         sgl.check_request(method, path, body)
     bodies = {(method, path, orjson.dumps(body, option=orjson.OPT_SORT_KEYS)) for method, path, body in engine.calls}
@@ -573,7 +587,7 @@ async def test_model_info_as_sglang_answers_it(sgl: Contract) -> None:
     engine = Recorder(sgl, {
         ("GET", "/model_info"): model_info_reply(sgl, "step-12"),
         ("GET", "/get_model_info"): model_info_reply(sgl, "step-12"),
-        ("GET", "/v1/models"): models_reply,
+        ("GET", "/v1/models"): models_reply(sgl),
     })  # fmt: skip
     info = await SGLangBackend(URL, http=engine.client()).model_info()
     assert (info.model_id, info.max_model_len, info.weight_version) == ("/models/Qwen3-8B", 40960, "step-12")
