@@ -298,7 +298,10 @@ def predict(out: Out, body: dict[str, Any], session: str, step: int) -> Reply:
     hits = [(content.find(s), s) for s in _stops(body) if s in content]
     if hits and finish == "stop":
         assert not calls, "stop strings are predicted for text replies only"
-        content = content[: min(hits)[0]]
+        # Text cut by a stop string keeps the whitespace before it (OpenAI's rule); its start is stripped.
+        content = content[: min(hits)[0]].lstrip()
+    else:
+        content = content.strip()
     reply_calls = [
         {"id": tool_call_id(session, step, i), "name": name,
          "arguments": json.dumps(args, ensure_ascii=False), "input": args}
@@ -306,7 +309,7 @@ def predict(out: Out, body: dict[str, Any], session: str, step: int) -> Reply:
     ]
     if reply_calls and finish == "stop":
         finish = "tool_calls"
-    return Reply(session, step, content.strip(), reasoning.strip(), reply_calls, finish)
+    return Reply(session, step, content, reasoning.strip(), reply_calls, finish)
 
 
 def tool_results(reply: Reply, results: Iterable[str]) -> list[dict[str, Any]]:
@@ -384,7 +387,9 @@ def cc_body(messages: list[dict[str, Any]], *, system: Any = None, tools: Any = 
             **extra: Any) -> dict[str, Any]:
     return {"model": "claude-sonnet-4-20250514", "max_tokens": 32000, "system": system or CC_SYSTEM,
             "tools": tools if tools is not None else CC_TOOLS, "messages": messages,
-            "metadata": {"user_id": "user_4f1c_account__session_7d3a"}, "stream": True, **extra}
+            "metadata": {"user_id": "user_4f1c_account__session_7d3a"}, "stream": True,
+            # Thinking on, as Claude Code sends it: only then does a reply carry thinking blocks.
+            "thinking": {"type": "enabled", "budget_tokens": 31999}, **extra}
 
 
 def tool_result(reply: Reply, texts: list[str | list[dict[str, Any]]], *, error: bool = False) -> list[dict[str, Any]]:
