@@ -64,6 +64,23 @@ def test_echo_tolerance_under_the_schema() -> None:
     assert with_defaults({"options": {}}, PROPERTIES) == {"options": {"retries": 1}, "replace_all": False}
 
 
+def test_reasoning_echoed_as_the_text_of_the_turn() -> None:
+    """Qwen Code (Responses mode) echoes a reply's reasoning as the assistant message's text."""
+    call = (ToolCall("call_1", "Edit", json.dumps(CALL)),)
+    thought = AssistantOutput("", "Fix the typo.", call)
+    as_text = {**_echo(CALL), "content": "Fix the typo."}
+    assert echo_tolerance(as_text, thought) == ("reasoning_as_text",)
+    assert echo_tolerance({**as_text, "content": [{"type": "text", "text": "\nFix the typo.\n"}]},
+                          thought) == ("reasoning_as_text",)
+    # With text of its own after the reasoning, both must be there, in that order.
+    both = AssistantOutput("Done.", "Fix the typo.", ())
+    assert echo_tolerance({"role": "assistant", "content": "Fix the typo.\n\nDone."}, both) == ("reasoning_as_text",)
+    assert echo_tolerance({"role": "assistant", "content": "Done.Fix the typo."}, both) is None
+    # Other text, or reasoning that was not sampled, is not the echo.
+    assert echo_tolerance({**as_text, "content": "Fix the typos."}, thought) is None
+    assert echo_tolerance({**as_text, "content": "Fix the typo."}, AssistantOutput("", "", call)) is None
+
+
 @pytest.fixture
 async def engine(tokenizer: Any) -> SimEngine:
     return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0005))
@@ -128,3 +145,26 @@ async def test_reordered_and_retyped_chat_echoes_are_counted(proxy: RunningProxy
     assert [(s["num_steps"], s["start_reason"]) for s in segments] == [(3, "session_start")]
     assert segments[0]["metadata"]["echo_tolerated"] == {"reformatted": 2}
     assert stats["echo_tolerated"] == {"reformatted": 2}
+
+
+async def test_qwen_code_responses_echo_of_reasoning_as_text_keeps_one_segment(
+    proxy: RunningProxy, engine: SimEngine
+) -> None:
+    """Qwen Code in Responses mode sends our reasoning item back as an assistant message whose text it is."""
+    engine.script(REPLY, "Fixed.", routing_key="qwen")
+    tool = {"type": "function", "name": "Edit", "parameters": EDIT["input_schema"]}
+    user = {"role": "user", "content": [{"type": "input_text", "text": "Fix the typo in notes.txt"}]}
+    async with httpx.AsyncClient(base_url=f"{proxy.url}/sess/qwen", timeout=30) as http:
+        first = (await http.post("/v1/responses", json={"model": "m", "input": [user], "tools": [tool]})).json()
+        reasoning, call = first["output"]
+        echo = [user, {"role": "assistant", "content": [{"type": "output_text",
+                                                         "text": reasoning["content"][0]["text"]}]},
+                {"type": "function_call", "call_id": call["call_id"], "name": "Edit", "arguments": call["arguments"]},
+                {"type": "function_call_output", "call_id": call["call_id"], "output": "Done."}]
+        second = await http.post("/v1/responses", json={"model": "m", "input": echo, "tools": [tool]})
+        assert second.status_code == 200, second.text
+    async with ProxyClient(proxy.url) as client:
+        await client.finalize_session("qwen")
+        segments = (await client.read_trajectory(session_id="qwen"))["data"]
+    assert [(s["num_steps"], s["start_reason"]) for s in segments] == [(2, "session_start")]
+    assert segments[0]["metadata"]["echo_tolerated"] == {"reasoning_as_text": 1}

@@ -202,28 +202,38 @@ def _same_value(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def _reasoning_as_text(text: str, output: AssistantOutput) -> bool:
+    """The echo's text is our reasoning written as plain text, then our text (Qwen Code's Responses mode)."""
+    reasoning = output.reasoning.strip()
+    text = text.strip()
+    return bool(reasoning) and text.startswith(reasoning) and text[len(reasoning) :].strip() == output.content.strip()
+
+
 def echo_tolerance(message: Mapping[str, Any], output: AssistantOutput) -> tuple[str, ...] | None:
     """How ``message`` echoes the assistant turn we produced: ``None`` if it does not.
 
     Otherwise the rewrites that were tolerated, each at most once:
     ``"reformatted"`` (arguments differ as text but not as JSON values: key order,
-    spacing, ``1`` against ``1.0``, escapes) and ``"defaults_added"`` (equal only
-    once the tool schema's defaults are applied to both sides). Text is compared
+    spacing, ``1`` against ``1.0``, escapes), ``"defaults_added"`` (equal only
+    once the tool schema's defaults are applied to both sides) and ``"reasoning_as_text"``
+    (the reasoning written as the message's text, before our text). Text is compared
     trimmed; reasoning may be dropped (or echoed inline in ``content``); tool calls
     must agree in number, id (when the echo has one), name and arguments.
     """
     if message.get("role") != "assistant":
         return None
+    tolerated: set[str] = set()
     inline_reasoning, content = _split_inline_reasoning(content_text(message.get("content")))
     if content.strip() != output.content.strip():
-        return None
+        if not _reasoning_as_text(content, output):
+            return None
+        tolerated.add("reasoning_as_text")
     reasoning = message.get("reasoning_content") or message.get("reasoning") or inline_reasoning
     if isinstance(reasoning, str) and reasoning.strip() and reasoning.strip() != output.reasoning.strip():
         return None
     echoed = message.get("tool_calls") or []
     if len(echoed) != len(output.tool_calls):
         return None
-    tolerated: set[str] = set()
     for call, ours in zip(echoed, output.tool_calls, strict=True):
         function = call.get("function") or {}
         if call.get("id") and call.get("id") != ours.id:
