@@ -81,6 +81,15 @@ class Overloaded(ProxyError):
     openai_type = "server_error"
 
 
+class TooManySessions(Overloaded):
+    """The client holds its share of the live sessions (``--max-sessions-per-client``, or its fair share at
+    ``--max-sessions``) and none of its own is idle: another client's session is not taken for it."""
+
+    status = 429
+    default_code = "too_many_sessions"
+    openai_type = "rate_limit_error"
+
+
 class StorageFull(ProxyError):
     """The data could not be written where it was asked to go (disk full, no permission)."""
 

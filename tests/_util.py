@@ -96,12 +96,15 @@ async def run_turn(
     max_tokens: int | None = None,
     turn_id: str | None = None,
     enable_thinking: bool | None = None,
+    client: str | None = None,
 ) -> TurnResult:
-    """One turn through the runtime (no HTTP), collecting its events."""
+    """One turn through the runtime (no HTTP), collecting its events (``client``: who opens the session)."""
     request = ChatRequest(
         messages=messages, tools=tools or [], max_tokens=max_tokens, enable_thinking=enable_thinking
     )
-    events = await runtime.start_turn(request, Identity(session_id, turn_id=turn_id))
+    identity = Identity(session_id, turn_id=turn_id) if client is None else Identity(session_id, turn_id=turn_id,
+                                                                                      client=client)
+    events = await runtime.start_turn(request, identity)
     deltas: list[Any] = []
     async with events:
         async for event in events:

@@ -216,7 +216,18 @@ class LimitSettings:
     session_ttl: float = setting(
         600.0, positive=True, help="seconds a session may sit idle before its steps are moved to the store"
     )
-    max_sessions: int = setting(10_000, positive=True, help="live sessions at most; a new session beyond this gets 503")
+    max_sessions: int = setting(
+        10_000, positive=True,
+        help="live sessions at most; at the bound a new session takes the least recently used idle session of its "
+        "own client, or of a client holding more sessions than it (else 429 too_many_sessions; 503 when every "
+        "session is busy)",
+    )
+    max_sessions_per_client: int | None = setting(
+        None, positive=True,
+        help="live sessions one client may hold (a client: an agent's session key, else its remote address; the "
+        "admin token is bound by --max-sessions only); past it its own least recently used idle session makes "
+        "room, else 429 too_many_sessions (default: no bound but the fair share at --max-sessions)",
+    )
 
 
 StoreKind = Literal["auto", "memory", "sqlite", "ray"]

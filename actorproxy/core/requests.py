@@ -15,6 +15,9 @@ class Identity:
     instance_id: str | None = None
     turn_id: str | None = None
     rollout_id: str | None = None
+    #: Who opens the session, for the per-client session bound (``key:<session>`` for an agent's session key,
+    #: ``addr:<ip>`` otherwise); ``None``: the trainer (the admin token) or a program embedding the proxy.
+    client: str | None = None
 
 
 @attrs.frozen

@@ -144,6 +144,8 @@ class Lookup:
     session_id: str
     create: bool
     reply: Reply
+    #: Who opens it, when ``create`` spawns it (:attr:`Identity.client`).
+    client: str | None = None
 
 
 @attrs.frozen

@@ -4,19 +4,29 @@ It owns the nursery the session actors live in and the map from session id to
 mailbox. A retiring session tells the registry first (``SessionRetired``); a
 sender that still holds the old mailbox finds it closed and asks again, and
 gets a fresh actor that continues the step and segment numbering.
+
+Room is made per client (``Identity.client``: an agent's session key, else its
+remote address; ``None``, the trainer or an embedding program, is one client
+too). At ``max_sessions`` a new session takes the least recently used idle
+session of its own client, or of a client holding more live sessions than it
+does, never a session of a client holding as many or fewer: one client opening
+session after session evicts its own, not an idle agent's conversation. With
+``max_sessions_per_client`` a client at that bound makes room among its own
+sessions only. A client that cannot make room is refused with 429
+(:class:`~actorproxy.errors.TooManySessions`); when every session is busy, 503.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import trio
 
-from ..errors import Overloaded, ShuttingDown
+from ..errors import Overloaded, ShuttingDown, TooManySessions
 from .actor import answer, answer_error, ask
 from .messages import (
     Census,
@@ -42,6 +52,8 @@ _RETIRED_MEMORY = 100_000
 class _Live:
     mailbox: trio.MemorySendChannel[SessionMessage]
     token: object
+    #: The client that opened it (its share of the sessions is counted by this).
+    client: str | None = None
 
 
 SessionFactory = Callable[[str, SessionCounters], SessionActor]
@@ -51,10 +63,18 @@ class SessionRegistry:
     """Maps session ids to live session actors; spawns and forgets them."""
 
     def __init__(
-        self, factory: SessionFactory, *, max_sessions: int, known: dict[str, SessionCounters] | None = None
+        self,
+        factory: SessionFactory,
+        *,
+        max_sessions: int,
+        known: dict[str, SessionCounters] | None = None,
+        max_sessions_per_client: int | None = None,
     ) -> None:
         self._factory = factory
         self._max_sessions = max_sessions
+        self._per_client = max_sessions_per_client
+        #: Live sessions per client, those asked to retire (``_evicting``) left out: their slots count as free.
+        self._held: Counter[str | None] = Counter()
         #: Live sessions, least recently looked up first.
         self._live: OrderedDict[str, _Live] = OrderedDict()
         #: Sessions asked to retire to make room (``Evict``) that have not retired yet.
@@ -66,6 +86,7 @@ class SessionRegistry:
         self._evicted = 0
         self._made_room = 0
         self._failed = 0
+        self._refused = 0
         #: The nursery the session actors run in, while the registry runs.
         self._sessions: trio.Nursery | None = None
 
@@ -100,9 +121,12 @@ class SessionRegistry:
             "sessions_evicted": self._evicted,
             "sessions_evicted_for_room": self._made_room,
             "sessions_failed": self._failed,
+            "sessions_refused_to_clients": self._refused,
         }
 
-    def mailbox_for_turn(self, session_id: str) -> trio.MemorySendChannel[SessionMessage] | None:
+    def mailbox_for_turn(
+        self, session_id: str, client: str | None = None
+    ) -> trio.MemorySendChannel[SessionMessage] | None:
         """The mailbox of ``session_id``'s actor, spawned if none is live, without a message round trip.
 
         For the turn path (``None`` while the registry does not run: then ask it). It
@@ -121,7 +145,7 @@ class SessionRegistry:
         if live is not None:
             self._live.move_to_end(session_id)
             return live.mailbox
-        return self._spawn(session_id, self._sessions)
+        return self._spawn(session_id, self._sessions, client)
 
     def _lookup(self, msg: Lookup) -> None:
         live = self._live.get(msg.session_id)
@@ -133,46 +157,76 @@ class SessionRegistry:
             answer(msg.reply, None)
             return
         try:
-            answer(msg.reply, self._spawn(msg.session_id, self._sessions))
+            answer(msg.reply, self._spawn(msg.session_id, self._sessions, msg.client))
         except Overloaded as exc:
             answer_error(msg.reply, exc)
 
-    def _spawn(self, session_id: str, sessions: trio.Nursery) -> trio.MemorySendChannel[SessionMessage]:
+    def _spawn(
+        self, session_id: str, sessions: trio.Nursery, client: str | None
+    ) -> trio.MemorySendChannel[SessionMessage]:
         if self._closing:
             raise ShuttingDown("the proxy is shutting down")
-        if len(self._live) - len(self._evicting) >= self._max_sessions and not self._make_room():
-            raise Overloaded(f"{len(self._live)} sessions are live (--max-sessions); finalize some first")
+        held = self._held[client]
+        if client is not None and self._per_client is not None and held >= self._per_client:
+            if not self._make_room(client, own_only=True):
+                self._refused += 1
+                raise TooManySessions(
+                    f"this client ({_shown(client)}) holds {held} live sessions, every one busy "
+                    "(--max-sessions-per-client); finalize one or wait for one to finish"
+                )
+        elif len(self._live) - len(self._evicting) >= self._max_sessions and not self._make_room(client):
+            if self._any_idle():  # idle sessions, but of clients holding no more than this one
+                self._refused += 1
+                raise TooManySessions(
+                    f"{len(self._live)} sessions are live (--max-sessions) and this client ({_shown(client)}) "
+                    f"holds {held} of them, none idle; another client's session is not evicted for it: finalize "
+                    "one of yours, or retry later"
+                )
+            raise Overloaded(f"{len(self._live)} sessions are live and busy (--max-sessions); retry later")
         counters = self._retired.pop(session_id, SessionCounters())
         actor = self._factory(session_id, counters)
         # The mailbox is made here and the actor started without waiting for it to run:
         # waiting (``nursery.start``) cost a scheduler round per new session.
         mailbox, inbox = trio.open_memory_channel[SessionMessage](SESSION_MAILBOX)
         sessions.start_soon(self._supervise, actor, inbox)
-        self._live[session_id] = _Live(mailbox, actor.token)
+        self._live[session_id] = _Live(mailbox, actor.token, client)
+        self._held[client] += 1
         self._spawned += 1
         return mailbox
 
-    def _make_room(self) -> bool:
-        """Ask the least recently used idle session to retire into the store; ``False`` if none is idle.
+    def _make_room(self, client: str | None, *, own_only: bool = False) -> bool:
+        """Ask the least recently used idle session ``client`` may take to retire into the store.
 
-        A session is idle when its actor waits on an empty mailbox (no turn
-        running or queued). Its slot counts as free at once; the actor flushes
-        its segment and steps to the store and retires (``capacity_evicted``).
+        ``client`` may take its own sessions and (unless ``own_only``) those of a
+        client holding more live sessions than it does; ``False`` if none of these
+        is idle. A session is idle when its actor waits on an empty mailbox (no
+        turn running or queued). Its slot counts as free at once; the actor
+        flushes its segment and steps to the store and retires (``capacity_evicted``).
         """
+        held = self._held[client]
         for session_id, live in self._live.items():
-            if session_id in self._evicting:
+            if session_id in self._evicting or not _idle(live):
                 continue
-            stats = live.mailbox.statistics()
-            if stats.current_buffer_used or not stats.tasks_waiting_receive:
-                continue  # running or about to run a turn
+            if live.client != client and (own_only or self._held[live.client] <= held):
+                continue  # another client's, which holds no more sessions than this one
             try:
                 live.mailbox.send_nowait(Evict())
             except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                 continue
             self._evicting.add(session_id)
+            self._release(live.client)
             self._made_room += 1
             return True
         return False
+
+    def _release(self, client: str | None) -> None:
+        """One session fewer for ``client`` (a client holding none is forgotten: the map stays bounded)."""
+        self._held[client] -= 1
+        if self._held[client] <= 0:
+            del self._held[client]
+
+    def _any_idle(self) -> bool:
+        return any(_idle(live) for session_id, live in self._live.items() if session_id not in self._evicting)
 
     async def _supervise(self, actor: SessionActor, inbox: trio.MemoryReceiveChannel[SessionMessage]) -> None:
         """Run a session actor; whatever escapes it ends that session alone, never the registry."""
@@ -184,13 +238,15 @@ class SessionRegistry:
             self._retire(SessionRetired(actor.session_id, actor.token, counters, failed=True))
 
     def _retire(self, msg: SessionRetired) -> None:
-        self._evicting.discard(msg.session_id)
         if msg.failed:
             self._failed += 1
         live = self._live.get(msg.session_id)
         if live is not None and live.token is msg.token:
             del self._live[msg.session_id]
+            if msg.session_id not in self._evicting:  # (an evicted one's share was given back when asked)
+                self._release(live.client)
             self._evicted += 1
+        self._evicting.discard(msg.session_id)
         self._retired[msg.session_id] = msg.counters
         self._retired.move_to_end(msg.session_id)
         while len(self._retired) > _RETIRED_MEMORY:
@@ -202,6 +258,17 @@ class SessionRegistry:
             for entry in live.values():
                 nursery.start_soon(_finalize_quietly, entry.mailbox, msg.reason)
         answer(msg.reply, len(live))
+
+
+def _idle(live: _Live) -> bool:
+    """Whether the session's actor waits on an empty mailbox (no turn running or queued)."""
+    stats = live.mailbox.statistics()
+    return not stats.current_buffer_used and bool(stats.tasks_waiting_receive)
+
+
+def _shown(client: str | None) -> str:
+    """A client as an error names it (a session key's session, or an address; never a key)."""
+    return "the trainer" if client is None else client
 
 
 async def _finalize_quietly(mailbox: trio.MemorySendChannel[SessionMessage], reason: str) -> None:

@@ -110,9 +110,11 @@ class Runtime:
             # The session's mailbox (its actor spawned if none is live) comes off the registry directly,
             # not through the registry's mailbox; a retry asks, so that it comes after whatever the
             # registry has queued (a retirement).
-            mailbox = self.sessions.mailbox_for_turn(session_id) if self.sessions is not None and not attempt else None
+            client = identity.client
+            mailbox = (self.sessions.mailbox_for_turn(session_id, client)
+                       if self.sessions is not None and not attempt else None)
             if mailbox is None:
-                mailbox = await ask(self.registry, lambda r: Lookup(session_id, True, r))  # noqa: B023
+                mailbox = await ask(self.registry, lambda r: Lookup(session_id, True, r, client))  # noqa: B023
             try:  # queued without a scheduler round when the mailbox has room (the receive below waits anyway)
                 try:
                     mailbox.send_nowait(RunTurn(request, identity, send))
@@ -301,7 +303,8 @@ async def open_runtime(
             return SessionActor(session_id, services, counters)
 
         known = {sid: SessionCounters(step, segment) for sid, (step, segment) in recovered.items()}
-        registry = reg.SessionRegistry(factory, max_sessions=config.limits.max_sessions, known=known)
+        registry = reg.SessionRegistry(factory, max_sessions=config.limits.max_sessions, known=known,
+                                       max_sessions_per_client=config.limits.max_sessions_per_client)
         registry_box = await nursery.start(registry.run)
         runtime = Runtime(config, tok, engine, window, store_box, registry_box, controller, store.gauge,
                           sessions=registry)

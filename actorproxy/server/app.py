@@ -112,9 +112,9 @@ def create_app(runtime: Runtime) -> QuartTrio:
 
     def turn_route(suffix: str, fmt: TurnFormat[Any]) -> None:
         async def handler(raw: bytes, headers: Any, url_session: str | None, url_instance: str | None,
-                          confined_to: str | None) -> Any:
+                          confined_to: str | None, client: str | None) -> Any:
             return await serve_turn(runtime, fmt, fmt.load(raw), headers, url_session=url_session,
-                                    url_instance=url_instance, confined_to=confined_to)
+                                    url_instance=url_instance, confined_to=confined_to, client=client)
 
         lane.mount(suffix, handler)
         mount(suffix, served_by_the_lane, "POST")
@@ -156,8 +156,9 @@ def create_app(runtime: Runtime) -> QuartTrio:
     turn_route("/v1/messages", AnthropicFormat())
     turn_route("/v1/responses", ResponsesFormat(runtime.tokenizer))
 
-    async def generate(raw: bytes, *_: Any) -> bytes:
-        return await generate_turn(runtime, gateway, raw)
+    async def generate(raw: bytes, _headers: Any, _session: Any, _instance: Any, _confined: Any,
+                       client: str | None) -> bytes:
+        return await generate_turn(runtime, gateway, raw, client)
 
     lane.route("/generate", generate)
     mount("/v1/messages/count_tokens", count_tokens, "POST")

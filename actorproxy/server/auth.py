@@ -196,6 +196,19 @@ class AccessPolicy:
             )
         return False
 
+    def client_of(self, headers: Headers, confined: str | None, remote: str | None) -> str | None:
+        """Who opens a session, for the per-client session bound (``Identity.client``).
+
+        An agent's session key names it (``key:<session>``); the admin token is the
+        trainer (``None``: bound by ``--max-sessions`` only); anyone else is its
+        remote address (``addr:<ip>``: agents behind one address share it).
+        """
+        if confined is not None:
+            return f"key:{confined}"
+        if self.admin_token is not None and self.is_admin(headers):
+            return None
+        return f"addr:{remote}" if remote else None
+
     @property
     def access(self) -> Literal["open", "admin-token"]:
         """``open``: no admin token, so every route (rewards, finalize, drain, pause) is anyone's who reaches it."""

@@ -355,13 +355,13 @@ def _submitted(body: SubmitStepsBody) -> dict[str, list[SubmittedStep]]:
     return by_trajectory
 
 
-async def generate_turn(runtime: Runtime, gateway: Gateway, raw: bytes) -> bytes:
+async def generate_turn(runtime: Runtime, gateway: Gateway, raw: bytes, client: str | None = None) -> bytes:
     """``POST /generate``: one turn of session ``trajectory_uid`` in prompt group ``prompt_uid``, ids and all."""
     body: GenerateBody = structure(jsonio.loads(raw), GenerateBody)
     trajectory_uid, prompt_uid = _uid(body.trajectory_uid, "trajectory_uid"), _uid(body.prompt_uid, "prompt_uid")
     chat = {k: v for k, v in attrs.asdict(body, recurse=False).items() if v is not None}
     call = parse_chat_body(chat)  # the same message, tool and sampling checks as chat completions
-    identity = Identity(session_id=trajectory_uid, instance_id=prompt_uid)
+    identity = Identity(session_id=trajectory_uid, instance_id=prompt_uid, client=client)
     events = await runtime.start_turn(call.request, identity)
     with events:
         done: TurnDone | None = None

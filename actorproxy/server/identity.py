@@ -33,6 +33,7 @@ def resolve_identity(
     url_session: str | None = None,
     url_instance: str | None = None,
     confined_to: str | None = None,
+    client: str | None = None,
 ) -> Identity:
     """Who a request belongs to; the first source that names a value wins.
 
@@ -44,6 +45,7 @@ def resolve_identity(
 
     ``confined_to`` is the session an agent's session key is for: it names the
     session when nothing else does, and any other session is refused (401).
+    ``client`` is who opens the session (:meth:`.auth.AccessPolicy.client_of`).
     """
     session = (
         _clean(url_session, "the session id in the URL")
@@ -71,4 +73,5 @@ def resolve_identity(
         instance_id=instance,
         turn_id=_clean(headers.get("X-Turn-Id"), "X-Turn-Id") or _clean(body_turn, "turn_id"),
         rollout_id=_clean(headers.get("X-Rollout-Id"), "X-Rollout-Id"),
+        client=client,
     )

@@ -39,8 +39,9 @@ from .observe import Observer, error_code
 from .replies import error_reply, is_anthropic_route
 from .turns import SSEReply, TurnReply
 
-#: A turn route's handler: (body bytes, headers, URL session, URL prompt group, the key's session) -> reply.
-TurnHandler = Callable[[bytes, Headers, str | None, str | None, str | None], Awaitable[TurnReply]]
+#: A turn route's handler: (body bytes, headers, URL session, URL prompt group, the key's session, the client
+#: that opens a session: ``AccessPolicy.client_of``) -> reply.
+TurnHandler = Callable[[bytes, Headers, str | None, str | None, str | None, str | None], Awaitable[TurnReply]]
 
 #: Where the model routes are mounted: plain, per session, and Claw-R1 style (session, prompt group).
 MOUNTS = ("", "/sess/<url_session>", "/<url_session>/<url_instance>")
@@ -143,6 +144,8 @@ class _Turn:
         self.body_complete = False
         self.gone = False  # the client went away
         self.confined: str | None = None  # the session an agent's key confines the call to
+        self.client: str | None = None  # who opens a session (the per-client session bound)
+        self.remote: str | None = (scope.get("client") or (None,))[0]
         self.started = False  # the response has started
         self.last_sent = 0.0  # when a streamed reply last sent something (``trio.current_time``)
         self.info = RequestInfo("POST", self.path, found.rule, time.perf_counter())
@@ -182,7 +185,8 @@ class _Turn:
         """The handler, and its reply written (its error, in the caller's format)."""
         found = self.found
         try:
-            reply = await found.handler(raw, self.headers, found.url_session, found.url_instance, self.confined)
+            reply = await found.handler(raw, self.headers, found.url_session, found.url_instance, self.confined,
+                                        self.client)
             if isinstance(reply, bytes):
                 await self.answer(200, reply)
             else:
@@ -202,6 +206,7 @@ class _Turn:
             self.lane.policy.check_admin(self.headers)
         elif kind == "agent":
             self.confined = self.lane.policy.agent_session(self.headers)
+        self.client = self.lane.policy.client_of(self.headers, self.confined, self.remote)
         return await self.read_body()
 
     async def fail(self, error: Exception) -> None:

@@ -45,12 +45,13 @@ async def serve_turn(
     url_session: str | None,
     url_instance: str | None,
     confined_to: str | None,
+    client: str | None = None,
 ) -> TurnReply:
     """Run one turn of ``fmt``'s protocol: its JSON reply, or its SSE chunks when the call streams."""
     call = fmt.parse(body)
     session, instance, turn = fmt.body_identity(call, headers)
     identity = resolve_identity(headers, session, instance, turn, url_session=url_session,
-                                url_instance=url_instance, confined_to=confined_to)
+                                url_instance=url_instance, confined_to=confined_to, client=client)
     events = await runtime.start_turn(fmt.prepare(call, identity), identity)
     reply = ReplyInfo(fmt.new_id(), call.model or runtime.config.engines.model_name, identity.session_id)
     if not call.stream:
