@@ -15,7 +15,9 @@ import trio
 from actorproxy.config import ProxyConfig
 from actorproxy.errors import StartupError
 from actorproxy.serve import open_proxy
+from actorproxy.server.http_cycle import request_path
 from actorproxy.server.http_server import HTTPServer
+from actorproxy.server.lane import RequestHeaders
 from actorproxy.workers.fanout import FanOut, control_path
 from actorproxy.workers.handoff import Router, serve_handoffs
 from actorproxy.workers.merge import merge_history, merge_json, merge_metrics
@@ -27,22 +29,45 @@ async def _local(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"local " + scope["path"].encode()})
 
 
+def _head(target: bytes, *headers: tuple[bytes, bytes]) -> str | None:
+    """What the router finds in a request head, read as the app reads it."""
+    return head_session(request_path(target)[0], RequestHeaders(headers))
+
+
 def test_the_session_is_found_where_resolve_identity_finds_it() -> None:
-    turn = "/v1/chat/completions"
-    assert head_session(turn, [(b"x-session-id", b" s1 ")]) == "s1"
-    assert head_session(turn, [(b"x-claude-code-session-id", b"cc")]) == "cc"
-    assert head_session("/sess/s%2F2/v1/messages", []) == "s/2"
-    assert head_session("/traj/prompt/v1/chat/completions", []) == "traj"
-    assert head_session(turn, []) == NEED_BODY
-    assert head_session("/session/finalize", [(b"x-session-id", b"s")]) == NEED_BODY
-    assert head_session("/session/abc/sub-1", []) == "abc/sub-1"
-    assert head_session("/trajectory/stats", [(b"x-session-id", b"s")]) is None
-    assert head_session("/v1/models", [(b"x-session-id", b"s")]) is None
-    key = "ap1.c2Vzcw.0123"  # a session key names its session ("sess") in base64url
-    assert head_session(turn, [(b"authorization", f"Bearer {key}".encode())]) == "sess"
+    turn = b"/v1/chat/completions"
+    assert _head(turn, (b"x-session-id", b" s1 ")) == "s1"
+    assert _head(turn, (b"x-claude-code-session-id", b"cc")) == "cc"
+    assert _head(b"/sess/s%202/v1/messages") == "s 2"
+    assert _head(b"/sess/s%2F2/v1/messages") is None  # the app's URL map matches no route: 404 where it lands
+    assert _head(b"/traj/prompt/v1/chat/completions") == "traj"
+    assert _head(turn) == NEED_BODY
+    assert _head(b"/session/finalize", (b"x-session-id", b"s")) == NEED_BODY
+    assert _head(b"/session/abc/sub-1") == "abc/sub-1"
+    assert _head(b"/trajectory/stats", (b"x-session-id", b"s")) is None
+    assert _head(b"/v1/models", (b"x-session-id", b"s")) is None
+    assert _head(turn, (b"x-session-id", b"a" * 300)) is None  # the app refuses it (400) wherever it lands
     assert body_session(b'{"session_id": "b", "messages": []}') == "b"
     assert body_session(b'{"trajectory_id": "t#3"}') == "t#3"
     assert body_session(b'{"session_id": 3}') is None and body_session(b"not json") is None
+    codex = RequestHeaders([(b"session-id", b"cx")])
+    assert body_session(b"{}", "/v1/responses", codex) == "cx" and body_session(b"{}", "/v1/messages", codex) is None
+
+
+def test_an_absolute_target_a_doubled_slash_and_an_empty_first_header_name_what_the_app_serves() -> None:
+    """The router reads the head with the app's own function (``named_session``) on the path the app sees."""
+    assert _head(b"http://h/sess/A/v1/chat/completions", (b"x-session-id", b"B")) == "A"
+    assert _head(b"//sess/A/v1/chat/completions", (b"x-session-id", b"B")) == "A"
+    assert _head(b"http://h/session/A") == "A"
+    assert _head(b"/v1/chat/completions", (b"x-session-id", b""), (b"x-session-id", b"B")) == NEED_BODY
+    assert _head(b"/v1/chat/completions", (b"x-session-id", b" "), (b"x-smg-routing-key", b"C")) == "C"
+
+
+def test_a_body_nested_past_the_recursion_limit_names_no_session() -> None:
+    deep = b"[" * 5000 + b"]" * 5000
+    assert body_session(deep) is None
+    assert body_session(b'{"session_id": "s", "x": ' + deep + b"}") is None
+    assert body_session(b'{"x": ' * 5000 + b"1" + b"}" * 5000) is None
 
 
 def test_a_session_its_sub_agents_and_its_segments_have_one_owner() -> None:

@@ -65,15 +65,15 @@ class Cycle:
         self.connection = connection
         self.request = request
         self.method = request.method.decode("ascii")
-        path, _, query = _origin_form(request.target).partition(b"?")
+        path, raw_path, query = request_path(request.target)
         self.scope = {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.1"},
             "http_version": request.http_version,
             "method": self.method,
             "scheme": "http",
-            "path": unquote(path.decode("ascii")),
-            "raw_path": path,
+            "path": path,
+            "raw_path": raw_path,
             "query_string": query,
             "root_path": "",
             "headers": request.headers,
@@ -246,6 +246,12 @@ async def _acquire(lock: trio.Lock) -> None:
         lock.acquire_nowait()
     except trio.WouldBlock:
         await lock.acquire()
+
+
+def request_path(target: bytes) -> tuple[str, bytes, bytes]:
+    """A request target's path as the app sees it (origin-form, percent-decoded), its raw path and its query."""
+    raw_path, _, query = _origin_form(target).partition(b"?")
+    return unquote(raw_path.decode("ascii")), raw_path, query
 
 
 def _origin_form(target: bytes) -> bytes:

@@ -41,7 +41,7 @@ import trio
 from ..runtime.in_flight import InFlight
 from . import http1
 from .drain import ASGIApp
-from .http_cycle import CONTINUE, MAX_PIPELINED, Cycle, Date
+from .http_cycle import BODY_AT_ONCE, CONTINUE, MAX_PIPELINED, Cycle, Date
 
 log = logging.getLogger("actorproxy.http")
 
@@ -89,6 +89,7 @@ class _Connection:
         self.serving = trio.lowlevel.ParkingLot()  # the reader after an EOF, until the request that came with it runs
         self.room = trio.lowlevel.ParkingLot()  # the reader, while the buffer is full
         self.cycle: Cycle | None = None  # the request being served
+        self.want = 0  # bytes of a body the router waits for before the request is served (``gathering``)
         self.write_lock = trio.Lock()
         self.writes = 0  # writes since the last scheduling round one of them took
         self.closed = False  # the client went away (or the socket failed)
@@ -150,7 +151,7 @@ class _Connection:
             # Wait first, then read: one recv per arrival (the wait is the checkpoint).
             await trio.lowlevel.wait_readable(sock)
             try:
-                data: bytes | None = sock.recv(max(_MAX_RECV, self.gathering() - len(self.buffer)))
+                data: bytes | None = sock.recv(min(max(_MAX_RECV, self.gathering() - len(self.buffer)), BODY_AT_ONCE))
             except (BlockingIOError, InterruptedError):
                 continue
             except OSError:  # reset: gone for sure
@@ -167,9 +168,10 @@ class _Connection:
             return
 
     def gathering(self) -> int:
-        """Bytes of the current request's body the buffer may gather (``Cycle.gathered``; 0 between requests)."""
+        """Bytes of the current request's body the buffer may gather (``Cycle.gathered``, or what the router waits
+        for: ``want``; 0 between requests)."""
         cycle = self.cycle
-        return 0 if cycle is None else cycle.gathered()
+        return self.want if cycle is None else cycle.gathered()
 
     async def half_closed(self) -> None:
         """The client sent its EOF: if after a whole request, wait until it turns out gone, answering it meanwhile.
@@ -412,7 +414,10 @@ class HTTPServer:
         except OSError:  # gone before it could be served
             sock.close()
             return
-        await connection.run()
+        try:
+            await connection.run()
+        except Exception:  # a fault while serving one connection ends that connection, never the server
+            log.exception("a connection from %s failed; it is closed", connection.client)
 
 
 def _address(name: Any) -> tuple[str, int] | None:

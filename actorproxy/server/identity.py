@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import BadRequest
@@ -22,6 +23,52 @@ def _clean(value: str | None, name: str) -> str | None:
     if len(value) > MAX_ID_LENGTH or _CONTROL.search(value):  # one C pass, not a generator per character
         raise BadRequest(f"{name} must be at most {MAX_ID_LENGTH} printable characters", param=name)
     return value
+
+
+#: The headers that name a session, in the order they are asked (after the URL, before the body).
+SESSION_HEADERS = ("X-Session-Id", "X-Claude-Code-Session-Id", "X-SMG-Routing-Key")
+
+
+def url_mount(path: str, suffixes: Iterable[str]) -> tuple[str, str | None, str | None] | None:
+    """A model route's path under its mounts: (suffix, URL session, URL prompt group); ``None``: not one.
+
+    ``path`` is the request's path as the app sees it (origin-form, percent-decoded: the ASGI
+    ``scope["path"]``). The mounts are ``/``, ``/sess/<session>`` and ``/<trajectory_uid>/<prompt_uid>``
+    (a static ``sess`` beats a variable segment), as the URL map matches them: extra leading
+    slashes are ignored, other repeated slashes match nothing, and a segment holds no ``/``.
+    """
+    path = "/" + path.lstrip("/")
+    if "//" in path:
+        return None
+    for suffix in suffixes:
+        if path.endswith(suffix):
+            prefix = path[: len(path) - len(suffix)]
+            if not prefix:
+                return suffix, None, None
+            parts = prefix.split("/")
+            if len(parts) != 3 or parts[0] or not parts[1] or not parts[2]:
+                return None
+            if parts[1] == "sess":
+                return suffix, parts[2], None
+            return suffix, parts[1], parts[2]
+    return None
+
+
+def named_session(headers: Any, url_session: str | None = None) -> str | None:
+    """The session the URL or a session header names, the first that names one; ``None``: neither does.
+
+    The one reading of a request's head for its session, by the app (:func:`resolve_identity`)
+    and by the router of ``--workers``, which sends the request to the worker that will serve
+    it as this session. ``headers.get`` gives a repeated header's first value: an empty one
+    names nothing, and the next header is asked (never the second value). A value too long or
+    with control characters is :class:`BadRequest`.
+    """
+    session = _clean(url_session, "the session id in the URL")
+    for name in SESSION_HEADERS:
+        if session is not None:
+            return session
+        session = _clean(headers.get(name), name)
+    return session
 
 
 def resolve_identity(
@@ -47,14 +94,7 @@ def resolve_identity(
     session when nothing else does, and any other session is refused (401).
     ``client`` is who opens the session (:meth:`.auth.AccessPolicy.client_of`).
     """
-    session = (
-        _clean(url_session, "the session id in the URL")
-        or _clean(headers.get("X-Session-Id"), "X-Session-Id")
-        or _clean(headers.get("X-Claude-Code-Session-Id"), "X-Claude-Code-Session-Id")
-        or _clean(headers.get("X-SMG-Routing-Key"), "X-SMG-Routing-Key")
-        or _clean(body_session, "session_id")
-        or confined_to
-    )
+    session = named_session(headers, url_session) or _clean(body_session, "session_id") or confined_to
     check_scope(confined_to, session or "")
     if session is None:
         raise BadRequest(

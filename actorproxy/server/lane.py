@@ -35,6 +35,7 @@ from ..wire.format import Headers
 from .auth import AccessPolicy, route_kind
 from .drain import ASGIApp, Receive, Send, discard_body
 from .http_cycle import BODY_EXTENSION, DISCONNECT_EXTENSION
+from .identity import url_mount
 from .observe import Observer, error_code
 from .replies import error_reply, is_anthropic_route
 from .turns import SSEReply, TurnReply
@@ -106,24 +107,15 @@ class TurnLane:
 
     def match(self, path: str) -> Match | None:
         """The turn route ``path`` names, as the Quart app's URL map would match it; ``None``: not a turn route."""
-        path = "/" + path.lstrip("/")  # the URL map ignores extra leading slashes
-        handler = self._paths.get(path)
+        handler = self._paths.get("/" + path.lstrip("/"))  # the URL map ignores extra leading slashes
         if handler is not None:
-            return Match(handler, path)
-        if "//" in path:  # the URL map answers other repeated slashes with a redirect: Quart's to answer
+            return Match(handler, "/" + path.lstrip("/"))
+        found = url_mount(path, self._suffixes)
+        if found is None:
             return None
-        for suffix, handler in self._suffixes.items():
-            if path.endswith(suffix):
-                prefix = path[: len(path) - len(suffix)]
-                if not prefix:
-                    return Match(handler, suffix)
-                parts = prefix.split("/")
-                if len(parts) != 3 or parts[0] or not parts[1] or not parts[2]:
-                    return None
-                if parts[1] == "sess":  # a static segment beats a variable one
-                    return Match(handler, MOUNTS[1] + suffix, parts[2])
-                return Match(handler, MOUNTS[2] + suffix, parts[1], parts[2])
-        return None
+        suffix, session, instance = found
+        rule = suffix if session is None else (MOUNTS[1] if instance is None else MOUNTS[2]) + suffix
+        return Match(self._suffixes[suffix], rule, session, instance)
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):

@@ -24,6 +24,9 @@ from .responses_api import IssuedItems, ResponseHistory, ResponsesCall, parse_re
 from .responses_events import ResponseEventWriter, new_response_id, response_json
 from .responses_memo import ResponsesBody, ResponsesMemo, load_responses_body
 
+#: Codex names its conversation with these headers (after the body's ``session_id``).
+CONVERSATION_HEADERS = ("session-id", "thread-id")
+
 
 class _Writer:
     """``ResponseEventWriter`` as a :class:`~actorproxy.wire.format.StreamWriter` (an SSE comment as heartbeat).
@@ -93,8 +96,10 @@ class ResponsesFormat(TurnFormat[ResponsesCall]):
         return new_response_id()
 
     def body_identity(self, call: ResponsesCall, headers: Headers) -> BodyIdentity:
-        # Codex names its conversation with `session-id` / `thread-id` headers.
-        return call.session_id or headers.get("session-id") or headers.get("thread-id"), None, None
+        session = call.session_id
+        for name in CONVERSATION_HEADERS:
+            session = session or headers.get(name)
+        return session, None, None
 
     def prepare(self, call: ResponsesCall, identity: Identity) -> ChatRequest:
         IssuedItems.check(call, identity.session_id)

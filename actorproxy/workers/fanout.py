@@ -12,6 +12,13 @@ read (what the others drained is gone from their stores) and ``/health`` (``degr
 probe must not fail the whole proxy while one worker restarts). Pause and resume are idempotent,
 so the trainer retries them as they are.
 
+A fanned-out request gets the single process's checks first, before its body is read: another
+method (``POST /health``, ``HEAD``, ``OPTIONS``), a caller without the admin token, a
+``Content-Length`` past the body limit are answered by this worker's own app, as the single
+process answers them (405, 401, 413), and the body is discarded as it arrives. A ``GET``'s body
+is discarded too (never sent on); a ``POST``'s is read up to the limit (413 past it) and sent
+to each worker from the one copy.
+
 The Claw-R1 gateway routes (``/init_trajectory``, ``/generate``, ``/trajectory/fetch_batch``, ...)
 group trajectories by prompt across sessions and keep their hand-off queue in one process: with
 more than one worker they answer ``501 not_configured`` (run them with ``--workers 1``).
@@ -25,11 +32,15 @@ import socket
 from typing import Any
 
 import trio
+from werkzeug.exceptions import RequestEntityTooLarge
 
-from ..server.drain import ASGIApp, Message, Receive, Send
+from ..server.auth import AccessPolicy, route_kind
+from ..server.drain import ASGIApp, DrainRequestBody, Message, Receive, Send
+from ..server.lane import RequestHeaders, _content_length
+from ..server.replies import error_reply
 from ..wire import jsonio
 from .merge import merge_history, merge_json, merge_metrics
-from .routing import FANOUT_PATHS, body_session, is_gateway
+from .routing import FANOUT_ROUTES, MAX_BODY, body_session, is_gateway
 
 log = logging.getLogger("actorproxy.workers")
 
@@ -71,7 +82,9 @@ async def ask(directory: str, index: int, method: str, target: bytes, headers: l
         with trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock, trio.fail_after(ASK_TIMEOUT):
             await sock.connect(control_path(directory, index))
             stream = trio.SocketStream(sock)
-            await stream.send_all(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+            await stream.send_all(b"\r\n".join(lines) + b"\r\n\r\n")
+            if body:
+                await stream.send_all(body)  # the one copy every worker is sent
             received = bytearray()
             while data := await stream.receive_some(1 << 16):
                 received += data
@@ -112,8 +125,10 @@ def _dechunk(index: int, data: bytes) -> bytes:
 class FanOut:
     """ASGI middleware of a worker's public app: control routes answered for every worker (see the module doc)."""
 
-    def __init__(self, app: ASGIApp, workers: int, directory: str) -> None:
+    def __init__(self, app: ASGIApp, workers: int, directory: str, policy: AccessPolicy | None = None) -> None:
         self.app, self.workers, self.directory = app, workers, directory
+        self.policy = policy or AccessPolicy()
+        self.fan_get = DrainRequestBody(self.fan_out)  # a GET's body: discarded before the answer starts
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -125,13 +140,30 @@ class FanOut:
                 "the Claw-R1 gateway routes need --workers 1: their prompt groups span sessions, which "
                 "several workers serve (docs/workers.md)", "not_configured", "invalid_request_error"))
             return
-        if path not in FANOUT_PATHS:
-            await self.app(scope, receive, send)
+        method = FANOUT_ROUTES.get(path)
+        headers = RequestHeaders(scope["headers"])
+        if method != scope["method"] or not (route_kind(path) == "public" or self.policy.is_admin(headers)):
+            await self.app(scope, receive, send)  # answered as the single process answers it, before any body
             return
-        body = await _read_body(receive)
+        if method == "GET":
+            await self.fan_get(scope, receive, send)
+            return
+        if _content_length(headers) > MAX_BODY:
+            await self.app(scope, receive, send)  # 413, from the header
+            return
+        body = await _read_body(receive, MAX_BODY)
+        if body is None:
+            failed = error_reply(RequestEntityTooLarge(), anthropic_shape=False, method="POST", path=path)
+            await _reply(send, failed.status, jsonio.dumps(failed.data), close=True)
+            return
         if path == "/trajectory/read" and body_session(body) is not None:  # one session: its owner routed it here
             await self.app(scope, _replay(body, receive), send)
             return
+        await self.fan_out(scope, receive, send, body)
+
+    async def fan_out(self, scope: Any, receive: Receive, send: Send, body: bytes = b"") -> None:
+        """Ask every worker, merge their answers (see the module doc)."""
+        path = scope["path"]
         target = scope["raw_path"] + (b"?" + scope["query_string"] if scope["query_string"] else b"")
         results = await self.ask_all(scope["method"], target, list(scope["headers"]), body)
         answers = [r for r in results if isinstance(r, Answer) and 200 <= r.status < 300]
@@ -190,16 +222,21 @@ def _drains(body: bytes) -> bool:
     return isinstance(parsed, dict) and parsed.get("drain") is True
 
 
-async def _read_body(receive: Receive) -> bytes:
-    pieces = []
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The request's body; ``None`` past ``limit`` bytes (what came is discarded)."""
+    pieces, size = [], 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
             break
-        pieces.append(message.get("body", b""))
+        piece = message.get("body", b"")
+        size += len(piece)
+        if size > limit:
+            return None
+        pieces.append(piece)
         if not message.get("more_body", False):
             break
-    return b"".join(pieces)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -220,9 +257,11 @@ def _error(message: str, code: str, kind: str) -> bytes:
 
 
 async def _reply(send: Send, status: int, body: bytes, *, content_type: bytes | None = None,
-                 retry_after: bool = False) -> None:
+                 retry_after: bool = False, close: bool = False) -> None:
     headers = [(b"content-type", content_type or b"application/json")]
     if retry_after:
         headers.append((b"retry-after", b"1"))
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -12,6 +12,14 @@ the receiver needs no framing.
 When the owner cannot take it (it crashed and is restarting), the request gets
 ``503 worker_unavailable`` with ``Retry-After: 1`` in the caller's format, and the
 connection is closed.
+
+What the router reads comes from anyone who reaches the port, before the app's checks: so
+it reads a body only where the single process would (the caller passes the route's access
+check, its ``Content-Length`` is within the app's limit), keeps it in the connection's
+buffer (the reader gathers it there, each byte copied once more at most), waits for it at
+most ``BODY_WAIT`` (then ``408``), and a request it cannot route is served where it landed,
+where the app refuses it as the single process does. An error of its own is logged and
+answered ``400`` (the connection then closes): it never ends the worker.
 """
 
 from __future__ import annotations
@@ -21,13 +29,18 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import trio
+from werkzeug.exceptions import RequestTimeout
 
+from ..errors import BadRequest, Overloaded, Unauthorized
 from ..server import http1
+from ..server.auth import AccessPolicy, route_kind
+from ..server.http_cycle import request_path
+from ..server.lane import RequestHeaders
+from ..server.replies import error_reply, is_anthropic_route
 from ..wire import jsonio
 from .routing import MAX_BODY, NEED_BODY, body_session, head_session, owner
 
@@ -39,6 +52,8 @@ log = logging.getLogger("actorproxy.workers")
 _ANCILLARY = socket.CMSG_SPACE(array.array("i", [0]).itemsize)
 #: Headers of the head that the router has already answered (a ``100 Continue`` sent while reading the body).
 _DROPPED_WHEN_CONTINUED = b"expect"
+#: How long the router waits for a body it needs (the app's own body timeout).
+BODY_WAIT = 600.0
 
 
 def handoff_path(directory: str, index: int) -> str:
@@ -54,29 +69,59 @@ def remove_stale(path: str) -> None:
 class Router:
     """The :class:`~actorproxy.server.http_server.HTTPServer` router of worker ``index`` of ``workers``."""
 
-    def __init__(self, index: int, workers: int, directory: str) -> None:
+    def __init__(self, index: int, workers: int, directory: str, policy: AccessPolicy | None = None) -> None:
         self.index, self.workers, self.directory = index, workers, directory
+        self.policy = policy or AccessPolicy()
         self.handed_off = 0  # connections sent to their owner
         self.refused = 0  # requests answered 503 because their owner was down
 
     async def __call__(self, connection: _Connection, request: http1.RequestHead) -> Handoff | None:
-        target = request.target.decode("latin-1")
-        session = head_session(target, request.headers)
+        try:
+            return await self.route(connection, request)
+        except Exception as exc:  # a fault of the router's own: this request's alone, never the worker's
+            log.exception("could not route %s %r: answered 400", request.method, request.target[:200])
+            error = BadRequest(f"this request could not be routed to its worker ({type(exc).__name__})",
+                               code="unroutable_request")
+            return partial(_answer, error, request_path(request.target)[0])
+
+    async def route(self, connection: _Connection, request: http1.RequestHead) -> Handoff | None:
+        """The hand-off to the worker that owns the request's session; ``None``: served here."""
+        path = request_path(request.target)[0]
+        headers = RequestHeaders(request.headers)
+        session = head_session(path, headers)
         continued = False
         if session == NEED_BODY:
+            session = self.key_session(path, headers)
+        if session == NEED_BODY:
+            if request.length > MAX_BODY:
+                return None  # the app answers 413, from the header
             if request.expect_continue:  # the client waits for this before it sends the body we need
                 request.expect_continue, continued = False, True
                 await connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            body = await _whole_body(connection, request)
-            session = None if body is None else body_session(body)
+            with trio.move_on_after(BODY_WAIT) as waited:
+                body = await _whole_body(connection, request)
+            if waited.cancelled_caught:
+                return partial(_answer, RequestTimeout(), path)
+            session = None if body is None else body_session(body, path, headers)
         if session is None:
             return None
         worker = owner(session, self.workers)
         if worker == self.index:
             return None
-        return partial(self._send, worker, _rebuild(request, continued), target)
+        return partial(self._send, worker, _rebuild(request, continued), path)
 
-    async def _send(self, worker: int, head: bytes, target: str, sock: trio.socket.SocketType, rest: bytes) -> None:
+    def key_session(self, path: str, headers: RequestHeaders) -> str | None | Literal["body"]:
+        """Before a body is read: the session an agent's key confines it to, else ``NEED_BODY``; ``None`` when the
+        app refuses the caller (it does so here, without the body, as the single process does)."""
+        policy = self.policy
+        if route_kind(path) != "agent":
+            return NEED_BODY if policy.is_admin(headers) else None
+        try:
+            return policy.agent_session(headers) or NEED_BODY
+        except Unauthorized:
+            return None
+
+    async def _send(self, worker: int, head: bytes, path: str, sock: trio.socket.SocketType, rest: bytes) -> None:
         """Send ``sock`` and the bytes not served yet to ``worker``; a 503 on the connection if it cannot take it."""
         try:
             with trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
@@ -89,7 +134,10 @@ class Router:
         except OSError as exc:
             self.refused += 1
             log.warning("worker %d cannot take a connection for its session (%s): 503", worker, exc)
-            await _refuse(sock, target, worker)
+            refusal = Overloaded(f"the worker that serves this session (worker {worker}) is restarting; retry",
+                                 code="worker_unavailable")
+            refusal.retry_after = 1
+            await _answer(refusal, path, sock, rest)
             return
         self.handed_off += 1
 
@@ -136,22 +184,32 @@ async def _receive(stream: trio.SocketStream, server: HTTPServer) -> None:
 
 
 async def _whole_body(connection: _Connection, request: http1.RequestHead) -> bytes | None:
-    """The request's whole body once it is in the connection's buffer (left there); ``None``: it will not be."""
-    while True:
-        copy, reader, pieces = bytearray(connection.buffer), http1.BodyReader(request), []
-        try:
-            while not reader.done:
-                piece = reader.read(copy)
-                if piece is None:
-                    break
-                pieces.append(piece)
-        except http1.BadRequest:
-            return None  # served here: the app answers 400
-        if reader.done:
-            return b"".join(pieces)
-        if connection.eof or len(connection.buffer) > MAX_BODY:
-            return None
-        await connection.wait_for_bytes()
+    """The request's whole body once it is in the connection's buffer (left there); ``None``: it will not be.
+
+    The connection's reader is told to gather it (``connection.want``: past the bytes it holds
+    between requests); each new byte is copied once, into the body taken apart here.
+    """
+    reader, pending, pieces, size, seen = http1.BodyReader(request), bytearray(), [], 0, 0
+    connection.want = request.length if not request.chunked else MAX_BODY
+    try:
+        while True:
+            buffer = connection.buffer
+            if len(buffer) > seen:
+                with memoryview(buffer) as view:
+                    pending += view[seen:]
+                seen = len(buffer)
+                while not reader.done and (piece := reader.read(pending)) is not None:
+                    pieces.append(piece)
+                    size += len(piece)
+                if reader.done:
+                    return b"".join(pieces)
+            if connection.eof or size > MAX_BODY:
+                return None
+            await connection.wait_for_bytes()
+    except http1.BadRequest:
+        return None  # served here: the app answers 400
+    finally:
+        connection.want = 0
 
 
 def _rebuild(request: http1.RequestHead, continued: bool) -> bytes:
@@ -163,16 +221,14 @@ def _rebuild(request: http1.RequestHead, continued: bool) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
-def _refuse(sock: trio.socket.SocketType, target: str, worker: int) -> Awaitable[None]:
-    message = f"the worker that serves this session (worker {worker}) is restarting; retry"
-    if "/v1/messages" in target:
-        payload = {"type": "error", "error": {"type": "overloaded_error", "message": message}}
-    else:
-        payload = {"error": {"message": message, "type": "server_error", "param": None, "code": "worker_unavailable"}}
-    body = jsonio.dumps(payload)
-    head = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
-            b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n")
-    return _send_all(sock, head + body)
+async def _answer(error: Exception, path: str, sock: trio.socket.SocketType, rest: bytes) -> None:
+    """Answer ``error`` on the client's socket in the caller's format (``connection: close``); then it closes."""
+    failed = error_reply(error, anthropic_shape=is_anthropic_route(path), method="", path=path)
+    body = jsonio.dumps(failed.data)
+    head = [http1.status_line(failed.status), b"content-type: application/json\r\n", b"connection: close\r\n",
+            b"content-length: %d\r\n" % len(body)]
+    head += [f"{name.lower()}: {value}\r\n".encode("latin-1") for name, value in failed.headers]
+    await _send_all(sock, b"".join(head) + b"\r\n" + body)
 
 
 async def _send_all(sock: trio.socket.SocketType, data: bytes) -> None:

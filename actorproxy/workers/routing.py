@@ -6,40 +6,47 @@ segment suffix (``<session>#<n>``, a trajectory id). CRC-32 is stable across pro
 runs, unlike Python's salted ``hash()``: a restarted worker owns the same sessions, and the
 journal it recovers is theirs.
 
-The sources are those of :func:`actorproxy.server.identity.resolve_identity`, in its order:
-the per-session URL, ``X-Session-Id``, ``X-Claude-Code-Session-Id``, ``X-SMG-Routing-Key``,
-then the session an agent's session key names (which confines the call to that session
-anyway), then the body's ``session_id`` (or ``trajectory_id`` for ``/trajectory/read``).
+The head is read by the app's own function (:func:`actorproxy.server.identity.named_session`,
+on the path the app sees: origin-form, percent-decoded): the per-session URL, then
+``X-Session-Id``, ``X-Claude-Code-Session-Id``, ``X-SMG-Routing-Key``; then the session an
+agent's key names (checked by the router: see :mod:`.handoff`), then the body's
+``session_id`` (or ``trajectory_id`` for ``/trajectory/read``), and for ``/v1/responses`` the
+headers Codex names its conversation with. The body is searched within bounds: at most
+``MAX_BODY`` bytes (the app's own limit), and a body nested past the interpreter's recursion
+limit names nothing here (the app refuses it: 400, it accepts 100 levels).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import zlib
 from typing import Literal
-from urllib.parse import unquote
 
 import msgspec
+
+from ..errors import BadRequest
+from ..server.app import MAX_BODY_BYTES
+from ..server.auth import Headers
+from ..server.identity import named_session, url_mount
+from ..server.responses_format import CONVERSATION_HEADERS
 
 #: Model routes (any mount: ``/``, ``/sess/<id>/``, ``/<trajectory_uid>/<prompt_uid>/``): a turn of a session.
 TURN_SUFFIXES = ("/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/messages/count_tokens")
 #: Our routes whose JSON body names the session.
 BODY_SESSION_PATHS = frozenset({"/session/finalize", "/trajectory/read"})
-#: Routes answered for every worker by the one that receives them (``fanout``).
-FANOUT_PATHS = frozenset({
-    "/v1/rollout/pause", "/v1/rollout/resume", "/v1/rollout/pause_state", "/trajectory/read",
-    "/trajectory/stats", "/sessions", "/metrics", "/health", "/ready", "/ui/api/overview",
-})
+#: Routes answered for every worker by the one that receives them (``fanout``), and their method (any other method
+#: is the single process's to answer: 405, ``HEAD``, ``OPTIONS``).
+FANOUT_ROUTES = {
+    "/v1/rollout/pause": "POST", "/v1/rollout/resume": "POST", "/v1/rollout/pause_state": "GET",
+    "/trajectory/read": "POST", "/trajectory/stats": "GET", "/sessions": "GET", "/metrics": "GET", "/health": "GET",
+    "/ready": "GET", "/ui/api/overview": "GET",
+}
 #: The Claw-R1 gateway: prompt groups span sessions (and so workers), and its hand-off queue is one process's.
 GATEWAY_PATHS = frozenset({
     "/generate", "/init_trajectory", "/compute_reward", "/submit_steps", "/trajectory/fetch_batch",
 })
 GATEWAY_SUFFIXES = ("/v1/register_trajectory", "/v1/complete_trajectory")
-_SESSION_HEADERS = (b"x-session-id", b"x-claude-code-session-id", b"x-smg-routing-key")
-_KEY_PREFIX = "ap1."
-#: The most of a body read to find its session id (a bigger one without a session header is served where it lands).
-MAX_BODY = 64 * 1024 * 1024
+#: The most of a body read to find its session id: the app's limit (a bigger one is refused there: 413).
+MAX_BODY = MAX_BODY_BYTES
 
 NEED_BODY: Literal["body"] = "body"
 
@@ -71,72 +78,39 @@ def is_gateway(path: str) -> bool:
     return path in GATEWAY_PATHS or path.startswith("/complete_trajectory/") or path.endswith(GATEWAY_SUFFIXES)
 
 
-def _url_session(path: str) -> str | None:
-    """The session a URL names (``/sess/<id>/v1/...``, ``/<trajectory>/<prompt>/v1/...``, ``/session/<id>``)."""
-    parts = path.split("/")
-    if path.startswith("/session/") and len(parts) >= 3 and parts[2] not in ("finalize", "open", ""):
-        return unquote(path[len("/session/"):])
-    if path.startswith("/ui/api/session/"):
-        return unquote(path[len("/ui/api/session/"):])
-    if len(parts) >= 5 and parts[3] == "v1" and parts[1] and parts[2]:
-        return unquote(parts[2] if parts[1] == "sess" else parts[1])
-    return None
+def head_session(path: str, headers: Headers) -> str | None | Literal["body"]:
+    """The session a request head names; ``NEED_BODY`` when only its body (or the agent's key) can say; ``None``: no
+    session, or one the app refuses (it is served where it landed, and refused there).
 
-
-def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
-    for key, value in headers:
-        if key == name:
-            text = value.decode("latin-1").strip()
-            if text:
-                return text
-    return None
-
-
-def _key_session(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The session an agent's session key names (not checked here: the owner checks it)."""
-    token = _header(headers, b"x-api-key")
-    auth = _header(headers, b"authorization")
-    if auth is not None:
-        scheme, _, rest = auth.partition(" ")
-        if scheme.lower() == "bearer" and rest.strip():
-            token = rest.strip()
-    if token is None or not token.startswith(_KEY_PREFIX):
-        return None
-    parts = token.split(".")
-    if len(parts) != 3:
-        return None
+    ``path``: as the app sees it (:func:`actorproxy.server.http_cycle.request_path`).
+    """
     try:
-        return base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
+        mount = url_mount(path, TURN_SUFFIXES)
+        if mount is not None:
+            return named_session(headers, mount[1]) or NEED_BODY
+    except BadRequest:
         return None
+    for route in ("/session/", "/ui/api/session/"):  # ``<path:session_id>``: the URL alone names it
+        if path.startswith(route) and path not in ("/session/finalize", "/session/open"):
+            return path[len(route):] or None
+    return NEED_BODY if path in BODY_SESSION_PATHS else None
 
 
-def head_session(path: str, headers: list[tuple[bytes, bytes]]) -> str | None | Literal["body"]:
-    """The session a request head names; ``NEED_BODY`` when only its body can say; ``None``: no session."""
-    path = path.partition("?")[0]
-    turn = path.endswith(TURN_SUFFIXES)
-    if turn or path.startswith(("/session/", "/ui/api/session/")):
-        session = _url_session(path)
-        if session is not None:
-            return session
-    if turn:
-        for name in _SESSION_HEADERS:
-            session = _header(headers, name)
-            if session is not None:
-                return session
-        return _key_session(headers) or NEED_BODY
-    if path in BODY_SESSION_PATHS:
-        return NEED_BODY
-    return None
-
-
-def body_session(body: bytes) -> str | None:
-    """The ``session_id`` (else ``trajectory_id``) of a JSON body; ``None`` when it names none (or is not JSON)."""
-    try:
-        ids = _IDS.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    for value in (ids.session_id, ids.trajectory_id):
+def body_session(body: bytes, path: str = "", headers: Headers | None = None) -> str | None:
+    """The ``session_id`` (else ``trajectory_id``) of a JSON body, then for ``/v1/responses`` Codex's conversation
+    headers; ``None`` when nothing names one (or the body is not JSON, too big, or nested too deep to search)."""
+    ids = None
+    if len(body) <= MAX_BODY:
+        try:
+            ids = _IDS.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            pass  # the app refuses the body wherever it is served
+    for value in (ids.session_id, ids.trajectory_id) if ids is not None else ():
         if isinstance(value, str) and value.strip():
             return value.strip()
+    if headers is not None and path.endswith("/v1/responses"):
+        for name in CONVERSATION_HEADERS:
+            value = (headers.get(name) or "").strip()
+            if value:
+                return value
     return None

@@ -29,6 +29,7 @@ from ..runtime.in_flight import InFlight
 from ..runtime.runtime import Runtime, open_runtime
 from ..serve import _KEEP_ALIVE, RunningProxy, _drain, asgi_of, bind_host
 from ..server.app import create_app
+from ..server.auth import AccessPolicy
 from ..server.http_server import HTTPServer
 from ..tokenization.tokenizer import ChatTokenizer
 from ..wire import jsonio
@@ -69,8 +70,9 @@ async def serve_worker(
         tracker = InFlight()  # the requests in flight of both servers
         stop = trio.Event()
         private = HTTPServer(app, keep_alive_timeout=_KEEP_ALIVE, tracker=tracker)
-        public = HTTPServer(FanOut(app, workers, directory), keep_alive_timeout=_KEEP_ALIVE,
-                            router=Router(index, workers, directory), tracker=tracker)
+        policy = AccessPolicy.from_config(config)  # the app's own rules, checked before a body is read
+        public = HTTPServer(FanOut(app, workers, directory, policy), keep_alive_timeout=_KEEP_ALIVE,
+                            router=Router(index, workers, directory, policy), tracker=tracker)
         control = control_path(directory, index)
         remove_stale(control)
         unix = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
