@@ -75,3 +75,11 @@ def test_several_workers_example_runs() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "8 segments of 8 sessions, one each" in result.stdout and "exited with 0" in result.stdout
     assert "pause: paused on 2 workers" in result.stdout
+
+
+def test_training_adapters_example_runs() -> None:
+    result = _run(str(EXAMPLES / "training_adapters.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "batch: 6 rows" in result.stdout
+    for trainer in ("verl", "slime", "openrlhf", "skyrl", "trl"):
+        assert f"\n{trainer}: " in result.stdout
