@@ -1,10 +1,11 @@
 """The trainer's hand-off by prompt group: GRPO-style trainers need all N rollouts of a prompt together.
 
 Completed trajectories are announced with :meth:`GroupHandoff.complete`;
-:meth:`GroupHandoff.wait_ready` waits until the B oldest prompt groups (by
-``instance_id``, in the order their first trajectory completed) each hold N,
-and :meth:`GroupHandoff.peek` names them (after a timeout: the complete
-groups among those B, saying the batch is not complete) without taking them:
+:meth:`GroupHandoff.wait_ready` waits until B prompt groups (by
+``instance_id``) each hold N, and :meth:`GroupHandoff.peek` names the first B
+complete ones, oldest first (by when their first trajectory completed; after
+a timeout: those complete, saying the batch is not complete; a group that
+never fills never holds back the complete ones behind it) without taking them:
 the caller reads and serialises their segments first, and only then drains the
 store and :meth:`GroupHandoff.remove` s them, so a reply that cannot be built
 loses nothing. A group that never fills is bounded by ``max_pending_groups``:
@@ -75,18 +76,25 @@ class GroupHandoff:
         return True
 
     def _ready(self, groups: int, per_group: int) -> tuple[list[str], bool]:
-        """The instance ids to take now, and whether they are the full batch."""
-        oldest = list(self._groups)[:groups]
-        full = [g for g in oldest if len(self._groups[g]) >= per_group]
-        return full, len(oldest) == groups and len(full) == groups
+        """The first ``groups`` complete groups (oldest first), and whether there are that many.
+
+        A group that is not complete (a rollout crashed) never holds back the complete ones behind it.
+        """
+        full = []
+        for key, waiting in self._groups.items():
+            if len(waiting) >= per_group:
+                full.append(key)
+                if len(full) == groups:
+                    break
+        return full, len(full) == groups
 
     async def wait_ready(self, groups: int, per_group: int) -> None:
-        """Return once the ``groups`` oldest groups hold ``per_group`` each (bound it with a cancel scope)."""
+        """Return once ``groups`` groups hold ``per_group`` each (bound it with a cancel scope)."""
         while not self._ready(groups, per_group)[1]:
             await self._changed.wait()
 
     def peek(self, groups: int, per_group: int) -> tuple[list[Group], bool]:
-        """The complete groups among the ``groups`` oldest, left in place; whether that is all of them.
+        """The first ``groups`` complete groups, left in place; whether there were that many.
 
         Each group holds exactly ``per_group`` trajectories, in completion order;
         extra ones stay for the next fetch.
