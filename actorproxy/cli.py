@@ -319,6 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if trio.run(run_checks, config) else 2
     try:
         preflight(config)
+        ray_preflight(config)
         tokenizer = load_tokenizer_checked(config.engines.tokenizer_path)
         if config.server.workers > 1:
             trio.run(_run_workers, config)
@@ -335,6 +336,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         exit_after_ray(0)  # Ray's core worker may abort the interpreter's teardown: end here, flushed
     return 0
+
+
+def ray_preflight(config: ProxyConfig) -> None:
+    """The Ray actors the command line names: the data pool must be ours, the reward worker must exist."""
+    store = config.store
+    if store.store_kind == "ray":
+        from .store.ray_pool import check_pool
+
+        check_pool(store.ray_address, store.ray_namespace, store.data_pool)
+    if config.gateway.reward_worker_name:
+        from .reward_worker import RayRewardWorker
+
+        RayRewardWorker(config.gateway.reward_worker_name, address=store.ray_address, namespace=store.ray_namespace,
+                        pad_id=0, prompt_length=1, response_length=1, timeout=config.gateway.reward_timeout).connect()
 
 
 def preflight(config: ProxyConfig) -> None:

@@ -50,7 +50,7 @@ def add_compat_arguments(group: Any) -> None:
     add("--sglang-router-url", metavar="URL", action=_EngineShorthand,
         help="Dressage: --backend sglang --backend-url URL (an SGLang worker or sgl-router)")
     add("--vllm-addresses", metavar="URL,URL", action=_EngineShorthand,
-        help="Claw-R1 gateway: --backend vllm --backend-url URL,URL")
+        help="Claw-R1 gateway: --backend vllm --backend-url URL,URL (host:port means http://host:port)")
     add("--trajectory-build-model", choices=MODEL_FAMILIES, action=_BuildModel, dest="compat.build_model",
         default=argparse.SUPPRESS,
         help="Dressage: infer the tool-call format (qwen3_5: Qwen3.5/Qwen3-Coder XML; qwen3: Hermes JSON) and "
@@ -72,8 +72,13 @@ class _EngineShorthand(argparse.Action):
             parser.error(f"{option_string} names a {kind} engine, but --backend says otherwise")
         setattr(namespace, "engines.backend", kind)
         urls = list(getattr(namespace, "engines.backend_urls", None) or [])
-        urls.extend(part.strip() for part in str(values).split(",") if part.strip())
+        urls.extend(_with_scheme(part.strip()) for part in str(values).split(",") if part.strip())
         setattr(namespace, "engines.backend_urls", urls)
+
+
+def _with_scheme(address: str) -> str:
+    """``host:port`` (as verl reports a replica) means ``http://host:port``, as the gateway reads it."""
+    return address if address.startswith(("http://", "https://")) else f"http://{address}"
 
 
 def apply_compat(
@@ -100,5 +105,8 @@ def apply_compat(
         notes.append(f"--data-pool-name {compat['data_pool_name']}: segments go to that Ray data pool (--store ray)")
     if any(flag in argv for flag in _GATEWAY_FLAGS):
         defaults["server"] = {"port": GATEWAY_PORT}
-        notes.append(f"the gateway's command line: its default port is {GATEWAY_PORT}")
+        defaults["parsing"] = {"tool_call_format": "none"}
+        defaults["gateway"] = {"init_base_url": "v1"}
+        notes.append(f"the gateway's command line: its default port is {GATEWAY_PORT}, /init_trajectory's base_url "
+                     "ends in /v1 and tool calls stay in the content as text (as the gateway does)")
     return defaults, notes

@@ -24,9 +24,12 @@ from typing import Any
 
 import attrs
 
-from .store.ray_pool import MAX_PENDING_GROUPS, decode_payload, init_ray, pool_handle
+from .store.ray_pool import MAX_PENDING_GROUPS, SEND_TIMEOUT, DataPool, decode_payload, init_ray, pool_handle
 
-__all__ = ["DataPoolClient", "PromptGroup", "connect"]
+__all__ = ["DataPool", "DataPoolClient", "PromptGroup", "connect"]
+
+#: ``DataPool`` is the pool's class, for a trainer that creates the pool itself (Claw-R1's does):
+#: ``DataPool = ray.remote(actorproxy.ray.DataPool)``, then ``DataPool.options(name=...).remote(config, backend)``.
 
 
 @attrs.frozen
@@ -50,7 +53,9 @@ class DataPoolClient:
         """Up to ``groups`` complete prompt groups, oldest first; waits up to ``timeout_s`` for them."""
         import ray
 
-        raw = ray.get(self._handle.fetch_batch.remote(groups, rollouts_per_group, timeout_s))
+        # The pool answers within timeout_s; the margin covers a slow or restarting actor (then GetTimeoutError).
+        raw = ray.get(self._handle.fetch_batch.remote(groups, rollouts_per_group, timeout_s),
+                      timeout=timeout_s + SEND_TIMEOUT)
         return [
             PromptGroup(g["instance_id"], tuple(g["rollouts"]), tuple(decode_payload(s) for s in g["segments"]))
             for g in raw
@@ -60,7 +65,7 @@ class DataPoolClient:
         """Pending groups and segments, what was received, fetched, deduplicated and dropped, per source."""
         import ray
 
-        return dict(ray.get(self._handle.stats.remote()))
+        return dict(ray.get(self._handle.stats.remote(), timeout=SEND_TIMEOUT))
 
 
 def connect(

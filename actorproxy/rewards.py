@@ -14,7 +14,7 @@ assistant message:
 
 - :func:`exact_match`: the answer (inside ``\\boxed{...}``, after ``Answer:``
   or ``####``, else the whole reply, whitespace collapsed) equals
-  ``dataset_fields["ground_truth"]`` (or ``"answer"``).
+  ``dataset_fields["ground_truth"]`` (or ``"answer"``, or verl's ``["reward_model"]["ground_truth"]``).
 - :func:`gsm8k`: GSM8K-style numbers: the reply's ``#### N``, else its
   ``\\boxed{N}``, else its last number, equals the ground truth's number (after
   ``####`` when it has one), ignoring ``$``, ``,`` and trailing zeros.
@@ -57,7 +57,11 @@ def _ground_truth(fields: Mapping[str, Any]) -> str:
     for key in ("ground_truth", "answer", "solution"):
         if key in fields and fields[key] is not None:
             return str(fields[key])
-    raise RewardFunctionError("dataset_fields has no 'ground_truth' (or 'answer') to compare with")
+    nested = fields.get("reward_model")  # verl datasets (Claw-R1): {"reward_model": {"ground_truth": ...}}
+    if isinstance(nested, Mapping) and nested.get("ground_truth") is not None:
+        return str(nested["ground_truth"])
+    raise RewardFunctionError("dataset_fields has no 'ground_truth' (or 'answer', or 'reward_model.ground_truth') "
+                              "to compare with")
 
 
 def _boxed(text: str) -> str | None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -111,8 +113,13 @@ async def test_the_dressage_command_line(engine: RunningSim, tokenizer_dir: str,
 async def test_the_gateway_command_line(engine: RunningSim, tokenizer_dir: str, tmp_path: Path) -> None:
     pytest.importorskip("ray")
     argv = _args(GATEWAY, tokenizer=tokenizer_dir, engine=engine.url)
-    env = {"ACTORPROXY_PORT": "0", "ACTORPROXY_STORE": "", "RAY_NAMESPACE": "", "TMPDIR": str(tmp_path)}
-    segment = await _serve_and_run_one_turn(argv, env, tmp_path)  # segments go to the Ray pool 'data_pool'
+    # Ray's socket paths must stay under 108 bytes: its temporary directory is a short one of its own.
+    ray_tmp = tempfile.mkdtemp(prefix="ap-ray-", dir="/tmp")
+    try:
+        env = {"ACTORPROXY_PORT": "0", "ACTORPROXY_STORE": "", "RAY_NAMESPACE": "", "TMPDIR": ray_tmp}
+        segment = await _serve_and_run_one_turn(argv, env, tmp_path)  # segments go to the Ray pool 'data_pool'
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert sum(segment["loss_mask"]) > 0
     assert "--data-pool-name data_pool" in segment["log"]
 

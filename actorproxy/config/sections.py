@@ -268,13 +268,14 @@ class ParsingSettings:
     """output parsing"""
 
     tool_call_format: Literal[
-        "auto", "qwen3", "qwen3_coder", "qwen3_5", "glm45", "deepseek_v31", "kimi_k2", "llama3", "gpt_oss"
+        "auto", "qwen3", "qwen3_coder", "qwen3_5", "glm45", "deepseek_v31", "kimi_k2", "llama3", "gpt_oss", "none"
     ] = setting(
         "auto",
         converter=lambda value: "qwen3_coder" if value == "qwen3_5" else value,
         flags=("--model-tool-call-type", "--tool-call-format"),
         help="tool-call format: qwen3 = Hermes JSON, qwen3_coder (or qwen3_5) = Qwen3-Coder/Qwen3.5 XML, "
-        "glm45 = GLM-4.5 XML, deepseek_v31, kimi_k2, llama3 = Llama 3 JSON, gpt_oss = harmony channels; "
+        "glm45 = GLM-4.5 XML, deepseek_v31, kimi_k2, llama3 = Llama 3 JSON, gpt_oss = harmony channels, "
+        "none = calls stay in the content as text (the Claw-R1 gateway's launch line sets it); "
         "auto reads it from the chat template (docs/parsers.md)",
     )
     reasoning_format: Literal["qwen3", "glm45", "deepseek_v31", "kimi_k2", "deepseek_r1", "gpt_oss", "none"] = setting(
@@ -318,6 +319,17 @@ class GatewaySettings:
         metavar="URL",
         help="the base URL others reach this proxy at (for the base_url /init_trajectory returns); "
         "default: the URL the caller used",
+    )
+    init_base_url: Literal["root", "v1"] = setting(
+        "root",
+        help="the base_url /init_trajectory returns: root = <url>/<trajectory>/<prompt> (Anthropic clients use it, "
+        "OpenAI clients add /v1), v1 = the Claw-R1 gateway's <url>/<trajectory>/<prompt>/v1 (its launch line sets it)",
+    )
+    reward_worker_name: str | None = setting(
+        None,
+        metavar="NAME",
+        help="a Ray actor with compute_score(DataProto) (Claw-R1's RewardLoopWorker, in --ray-namespace) that "
+        "POST /compute_reward calls for the gateway's token body; needs ray, numpy, torch, tensordict and verl",
     )
 
 

@@ -113,6 +113,8 @@ class SessionState:
         #: Cuts each turn's messages to what the template reads; only the ones not seen last turn cost work.
         self.message_cut = tokenizer.message_cut()
         self.instance_id: str | None = None
+        #: The gateway's channel, once a call named it: written on the segments (``metadata.channel``).
+        self.channel: str | None = None
         self._rollout_id: str | None = None
         #: Set on a sub-agent's child session: ``(parent session id, "sub-<n>")``.
         self._sub_agent = sub_agent_of(session_id)
@@ -247,6 +249,8 @@ class SessionState:
             metadata["sub_agent"] = self._sub_agent[1]
         if side:
             metadata["side_call"] = True
+        if self.channel is not None:
+            metadata["channel"] = self.channel
         tolerated = Counter(kind for message in seg.accounted for kind in message.tolerated)
         if tolerated:  # replies the client echoed rewritten, still matched (see core/messages.py)
             metadata["echo_tolerated"] = dict(sorted(tolerated.items()))

@@ -144,8 +144,13 @@ def output_format_for(config: ProxyConfig, tok: ChatTokenizer) -> OutputFormat:
     if not probe.append_only:
         log.warning("the chat template cannot be continued append-only (%s): every turn is rendered whole "
                     "(boundary reason template_not_append_only; see docs/models.md)", probe.reason)
+    parse_backend = config.parsing.parse_backend
+    if chosen == "none" and parse_backend != "local":
+        log.warning("--tool-call-format none: no tool calls are parsed, so --tool-call-parse-backend %s has "
+                    "nothing to ask SGLang; parsing locally", parse_backend)
+        parse_backend = "local"
     return OutputFormat(
         tool_call_format=detected if chosen == "auto" else ("qwen3_coder" if chosen == "qwen3_5" else chosen),
         reasoning_format=config.parsing.reasoning_format,
-        parse_backend=config.parsing.parse_backend,
+        parse_backend=parse_backend,
     )

@@ -32,6 +32,7 @@ from functools import partial
 import attrs
 import trio
 
+from ..config import ProxyConfig
 from ..core.attempts import apply_finish, discard_attempt, record_delta
 from ..core.parser import OutputParser
 from ..core.session_state import Prepared, TurnResult
@@ -66,6 +67,14 @@ class GenerationSettings:
     #: Seconds a turn waits for permission while paused before it gets 503.
     pause_wait_timeout: float = 600.0
     routed_experts: bool = False
+
+    @classmethod
+    def of(cls, config: ProxyConfig) -> GenerationSettings:
+        return cls(
+            partial_rollout=config.preemption.partial_rollout,
+            pause_wait_timeout=config.preemption.pause_wait_timeout,
+            routed_experts=config.engines.use_rollout_routing_replay,
+        )
 
 
 class TurnGeneration:

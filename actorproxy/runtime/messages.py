@@ -93,6 +93,8 @@ class FinalizeSession:
     reply: Reply
     #: Names the prompt group when the session's turns did not.
     instance_id: str | None = None
+    #: The gateway's channel (``train``, ``val``, ...): written on the segments as ``metadata.channel``.
+    channel: str | None = None
 
 
 @attrs.frozen

@@ -51,6 +51,7 @@ from .messages import (
     TurnMoved,
 )
 from .offload import Offload
+from .output import OutputFormat
 from .replies import FinalizeResult, PauseAck, PauseState, ReadResult, ResumeAck
 from .session import SessionActor, SessionServices
 from .turn_stream import TurnStream
@@ -82,8 +83,11 @@ class Runtime:
     turns: InFlight = attrs.field(factory=InFlight, init=False)
     #: The registry actor itself: a turn finds or spawns its session without a message (``mailbox_for_turn``).
     sessions: reg.SessionRegistry | None = None
+    #: How outputs are parsed (the sessions' too); a token-in generation runs with it.
+    output_format: OutputFormat = attrs.field(factory=OutputFormat)
 
-    def _check_admission(self) -> None:
+    def check_admission(self) -> None:
+        """Raise the refusal a new turn would get now (shutting down: 503; store full or failing: 507)."""
         if self.draining:
             error = ShuttingDown("the proxy is shutting down; retry on another replica or after its restart")
             error.retry_after = 5
@@ -103,7 +107,7 @@ class Runtime:
         the agent went away, and the generation stops; so does cancelling this
         call while it waits (the agent's request was cancelled: it hung up).
         """
-        self._check_admission()
+        self.check_admission()
         for attempt in range(4):
             send, recv = trio.open_memory_channel[TurnEvent](_TURN_EVENT_BUFFER)
             session_id = identity.session_id
@@ -141,7 +145,8 @@ class Runtime:
         raise Overloaded(f"session {identity.session_id!r} is restarting; retry")
 
     async def finalize(
-        self, session_id: str, *, reward: float | None = None, instance_id: str | None = None
+        self, session_id: str, *, reward: float | None = None, instance_id: str | None = None,
+        channel: str | None = None,
     ) -> FinalizeResult:
         """Close the session's open segment into the store; the session actor then retires."""
         mailbox = await ask(self.registry, lambda r: Lookup(session_id, False, r))
@@ -149,7 +154,8 @@ class Runtime:
             try:
                 result: FinalizeResult = await ask(
                     mailbox,
-                    lambda r: FinalizeSession(reward=reward, reason="finalize", reply=r, instance_id=instance_id),
+                    lambda r: FinalizeSession(reward=reward, reason="finalize", reply=r, instance_id=instance_id,
+                                              channel=channel),
                 )
                 return result
             except ActorGone:
@@ -307,7 +313,7 @@ async def open_runtime(
                                        max_sessions_per_client=config.limits.max_sessions_per_client)
         registry_box = await nursery.start(registry.run)
         runtime = Runtime(config, tok, engine, window, store_box, registry_box, controller, store.gauge,
-                          sessions=registry)
+                          sessions=registry, output_format=output_format)
         try:
             yield runtime
         finally:

@@ -115,11 +115,7 @@ class SessionActor:
         self._format = services.output_format
         self._offload = services.offload
         self._journal = services.journal
-        self._generation_settings = GenerationSettings(
-            partial_rollout=config.preemption.partial_rollout,
-            pause_wait_timeout=config.preemption.pause_wait_timeout,
-            routed_experts=config.engines.use_rollout_routing_replay,
-        )
+        self._generation_settings = GenerationSettings.of(config)
         self._first_permit: Permit | None = None
         #: Rewards and metadata of steps submitted with /submit_steps, written onto their segments at close.
         self.submitted: dict[int, Annotation] = {}
@@ -231,6 +227,8 @@ class SessionActor:
             case FinalizeSession():
                 if msg.instance_id and not self.state.instance_id:
                     self.state.instance_id = msg.instance_id
+                if msg.channel is not None:
+                    self.state.channel = msg.channel
                 try:
                     summary = await self._flush(msg.reason, reward=msg.reward)
                 except StorageFull as exc:  # the store's disk fails: it keeps the data; the caller retries
@@ -255,7 +253,9 @@ class SessionActor:
         if not msg.apply:
             answer(msg.reply, None)
             return
-        result, segments = submitted_steps.apply(self.state, self.submitted, matched)
+        if msg.channel is not None:
+            self.state.channel = msg.channel
+        result, segments = submitted_steps.apply(self.state, self.submitted, matched, msg.channel)
         if segments:
             await ask(self._store, lambda r: store_msgs.Put(self.session_id, tuple(segments), (), r))
         answer(msg.reply, result)

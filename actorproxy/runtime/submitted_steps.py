@@ -45,6 +45,10 @@ class SubmittedStep:
     policy_version: str | int | None = None
     is_last: bool = False
     metadata: dict[str, Any] = attrs.field(factory=dict)
+    #: The logprobs the agent sent with a step this proxy did not record (one per response id).
+    rollout_log_probs: array[float] | None = None
+    #: The token-in ``/generate`` that produced exactly these ids (claimed by the gateway), if one did.
+    generated: Step | None = None
 
 
 @attrs.frozen
@@ -54,6 +58,8 @@ class SubmitSteps:
     steps: tuple[SubmittedStep, ...]
     apply: bool
     reply: Reply
+    #: The channel the steps were submitted on (``?channel=``); written on the external segments.
+    channel: str | None = None
 
 
 @attrs.frozen
@@ -148,6 +154,7 @@ def apply(
     state: SessionState,
     annotations: dict[int, Annotation],
     matched: list[tuple[SubmittedStep, Step | None]],
+    channel: str | None = None,
 ) -> tuple[SubmitResult, list[Segment]]:
     """Attach the annotations and record the external steps; returns their segments (for the store)."""
     external: list[Segment] = []
@@ -158,13 +165,23 @@ def apply(
             submitted.reward, submitted.is_last, submitted.policy_version, dict(submitted.metadata)
         )
         if step is None:
-            external.append(_external_segment(state, submitted))
+            external.append(_external_segment(state, submitted, channel))
     return SubmitResult(attached=len(matched) - len(external), external=len(external)), external
 
 
-def _external_segment(state: SessionState, submitted: SubmittedStep) -> Segment:
+def _external_segment(state: SessionState, submitted: SubmittedStep, channel: str | None = None) -> Segment:
+    """A step this session did not record, as a segment of its own.
+
+    Its logprobs and versions are, in order of trust: those of the token-in ``/generate`` that sampled
+    exactly these ids (``source: "generate"``, nothing flagged); the agent's ``rollout_log_probs``
+    (``logprobs_source: "agent"``); else absent (0.0, flagged so that a trainer masks them).
+    """
     prompt, response = submitted.prompt_ids, submitted.response_ids
+    generated = submitted.generated
+    if generated is not None:
+        return _generated_segment(state, submitted, generated, channel)
     label = "" if submitted.policy_version is None else str(submitted.policy_version)
+    agent_logprobs = submitted.rollout_log_probs
     step = Step(
         index=submitted.step_index,
         session_id=state.session_id,
@@ -177,25 +194,47 @@ def _external_segment(state: SessionState, submitted: SubmittedStep) -> Segment:
         fragment_ids=int_array(prompt),
         max_new_tokens=len(response),
         output_ids=int_array(response),
-        output_logprobs=float_array(bytes(4 * len(response))),
+        output_logprobs=agent_logprobs if agent_logprobs is not None else float_array(bytes(4 * len(response))),
         output_versions=int_array([version_number(submitted.policy_version)]) * len(response),
         weight_version=label,
         status="completed",
         in_segment=True,
         boundary_reason="external",
-        logprobs_invalid=True,
+        logprobs_invalid=agent_logprobs is None,
     )
+    metadata: dict[str, Any] = {"source": "external"}
+    if agent_logprobs is None:
+        metadata["logprobs_absent"] = True
+        metadata["invalid_logprob_spans"] = [[len(prompt), len(prompt) + len(response)]] if response else []
+    else:
+        metadata["logprobs_source"] = "agent"
+    return _one_step_segment(state, submitted, step, metadata, channel)
+
+
+def _generated_segment(state: SessionState, submitted: SubmittedStep, generated: Step, channel: str | None) -> Segment:
+    """A token-in generation claimed by its ids: recorded arrays, this trajectory's numbering."""
+    step = attrs.evolve(generated, index=submitted.step_index, session_id=state.session_id,
+                        segment_index=state.next_segment, instance_id=submitted.prompt_uid, in_segment=True,
+                        boundary_reason="external")
+    metadata: dict[str, Any] = {"source": "generate", "generation_id": generated.session_id}
+    return _one_step_segment(state, submitted, step, metadata, channel)
+
+
+def _one_step_segment(
+    state: SessionState, submitted: SubmittedStep, step: Step, metadata: dict[str, Any], channel: str | None
+) -> Segment:
+    source = metadata["source"]
     state.next_step = max(state.next_step, submitted.step_index + 1)
     state.next_segment += 1
     state.steps.append(step)
-    metadata: dict[str, Any] = {
-        "source": "external",
-        "logprobs_absent": True,
-        "invalid_logprob_spans": [[len(prompt), len(prompt) + len(response)]] if response else [],
+    metadata = {
+        **metadata,
         "policy_version": submitted.policy_version,
         "step_rewards": {str(submitted.step_index): submitted.reward},
-        "step_metadata": {str(submitted.step_index): {**submitted.metadata, "source": "external"}},
+        "step_metadata": {str(submitted.step_index): {**submitted.metadata, "source": source}},
     }
+    if channel is not None:
+        metadata["channel"] = channel
     segment = build_segment(
         [step],
         session_id=state.session_id,
@@ -203,7 +242,8 @@ def _external_segment(state: SessionState, submitted: SubmittedStep) -> Segment:
         rollout_id=state.session_id,
         segment_index=step.segment_index,
         start_reason="external",
-        boundary_reason="external",
+        # ``is_last`` ends the trajectory: its segment is the last one (a data pool counts the rollout complete).
+        boundary_reason="finalize" if submitted.is_last else "external",
         reward=submitted.reward,
         metadata=metadata,
     )
@@ -217,7 +257,7 @@ def annotate(segments: list[Segment], annotations: dict[int, Annotation]) -> lis
     out = []
     for segment in segments:
         mine = {i: annotations[i] for i in segment.step_indices if i in annotations}
-        if not mine or segment.metadata.get("source") == "external":
+        if not mine or segment.metadata.get("source") in ("external", "generate"):
             out.append(segment)
             continue
         metadata = {

@@ -29,7 +29,16 @@ from quart_trio import QuartTrio
 
 from ..core.messages import output_as_message
 from ..core.records import Segment
-from ..errors import BadRequest, NotConfigured, NotFound, Overloaded, RewardFailed, RewardTimeout
+from ..errors import (
+    BadRequest,
+    NotConfigured,
+    NotFound,
+    Overloaded,
+    RewardFailed,
+    RewardTimeout,
+    StartupError,
+)
+from ..reward_worker import RayRewardWorker
 from ..rewards import RewardFunctionError, as_reward, is_async, load_reward_fn
 from ..runtime import store as st
 from ..runtime.actor import ActorGone, ask
@@ -38,6 +47,7 @@ from ..runtime.messages import Identity, Lookup, TurnDone
 from ..runtime.runtime import Runtime
 from ..runtime.store import encode_body
 from ..runtime.submitted_steps import StepStored, SubmitResult, SubmitSteps, SubmittedStep
+from ..runtime.token_in import TokenInGenerations, TokenSampling, generate_tokens, store_unclaimed
 from ..wire import jsonio
 from ..wire.converter import CONVERTER, structure
 from ..wire.openai_chat import parse_chat_body
@@ -62,6 +72,10 @@ from .gateway_models import (
     RewardResult,
     SubmitStepsBody,
     SubmitStepsResult,
+    TokenGenerateBody,
+    TokenGenerateResult,
+    TokenRewardBody,
+    TokenRewardResult,
 )
 from .identity import MAX_ID_LENGTH
 from .lane import served_by_the_lane
@@ -89,6 +103,17 @@ def _uid(value: str, name: str) -> str:
     return value
 
 
+#: The longest channel name.
+MAX_CHANNEL_LENGTH = 64
+
+
+def _channel(value: str, name: str = "channel") -> str:
+    """A channel name: ``train`` trains; any other (``validate``, Claw-R1's ``val``) never reaches training."""
+    if not value or len(value) > MAX_CHANNEL_LENGTH or not value.isprintable() or "/" in value:
+        raise BadRequest(f"'{name}' must be 1-{MAX_CHANNEL_LENGTH} printable characters without '/'", param=name)
+    return value
+
+
 def _reply(result: Any, status: int = 200) -> Response:
     """A reply model as JSON (unstructured by the wire converter)."""
     return Response(orjson.dumps(CONVERTER.unstructure(result)), status=status, mimetype="application/json")
@@ -111,6 +136,8 @@ class Gateway:
     """What the gateway remembers: trajectories' channels and metadata, and the hand-off."""
 
     handoff: GroupHandoff
+    #: Token-in ``/generate`` results waiting for the ``/submit_steps`` that claims them.
+    generations: TokenInGenerations
     trajectories: OrderedDict[str, Trajectory] = attrs.field(factory=OrderedDict)
 
     def remember(self, uid: str, trajectory: Trajectory) -> Trajectory:
@@ -126,13 +153,16 @@ class Gateway:
 
 def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -> Gateway:
     settings = runtime.config.gateway
-    gateway = Gateway(GroupHandoff(max_pending_groups=settings.max_pending_groups))
+    gateway = Gateway(GroupHandoff(max_pending_groups=settings.max_pending_groups),
+                      TokenInGenerations(ttl=runtime.config.limits.session_ttl))
     reward_fn = load_reward_fn(settings.reward_fn) if settings.reward_fn else None
     reward_threads = trio.CapacityLimiter(4)
+    reward_worker = reward_worker_for(runtime) if settings.reward_worker_name else None
 
     def base_url(trajectory_uid: str, prompt_uid: str) -> str:
         root = settings.advertise_url or request.host_url
-        return f"{root.rstrip('/')}/{trajectory_uid}/{prompt_uid}"
+        suffix = "/v1" if settings.init_base_url == "v1" else ""
+        return f"{root.rstrip('/')}/{trajectory_uid}/{prompt_uid}{suffix}"
 
     @app.get("/ready")
     async def ready() -> Response:
@@ -148,15 +178,16 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
         body: InitBody = await _body(InitBody, optional=True)
         trajectory_uid = uuid.uuid4().hex
         prompt_uid = _uid(body.prompt_uid, "prompt_uid") if body.prompt_uid is not None else uuid.uuid4().hex
-        gateway.remember(trajectory_uid, Trajectory(prompt_uid, body.channel, dict(body.metadata)))
+        channel = _channel(body.channel)
+        gateway.remember(trajectory_uid, Trajectory(prompt_uid, channel, dict(body.metadata)))
         key = policy.session_key(trajectory_uid) if policy.agent_auth == "session-key" else None
-        return _reply(InitResult(trajectory_uid, prompt_uid, body.channel, base_url(trajectory_uid, prompt_uid), key))
+        return _reply(InitResult(trajectory_uid, prompt_uid, channel, base_url(trajectory_uid, prompt_uid), key))
 
     @app.post("/<url_session>/<url_instance>/v1/register_trajectory")
     async def register_trajectory(url_session: str, url_instance: str) -> Response:
         body: RegisterBody = await _body(RegisterBody, optional=True)
         trajectory = gateway.remember(
-            _uid(url_session, "trajectory_uid"), Trajectory(_uid(url_instance, "prompt_uid"), body.channel,
+            _uid(url_session, "trajectory_uid"), Trajectory(_uid(url_instance, "prompt_uid"), _channel(body.channel),
                                                             dict(body.metadata))
         )
         return _reply(RegisterResult("ok", url_session, trajectory.prompt_uid, trajectory.channel))
@@ -164,9 +195,9 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
     async def finish(trajectory_uid: str, prompt_uid: str | None, body: CompleteBody) -> CompleteResult:
         """Finalize the session and, on the train channel, queue it for the hand-off."""
         known = gateway.trajectories.pop(trajectory_uid, None)
-        channel = body.channel or (known.channel if known else "train")
+        channel = _channel(body.channel) if body.channel is not None else (known.channel if known else "train")
         instance = prompt_uid or (known.prompt_uid if known else None)
-        result = await runtime.finalize(trajectory_uid, reward=body.reward, instance_id=instance)
+        result = await runtime.finalize(trajectory_uid, reward=body.reward, instance_id=instance, channel=channel)
         queued = False
         stored = result.segments or (known is not None and known.external_segments)
         if channel == "train" and instance is not None and stored:
@@ -196,16 +227,40 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
         body: CompleteBody = await _body(CompleteBody, optional=True)
         return await complete(_uid(trajectory_uid, "trajectory_uid"), None, body)
 
+    async def token_reward(body: TokenRewardBody) -> Response:
+        """The gateway's token body: the Ray reward worker's score, else ``--reward-fn`` on the decoded texts."""
+        if body.multi_modal_data:
+            raise BadRequest("'multi_modal_data' is not supported: the proxy serves text models",
+                             param="multi_modal_data")
+        for kind in ("prompt_ids", "response_ids"):
+            _token_ids(getattr(body, kind), kind)
+        if reward_worker is not None:
+            await reward_worker.connected()
+            score, extra = await reward_worker.worker.score(
+                body.prompt_ids, body.response_ids, body.num_turns, dict(body.extra_fields), dict(body.dataset_fields))
+            return _reply(TokenRewardResult(score, extra))
+        tok = runtime.tokenizer
+        messages = [{"role": "user", "content": tok.decode(body.prompt_ids)},
+                    {"role": "assistant", "content": tok.decode(body.response_ids)}]
+        reward = await call_reward_fn(messages, dict(body.dataset_fields))
+        return _reply(TokenRewardResult(reward))
+
     @app.post("/compute_reward")
     async def compute_reward() -> Response:
-        body: RewardBody = await _body(RewardBody)
+        raw = jsonio.loads(await request.get_data(cache=False, as_text=False))
+        if isinstance(raw, dict) and "prompt_ids" in raw:
+            return await token_reward(structure(raw, TokenRewardBody))
+        body: RewardBody = structure(raw, RewardBody)
+        reward = await call_reward_fn(list(body.messages), dict(body.dataset_fields))
+        return _reply(RewardResult(body.trajectory_uid, reward))
+
+    async def call_reward_fn(messages: list[Any], fields: dict[str, Any]) -> float:
         if reward_fn is None:
             raise NotConfigured(
                 "no reward function: start the proxy with --reward-fn module:callable (or a shipped one: "
-                "--reward-fn gsm8k, --reward-fn exact_match)"
+                "--reward-fn gsm8k, --reward-fn exact_match), or --reward-worker-name NAME"
             )
         name, fn = reward_fn
-        messages, fields = list(body.messages), dict(body.dataset_fields)
         try:
             with trio.fail_after(settings.reward_timeout):
                 if is_async(fn):
@@ -220,12 +275,13 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
         except Exception as exc:  # the user's function failed: say which, never a 500
             raise RewardFailed(f"reward function {name} raised {type(exc).__name__}: {exc}") from None
         try:
-            reward = as_reward(name, value)
+            return as_reward(name, value)
         except RewardFunctionError as exc:
             raise RewardFailed(str(exc)) from None
-        return _reply(RewardResult(body.trajectory_uid, reward))
 
-    async def submit_to(trajectory_uid: str, steps: list[SubmittedStep], *, apply: bool) -> SubmitResult | None:
+    async def submit_to(
+        trajectory_uid: str, steps: list[SubmittedStep], *, apply: bool, channel: str | None = None
+    ) -> SubmitResult | None:
         """Check (or apply) one trajectory's steps in its session actor; ``None``: no session yet, all external."""
         for _ in range(4):
             mailbox = await ask(runtime.registry, lambda r: Lookup(trajectory_uid, apply, r))
@@ -235,7 +291,7 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
                                      "steps before completing it", param="steps")
                 return None
             try:
-                result: SubmitResult | None = await ask(mailbox, lambda r: SubmitSteps(tuple(steps), apply, r))
+                result: SubmitResult | None = await ask(mailbox, lambda r: SubmitSteps(tuple(steps), apply, r, channel))
                 return result
             except ActorGone:
                 continue  # the session retired between lookup and send: ask again
@@ -243,21 +299,28 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
 
     @app.post("/submit_steps")
     async def submit_steps() -> Response:
+        query = request.args.get("channel")  # Claw-R1's flows name the channel here (validation: "val")
+        channel = _channel(query, "channel (query)") if query is not None else None
         body: SubmitStepsBody = await _body(SubmitStepsBody)
         by_trajectory = _submitted(body)
         for uid, steps in by_trajectory.items():  # every check before anything is applied
             await submit_to(uid, steps, apply=False)
         attached = external = 0
         for uid, steps in by_trajectory.items():
-            result = await submit_to(uid, steps, apply=True)
+            # A token-in /generate that sampled exactly these ids gives the step its recorded logprobs.
+            steps = [attrs.evolve(s, generated=gateway.generations.claim(s.prompt_ids, s.response_ids)) for s in steps]
+            by_trajectory[uid] = steps
+            result = await submit_to(uid, steps, apply=True, channel=channel)
             assert result is not None
             attached, external = attached + result.attached, external + result.external
             trajectory = gateway.trajectories.get(uid) or gateway.remember(uid, Trajectory(steps[0].prompt_uid))
+            if channel is not None:
+                trajectory.channel = channel
             trajectory.external_segments += result.external
         completed = []
         for uid, steps in by_trajectory.items():
             last = steps[-1]
-            if last.is_last:  # completes the trajectory: finalize, then the hand-off
+            if last.is_last:  # completes the trajectory: finalize, then the hand-off (train channel only)
                 await finish(uid, last.prompt_uid, CompleteBody(reward=last.reward))
                 completed.append(uid)
         return _reply(SubmitStepsResult(len(body.steps), attached, external, completed))
@@ -314,9 +377,46 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
     return gateway
 
 
+@attrs.define
+class _RewardWorker:
+    """The Ray reward worker, found on first use (``actorproxy run`` checked it at start-up)."""
+
+    worker: RayRewardWorker
+    ready: bool = False
+    lock: trio.Lock = attrs.field(factory=trio.Lock)
+
+    async def connected(self) -> None:
+        async with self.lock:
+            if not self.ready:
+                try:
+                    await trio.to_thread.run_sync(self.worker.connect)
+                except StartupError as exc:
+                    raise NotConfigured(str(exc)) from None
+                self.ready = True
+
+
+def reward_worker_for(runtime: Runtime) -> _RewardWorker:
+    config = runtime.config
+    tok = runtime.tokenizer
+    pad = getattr(tok.hf, "pad_token_id", None)
+    return _RewardWorker(RayRewardWorker(
+        config.gateway.reward_worker_name or "", address=config.store.ray_address,
+        namespace=config.store.ray_namespace, pad_id=int(pad if pad is not None else tok.eot_token_id),
+        prompt_length=config.limits.max_prompt_tokens or runtime.context_window,
+        response_length=config.limits.default_max_tokens, timeout=config.gateway.reward_timeout,
+    ))
+
+
 #: The most steps one /submit_steps may carry, and the largest token id or step index accepted.
 MAX_SUBMITTED_STEPS = 4096
 _MAX_INT32 = 2**31 - 1
+
+
+def _token_ids(ids: list[int], name: str) -> None:
+    """400 naming the first entry that is not a token id."""
+    bad = next((i for i, token in enumerate(ids) if not 0 <= token <= _MAX_INT32), None)
+    if bad is not None:
+        raise BadRequest(f"'{name}[{bad}]' is not a token id", param=f"{name}[{bad}]")
 
 
 def _submitted(body: SubmitStepsBody) -> dict[str, list[SubmittedStep]]:
@@ -328,15 +428,21 @@ def _submitted(body: SubmitStepsBody) -> dict[str, list[SubmittedStep]]:
     by_trajectory: dict[str, list[SubmittedStep]] = {}
     for position, step in enumerate(body.steps):
         where = f"steps[{position}]"
+        for unsupported in ("routed_experts", "multi_modal_data"):
+            if getattr(step, unsupported):
+                raise BadRequest(f"'{where}.{unsupported}' is not supported (send null): the proxy records routed "
+                                 "experts itself (--use-rollout-routing-replay) and serves text models",
+                                 param=f"{where}.{unsupported}")
         uid = _uid(step.trajectory_uid, f"{where}.trajectory_uid")
         prompt_uid = _uid(step.prompt_uid, f"{where}.prompt_uid")
         if not 0 <= step.step_index <= _MAX_INT32:
             raise BadRequest(f"'{where}.step_index' must be a non-negative integer", param=f"{where}.step_index")
         for kind in ("prompt_ids", "response_ids"):
-            ids = getattr(step, kind)
-            bad = next((i for i, token in enumerate(ids) if not 0 <= token <= _MAX_INT32), None)
-            if bad is not None:
-                raise BadRequest(f"'{where}.{kind}[{bad}]' is not a token id", param=f"{where}.{kind}[{bad}]")
+            _token_ids(getattr(step, kind), f"{where}.{kind}")
+        logprobs = step.rollout_log_probs
+        if logprobs is not None and len(logprobs) != len(step.response_ids):
+            raise BadRequest(f"'{where}.rollout_log_probs' has {len(logprobs)} values for {len(step.response_ids)} "
+                             "response ids", param=f"{where}.rollout_log_probs")
         steps = by_trajectory.setdefault(uid, [])
         if any(s.step_index == step.step_index for s in steps):
             raise BadRequest(f"step {step.step_index} of trajectory {uid!r} is submitted twice",
@@ -345,7 +451,8 @@ def _submitted(body: SubmitStepsBody) -> dict[str, list[SubmittedStep]]:
             raise BadRequest(f"trajectory {uid!r} is submitted with two prompt_uids", param=f"{where}.prompt_uid")
         steps.append(SubmittedStep(position, prompt_uid, step.step_index, array("i", step.prompt_ids),
                                    array("i", step.response_ids), step.reward, step.policy_version, step.is_last,
-                                   dict(step.metadata)))
+                                   dict(step.metadata or {}),
+                                   None if logprobs is None else array("f", logprobs)))
     for uid, steps in by_trajectory.items():
         steps.sort(key=lambda s: s.step_index)
         last = [s for s in steps if s.is_last]
@@ -355,9 +462,50 @@ def _submitted(body: SubmitStepsBody) -> dict[str, list[SubmittedStep]]:
     return by_trajectory
 
 
+async def generate_tokens_in(runtime: Runtime, gateway: Gateway, body: TokenGenerateBody) -> bytes:
+    """``POST /generate {prompt_ids, sampling_params}``: generate from exactly these ids (no template).
+
+    The step waits for the ``/submit_steps`` that names its trajectory (:mod:`~actorproxy.runtime.token_in`).
+    """
+    params = body.sampling_params
+    if body.image_data or body.video_data:
+        raise BadRequest("images and videos are not supported: the proxy serves text models",
+                         param="image_data" if body.image_data else "video_data")
+    if params.repetition_penalty not in (None, 1.0):
+        raise BadRequest("'sampling_params.repetition_penalty' other than 1.0 is not supported",
+                         param="sampling_params.repetition_penalty")
+    if params.max_tokens is not None and params.max_tokens < 1:
+        raise BadRequest("'sampling_params.max_tokens' must be at least 1", param="sampling_params.max_tokens")
+    if params.temperature is not None and not 0.0 <= params.temperature <= 2.0:
+        raise BadRequest("'sampling_params.temperature' must be between 0 and 2", param="sampling_params.temperature")
+    if params.top_p is not None and not 0.0 < params.top_p <= 1.0:
+        raise BadRequest("'sampling_params.top_p' must be in (0, 1]", param="sampling_params.top_p")
+    if not body.prompt_ids:
+        raise BadRequest("'prompt_ids' must hold at least one token id", param="prompt_ids")
+    _token_ids(body.prompt_ids, "prompt_ids")
+    await store_unclaimed(runtime, gateway.generations, gateway.generations.expired())
+    step = await generate_tokens(runtime, array("i", body.prompt_ids), TokenSampling(
+        params.max_tokens, params.temperature, params.top_p, params.seed))
+    gateway.generations.add(step)
+    reason = step.finish_reason or "stop"
+    return orjson.dumps(CONVERTER.unstructure(TokenGenerateResult(
+        token_ids=step.output_ids.tolist(),
+        log_probs=step.output_logprobs.tolist() if params.logprobs else None,
+        stop_reason="stop" if reason == "abort" else reason,
+        versions=step.output_versions.tolist(),
+        weight_version=step.weight_version,
+    )))
+
+
 async def generate_turn(runtime: Runtime, gateway: Gateway, raw: bytes, client: str | None = None) -> bytes:
-    """``POST /generate``: one turn of session ``trajectory_uid`` in prompt group ``prompt_uid``, ids and all."""
-    body: GenerateBody = structure(jsonio.loads(raw), GenerateBody)
+    """``POST /generate``: one turn of session ``trajectory_uid`` in prompt group ``prompt_uid``, ids and all.
+
+    A body with ``prompt_ids`` (the Claw-R1 gateway's flows) is a token-in generation instead.
+    """
+    parsed = jsonio.loads(raw)
+    if isinstance(parsed, dict) and "prompt_ids" in parsed:
+        return await generate_tokens_in(runtime, gateway, structure(parsed, TokenGenerateBody))
+    body: GenerateBody = structure(parsed, GenerateBody)
     trajectory_uid, prompt_uid = _uid(body.trajectory_uid, "trajectory_uid"), _uid(body.prompt_uid, "prompt_uid")
     chat = {k: v for k, v in attrs.asdict(body, recurse=False).items() if v is not None}
     call = parse_chat_body(chat)  # the same message, tool and sampling checks as chat completions

@@ -8,13 +8,14 @@ fields they do not know, so an older client keeps working against a newer proxy.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
 from ..wire.converter import ours
 
-Channel = Literal["train", "validate"]
+#: ``train`` goes to the training hand-off; any other channel (ours say ``validate``, Claw-R1's ``val``) never does.
+Channel = str
 
 
 # -- bodies -------------------------------------------------------------------------------
@@ -39,6 +40,35 @@ class GenerateBody:
 
 @ours
 @attrs.frozen
+class TokenSampling:
+    """``sampling_params`` of a token-in ``POST /generate`` (the Claw-R1 gateway's)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    #: Only 1.0 (no penalty) is served.
+    repetition_penalty: float | None = None
+    #: Return ``log_probs`` when true (a bool, or a count as vLLM takes it); they are recorded either way.
+    logprobs: Any = None
+    #: The engine serves one model: any name is accepted.
+    model: str | None = None
+    seed: int | None = None
+
+
+@ours
+@attrs.frozen
+class TokenGenerateBody:
+    """``POST /generate`` as the Claw-R1 gateway's flows send it: the prompt as ids, rendered by the agent."""
+
+    prompt_ids: list[int]
+    sampling_params: TokenSampling = attrs.field(factory=TokenSampling)
+    #: Text only: a non-empty list is refused.
+    image_data: list[Any] | None = None
+    video_data: list[Any] | None = None
+
+
+@ours
+@attrs.frozen
 class StepBody:
     """One step of ``POST /submit_steps``."""
 
@@ -50,7 +80,14 @@ class StepBody:
     reward: float | None = None
     policy_version: str | int | None = None
     is_last: bool = False
-    metadata: dict[str, Any] = attrs.field(factory=dict)
+    #: ``null`` is the same as ``{}`` (Claw-R1's flows send ``null`` when they have none).
+    metadata: dict[str, Any] | None = attrs.field(factory=dict)
+    #: The sampled ids' logprobs as the agent got them (one per response id); for steps this proxy did not
+    #: generate. A step it generated keeps its recorded logprobs.
+    rollout_log_probs: list[float] | None = None
+    #: Claw-R1's step fields for MoE routing and images: only ``null`` is accepted.
+    routed_experts: Any = None
+    multi_modal_data: dict[str, Any] | None = None
 
 
 @ours
@@ -101,6 +138,19 @@ class RewardBody:
 
 @ours
 @attrs.frozen
+class TokenRewardBody:
+    """``POST /compute_reward`` as the Claw-R1 gateway's flows send it: one sample as ids."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    multi_modal_data: dict[str, Any] | None = None
+    num_turns: int = 2
+    extra_fields: dict[str, Any] = attrs.field(factory=dict)
+    dataset_fields: dict[str, Any] = attrs.field(factory=dict)
+
+
+@ours
+@attrs.frozen
 class FetchBatchBody:
     """``POST /trajectory/fetch_batch``."""
 
@@ -130,6 +180,19 @@ class GenerateResult:
 
 
 @attrs.frozen
+class TokenGenerateResult:
+    """The reply of a token-in ``/generate`` (the Claw-R1 gateway's fields, then ours)."""
+
+    token_ids: list[int]
+    #: One per sampled id when ``sampling_params.logprobs`` asked for them, else ``null``.
+    log_probs: list[float] | None
+    stop_reason: str
+    #: The weight version that sampled each id.
+    versions: list[int] = attrs.field(factory=list)
+    weight_version: str = ""
+
+
+@attrs.frozen
 class SubmitStepsResult:
     """``accepted`` steps: ``attached`` to recorded ones plus ``external``; ``completed`` trajectories."""
 
@@ -143,6 +206,14 @@ class SubmitStepsResult:
 class RewardResult:
     trajectory_uid: str
     reward: float
+
+
+@attrs.frozen
+class TokenRewardResult:
+    """The reply of ``/compute_reward`` for the token body (the Claw-R1 gateway's)."""
+
+    reward_score: float
+    reward_extra_info: dict[str, Any] = attrs.field(factory=dict)
 
 
 @attrs.frozen

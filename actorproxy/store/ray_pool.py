@@ -19,7 +19,8 @@ import os
 import socket
 import sys
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass
 from typing import Any
 
 from .codec import segment_json
@@ -35,6 +36,10 @@ SEND_TIMEOUT = 30.0
 MAX_PENDING_GROUPS = 10_000
 #: Why a segment ends its rollout (the session is done): other reasons are mid-session boundaries.
 TERMINAL_REASONS = frozenset({"finalize", "idle_evicted", "shutdown", "recovered"})
+#: The channel of a segment that names none (Claw-R1's default too).
+DEFAULT_CHANNEL = "train"
+#: Validation entries (``put_validate``) the pool keeps at most.
+MAX_VALIDATE_ENTRIES = 1000
 
 
 def _ray() -> Any:
@@ -80,28 +85,135 @@ def init_ray(address: str | None, namespace: str) -> Any:
     return ray
 
 
+class ForeignPool(RuntimeError):
+    """The named actor exists and is not an actorproxy data pool (Claw-R1's own DataPool, say)."""
+
+
 def pool_handle(name: str, namespace: str, *, max_pending_groups: int = MAX_PENDING_GROUPS) -> Any:
-    """The named pool actor, created (detached, no CPU reserved) if it does not exist yet."""
+    """The named pool actor, created (detached, no CPU reserved) if it does not exist yet.
+
+    Raises :class:`ForeignPool` when an actor of that name exists without the pool's ``put``.
+    """
     ray = _ray()
     remote = ray.remote(num_cpus=0, max_concurrency=64)(DataPool)
-    return remote.options(name=name, namespace=namespace, lifetime="detached", get_if_exists=True).remote(
-        max_pending_groups
+    handle = remote.options(name=name, namespace=namespace, lifetime="detached", get_if_exists=True).remote(
+        max_pending_groups=max_pending_groups
     )
+    if not hasattr(handle, "put"):
+        methods = sorted(m for m in dir(handle) if not m.startswith("_"))
+        raise ForeignPool(
+            f"the Ray actor {name!r} (namespace {namespace!r}) is not an actorproxy data pool (its methods: "
+            f"{', '.join(methods[:8]) or 'none'}); Claw-R1's trainer creates its own DataPool under that name: "
+            "create actorproxy's instead (from actorproxy.ray import DataPool; it serves the trainer's "
+            "fetch_batch unchanged), or give --data-pool-name another name"
+        )
+    return handle
+
+
+def check_pool(address: str | None, namespace: str, name: str) -> None:
+    """At start-up: join Ray and find (or create) the pool ``name``; a one-line
+    :class:`~actorproxy.errors.StartupError` when Ray is missing or the actor is not ours (blocking)."""
+    from ..errors import StartupError
+
+    global joined_from_a_thread
+    try:
+        init_ray(address, namespace)
+    except Exception as exc:  # no Ray installed, or no cluster at --ray-address
+        raise StartupError("--store ray", f"cannot join Ray ({type(exc).__name__}: {exc})") from None
+    joined_from_a_thread = True  # the store's thread uses this Ray too: end the process as such a proxy does
+    try:
+        pool_handle(name, namespace)
+    except ForeignPool as exc:
+        raise StartupError("--data-pool-name", str(exc)) from None
+
+
+@dataclass
+class ClawR1Step:
+    """One model call as Claw-R1's ``DataPool`` hands it to its ``TrainingBackend.convert`` (same fields)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    reward: float | None = None
+    multi_modal_data: dict[str, Any] | None = None
+    rollout_log_probs: list[float] | None = None
+    routed_experts: Any = None
+    trajectory_uid: str = ""
+    prompt_uid: str = ""
+    step_index: int = 0
+    policy_version: int = 0
+    is_last: bool = False
+    metadata: dict[str, Any] | None = None
+
+
+def claw_r1_steps(rollout: str, instance_id: str, segments: list[dict[str, Any]]) -> list[ClawR1Step]:
+    """A rollout's segments as Claw-R1 steps: each trained span of a segment is one model call.
+
+    Its prompt is every token before the span; its response the span; its logprobs the span's;
+    its metadata the step's submitted metadata (``/submit_steps``), if any. The last step is
+    ``is_last`` and carries the rollout's reward.
+    """
+    steps: list[ClawR1Step] = []
+    reward: float | None = None
+    for payload in segments:
+        seg = decode_payload(payload)
+        tokens, mask, logprobs, versions = seg["token_ids"], seg["loss_mask"], seg["logprobs"], seg["versions"]
+        meta = seg.get("metadata") or {}
+        submitted = meta.get("step_metadata") or {}
+        indices = list(seg.get("step_indices") or [])
+        if seg.get("reward") is not None:
+            reward = seg["reward"]
+        spans, start = [], None
+        for i, m in enumerate([*mask, 0]):
+            if m and start is None:
+                start = i
+            elif not m and start is not None:
+                spans.append((start, i))
+                start = None
+        for n, (a, b) in enumerate(spans):
+            index = indices[n] if n < len(indices) and len(indices) == len(spans) else len(steps)
+            extra = submitted.get(str(index))
+            steps.append(ClawR1Step(
+                prompt_ids=list(tokens[:a]), response_ids=list(tokens[a:b]), rollout_log_probs=list(logprobs[a:b]),
+                trajectory_uid=rollout, prompt_uid=instance_id, step_index=index,
+                policy_version=max(versions[a:b], default=0),
+                metadata={k: v for k, v in extra.items() if k not in ("source", "is_last", "policy_version")}
+                if isinstance(extra, dict) else None,
+            ))
+    if steps:
+        steps[-1].is_last = True
+        steps[-1].reward = reward
+    steps.sort(key=lambda s: s.step_index)
+    return steps
 
 
 class DataPool:
-    """The pool's state: segments by prompt group, FIFO; runs as a Ray actor (asyncio)."""
+    """The pool's state: segments by prompt group, FIFO; runs as a Ray actor (asyncio).
 
-    def __init__(self, max_pending_groups: int = MAX_PENDING_GROUPS) -> None:
-        self._max_groups = max_pending_groups
+    Rollouts are kept apart by channel (a segment's ``metadata.channel``, ``train`` when it has none;
+    a rollout's channel is its last segment's): a fetch takes one channel's rollouts only.
+
+    Claw-R1's trainer can use it in place of its own ``DataPool``: the constructor takes that pool's
+    ``(config, training_backend, max_queue_size=)``, and ``fetch_batch(batch_size=, n_rollouts=, channel=)``,
+    ``get_statistics``, ``put_validate``/``get_validate`` and ``shutdown`` behave as that pool's do
+    (the batch is ``training_backend.convert`` of the steps, grouped by prompt uid).
+    """
+
+    def __init__(self, config: Any = None, training_backend: Any = None, max_queue_size: int | None = None, *,
+                 max_pending_groups: int = MAX_PENDING_GROUPS) -> None:
+        self._max_groups = min(max_pending_groups, max_queue_size) if max_queue_size else max_pending_groups
+        self._n_rollouts = int(getattr(config, "n_rollouts", 1) or 1)
+        self._backend = training_backend
         #: group key -> rollout (session) -> its segments, in arrival order.
         self._groups: OrderedDict[str, dict[str, list[dict[str, Any]]]] = OrderedDict()
-        #: Rollouts whose last segment arrived.
-        self._done: set[str] = set()
+        #: Rollouts whose last segment arrived, and their channel.
+        self._done: dict[str, str] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._counts: Counter[str] = Counter()
         self._sources: Counter[str] = Counter()
         self._changed: asyncio.Event | None = None
+        self._shut: set[str | None] = set()
+        self._validate: deque[Any] = deque(maxlen=MAX_VALIDATE_ENTRIES)
+        self._last_fetch: dict[str, Any] | None = None
 
     def _event(self) -> asyncio.Event:
         if self._changed is None:
@@ -124,7 +236,7 @@ class DataPool:
             group = meta.get("instance_id") or rollout
             self._groups.setdefault(group, {}).setdefault(rollout, []).append(seg)
             if meta["boundary_reason"] in TERMINAL_REASONS:
-                self._done.add(rollout)
+                self._done[rollout] = str((meta.get("metadata") or {}).get("channel") or DEFAULT_CHANNEL)
             new += 1
         self._counts["segments_received"] += new
         self._sources[source] += new
@@ -133,45 +245,128 @@ class DataPool:
             count = sum(len(s) for s in dropped.values())
             self._counts["dropped_groups"] += 1
             self._counts["dropped_segments"] += count
-            self._done.difference_update(dropped)
+            for rollout in dropped:
+                self._done.pop(rollout, None)
             logging.getLogger(__name__).warning(
                 "data pool full (%d groups): dropped the oldest group %r (%d segments); fetch faster or raise "
                 "max_pending_groups", self._max_groups, key, count)
         self._event().set()
         return new
 
-    def _complete(self, rollouts_per_group: int) -> list[str]:
-        return [key for key, rollouts in self._groups.items()
-                if sum(r in self._done for r in rollouts) >= rollouts_per_group]
+    def _complete(self, rollouts_per_group: int, channel: str = DEFAULT_CHANNEL) -> list[str]:
+        """Every group holding ``rollouts_per_group`` finished rollouts of ``channel``, oldest first.
 
-    async def fetch_batch(self, groups: int, rollouts_per_group: int, timeout_s: float) -> list[dict[str, Any]]:
-        """The oldest ``groups`` complete prompt groups (``rollouts_per_group`` finished rollouts each).
-
-        Waits up to ``timeout_s`` for enough of them; then returns what is complete (maybe fewer).
+        A group that never fills does not hold the others back: it waits in place until it fills or
+        ``max_pending_groups`` newer groups push it out (dropped oldest first, logged and counted).
         """
-        deadline = time.monotonic() + timeout_s
-        while len(self._complete(rollouts_per_group)) < groups:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
+        return [key for key, rollouts in self._groups.items()
+                if sum(self._done.get(r) == channel for r in rollouts) >= rollouts_per_group]
+
+    def _take(self, key: str, rollouts_per_group: int, channel: str) -> tuple[list[str], list[dict[str, Any]]]:
+        rollouts = self._groups[key]
+        taken = [r for r in rollouts if self._done.get(r) == channel][:rollouts_per_group]
+        segments = [seg for r in taken for seg in rollouts.pop(r)]
+        for r in taken:
+            self._done.pop(r, None)
+        if not rollouts:
+            del self._groups[key]
+        self._counts["groups_fetched"] += 1
+        self._counts["segments_fetched"] += len(segments)
+        return taken, segments
+
+    async def _wait_for(self, groups: int, rollouts_per_group: int, channel: str, deadline: float | None) -> bool:
+        """Wait until ``groups`` groups of ``channel`` are complete; False at the deadline or a shutdown."""
+        while len(self._complete(rollouts_per_group, channel)) < groups:
+            if channel in self._shut or None in self._shut:
+                return False
             event = self._event()
             event.clear()
+            if deadline is None:
+                await event.wait()
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
             try:
                 await asyncio.wait_for(event.wait(), left)
             except TimeoutError:
-                break
+                return False
+        return True
+
+    async def fetch_batch(self, groups: int | None = None, rollouts_per_group: int | None = None,
+                          timeout_s: float | None = None, *, batch_size: int | None = None,
+                          n_rollouts: int | None = None, channel: str = DEFAULT_CHANNEL) -> Any:
+        """The first ``groups`` complete prompt groups (``rollouts_per_group`` finished rollouts each).
+
+        Waits up to ``timeout_s`` for enough of them; then returns what is complete (maybe fewer), as
+        ``[{"instance_id", "rollouts", "segments"}]``.
+
+        Claw-R1's call, ``fetch_batch(batch_size=B, n_rollouts=N, channel=C)``, waits (without a deadline)
+        for B complete groups of N (default: the config's ``n_rollouts``) and returns
+        ``training_backend.convert(steps)`` (the steps themselves without a backend); ``None`` once the
+        channel is shut down.
+        """
+        if batch_size is not None:
+            return await self._fetch_steps(batch_size, n_rollouts or self._n_rollouts, channel)
+        if groups is None or rollouts_per_group is None:
+            raise TypeError("fetch_batch needs groups and rollouts_per_group (or Claw-R1's batch_size=)")
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else 60.0)
+        await self._wait_for(groups, rollouts_per_group, channel, deadline)
         out: list[dict[str, Any]] = []
-        for key in self._complete(rollouts_per_group)[:groups]:
-            rollouts = self._groups[key]
-            taken = [r for r in rollouts if r in self._done][:rollouts_per_group]
-            segments = [seg for r in taken for seg in rollouts.pop(r)]
-            self._done.difference_update(taken)
-            if not rollouts:
-                del self._groups[key]
+        for key in self._complete(rollouts_per_group, channel)[:groups]:
+            taken, segments = self._take(key, rollouts_per_group, channel)
             out.append({"instance_id": key, "rollouts": taken, "segments": segments})
-            self._counts["groups_fetched"] += 1
-            self._counts["segments_fetched"] += len(segments)
         return out
+
+    async def _fetch_steps(self, batch_size: int, n_rollouts: int, channel: str) -> Any:
+        if not await self._wait_for(batch_size, n_rollouts, channel, None):
+            return None
+        steps: list[ClawR1Step] = []
+        keys = self._complete(n_rollouts, channel)[:batch_size]
+        for key in keys:
+            taken, segments = self._take(key, n_rollouts, channel)
+            by_rollout: dict[str, list[dict[str, Any]]] = {}
+            for seg in segments:
+                by_rollout.setdefault(seg["meta"]["parent_traj_id"], []).append(seg)
+            for rollout in sorted(taken):
+                steps += claw_r1_steps(rollout, key, by_rollout.get(rollout, []))
+        self._counts["fetch_count"] += 1
+        self._last_fetch = {"fetch_count": self._counts["fetch_count"], "batch_size": batch_size,
+                            "n_rollouts": n_rollouts, "prompt_uids": keys, "step_count": len(steps),
+                            "fetched_at": time.time()}
+        return self._backend.convert(steps) if self._backend is not None else steps
+
+    def shutdown(self, channel: str | None = None) -> None:
+        """Claw-R1's: stop serving ``channel`` (all channels: ``None``); its waiting fetches return ``None``."""
+        self._shut.add(channel)
+        self._event().set()
+
+    def put_validate(self, data: Any) -> None:
+        """Claw-R1's: queue validation results for the trainer (the oldest of more than 1000 is dropped, counted)."""
+        if len(self._validate) == self._validate.maxlen:
+            self._counts["validate_dropped"] += 1
+        self._validate.append(data)
+
+    def get_validate(self) -> Any:
+        """Claw-R1's: the oldest queued validation entry, or ``None``."""
+        return self._validate.popleft() if self._validate else None
+
+    def get_statistics(self, channel: str = DEFAULT_CHANNEL) -> dict[str, Any]:
+        """Claw-R1's statistics keys (for ``channel``), then this pool's own."""
+        pending = sum(any(self._done.get(r, channel) == channel for r in g) for g in self._groups.values())
+        return {
+            "total_steps": self._counts["segments_received"],
+            "total_produced": self._counts["segments_received"],
+            "total_consumed": self._counts["groups_fetched"],
+            "total_dropped": self._counts["dropped_groups"],
+            "fetch_count": self._counts["fetch_count"],
+            "last_fetch": self._last_fetch,
+            "queue_size": pending,
+            "ready_prompt_groups": len(self._complete(self._n_rollouts, channel)),
+            "max_queue_size": self._max_groups,
+            "shutdown": channel in self._shut or None in self._shut,
+            **self.stats(),
+        }
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -14,7 +14,9 @@ stream as soon as they are certain enough to send. One module per format:
 * ``llama3`` (:mod:`.llama3`; Llama 3.1-3.3 JSON): after ``<|python_tag|>`` or when the
   reply opens with ``{``, to the end of the generation;
 * ``gpt_oss`` (:mod:`.harmony`; GPT-OSS harmony channels): not block-based, the
-  whole generation is read by :class:`~.harmony.HarmonyParser`.
+  whole generation is read by :class:`~.harmony.HarmonyParser`;
+* ``none``: no tool parsing; a call the model writes stays in the content as text
+  (what the Claw-R1 gateway returns, whose agents parse ``<tool_call>`` text themselves).
 
 A block either parses as a whole (:meth:`BlockParser.close` returns the calls)
 or not at all (``None``): the caller then returns its raw text as content.
@@ -51,9 +53,9 @@ __all__ = [
     "token_id",
 ]
 
-ToolCallFormat = Literal["qwen3", "qwen3_coder", "glm45", "deepseek_v31", "kimi_k2", "llama3", "gpt_oss"]
+ToolCallFormat = Literal["qwen3", "qwen3_coder", "glm45", "deepseek_v31", "kimi_k2", "llama3", "gpt_oss", "none"]
 TOOL_CALL_FORMATS: tuple[ToolCallFormat, ...] = (
-    "qwen3", "qwen3_coder", "glm45", "deepseek_v31", "kimi_k2", "llama3", "gpt_oss",
+    "qwen3", "qwen3_coder", "glm45", "deepseek_v31", "kimi_k2", "llama3", "gpt_oss", "none",
 )  # fmt: skip
 
 Schemas = Mapping[str, Mapping[str, Any]]
@@ -92,7 +94,7 @@ _SPECS: dict[str, FormatSpec] = {
 
 
 def format_spec(name: str) -> FormatSpec | None:
-    """The block format ``name`` (``None`` for ``gpt_oss``, which is not block-based)."""
+    """The block format ``name`` (``None`` for ``gpt_oss``, which is not block-based, and ``none``)."""
     if name not in TOOL_CALL_FORMATS:
         raise ValueError(f"unknown tool_call_format {name!r}")
     return _SPECS.get(name)

@@ -1,0 +1,194 @@
+"""Token-in generations (the Claw-R1 gateway's ``POST /generate {prompt_ids, sampling_params}``).
+
+The agent renders its own prompt and sends the ids; nothing is templated or
+re-tokenized. The generation runs exactly as a session's turn does
+(:class:`~.generate.TurnGeneration`: permission from the controller, pauses,
+partial rollout, aborts, per-token versions) but belongs to no session yet:
+the call names no trajectory. Its step (the prompt ids as given, the sampled
+ids, their logprobs and versions) waits in :class:`TokenInGenerations` until
+the agent's ``/submit_steps`` claims it by its ids; one never claimed within
+``--session-ttl`` is stored as a step of its own session ``generate-<id>`` (logged), never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from array import array
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
+import trio
+
+from ..core.records import Step, int_array
+from ..core.requests import ChatRequest
+from ..core.session_state import Prepared
+from ..errors import ContextOverflow, EngineError, ProxyError
+from . import store as store_msgs
+from .actor import ask
+from .generate import GenerationSettings, TurnGeneration
+from .messages import TurnEvent, TurnFailed
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+#: Token-in generations waiting to be claimed, at most (the oldest is stored as a step past it).
+MAX_UNCLAIMED = 100_000
+
+
+@attrs.frozen
+class TokenSampling:
+    """What a token-in generation may set (the gateway's ``sampling_params``)."""
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+
+async def generate_tokens(runtime: Runtime, prompt_ids: array[int], sampling: TokenSampling) -> Step:
+    """Generate from exactly ``prompt_ids``; the step holds the sampled ids, logprobs and versions.
+
+    Refused like a turn (400 ``context_overflow`` over ``--max-prompt-tokens`` or the
+    context window; 503 while shutting down; 507 when the store is full); an engine
+    failure raises the error the agent would get for a turn.
+    """
+    runtime.check_admission()
+    config = runtime.config
+    limits = config.limits
+    prompt_len = len(prompt_ids)
+    if limits.max_prompt_tokens is not None and prompt_len > limits.max_prompt_tokens:
+        raise ContextOverflow(f"prompt is {prompt_len} tokens; the limit is {limits.max_prompt_tokens} "
+                              "(--max-prompt-tokens, the gateway's --prompt-length)", param="prompt_ids")
+    if prompt_len >= runtime.context_window:
+        raise ContextOverflow(f"prompt is {prompt_len} tokens; the context window is {runtime.context_window}",
+                              param="prompt_ids")
+    max_new = sampling.max_new_tokens or limits.default_max_tokens
+    if limits.dynamic_max_tokens:
+        max_new = min(max_new, runtime.context_window - prompt_len)
+    owner = f"generate-{uuid.uuid4().hex}"
+    step = Step(index=0, session_id=owner, segment_index=0, turn_id=None, instance_id=None, new_messages=[],
+                message_count=0, prompt_len=prompt_len, fragment_ids=int_array(prompt_ids), max_new_tokens=max_new)
+    temperature = limits.rollout_temperature
+    if temperature is None:
+        temperature = 1.0 if sampling.temperature is None else sampling.temperature
+    request = ChatRequest(messages=[], seed=sampling.seed)
+    # No session, so no conversation lane: only a session's commit reads it, and this step is never committed.
+    prepared = Prepared(step, int_array(prompt_ids), [], temperature, 1.0 if sampling.top_p is None else sampling.top_p,
+                        [], request, cast(Any, None))
+    send, receive = trio.open_memory_channel[TurnEvent](16)
+    failure: list[ProxyError] = []
+
+    async def drain() -> None:
+        async with receive:
+            async for event in receive:
+                if isinstance(event, TurnFailed):
+                    failure.append(event.error)
+
+    runtime.turns.started()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain)
+            async with send:
+                turn = TurnGeneration(
+                    prepared,
+                    tokenizer=runtime.tokenizer,
+                    backend=runtime.backend,
+                    controller=runtime.controller,
+                    events=send,
+                    settings=GenerationSettings.of(config),
+                    output_format=runtime.output_format,
+                    side=nursery,
+                )
+                result = await turn.run()
+    finally:
+        runtime.turns.finished()
+    if not result.completed:
+        if failure:
+            raise failure[0]
+        raise EngineError(f"the generation ended without a result ({step.status})")
+    step.status = "completed"
+    return step
+
+
+@attrs.define
+class _Waiting:
+    step: Step
+    since: float
+
+
+@attrs.define
+class TokenInGenerations:
+    """Token-in generations waiting for the ``/submit_steps`` that names their trajectory."""
+
+    ttl: float
+    max_unclaimed: int = MAX_UNCLAIMED
+    #: prompt ids (bytes) -> the generations from that prompt, oldest first (n rollouts share a prompt).
+    _waiting: OrderedDict[bytes, list[_Waiting]] = attrs.field(factory=OrderedDict)
+    _count: int = 0
+    claimed: int = 0
+    unclaimed_stored: int = 0
+
+    def add(self, step: Step) -> None:
+        key = step.fragment_ids.tobytes()
+        self._waiting.setdefault(key, []).append(_Waiting(step, time.monotonic()))
+        self._count += 1
+
+    def claim(self, prompt_ids: array[int], response_ids: array[int]) -> Step | None:
+        """The waiting generation from exactly ``prompt_ids`` whose sampled ids begin with ``response_ids``.
+
+        An agent may keep only the first ``response_length`` ids (Claw-R1's flows cut them): the step
+        returned is then cut to the same length (logprobs and versions too). ``None``: no such generation.
+        """
+        key = prompt_ids.tobytes()
+        waiting = self._waiting.get(key)
+        if not waiting:
+            return None
+        n = len(response_ids)
+        for i, item in enumerate(waiting):
+            output = item.step.output_ids
+            if len(output) >= n and output[:n] == response_ids and (n or not output):
+                del waiting[i]
+                if not waiting:
+                    del self._waiting[key]
+                self._count -= 1
+                self.claimed += 1
+                step = item.step
+                if len(output) > n:
+                    step.output_ids = output[:n]
+                    step.output_logprobs = step.output_logprobs[:n]
+                    step.output_versions = step.output_versions[:n]
+                return step
+        return None
+
+    def expired(self, now: float | None = None) -> list[Step]:
+        """Take out the generations older than ``ttl`` (and the oldest past ``max_unclaimed``)."""
+        now = time.monotonic() if now is None else now
+        out: list[Step] = []
+        while self._waiting:
+            key, waiting = next(iter(self._waiting.items()))
+            if waiting[0].since > now - self.ttl and self._count <= self.max_unclaimed:
+                break
+            out.append(waiting.pop(0).step)
+            self._count -= 1
+            if not waiting:
+                del self._waiting[key]
+        return out
+
+    def statistics(self) -> dict[str, int]:
+        return {"waiting": self._count, "claimed": self.claimed, "unclaimed_stored": self.unclaimed_stored}
+
+
+async def store_unclaimed(runtime: Runtime, generations: TokenInGenerations, steps: list[Step]) -> None:
+    """Unclaimed generations go to the store as steps of their own sessions (readable, never trained)."""
+    for step in steps:
+        await ask(runtime.store, lambda r, s=step: store_msgs.Put(s.session_id, (), (s,), r))  # type: ignore[misc]
+    if steps:
+        generations.unclaimed_stored += len(steps)
+        log.warning("%d token-in generation(s) from POST /generate were not claimed by /submit_steps within "
+                    "--session-ttl; stored as steps of their sessions generate-<id> (/trajectory/read "
+                    "include_steps), not for training", len(steps))
