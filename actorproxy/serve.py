@@ -37,7 +37,7 @@ from .runtime.in_flight import InFlight
 from .runtime.runtime import Runtime, open_runtime
 from .server.app import create_app
 from .server.drain import ASGIApp
-from .server.http_server import HTTPServer
+from .server.http_server import ConnectionLimits, HTTPServer
 from .tokenization.tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,8 @@ async def serve_proxy(
                            "`actorproxy run --workers N` (docs/workers.md)")
     async with open_runtime(config, backend=backend, tokenizer=tokenizer) as runtime:
         tracker = InFlight()
-        server = HTTPServer(asgi_of(create_app(runtime)), keep_alive_timeout=_KEEP_ALIVE, tracker=tracker)
+        server = HTTPServer(asgi_of(create_app(runtime)), keep_alive_timeout=_KEEP_ALIVE, tracker=tracker,
+                            limits=connection_limits(config))
         stop_http = trio.Event()
 
         async def drain_then_stop() -> None:
@@ -108,6 +109,11 @@ async def serve_proxy(
             url = await nursery.start(partial(server.serve, bind_host(config.server.host).strip("[]"),
                                               config.server.port, backlog=_BACKLOG, shutdown_trigger=stop_http.wait))
             task_status.started(RunningProxy(url, runtime))
+
+
+def connection_limits(config: ProxyConfig) -> ConnectionLimits:
+    """What a client may hold of the HTTP server (``--body-timeout``, ``--body-min-rate``)."""
+    return ConnectionLimits(body_grace=config.server.body_timeout, body_min_rate=config.server.body_min_rate)
 
 
 def asgi_of(app: QuartTrio) -> ASGIApp:

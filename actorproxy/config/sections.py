@@ -50,6 +50,19 @@ class ServerSettings:
         help="seconds SIGTERM/SIGINT lets turns in flight finish (new turns get 503 + Retry-After) before "
         "aborting them, partial output kept; open sessions are then finalized into the store",
     )
+    body_timeout: float = setting(
+        10.0,
+        positive=True,
+        metavar="S",
+        help="seconds a request body may take before its rate counts; after them it must keep arriving at "
+        "--body-min-rate on average, or the request gets 408 and the connection closes",
+    )
+    body_min_rate: float = setting(
+        4096.0,
+        positive=True,
+        metavar="BYTES",
+        help="bytes per second a request body must arrive at on average once --body-timeout has passed",
+    )
     trajectory_dir: str | None = setting(
         None,
         metavar="DIR",

@@ -35,7 +35,6 @@ from ..wire.format import TurnFormat
 from ..wire.openai_chat import OpenAIChatFormat
 from ..wire.trainer import FinalizeBody, ReadBody
 from . import auth
-from .drain import DrainRequestBody
 from .gateway_api import add_gateway_routes, generate_turn
 from .lane import MOUNTS, TurnLane, served_by_the_lane
 from .observe import Observer, add_metrics_route
@@ -90,7 +89,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
     gateway = add_gateway_routes(app, runtime, policy)
     observer.handoff = gateway.handoff
     add_openapi_routes(app)
-    lane = TurnLane(DrainRequestBody(app.asgi_app), observer=observer, policy=policy, max_body=MAX_BODY_BYTES,
+    lane = TurnLane(app.asgi_app, observer=observer, policy=policy, max_body=MAX_BODY_BYTES,
                     body_timeout=app.config["BODY_TIMEOUT"])
     app.asgi_app = lane  # type: ignore[method-assign,assignment]
 

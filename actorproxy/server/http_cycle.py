@@ -18,9 +18,12 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import trio
+from werkzeug.exceptions import RequestTimeout
 
+from ..wire import jsonio
 from . import http1
 from .drain import Message
+from .replies import error_reply, is_anthropic_route
 
 if TYPE_CHECKING:
     from .http_server import _Connection
@@ -34,6 +37,10 @@ MAX_PIPELINED = 65536
 BODY_AT_ONCE = 1 << 20
 DISCONNECT: Message = {"type": "http.disconnect"}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: Bytes of a request body left unread when its response starts that the connection still reads (and drops) after
+#: the response, to serve the next request on it; a larger rest (a 413 decided from ``Content-Length``) is not
+#: read: the response says ``connection: close``.
+BODY_DISCARD = 4 << 20
 #: The scope extension that calls back when the client hangs up: ``scope["extensions"][...](callback)``; the
 #: request is then cancelled (the connection ends). The turn lane's turn ends so, without a task per request
 #: reading ``http.disconnect`` nor a cancel scope of its own.
@@ -86,6 +93,9 @@ class Cycle:
         self.read_lock: trio.Lock | None = None  # made by the first ``receive`` (the turn lane takes ``body_now``)
         self.body_given = False  # the app has the body's last message
         self.bad_body = False  # the body's framing was broken: answer 400 if the app did not answer
+        self.slow_body = False  # the body came slower than the server's minimum rate: answer 408 (the same)
+        self.started = trio.current_time()  # for the body's rate (``body_due``)
+        self.mark = connection.received - len(connection.buffer)  # ``connection.received`` before the body
         self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None
         self.framing: http1.ResponseFraming | None = None
         self.complete = False
@@ -108,14 +118,31 @@ class Cycle:
             self.scope.pop("extensions", None)
             self.on_disconnect = []
         if self.framing is None:
-            await self.error_response(400 if self.bad_body else 500)
+            await self.error_response(408 if self.slow_body else 400 if self.bad_body else 500)
         elif not self.complete:
             self.connection.closed = True  # a reply cut short: the client must not reuse the connection
 
     async def error_response(self, status: int) -> None:
         self.complete = self.close = True
         self.framing = http1.ResponseFraming(self.request, status, [])
+        if status == 408:
+            await self.connection.write(self.timeout_response())
+            return
         await self.connection.write(http1.error_response(status, Date.now()))
+
+    def timeout_response(self) -> bytes:
+        """The 408 for a body that came too slowly: JSON in the caller's format, and the connection closes."""
+        limits = self.connection.server.limits
+        path = str(self.scope["path"])
+        message = (f"the request body did not arrive in time: after {limits.body_grace:g} s it must arrive at "
+                   f"{limits.body_min_rate:g} bytes/s at least")
+        reply = error_reply(RequestTimeout(message), anthropic_shape=is_anthropic_route(path), method=self.method,
+                            path=path)
+        body = jsonio.dumps(reply.data)
+        log.info("%s %s: the request body came slower than %g bytes/s; 408, the connection closes", self.method,
+                 path, limits.body_min_rate)
+        return (http1.status_line(408) + b"content-type: application/json\r\ncontent-length: %d\r\n"
+                b"connection: close\r\ndate: %s\r\n\r\n%s" % (len(body), Date.now(), body))
 
     async def receive(self) -> Message:
         lock = self.read_lock
@@ -129,7 +156,7 @@ class Cycle:
 
     async def _receive(self) -> Message:
         connection = self.connection
-        if connection.closed or self.bad_body:
+        if connection.closed or self.bad_body or self.slow_body:
             # A checkpoint: an app that keeps asking (a drain loop) must not hold the event loop forever.
             await trio.lowlevel.checkpoint()
             return DISCONNECT
@@ -154,12 +181,54 @@ class Cycle:
                 if self.request.expect_continue and self.framing is None:
                     self.request.expect_continue = False
                     await connection.write(CONTINUE)
-                await connection.wait_for_bytes()
+                if not await self.more_body():  # too slow: the client gets a 408 unless the app answers
+                    self.slow_body = True
+                    return DISCONNECT
         except http1.BadRequest:  # the client is still there: it gets a 400 unless the app answers
             self.bad_body = True
             return DISCONNECT
         connection.closed = True
         return DISCONNECT
+
+    async def more_body(self) -> bool:
+        """Wait for more of the body (or the EOF); ``False`` when it comes slower than the server's bound.
+
+        The bound is Kestrel's ``MinRequestBodyDataRate``: none for ``body_grace`` seconds
+        from the head, then the bytes that arrived must keep up with ``body_min_rate`` per
+        second on average. So a body that stops is given up at the later of the grace's end
+        and the moment its rate falls under the bound, and a slow but steady one is taken.
+        """
+        connection = self.connection
+        limits = connection.server.limits
+        arrived = connection.received - self.mark
+        due = self.started + max(limits.body_grace, arrived / limits.body_min_rate)
+        with trio.move_on_at(due):
+            await connection.wait_for_bytes()
+            return True
+        return False
+
+    async def discard_rest(self) -> bool:
+        """After the response: read and drop the rest of the body (its rate bounded); whether it all came."""
+        body, connection = self.body, self.connection
+        if self.bad_body or self.slow_body:
+            return False
+        try:
+            while not body.done:
+                if body.read(connection.buffer) is not None:
+                    connection.room.unpark_all()
+                    continue
+                if connection.eof or connection.closed or not await self.more_body():
+                    return False
+        except http1.BadRequest:
+            return False
+        return True
+
+    def leaves_body(self) -> bool:
+        """Whether the response is starting with more of the body unread than the connection will read after it."""
+        body = self.body
+        if self.body_given or body.done:
+            return False
+        return body.chunked or body.remaining - len(self.connection.buffer) > BODY_DISCARD
 
     async def wait_disconnect(self) -> Message:
         """After the body: wait until the client is gone (a pipelined next request is kept for later)."""
@@ -226,6 +295,8 @@ class Cycle:
         if framing is None:
             status, headers = self.head
             framing = http1.ResponseFraming(self.request, status, headers)
+            if self.leaves_body():  # a 413 decided from the head, say: the body is not read, the connection ends
+                framing.close = True
             out = framing.head(status, headers, Date.now())
             self.framing, self.close = framing, framing.close
         body = message.get("body", b"")

@@ -36,6 +36,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
 import trio
 
 from ..runtime.in_flight import InFlight
@@ -46,6 +47,8 @@ from .http_cycle import BODY_AT_ONCE, CONTINUE, MAX_PIPELINED, Cycle, Date
 log = logging.getLogger("actorproxy.http")
 
 _MAX_RECV = 65536
+#: Seconds a connection closed under a client still sending is read (and dropped) before it is closed.
+_LINGER = 5.0
 #: Bytes a response may leave unsent in the kernel before the socket stops counting as writable (as Trio sets).
 _NOTSENT_LOWAT = 16384
 #: Writes that complete at once without a scheduling round; every this many, one round (fairness).
@@ -82,6 +85,8 @@ class _Connection:
     def __init__(self, server: HTTPServer, sock: socket.socket, data: bytes = b"") -> None:
         self.server, self.sock = server, sock
         self.buffer = bytearray(data)  # bytes read and not yet taken (an adopted connection's come with it)
+        self.received = len(data)  # bytes read from the client so far (a body's rate is measured on it)
+        self.linger = False  # the client may still be sending: close gently (``close_gently``)
         self.handoff: Handoff | None = None  # set by the server's router: the connection goes elsewhere
         self.eof = False  # the client sent its last byte (or the socket failed)
         self.gone = False  # the client is gone (not only done sending): a request in flight is then cancelled
@@ -110,6 +115,8 @@ class _Connection:
                     nursery.cancel_scope.cancel()
             if self.handoff is not None:  # the reader has stopped: every byte read is in the buffer
                 await self.handoff(trio.socket.from_stdlib_socket(self.sock), bytes(self.buffer))
+            elif self.linger and not (self.eof or self.closed):
+                await self.close_gently()
         finally:
             server.connections.discard(self)
             trio.lowlevel.notify_closing(self.sock)
@@ -131,8 +138,35 @@ class _Connection:
                 await cycle.run()  # in this task: no task to spawn and join per request
             finally:
                 self.cycle = None
+            if cycle.complete and request.keep_alive and not (cycle.body.done or cycle.close or self.closed):
+                await cycle.discard_rest()  # answered before its body came: the rest is read (and dropped) now
             if not (cycle.complete and cycle.body.done and request.keep_alive) or cycle.close or self.closed:
+                self.linger = not cycle.body.done
                 return  # unread body, a close asked for, or a broken reply: the connection cannot go on
+
+    async def close_gently(self) -> None:
+        """End a connection whose client may still be sending its body: our side first, then what comes is dropped.
+
+        Closing a socket with unread bytes sends a reset, and a reset can destroy the answer
+        before the client reads it (it is still writing its body, not reading yet). So, as
+        nginx's lingering close: shut our side (the client reads the answer, then the end),
+        read and drop what still comes, for ``_LINGER`` seconds at most, then close.
+        """
+        sock = self.sock
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return
+        with trio.move_on_after(_LINGER):
+            while True:
+                await trio.lowlevel.wait_readable(sock)
+                try:
+                    if not sock.recv(_MAX_RECV):
+                        return
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    return
 
     async def read(self) -> None:
         """The connection's only reader: whatever the client sends goes to the buffer, its EOF to ``eof``.
@@ -158,6 +192,7 @@ class _Connection:
                 data = None
             if data:
                 self.buffer += data
+                self.received += len(data)
                 self.arrived.unpark_all()
                 continue
             self.eof = True
@@ -304,13 +339,24 @@ class _Connection:
             raise
 
 
+@attrs.frozen
+class ConnectionLimits:
+    """What a client may hold of the server: how long, how slowly (docs/security.md, bounds)."""
+
+    #: Seconds a body may take before its rate counts (``--body-timeout``).
+    body_grace: float = 10.0
+    #: Bytes per second a body must then arrive at on average, or the request gets 408 (``--body-min-rate``).
+    body_min_rate: float = 4096.0
+
+
 class HTTPServer:
     """Serves ``app`` on one listening socket until told to stop (``tracker``: counts its requests in flight)."""
 
     def __init__(self, app: ASGIApp, *, keep_alive_timeout: float = 75.0, router: Router | None = None,
-                 tracker: InFlight | None = None) -> None:
+                 tracker: InFlight | None = None, limits: ConnectionLimits | None = None) -> None:
         self.app = app
         self.keep_alive_timeout = keep_alive_timeout
+        self.limits = limits or ConnectionLimits()
         self.router = router
         self.tracker = tracker
         self._nursery: trio.Nursery | None = None

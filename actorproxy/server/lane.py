@@ -12,8 +12,7 @@ What a turn gets here is what the Quart app gave it, check for check:
 the access policy (:mod:`.auth`: the agent's credentials, or the admin token on
 ``/generate``), the body limits (``MAX_BODY_BYTES``: 413; a body that does not
 arrive within ``BODY_TIMEOUT``: 408; empty: 400), every error as JSON in the
-caller's format (:mod:`.replies`), a body read to its end before any response
-starts (see :mod:`.drain`), the request's :class:`~actorproxy.telemetry.RequestInfo`
+caller's format (:mod:`.replies`), the request's :class:`~actorproxy.telemetry.RequestInfo`
 for the access log and the metrics (:class:`.observe.Observer`), and the client
 hanging up cancels the turn (its generation is aborted at the engine).
 """
@@ -33,7 +32,7 @@ from ..telemetry import CURRENT, RequestInfo
 from ..wire import jsonio
 from ..wire.format import Headers
 from .auth import AccessPolicy, route_kind
-from .drain import ASGIApp, Receive, Send, discard_body
+from .drain import ASGIApp, Receive, Send
 from .http_cycle import BODY_EXTENSION, DISCONNECT_EXTENSION
 from .identity import url_mount
 from .observe import Observer, error_code
@@ -86,14 +85,12 @@ class TurnLane:
         policy: AccessPolicy,
         max_body: int,
         body_timeout: float,
-        drain_timeout: float = 60.0,
     ) -> None:
         self.app = app
         self.observer = observer
         self.policy = policy
         self.max_body = max_body
         self.body_timeout = body_timeout
-        self.drain_timeout = drain_timeout
         self._suffixes: dict[str, TurnHandler] = {}
         self._paths: dict[str, TurnHandler] = {}
 
@@ -133,7 +130,6 @@ class _Turn:
         self.lane, self.found, self.receive, self.send = lane, found, receive, send
         self.path: str = scope["path"]
         self.headers = RequestHeaders(scope["headers"])
-        self.body_complete = False
         self.gone = False  # the client went away
         self.confined: str | None = None  # the session an agent's key confines the call to
         self.client: str | None = None  # who opens a session (the per-client session bound)
@@ -221,7 +217,6 @@ class _Turn:
             if whole is not None:
                 if len(whole) > lane.max_body:
                     raise RequestEntityTooLarge()
-                self.body_complete = True
                 return whole
         chunks: list[bytes] = []
         size = 0
@@ -237,7 +232,6 @@ class _Turn:
                     raise RequestEntityTooLarge()
                 chunks.append(chunk)
                 if not message.get("more_body", False):
-                    self.body_complete = True
                     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         raise RequestTimeout()
 
@@ -256,8 +250,6 @@ class _Turn:
             info.error_code = error_code(body)
         self.lane.observer.finish(info)
         headers = [_JSON, (b"content-length", str(len(body)).encode()), *(extra or ())]
-        if not self.body_complete and not await discard_body(self.receive, self.lane.drain_timeout):
-            headers.append((b"connection", b"close"))  # the rest of the body never came: do not reuse
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
 

@@ -27,7 +27,7 @@ import trio
 from ..config import ProxyConfig
 from ..runtime.in_flight import InFlight
 from ..runtime.runtime import Runtime, open_runtime
-from ..serve import _KEEP_ALIVE, RunningProxy, _drain, asgi_of, bind_host
+from ..serve import _KEEP_ALIVE, RunningProxy, _drain, asgi_of, bind_host, connection_limits
 from ..server.app import create_app
 from ..server.auth import AccessPolicy
 from ..server.http_server import HTTPServer
@@ -69,10 +69,11 @@ async def serve_worker(
         app = asgi_of(create_app(runtime))
         tracker = InFlight()  # the requests in flight of both servers
         stop = trio.Event()
-        private = HTTPServer(app, keep_alive_timeout=_KEEP_ALIVE, tracker=tracker)
+        limits = connection_limits(config)
+        private = HTTPServer(app, keep_alive_timeout=_KEEP_ALIVE, tracker=tracker, limits=limits)
         policy = AccessPolicy.from_config(config)  # the app's own rules, checked before a body is read
         public = HTTPServer(FanOut(app, workers, directory, policy), keep_alive_timeout=_KEEP_ALIVE,
-                            router=Router(index, workers, directory, policy), tracker=tracker)
+                            router=Router(index, workers, directory, policy), tracker=tracker, limits=limits)
         control = control_path(directory, index)
         remove_stale(control)
         unix = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
