@@ -35,7 +35,7 @@ import trio
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..server.auth import AccessPolicy, route_kind
-from ..server.drain import ASGIApp, DrainRequestBody, Message, Receive, Send
+from ..server.drain import ASGIApp, Message, Receive, Send
 from ..server.lane import RequestHeaders, _content_length
 from ..server.replies import error_reply
 from ..wire import jsonio
@@ -128,7 +128,6 @@ class FanOut:
     def __init__(self, app: ASGIApp, workers: int, directory: str, policy: AccessPolicy | None = None) -> None:
         self.app, self.workers, self.directory = app, workers, directory
         self.policy = policy or AccessPolicy()
-        self.fan_get = DrainRequestBody(self.fan_out)  # a GET's body: discarded before the answer starts
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -146,7 +145,7 @@ class FanOut:
             await self.app(scope, receive, send)  # answered as the single process answers it, before any body
             return
         if method == "GET":
-            await self.fan_get(scope, receive, send)
+            await self.fan_out(scope, receive, send)  # a GET's body: the server drops it after the answer
             return
         if _content_length(headers) > MAX_BODY:
             await self.app(scope, receive, send)  # 413, from the header
