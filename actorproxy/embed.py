@@ -10,6 +10,13 @@ Trio loop and returns once it listens::
         proxy.finalize("trial-3", reward=1.0)   # writes runs/7/trial-3/proxy_trajectory.json
         data = proxy.read("trial-3")
 
+An agent loop written against an in-process proxy object (LiveRL's) uses its
+calls instead: ``session_url``, ``session_anthropic_base``, ``await
+open_session(id, trajectory_dir=...)`` and ``await pop_session(id)``, which
+finalizes the trial, hands over its data (drained from the store) as the dict
+:func:`~actorproxy.session_meta.session_meta` builds, and writes
+``<trajectory_dir>/proxy_trajectory.json``.
+
 Every call also exists as an asyncio coroutine (``afinalize``, ``aread``) that
 never blocks the caller's event loop, and :class:`EmbeddedProxy` is an async
 context manager too. By default it binds the host's primary IPv4 address on a
@@ -22,10 +29,13 @@ reported by the next call.
 
 from __future__ import annotations
 
+import logging
+import os
 import secrets
 import threading
 import urllib.parse
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -34,6 +44,13 @@ import trio
 
 from .config import ProxyConfig
 from .server.auth import AccessPolicy
+from .session_meta import fresh_meta, session_meta
+from .trajectory_file import FILE_NAME, build_document, write_document
+
+log = logging.getLogger(__name__)
+
+#: Trials opened with ``open_session`` and not yet popped that are remembered.
+_MAX_OPEN_TRIALS = 100_000
 
 
 class EmbeddedProxyError(RuntimeError):
@@ -69,6 +86,8 @@ class EmbeddedProxy:
         self._stop: trio.Event | None = None
         self._thread = threading.Thread(target=self._thread_main, name="actorproxy", daemon=True)
         self._http: httpx.Client | None = None
+        #: Trials opened with :meth:`open_session` and not popped yet: their trajectory directories.
+        self._trials: dict[str, Path | None] = {}
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -156,6 +175,56 @@ class EmbeddedProxy:
         """The OpenAI-style per-session base URL of ``trial_id`` (``.../sess/<id>/v1``)."""
         return self.session(trial_id).openai_base_url
 
+    def session_anthropic_base(self, trial_id: str) -> str:
+        """``ANTHROPIC_BASE_URL`` of ``trial_id`` (``.../sess/<id>``: Anthropic clients append ``/v1/messages``)."""
+        return self.session(trial_id).base_url
+
+    async def open_session(self, trial_id: str, trajectory_dir: str | Path | None = None) -> None:
+        """Start a trial: :meth:`pop_session` later writes ``<trajectory_dir>/proxy_trajectory.json``.
+
+        No I/O: the session itself starts with the agent's first call. Opening a
+        trial again starts it afresh (its directory is replaced).
+        """
+        self.session(trial_id)  # the id's checks
+        directory = None if trajectory_dir is None else _absolute(trajectory_dir)
+        self._trials.pop(trial_id, None)
+        self._trials[trial_id] = directory
+        while len(self._trials) > _MAX_OPEN_TRIALS:  # opened and never popped: forget the oldest, say so
+            forgotten = next(iter(self._trials))
+            del self._trials[forgotten]
+            log.warning("trial %r was opened and never popped; its trajectory directory is forgotten "
+                        "(more than %d open trials)", forgotten, _MAX_OPEN_TRIALS)
+
+    async def pop_session(self, trial_id: str) -> dict[str, Any]:
+        """End a trial: finalize it, hand its data over and forget it; the meta LiveRL's agent loop reads.
+
+        The session is finalized (no reward: the trainer grades it), its segments
+        and steps are read and drained from the store, and the returned dict holds
+        the sequence fields (``traj_acc_ids``, ``initial_prompt_token_len``,
+        ``traj_response_mask``, ``traj_response_logprobs``), ``messages_snapshot``,
+        the counters and every segment (docs/embedding.md). A trial that never
+        made a call gets the empty meta and no file.
+        """
+        directory = self._trials.pop(trial_id, None)
+        try:
+            finalized = await self._acall("POST", "/session/finalize", {"session_id": trial_id})
+        except _Missing:
+            meta = fresh_meta()
+            meta["session_id"] = trial_id
+            return meta
+        read = await self._acall("POST", "/trajectory/read",
+                                 {"session_id": trial_id, "drain": True, "include_steps": True})
+        meta = session_meta(trial_id, read, finalized.get("refused"))
+        meta["trajectory_file"] = finalized.get("trajectory_file")
+        if directory is not None:
+            import asyncio
+
+            meta["trajectory_dir"] = str(directory)
+            path = directory / FILE_NAME
+            await asyncio.to_thread(write_document, path, build_document(trial_id, read))
+            meta["trajectory_file"] = str(path)
+        return meta
+
     def finalize(self, trial_id: str, reward: float | None = None) -> dict[str, Any]:
         """Close the trial's session into the store (and its trajectory file); returns the summary."""
         body: dict[str, Any] = {"session_id": trial_id}
@@ -197,8 +266,14 @@ class EmbeddedProxy:
             return _payload(method, path, await client.request(method, path, json=dict(body)))
 
 
+class _Missing(EmbeddedProxyError):
+    """The proxy knows no such session (404)."""
+
+
 def _payload(method: str, path: str, response: httpx.Response) -> dict[str, Any]:
     payload = response.json()
+    if response.status_code == 404:
+        raise _Missing(f"{method} {path}: HTTP 404: {payload}")
     if response.status_code >= 400:
         error = payload.get("error", {}) if isinstance(payload, dict) else {}
         raise EmbeddedProxyError(f"{method} {path}: HTTP {response.status_code}: {error.get('message', payload)}")
@@ -233,6 +308,11 @@ def start_proxy(
     proxy = EmbeddedProxy(base, startup_timeout=startup_timeout)
     proxy._start()
     return proxy
+
+
+def _absolute(path: str | os.PathLike[str]) -> Path:
+    """``path`` made absolute (``~`` expanded) without touching the disk."""
+    return Path(os.path.abspath(os.path.expanduser(path)))
 
 
 def _describe(error: BaseException) -> str:

@@ -11,7 +11,11 @@ Schema (``"schema": "actorproxy.proxy_trajectory/1"``)::
 
     {"schema": ..., "session_id": str, "written_at": float (Unix time),
      "segments": [Segment, ...],   # docs/data.md, child sessions (sub-agents) included
-     "steps": [StepSummary, ...]}  # a step without output_ids/logprobs/concat_* arrays
+     "steps": [StepSummary, ...],  # a step without output_ids/logprobs/concat_* arrays
+     "messages_snapshot": [message, ...] | None,  # the conversation the model last saw, its last reply included
+     "trajectory_segments": [{trajectory_id, segment_index, num_tokens, ..., boundary_reason}, ...]}
+
+``messages_snapshot`` is the key LiveRL's dashboard reads (``webui/server.py``).
 
 Load one with :func:`load_trajectory_file` (also exported by ``actorproxy.client``).
 """
@@ -25,6 +29,8 @@ import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
+
+from .session_meta import messages_snapshot, segment_index
 
 SCHEMA = "actorproxy.proxy_trajectory/1"
 FILE_NAME = "proxy_trajectory.json"
@@ -60,14 +66,22 @@ def build_document(session_id: str, read_result: dict[str, Any]) -> dict[str, An
         "written_at": time.time(),
         "segments": read_result.get("data", []),
         "steps": steps,
+        "messages_snapshot": messages_snapshot(read_result.get("steps", []), session_id),
+        "trajectory_segments": segment_index(read_result.get("data", [])),
     }
 
 
 def write_trajectory_file(directory: str | os.PathLike[str], session_id: str, read_result: dict[str, Any]) -> Path:
     """Write (atomically) and return the path of ``session_id``'s trajectory file. Blocking I/O."""
     path = trajectory_path(directory, session_id)
+    write_document(path, build_document(session_id, read_result))
+    return path
+
+
+def write_document(path: Path, document: dict[str, Any]) -> None:
+    """Write ``document`` as JSON at ``path`` through a temporary file renamed over it. Blocking I/O."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(build_document(session_id, read_result), separators=(",", ":")).encode()
+    data = json.dumps(document, separators=(",", ":")).encode()
     fd, tmp = tempfile.mkstemp(prefix=".proxy_trajectory.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -78,7 +92,6 @@ def write_trajectory_file(directory: str | os.PathLike[str], session_id: str, re
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
 
 
 def load_trajectory_file(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ PauseMode = Literal["abort", "wait"]
 class FinalizeResult:
     """A session finalized into the store: how many segments and steps it handed over."""
 
-    __wire_omit_if_default__ = ("sub_agents", "trajectory_file")
+    __wire_omit_if_default__ = ("sub_agents", "trajectory_file", "refused")
 
     session_id: str
     segments: int
@@ -29,6 +29,8 @@ class FinalizeResult:
     sub_agents: list[FinalizeResult] | None = None
     #: Where ``--trajectory-dir`` wrote its ``proxy_trajectory.json`` (set by the ingress).
     trajectory_file: str | None = None
+    #: Turns its guards refused (nothing recorded), by error code (``context_overflow``...); ``None``: none.
+    refused: dict[str, int] | None = None
 
 
 @attrs.frozen

@@ -22,6 +22,7 @@ the store first, then it tells the registry it is gone.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -119,6 +120,8 @@ class SessionActor:
         self._first_permit: Permit | None = None
         #: Rewards and metadata of steps submitted with /submit_steps, written onto their segments at close.
         self.submitted: dict[int, Annotation] = {}
+        #: Turns a guard refused, by error code (a fixed set): the finalize reports them.
+        self.refused: Counter[str] = Counter()
         self._failed = False
 
     # -- the actor loop ------------------------------------------------------
@@ -304,7 +307,8 @@ class SessionActor:
                 # Nobody waits for this flush (eviction, shutdown): the failed store keeps it in memory.
                 log.warning("session %s: flushed (%s) while the store's disk fails; kept in memory until it "
                             "works again", self.session_id, reason)
-        return FinalizeResult(self.session_id, segments=len(segments), steps=len(steps))
+        return FinalizeResult(self.session_id, segments=len(segments), steps=len(steps),
+                              refused=dict(self.refused) or None)
 
     # -- a turn ------------------------------------------------------------
 
@@ -329,6 +333,7 @@ class SessionActor:
                 await tell(events, TurnMoved(session_id=prepared.session_id))
                 return
             case Refusal():
+                self.refused[prepared.error.code] += 1
                 await tell(events, TurnFailed(prepared.error))
                 return
         if prepared.closed:
