@@ -226,9 +226,9 @@ async def _run(config: ProxyConfig, tokenizer: ChatTokenizer) -> None:
         config = config.evolve(store_kind="sqlite")
     async with trio.open_nursery() as nursery:
         running: RunningProxy = await nursery.start(partial(serve_until_signal, config, tokenizer=tokenizer))
+        _warn_if_open(config, running.url)
         for line in banner(config, running):
             log.info("%s", line)
-        _warn_if_open(config, running.url)
 
 
 async def _run_workers(config: ProxyConfig) -> None:

@@ -96,3 +96,6 @@ def test_the_start_up_banner(tmp_path: Path) -> None:
     assert text.count("  store:") == 1, text
     assert "tokenizer: qwen3" in text and "/metrics" in text and "curl -s http://127.0.0.1:" in text
     assert "loading tokenizer" not in text
+    # No admin token: the banner and a WARNING say that every route, rewards and drains included, is open.
+    assert "access:    OPEN: anyone reaching 127.0.0.1 may set rewards" in text
+    assert "WARNING" in text and "no --admin-token: every route is open to anyone who reaches http://127.0.0.1:" in text
