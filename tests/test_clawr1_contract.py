@@ -9,6 +9,7 @@ The facts come from that commit: the trainer's gateway argv (``ray_agent_trainer
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import sys
 import types
 from array import array
@@ -251,15 +252,55 @@ async def test_blackbox_flow_on_the_gateways_base_url(http: httpx.AsyncClient, e
     batch = (await http.post("/trajectory/fetch_batch", json={"groups": 1, "rollouts_per_group": 1,
                                                              "timeout_s": 5})).json()
     assert batch["data"][0]["instance_id"] == "uid-7"
+    # What register_trajectory said (the dataset fields a trainer computes rewards from) is on the segment.
+    [segment] = batch["data"][0]["trajectories"][0]["segments"]
+    assert segment["metadata"]["trajectory_metadata"] == {"data_source": "openai/gsm8k", "policy_version": 0}
+
+
+async def test_a_token_in_generation_never_claimed_is_stored_at_shutdown(
+        engine: RecordingEngine, tokenizer: Any, tmp_path: Any) -> None:
+    config = ProxyConfig.of(port=0, store_kind="sqlite", data_dir=str(tmp_path))
+    async with open_proxy(config, backend=engine, tokenizer=tokenizer) as running:
+        async with httpx.AsyncClient(base_url=running.url, timeout=60) as client:
+            body = {"prompt_ids": _prompt(tokenizer, "never submitted"), "sampling_params": SAMPLING}
+            gen = (await client.post("/generate", json=body)).json()
+    with sqlite3.connect(tmp_path / "trajectories.sqlite3") as db:
+        rows = db.execute("SELECT session_id, arrays FROM steps WHERE session_id LIKE 'generate-%'").fetchall()
+    assert len(rows) == 1 and gen["token_ids"]
+
+
+def test_waiting_generations_are_claimed_by_their_ids_and_age_out() -> None:
+    from actorproxy.core.records import Step, float_array, int_array
+    from actorproxy.runtime.token_in import TokenInGenerations
+
+    def generated(prompt: list[int], output: list[int]) -> Step:
+        return Step(index=0, session_id="generate-x", segment_index=0, turn_id=None, instance_id=None,
+                    new_messages=[], message_count=0, prompt_len=len(prompt), fragment_ids=int_array(prompt),
+                    max_new_tokens=8, output_ids=int_array(output),
+                    output_logprobs=float_array([-0.5] * len(output)), output_versions=int_array([2] * len(output)))
+
+    waiting = TokenInGenerations(ttl=10.0)
+    waiting.add(generated([1, 2], [7, 8, 9]))
+    waiting.add(generated([1, 2], [5, 6]))  # a second rollout of the same prompt
+    assert waiting.claim(array("i", [1, 2]), array("i", [4])) is None
+    cut = waiting.claim(array("i", [1, 2]), array("i", [7, 8]))  # the flow kept the first response_length ids
+    assert cut is not None and list(cut.output_ids) == [7, 8] and list(cut.output_logprobs) == [-0.5, -0.5]
+    assert waiting.statistics() == {"waiting": 1, "claimed": 1, "unclaimed_stored": 0}
+    assert waiting.expired(now=0.0) == []
+    [old] = waiting.expired(now=1e12)
+    assert list(old.output_ids) == [5, 6] and waiting.statistics()["waiting"] == 0
 
 
 # -- the DataPool, as Claw-R1's trainer calls it ---------------------------------------------------
 
 
-def _segment(rollout: str, instance: str, *, channel: str | None = None, reason: str = "finalize") -> dict[str, Any]:
+def _segment(rollout: str, instance: str, *, channel: str | None = None, reason: str = "finalize",
+             registered: dict[str, Any] | None = None) -> dict[str, Any]:
     from actorproxy.core.records import Segment
 
-    metadata = {"channel": channel} if channel else {}
+    metadata: dict[str, Any] = {"channel": channel} if channel else {}
+    if registered:
+        metadata["trajectory_metadata"] = registered
     seg = Segment(trajectory_id=f"{rollout}#0", parent_traj_id=rollout, instance_id=instance, rollout_id=rollout,
                   segment_index=0, token_ids=array("i", [1, 2, 3, 4, 5]), loss_mask=array("b", [0, 0, 1, 0, 1]),
                   logprobs=array("f", [0, 0, -0.5, 0, -0.25]), versions=array("i", [0, 0, 3, 0, 3]),
@@ -286,6 +327,7 @@ def test_the_trainers_calls_on_actorproxys_pool() -> None:
         assert first.prompt_ids == [1, 2] and first.response_ids == [3] and first.rollout_log_probs == [-0.5]
         assert first.prompt_uid == "g1" and first.policy_version == 3 and first.metadata == {"data_source": "gsm8k"}
         assert last.prompt_ids == [1, 2, 3, 4] and last.response_ids == [5] and last.is_last and last.reward == 1.0
+        assert last.metadata is None  # no metadata submitted for step 1, none registered
         # The validation rollout stayed out of the training batch; it is fetched on its own channel.
         val = await asyncio.wait_for(pool.fetch_batch(batch_size=1, n_rollouts=1, channel="val"), 5)
         assert {s.trajectory_uid for s in val["steps"]} == {"v"}
@@ -297,6 +339,17 @@ def test_the_trainers_calls_on_actorproxys_pool() -> None:
         await asyncio.sleep(0)
         pool.shutdown()
         assert await asyncio.wait_for(waiting, 5) is None
+
+    asyncio.run(scenario())
+
+
+def test_registered_metadata_becomes_the_steps_metadata() -> None:
+    async def scenario() -> None:
+        pool = DataPool(types.SimpleNamespace(n_rollouts=1), _Backend())
+        registered = {"data_source": "gsm8k", "reward_model": {"ground_truth": 72}}
+        await pool.put([_segment("bb", "g5", registered=registered)])
+        steps = (await asyncio.wait_for(pool.fetch_batch(batch_size=1), 5))["steps"]
+        assert steps[1].metadata == registered
 
     asyncio.run(scenario())
 

@@ -115,6 +115,8 @@ class SessionState:
         self.instance_id: str | None = None
         #: The gateway's channel, once a call named it: written on the segments (``metadata.channel``).
         self.channel: str | None = None
+        #: What the gateway's ``register_trajectory`` said of it (dataset fields): written on the segments.
+        self.trajectory_metadata: dict[str, Any] | None = None
         self._rollout_id: str | None = None
         #: Set on a sub-agent's child session: ``(parent session id, "sub-<n>")``.
         self._sub_agent = sub_agent_of(session_id)
@@ -251,6 +253,8 @@ class SessionState:
             metadata["side_call"] = True
         if self.channel is not None:
             metadata["channel"] = self.channel
+        if self.trajectory_metadata:
+            metadata["trajectory_metadata"] = self.trajectory_metadata
         tolerated = Counter(kind for message in seg.accounted for kind in message.tolerated)
         if tolerated:  # replies the client echoed rewritten, still matched (see core/messages.py)
             metadata["echo_tolerated"] = dict(sorted(tolerated.items()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 import attrs
 import trio
@@ -95,6 +96,8 @@ class FinalizeSession:
     instance_id: str | None = None
     #: The gateway's channel (``train``, ``val``, ...): written on the segments as ``metadata.channel``.
     channel: str | None = None
+    #: What ``register_trajectory`` said of the trajectory: ``metadata.trajectory_metadata`` of the segments.
+    metadata: dict[str, Any] | None = None
 
 
 @attrs.frozen

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -85,6 +85,8 @@ class Runtime:
     sessions: reg.SessionRegistry | None = None
     #: How outputs are parsed (the sessions' too); a token-in generation runs with it.
     output_format: OutputFormat = attrs.field(factory=OutputFormat)
+    #: Called at shutdown before the sessions are flushed, while the store still takes data.
+    before_close: list[Callable[[], Awaitable[None]]] = attrs.field(factory=list)
 
     def check_admission(self) -> None:
         """Raise the refusal a new turn would get now (shutting down: 503; store full or failing: 507)."""
@@ -146,7 +148,7 @@ class Runtime:
 
     async def finalize(
         self, session_id: str, *, reward: float | None = None, instance_id: str | None = None,
-        channel: str | None = None,
+        channel: str | None = None, metadata: dict[str, Any] | None = None,
     ) -> FinalizeResult:
         """Close the session's open segment into the store; the session actor then retires."""
         mailbox = await ask(self.registry, lambda r: Lookup(session_id, False, r))
@@ -155,7 +157,7 @@ class Runtime:
                 result: FinalizeResult = await ask(
                     mailbox,
                     lambda r: FinalizeSession(reward=reward, reason="finalize", reply=r, instance_id=instance_id,
-                                              channel=channel),
+                                              channel=channel, metadata=metadata),
                 )
                 return result
             except ActorGone:
@@ -319,6 +321,8 @@ async def open_runtime(
         finally:
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(config.server.shutdown_grace):
+                    for hook in runtime.before_close:
+                        await hook()
                     try:
                         closed = await runtime.close_all("shutdown")
                         log.info(

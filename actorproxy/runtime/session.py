@@ -232,6 +232,8 @@ class SessionActor:
                     self.state.instance_id = msg.instance_id
                 if msg.channel is not None:
                     self.state.channel = msg.channel
+                if msg.metadata:
+                    self.state.trajectory_metadata = msg.metadata
                 try:
                     summary = await self._flush(msg.reason, reward=msg.reward)
                 except StorageFull as exc:  # the store's disk fails: it keeps the data; the caller retries

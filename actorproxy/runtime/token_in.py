@@ -7,7 +7,8 @@ partial rollout, aborts, per-token versions) but belongs to no session yet:
 the call names no trajectory. Its step (the prompt ids as given, the sampled
 ids, their logprobs and versions) waits in :class:`TokenInGenerations` until
 the agent's ``/submit_steps`` claims it by its ids; one never claimed within
-``--session-ttl`` is stored as a step of its own session ``generate-<id>`` (logged), never dropped.
+``--session-ttl`` (or still waiting at shutdown) is stored as a step of its own session ``generate-<id>``
+(logged), never dropped.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ class TokenInGenerations:
         return None
 
     def expired(self, now: float | None = None) -> list[Step]:
-        """Take out the generations older than ``ttl`` (and the oldest past ``max_unclaimed``)."""
+        """Take out the generations older than ``ttl`` (and the oldest past ``max_unclaimed``); all at ``inf``."""
         now = time.monotonic() if now is None else now
         out: list[Step] = []
         while self._waiting:
@@ -189,6 +190,6 @@ async def store_unclaimed(runtime: Runtime, generations: TokenInGenerations, ste
         await ask(runtime.store, lambda r, s=step: store_msgs.Put(s.session_id, (), (s,), r))  # type: ignore[misc]
     if steps:
         generations.unclaimed_stored += len(steps)
-        log.warning("%d token-in generation(s) from POST /generate were not claimed by /submit_steps within "
-                    "--session-ttl; stored as steps of their sessions generate-<id> (/trajectory/read "
-                    "include_steps), not for training", len(steps))
+        log.warning("%d token-in generation(s) from POST /generate were not claimed by /submit_steps (within "
+                    "--session-ttl, or before shutdown); stored as steps of their sessions generate-<id> "
+                    "(/trajectory/read include_steps), not for training", len(steps))

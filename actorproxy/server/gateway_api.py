@@ -16,6 +16,7 @@ unknown fields are refused (400 naming the field), errors are OpenAI's format.
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from array import array
 from collections import OrderedDict
@@ -159,6 +160,11 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
     reward_threads = trio.CapacityLimiter(4)
     reward_worker = reward_worker_for(runtime) if settings.reward_worker_name else None
 
+    async def store_waiting_generations() -> None:  # at shutdown: kept as steps, not lost
+        await store_unclaimed(runtime, gateway.generations, gateway.generations.expired(math.inf))
+
+    runtime.before_close.append(store_waiting_generations)
+
     def base_url(trajectory_uid: str, prompt_uid: str) -> str:
         root = settings.advertise_url or request.host_url
         suffix = "/v1" if settings.init_base_url == "v1" else ""
@@ -197,7 +203,8 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
         known = gateway.trajectories.pop(trajectory_uid, None)
         channel = _channel(body.channel) if body.channel is not None else (known.channel if known else "train")
         instance = prompt_uid or (known.prompt_uid if known else None)
-        result = await runtime.finalize(trajectory_uid, reward=body.reward, instance_id=instance, channel=channel)
+        result = await runtime.finalize(trajectory_uid, reward=body.reward, instance_id=instance, channel=channel,
+                                        metadata=dict(known.metadata) if known and known.metadata else None)
         queued = False
         stored = result.segments or (known is not None and known.external_segments)
         if channel == "train" and instance is not None and stored:

@@ -149,13 +149,15 @@ def claw_r1_steps(rollout: str, instance_id: str, segments: list[dict[str, Any]]
     """A rollout's segments as Claw-R1 steps: each trained span of a segment is one model call.
 
     Its prompt is every token before the span; its response the span; its logprobs the span's;
-    its metadata the step's submitted metadata (``/submit_steps``), if any. The last step is
-    ``is_last`` and carries the rollout's reward.
+    its metadata the step's submitted metadata (``/submit_steps``), else what ``register_trajectory``
+    said of the rollout. The last step is ``is_last`` and carries the rollout's reward.
     """
     steps: list[ClawR1Step] = []
     reward: float | None = None
-    for payload in segments:
-        seg = decode_payload(payload)
+    decoded = [decode_payload(payload) for payload in segments]
+    registered = next((s["metadata"]["trajectory_metadata"] for s in decoded
+                       if (s.get("metadata") or {}).get("trajectory_metadata")), None)
+    for seg in decoded:
         tokens, mask, logprobs, versions = seg["token_ids"], seg["loss_mask"], seg["logprobs"], seg["versions"]
         meta = seg.get("metadata") or {}
         submitted = meta.get("step_metadata") or {}
@@ -177,7 +179,7 @@ def claw_r1_steps(rollout: str, instance_id: str, segments: list[dict[str, Any]]
                 trajectory_uid=rollout, prompt_uid=instance_id, step_index=index,
                 policy_version=max(versions[a:b], default=0),
                 metadata={k: v for k, v in extra.items() if k not in ("source", "is_last", "policy_version")}
-                if isinstance(extra, dict) else None,
+                if isinstance(extra, dict) else registered,
             ))
     if steps:
         steps[-1].is_last = True
