@@ -37,7 +37,8 @@ from .runtime.in_flight import InFlight
 from .runtime.runtime import Runtime, open_runtime
 from .server.app import create_app
 from .server.drain import ASGIApp
-from .server.http_server import ConnectionLimits, HTTPServer
+from .server.http_server import HTTPServer
+from .server.limits import ConnectionLimits, default_max_connections, raise_open_files_limit
 from .tokenization.tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)
@@ -112,8 +113,10 @@ async def serve_proxy(
 
 
 def connection_limits(config: ProxyConfig) -> ConnectionLimits:
-    """What a client may hold of the HTTP server (``--body-timeout``, ``--body-min-rate``)."""
-    return ConnectionLimits(body_grace=config.server.body_timeout, body_min_rate=config.server.body_min_rate)
+    """What a client may hold of the HTTP server (``--max-connections``, ``--body-timeout``, ``--body-min-rate``)."""
+    server = config.server
+    return ConnectionLimits(body_grace=server.body_timeout, body_min_rate=server.body_min_rate,
+                            max_connections=server.max_connections or default_max_connections())
 
 
 def asgi_of(app: QuartTrio) -> ASGIApp:
@@ -150,6 +153,7 @@ async def serve_until_signal(
     ``serve``: what serves (default :func:`serve_proxy`; a worker process of ``--workers`` passes its own).
     """
     first = trio.Event()
+    raise_open_files_limit()  # before the bound on connections is drawn from it (--max-connections)
 
     async def watch(signals: AsyncIterator[int]) -> None:
         async for signum in signals:

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -16,13 +17,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class ProxyProcess:
-    def __init__(self, log: Path, *args: str) -> None:
+    def __init__(self, log: Path, *args: str, preexec: Callable[[], None] = die_with_parent) -> None:
         self.log_path = log
         self._log = open(log, "ab")  # noqa: SIM115 (closed in wait())
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "actorproxy", "run", "--port", "0", "--store", "sqlite", *args],
-            stdout=self._log, stderr=self._log, env=env, cwd=str(log.parent), preexec_fn=die_with_parent,
+            stdout=self._log, stderr=self._log, env=env, cwd=str(log.parent), preexec_fn=preexec,
         )
         self.url = ""
 

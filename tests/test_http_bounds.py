@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from actorproxy.serve import RunningProxy
-from actorproxy.server.http_server import ConnectionLimits
+from actorproxy.server.limits import ConnectionLimits
 
 GRACE, RATE = ConnectionLimits().body_grace, ConnectionLimits().body_min_rate
 

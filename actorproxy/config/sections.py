@@ -50,6 +50,14 @@ class ServerSettings:
         help="seconds SIGTERM/SIGINT lets turns in flight finish (new turns get 503 + Retry-After) before "
         "aborting them, partial output kept; open sessions are then finalized into the store",
     )
+    max_connections: int | None = setting(
+        None,
+        positive=True,
+        metavar="N",
+        help="client connections served at once; at the bound a new one closes the longest-idle one, else it "
+        "may only ask /health or /ready (others get 503 overloaded) (default: the open files limit, raised to "
+        "its hard limit at start, less a quarter and at least 256 for engines and files)",
+    )
     body_timeout: float = setting(
         10.0,
         positive=True,

@@ -36,13 +36,13 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import attrs
 import trio
 
 from ..runtime.in_flight import InFlight
 from . import http1
 from .drain import ASGIApp
 from .http_cycle import BODY_AT_ONCE, CONTINUE, MAX_PIPELINED, Cycle, Date
+from .limits import HEADROOM, AcceptFailures, ConnectionLimits, is_probe, overloaded_response
 
 log = logging.getLogger("actorproxy.http")
 
@@ -87,6 +87,7 @@ class _Connection:
         self.buffer = bytearray(data)  # bytes read and not yet taken (an adopted connection's come with it)
         self.received = len(data)  # bytes read from the client so far (a body's rate is measured on it)
         self.linger = False  # the client may still be sending: close gently (``close_gently``)
+        self.probe_only = False  # taken past --max-connections: a health probe is served, anything else 503
         self.handoff: Handoff | None = None  # set by the server's router: the connection goes elsewhere
         self.eof = False  # the client sent its last byte (or the socket failed)
         self.gone = False  # the client is gone (not only done sending): a request in flight is then cancelled
@@ -121,12 +122,19 @@ class _Connection:
             server.connections.discard(self)
             trio.lowlevel.notify_closing(self.sock)
             self.sock.close()
+            server.released.unpark_all()
 
     async def serve(self) -> None:
         while True:
             request = await self.next_request()
             if request is None:
                 return
+            if self.probe_only:
+                request.keep_alive = False  # one request, then the connection makes room
+                if not is_probe(request):
+                    await self.write(overloaded_response(self.server.limits.max_connections or 0, Date.now()))
+                    self.linger = True
+                    return
             if self.server.router is not None:
                 self.handoff = await self.server.router(self, request)
                 if self.handoff is not None:
@@ -339,16 +347,6 @@ class _Connection:
             raise
 
 
-@attrs.frozen
-class ConnectionLimits:
-    """What a client may hold of the server: how long, how slowly (docs/security.md, bounds)."""
-
-    #: Seconds a body may take before its rate counts (``--body-timeout``).
-    body_grace: float = 10.0
-    #: Bytes per second a body must then arrive at on average, or the request gets 408 (``--body-min-rate``).
-    body_min_rate: float = 4096.0
-
-
 class HTTPServer:
     """Serves ``app`` on one listening socket until told to stop (``tracker``: counts its requests in flight)."""
 
@@ -361,6 +359,9 @@ class HTTPServer:
         self.tracker = tracker
         self._nursery: trio.Nursery | None = None
         self.connections: set[_Connection] = set()
+        self.open = 0  # connections accepted (or adopted) and not closed yet
+        self.released = trio.lowlevel.ParkingLot()  # tasks waiting for a connection to close
+        self.accept_failures = AcceptFailures()
 
     async def serve(
         self,
@@ -409,6 +410,7 @@ class HTTPServer:
         """Serve a connection accepted elsewhere (handed over by another process), ``data`` already read from it."""
         if self._nursery is None:
             raise RuntimeError("the server is not serving")
+        self.open += 1
         self._nursery.start_soon(self.serve_connection, socket.socket(fileno=sock.detach()), data)
 
     async def _accept(self, listener: socket.socket, nursery: trio.Nursery) -> None:
@@ -425,10 +427,38 @@ class HTTPServer:
                         continue
                     if error.errno not in _ACCEPT_CAPACITY:
                         raise
-                    log.error("accept failed: %s; retrying in 0.1 s", os.strerror(error.errno or 0))
-                    await trio.sleep(0.1)
+                    self.accept_failures.failed(os.strerror(error.errno or 0), trio.current_time())
+                    self.close_idle()
+                    with trio.move_on_after(0.1):  # until a connection closes, or a while
+                        await self.released.park()
                     break
-                nursery.start_soon(self.serve_connection, sock)
+                probe_only = self.admit()
+                if probe_only is None:  # past the headroom too: closed at once
+                    sock.close()
+                    continue
+                self.open += 1
+                nursery.start_soon(self.serve_connection, sock, b"", probe_only)
+
+    def admit(self) -> bool | None:
+        """Whether a new connection is served (``False``), only for a health probe (``True``) or closed (``None``).
+
+        Under ``max_connections`` it is served; at the bound the longest-idle connection is
+        closed to make room; with none idle, the headroom takes it for a probe only.
+        """
+        bound = self.limits.max_connections
+        if bound is None or self.open < bound or self.close_idle():
+            return False
+        return True if self.open < bound + HEADROOM else None
+
+    def close_idle(self) -> bool:
+        """Close the connection idle the longest (waiting for a request); whether there was one."""
+        idle = [c for c in self.connections if c.idle_since is not None and not c.timed_out]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda c: c.idle_since or 0.0)
+        oldest.timed_out = True
+        oldest.arrived.unpark_all()
+        return True
 
     async def _sweep(self) -> None:
         """Drop the connections idle for ``keep_alive_timeout``: one task asleep until the next one is due."""
@@ -447,23 +477,26 @@ class HTTPServer:
                     wake = min(wake, since + timeout)
             await trio.sleep_until(wake)
 
-    async def serve_connection(self, sock: socket.socket, data: bytes = b"") -> None:
+    async def serve_connection(self, sock: socket.socket, data: bytes = b"", probe_only: bool = False) -> None:
         """Serve the requests of one accepted connection (``data``: read from it already) until it ends; the
-        socket is closed after."""
+        socket is closed after (``probe_only``: taken past the bound, see :meth:`admit`)."""
         try:
-            sock.setblocking(False)
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                if hasattr(socket, "TCP_NOTSENT_LOWAT"):
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, _NOTSENT_LOWAT)
-            connection = _Connection(self, sock, data)
-        except OSError:  # gone before it could be served
-            sock.close()
-            return
-        try:
+            try:
+                sock.setblocking(False)
+                if sock.family in (socket.AF_INET, socket.AF_INET6):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    if hasattr(socket, "TCP_NOTSENT_LOWAT"):
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, _NOTSENT_LOWAT)
+                connection = _Connection(self, sock, data)
+            except OSError:  # gone before it could be served
+                sock.close()
+                return
+            connection.probe_only = probe_only
             await connection.run()
         except Exception:  # a fault while serving one connection ends that connection, never the server
             log.exception("a connection from %s failed; it is closed", connection.client)
+        finally:
+            self.open -= 1
 
 
 def _address(name: Any) -> tuple[str, int] | None:
