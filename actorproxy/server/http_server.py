@@ -410,7 +410,6 @@ class HTTPServer:
         """Serve a connection accepted elsewhere (handed over by another process), ``data`` already read from it."""
         if self._nursery is None:
             raise RuntimeError("the server is not serving")
-        self.open += 1
         self._nursery.start_soon(self.serve_connection, socket.socket(fileno=sock.detach()), data)
 
     async def _accept(self, listener: socket.socket, nursery: trio.Nursery) -> None:
@@ -436,8 +435,9 @@ class HTTPServer:
                 if probe_only is None:  # past the headroom too: closed at once
                     sock.close()
                     continue
-                self.open += 1
-                nursery.start_soon(self.serve_connection, sock, b"", probe_only)
+                connection = self.connection(sock, b"", probe_only)
+                if connection is not None:
+                    nursery.start_soon(self.serve_one, connection)
 
     def admit(self) -> bool | None:
         """Whether a new connection is served (``False``), only for a health probe (``True``) or closed (``None``).
@@ -477,21 +477,39 @@ class HTTPServer:
                     wake = min(wake, since + timeout)
             await trio.sleep_until(wake)
 
-    async def serve_connection(self, sock: socket.socket, data: bytes = b"", probe_only: bool = False) -> None:
+    async def serve_connection(self, sock: socket.socket, data: bytes = b"") -> None:
         """Serve the requests of one accepted connection (``data``: read from it already) until it ends; the
-        socket is closed after (``probe_only``: taken past the bound, see :meth:`admit`)."""
+        socket is closed after."""
+        connection = self.connection(sock, data)
+        if connection is not None:
+            await self.serve_one(connection)
+
+    def connection(self, sock: socket.socket, data: bytes, probe_only: bool = False) -> _Connection | None:
+        """A connection just accepted, counted at once (``probe_only``: taken past the bound, see :meth:`admit`).
+
+        Counted and known as idle before its task runs: a burst of accepts sees every
+        connection it took, and can close the longest-idle ones to make room.
+        """
         try:
-            try:
-                sock.setblocking(False)
-                if sock.family in (socket.AF_INET, socket.AF_INET6):
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    if hasattr(socket, "TCP_NOTSENT_LOWAT"):
-                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, _NOTSENT_LOWAT)
-                connection = _Connection(self, sock, data)
-            except OSError:  # gone before it could be served
-                sock.close()
-                return
-            connection.probe_only = probe_only
+            sock.setblocking(False)
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if hasattr(socket, "TCP_NOTSENT_LOWAT"):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, _NOTSENT_LOWAT)
+            connection = _Connection(self, sock, data)
+        except OSError:  # gone before it could be served
+            sock.close()
+            return None
+        connection.probe_only = probe_only
+        if not data:
+            connection.idle_since = trio.current_time()
+        self.connections.add(connection)
+        self.open += 1
+        return connection
+
+    async def serve_one(self, connection: _Connection) -> None:
+        """Serve ``connection`` until it ends (made by :meth:`connection`)."""
+        try:
             await connection.run()
         except Exception:  # a fault while serving one connection ends that connection, never the server
             log.exception("a connection from %s failed; it is closed", connection.client)
