@@ -47,18 +47,21 @@ async def _check_failed_alone(runtime: Runtime, bad: str, bystander: str) -> Non
     [{"name": {}}, {"tool_call_id": [1]}],
     ids=["name-object", "tool_call_id-list"],
 )
-async def test_the_issue_reproduction_fails_only_its_session(
+async def test_the_issue_reproduction_no_longer_fails_its_session(
     tokenizer: Any, autojump_clock: trio.testing.MockClock, bad_field: dict[str, Any]
 ) -> None:
+    """Fields of types the lane routing could not hash once failed the session; they are served now.
+
+    (The failure path itself is covered by the injected failures below.)
+    """
     async with open_runtime(ProxyConfig.of(port=0), backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
         assert (await run_turn(runtime, "bystander", HI)).done is not None
         assert (await run_turn(runtime, "s1", HI)).done is not None
         second = [{"role": "system", "content": "another system prompt"},
                   {"role": "user", "content": "hi", **bad_field}]
-        failed = await run_turn(runtime, "s1", second)
-        assert failed.error is not None
-        assert (failed.error.status, failed.error.code) == (400, "session_failed")
-        await _check_failed_alone(runtime, "s1", "bystander")
+        served = await run_turn(runtime, "s1", second)
+        assert served.error is None and served.done is not None
+        assert (await runtime.census())["sessions_failed"] == 0
 
 
 async def test_a_failure_injected_into_prepare_fails_only_its_session(
