@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from . import __version__
-from .compat import add_compat_arguments, apply_compat
+from .compat import add_compat_arguments, apply_compat, check_engine
 from .config import ProxyConfig
 from .errors import StartupError
 from .logs import configure_logging
@@ -215,7 +215,9 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str] = ()) -> Prox
 def _config_and_notes(args: argparse.Namespace, argv: Sequence[str]) -> tuple[ProxyConfig, list[str]]:
     tree = settings_from_namespace(args)
     defaults, notes = apply_compat(tree, args, list(argv))
-    return build_config(tree, config_file=args.config, defaults=defaults), notes
+    config = build_config(tree, config_file=args.config, defaults=defaults)
+    check_engine(config, list(argv))
+    return config, notes
 
 
 async def _run(config: ProxyConfig, tokenizer: ChatTokenizer) -> None:

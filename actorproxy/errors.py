@@ -43,9 +43,13 @@ class BadRequest(ProxyError):
 
 
 class ContextOverflow(ProxyError):
-    """The prompt does not fit the context window."""
+    """The prompt does not fit the context window (``details``: the numbers, for Dressage's error shape)."""
 
     default_code = "context_overflow"
+
+    def __init__(self, message: str, *, param: str | None = None, details: dict[str, object] | None = None) -> None:
+        super().__init__(message, param=param)
+        self.details: dict[str, object] = dict(details or {})
 
 
 class StepLimitExceeded(ProxyError):

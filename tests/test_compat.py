@@ -124,7 +124,7 @@ async def test_the_gateway_command_line(engine: RunningSim, tokenizer_dir: str, 
     assert "--data-pool-name data_pool" in segment["log"]
 
 
-def test_what_the_seed_command_lines_set(tokenizer_dir: str) -> None:
+def test_what_the_seed_command_lines_set(tokenizer_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     parser = build_parser()
     argv = ["run", *_args(DRESSAGE, tokenizer=tokenizer_dir, engine="http://router:30000")]
     config = config_from_args(parser.parse_args(argv), argv)
@@ -136,8 +136,10 @@ def test_what_the_seed_command_lines_set(tokenizer_dir: str) -> None:
     assert config.limits.rollout_temperature == 1.0 and config.server.port == 8800
 
     argv = ["run", *_args(DRESSAGE_BUILD, tokenizer=tokenizer_dir)]
+    monkeypatch.setenv("SGLANG_ROUTER_URL", "http://router:8000")  # Dressage's variable names its engine
     config = config_from_args(parser.parse_args(argv), argv)
     assert config.trajectory.tito_model == "qwen3_5" and config.trajectory.trajectory_build_mode == "concat"
+    assert config.engines.backend == "sglang" and config.engines.backend_urls == ("http://router:8000",)
 
     argv = ["run", *_args(GATEWAY, tokenizer=tokenizer_dir, engine="http://h:8001")]
     config = config_from_args(parser.parse_args(argv), argv)
@@ -151,7 +153,8 @@ def test_what_the_seed_command_lines_set(tokenizer_dir: str) -> None:
 
 def test_an_explicit_tool_call_type_beats_the_inferred_one() -> None:
     parser = build_parser()
-    argv = ["run", "--model-tool-call-type", "qwen3", "--trajectory-build-model", "qwen3_5"]
+    argv = ["run", "--sglang-router-url", "http://r:1", "--model-tool-call-type", "qwen3", "--trajectory-build-model",
+            "qwen3_5"]
     assert config_from_args(parser.parse_args(argv), argv).parsing.tool_call_format == "qwen3"
 
 

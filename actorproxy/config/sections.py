@@ -41,6 +41,7 @@ class ServerSettings:
     heartbeat_interval: float = setting(
         10.0,
         positive=True,
+        flags=("--heartbeat-interval", "--stream-heartbeat-interval-seconds"),
         help="seconds of silence after which a streamed reply gets an SSE heartbeat (e.g. while paused)",
     )
     shutdown_grace: float = setting(
@@ -79,6 +80,26 @@ class ServerSettings:
     log_level: str = setting("INFO", help="logging level (DEBUG, INFO, WARNING, ERROR)")
     log_format: Literal["text", "json"] = setting(
         "text", help="log lines as plain text, or as one JSON object per line (every request's line included)"
+    )
+    min_group_size: int = setting(
+        1,
+        positive=True,
+        compat=True,
+        help="Dressage batch read (/trajectory/read with neither id, --api-dialect dressage): a prompt group is "
+        "handed out once this many of its sessions are finalized",
+    )
+    group_timeout: float = setting(
+        300.0,
+        positive=True,
+        compat=True,
+        help="Dressage batch read: ... or once this many seconds passed since its last session was finalized",
+    )
+    api_dialect: Literal["actorproxy", "dressage"] = setting(
+        "actorproxy",
+        help="whose shapes the trainer's routes and the agents' errors follow: ours (docs/endpoints.md), or the "
+        "Dressage proxy's (its finalize and read replies and segment records, /session/discard, "
+        "/integration/capabilities, 413 context overflow, 502 rollout invalidation; docs/migrating.md). "
+        "A Dressage launch line (--token-build-mode / --token-build-model) selects dressage",
     )
 
 
@@ -175,7 +196,7 @@ class TrajectorySettings:
     mask_nonlast_version_tokens: bool = setting(
         False, help="loss mask 0 on sampled tokens of weight versions older than the segment's newest"
     )
-    tito_model: Literal["auto", "qwen3", "qwen3_5"] = setting(
+    tito_model: Literal["auto", "qwen3", "qwen3_5", "qwen3_6"] = setting(
         "auto",
         compat=True,
         help="Dressage: the chat-template family TITO continues; ours derives the continuation from the "
@@ -229,13 +250,26 @@ class LimitSettings:
     )
     dynamic_max_tokens: bool = setting(True, help="clamp max_tokens to the room left in the context window")
     default_max_tokens: int = setting(4096, positive=True, help="max_tokens for requests that send none")
+    max_output_tokens: int | None = setting(
+        None,
+        positive=True,
+        help="a hard cap on every request's max_tokens (Dressage's --max-output-tokens); default: none",
+    )
+    default_temperature: float = setting(
+        1.0,
+        validator=temperature_range,
+        help="the sampling temperature of a request that sends none (a Dressage launch's --rollout-temperature)",
+    )
     rollout_temperature: float | None = setting(
         None,
         validator=temperature_range,
         help="force this sampling temperature on every request (default: the request's, else 1.0)",
     )
     session_ttl: float = setting(
-        600.0, positive=True, help="seconds a session may sit idle before its steps are moved to the store"
+        600.0,
+        positive=True,
+        flags=("--session-ttl", "--session-timeout"),
+        help="seconds a session may sit idle before its steps are moved to the store",
     )
     max_sessions: int = setting(
         10_000, positive=True,

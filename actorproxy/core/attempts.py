@@ -22,8 +22,11 @@ def record_delta(step: Step, event: TokenDelta) -> None:
         step.first_token_at = time.time()
     step.output_ids.extend(event.token_ids)
     step.output_logprobs.extend(event.logprobs)
-    step.output_versions.extend([version_number(event.weight_version)] * len(event.token_ids))
+    number = version_number(event.weight_version)
+    step.output_versions.extend([number] * len(event.token_ids))
     step.weight_version = event.weight_version
+    if event.weight_version:
+        step.version_labels[number] = event.weight_version
 
 
 def apply_finish(step: Step, finish: GenerateFinish, start: int, experts: list[str]) -> None:
@@ -38,7 +41,9 @@ def apply_finish(step: Step, finish: GenerateFinish, start: int, experts: list[s
         # The engine's spans are authoritative (vLLM reports them only at the end).
         lo, hi = start + span.start, min(start + span.end, len(versions))
         if hi > lo:
-            versions[lo:hi] = array("i", [version_number(span.version)] * (hi - lo))
+            number = version_number(span.version)
+            versions[lo:hi] = array("i", [number] * (hi - lo))
+            step.version_labels[number] = span.version
     if finish.weight_versions:
         step.weight_version = finish.weight_versions[-1].version
     if finish.routed_experts is not None:

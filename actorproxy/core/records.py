@@ -111,6 +111,8 @@ class Step:
     retry_of: int | None = None
     #: Set when a retry replaced this step (its status is then ``superseded``).
     superseded_by: int | None = None
+    #: The engine's version labels behind ``output_versions`` (number -> label), e.g. ``{7: "weights-v7"}``.
+    version_labels: dict[int, str] = attrs.field(factory=dict)
     created_at: float = attrs.field(factory=time.time)
     first_token_at: float | None = None
     finished_at: float | None = None

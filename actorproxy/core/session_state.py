@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from array import array
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -216,11 +217,16 @@ class SessionState:
         if prepared.step.output is not None and prepared.step.output.tool_calls:
             self._talks.continued(lane)  # it waits for the tools' results: it goes on
 
-    def close(self, reason: str, reward: float | None = None) -> list[Segment]:
-        """The session ends: close every conversation's open segment; returns those that had steps."""
+    def close(
+        self, reason: str, reward: float | None = None, metadata: Mapping[str, Any] | None = None
+    ) -> list[Segment]:
+        """The session ends: close every conversation's open segment; returns those that had steps.
+
+        ``metadata`` (the finalize's ``label``) goes on each of them.
+        """
         closed: list[Segment] = []
         for lane, side in self._talks.at_end():
-            closed += self._close_lane(lane, reason, reward, side=side)
+            closed += self._close_lane(lane, reason, reward, side=side, extra=metadata)
         return closed
 
     def _close_active(self, reason: str) -> list[Segment]:
@@ -228,7 +234,9 @@ class SessionState:
         lane = self._talks.active
         return self._close_lane(lane, reason, None, side=self._talks.is_side(lane))
 
-    def _close_lane(self, lane: Lane, reason: str, reward: float | None, *, side: bool) -> list[Segment]:
+    def _close_lane(
+        self, lane: Lane, reason: str, reward: float | None, *, side: bool, extra: Mapping[str, Any] | None = None
+    ) -> list[Segment]:
         """Close a conversation's open segment (building its sample), labelled a side call or not."""
         seg = lane.segment
         lane.segment = None
@@ -258,6 +266,11 @@ class SessionState:
         tolerated = Counter(kind for message in seg.accounted for kind in message.tolerated)
         if tolerated:  # replies the client echoed rewritten, still matched (see core/messages.py)
             metadata["echo_tolerated"] = dict(sorted(tolerated.items()))
+        if extra:
+            metadata.update(extra)
+        if self._config.server.api_dialect == "dressage":  # its records carry the engine's labels, not numbers
+            labels = {number: label for step in seg.steps for number, label in step.version_labels.items()}
+            metadata["version_labels"] = {str(number): labels[number] for number in sorted(labels)}
         who = SegmentIdentity(
             session_id=self.session_id,
             parent_traj_id=parent,
@@ -350,7 +363,9 @@ class SessionState:
         self.steps.append(step)
         temperature = self._config.limits.rollout_temperature
         if temperature is None:
-            temperature = 1.0 if request.temperature is None else request.temperature
+            temperature = request.temperature
+            if temperature is None:
+                temperature = self._config.limits.default_temperature
         top_p = 1.0 if request.top_p is None else request.top_p
         # A shallow copy of the message list: a caller in this process may go on appending to its own.
         kept = attrs.evolve(request, messages=list(request.messages))

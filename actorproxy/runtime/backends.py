@@ -133,7 +133,7 @@ def output_format_for(config: ProxyConfig, tok: ChatTokenizer) -> OutputFormat:
     detected = default_tool_call_format(tok)
     chosen = config.parsing.tool_call_format
     family = config.trajectory.tito_model
-    if family != "auto" and (family == "qwen3_5") != (detected == "qwen3_coder"):
+    if family != "auto" and (family in ("qwen3_5", "qwen3_6")) != (detected == "qwen3_coder"):
         log.warning(
             "--tito-model %s does not match the tokenizer's chat template (it writes %s tool calls); "
             "TITO follows the template",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -98,6 +99,8 @@ class FinalizeSession:
     channel: str | None = None
     #: What ``register_trajectory`` said of the trajectory: ``metadata.trajectory_metadata`` of the segments.
     metadata: dict[str, Any] | None = None
+    #: Set on the segments this finalize closes (Dressage's ``label``).
+    segment_metadata: Mapping[str, Any] | None = None
 
 
 @attrs.frozen

@@ -147,17 +147,30 @@ class Runtime:
         raise Overloaded(f"session {identity.session_id!r} is restarting; retry")
 
     async def finalize(
-        self, session_id: str, *, reward: float | None = None, instance_id: str | None = None,
-        channel: str | None = None, metadata: dict[str, Any] | None = None,
+        self,
+        session_id: str,
+        *,
+        reward: float | None = None,
+        instance_id: str | None = None,
+        channel: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        label: Any = None,
+        reason: str = "finalize",
     ) -> FinalizeResult:
-        """Close the session's open segment into the store; the session actor then retires."""
+        """Close the session's open segment into the store; the session actor then retires.
+
+        ``label`` (any JSON) goes on the segments this call closes, as ``metadata.label``.
+        """
         mailbox = await ask(self.registry, lambda r: Lookup(session_id, False, r))
+        labelled = None if label is None else {"label": label}
         if mailbox is not None:
             try:
                 result: FinalizeResult = await ask(
                     mailbox,
-                    lambda r: FinalizeSession(reward=reward, reason="finalize", reply=r, instance_id=instance_id,
-                                              channel=channel, metadata=metadata),
+                    lambda r: FinalizeSession(
+                        reward=reward, reason=reason, reply=r, instance_id=instance_id, channel=channel,
+                        metadata=metadata, segment_metadata=labelled,
+                    ),
                 )
                 return result
             except ActorGone:
@@ -165,6 +178,27 @@ class Runtime:
         if await ask(self.store, lambda r: st.Knows(session_id, r)):
             return FinalizeResult(session_id, segments=0, steps=0)
         raise NotFound(f"unknown session {session_id!r}", param="session_id")
+
+    async def discard(self, session_id: str) -> tuple[bool, int]:
+        """Drop a session: its live actor (its turns closed as ``discard``) and everything stored of it.
+
+        Returns whether a live session was removed and how many segments the store held before. Idempotent.
+        """
+        try:
+            stored = len((await self.read(session_id=session_id)).data)
+        except NotFound:
+            stored = 0
+        live = await ask(self.registry, lambda r: Lookup(session_id, False, r)) is not None
+        if live:
+            try:
+                await self.finalize(session_id, reason="discard")
+            except NotFound:
+                live = False  # retired and drained meanwhile
+        try:
+            await self.read(session_id=session_id, drain=True)
+        except NotFound:
+            pass
+        return live, stored
 
     async def describe_session(self, session_id: str) -> SessionDescription:
         mailbox = await ask(self.registry, lambda r: Lookup(session_id, False, r))

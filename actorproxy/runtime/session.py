@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -235,7 +235,7 @@ class SessionActor:
                 if msg.metadata:
                     self.state.trajectory_metadata = msg.metadata
                 try:
-                    summary = await self._flush(msg.reason, reward=msg.reward)
+                    summary = await self._flush(msg.reason, reward=msg.reward, metadata=msg.segment_metadata)
                 except StorageFull as exc:  # the store's disk fails: it keeps the data; the caller retries
                     answer_error(msg.reply, exc)
                     return
@@ -276,6 +276,7 @@ class SessionActor:
             try:
                 summaries.append(await ask(mailbox, lambda r: FinalizeSession(
                     reward=msg.reward, reason=msg.reason, reply=r, instance_id=instance_id,
+                    segment_metadata=msg.segment_metadata,
                 )))
             except ActorGone:
                 pass
@@ -295,9 +296,11 @@ class SessionActor:
             recent_steps=[StepSummary(attrs.evolve(s)) for s in state.steps[-3:]],
         )
 
-    async def _flush(self, reason: str, *, reward: float | None) -> FinalizeResult:
-        """Close the open segment and hand it, with every step, to the store."""
-        segments = await self._offload.run(lambda: self.state.close(reason, reward))
+    async def _flush(
+        self, reason: str, *, reward: float | None, metadata: Mapping[str, Any] | None = None
+    ) -> FinalizeResult:
+        """Close the open segment and hand it, with every step, to the store (``metadata`` goes on its segments)."""
+        segments = await self._offload.run(lambda: self.state.close(reason, reward, metadata))
         segments = submitted_steps.annotate(segments, self.submitted)
         steps = self.state.take_steps()
         if segments or steps:  # answered once committed: a finalize is durable when it returns

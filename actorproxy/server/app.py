@@ -33,15 +33,16 @@ from ..wire.anthropic import AnthropicFormat, parse_messages_body
 from ..wire.converter import CONVERTER, structure
 from ..wire.format import TurnFormat
 from ..wire.openai_chat import OpenAIChatFormat
-from ..wire.trainer import FinalizeBody, ReadBody
+from ..wire.trainer import DiscardBody, FinalizeBody, ReadBody
 from . import auth
+from .dressage_api import DressageApi, reshape_error
 from .gateway_api import add_gateway_routes, generate_turn
 from .lane import MOUNTS, TurnLane, served_by_the_lane
 from .observe import Observer, add_metrics_route
 from .openapi import add_openapi_routes
 from .replies import error_reply, is_anthropic_route
 from .responses_format import ResponsesFormat
-from .rollout_api import add_rollout_routes
+from .rollout_api import add_rollout_routes, pause_state_json
 from .turns import json_body, serve_turn
 from .ui import add_ui_routes
 
@@ -55,9 +56,11 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(jsonio.dumps(data), status=status, mimetype="application/json")
 
 
-def _error_response(error: Exception) -> Response:
+def _error_response(error: Exception, dressage: bool = False) -> Response:
     failed = error_reply(error, anthropic_shape=is_anthropic_route(request.path), method=request.method,
                          path=request.path)
+    if dressage:
+        failed = reshape_error(error, failed)
     release(error)  # answered: its traceback must not keep the body alive in a cycle
     response = _json(failed.data, failed.status)
     for name, value in failed.headers:
@@ -89,8 +92,10 @@ def create_app(runtime: Runtime) -> QuartTrio:
     gateway = add_gateway_routes(app, runtime, policy)
     observer.handoff = gateway.handoff
     add_openapi_routes(app)
+    dressage = runtime.config.server.api_dialect == "dressage"
     lane = TurnLane(app.asgi_app, observer=observer, policy=policy, max_body=MAX_BODY_BYTES,
-                    body_timeout=app.config["BODY_TIMEOUT"])
+                    body_timeout=app.config["BODY_TIMEOUT"], reshape=reshape_error if dressage else None)
+    dialect = DressageApi(runtime)
     app.asgi_app = lane  # type: ignore[method-assign,assignment]
 
     def mount(rule: str, view: Any, method: str) -> None:
@@ -99,15 +104,15 @@ def create_app(runtime: Runtime) -> QuartTrio:
 
     @app.errorhandler(ProxyError)
     async def _proxy_error(error: ProxyError) -> Response:
-        return _error_response(error)
+        return _error_response(error, dressage)
 
     @app.errorhandler(HTTPException)
     async def _http_error(error: HTTPException) -> Response:
-        return _error_response(error)
+        return _error_response(error, dressage)
 
     @app.errorhandler(Exception)
     async def _unexpected(error: Exception) -> Response:
-        return _error_response(error)
+        return _error_response(error, dressage)
 
     def turn_route(suffix: str, fmt: TurnFormat[Any]) -> None:
         async def handler(raw: bytes, headers: Any, url_session: str | None, url_instance: str | None,
@@ -151,7 +156,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
             }
         )
 
-    turn_route("/v1/chat/completions", OpenAIChatFormat(runtime.tokenizer))
+    turn_route("/v1/chat/completions", OpenAIChatFormat(runtime.tokenizer, usage_by_default=dressage))
     turn_route("/v1/messages", AnthropicFormat())
     turn_route("/v1/responses", ResponsesFormat(runtime.tokenizer))
 
@@ -167,14 +172,34 @@ def create_app(runtime: Runtime) -> QuartTrio:
     async def finalize() -> Response:
         body = structure(await _body(), FinalizeBody)
         session_id = body.session_id
-        result = await runtime.finalize(session_id, reward=body.reward, instance_id=body.instance_id)
+        if dressage:
+            answer = await dialect.finalize(body)
+            if runtime.config.server.trajectory_dir is not None:
+                answer = {**answer, "trajectory_file": await _write_trajectory_file(runtime, session_id)}
+            return _json(answer)
+        result = await runtime.finalize(session_id, reward=body.reward, instance_id=body.instance_id,
+                                        label=body.label)
         if runtime.config.server.trajectory_dir is not None:
             result = attrs.evolve(result, trajectory_file=await _write_trajectory_file(runtime, session_id))
         return _json({"status": "ok", **CONVERTER.unstructure(result)})
 
+    @app.post("/session/discard")
+    async def discard() -> Response:
+        body = structure(await _body(), DiscardBody)
+        return _json(await dialect.discard(body.session_id))
+
+    @app.get("/integration/capabilities")
+    async def capabilities() -> Response:
+        return _json(await dialect.capabilities())
+
     @app.post("/trajectory/read")
     async def trajectory_read() -> Response:
         body = structure(await _body(), ReadBody)
+        if dressage:
+            return _json(await dialect.read(body))
+        if body.instance_id is not None or body.max_groups is not None or body.segment_view is not None:
+            raise BadRequest("'instance_id', 'max_groups' and 'segment_view' are the Dressage dialect's read "
+                             "fields (--api-dialect dressage)", param="instance_id")
         body_bytes = await runtime.read_body(  # serialised before a drain deletes anything
             session_id=body.session_id, trajectory_id=body.trajectory_id,
             drain=body.drain, include_steps=body.include_steps,
@@ -207,11 +232,12 @@ def create_app(runtime: Runtime) -> QuartTrio:
                 **({"engines": runtime.backend.statistics()} if hasattr(runtime.backend, "statistics") else {}),
                 "context_window": runtime.context_window,
                 "tokenizer": runtime.tokenizer.name,
-                "config": runtime.config.public(),
+                "config": {**runtime.config.public(), **(dialect.health_config() if dressage else {})},
+                **({"rollout_pause": dialect.pause_state(await pause_state_json(runtime))} if dressage else {}),
             }
         )
 
-    add_rollout_routes(app, runtime)
+    add_rollout_routes(app, runtime, dialect if dressage else None)
     return app
 
 

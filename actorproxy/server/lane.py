@@ -36,7 +36,7 @@ from .drain import ASGIApp, Receive, Send
 from .http_cycle import BODY_EXTENSION, DISCONNECT_EXTENSION
 from .identity import url_mount
 from .observe import Observer, error_code
-from .replies import error_reply, is_anthropic_route
+from .replies import ErrorReply, error_reply, is_anthropic_route
 from .turns import SSEReply, TurnReply
 
 #: A turn route's handler: (body bytes, headers, URL session, URL prompt group, the key's session, the client
@@ -85,8 +85,11 @@ class TurnLane:
         policy: AccessPolicy,
         max_body: int,
         body_timeout: float,
+        reshape: Callable[[Exception, ErrorReply], ErrorReply] | None = None,
     ) -> None:
         self.app = app
+        #: Turns an error reply into another dialect's shape (``--api-dialect dressage``).
+        self.reshape = reshape
         self.observer = observer
         self.policy = policy
         self.max_body = max_body
@@ -203,6 +206,8 @@ class _Turn:
             release(error)
             return
         failed = error_reply(error, anthropic_shape=is_anthropic_route(self.path), method="POST", path=self.path)
+        if self.lane.reshape is not None:
+            failed = self.lane.reshape(error, failed)
         release(error)  # answered (and logged): its traceback must not keep the body alive in a cycle
         extra = [(name.lower().encode(), value.encode("latin-1")) for name, value in failed.headers]
         await self.answer(failed.status, jsonio.dumps(failed.data), extra)

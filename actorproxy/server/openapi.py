@@ -33,7 +33,7 @@ from werkzeug.exceptions import NotFound
 from ..errors import NotConfigured
 from ..wire.converter import _OURS_MARK
 from ..wire.openai_types import ChatCompletionBody
-from ..wire.trainer import FinalizeBody, OpenSessionBody, PauseBody, ReadBody, ResumeBody
+from ..wire.trainer import DiscardBody, FinalizeBody, OpenSessionBody, PauseBody, ReadBody, ResumeBody
 from . import gateway_models as gm
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
                                  no_body=True, errors=(503,)),
     ("/session/finalize", "POST"): Operation("Close the session's open segment into the store", _TRAINER,
                                              FinalizeBody, errors=(400, 401, 404)),
+    ("/session/discard", "POST"): Operation("Drop a rejected attempt's session, live and stored (Dressage's)",
+                                            _TRAINER, DiscardBody, errors=(400, 401)),
+    ("/integration/capabilities", "GET"): Operation("What a Dressage integration checks: versions, template, "
+                                                    "tokenizer", _TRAINER, no_body=True, errors=(401,)),
     ("/session/open", "POST"): Operation("Open a session (and its key with --agent-auth session-key)", _TRAINER,
                                          OpenSessionBody, optional_body=True, errors=(400, 401)),
     ("/session/<path:session_id>", "GET"): Operation("A live session at a glance", _OPS, no_body=True,

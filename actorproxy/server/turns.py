@@ -21,6 +21,7 @@ from ..runtime.runtime import Runtime
 from ..runtime.turn_stream import TurnStream
 from ..wire.format import Headers, ReplyInfo, StreamWriter, TurnCall, TurnFormat
 from ..wire.jsonio import dumps, loads
+from .dressage_api import check_expected_version
 from .identity import resolve_identity
 
 C = TypeVar("C", bound=TurnCall)
@@ -49,6 +50,8 @@ async def serve_turn(
 ) -> TurnReply:
     """Run one turn of ``fmt``'s protocol: its JSON reply, or its SSE chunks when the call streams."""
     call = fmt.parse(body)
+    if runtime.config.server.api_dialect == "dressage":
+        check_expected_version(runtime, headers)
     session, instance, turn = fmt.body_identity(call, headers)
     identity = resolve_identity(headers, session, instance, turn, url_session=url_session,
                                 url_instance=url_instance, confined_to=confined_to, client=client)

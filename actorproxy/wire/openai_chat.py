@@ -48,7 +48,14 @@ def _in_range(name: str, value: float | None, low: float, high: float) -> float 
     return value
 
 
-def parse_chat_body(body: Any) -> OpenAIChatCall:
+def _include_usage(options: Any, by_default: bool) -> bool:
+    """``stream_options.include_usage``, else ``by_default``."""
+    if options is None or options.include_usage is None:
+        return by_default
+    return bool(options.include_usage)
+
+
+def parse_chat_body(body: Any, *, usage_by_default: bool = False) -> OpenAIChatCall:
     """Validate a chat-completions body; raise :class:`BadRequest` naming the bad field.
 
     Unknown fields are tolerated (OpenAI clients send many we do not use); see
@@ -102,7 +109,7 @@ def parse_chat_body(body: Any) -> OpenAIChatCall:
         request=request,
         model=call.model or "",
         stream=stream,
-        include_usage=bool(call.stream_options and call.stream_options.include_usage),
+        include_usage=_include_usage(call.stream_options, usage_by_default),
         session_id=call.session_id,
         instance_id=call.instance_id,
         turn_id=call.turn_id,
@@ -276,9 +283,11 @@ class OpenAIChatFormat(TurnFormat[OpenAIChatCall]):
 
     errors = "openai"
 
-    def __init__(self, tokenizer: Any = None) -> None:
+    def __init__(self, tokenizer: Any = None, *, usage_by_default: bool = False) -> None:
         #: Turns the sampled ids into tokens when a call asks for logprobs.
         self._tokenizer = tokenizer
+        #: A stream without ``stream_options.include_usage`` ends with a usage chunk (Dressage's default).
+        self._usage_by_default = usage_by_default
         #: The messages recent turns sent, checked: a history is not checked again every turn.
         self._memo: MessageMemo[FrozenMessage] = MessageMemo()
 
@@ -289,7 +298,7 @@ class OpenAIChatFormat(TurnFormat[OpenAIChatCall]):
         return self._tokenizer if call.logprobs else None
 
     def parse(self, body: Any) -> OpenAIChatCall:
-        call = parse_chat_body(body)
+        call = parse_chat_body(body, usage_by_default=self._usage_by_default)
         if call.logprobs and self._tokenizer is None:
             raise BadRequest("'logprobs' is not available on this route", param="logprobs")
         return call

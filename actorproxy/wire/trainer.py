@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import attrs
 
-from .converter import FieldError, ours
+from .converter import FieldError, at_least, ours
 
 
 def _non_empty(instance: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
@@ -22,6 +22,8 @@ class FinalizeBody:
     session_id: str = attrs.field(validator=_non_empty)
     reward: float | None = None
     instance_id: str | None = attrs.field(default=None, validator=_non_empty)
+    #: Dressage's: the sample's label (any JSON), kept on the segments this call closes (``metadata.label``).
+    label: Any = None
 
 
 @ours
@@ -33,6 +35,12 @@ class ReadBody:
     trajectory_id: str | None = attrs.field(default=None, validator=_non_empty)
     drain: bool = False
     include_steps: bool = False
+    #: Dressage's: only this prompt group's segments.
+    instance_id: str | None = attrs.field(default=None, validator=_non_empty)
+    #: Dressage's batch read (neither id): at most this many prompt groups.
+    max_groups: int | None = attrs.field(default=None, validator=at_least(1))
+    #: Dressage's segment view; ``lineage`` (a segment per unbroken conversation) is what is recorded.
+    segment_view: Literal["lineage"] | None = None
 
 
 @ours
@@ -41,15 +49,29 @@ class PauseBody:
     """``POST /v1/rollout/pause`` (an empty body means the defaults)."""
 
     mode: Literal["abort", "wait"] = "abort"
+    #: Dressage's: why (shown in ``pause_state`` until the resume).
+    reason: str | None = None
+    #: Dressage's: seconds the pause may wait for the generations in flight to stop.
+    timeout_seconds: float | None = attrs.field(default=None, validator=at_least(0))
 
 
 @ours
 @attrs.frozen
 class ResumeBody:
-    """``POST /v1/rollout/resume``: ``weight_version`` is a label or a number (kept as its text)."""
+    """``POST /v1/rollout/resume``: ``weight_version`` (Dressage: ``version``) is a label or a number, kept as text."""
 
     weight_version: str | int | None = None
     bump_epoch: bool = False
+    version: str | int | None = None
+    reason: str | None = None
+
+
+@ours
+@attrs.frozen
+class DiscardBody:
+    """``POST /session/discard``: drop a rejected attempt's session, live and stored."""
+
+    session_id: str = attrs.field(validator=_non_empty)
 
 
 @ours
