@@ -17,6 +17,9 @@ from actorproxy.serve import RunningProxy  # noqa: E402
 from actorproxy.sim import SimConfig, SimEngine  # noqa: E402
 from actorproxy.tokenization.tokenizer import ChatTokenizer, load_tokenizer  # noqa: E402
 
+# Ctrl-C ends the run, also inside a Trio test (see tests/_interrupt.py).
+pytest_plugins = ["_interrupt"]
+
 
 @pytest.fixture(scope="session")
 def tokenizer() -> ChatTokenizer:
