@@ -33,6 +33,7 @@ import trio
 from .config import ProxyConfig
 from .core.messages import AssistantOutput, output_as_message
 from .errors import ProxyError
+from .runtime.backends import sim_config as backend_sim_config
 from .runtime.controller import PauseMode
 from .runtime.messages import ChatRequest, Identity, TurnDelta, TurnDone, TurnFailed
 from .runtime.runtime import Runtime, open_runtime
@@ -155,8 +156,7 @@ async def open_simulated_proxy(
     """
     config = (config or ProxyConfig.of(port=0)).evolve(**config_fields)
     tok = tokenizer or load_tokenizer(config.engines.tokenizer_path)
-    engines = config.engines
-    engine = SimEngine(tok, sim_config or SimConfig(seed=engines.sim_seed, token_interval=engines.sim_token_interval))
+    engine = SimEngine(tok, sim_config or backend_sim_config(config.engines))
     async with AsyncExitStack() as stack:
         if serve_http:
             from .serve import open_proxy

@@ -38,6 +38,11 @@ def temperature_range(_inst: Any, attribute: Any, value: Any) -> None:
         raise ValueError(f"--{attribute.name.replace('_', '-')} must be between 0 and 2, got {value}")
 
 
+def probability(_inst: Any, attribute: Any, value: Any) -> None:
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise ValueError(f"--{attribute.name.replace('_', '-')} must be between 0 and 1, got {value}")
+
+
 def setting(
     default: Any = attrs.NOTHING,
     *,

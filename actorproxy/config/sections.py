@@ -14,6 +14,7 @@ from .fields import (
     RewriteMode,
     SideCallMode,
     SubAgentMode,
+    probability,
     recompute_logprobs_from_env,
     setting,
     temperature_range,
@@ -155,6 +156,15 @@ class EngineSettings:
         0.01, positive=True, help="simulated engine: seconds between two sampled tokens"
     )
     sim_seed: int = setting(0, help="simulated engine: random seed")
+    sim_tool_call_probability: float = setting(
+        0.7, validator=probability,
+        help="simulated engine: chance of a tool call after a user message, when tools are offered",
+    )
+    sim_followup_tool_call_probability: float | None = setting(
+        None, validator=probability,
+        help="simulated engine: chance of a tool call right after tool results (default: half of "
+        "--sim-tool-call-probability, so tool loops end)",
+    )
 
 
 @attrs.frozen

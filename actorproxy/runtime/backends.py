@@ -11,7 +11,7 @@ engine control ``Runtime.pause``/``resume`` add to the controller's pause.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -23,6 +23,10 @@ from ..store.base import StoreBackend
 from ..tokenization.tokenizer import ChatTokenizer
 from .output import OutputFormat
 from .replies import EngineAck
+
+if TYPE_CHECKING:
+    from ..config.sections import EngineSettings
+    from ..sim import SimConfig
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +60,24 @@ async def forward_to_engines(backend: Backend, action: str, *args: Any) -> list[
     return results
 
 
+def sim_config(engines: EngineSettings) -> SimConfig:
+    """The built-in simulated engine's settings from the ``--sim-*`` flags."""
+    from ..sim import SimConfig
+
+    return SimConfig(
+        seed=engines.sim_seed,
+        token_interval=engines.sim_token_interval,
+        tool_call_probability=engines.sim_tool_call_probability,
+        followup_tool_call_probability=engines.sim_followup_tool_call_probability,
+    )
+
+
 def make_backend(config: ProxyConfig, tokenizer: ChatTokenizer) -> Backend:
     """The engine ``config.engines.backend`` names: the in-process sim, or a pool of engine clients."""
     if config.engines.backend == "sim":
-        from ..sim import SimConfig, SimEngine
+        from ..sim import SimEngine
 
-        return SimEngine(
-            tokenizer,
-            SimConfig(seed=config.engines.sim_seed, token_interval=config.engines.sim_token_interval),
-        )
+        return SimEngine(tokenizer, sim_config(config.engines))
     from ..engines.connection import EngineOptions
     from ..engines.factory import make_engine_pool
 
