@@ -17,8 +17,8 @@ from actorproxy.serve import RunningProxy  # noqa: E402
 from actorproxy.sim import SimConfig, SimEngine  # noqa: E402
 from actorproxy.tokenization.tokenizer import ChatTokenizer, load_tokenizer  # noqa: E402
 
-# Ctrl-C ends the run, also inside a Trio test (see tests/_interrupt.py).
-pytest_plugins = ["_interrupt"]
+# Ctrl-C ends the run and a skip keeps its reason, also inside a Trio test (see tests/_trio_outcomes.py).
+pytest_plugins = ["_trio_outcomes"]
 
 
 @pytest.fixture(scope="session")
