@@ -73,10 +73,16 @@ def run_client(args: list[str], *, cwd: Path, env: dict[str, str], wire: WireLog
     return done
 
 
-def base_env(home: Path) -> dict[str, str]:
-    """A clean environment: a fresh home, and no variables of this machine's own agent clients."""
+def base_env(home: Path, agent_bin: Path | None = None) -> dict[str, str]:
+    """A clean environment: a fresh home, and no variables of this machine's own agent clients.
+
+    ``agent_bin`` (the install's ``node_modules/.bin``, which holds ``node`` too) goes first on
+    ``PATH``: the CLIs start with ``#!/usr/bin/env node`` and need the Node.js installed with them.
+    """
     keep = ("PATH", "LANG", "LC_ALL", "TERM", "TMPDIR", "SSL_CERT_FILE", "PYTHONPATH")
     env = {k: v for k, v in os.environ.items() if k in keep}
+    if agent_bin is not None:
+        env["PATH"] = os.pathsep.join([str(agent_bin), env.get("PATH", "")])
     home.mkdir(parents=True, exist_ok=True)
     env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), XDG_DATA_HOME=str(home / ".local/share"),
                XDG_STATE_HOME=str(home / ".local/state"), XDG_CACHE_HOME=str(home / ".cache"))
@@ -97,6 +103,10 @@ def check_recording(proxy: Proxy, session_id: str, wire: WireLog) -> tuple[dict[
     errors = [e for e in wire.entries if e.get("status", 599) >= 400]
     assert not errors, "protocol errors:\n" + "\n".join(
         f"{e['method']} {e['path']} -> {e.get('status')}: {e.get('answer_head', '')[:400]}" for e in errors)
+    # The proxy's own access log agrees: no 4xx or 5xx answer to anything the client sent.
+    refused = [line for line in proxy.log.read_text().splitlines()
+               if "actorproxy.access" in line and re.search(r" status=[45]\d\d ", line)]
+    assert not refused, "the proxy's log shows refused requests:\n" + "\n".join(refused)
     segments, steps = proxy.session(session_id)
     assert segments, f"nothing recorded for {session_id}"
     main = [s for s in segments if not s["metadata"].get("sub_agent") and not s["metadata"].get("side_call")]
@@ -105,6 +115,8 @@ def check_recording(proxy: Proxy, session_id: str, wire: WireLog) -> tuple[dict[
     assert len(main) == 1, f"expected one main segment, got {summary}"
     assert main[0]["start_reason"] == "session_start", summary
     assert max(s["num_steps"] for s in segments) == main[0]["num_steps"], f"the main agent is not the main: {summary}"
+    # The simulated model calls a tool on the first turn (conftest's SIM_TOOL_LOOP): a loop of two turns or more.
+    assert main[0]["num_steps"] >= 2, f"the main trajectory is not a tool loop: {summary}"
     # The main conversation is the one that continues: the agent's last call (its final answer) is in it.
     last = max((s for s in steps if s["status"] != "superseded"), key=lambda s: s["created_at"])
     assert last["session_id"] == session_id and last["in_segment"], (

@@ -1,7 +1,8 @@
-"""The real-client tier: today's agent CLIs and the Agents SDK against ``actorproxy run``.
+"""The real-client tier: today's agent clients against ``actorproxy run``.
 
-The CLIs (pinned in ``scripts/agents/package-lock.json``) are installed into a
-cache directory on first use by ``scripts/agents/install.sh``; with
+The CLIs and the Vercel AI SDK (pinned in ``scripts/agents/package-lock.json``)
+and Node.js 22 they need are installed into a cache directory on first use by
+``scripts/agents/install.sh``; with
 ``ACTORPROXY_AGENTS=latest`` the newest versions on npm are used instead. The
 tier is skipped only when npm itself cannot be reached.
 
@@ -38,10 +39,10 @@ def _npm_reachable(npm: str) -> tuple[bool, str]:
 
 @pytest.fixture(scope="session")
 def agent_bin() -> Path:
-    """The ``node_modules/.bin`` holding ``claude``, ``codex`` and ``opencode`` (installed when missing)."""
+    """The install's ``node_modules/.bin``, installed when missing: ``node`` 22 and the clients' commands."""
     npm = shutil.which("npm")
     if npm is None:
-        pytest.skip("real agent CLI tier skipped: npm is not installed (it installs claude, codex, opencode)")
+        pytest.skip("real agent CLI tier skipped: npm is not installed (it installs Node.js 22 and the clients)")
     args = ["bash", str(INSTALL)] + (["--latest"] if os.environ.get("ACTORPROXY_AGENTS") == "latest" else [])
     try:
         install = subprocess.run(args, capture_output=True, text=True, timeout=1800)
@@ -56,13 +57,19 @@ def agent_bin() -> Path:
     return Path(install.stdout.strip().splitlines()[-1]) / "node_modules" / ".bin"
 
 
+#: The simulated model calls a tool on every agent's first turn and after a tool result half the time:
+#: every run is a tool loop of two or more turns, and the loop ends (the CLIs cap it, too).
+SIM_TOOL_LOOP = ("--sim-tool-call-probability", "1", "--sim-followup-tool-call-probability", "0.5")
+
+
 @pytest.fixture
 def proxy(tmp_path: Path) -> Iterator[Proxy]:
-    """``actorproxy run`` on its defaults, on a free port."""
+    """``actorproxy run`` on its defaults (the simulated engine), on a free port, tool loops certain."""
     log = tmp_path / "actorproxy.log"
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with log.open("w") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--port", "0"], cwd=tmp_path,
+        process = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--port", "0", *SIM_TOOL_LOOP],
+                                   cwd=tmp_path,
                                    stdout=sink, stderr=subprocess.STDOUT, text=True, env=env,
                                    preexec_fn=die_with_parent)
     try:
