@@ -363,15 +363,15 @@ async def test_a_pause_hands_the_agent_what_its_aborted_stream_still_sends_only_
 
 
 async def test_a_pause_does_not_stretch_the_drain_of_a_stream_whose_agent_left(
-    tokenizer: ChatTokenizer, autojump_clock: trio.testing.MockClock
+    tokenizer: ChatTokenizer, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # An agent that left has its generation aborted and read on for at most
-    # ABORT_DRAIN_SECONDS (5 s). A pause asking that generation to stop meanwhile must not
-    # turn that bound into the pause's (10 s from the last token, pushed by every token):
-    # here the engine streams 20 more tokens 0.5 s apart after the abort, and the stream
-    # is still cut at the drain's bound.
+    # An agent that left has its generation aborted and read on until ABORT_DRAIN_SECONDS
+    # (5 s) pass without a token. A pause asking that generation to stop meanwhile must not
+    # turn that bound into the pause's (10 s from the last token): here the engine's next
+    # token after the abort comes 6 s later, and the stream is cut at the drain's bound,
+    # with a warning (the tokens it would have sent are lost).
     async with counting_sglang(tokenizer, abort_all=False, streams=1) as engine:
-        engine.pre_gap, engine.tail_tokens, engine.tail_gap = 1.0, 20, 0.5
+        engine.pre_gap, engine.tail_tokens, engine.tail_gap = 1.0, 20, 6.0
         config = ProxyConfig.of(port=0, backend="sglang", backend_urls=(engine.url,), partial_rollout=True)
         async with open_proxy(config, tokenizer=tokenizer) as proxy, \
                 httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
@@ -389,3 +389,6 @@ async def test_a_pause_does_not_stretch_the_drain_of_a_stream_whose_agent_left(
             await client.post("/v1/rollout/resume", json={})
             step = await only_step(client, "s0")
             assert step["status"] == "client_disconnected"
+            assert step["output_ids"] == gen.ids  # everything it had sent
+    assert any("the agent left and its aborted stream did not end" in r.getMessage()
+               for r in caplog.records if r.levelname == "WARNING")

@@ -14,7 +14,8 @@ handles every way a generation can stop:
   kept on the step as ``discarded`` and the turn is generated afresh (a
   streaming agent that already saw part of it gets ``generation_interrupted``);
 * **agent gone** — an acknowledged abort, reading on to the engine's finish
-  (bounded) so the step keeps every token the engine produced;
+  (cut after ``ABORT_DRAIN_SECONDS`` without a token) so the step keeps every
+  token the engine produced;
 * **engine failure** — the step records the error and the agent gets 502/504.
 
 Whatever happens, the controller is told the generation ended (``End``), so a
@@ -57,7 +58,9 @@ from .turn_end import GONE, TurnFailure, engine_error, gone, tell
 log = logging.getLogger(__name__)
 
 
-#: Seconds a turn whose agent left may read on to the engine's abort finish.
+#: A turn whose agent left reads on to the engine's abort finish; it cuts the stream once
+#: this many seconds pass without a token (or ``ABORT_LIMIT`` in all): while tokens come, the
+#: engine is still sending what it generated (a backlog, or an abort call not yet answered).
 ABORT_DRAIN_SECONDS = 5.0
 
 
@@ -121,6 +124,7 @@ class TurnGeneration:
         self.finish: GenerateFinish | None = None
         self._experts: list[str] = []
         self._forced = False  # a pause's abort was not honoured in time and the stream was cut
+        self._drain_limit = 0.0  # the agent left: when its drain is cut, however much still comes
 
     def _new_parser(self) -> OutputParser:
         request, fmt = self.prepared.request, self._format
@@ -327,13 +331,18 @@ class TurnGeneration:
                     watch = trio.CancelScope()
                     handle.on_abort(lambda: self._abort_asked(handle, generation, stream, watch))
                     try:
-                        finish = await self._stream(generation, handle, stream)
+                        finish = await self._stream(generation, handle, stream, watch)
                     except BackendError as exc:
                         failed = exc  # raised below, outside the generation's block
                     finally:
                         handle.on_abort(None)
                         watch.cancel()
-            if stream.cancelled_caught and handle.abort_bound is not None:
+            if stream.cancelled_caught and self.client_gone:
+                log.warning("session %s: the agent left and its aborted stream did not end (%g s without a token, "
+                            "or %g s in all); cutting it: tokens the engine sent after step %d's %d are lost",
+                            handle.session_id, ABORT_DRAIN_SECONDS, ABORT_LIMIT, step.index, len(step.output_ids))
+                step.error = step.error or "the agent left and the engine's aborted stream was cut unfinished"
+            elif stream.cancelled_caught and handle.abort_bound is not None:
                 log.warning("session %s: the aborted stream did not end (%g s without a token, or %g s in all); "
                             "cutting it", handle.session_id, ABORT_BOUND, ABORT_LIMIT)
                 self._forced = True
@@ -352,7 +361,7 @@ class TurnGeneration:
         return finish
 
     async def _stream(
-        self, generation: Generation, handle: GenerationHandle, drain: trio.CancelScope
+        self, generation: Generation, handle: GenerationHandle, drain: trio.CancelScope, watch: trio.CancelScope
     ) -> GenerateFinish | None:
         """Read the engine's events into the step and the agent's channel; the finish, if one came."""
         finish: GenerateFinish | None = None
@@ -364,6 +373,8 @@ class TurnGeneration:
             handle.add_tokens(len(event.token_ids))
             delta = self.parser.feed(event.token_ids)
             if self.client_gone:
+                # Still coming: what the engine generated before it heard the abort. Read on.
+                drain.deadline = min(self._drain_limit, trio.current_time() + ABORT_DRAIN_SECONDS)
                 continue
             if delta:
                 try:
@@ -372,19 +383,32 @@ class TurnGeneration:
                     else:
                         await self._agent.deliver(delta)
                 except GONE:
-                    # The agent left. Abort at a token boundary and read on to the
-                    # engine's abort finish, so every token it generated is recorded;
-                    # bounded, after which leaving the block cuts the stream.
-                    self.client_gone = True
-                    handle.abort_bound = None  # a pause's bound, if any, no longer pushed back by tokens
-                    drain.deadline = min(drain.deadline, trio.current_time() + ABORT_DRAIN_SECONDS)
-                    await generation.abort()
+                    self._agent_left(generation, handle, drain, watch)
                     continue
             if self.parser.stopped:
                 # A stop sequence: leaving the block stops the engine; every
                 # token sampled so far stays recorded on the step.
                 return GenerateFinish("stop", weight_version=event.weight_version)
         return finish
+
+    def _agent_left(
+        self, generation: Generation, handle: GenerationHandle, drain: trio.CancelScope, watch: trio.CancelScope
+    ) -> None:
+        """The agent left: abort at a token boundary and read on to the engine's abort finish.
+
+        Every token the engine generated is recorded, those it sends while the abort call
+        is on its way and unanswered too: the call's answer is read in the session's side
+        nursery (as a pause's), not in this loop. The stream is cut, by leaving the block,
+        once ``ABORT_DRAIN_SECONDS`` pass without a token (``ABORT_LIMIT`` in all).
+        """
+        self.client_gone = True
+        handle.abort_bound = None  # a pause's bound, if any, no longer pushed back by tokens
+        now = trio.current_time()
+        self._drain_limit = now + ABORT_LIMIT
+        drain.deadline = min(drain.deadline, now + ABORT_DRAIN_SECONDS)
+        rest = generation.abort_soon(None)
+        if rest is not None:
+            self._side.start_soon(self._abort_rest, handle, rest, watch)
 
     def _abort_asked(
         self, handle: GenerationHandle, generation: Generation, stream: trio.CancelScope, watch: trio.CancelScope
