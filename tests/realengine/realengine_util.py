@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import attrs
 import httpx
@@ -79,3 +80,24 @@ def start_llama_server(llamacpp: LlamaCpp, log: Path) -> Process:
 
 def proxy_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "actorproxy", "run", "--port", "0", *args]
+
+
+def start_proxy(log: Path, *args: str) -> Process:
+    """``actorproxy run ARGS`` on a free port (its log in ``log``)."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(proxy_command(*args), stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                preexec_fn=die_with_parent)
+    try:
+        url = wait_for_line(proc, log, r"serving on (http://\S+)", 300).group(1)
+    except BaseException:
+        stop(proc)
+        raise
+    return Process(url, proc, log)
+
+
+def read_session(http: httpx.Client, proxy: Process, session: str) -> dict[str, Any]:
+    """Finalize a session and read it back with its steps."""
+    assert http.post(f"{proxy.url}/session/finalize", json={"session_id": session}).status_code == 200
+    got = http.post(f"{proxy.url}/trajectory/read", json={"session_id": session, "include_steps": True})
+    assert got.status_code == 200, got.text
+    return dict(got.json())

