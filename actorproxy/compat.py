@@ -235,8 +235,11 @@ def _engine(
 
 
 def check_engine(config: ProxyConfig, argv: list[str]) -> None:
-    """A launch line of a system with no simulator must name a real engine: never fall back to ours."""
-    if config.engines.backend != "sim":
+    """A launch line of a system with no simulator must name a real engine: never fall back to ours.
+
+    ``--backend sim`` on the line itself is a choice, not a fallback.
+    """
+    if config.engines.backend != "sim" or _given(argv, ("--backend",)):
         return
     if is_dressage_launch(argv):
         raise ValueError("a Dressage launch line serves a real SGLang router: give --sglang-router-url URL or set "

@@ -288,6 +288,8 @@ def test_the_shipped_launch_lines_mean_what_they_say(monkeypatch: pytest.MonkeyP
     assert config.security.insecure and config.server.host == "0.0.0.0"
     with pytest.raises(ValueError, match="never falls back to its simulator"):
         _config(BLACK_BOX, tokenizer="qwen3", port="8800")  # no router anywhere: refused, not simulated
+    asked = _config(BLACK_BOX + " --backend sim", tokenizer="qwen3", port="8800")
+    assert asked.engines.backend == "sim"  # asked for by name: not a fallback
     monkeypatch.setenv("SGLANG_ROUTER_URL", "http://10.0.0.9:8000")
     config = _config(BLACK_BOX, tokenizer="qwen3", port="8800")
     assert config.engines.backend == "sglang" and config.engines.backend_urls == ("http://10.0.0.9:8000",)
