@@ -259,6 +259,18 @@ async def test_rollout_invalidation_is_a_502_with_detail_error(http: httpx.Async
     assert ok.status_code == 200
 
 
+async def test_a_resume_after_a_pause_starts_a_new_rollout_epoch(http: httpx.AsyncClient) -> None:
+    # Dressage's trainer resumes without a version: every resume after a pause is a new rollout epoch.
+    assert (await _turn(http, "epoch")).status_code == 200
+    await http.post("/v1/rollout/pause", json={"reason": "weight_update"})
+    resumed = (await http.post("/v1/rollout/resume", json={"reason": "weight_update"})).json()
+    assert resumed["rollout_epoch"] == 1
+    later = await _turn(http, "epoch")
+    assert later.status_code == 502 and later.json()["detail"]["error"] == "trajectory_version_changed"
+    again = (await http.post("/v1/rollout/resume", json={"reason": "weight_update"})).json()
+    assert again["status"] == "already_running" and again["rollout_epoch"] == 1  # no pause: same epoch
+
+
 async def test_a_batch_read_hands_out_ready_prompt_groups(engine: SimEngine, tokenizer: ChatTokenizer) -> None:
     async with open_proxy(_dressage(min_group_size=2), backend=engine, tokenizer=tokenizer) as running:
         async with httpx.AsyncClient(base_url=running.url, timeout=30) as http:

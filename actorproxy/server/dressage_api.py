@@ -199,7 +199,10 @@ class DressageApi:
     async def resume(self, body: ResumeBody) -> dict[str, Any]:
         given = body.weight_version if body.weight_version is not None else body.version
         version = None if given is None else str(given)
-        ack = await self.runtime.resume(weight_version=version, bump_epoch=body.bump_epoch)
+        # Dressage: every resume after a pause starts a new rollout epoch (a rollout that spans it is void
+        # without partial rollout), whether or not the trainer names the new version.
+        was_paused = self.runtime.controller.state().state == "paused"
+        ack = await self.runtime.resume(weight_version=version, bump_epoch=body.bump_epoch or was_paused)
         self.pause_reason = None
         state = self.runtime.controller.state()
         return {**CONVERTER.unstructure(ack), "status": "resumed" if ack.resumed else "already_running",
