@@ -346,6 +346,16 @@ def test_a_flag_without_its_capability_is_refused_in_one_line(
     assert len(error) == 1 and why in error[0], error
 
 
+def test_no_launch_line_of_a_system_without_a_simulator_falls_back_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SGLANG_ROUTER_URL", raising=False)
+    monkeypatch.delenv("SGLANG_ROUTER_HOST", raising=False)
+    with pytest.raises(ValueError, match="never falls back to its simulator"):
+        _config("--data-pool-name data_pool --tokenizer-path qwen3 --prompt-length 4096 --response-length 1024")
+    with pytest.raises(ValueError, match="never falls back to its simulator"):
+        _config("--tokenizer-path qwen3 --trajectory-build-model qwen3_5 --tito-model qwen3_5")
+    assert _config("--tokenizer-path qwen3").engines.backend == "sim"  # ours: the simulator is its default
+
+
 def test_the_transfer_queue_variable_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SGLANG_ROUTER_URL", "http://10.0.0.9:8000")
     monkeypatch.setenv("DRESSAGE_ENABLE_TRANSFER_QUEUE", "1")
