@@ -502,7 +502,9 @@ async def test_sglang_model_info_prompt_logprobs_and_helpers() -> None:
     await backend.update_weight_version("step-10")
     assert engine.bodies("/pause_generation") == [{"mode": "retract"}]
     assert engine.bodies("/update_weight_version") == [{"new_version": "step-10", "abort_all_requests": False}]
-    assert await SGLangBackend("http://127.0.0.1:9", EngineOptions(connect_timeout=0.5)).health() is False
+    # No answer at all is not an answer of "unhealthy": the pool tells the two apart.
+    with pytest.raises(BackendError, match="health: ConnectError"):
+        await SGLangBackend("http://127.0.0.1:9", EngineOptions(connect_timeout=0.5)).health()
 
 
 # -- vLLM -----------------------------------------------------------------------

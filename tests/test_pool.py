@@ -208,3 +208,85 @@ async def test_a_turn_cancelled_while_its_generation_opens_frees_its_slot(
     engine.backend = Flaky(SimEngine(tokenizer, SimConfig(token_interval=INTERVAL)))
     with trio.fail_after(1):
         assert (await _drain(pool, _request(tokenizer, "s"))).reason == "length"
+
+
+@attrs.define
+class _SlowProbe(Flaky):
+    """An engine whose ``/health`` answers only after ``probe_delay`` seconds (a busy engine), or not at all."""
+
+    probe_delay: float = 0.0
+    probe_error: bool = False
+
+    async def health(self) -> bool:
+        await trio.sleep(self.probe_delay)
+        if self.probe_error:
+            raise BackendError("health: ReadTimeout", status=504)
+        return self.up
+
+
+def _long_request(tokenizer: Any, key: str) -> GenerateRequest:
+    return GenerateRequest(_request(tokenizer, key).input_ids, SamplingParams(max_new_tokens=100_000), routing_key=key)
+
+
+async def _stream_until(pool: EnginePool, request: GenerateRequest, stop: trio.Event, seen: list[int]) -> None:
+    async with pool.open_generation(request) as generation:
+        async for event in generation:
+            if isinstance(event, GenerateFinish):
+                return
+            seen.append(len(event.token_ids))
+            if stop.is_set():
+                return
+
+
+@pytest.mark.parametrize("no_answer", ["timeout", "error"])
+async def test_a_busy_engine_streaming_tokens_is_not_marked_down_by_a_probe_without_an_answer(
+    tokenizer: Any, no_answer: str, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 28: one busy engine, 500 streams: its health check timed out and the pool's only
+    # engine was marked down, failing 326 of 5,000 turns with engine_unavailable while it was
+    # streaming tokens to us. A probe that gets no answer from an engine with live traffic is
+    # not a failure; an engine that answers "unhealthy" is still taken out.
+    engine = _SlowProbe(SimEngine(tokenizer, SimConfig(token_interval=INTERVAL)))
+    if no_answer == "timeout":
+        engine.probe_delay = 1000.0
+    else:
+        engine.probe_error = True
+    engine.inner.script("word " * 2000, routing_key="s")  # 20 s of tokens
+    pool = EnginePool([engine], names=["only"], health_interval=5.0)
+    stop, seen = trio.Event(), []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stream_until, pool, _long_request(tokenizer, "s"), stop, seen)
+        await trio.sleep(1.0)
+        await pool.check_health()  # cut after max(2 s, interval): the stream went on meanwhile
+        assert pool.statistics()["engines"][0]["healthy"] is True
+        assert (await _drain(pool, _request(tokenizer, "t"))).reason == "length"  # turns still get the engine
+        stop.set()
+    assert len(seen) > 90  # it streamed all along (1 s, or 1 s and the timed-out check)
+    # No traffic since the last round: a probe without an answer now counts.
+    await pool.check_health()
+    await pool.check_health()
+    assert pool.statistics()["engines"][0]["healthy"] is False
+    with pytest.raises(BackendError, match="no healthy"):
+        await _drain(pool, _request(tokenizer, "u"))
+    engine.probe_delay, engine.probe_error = 0.0, False
+    await pool.check_health()
+    assert pool.statistics()["engines"][0]["healthy"] is True
+    transitions = [r for r in caplog.records if r.name == "actorproxy.engines.pool"]
+    assert [r.levelname for r in transitions] == ["WARNING", "WARNING"]
+    assert "only is down" in transitions[0].getMessage() and "only is up" in transitions[1].getMessage()
+
+
+async def test_an_engine_answering_unhealthy_is_marked_down_even_while_it_streams(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    engines = _engines(tokenizer, 2)
+    pool = EnginePool(list(engines), names=["a", "b"])
+    stop, seen = trio.Event(), []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stream_until, pool, _long_request(tokenizer, "s"), stop, seen)
+        await trio.sleep(0.5)
+        home = "ab".index(pool.engine_for("s") or "")
+        engines[home].up = False  # the engine says it is not healthy: believed
+        await pool.check_health()
+        stop.set()
+    assert [e["healthy"] for e in pool.statistics()["engines"]] == [home != 0, home != 1]

@@ -273,12 +273,13 @@ class EngineConnection:
         return self.base_url + path
 
     async def health(self) -> bool:
-        """``GET /health``: 200 means up (SGLang runs a one-token probe behind it)."""
-        try:
-            with mapped_errors(f"{self.base_url} health"):
-                response = await self.http.get(self.url("/health"))
-        except BackendError:
-            return False
+        """``GET /health``: 200 means up (SGLang runs a one-token probe behind it).
+
+        Raises :class:`BackendError` when no answer comes (connection or read failure):
+        the pool tells that apart from an engine answering that it is not healthy.
+        """
+        with mapped_errors(f"{self.base_url} health"):
+            response = await self.http.get(self.url("/health"))
         return response.status_code == 200
 
     async def aclose(self) -> None:

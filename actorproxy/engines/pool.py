@@ -10,7 +10,10 @@
   engine that could not be reached at all is marked down; one that answered
   with an error stays up. After the first token an error is the turn's error.
 * :meth:`EnginePool.run` checks every engine's health on an interval and
-  brings engines back up.
+  brings engines back up. An engine that answers "not healthy" is marked down;
+  a check that gets no answer (it timed out, or its connection failed) marks it
+  down only if nothing came from the engine since the previous round: an engine
+  streaming tokens to us is alive, however busy it is to answer its probe.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class _Engine:
     queued: int = 0
     requests: int = 0
     failures: int = 0
+    #: An event of a generation came from the engine since the health round began (live traffic).
+    served: bool = False
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -58,14 +63,15 @@ class _Engine:
         }
 
 
-async def _check(backend: Backend) -> bool:
+async def _check(backend: Backend) -> bool | None:
+    """The engine's answer to its health check: up or not; ``None`` when no answer came (a transport failure)."""
     health = getattr(backend, "health", None)
     if health is None:
         return True
     try:
         return bool(await health())
     except (BackendError, OSError):
-        return False
+        return None
 
 
 class EnginePool:
@@ -152,12 +158,25 @@ class EnginePool:
             await trio.sleep(self._health_interval)
 
     async def check_health(self) -> None:
+        """One round: ask every engine at once (see the module docstring for what an answer does)."""
+
         async def one(engine: _Engine) -> None:
-            healthy = False  # a health check that does not answer in time counts as down
+            live, engine.served = engine.served, False
+            answer: bool | None = None
             with trio.move_on_after(max(2.0, self._health_interval)):
-                healthy = await _check(engine.backend)
+                answer = await _check(engine.backend)
+            if answer is None:
+                if live or engine.served:
+                    return  # no answer, but its generations are answered: busy, not down
+                why = "its health check got no answer, and nothing else came from it since the last check"
+            else:
+                why = "its health check answered that it is not healthy"
+            healthy = bool(answer)
             if healthy != engine.healthy:
-                log.info("engine %s is %s", engine.name, "up" if healthy else "down")
+                if healthy:
+                    log.warning("engine %s is up again: its health check answered", engine.name)
+                else:
+                    log.warning("engine %s is down: %s; it gets no turns until a check finds it up", engine.name, why)
             engine.healthy = healthy
 
         async with trio.open_nursery() as nursery:
@@ -272,9 +291,12 @@ class _PoolGeneration:
         while True:
             assert self._iterator is not None and self._engine is not None
             if self._started:
-                return await self._iterator.__anext__()
+                event = await self._iterator.__anext__()
+                self._engine.served = True
+                return event
             try:
                 event = await self._iterator.__anext__()
+                self._engine.served = True
             except BackendError as exc:
                 # Nothing was generated yet: the turn can move to another engine.
                 await self._leave()
