@@ -90,3 +90,74 @@ async def test_wrong_methods_are_a_405_in_openai_format(http: httpx.AsyncClient,
     response = await http.request(method, path, headers={"Authorization": "Bearer s3cret"})
     assert response.status_code == 405
     assert set(response.json()["error"]) >= {"message", "type", "code"}
+
+
+def _checker(document: dict[str, Any], schema: dict[str, Any]) -> Any:
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator({**schema, "components": document["components"]})
+
+
+_BAD_TURN = {"messages": [{"role": "wizard", "content": "x"}], "max_tokens": 4, "model": "m"}
+
+
+@pytest.mark.parametrize(("path", "body", "admin"), [
+    ("/v1/chat/completions", _BAD_TURN, False),
+    ("/sess/s/v1/chat/completions", _BAD_TURN, False),
+    ("/v1/messages", _BAD_TURN, False),
+    ("/sess/s/v1/messages", _BAD_TURN, False),
+    ("/t/p/v1/messages", _BAD_TURN, False),
+    ("/v1/messages/count_tokens", _BAD_TURN, False),
+    ("/v1/responses", {"input": 5}, False),
+    ("/generate", {"input_ids": "x"}, True),
+    ("/session/finalize", {"session_id": 5}, True),
+    ("/trajectory/read", {"limit": "x"}, True),
+])
+async def test_an_error_is_what_the_document_says_for_its_route(http: httpx.AsyncClient, path: str,
+                                                                 body: dict[str, Any], admin: bool) -> None:
+    """Issue 28 §17: the Anthropic routes' errors were documented with OpenAI's ``param``, which they lack."""
+    document = (await http.get("/openapi.json")).json()
+    response = await http.post(path, json=body, headers={"Authorization": "Bearer s3cret"} if admin else {})
+    assert response.status_code == 400, response.text
+    template = path if path in document["paths"] else next(
+        p for p in document["paths"] if re.fullmatch(re.sub(r"\{[a-z_]+\}", "[^/]+", p), path))
+    schema = document["paths"][template]["post"]["responses"]["400"]["content"]["application/json"]["schema"]
+    errors = [e.message for e in _checker(document, schema).iter_errors(response.json())]
+    assert errors == [], (path, response.json())
+
+
+async def test_options_allows_what_the_document_lists(http: httpx.AsyncClient) -> None:
+    """``OPTIONS /session/finalize`` listed the GET of ``/session/<id>`` (which answers it 405)."""
+    document = (await http.get("/openapi.json")).json()
+    for path, operations in document["paths"].items():
+        concrete = re.sub(r"\{[a-z_]+\}", "x1", path)
+        response = await http.options(concrete, headers={"Authorization": "Bearer s3cret"})
+        allowed = set(response.headers.get("allow", "").replace(" ", "").split(","))
+        documented = {m.upper() for m in operations} | {"OPTIONS"} | ({"HEAD"} if "get" in operations else set())
+        assert allowed == documented, (path, response.status_code, allowed)
+
+
+@pytest.mark.parametrize(("function", "where"), [
+    ({"name": "", "arguments": "{}"}, "messages[1].tool_calls[0].function.name"),
+    ({"name": "f", "arguments": None}, "messages[1].tool_calls[0].function.arguments"),
+])
+async def test_a_tool_call_the_document_refuses_is_a_400(http: httpx.AsyncClient, function: dict[str, Any],
+                                                         where: str) -> None:
+    """An assistant tool call with an empty name or null arguments was accepted; the document refuses both."""
+    document = (await http.get("/openapi.json")).json()
+    call = document["components"]["schemas"]["FunctionCall"]
+    assert list(_checker(document, call).iter_errors(function)), function  # the document refuses it
+    messages = [{"role": "user", "content": "x"},
+                {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "c1", "type": "function", "function": function}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "r"}]
+    response = await http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4},
+                               headers={"X-Session-Id": "calls"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == where
+    from actorproxy.errors import BadRequest
+    from actorproxy.wire.openai_chat import parse_chat_body
+
+    with pytest.raises(BadRequest) as refused:  # the typed path (a body given as a value) says the same
+        parse_chat_body({"messages": messages})
+    assert refused.value.param == where

@@ -316,9 +316,9 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
                 raise BadRequest(f"{where}.tool_calls must be an array on an assistant message", param=where)
             for j, call in enumerate(calls):
                 function = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
                     raise BadRequest(
-                        f"{where}.tool_calls[{j}].function.name must be a string",
+                        f"{where}.tool_calls[{j}].function.name must be a non-empty string",
                         param=f"{where}.tool_calls[{j}]",
                     )
                 if not isinstance(function.get("arguments", ""), str | dict):

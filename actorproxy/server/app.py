@@ -74,9 +74,19 @@ async def _body() -> Any:
     return json_body(raw)
 
 
+class _App(QuartTrio):
+    async def make_default_options_response(self) -> Response:
+        """``OPTIONS``: ``Allow`` names the methods of the route the path names (the static one), not those of
+        a catch-all that also matches it (``GET /session/<id>`` matches ``/session/finalize``, and answers 405)."""
+        methods = _static_methods(self)
+        if not methods:
+            return await super().make_default_options_response()
+        return Response("", headers={"Allow": ", ".join(sorted(methods))})
+
+
 def create_app(runtime: Runtime) -> QuartTrio:
     """The HTTP app serving ``runtime``."""
-    app = QuartTrio("actorproxy")
+    app = _App("actorproxy")
     # Long generations stream for minutes: Quart's 60 s response timeout would cut them.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 600
@@ -247,9 +257,15 @@ def _refuse_shadowed_route(app: QuartTrio) -> None:
     ``GET /session/<id>`` also matches ``GET /session/finalize``: that is a wrong
     method on the finalize route, not a lookup of a session called "finalize".
     """
-    for rule in app.url_map.iter_rules():
-        if not rule.arguments and rule.rule == request.path:
-            raise MethodNotAllowed(valid_methods=sorted(rule.methods or ()))
+    methods = _static_methods(app)
+    if methods:
+        raise MethodNotAllowed(valid_methods=sorted(methods))
+
+
+def _static_methods(app: QuartTrio) -> set[str]:
+    """The methods of the routes without variables whose path is the request's (empty: no such route)."""
+    return {method for rule in app.url_map.iter_rules()
+            if not rule.arguments and rule.rule == request.path for method in rule.methods or ()}
 
 
 async def _write_trajectory_file(runtime: Runtime, session_id: str) -> str:

@@ -20,7 +20,7 @@ import re
 import typing
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import msgspec
@@ -35,6 +35,7 @@ from ..wire.converter import _OURS_MARK
 from ..wire.openai_types import ChatCompletionBody
 from ..wire.trainer import DiscardBody, FinalizeBody, OpenSessionBody, PauseBody, ReadBody, ResumeBody
 from . import gateway_models as gm
+from .replies import is_anthropic_route
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,23 @@ class ErrorDetail:
 
 @attrs.frozen
 class ErrorBody:
-    """Every error, in OpenAI's format (Anthropic's on the ``/v1/messages`` routes)."""
+    """An error in OpenAI's format (every route's but the Anthropic Messages routes')."""
 
     error: ErrorDetail
+
+
+@attrs.frozen
+class AnthropicErrorDetail:
+    type: str
+    message: str
+
+
+@attrs.frozen
+class AnthropicErrorBody:
+    """An error on the Anthropic Messages routes (``/v1/messages``...), in Anthropic's format."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
 
 
 @attrs.frozen
@@ -152,7 +167,8 @@ _MOUNTS = re.compile(r"^(/sess/<url_session>|/<url_session>/<url_instance>)(?=/v
 _PARAM = re.compile(r"<(?:[a-z]+:)?([a-z_]+)>")
 _REASONS = {400: "Bad request", 401: "Unauthorized", 404: "Not found", 409: "Conflict with what was recorded",
             422: "The reward function failed", 501: "Not configured", 502: "Engine error",
-            503: "Not ready or overloaded", 504: "Timed out", 507: "Store full"}
+            503: "Not ready or overloaded", 504: "Timed out", 507: "Store full",
+            408: "The request body came too slowly", 413: "The request body is too large"}
 
 
 def operation_for(rule: str, method: str) -> Operation | None:
@@ -196,7 +212,7 @@ def _ref(model: type) -> dict[str, str]:
 def build_document(rules: Iterable[tuple[str, str]]) -> dict[str, Any]:
     """The OpenAPI 3.1 document of these (rule, method) pairs."""
     paths: dict[str, dict[str, Any]] = {}
-    models: list[type] = [ErrorBody, gm.NotReady]
+    models: list[type] = [ErrorBody, AnthropicErrorBody, gm.NotReady]
     for rule, method in sorted(rules):
         op = operation_for(rule, method)
         if op is None:
@@ -223,8 +239,10 @@ def build_document(rules: Iterable[tuple[str, str]]) -> dict[str, Any]:
             if op.reply is not None:
                 models.append(op.reply)
         responses: dict[str, Any] = {"200": ok}
-        for status in op.errors:
-            schema = _ref(gm.NotReady) if (rule, status) == ("/ready", 503) else _ref(ErrorBody)
+        error = _ref(AnthropicErrorBody) if is_anthropic_route(rule) else _ref(ErrorBody)
+        body_errors = () if op.no_body else (408, 413)  # the body's time and size bounds (docs/security.md)
+        for status in sorted({*op.errors, *body_errors}):
+            schema = _ref(gm.NotReady) if (rule, status) == ("/ready", 503) else error
             responses[str(status)] = {"description": _REASONS.get(status, "Error"),
                                       "content": {"application/json": {"schema": schema}}}
         entry["responses"] = responses
@@ -232,7 +250,8 @@ def build_document(rules: Iterable[tuple[str, str]]) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "actorproxy", "version": _version(),
-                 "description": "An exact-token inference proxy for agentic RL. Errors use OpenAI's format."},
+                 "description": "An exact-token inference proxy for agentic RL. Errors use OpenAI's format, "
+                                "Anthropic's on the Messages routes."},
         "paths": paths,
         "components": {"schemas": _schemas(models)},
     }

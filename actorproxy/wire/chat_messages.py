@@ -27,7 +27,7 @@ accepted before, and every error is the one the full check gives, word for word.
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import attrs
 import msgspec
@@ -105,8 +105,8 @@ class _Part(msgspec.Struct):
 
 
 class _Function(msgspec.Struct):
-    name: str
-    arguments: str | dict[str, Any] | None = ""
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    arguments: str | dict[str, Any] = ""
 
 
 class _ToolCall(msgspec.Struct):

@@ -7,9 +7,10 @@ accepted, and messages reach the chat template as the client sent them.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import attrs
+import msgspec
 
 from .converter import FieldError
 
@@ -36,11 +37,21 @@ def _content(instance: object, attribute: attrs.Attribute[Any], value: Any) -> N
             raise FieldError("must be a string", field=f"{attribute.name}[{j}].text")
 
 
+def _not_null(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        raise FieldError("must be a JSON string or an object, not null", field=attribute.name)
+
+
+def _named(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not value:
+        raise FieldError("must be a non-empty string", field=attribute.name)
+
+
 @attrs.frozen
 class FunctionCall:
-    name: str
+    name: Annotated[str, msgspec.Meta(min_length=1)] = attrs.field(validator=_named)
     #: A JSON string (some clients send the object itself).
-    arguments: str | dict[str, Any] = ""
+    arguments: str | dict[str, Any] = attrs.field(default="", validator=_not_null)
 
 
 @attrs.frozen
@@ -63,15 +74,10 @@ class ChatMessage:
 
 @attrs.frozen
 class FunctionDef:
-    name: str = attrs.field()
+    name: Annotated[str, msgspec.Meta(min_length=1)] = attrs.field(validator=_named)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
-
-    @name.validator
-    def _named(self, attribute: attrs.Attribute[str], value: str) -> None:
-        if not value:
-            raise FieldError("must be a non-empty string", field=attribute.name)
 
 
 @attrs.frozen
