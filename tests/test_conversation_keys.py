@@ -75,7 +75,7 @@ def test_any_accepted_messages_key_and_route(first: list[dict[str, Any]], second
 
 
 @settings(max_examples=200, deadline=None)
-@given(JSON)
+@given(st.dictionaries(st.text(max_size=5), JSON, max_size=4))
 def test_arguments_as_object_key_as_their_json_text(arguments: Any) -> None:
     """A call's arguments sent as an object key as the same arguments sent as JSON text (the echo still matches)."""
     as_object = {"role": "assistant", "content": None, "tool_calls": [_call(arguments)]}
