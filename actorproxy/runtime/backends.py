@@ -35,6 +35,8 @@ ENGINE_METHODS = {
     "pause": ("pause",),
     "resume": ("resume", "continue_generation"),
     "set_weight_version": ("set_weight_version", "update_weight_version"),
+    "freeze": ("freeze",),
+    "thaw": ("thaw",),
 }
 
 
@@ -70,6 +72,22 @@ def sim_config(engines: EngineSettings) -> SimConfig:
         tool_call_probability=engines.sim_tool_call_probability,
         followup_tool_call_probability=engines.sim_followup_tool_call_probability,
     )
+
+
+async def freeze_refusal(backend: Backend) -> str | None:
+    """Why an engine behind ``backend`` cannot freeze its generations in place (``None``: every one can).
+
+    An engine that can has ``freeze``/``thaw`` and a ``freeze_refusal()`` saying whether this server can.
+    """
+    engines = getattr(backend, "engines", None)
+    for target in list(engines()) if callable(engines) else [backend]:
+        check = getattr(target, "freeze_refusal", None)
+        if check is None:
+            return f"{target.kind} engines cannot freeze a generation in place (use abort with --partial-rollout)"
+        reason = await check()
+        if reason is not None:
+            return str(reason)
+    return None
 
 
 def make_backend(config: ProxyConfig, tokenizer: ChatTokenizer) -> Backend:

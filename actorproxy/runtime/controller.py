@@ -8,7 +8,9 @@ can ask to abort. A pause in ``abort`` mode asks every registered generation
 to stop at the next token boundary and answers only when each has ended and
 recorded its partial output (:meth:`end`): an *acknowledged* abort. In
 ``wait`` mode it admits nothing new and answers when the generations in
-flight have finished on their own.
+flight have finished on their own. In ``keep`` mode it admits nothing new and
+answers at once: the engines freeze the generations in flight in place (the
+runtime asks them), and those go on in the same engine request after resume.
 
 It is a synchronous state machine, not a task with a mailbox: the turns and
 the runtime call its methods on the Trio thread, and no method awaits, so each
@@ -180,8 +182,12 @@ class GenerationController:
     # -- the trainer (through the runtime) ---------------------------------------------
 
     async def pause(self, mode: PauseMode) -> PauseAck:
-        """Stop admitting; in ``abort`` mode ask every generation in flight to stop. Answers once they ended."""
-        escalate = self.paused and self.mode == "wait" and mode == "abort"
+        """Stop admitting; in ``abort`` mode ask every generation in flight to stop. Answers once they ended.
+
+        ``keep``: the generations in flight are left to the engines, which freeze them in place
+        (the runtime asks them): the answer comes at once, nothing aborted.
+        """
+        escalate = self.paused and self.mode in ("wait", "keep") and mode == "abort"
         reply, answered = trio.open_memory_channel[outcome.Outcome[Any]](1)
         if self.paused and not escalate:
             # Idempotent: already paused, nothing new to stop.
@@ -191,7 +197,7 @@ class GenerationController:
                 self._pauses += 1
             self.paused = True
             self.mode = mode
-            pending = _PendingPause(reply, set(self._in_flight))
+            pending = _PendingPause(reply, set() if mode == "keep" else set(self._in_flight))
             if mode == "abort":
                 batch = AbortBatch()
                 for handle in list(self._in_flight.values()):

@@ -13,7 +13,7 @@ import attrs
 
 from ..store.base import ReadResult as ReadResult
 
-PauseMode = Literal["abort", "wait"]
+PauseMode = Literal["abort", "wait", "keep"]
 
 
 @attrs.frozen

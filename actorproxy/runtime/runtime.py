@@ -18,7 +18,7 @@ import trio
 
 from ..config import ProxyConfig
 from ..engines.base import Backend, BackendError, ModelInfo
-from ..errors import EngineError, NotFound, Overloaded, ShuttingDown
+from ..errors import BadRequest, EngineError, NotFound, Overloaded, ShuttingDown
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
 from . import controller as ctl
 from . import registry as reg
@@ -27,6 +27,7 @@ from .actor import ActorGone, ask
 from .backends import (
     context_window_for,
     forward_to_engines,
+    freeze_refusal,
     make_backend,
     open_store_backend,
     output_format_for,
@@ -75,6 +76,8 @@ class Runtime:
     controller: ctl.GenerationController
     #: Seconds the last pause took to be acknowledged (for the metrics).
     last_pause_seconds: float | None = attrs.field(default=None, init=False)
+    #: A ``keep`` pause froze the engines: the resume installs the version, then thaws them.
+    frozen: bool = attrs.field(default=False, init=False)
     #: Is the store full (new turns refused)? Read without a message.
     store_gauge: st.StoreGauge = attrs.field(factory=st.StoreGauge)
     #: Set at shutdown: new turns get 503 + Retry-After while the turns in flight finish.
@@ -254,8 +257,20 @@ class Runtime:
 
         ``abort`` stops them at the next token boundary; ``wait`` lets them finish
         but admits nothing new. With ``engine_pause`` the engines are paused too.
+        ``keep`` freezes them in the engines (every engine must be able to: else
+        :class:`BadRequest` names the one that cannot, and nothing is paused).
         """
         started = trio.current_time()
+        if mode == "keep":
+            refusal = await freeze_refusal(self.backend)
+            if refusal is not None:
+                raise BadRequest(f"pause mode keep: {refusal}", param="mode")
+            ack = await self.controller.pause(mode)
+            if not self.frozen:
+                self.frozen = True
+                ack = attrs.evolve(ack, engines=await forward_to_engines(self.backend, "freeze"))
+            self.last_pause_seconds = trio.current_time() - started
+            return ack
         ack = await self.controller.pause(mode)
         self.last_pause_seconds = trio.current_time() - started
         if self.config.preemption.engine_pause and mode == "abort":
@@ -265,7 +280,17 @@ class Runtime:
         return ack
 
     async def resume(self, *, weight_version: str | None = None, bump_epoch: bool = False) -> ResumeAck:
-        """Install the new weight version (given, or asked of the engine) and wake waiting turns."""
+        """Install the new weight version (given, or asked of the engine) and wake waiting turns.
+
+        After a ``keep`` pause the version is installed in the engines before they thaw, so
+        that every token sampled after the resume carries it.
+        """
+        if self.frozen:
+            self.frozen = False
+            if weight_version is not None:
+                await forward_to_engines(self.backend, "set_weight_version", weight_version)
+            await forward_to_engines(self.backend, "thaw")
+            return self.controller.resume(weight_version, bump_epoch=bump_epoch)
         if self.config.preemption.engine_pause:
             await forward_to_engines(self.backend, "resume")
         if weight_version is None:

@@ -102,6 +102,17 @@ class SimEngine:
             for gen in list(self._running.values()):
                 gen._kick()
 
+    async def freeze_refusal(self) -> str | None:
+        """The simulated engine can always freeze its generations in place (a ``keep`` pause)."""
+        return None
+
+    def freeze(self) -> None:
+        """A ``keep`` pause: :meth:`pause` under a holder of its own, released by :meth:`thaw`."""
+        self.pause("keep")
+
+    def thaw(self) -> None:
+        self.resume("keep")
+
     @property
     def paused(self) -> bool:
         return self._clock.paused_at is not None

@@ -48,7 +48,7 @@ class ReadBody:
 class PauseBody:
     """``POST /v1/rollout/pause`` (an empty body means the defaults)."""
 
-    mode: Literal["abort", "wait"] = "abort"
+    mode: Literal["abort", "wait", "keep"] = "abort"
     #: Dressage's: why (shown in ``pause_state`` until the resume).
     reason: str | None = None
     #: Dressage's: seconds the pause may wait for the generations in flight to stop.

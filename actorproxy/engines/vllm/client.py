@@ -304,6 +304,24 @@ class VLLMBackend(VersionedConnection):
         self._dev_route(protocol.RESUME_PATH, "nothing to resume on the engine")
         await request_json(self.http, "POST", self.url(protocol.RESUME_PATH), "vLLM resume")
 
+    async def freeze_refusal(self) -> str | None:
+        """Why this server cannot freeze generations in place (``None``: it can, with ``/pause?mode=keep``)."""
+        try:
+            lacks = self._lacks(protocol.PAUSE_PATH) if self._routes_read else (
+                (routes := await self.routes()) is not None and not routes.has(protocol.PAUSE_PATH))
+        except BackendError as exc:
+            return f"vLLM {self.base_url}: {exc}"
+        if lacks:
+            return f"vLLM {self.base_url} has no {protocol.PAUSE_PATH} (start it with VLLM_SERVER_DEV_MODE=1)"
+        return None
+
+    async def freeze(self) -> None:
+        """Freeze the generations in flight in place (``/pause?mode=keep``); :meth:`thaw` lets them go on."""
+        await self.pause("keep")
+
+    async def thaw(self) -> None:
+        await self.resume()
+
     async def update_weight_version(self, version: str) -> None:
         """``POST /update_weight_version``; without dev mode the version labels this client's tokens only."""
         if self._lacks(protocol.VERSION_PATH):
