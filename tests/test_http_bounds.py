@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -87,6 +88,12 @@ async def test_a_body_that_stops_gets_a_408_after_the_grace(autojump_clock: Any,
                 assert error["error"]["code"] == "request_timeout"
             assert "bytes/s" in (error["error"]["message"])
             assert await _closed(stream)
+    # The turn routes answer it themselves: counted and logged as a 408, not as a client that went away.
+    async with httpx.AsyncClient(base_url=proxy.url) as http:
+        metrics = (await http.get("/metrics")).text
+    assert 'actorproxy_requests_total{method="POST",route="/v1/chat/completions",status="408"} 1.0' in metrics
+    assert 'actorproxy_requests_total{method="POST",route="/v1/messages",status="408"} 1.0' in metrics
+    assert 'status="499"' not in metrics
 
 
 async def test_a_trickling_body_is_given_up_when_its_rate_falls_under_the_bound(

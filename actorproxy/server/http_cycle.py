@@ -49,6 +49,10 @@ DISCONNECT_EXTENSION = "actorproxy.on_disconnect"
 #: (``scope["extensions"][...]()``: its bytes, as if received; ``None``: receive it as usual). The turn lane's
 #: body then needs no timeout (the common case: the body came with the head).
 BODY_EXTENSION = "actorproxy.body_now"
+#: The scope extension that says, after an ``http.disconnect``, whether it came because the body was too slow:
+#: ``scope["extensions"][...]()`` is then the 408 to raise (``None``: the client went away). The turn lane answers
+#: it in the caller's format and counts it; an app that does not ask gets the server's own 408.
+SLOW_BODY_EXTENSION = "actorproxy.body_too_slow"
 
 
 class Date:
@@ -86,7 +90,8 @@ class Cycle:
             "headers": request.headers,
             "client": connection.client,
             "server": connection.local,
-            "extensions": {DISCONNECT_EXTENSION: self.add_disconnect_callback, BODY_EXTENSION: self.body_now},
+            "extensions": {DISCONNECT_EXTENSION: self.add_disconnect_callback, BODY_EXTENSION: self.body_now,
+                           SLOW_BODY_EXTENSION: self.too_slow},
         }
         self.on_disconnect: list[Callable[[], None]] = []
         self.body = http1.BodyReader(request)
@@ -130,17 +135,22 @@ class Cycle:
             return
         await self.connection.write(http1.error_response(status, Date.now()))
 
+    def too_slow(self) -> RequestTimeout | None:
+        """The 408 to answer when the body came slower than the server's bound (``None``: it did not)."""
+        if not self.slow_body:
+            return None
+        limits = self.connection.server.limits
+        return RequestTimeout(f"the request body did not arrive in time: after {limits.body_grace:g} s it must "
+                              f"arrive at {limits.body_min_rate:g} bytes/s at least")
+
     def timeout_response(self) -> bytes:
         """The 408 for a body that came too slowly: JSON in the caller's format, and the connection closes."""
-        limits = self.connection.server.limits
         path = str(self.scope["path"])
-        message = (f"the request body did not arrive in time: after {limits.body_grace:g} s it must arrive at "
-                   f"{limits.body_min_rate:g} bytes/s at least")
-        reply = error_reply(RequestTimeout(message), anthropic_shape=is_anthropic_route(path), method=self.method,
-                            path=path)
+        error = self.too_slow() or RequestTimeout()
+        reply = error_reply(error, anthropic_shape=is_anthropic_route(path), method=self.method, path=path)
         body = jsonio.dumps(reply.data)
         log.info("%s %s: the request body came slower than %g bytes/s; 408, the connection closes", self.method,
-                 path, limits.body_min_rate)
+                 path, self.connection.server.limits.body_min_rate)
         return (http1.status_line(408) + b"content-type: application/json\r\ncontent-length: %d\r\n"
                 b"connection: close\r\ndate: %s\r\n\r\n%s" % (len(body), Date.now(), body))
 
@@ -295,7 +305,7 @@ class Cycle:
         if framing is None:
             status, headers = self.head
             framing = http1.ResponseFraming(self.request, status, headers)
-            if self.leaves_body():  # a 413 decided from the head, say: the body is not read, the connection ends
+            if self.leaves_body() or self.slow_body:  # a 413 from the head, a 408: the rest is not read, it ends
                 framing.close = True
             out = framing.head(status, headers, Date.now())
             self.framing, self.close = framing, framing.close

@@ -33,7 +33,7 @@ from ..wire import jsonio
 from ..wire.format import Headers
 from .auth import AccessPolicy, route_kind
 from .drain import ASGIApp, Receive, Send
-from .http_cycle import BODY_EXTENSION, DISCONNECT_EXTENSION
+from .http_cycle import BODY_EXTENSION, DISCONNECT_EXTENSION, SLOW_BODY_EXTENSION
 from .identity import url_mount
 from .observe import Observer, error_code
 from .replies import ErrorReply, error_reply, is_anthropic_route
@@ -144,6 +144,7 @@ class _Turn:
         extensions = scope.get("extensions") or {}
         self.on_disconnect: Callable[[Callable[[], None]], None] | None = extensions.get(DISCONNECT_EXTENSION)
         self.body_now: Callable[[], bytes | None] | None = extensions.get(BODY_EXTENSION)
+        self.too_slow: Callable[[], Exception | None] | None = extensions.get(SLOW_BODY_EXTENSION)
 
     async def serve(self) -> None:
         token = CURRENT.set(self.info)
@@ -229,6 +230,9 @@ class _Turn:
             while True:
                 message = await self.receive()
                 if message["type"] != "http.request":
+                    slow = self.too_slow() if self.too_slow is not None else None
+                    if slow is not None:  # not gone: the body came too slowly (the server's bound), a 408
+                        raise slow
                     self.gone = True
                     return b""
                 chunk = message.get("body", b"")
