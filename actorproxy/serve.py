@@ -115,6 +115,7 @@ async def serve_proxy(
 def connection_limits(config: ProxyConfig) -> ConnectionLimits:
     """What a client may hold of the HTTP server (``--max-connections``, ``--body-timeout``, ``--body-min-rate``)."""
     server = config.server
+    raise_open_files_limit()  # first: the default bound on connections is drawn from it
     return ConnectionLimits(body_grace=server.body_timeout, body_min_rate=server.body_min_rate,
                             max_connections=server.max_connections or default_max_connections())
 
@@ -153,7 +154,6 @@ async def serve_until_signal(
     ``serve``: what serves (default :func:`serve_proxy`; a worker process of ``--workers`` passes its own).
     """
     first = trio.Event()
-    raise_open_files_limit()  # before the bound on connections is drawn from it (--max-connections)
 
     async def watch(signals: AsyncIterator[int]) -> None:
         async for signum in signals:
