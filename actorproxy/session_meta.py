@@ -12,7 +12,11 @@ its steps) and the finalize's refusal counts.
 Their sample is one sequence per trial. A session whose history was rewritten
 holds several segments: the sequence fields then describe the last one (the
 conversation as it ended) and ``traj_segment`` says which; every segment, with
-its arrays, is in ``segments``, so nothing read is lost.
+its arrays, is in ``segments``, so nothing read is lost. Sub-agents (Claude
+Code's Task, in child sessions) and side calls (one-shot helper calls with
+another system prompt) are in ``segments`` only, never in the sequence fields,
+the snapshot or the counters: LiveRL's proxy keeps calls with another system
+prompt apart and never trains them either.
 """
 
 from __future__ import annotations
@@ -93,6 +97,23 @@ def messages_snapshot(steps: Sequence[Mapping[str, Any]], session_id: str) -> li
     return conversation
 
 
+def main_segments(segments: Sequence[Mapping[str, Any]], session_id: str) -> list[Mapping[str, Any]]:
+    """The segments of the session's main conversation, in order: not its side calls', not its sub-agents'.
+
+    A sub-agent's segments belong to a child session (``<session>/sub-<n>#<i>``; their
+    ``parent_traj_id`` is the session); a side call's carry ``metadata.side_call``.
+    """
+    mine = [s for s in segments if str(s.get("trajectory_id", "")).rpartition("#")[0] == session_id
+            and not (s.get("metadata") or {}).get("side_call")]
+    return sorted(mine, key=lambda s: int(s["segment_index"]))
+
+
+def main_steps(read_result: Mapping[str, Any], session_id: str) -> list[Mapping[str, Any]]:
+    """The steps of the session's main conversation (those of :func:`main_segments`), in order."""
+    numbers = {int(s["segment_index"]) for s in main_segments(read_result.get("data") or [], session_id)}
+    return [s for s in own_steps(read_result.get("steps") or [], session_id) if int(s["segment_index"]) in numbers]
+
+
 def segment_index(segments: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Where a session's segments start and end, without their arrays (``trajectory_segments``)."""
     keys = ("trajectory_id", "parent_traj_id", "segment_index", "num_tokens", "num_trained_tokens", "step_indices",
@@ -106,7 +127,8 @@ def session_meta(
     """The dict LiveRL's ``pop_session`` returns, from ``/trajectory/read`` (``include_steps``) of the session."""
     meta = fresh_meta()
     segments = list(read_result.get("data") or [])
-    steps = own_steps(read_result.get("steps") or [], session_id)
+    own = main_segments(segments, session_id)
+    steps = main_steps(read_result, session_id)
     meta["session_id"] = session_id
     meta["segments"] = segments
     meta["trajectory_segments"] = segment_index(segments)
@@ -123,7 +145,6 @@ def session_meta(
     meta["proxy_model_inference_sec"] = sum(
         float(s["finished_at"]) - float(s["created_at"]) for s in steps if s.get("finished_at") and s.get("created_at")
     )
-    own = sorted((s for s in segments if s.get("parent_traj_id") == session_id), key=lambda s: int(s["segment_index"]))
     sampled = [v for s in own for v, m in zip(s.get("versions") or [], s.get("loss_mask") or [], strict=False)
                if m and v >= 0]
     if sampled:

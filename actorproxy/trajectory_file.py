@@ -12,7 +12,7 @@ Schema (``"schema": "actorproxy.proxy_trajectory/1"``)::
     {"schema": ..., "session_id": str, "written_at": float (Unix time),
      "segments": [Segment, ...],   # docs/data.md, child sessions (sub-agents) included
      "steps": [StepSummary, ...],  # a step without output_ids/logprobs/concat_* arrays
-     "messages_snapshot": [message, ...] | None,  # the conversation the model last saw, its last reply included
+     "messages_snapshot": [message, ...] | None,  # the main conversation as the model last saw it, last reply included
      "trajectory_segments": [{trajectory_id, segment_index, num_tokens, ..., boundary_reason}, ...]}
 
 ``messages_snapshot`` is the key LiveRL's dashboard reads (``webui/server.py``).
@@ -30,7 +30,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from .session_meta import messages_snapshot, segment_index
+from .session_meta import main_steps, messages_snapshot, segment_index
 
 SCHEMA = "actorproxy.proxy_trajectory/1"
 FILE_NAME = "proxy_trajectory.json"
@@ -66,7 +66,7 @@ def build_document(session_id: str, read_result: dict[str, Any]) -> dict[str, An
         "written_at": time.time(),
         "segments": read_result.get("data", []),
         "steps": steps,
-        "messages_snapshot": messages_snapshot(read_result.get("steps", []), session_id),
+        "messages_snapshot": messages_snapshot(main_steps(read_result, session_id), session_id),
         "trajectory_segments": segment_index(read_result.get("data", [])),
     }
 

@@ -166,3 +166,35 @@ def test_context_overflow_is_reported(tmp_path: Path) -> None:
     meta = asyncio.run(attempt())
     assert meta["context_overflow"] is True and meta["refused"] == {"context_overflow": 1}
     assert meta["num_calls"] >= 1 and _usable(meta)  # what came before the overflow is kept
+
+
+def test_side_calls_and_sub_agents_stay_out_of_the_sequence_and_the_counters(tmp_path: Path) -> None:
+    """Calls with another system prompt (a helper call; Claude Code's Task agent) are kept apart."""
+    async def attempt() -> dict[str, Any]:
+        async with start_proxy(**FAST) as proxy:
+            sid = "with-sub-agent"
+            await proxy.open_session(sid, trajectory_dir=tmp_path / sid)
+            base = proxy.session_anthropic_base(sid)
+            async with anthropic.AsyncAnthropic(base_url=base, api_key="unused", max_retries=0) as client:
+                main: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test."}]
+                first = await client.messages.create(model="policy", max_tokens=16, system="You are a coder.",
+                                                     messages=main)
+                await client.messages.create(model="policy", max_tokens=16, system="You are a search sub-agent.",
+                                             messages=[{"role": "user", "content": "Find parse_date."}])
+                main += [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                         {"role": "user", "content": "It is in utils.py."}]
+                await client.messages.create(model="policy", max_tokens=16, system="You are a coder.",
+                                             messages=main)
+                # Once the main conversation continued, another one is a sub-agent's (a child session).
+                await client.messages.create(model="policy", max_tokens=16, system="You are a test-finder.",
+                                             messages=[{"role": "user", "content": "Find the tests."}])
+            return await proxy.pop_session(sid)
+
+    meta = asyncio.run(attempt())
+    assert _usable(meta) and meta["num_calls"] == 2
+    assert any("/sub-" in s["trajectory_id"] for s in meta["segments"])
+    main = [s for s in meta["segments"] if not s["metadata"].get("side_call") and "/sub-" not in s["trajectory_id"]]
+    assert len(meta["segments"]) == len(main) + 2  # the side call's and the sub-agent's are handed over too
+    [segment] = main
+    assert meta["traj_acc_ids"] == segment["token_ids"] and meta["traj_segment"] == segment["trajectory_id"]
+    assert [m["role"] for m in meta["messages_snapshot"]] == ["system", "user", "assistant", "user", "assistant"]
