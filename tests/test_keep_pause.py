@@ -143,9 +143,11 @@ async def test_keep_on_a_vllm_server_freezes_it_and_labels_the_tokens_after(toke
                 if line.startswith("data: {"):
                     pieces.append(httpx.Response(200, content=line[6:]).json()["choices"][0]["delta"].get("content")
                                   or "")
+            running.faults.stall()  # hold the engine here, so the pause surely finds the generation running
             paused = (await http.post("/v1/rollout/pause", json={"mode": "keep"})).json()
+            running.faults.clear_stall()
             assert paused["aborted"] == 0 and paused["engines"] == [{"engine": "vllm", "ok": True}]
-            assert running.engine.paused and running.state.gate.paused
+            assert running.engine.paused and running.state.gate.paused  # still frozen: by the keep pause
             resumed = (await http.post("/v1/rollout/resume", json={"weight_version": "3"})).json()
             assert resumed["weight_version"] == "3" and not running.engine.paused
             async for line in lines:
