@@ -110,6 +110,8 @@ async def test_the_dressage_command_line(engine: RunningSim, tokenizer_dir: str,
     assert "--trajectory-build-model qwen3_5" in segment["log"]
 
 
+@pytest.mark.heavy
+@pytest.mark.ray
 async def test_the_gateway_command_line(engine: RunningSim, tokenizer_dir: str, tmp_path: Path) -> None:
     pytest.importorskip("ray")
     argv = _args(GATEWAY, tokenizer=tokenizer_dir, engine=engine.url)

@@ -89,6 +89,8 @@ async def _browser(*args: str, user_data: Path) -> str:
     return result.stdout.decode()
 
 
+@pytest.mark.heavy
+@pytest.mark.browser
 async def test_the_dashboard_renders_in_a_real_browser(
     proxy: RunningProxy, http: httpx.AsyncClient, tmp_path: Path
 ) -> None:

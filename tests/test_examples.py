@@ -62,6 +62,8 @@ def test_side_calls_example_runs() -> None:
     assert '"side_call_segments": 1' in result.stdout and "turn 0 logprobs:" in result.stdout
 
 
+@pytest.mark.heavy
+@pytest.mark.ray
 def test_ray_data_pool_example_feeds_one_trainer_from_two_replicas() -> None:
     pytest.importorskip("ray")
     result = _run(str(EXAMPLES / "ray_data_pool.py"))

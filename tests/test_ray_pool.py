@@ -14,6 +14,9 @@ from _proxyproc import ProxyProcess
 
 from actorproxy.store.ray_pool import DataPool
 
+# The tier installs or starts something big: `-m "not heavy"` leaves it out (README.md).
+pytestmark = [pytest.mark.heavy, pytest.mark.ray]
+
 HI = [{"role": "user", "content": "hi"}]
 
 

@@ -60,6 +60,9 @@ from actorproxy.engines.sglang.parse import (
 )
 from actorproxy.engines.sglang.protocol import PauseMode
 
+# The tier installs or starts something big: `-m "not heavy"` leaves it out (README.md).
+pytestmark = [pytest.mark.heavy, pytest.mark.sglang]
+
 URL = "http://sglang"
 PROMPT = array("i", [151644, 872, 198, 9707])
 EOT, EOS = 151645, 151643

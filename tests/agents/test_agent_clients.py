@@ -16,6 +16,9 @@ import pytest
 from agent_harness import REPO, Proxy, base_env, check_recording, run_client
 from wirelog import WireLog
 
+# The tier installs or starts something big: `-m "not heavy"` leaves it out (README.md).
+pytestmark = [pytest.mark.heavy, pytest.mark.agents]
+
 PROMPT = "Look at notes.txt and tell me what it says."
 
 

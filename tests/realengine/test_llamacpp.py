@@ -29,6 +29,9 @@ from actorproxy.tokenization.gguf import build_tokenizer
 from actorproxy.tokenization.gguf_file import read_vocab
 from actorproxy.tokenization.tokenizer import ChatTokenizer, load_tokenizer
 
+# The tier installs or starts something big: `-m "not heavy"` leaves it out (README.md).
+pytestmark = [pytest.mark.heavy, pytest.mark.realengine]
+
 SPECIAL_TEXTS = [
     "<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<pad>", "<unused7>", "<table>", "</td>", "<b>",
     "[multimodal]", "<start_of_image>", "<start_of_tur", "end_of_turn>", "<0x41>", "<0x0A>", "▁", "▁▁x",
