@@ -5,8 +5,11 @@
 It starts ``actorproxy sim`` (a simulated SGLang server) and then
 ``actorproxy run`` with the Dressage proxy's own example command line (seed
 "Starting the Proxy"; only the tokenizer and router paths are filled in, and
-the port comes from ``ACTORPROXY_PORT=0``), drives one session with the same
-``ProxyClient`` calls Dressage's documentation shows, and prints the segment.
+the port comes from ``ACTORPROXY_PORT=0`` and the SQLite store goes to a
+temporary directory by ``ACTORPROXY_DATA_DIR``, so it runs beside a proxy that
+holds ``./actorproxy-data``), drives one session with the same ``ProxyClient``
+calls Dressage's documentation shows, and prints the segment. A server that
+exits before serving is reported with its exit status and its last lines.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -31,14 +35,17 @@ def serve(command: list[str], env: dict[str, str]) -> Iterator[str]:
     """Run ``command`` until it logs the URL it serves on; yield the URL; stop it with SIGTERM."""
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
     assert process.stderr is not None
+    seen: deque[str] = deque(maxlen=20)
     try:
         for line in process.stderr:
+            seen.append(line)
             found = re.search(r"(?:serving on|listening on|Running on) (http://\S+)", line)
             if found:
                 yield found.group(1).rstrip("/")
                 break
         else:
-            raise SystemExit(f"{command[3]} exited before serving")
+            raise SystemExit(f"actorproxy {command[3]} exited with {process.wait()} before serving; it said:\n"
+                             + "".join(seen))
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
@@ -67,7 +74,8 @@ async def dressage_client(url: str) -> None:
 
 def main() -> None:
     python = [sys.executable, "-m", "actorproxy"]
-    with tempfile.TemporaryDirectory(prefix="Qwen3.5-4B-") as tokenizer_path:
+    with (tempfile.TemporaryDirectory(prefix="Qwen3.5-4B-") as tokenizer_path,
+          tempfile.TemporaryDirectory(prefix="actorproxy-data-") as data_dir):
         load_tokenizer().hf.save_pretrained(tokenizer_path)  # stands in for /path/to/Qwen3.5-4B
         with serve([*python, "sim", "--port", "0", "--token-interval", "0.001"], {}) as router:
             dressage = f"""
@@ -85,7 +93,7 @@ def main() -> None:
               --model-tool-call-type qwen3_5
               --model-reasoning-type qwen3
             """.split()
-            with serve([*python, "run", *dressage], {"ACTORPROXY_PORT": "0"}) as url:
+            with serve([*python, "run", *dressage], {"ACTORPROXY_PORT": "0", "ACTORPROXY_DATA_DIR": data_dir}) as url:
                 print("actorproxy, started with Dressage's command line, serves on", url)
                 trio.run(dressage_client, url)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +87,29 @@ def test_training_adapters_example_runs() -> None:
     assert "batch: 6 rows" in result.stdout
     for trainer in ("verl", "slime", "openrlhf", "skyrl", "trl"):
         assert f"\n{trainer}: " in result.stdout
+
+
+def _example_env(**changes: str) -> dict[str, str]:
+    """This environment without the suite's ACTORPROXY_STORE=memory (the example runs as a user runs it)."""
+    env = {k: v for k, v in os.environ.items() if k != "ACTORPROXY_STORE"}
+    return {**env, **changes}
+
+
+def test_dressage_example_runs_beside_a_readme_proxy(tmp_path: Path) -> None:
+    """A proxy started as the README says holds ./actorproxy-data; the example keeps its data elsewhere."""
+    held = tmp_path / "actorproxy-data"
+    held.mkdir()
+    with (held / "LOCK").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a running 'actorproxy run' holds
+        result = subprocess.run([sys.executable, str(EXAMPLES / "dressage_command_line.py")], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=300, env=_example_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "segment sess-001#0" in result.stdout
+
+
+def test_dressage_example_shows_why_a_server_exited(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, str(EXAMPLES / "dressage_command_line.py")], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300, env=_example_env(ACTORPROXY_STORE="bogus"))
+    assert result.returncode != 0
+    assert "exited with 2 before serving" in result.stderr, result.stderr
+    assert "bogus" in result.stderr, result.stderr  # the child's own error line
