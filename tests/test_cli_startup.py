@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -99,3 +100,34 @@ def test_the_start_up_banner(tmp_path: Path) -> None:
     # No admin token: the banner and a WARNING say that every route, rewards and drains included, is open.
     assert "access:    OPEN: anyone reaching 127.0.0.1 may set rewards" in text
     assert "WARNING" in text and "no --admin-token: every route is open to anyone who reaches http://127.0.0.1:" in text
+
+
+def _quickstart_block() -> list[str]:
+    """The start-up output docs/quickstart.md shows under its first ``actorproxy run``."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "quickstart.md").read_text()
+    block = re.search(r"```bash\n[^`]*\nactorproxy run\n```\n\n```\n(.*?)```", text, re.S)
+    assert block, "docs/quickstart.md: no output block after 'actorproxy run'"
+    return block.group(1).splitlines()
+
+
+def test_the_quickstart_shows_what_run_prints(tmp_path: Path) -> None:
+    """docs/quickstart.md's start-up output is what a plain ``actorproxy run`` prints, line for line
+    (its defaults: ./actorproxy-data; the time stamp left out, the port 8800). The first run, which
+    builds the tokenizer cache, prints the same lines."""
+    env = {k: v for k, v in os.environ.items() if k != "ACTORPROXY_STORE"}
+    process = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--port", "0"], cwd=tmp_path,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    assert process.stderr is not None
+    lines = []
+    try:
+        for line in process.stderr:
+            lines.append(line)
+            if "  try:" in line:
+                break
+    finally:
+        process.terminate()
+        process.communicate(timeout=60)
+    port = re.search(r"serving on http://127\.0\.0\.1:(\d+)", "".join(lines)).group(1)  # type: ignore[union-attr]
+    printed = [re.sub(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ", "", line.rstrip("\n")).replace(f":{port}", ":8800")
+               for line in lines]
+    assert _quickstart_block() == printed
