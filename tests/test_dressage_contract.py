@@ -130,6 +130,8 @@ async def test_read_with_drain_removes_the_exact_trajectory(http: httpx.AsyncCli
     assert second.json()["success"] is False and second.json()["data"] == []
     timeline = await http.post("/trajectory/read", json={"trajectory_id": "drain-sess", "segment_view": "timeline"})
     assert timeline.status_code == 400
+    steps = await http.post("/trajectory/read", json={"trajectory_id": "drain-sess", "include_steps": True})
+    assert steps.status_code == 400 and "messages" in steps.json()["error"]["message"]  # not ignored: refused
 
 
 async def test_a_record_is_what_dressages_samples_consume(http: httpx.AsyncClient, tokenizer: ChatTokenizer) -> None:

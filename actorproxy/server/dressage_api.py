@@ -29,7 +29,7 @@ import trio
 
 from ..config import ProxyConfig
 from ..core.records import CONTEXT_VERSION
-from ..errors import ContextOverflow, NotFound, ProxyError
+from ..errors import BadRequest, ContextOverflow, NotFound, ProxyError
 from ..runtime.runtime import Runtime
 from ..wire.converter import CONVERTER
 from ..wire.trainer import FinalizeBody, PauseBody, ReadBody, ResumeBody
@@ -114,6 +114,9 @@ class DressageApi:
 
     async def read(self, body: ReadBody) -> dict[str, Any]:
         """``trajectory_id`` (or ``session_id``): that session's records; neither: ready prompt groups."""
+        if body.include_steps:
+            raise BadRequest("'include_steps' is not a Dressage read field: its records carry the conversation "
+                             "('messages'); read the steps with --api-dialect actorproxy", param="include_steps")
         sid = body.trajectory_id or body.session_id
         stats = await self.runtime.store_stats()
         if sid is None:
