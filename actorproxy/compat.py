@@ -33,7 +33,7 @@ _TOKEN_BUILD_MODES = {"tito": "concat", "snapshot": "last_step"}
 _DRESSAGE_FLAGS = (
     "--sglang-router-url", "--trajectory-build-model", "--dressage-partial-rollout", "--token-build-mode",
     "--token-build-model", "--model-mask-type", "--tito-model", "--routed-experts-dtype",
-    "--max-partial-rollout-preempts", "--enable-transfer-queue", "--tool-call-hooks",
+    "--enable-transfer-queue", "--tool-call-hooks",
 )
 #: The flags of Dressage's shipped launch scripts that select its wire shapes (``--api-dialect dressage``).
 _DRESSAGE_SHIPPED = ("--token-build-mode", "--token-build-model")
@@ -125,8 +125,6 @@ def add_dressage_arguments(group: Any) -> None:
     add("--routed-experts-dtype", choices=("uint8", "uint16", "int32"), action=_ExpertsDtype,
         dest="compat.experts_dtype", default=argparse.SUPPRESS,
         help="Dressage: int32 (what is recorded); uint8 and uint16 are refused")
-    add("--max-partial-rollout-preempts", metavar="N", action=_Refused, default=argparse.SUPPRESS,
-        help="a cap on the weight-version switches of one partial-rollout session")
     add("--enable-transfer-queue", nargs=0, action=_Refused, default=argparse.SUPPRESS,
         help="TransferQueue offload of logprobs and routed experts (segments stay in the --store)")
     for flag, meta in (("--transfer-queue-config", "PATH"), ("--transfer-queue-retention-seconds", "S")):

@@ -286,6 +286,22 @@ async def test_a_batch_read_hands_out_ready_prompt_groups(engine: SimEngine, tok
             assert len(left["data"]) == 1  # the group still filling stays
 
 
+@pytest.mark.parametrize(("cap", "status"), [(0, 502), (1, 200)])
+async def test_the_partial_rollout_preempt_cap(engine: SimEngine, tokenizer: ChatTokenizer, cap: int,
+                                               status: int) -> None:
+    config = _dressage(partial_rollout=True, max_partial_rollout_preempts=cap)
+    async with open_proxy(config, backend=engine, tokenizer=tokenizer) as running:
+        async with httpx.AsyncClient(base_url=running.url, timeout=30) as http:
+            first = (await _turn(http, "capped")).json()["choices"][0]["message"]
+            await http.post("/v1/rollout/pause", json={"reason": "weight_update"})
+            await http.post("/v1/rollout/resume", json={"reason": "weight_update", "version": "2"})
+            follow = [*USER, {"role": "assistant", "content": first["content"]}, {"role": "user", "content": "on"}]
+            later = await _turn(http, "capped", messages=follow)  # its tokens would come from a second version
+            assert later.status_code == status
+            if status == 502:
+                assert later.json()["detail"]["error"] == "partial_rollout_staleness_exceeded"
+
+
 def _config(line: str, **values: str) -> ProxyConfig:
     argv = ["run", *line.format(**values).split()]
     return config_from_args(build_parser().parse_args(argv), argv)
@@ -320,11 +336,12 @@ def test_the_shipped_launch_lines_mean_what_they_say(monkeypatch: pytest.MonkeyP
     keyed = _config(BLACK_BOX + " --api-key k1", tokenizer="qwen3", port="1")
     assert keyed.security.api_key == keyed.security.admin_token == "k1"
     sized = _config(BLACK_BOX + " --min-group-size 4 --group-timeout 60 --session-timeout 3200 "
-                    "--max-output-tokens 2048 --stream-heartbeat-interval-seconds 15 --routed-experts-dtype int32 "
+                    "--max-partial-rollout-preempts 2 --max-output-tokens 2048 "
+                    "--stream-heartbeat-interval-seconds 15 --routed-experts-dtype int32 "
                     "--transfer-queue-config q.yaml", tokenizer="qwen3", port="1")
     assert (sized.server.min_group_size, sized.server.group_timeout) == (4, 60.0)
     assert sized.limits.session_ttl == 3200.0 and sized.limits.max_output_tokens == 2048
-    assert sized.server.heartbeat_interval == 15.0
+    assert sized.server.heartbeat_interval == 15.0 and sized.preemption.max_partial_rollout_preempts == 2
 
 
 @pytest.mark.parametrize(
@@ -332,7 +349,6 @@ def test_the_shipped_launch_lines_mean_what_they_say(monkeypatch: pytest.MonkeyP
     [
         ("--enable-transfer-queue", "TransferQueue"),
         ("--tool-call-hooks my_hook", "tool-call side-effect hooks"),
-        ("--max-partial-rollout-preempts 2", "weight-version switches"),
         ("--routed-experts-dtype uint8", "int32"),
         ("--stream-heartbeat-interval-seconds 0", "heartbeats"),
     ],

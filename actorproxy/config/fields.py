@@ -33,6 +33,11 @@ def _positive(_inst: Any, attribute: Any, value: Any) -> None:
         raise ValueError(f"--{attribute.name.replace('_', '-')} must be positive, got {value}")
 
 
+def non_negative(_inst: Any, attribute: Any, value: Any) -> None:
+    if value is not None and value < 0:
+        raise ValueError(f"--{attribute.name.replace('_', '-')} must be 0 or more, got {value}")
+
+
 def temperature_range(_inst: Any, attribute: Any, value: Any) -> None:
     if value is not None and not 0.0 <= value <= 2.0:
         raise ValueError(f"--{attribute.name.replace('_', '-')} must be between 0 and 2, got {value}")

@@ -14,6 +14,7 @@ from .fields import (
     RewriteMode,
     SideCallMode,
     SubAgentMode,
+    non_negative,
     probability,
     recompute_logprobs_from_env,
     setting,
@@ -232,6 +233,13 @@ class PreemptionSettings:
     engine_pause: bool = setting(
         False,
         help="also pause and resume the engines themselves (SGLang /pause_generation, vLLM dev-mode /pause)",
+    )
+    max_partial_rollout_preempts: int | None = setting(
+        None,
+        validator=non_negative,
+        metavar="N",
+        help="with --partial-rollout: a session's next turn gets 409 partial_rollout_staleness_exceeded (Dressage "
+        "dialect: 502) once its tokens would span more than N+1 weight versions; default: no cap",
     )
 
 

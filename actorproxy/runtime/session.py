@@ -30,7 +30,7 @@ import attrs
 import trio
 
 from ..config import ProxyConfig
-from ..core.records import Step
+from ..core.records import Step, version_number
 from ..core.session_state import Moved, Planned, Prepared, Refusal, SessionState
 from ..errors import BadRequest, Conflict, ProxyError, StorageFull
 from ..tokenization.tokenizer import ChatTokenizer
@@ -317,6 +317,19 @@ class SessionActor:
 
     # -- a turn ------------------------------------------------------------
 
+    def _check_version_span(self, permit: Permit) -> None:
+        cap = self._config.preemption.max_partial_rollout_preempts
+        if cap is None:
+            return
+        versions = {v for step in self.state.steps if step.status == "completed" for v in step.output_versions}
+        versions.add(version_number(permit.weight_version))
+        if len(versions) - 1 > cap:
+            raise Conflict(
+                f"this partial rollout would span {len(versions)} weight versions (--max-partial-rollout-preempts "
+                f"{cap} allows {cap + 1}); start a new session",
+                code="partial_rollout_staleness_exceeded",
+            )
+
     async def _prepare(self, msg: RunTurn) -> Prepared | Refusal | Moved:
         """Plan and render the turn; a short one on the loop (the thread hand-off would cost more: ``turn_cost``)."""
         state, offload = self.state, self._offload
@@ -366,8 +379,12 @@ class SessionActor:
                 await self._store.send(store_msgs.Journal(self.session_id, result.prepared.step))
 
     def _check_version(self, permit: Permit) -> None:
-        """Without partial rollout a session's turns must all run under one weight version and epoch."""
+        """Without partial rollout a session's turns must all run under one weight version and epoch.
+
+        With it, ``--max-partial-rollout-preempts N`` bounds the versions a session's tokens span to N+1.
+        """
         if self._generation_settings.partial_rollout:
+            self._check_version_span(permit)
             return
         if self._first_permit is None:
             self._first_permit = permit

@@ -42,7 +42,8 @@ _INPUT_VERSION = "-1"
 #: Our codes that mean "this rollout is void: start another", as Dressage's sandbox proxy knows them.
 _INVALIDATED = {"trajectory_version_changed": "trajectory_version_changed",
                 "generation_interrupted": "generation_preempted",
-                "weight_version_mismatch": "weight_version_mismatch"}
+                "weight_version_mismatch": "weight_version_mismatch",
+                "partial_rollout_staleness_exceeded": "partial_rollout_staleness_exceeded"}
 #: Segment starts that mean the agent rewrote its history (Dressage's ``history_rewritten``).
 _REWRITES = frozenset({"history_rewrite", "system_changed", "tool_schema_change", "tito_failure"})
 
@@ -237,7 +238,7 @@ class DressageApi:
             "dynamic_max_tokens": config.limits.dynamic_max_tokens,
             "use_rollout_routing_replay": config.engines.use_rollout_routing_replay,
             "partial_rollout": config.preemption.partial_rollout,
-            "max_partial_rollout_preempts": None,
+            "max_partial_rollout_preempts": config.preemption.max_partial_rollout_preempts,
             "stream_heartbeat_interval_seconds": config.server.heartbeat_interval,
         }
 
@@ -268,7 +269,7 @@ class DressageApi:
             "mask_nonlast_version_tokens": config.trajectory.mask_nonlast_version_tokens,
             "max_output_tokens": config.limits.max_output_tokens,
             "partial_rollout": config.preemption.partial_rollout,
-            "max_partial_rollout_preempts": None,
+            "max_partial_rollout_preempts": config.preemption.max_partial_rollout_preempts,
             "current_weight_version": current,
             "cached_weight_version": cached,
             "weight_version_authoritative": authoritative,
