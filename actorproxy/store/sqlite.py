@@ -9,7 +9,14 @@ serialised answer exists.
 Tables: ``segments`` (fields as JSON, the four arrays as bytes), ``steps``
 (fields as JSON, the arrays packed in one blob), ``journal`` (the completed
 steps of open sessions, same encoding), ``sessions`` (sub-agent children) and
-``state`` (the counters).
+``state`` (the counters and the number of commits).
+
+Beside the file, ``committed.json`` holds what the file held after its latest
+commit (the number of commits, finalized sessions, segments and steps stored),
+written once the commit is durable. A start that finds the file behind it (its
+WAL deleted after a crash, an older copy restored) says so at CRITICAL, with how
+much is lost, instead of serving on without a word. A file SQLite cannot open is
+a :class:`StartupError` naming ``--data-dir``.
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 DB_FILE = "trajectories.sqlite3"
+#: What the file held after its latest commit (see the module docstring).
+MARK_FILE = "committed.json"
+_MARK_SIZE = 256
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (key TEXT PRIMARY KEY, children TEXT NOT NULL DEFAULT '[]');
@@ -85,22 +95,74 @@ class SQLiteStore:
             self._lock.close()
             raise StartupError("--data-dir", f"{data_dir} is in use by another actorproxy process; give each "
                                "one its own --data-dir") from None
-        # One connection, used by one worker thread at a time (the store actor's limiter).
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous}")
-        self._db.executescript(_SCHEMA)
-        row = self._db.execute("SELECT value FROM state WHERE name = 'counters'").fetchone()
-        self._counts = StoreCounters(json.loads(row[0]) if row else None)
         self._tokens = 0
         self._bytes = 0
-        for table in ("segments", "steps"):
-            tokens, size = self._db.execute(f"SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(bytes), 0) FROM {table}")\
-                .fetchone()
-            self._tokens += tokens
-            self._bytes += size
+        self._commits = 0
+        self._mark = -1
+        #: What committed data the file no longer held at start (see the module docstring).
+        self.lost_at_start: dict[str, int] = {}
+        try:
+            self._open(synchronous)
+        except (sqlite3.Error, ValueError) as exc:
+            self._lock.close()
+            raise StartupError("--data-dir", f"{self.path} cannot be opened as a store ({exc}): it may be damaged; "
+                               "move it aside (keep it for recovery) or give another --data-dir") from None
         self._in_tx = False
         self._saved: tuple[int, int, dict[str, Any]] = (0, 0, {})
+        self._check_mark(data_dir)
+
+    def _open(self, synchronous: str) -> None:
+        # One connection, used by one worker thread at a time (the store actor's limiter).
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT value FROM state WHERE name = 'counters'").fetchone()
+            self._counts = StoreCounters(json.loads(row[0]) if row else None)
+            row = self._db.execute("SELECT value FROM state WHERE name = 'commits'").fetchone()
+            self._commits = int(row[0]) if row else 0
+            for table in ("segments", "steps"):
+                tokens, size = self._db.execute(
+                    f"SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(bytes), 0) FROM {table}").fetchone()
+                self._tokens += tokens
+                self._bytes += size
+        except BaseException:
+            self._db.close()
+            raise
+
+    # -- what the file held after its latest commit ---------------------------------
+
+    def _held(self) -> dict[str, int]:
+        counters = self._counts.counters
+        return {"commits": self._commits, "finalized_sessions": self._counts.closed_by["finalize"],
+                "segments": counters["segments_stored"], "steps": counters["steps_stored"]}
+
+    def _check_mark(self, data_dir: str) -> None:
+        """Compare the file with ``committed.json``: report loudly what it lost, then mark what it holds."""
+        mark_path = os.path.join(data_dir, MARK_FILE)
+        self._mark = os.open(mark_path, os.O_RDWR | os.O_CREAT, 0o644)
+        raw = os.pread(self._mark, _MARK_SIZE, 0)
+        held = self._held()
+        try:
+            marked = {k: int(v) for k, v in json.loads(raw).items()} if raw.strip() else None
+        except (ValueError, TypeError, AttributeError):
+            log.warning("%s is unreadable (%r); it is written anew", mark_path, raw[:60])
+            marked = None
+        if marked is not None and marked.get("commits", 0) > held["commits"]:
+            self.lost_at_start = {k: max(0, marked.get(k, 0) - v) for k, v in held.items()}
+            lost = self.lost_at_start
+            log.critical(
+                "store %s: %d finalized session(s), %d segment(s) and %d step(s) committed before (%d commit(s)) "
+                "are not in the file: its WAL (%s-wal) was deleted after a crash, or an older copy was restored. "
+                "They are lost unless that WAL or a newer copy is put back (stop first); counted in "
+                "/trajectory/stats lost_at_start", self.path, lost["finalized_sessions"], lost["segments"],
+                lost["steps"], lost["commits"], self.path)
+        self._write_mark()
+
+    def _write_mark(self) -> None:
+        data = json.dumps(self._held()).encode()
+        os.pwrite(self._mark, data.ljust(_MARK_SIZE - 1) + b"\n", 0)
 
     # -- writes ------------------------------------------------------------------
 
@@ -115,8 +177,12 @@ class SQLiteStore:
             self._db.execute(
                 "INSERT OR REPLACE INTO state (name, value) VALUES ('counters', ?)", (dumps(self._counts.to_json()),)
             )
+            self._db.execute("INSERT OR REPLACE INTO state (name, value) VALUES ('commits', ?)",
+                             (str(self._commits + 1),))
             self._db.execute("COMMIT")
+            self._commits += 1
             self._in_tx = False
+            self._write_mark()  # after the commit is durable: the mark is never ahead of the file
 
     def rollback(self) -> None:
         """Undo the open transaction and the counters it moved (after a failed write or commit)."""
@@ -286,6 +352,7 @@ class SQLiteStore:
             "bytes": self._bytes,
             "journal_steps": count("SELECT COUNT(*) FROM journal"),
             **self._counts.stats(),
+            **({"lost_at_start": dict(self.lost_at_start)} if self.lost_at_start else {}),
         }
 
     # -- recovery ------------------------------------------------------------------
@@ -297,6 +364,14 @@ class SQLiteStore:
         kept as steps only; the rest of each session's steps are rebuilt into its
         open segment. Returns each such session's next step and segment index.
         """
+        try:
+            return self._recover()
+        except sqlite3.DatabaseError as exc:
+            self.rollback()
+            raise StartupError("--data-dir", f"{self.path}: its journal cannot be recovered ({exc}): it may be "
+                               "damaged; move it aside (keep it for recovery) or give another --data-dir") from None
+
+    def _recover(self) -> Recovered:
         nexts = self._stored_numbering()
         rows = self._db.execute(
             "SELECT session_id, key, segment_index, closed, meta, arrays FROM journal ORDER BY session_id, step_index"
@@ -356,6 +431,7 @@ class SQLiteStore:
         self.commit()
         self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self._db.close()
+        os.close(self._mark)
         self._lock.close()
 
 
