@@ -139,3 +139,15 @@ async def test_the_router_and_the_app_find_the_same_session(tmp_path: Path) -> N
                     sent += 2
             listed = (await client.get("/sessions")).json()["data"]
             assert [(row["session_id"], row["steps"]) for row in listed] == [(a, sent)], listed
+
+
+async def test_a_session_key_minted_by_one_worker_opens_its_session_on_every_worker(tmp_path: Path) -> None:
+    """Without --session-key-secret or --admin-token each process drew its own secret: a key minted by one
+    worker (POST /session/open lands on either) was refused (401) by the other."""
+    async with run_workers(tmp_path, "--agent-auth", "session-key") as proxy, new_connections(proxy) as client:
+        for number in range(6):
+            opened = (await client.post("/session/open", json={"session_id": f"keyed-{number}"})).json()
+            for _ in range(2):  # new connections: either worker gets the turn first
+                answer = await client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2},
+                                           headers={"authorization": f"Bearer {opened['api_key']}"})
+                assert answer.status_code == 200, answer.text[:300]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import secrets
 import shutil
 import signal
 import sys
@@ -60,7 +61,7 @@ class Supervisor:
         self.directory = tempfile.mkdtemp(prefix="actorproxy-workers-")
         try:
             port = hold.getsockname()[1]
-            config = self.config = config.evolve(port=port)
+            config = self.config = shared_secrets(config.evolve(port=port))
             _write_config(self.directory, config)
             async with trio.open_nursery() as nursery:
                 ready = [trio.Event() for _ in range(config.server.workers)]
@@ -133,6 +134,15 @@ class Supervisor:
                 if process.returncode is None:
                     process.kill()
             os.close(life_write)
+
+
+def shared_secrets(config: ProxyConfig) -> ProxyConfig:
+    """``config`` with one session-key secret for every worker (drawn here when none is given nor derived from the
+    admin token): a key minted by one worker must open its session on every worker."""
+    security = config.security
+    if security.session_key_secret or security.admin_token:
+        return config
+    return config.evolve(session_key_secret=secrets.token_urlsafe(32))
 
 
 def _write_config(directory: str, config: ProxyConfig) -> None:
