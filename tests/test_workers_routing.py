@@ -196,3 +196,23 @@ async def test_an_embedded_proxy_refuses_several_workers() -> None:
         async with open_proxy(ProxyConfig.of(port=0, workers=2)):
             pass
     assert raised.group_contains(StartupError, match="--workers: an embedded proxy is one process", depth=None)
+
+
+async def test_a_refused_gateway_call_keeps_its_connection(tmp_path: Path) -> None:
+    """The 501 of a gateway route left its body unread: the connection closed without saying so, and the next
+    request on it got no answer."""
+    server = HTTPServer(FanOut(_local, 2, str(tmp_path)))
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(partial(server.serve, "127.0.0.1", 0, shutdown_trigger=stop.wait))
+        stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        await stream.send_all(b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
+                              b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        received = b""
+        with trio.fail_after(10):
+            while b"local /v1/models" not in received and (data := await stream.receive_some(65536)):
+                received += data
+        assert received.startswith(b"HTTP/1.1 501 ") and b"not_configured" in received
+        assert b"local /v1/models" in received
+        await stream.aclose()
+        stop.set()
