@@ -216,3 +216,16 @@ async def test_a_refused_gateway_call_keeps_its_connection(tmp_path: Path) -> No
         assert b"local /v1/models" in received
         await stream.aclose()
         stop.set()
+
+
+async def test_a_request_without_a_body_that_the_router_would_route_by_its_body_is_answered(tmp_path: Path) -> None:
+    """A turn route's GET, or a POST /session/finalize with no body: the router waited for bytes that never come."""
+    here = HTTPServer(_local, router=Router(0, 2, str(tmp_path)))
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(partial(here.serve, "127.0.0.1", 0, shutdown_trigger=stop.wait))
+        async with httpx.AsyncClient(base_url=url) as client:
+            with trio.fail_after(10):
+                assert (await client.get("/v1/chat/completions")).text == "local /v1/chat/completions"
+                assert (await client.post("/session/finalize")).text == "local /session/finalize"
+        stop.set()

@@ -201,8 +201,8 @@ async def _whole_body(connection: _Connection, request: http1.RequestHead) -> by
                 while not reader.done and (piece := reader.read(pending)) is not None:
                     pieces.append(piece)
                     size += len(piece)
-                if reader.done:
-                    return b"".join(pieces)
+            if reader.done:  # (an empty body is done before a byte arrives)
+                return b"".join(pieces)
             if connection.eof or size > MAX_BODY:
                 return None
             await connection.wait_for_bytes()
