@@ -408,3 +408,10 @@ async def test_the_black_box_launch_starts_unchanged(
         assert len(sim.state.records) >= 1  # the turn went to the engine SGLANG_ROUTER_URL names
     text = (tmp_path / "proxy.log").read_text()
     assert "--backend sglang --backend-url " + sim.url in text and "api-dialect dressage" in text
+
+
+def test_with_workers_a_discard_goes_to_the_worker_of_the_session_it_names() -> None:
+    from actorproxy.workers.routing import NEED_BODY, body_session, head_session
+
+    assert head_session("/session/discard", {}) == NEED_BODY  # not a session named "discard"
+    assert body_session(b'{"session_id": "rollout-7"}', "/session/discard") == "rollout-7"

@@ -32,7 +32,7 @@ from ..server.responses_format import CONVERSATION_HEADERS
 #: Model routes (any mount: ``/``, ``/sess/<id>/``, ``/<trajectory_uid>/<prompt_uid>/``): a turn of a session.
 TURN_SUFFIXES = ("/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/messages/count_tokens")
 #: Our routes whose JSON body names the session.
-BODY_SESSION_PATHS = frozenset({"/session/finalize", "/trajectory/read"})
+BODY_SESSION_PATHS = frozenset({"/session/finalize", "/session/discard", "/trajectory/read"})
 #: Routes answered for every worker by the one that receives them (``fanout``), and their method (any other method
 #: is the single process's to answer: 405, ``HEAD``, ``OPTIONS``).
 FANOUT_ROUTES = {
@@ -91,7 +91,7 @@ def head_session(path: str, headers: Headers) -> str | None | Literal["body"]:
     except BadRequest:
         return None
     for route in ("/session/", "/ui/api/session/"):  # ``<path:session_id>``: the URL alone names it
-        if path.startswith(route) and path not in ("/session/finalize", "/session/open"):
+        if path.startswith(route) and path not in ("/session/finalize", "/session/discard", "/session/open"):
             return path[len(route):] or None
     return NEED_BODY if path in BODY_SESSION_PATHS else None
 
