@@ -71,6 +71,17 @@ async def test_what_the_head_decides_is_answered_at_once(autojump_clock: Any, pr
             assert trio.current_time() - start == pytest.approx(GRACE)
 
 
+async def test_an_answer_before_a_100_continue_closes_the_connection(autojump_clock: Any, proxy: RunningProxy) -> None:
+    """A client that waits for ``100 Continue`` may never send the body: what it sends next is no body."""
+    async with await _connect(proxy) as stream:
+        await stream.send_all(b"POST /no/such/route HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\n"
+                              b"content-length: 20\r\n\r\n")
+        start = trio.current_time()
+        status, headers, _ = await _response(stream)
+        assert (status, headers.get("connection"), trio.current_time() - start) == (404, "close", 0)
+        assert await _closed(stream)
+
+
 async def test_a_body_that_stops_gets_a_408_after_the_grace(autojump_clock: Any, proxy: RunningProxy) -> None:
     """A body cut short held the connection for 600 s (§16): now the grace, then 408 in the caller's format."""
     for path, anthropic in ((b"/v1/chat/completions", False), (b"/v1/messages", True), (b"/session/finalize", False)):

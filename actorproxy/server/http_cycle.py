@@ -238,6 +238,8 @@ class Cycle:
         body = self.body
         if self.body_given or body.done:
             return False
+        if self.request.expect_continue:  # no 100 Continue went out: the client may never send it
+            return True
         return body.chunked or body.remaining - len(self.connection.buffer) > BODY_DISCARD
 
     async def wait_disconnect(self) -> Message:
