@@ -149,8 +149,8 @@ class Cycle:
         error = self.too_slow() or RequestTimeout()
         reply = error_reply(error, anthropic_shape=is_anthropic_route(path), method=self.method, path=path)
         body = jsonio.dumps(reply.data)
-        log.info("%s %s: the request body came slower than %g bytes/s; 408, the connection closes", self.method,
-                 path, self.connection.server.limits.body_min_rate)
+        server = self.connection.server
+        server.slow_bodies.note(trio.current_time(), self.method, path, server.limits.body_min_rate)
         return (http1.status_line(408) + b"content-type: application/json\r\ncontent-length: %d\r\n"
                 b"connection: close\r\ndate: %s\r\n\r\n%s" % (len(body), Date.now(), body))
 

@@ -42,7 +42,7 @@ from ..runtime.in_flight import InFlight
 from . import http1
 from .drain import ASGIApp
 from .http_cycle import BODY_AT_ONCE, CONTINUE, MAX_PIPELINED, Cycle, Date
-from .limits import HEADROOM, AcceptFailures, ConnectionLimits, is_probe, overloaded_response
+from .limits import HEADROOM, ConnectionLimits, accept_failures, is_probe, overloaded_response, slow_bodies
 
 log = logging.getLogger("actorproxy.http")
 
@@ -361,7 +361,8 @@ class HTTPServer:
         self.connections: set[_Connection] = set()
         self.open = 0  # connections accepted (or adopted) and not closed yet
         self.released = trio.lowlevel.ParkingLot()  # tasks waiting for a connection to close
-        self.accept_failures = AcceptFailures()
+        self.accept_failures = accept_failures()
+        self.slow_bodies = slow_bodies()
 
     async def serve(
         self,
@@ -426,7 +427,7 @@ class HTTPServer:
                         continue
                     if error.errno not in _ACCEPT_CAPACITY:
                         raise
-                    self.accept_failures.failed(os.strerror(error.errno or 0), trio.current_time())
+                    self.accept_failures.note(trio.current_time(), os.strerror(error.errno or 0))
                     self.close_idle()
                     with trio.move_on_after(0.1):  # until a connection closes, or a while
                         await self.released.park()

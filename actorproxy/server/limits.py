@@ -89,17 +89,28 @@ def overloaded_response(max_connections: int, date: bytes) -> bytes:
             b"connection: close\r\ndate: %s\r\n\r\n%s" % (len(body), date, body))
 
 
-class AcceptFailures:
-    """``accept`` failing for want of descriptors (or memory): logged once per ``LOG_EVERY`` seconds, counted."""
+class Repeated:
+    """A log line a client can cause again and again: written once per ``LOG_EVERY`` seconds, with a count."""
 
-    def __init__(self) -> None:
+    def __init__(self, level: int, text: str) -> None:
+        self.level, self.text = level, text + " (%d time(s) since the last such line)"
         self.count = 0  # since the last line
         self.logged_at: float | None = None
 
-    def failed(self, reason: str, now: float) -> None:
+    def note(self, now: float, *args: object) -> None:
         self.count += 1
         if self.logged_at is not None and now - self.logged_at < LOG_EVERY:
             return
-        log.error("accept failed: %s (%d time(s) since the last such line); closing idle connections, "
-                  "retrying (see --max-connections, ulimit -n)", reason, self.count)
+        log.log(self.level, self.text, *args, self.count)
         self.count, self.logged_at = 0, now
+
+
+def accept_failures() -> Repeated:
+    """``accept`` failing for want of descriptors (or memory)."""
+    return Repeated(logging.ERROR, "accept failed: %s; closing idle connections, retrying (see --max-connections, "
+                                   "ulimit -n)")
+
+
+def slow_bodies() -> Repeated:
+    """A request body given up for its rate (on a route whose app did not answer the 408 itself)."""
+    return Repeated(logging.INFO, "%s %s: the request body came slower than %g bytes/s; 408, the connection closes")
