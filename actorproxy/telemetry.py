@@ -29,6 +29,8 @@ class RequestInfo:
     sampled_tokens: int | None = None
     first_token_at: float | None = None
     finished: bool = False
+    #: A warning the reply carries in its ``X-Actorproxy-Warning`` header (what the request asked that is lost).
+    warning: str | None = None
 
     def elapsed_ms(self, now: float) -> float:
         return (now - self.started) * 1000
@@ -43,6 +45,13 @@ def note_first_token(at: float | None = None) -> None:
     info = CURRENT.get()
     if info is not None and info.first_token_at is None:
         info.first_token_at = time.perf_counter() if at is None else at
+
+
+def note_warning(text: str) -> None:
+    """The request asks for something the proxy cannot give: its reply says so in a header."""
+    info = CURRENT.get()
+    if info is not None:
+        info.warning = text
 
 
 def note_turn(*, session: str | None, prompt_tokens: int, sampled_tokens: int) -> None:

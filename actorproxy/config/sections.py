@@ -207,6 +207,12 @@ class TrajectorySettings:
     mask_nonlast_version_tokens: bool = setting(
         False, help="loss mask 0 on sampled tokens of weight versions older than the segment's newest"
     )
+    merge_consecutive_messages: bool = setting(
+        False,
+        help="join consecutive system or user messages into one (a blank line between) before rendering, for "
+        "chat templates that require strict user/assistant alternation (Gemma 3); every character is kept, "
+        "assistant messages are never joined (docs/models.md)",
+    )
     tito_model: Literal["auto", "qwen3", "qwen3_5", "qwen3_6"] = setting(
         "auto",
         compat=True,

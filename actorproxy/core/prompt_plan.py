@@ -62,7 +62,7 @@ def plan_prompt(
 ) -> PromptPlan:
     """Render and guard one turn planned by ``plan_turn``; raises :class:`BadRequest` or
     :class:`ContextOverflow` to refuse it."""
-    fragment_failed = False
+    fragment_failed, fragment_error = False, None
     if isinstance(plan, Continue):
         assert segment is not None
         try:
@@ -78,9 +78,9 @@ def plan_prompt(
             input_ids = segment.context_ids + fragment
             new_messages = [kept(m) for m in plan.new_messages]
         except FragmentError as exc:
-            log.warning("session %s: %s; starting a new segment", session_id, exc)
+            # Said once the whole conversation renders: when it does not either, the turn is refused (400).
+            fragment_failed, fragment_error = True, exc
             plan = Fresh("tito_failure")
-            fragment_failed = True
     rebuilt: RebuiltPrefix | None = None
     if isinstance(plan, Fresh):
         try:
@@ -97,6 +97,8 @@ def plan_prompt(
                 fragment = tokenizer.encode_prompt(text)  # what an earlier prompt started with is not tokenized again
         except Exception as exc:  # the template rejects these messages
             raise BadRequest(f"the chat template cannot render these messages: {exc}", param="messages") from exc
+        if fragment_failed:
+            log.warning("session %s: %s; starting a new segment", session_id, fragment_error)
         input_ids = array("i", fragment)
         new_messages = [kept(m) for m in request.messages]
     prompt_len = len(input_ids)

@@ -35,3 +35,28 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     #: The agent reads the reply as a stream (it may already have seen part of it).
     stream: bool = False
+
+
+#: Roles whose consecutive messages ``--merge-consecutive-messages`` joins (never the assistant's: sampled text).
+_MERGED_ROLES = ("system", "user")
+
+
+def merge_consecutive_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive ``system`` or ``user`` messages with string content joined into one, with a blank line.
+
+    For templates that require strict alternation (Gemma 3: "Conversation roles must
+    alternate"), which refuse what Codex and opencode send (a developer message and two
+    user messages at the start). Every character is kept; an assistant's messages (what
+    the model sampled) and content given as parts are left as sent. A new list: the
+    caller's messages are not changed.
+    """
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        last = out[-1] if out else None
+        if (last is not None and message.get("role") in _MERGED_ROLES and last.get("role") == message.get("role")
+                and isinstance(last.get("content"), str) and isinstance(message.get("content"), str)
+                and set(last) == set(message) == {"role", "content"}):
+            out[-1] = {"role": last["role"], "content": last["content"] + "\n\n" + message["content"]}
+        else:
+            out.append(message)
+    return out

@@ -44,6 +44,8 @@ class TemplateProbe:
     reason: str = ""
     #: Continuations compared (skipped ones not counted).
     checked: int = 0
+    #: Whether offered tools reach the prompt at all (Gemma 3's template has no place for them).
+    renders_tools: bool = True
 
 
 _TOOLS: list[dict[str, Any]] = [
@@ -117,6 +119,7 @@ def cached_probe(tokenizer: ChatTokenizer) -> TemplateProbe | None:
 
 def _probe(tokenizer: ChatTokenizer) -> TemplateProbe:
     checked = 0
+    renders_tools = _renders_tools(tokenizer)
     for messages, tools in _CONVERSATIONS:
         try:
             reason, count = _probe_conversation(tokenizer, messages, tools)
@@ -124,8 +127,17 @@ def _probe(tokenizer: ChatTokenizer) -> TemplateProbe:
             continue
         checked += count
         if reason:
-            return TemplateProbe(False, reason, checked)
-    return TemplateProbe(True, "", checked)
+            return TemplateProbe(False, reason, checked, renders_tools)
+    return TemplateProbe(True, "", checked, renders_tools)
+
+
+def _renders_tools(tokenizer: ChatTokenizer) -> bool:
+    """Whether a tool offered with a one-message chat changes the prompt (a refusal counts as rendering)."""
+    chat = _PLAIN[1:2]
+    try:
+        return _render(tokenizer, chat, _TOOLS) != _render(tokenizer, chat, None)
+    except _Refused:
+        return True
 
 
 class _Refused(Exception):

@@ -175,6 +175,10 @@ def output_format_for(config: ProxyConfig, tok: ChatTokenizer) -> OutputFormat:
     if not probe.append_only:
         log.warning("the chat template cannot be continued append-only (%s): every turn is rendered whole "
                     "(boundary reason template_not_append_only; see docs/models.md)", probe.reason)
+    if not probe.renders_tools:
+        log.warning("the chat template ignores tools: the tools a request offers never reach the prompt, so the "
+                    "model cannot call them; each such reply says so in its X-Actorproxy-Warning header "
+                    "(see docs/models.md)")
     parse_backend = config.parsing.parse_backend
     if chosen == "none" and parse_backend != "local":
         log.warning("--tool-call-format none: no tool calls are parsed, so --tool-call-parse-backend %s has "

@@ -258,7 +258,7 @@ class _Turn:
         if status >= 400:
             info.error_code = error_code(body)
         self.lane.observer.finish(info)
-        headers = [_JSON, (b"content-length", str(len(body)).encode()), *(extra or ())]
+        headers = [_JSON, (b"content-length", str(len(body)).encode()), *(extra or ()), *_warning(info)]
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -271,7 +271,8 @@ class _Turn:
         send = self.send
         try:
             self.started = True
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [*_SSE_HEADERS, *_warning(self.info)] if self.info.warning else _SSE_HEADERS})
             self.last_sent = trio.current_time()
             ended = False
             async with trio.open_nursery() as nursery:
@@ -301,6 +302,11 @@ class _Turn:
                 continue
             self.last_sent = trio.current_time()
             await self.send({"type": "http.response.body", "body": reply.heartbeat(), "more_body": True})
+
+
+def _warning(info: RequestInfo) -> list[tuple[bytes, bytes]]:
+    """The reply's ``X-Actorproxy-Warning`` header, when the turn noted one (``telemetry.note_warning``)."""
+    return [(b"x-actorproxy-warning", info.warning.encode("latin-1", "replace"))] if info.warning else []
 
 
 async def served_by_the_lane(**_: Any) -> Any:

@@ -13,12 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeAlias, TypeVar
 
+import attrs
 import trio
 
+from ..core.requests import merge_consecutive_messages
+from ..core.template_probe import probe_template
 from ..errors import BadRequest, EngineError
 from ..runtime.messages import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed
 from ..runtime.runtime import Runtime
 from ..runtime.turn_stream import TurnStream
+from ..telemetry import note_warning
 from ..wire.format import Headers, ReplyInfo, StreamWriter, TurnCall, TurnFormat
 from ..wire.jsonio import dumps, loads
 from .dressage_api import check_expected_version
@@ -55,7 +59,13 @@ async def serve_turn(
     session, instance, turn = fmt.body_identity(call, headers)
     identity = resolve_identity(headers, session, instance, turn, url_session=url_session,
                                 url_instance=url_instance, confined_to=confined_to, client=client)
-    events = await runtime.start_turn(fmt.prepare(call, identity), identity)
+    prepared = fmt.prepare(call, identity)
+    if runtime.config.trajectory.merge_consecutive_messages:
+        prepared = attrs.evolve(prepared, messages=merge_consecutive_messages(prepared.messages))
+    if prepared.tools and not probe_template(runtime.tokenizer).renders_tools:
+        note_warning(f"the chat template ignores tools: the {len(prepared.tools)} tool(s) offered are not in "
+                     "the prompt and the model cannot call them")
+    events = await runtime.start_turn(prepared, identity)
     reply = ReplyInfo(fmt.new_id(), call.model or runtime.config.engines.model_name, identity.session_id)
     if not call.stream:
         done = await turn_result(events)
