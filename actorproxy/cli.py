@@ -18,7 +18,7 @@ from .config import ProxyConfig
 from .errors import StartupError
 from .logs import configure_logging
 from .settings_cli import add_settings_arguments, build_config, settings_from_namespace
-from .startup import check_port, load_tokenizer_checked, probe_engines, startup_failure
+from .startup import check_port, load_tokenizer_checked, probe_engines, shutdown_failure, startup_failure
 from .tokenization.tokenizer import ChatTokenizer
 
 if TYPE_CHECKING:
@@ -328,6 +328,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             trio.run(_run, config, tokenizer)
     except BaseException as exc:  # a start-up failure arrives wrapped in exception groups
+        stopped = shutdown_failure(exc)
+        if stopped is not None:  # served, but could not stop cleanly (the store's disk)
+            print(f"actorproxy: {stopped}", file=sys.stderr)
+            return 1
         failure = exc if isinstance(exc, StartupError) else startup_failure(exc, config)
         if failure is None:
             raise

@@ -149,6 +149,14 @@ class StartupError(Exception):
         self.flag = flag
 
 
+class ShutdownError(Exception):
+    """Why the proxy could not stop cleanly, as one line naming the flag concerned (``main`` prints it, exit 1)."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(f"{flag}: {message}")
+        self.flag = flag
+
+
 def release(error: BaseException) -> None:
     """Drop the tracebacks of ``error``, its causes and its group's members, once it is answered.
 

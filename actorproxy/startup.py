@@ -16,7 +16,7 @@ import trio
 
 from .config import ProxyConfig
 from .engines.base import BackendError, ModelInfo
-from .errors import StartupError
+from .errors import ShutdownError, StartupError
 from .serve import bind_host
 from .tokenization.tokenizer import ChatTokenizer, load_tokenizer
 
@@ -84,6 +84,11 @@ def startup_failure(exc: BaseException, config: ProxyConfig) -> StartupError | N
         if isinstance(inner, OSError) and inner.errno == errno.EADDRINUSE:
             return StartupError("--port", f"port {config.server.port} is already in use; pick another --port")
     return None
+
+
+def shutdown_failure(exc: BaseException) -> ShutdownError | None:
+    """The :class:`ShutdownError` inside ``exc`` (exception groups included), if any."""
+    return next((inner for inner in _leaves(exc) if isinstance(inner, ShutdownError)), None)
 
 
 def _leaves(exc: BaseException) -> Iterator[BaseException]:

@@ -124,8 +124,11 @@ async def test_a_failing_disk_refuses_turns_loses_nothing_and_recovers(
             assert unfinished.value.code == "store_failed" and unfinished.value.retry_after
         stats = await runtime.store_stats()
         assert stats["pending_segments"] == 1 and stats["pending_steps"] == 3  # journal entry, then the flush
+        # What the file holds is still read (a trainer's drain is the way out of a full disk),
+        # not a session whose writes are kept in memory.
+        assert len((await runtime.read(session_id="done")).data) == 1
         with pytest.raises(StorageFull):
-            await runtime.read(session_id="done")
+            await runtime.read(session_id="open")
 
         # Bounded: a minute of a dead disk is a handful of attempts, not a spin.
         attempts = disk.refused

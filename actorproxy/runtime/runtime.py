@@ -18,7 +18,7 @@ import trio
 
 from ..config import ProxyConfig
 from ..engines.base import Backend, BackendError, ModelInfo
-from ..errors import BadRequest, EngineError, NotFound, Overloaded, ShuttingDown
+from ..errors import BadRequest, EngineError, NotFound, Overloaded, ShutdownError, ShuttingDown
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
 from . import controller as ctl
 from . import registry as reg
@@ -399,6 +399,8 @@ async def open_runtime(
                 nursery.cancel_scope.cancel()
                 if backend is None:
                     await engine.aclose()
+    if store.close_failure:  # after the nursery: one error, not a group
+        raise ShutdownError("--data-dir", f"the trajectory store did not stop cleanly: {store.close_failure}")
 
 
 def _warm_up(tokenizer: ChatTokenizer) -> None:

@@ -44,7 +44,7 @@ import trio
 
 from ..core.records import Segment, Step
 from ..errors import StorageFull
-from ..store.base import ReadQuery, ReadResult, Recovered, StoreBackend
+from ..store.base import ReadQuery, ReadResult, Recovered, StoreBackend, session_key
 from .actor import Reply, answer, answer_error
 from .store_messages import (
     FAILED_RETRY,
@@ -121,6 +121,10 @@ class TrajectoryStore:
         self._journals: list[Journal] = []
         self._wake: trio.MemorySendChannel[StoreMessage] | None = None
         self._woken = False
+        #: A read of this batch that failed on the disk (set in the writer thread, handled by the actor).
+        self._read_failure: str = ""
+        #: Why the store could not close cleanly (shutdown): data lost, or the file not closed. Empty: clean.
+        self.close_failure: str = ""
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run backend work: in the writer thread for a durable backend, inline otherwise."""
@@ -257,6 +261,9 @@ class TrajectoryStore:
         for i, (reply, result) in self._answers.items():
             if i < self._done:
                 answer_outcome(reply, result)
+        wrote = any(isinstance(m, Put | Journal) or (isinstance(m, Read) and m.drain) for m in committed)
+        if not self._read_failed() and wrote and not rest and not self._pending:
+            self._disk_works()
         for msg in rest:  # failed: the writes are kept in memory, the questions answered without the disk
             await self._without_disk(msg)
         if any(isinstance(m, Close) for m in batch):
@@ -290,7 +297,7 @@ class TrajectoryStore:
                     backend.commit()  # what came before is durable, and never applied twice
                     query = ReadQuery(msg.session_id, msg.trajectory_id, msg.drain, msg.include_steps)
                     finish = (self._encode or encode_body) if msg.encode else keep
-                    self._answers[i] = (msg.reply, capture(backend.read, query, finish))
+                    self._answers[i] = (msg.reply, self._read(query, finish))
                     self._done = i + 1  # a drain commits (or rolls back) on its own
                 case Knows() as msg:
                     self._answers[i] = (msg.reply, capture(backend.knows, msg.session_id))
@@ -298,6 +305,34 @@ class TrajectoryStore:
                     self._answers[i] = (msg.reply, outcome.capture(self._stats))
         backend.commit()
         self._done = len(batch)
+
+    def _read(self, query: ReadQuery, finish: Callable[[ReadResult], Any]) -> outcome.Outcome[Any]:
+        """A read (in the writer thread); one that fails on the disk is noted for :meth:`_read_failed`."""
+        result = capture(self.backend.read, query, finish)
+        if isinstance(result, outcome.Error) and getattr(result.error, "code", "") == "store_failed":
+            self._read_failure = str(result.error)
+        return result
+
+    def _read_failed(self) -> bool:
+        """A read failed on the disk (a drain on a full disk with no room left): the store is failed, loudly."""
+        failure, self._read_failure = self._read_failure, ""
+        if not failure:
+            return False
+        if not self.gauge.failure and not self._pending:
+            self._failures["store_failures"] += 1
+        self.gauge.failure, self.gauge.retry_after = failure, FAILED_RETRY
+        log.critical(
+            "THE TRAJECTORY STORE FAILED: a read could not run on its disk (%s). New turns are refused (507 "
+            "store_failed) until a write or a drain works again; free space or fix %s", failure,
+            getattr(self.backend, "path", "the disk"))
+        return True
+
+    def _disk_works(self) -> None:
+        """Everything asked of the disk worked: a store failed (with nothing kept in memory) works again."""
+        if self.gauge.failure:
+            log.warning("the trajectory store can write again (%s is over); new turns are taken again",
+                        self.gauge.failure)
+            self.gauge.failure, self.gauge.retry_after = "", FAILED_RETRY
 
     def _committed(self, writes: Sequence[StoreMessage]) -> None:
         """Writes just committed: answer their finalizes, note their segments, wake the forwarder."""
@@ -334,8 +369,19 @@ class TrajectoryStore:
                 answer_outcome(msg.reply, await self.call(capture, self.backend.knows, msg.session_id))
             case Stats():
                 answer(msg.reply, await self.call(self._stats))
+            case Read() if msg.session_id is not None and any(
+                    session_key(m.session_id) == session_key(msg.session_id) for m in self._pending):
+                answer_error(msg.reply, self._failed_error())  # part of it is not in the file yet
             case Read():
-                answer_error(msg.reply, self._failed_error())
+                # What the file holds: a trainer's drain is the way out of a full disk (it frees room), so it
+                # runs while the store is failed; the writes kept in memory are tried again right after it.
+                query = ReadQuery(msg.session_id, msg.trajectory_id, msg.drain, msg.include_steps)
+                finish = (self._encode or encode_body) if msg.encode else keep
+                result = await self.call(self._read, query, finish)
+                failed = self._read_failed()
+                answer_outcome(msg.reply, result)
+                if msg.drain and not failed and await self._retry_pending():
+                    self._disk_works()
 
     def _failed_error(self) -> StorageFull:
         error = StorageFull(
@@ -406,16 +452,20 @@ class TrajectoryStore:
         self._pending.extend(self._take_journals())  # journaled since the last batch: written now
         if self._pending and not await self._retry_pending():
             counts = self._stats()
-            log.critical("the trajectory store closes with its disk still failing: %d step(s) and %d segment(s) "
-                         "kept in memory could not be written and are lost", counts["pending_steps"],
-                         counts["pending_segments"])
+            self.close_failure = (f"the disk still fails ({self.gauge.failure}): {counts['pending_steps']} step(s) "
+                                  f"and {counts['pending_segments']} segment(s) kept in memory could not be written "
+                                  "and are lost")
+            log.critical("the trajectory store closes: %s", self.close_failure)
         if hasattr(self.backend, "outbox"):
             with trio.move_on_after(FINAL_FORWARD):  # what is left is sent at the next start
                 await self._forward_outbox()
         try:
             await self.call(self.backend.close)
-        except Exception:
-            log.exception("the trajectory store could not be closed cleanly")
+        except Exception as exc:
+            where = getattr(self.backend, "path", "")
+            failure = f"{where} could not be closed cleanly ({type(exc).__name__}: {exc})".lstrip()
+            self.close_failure = f"{self.close_failure}; {failure}" if self.close_failure else failure
+            log.critical("the trajectory store: %s; the next start recovers what its journal holds", failure)
 
 
 #: Segments the store remembers for the dashboard's "recent segments".

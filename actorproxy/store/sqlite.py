@@ -21,6 +21,7 @@ a :class:`StartupError` naming ``--data-dir``.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -52,6 +53,10 @@ DB_FILE = "trajectories.sqlite3"
 #: What the file held after its latest commit (see the module docstring).
 MARK_FILE = "committed.json"
 _MARK_SIZE = 256
+#: Space held for the trainer's way out: given up when a drain finds the disk full (see :meth:`SQLiteStore.read`).
+RESERVE_FILE = "reserve"
+#: The reserve's size: this, or an eighth of the free space when that is less.
+RESERVE_BYTES = 8 * 1024 * 1024
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (key TEXT PRIMARY KEY, children TEXT NOT NULL DEFAULT '[]');
@@ -84,9 +89,11 @@ class SQLiteStore:
     journals = True
     name = "sqlite"
 
-    def __init__(self, data_dir: str, *, synchronous: str = "FULL") -> None:
+    def __init__(self, data_dir: str, *, synchronous: str = "FULL", reserve_bytes: int = RESERVE_BYTES) -> None:
         os.makedirs(data_dir, exist_ok=True)
         self.path = os.path.join(data_dir, DB_FILE)
+        self._reserve = os.path.join(data_dir, RESERVE_FILE)
+        self._reserve_bytes = reserve_bytes
         # One process per directory: a second one would recover (take) the first one's journal.
         self._lock = open(os.path.join(data_dir, "LOCK"), "a")  # noqa: SIM115 (held until close())
         try:
@@ -110,6 +117,7 @@ class SQLiteStore:
         self._in_tx = False
         self._saved: tuple[int, int, dict[str, Any]] = (0, 0, {})
         self._check_mark(data_dir)
+        self._make_reserve()
 
     def _open(self, synchronous: str) -> None:
         # One connection, used by one worker thread at a time (the store actor's limiter).
@@ -130,6 +138,51 @@ class SQLiteStore:
         except BaseException:
             self._db.close()
             raise
+
+    # -- the reserve: room for a drain on a full disk ---------------------------------
+
+    def _make_reserve(self) -> bool:
+        """Hold room for a drain (best effort): ``reserve_bytes``, or an eighth of the free space if less."""
+        if os.path.exists(self._reserve):
+            return True
+        stat = os.statvfs(os.path.dirname(self._reserve))
+        size = min(self._reserve_bytes, stat.f_bavail * stat.f_frsize // 8)
+        if size <= 0:
+            return False
+        partial = self._reserve + ".new"
+        try:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
+            os.replace(partial, self._reserve)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+            log.warning("store %s: no room for its %d-byte reserve (%s); a drain on a full disk may fail",
+                        self.path, size, exc)
+            return False
+        return True
+
+    def _release_reserve(self) -> bool:
+        """Give the reserve's room to the database (the disk is full); False if there is none."""
+        try:
+            size = os.path.getsize(self._reserve)
+            os.unlink(self._reserve)
+        except FileNotFoundError:
+            return False
+        log.warning("store %s: the disk is full; its %d-byte reserve is released so that a drain can run (and "
+                    "free space); it is made again once there is room", self.path, size)
+        return True
+
+    def _after_drain(self) -> None:
+        """Give the drained room back to the file system (the WAL, checkpointed and truncated), then the reserve."""
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            log.warning("store %s: the WAL could not be checkpointed after a drain (%s)", self.path, exc)
+        self._make_reserve()
 
     # -- what the file held after its latest commit ---------------------------------
 
@@ -300,7 +353,15 @@ class SQLiteStore:
             result = ReadResult(result.data, [stored_step(json.loads(r[4]), r[5]) for r in step_rows])
         done = finish(result)  # serialise first: a failure here deletes nothing
         if query.drain:
-            self._drain(query, seg_rows, step_rows if (whole or only) else [], only=only)
+            drained = step_rows if (whole or only) else []
+            try:
+                self._drain(query, seg_rows, drained, only=only)
+            except sqlite3.OperationalError as exc:
+                # A full disk: the deletes need room in the WAL. The reserve is that room.
+                if not disk_full(exc) or not self._release_reserve():
+                    raise
+                self._drain(query, seg_rows, drained, only=only)
+            self._after_drain()
         return done
 
     def _drain(self, query: ReadQuery, seg_rows: list[Any], step_rows: list[Any], *, only: str | None) -> None:
@@ -433,6 +494,12 @@ class SQLiteStore:
         self._db.close()
         os.close(self._mark)
         self._lock.close()
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's ``SQLITE_FULL`` (the disk, or the file's page limit, is full)."""
+    return isinstance(exc, sqlite3.Error) and (
+        getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "is full" in str(exc))
 
 
 def _marks(values: Iterable[Any]) -> str:
