@@ -50,22 +50,23 @@ class Proxy:
         return int(re.findall(rf"worker {index} serving \(pid (\d+)\)", self.log)[-1])
 
 
-def _start(tmp_path: Path, flags: tuple[str, ...]) -> subprocess.Popen[bytes]:
+def _start(tmp_path: Path, flags: tuple[str, ...], workers: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "actorproxy", "run", "--workers", str(WORKERS), "--port", "0", "--data-dir",
+        [sys.executable, "-m", "actorproxy", "run", "--workers", str(workers), "--port", "0", "--data-dir",
          str(tmp_path / "data"), "--store", "sqlite", "--sim-token-interval", "0.001", *flags],
         stderr=subprocess.PIPE, cwd=tmp_path, preexec_fn=die_with_parent,
     )
 
 
 @asynccontextmanager
-async def run_workers(tmp_path: Path, *flags: str) -> AsyncIterator[Proxy]:
-    process = _start(tmp_path, flags)
+async def run_workers(tmp_path: Path, *flags: str, workers: int = WORKERS) -> AsyncIterator[Proxy]:
+    """``actorproxy run --workers N`` (``--workers 1``: the single process) with ``flags``, until the block ends."""
+    process = _start(tmp_path, flags, workers)
     proxy = Proxy(process)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(proxy.read_log)
-            proxy.url = (await proxy.wait_log(r"serving on (http://\S+) with"))[0]
+            proxy.url = (await proxy.wait_log(r"serving on (http://\S+)"))[0]
             yield proxy
             nursery.cancel_scope.cancel()
     finally:
