@@ -15,6 +15,7 @@ import httpx
 import pytest
 import trio
 
+from actorproxy import ProxyConfig, open_proxy
 from actorproxy.serve import RunningProxy
 from actorproxy.server.limits import ConnectionLimits
 
@@ -71,15 +72,20 @@ async def test_what_the_head_decides_is_answered_at_once(autojump_clock: Any, pr
             assert trio.current_time() - start == pytest.approx(GRACE)
 
 
-async def test_an_answer_before_a_100_continue_closes_the_connection(autojump_clock: Any, proxy: RunningProxy) -> None:
-    """A client that waits for ``100 Continue`` may never send the body: what it sends next is no body."""
-    async with await _connect(proxy) as stream:
-        await stream.send_all(b"POST /no/such/route HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\n"
-                              b"content-length: 20\r\n\r\n")
-        start = trio.current_time()
-        status, headers, _ = await _response(stream)
-        assert (status, headers.get("connection"), trio.current_time() - start) == (404, "close", 0)
-        assert await _closed(stream)
+async def test_an_answer_before_a_100_continue_closes_the_connection(autojump_clock: Any, engine: Any,
+                                                                     tokenizer: Any) -> None:
+    """A client that waits for ``100 Continue`` may never send the body: what it sends next is no body.
+
+    The turn lane refuses a call without the API key before it asks for the body (no 100 goes out).
+    """
+    async with open_proxy(ProxyConfig.of(port=0, api_key="k"), backend=engine, tokenizer=tokenizer) as running:
+        async with await _connect(running) as stream:
+            await stream.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\n"
+                                  b"content-length: 20\r\n\r\n")
+            start = trio.current_time()
+            status, headers, _ = await _response(stream)
+            assert (status, headers.get("connection"), trio.current_time() - start) == (401, "close", 0)
+            assert await _closed(stream)
 
 
 async def test_a_body_that_stops_gets_a_408_after_the_grace(autojump_clock: Any, proxy: RunningProxy) -> None:
