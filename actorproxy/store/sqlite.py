@@ -57,6 +57,8 @@ _MARK_SIZE = 256
 RESERVE_FILE = "reserve"
 #: The reserve's size: this, or an eighth of the free space when that is less.
 RESERVE_BYTES = 8 * 1024 * 1024
+#: A drain leaving a WAL this large checkpoints and truncates it (so does one that took the reserve).
+WAL_TRUNCATE_BYTES = 64 * 1024 * 1024
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (key TEXT PRIMARY KEY, children TEXT NOT NULL DEFAULT '[]');
@@ -177,7 +179,17 @@ class SQLiteStore:
         return True
 
     def _after_drain(self) -> None:
-        """Give the drained room back to the file system (the WAL, checkpointed and truncated), then the reserve."""
+        """With the reserve given up (or a large WAL): the WAL checkpointed and truncated, the reserve made again.
+
+        So the room the drained rows took goes back to the file system. Not after every
+        drain: a trainer draining session by session would pay a checkpoint each time.
+        """
+        try:
+            wal = os.path.getsize(self.path + "-wal")
+        except OSError:
+            wal = 0
+        if os.path.exists(self._reserve) and wal < WAL_TRUNCATE_BYTES:
+            return
         try:
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error as exc:
