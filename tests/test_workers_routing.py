@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import zlib
 from functools import partial
@@ -18,6 +19,7 @@ from actorproxy.serve import open_proxy
 from actorproxy.server.http_cycle import request_path
 from actorproxy.server.http_server import HTTPServer
 from actorproxy.server.lane import RequestHeaders
+from actorproxy.server.limits import ConnectionLimits
 from actorproxy.workers.fanout import FanOut, control_path
 from actorproxy.workers.handoff import Router, serve_handoffs
 from actorproxy.workers.merge import merge_history, merge_json, merge_metrics
@@ -228,4 +230,26 @@ async def test_a_request_without_a_body_that_the_router_would_route_by_its_body_
             with trio.fail_after(10):
                 assert (await client.get("/v1/chat/completions")).text == "local /v1/chat/completions"
                 assert (await client.post("/session/finalize")).text == "local /session/finalize"
+        stop.set()
+
+
+async def test_a_body_the_router_waits_for_is_bounded_by_the_servers_rate(tmp_path: Path) -> None:
+    """The body a turn names its session in stops coming: 408 in the caller's format once the rate bound says so, as
+    one process answers it (the router waited 600 s)."""
+    here = HTTPServer(_local, router=Router(0, 2, str(tmp_path)), limits=ConnectionLimits(body_grace=0.5))
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(partial(here.serve, "127.0.0.1", 0, shutdown_trigger=stop.wait))
+        for path, anthropic in ((b"/v1/chat/completions", False), (b"/v1/messages", True)):
+            stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
+            await stream.send_all(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"session" % path)
+            received = b""
+            with trio.fail_after(10):
+                while data := await stream.receive_some(65536):
+                    received += data
+            head, _, body = received.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head, received
+            error = json.loads(body)
+            assert error["type"] == "error" if anthropic else error["error"]["code"] == "request_timeout", error
+            await stream.aclose()
         stop.set()

@@ -208,14 +208,7 @@ class Cycle:
         second on average. So a body that stops is given up at the later of the grace's end
         and the moment its rate falls under the bound, and a slow but steady one is taken.
         """
-        connection = self.connection
-        limits = connection.server.limits
-        arrived = connection.received - self.mark
-        due = self.started + max(limits.body_grace, arrived / limits.body_min_rate)
-        with trio.move_on_at(due):
-            await connection.wait_for_bytes()
-            return True
-        return False
+        return await body_arrives(self.connection, self.started, self.mark)
 
     async def discard_rest(self) -> bool:
         """After the response: read and drop the rest of the body (its rate bounded); whether it all came."""
@@ -329,6 +322,18 @@ async def _acquire(lock: trio.Lock) -> None:
         lock.acquire_nowait()
     except trio.WouldBlock:
         await lock.acquire()
+
+
+async def body_arrives(connection: _Connection, started: float, mark: int) -> bool:
+    """Wait for more of a body whose head came at ``started`` (``connection.received`` was ``mark`` before its first
+    byte); ``False`` when it comes slower than the server's bound (:meth:`Cycle.more_body`)."""
+    limits = connection.server.limits
+    arrived = connection.received - mark
+    due = started + max(limits.body_grace, arrived / limits.body_min_rate)
+    with trio.move_on_at(due):
+        await connection.wait_for_bytes()
+        return True
+    return False
 
 
 def request_path(target: bytes) -> tuple[str, bytes, bytes]:

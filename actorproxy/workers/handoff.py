@@ -16,10 +16,11 @@ connection is closed.
 What the router reads comes from anyone who reaches the port, before the app's checks: so
 it reads a body only where the single process would (the caller passes the route's access
 check, its ``Content-Length`` is within the app's limit), keeps it in the connection's
-buffer (the reader gathers it there, each byte copied once more at most), waits for it at
-most ``BODY_WAIT`` (then ``408``), and a request it cannot route is served where it landed,
-where the app refuses it as the single process does. An error of its own is logged and
-answered ``400`` (the connection then closes): it never ends the worker.
+buffer (the reader gathers it there, each byte copied once more at most), waits for it
+under the server's rate bound for a body (then ``408``, as the single process answers),
+and a request it cannot route is served where it landed, where the app refuses it as the
+single process does. An error of its own is logged and answered ``400`` (the connection
+then closes): it never ends the worker.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from werkzeug.exceptions import RequestTimeout
 from ..errors import BadRequest, Overloaded, Unauthorized
 from ..server import http1
 from ..server.auth import AccessPolicy, route_kind
-from ..server.http_cycle import request_path
+from ..server.http_cycle import body_arrives, request_path
 from ..server.lane import RequestHeaders
 from ..server.replies import error_reply, is_anthropic_route
 from ..wire import jsonio
@@ -52,8 +53,8 @@ log = logging.getLogger("actorproxy.workers")
 _ANCILLARY = socket.CMSG_SPACE(array.array("i", [0]).itemsize)
 #: Headers of the head that the router has already answered (a ``100 Continue`` sent while reading the body).
 _DROPPED_WHEN_CONTINUED = b"expect"
-#: How long the router waits for a body it needs (the app's own body timeout).
-BODY_WAIT = 600.0
+#: What :func:`_whole_body` answers for a body slower than the server's rate bound.
+_SLOW = b"(slow)"
 
 
 def handoff_path(directory: str, index: int) -> str:
@@ -98,9 +99,8 @@ class Router:
             if request.expect_continue:  # the client waits for this before it sends the body we need
                 request.expect_continue, continued = False, True
                 await connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            with trio.move_on_after(BODY_WAIT) as waited:
-                body = await _whole_body(connection, request)
-            if waited.cancelled_caught:
+            body = await _whole_body(connection, request)
+            if body is _SLOW:
                 return partial(_answer, RequestTimeout(), path)
             session = None if body is None else body_session(body, path, headers)
         if session is None:
@@ -184,12 +184,14 @@ async def _receive(stream: trio.SocketStream, server: HTTPServer) -> None:
 
 
 async def _whole_body(connection: _Connection, request: http1.RequestHead) -> bytes | None:
-    """The request's whole body once it is in the connection's buffer (left there); ``None``: it will not be.
+    """The request's whole body once it is in the connection's buffer (left there); ``None``: it will not be;
+    ``_SLOW``: it comes slower than the server's bound for a body (``--body-timeout``, ``--body-min-rate``).
 
     The connection's reader is told to gather it (``connection.want``: past the bytes it holds
     between requests); each new byte is copied once, into the body taken apart here.
     """
     reader, pending, pieces, size, seen = http1.BodyReader(request), bytearray(), [], 0, 0
+    started, mark = trio.current_time(), connection.received - len(connection.buffer)
     connection.want = request.length if not request.chunked else MAX_BODY
     try:
         while True:
@@ -205,7 +207,8 @@ async def _whole_body(connection: _Connection, request: http1.RequestHead) -> by
                 return b"".join(pieces)
             if connection.eof or size > MAX_BODY:
                 return None
-            await connection.wait_for_bytes()
+            if not await body_arrives(connection, started, mark):
+                return _SLOW
     except http1.BadRequest:
         return None  # served here: the app answers 400
     finally:
