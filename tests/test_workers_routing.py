@@ -253,3 +253,30 @@ async def test_a_body_the_router_waits_for_is_bounded_by_the_servers_rate(tmp_pa
             assert error["type"] == "error" if anthropic else error["error"]["code"] == "request_timeout", error
             await stream.aclose()
         stop.set()
+
+
+async def test_a_fault_while_routing_or_serving_a_connection_ends_that_connection_alone(tmp_path: Path) -> None:
+    """A router's own error is a 400 in the caller's format on its connection; a failure in any router the server is
+    given ends that connection, and the server goes on serving the others."""
+    class Faulty(Router):
+        async def route(self, connection: Any, request: Any) -> Any:
+            raise RuntimeError("a fault of the router's own")
+
+    async def broken(connection: Any, request: Any) -> Any:
+        raise RuntimeError("a fault outside the router's guard")
+
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        faulty = await nursery.start(partial(HTTPServer(_local, router=Faulty(0, 2, str(tmp_path))).serve,
+                                             "127.0.0.1", 0, shutdown_trigger=stop.wait))
+        bare = await nursery.start(partial(HTTPServer(_local, router=broken).serve, "127.0.0.1", 0,
+                                           shutdown_trigger=stop.wait))
+        async with httpx.AsyncClient(base_url=faulty) as client:
+            refused = await client.post("/v1/messages", json={})
+            assert refused.status_code == 400 and refused.headers["connection"] == "close"
+            assert refused.json()["type"] == "error" and "could not be routed" in refused.json()["error"]["message"]
+        for _ in range(2):  # each connection ends; the server still accepts the next one
+            with pytest.raises(httpx.RemoteProtocolError):
+                async with httpx.AsyncClient(base_url=bare) as client:
+                    await client.get("/v1/models")
+        stop.set()
