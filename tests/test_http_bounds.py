@@ -110,6 +110,7 @@ async def test_a_body_that_stops_gets_a_408_after_the_grace(autojump_clock: Any,
         metrics = (await http.get("/metrics")).text
     assert 'actorproxy_requests_total{method="POST",route="/v1/chat/completions",status="408"} 1.0' in metrics
     assert 'actorproxy_requests_total{method="POST",route="/v1/messages",status="408"} 1.0' in metrics
+    assert 'actorproxy_requests_total{method="POST",route="/session/finalize",status="408"} 1.0' in metrics
     assert 'status="499"' not in metrics
 
 

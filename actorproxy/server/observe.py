@@ -32,6 +32,7 @@ from quart_trio import QuartTrio
 from ..runtime.runtime import Runtime
 from ..telemetry import CURRENT, RequestInfo
 from ..wire.converter import CONVERTER
+from .http_cycle import SLOW_BODY_EXTENSION
 from .request_metrics import RequestMetrics
 
 log = logging.getLogger("actorproxy.access")
@@ -95,6 +96,21 @@ class Observer:
             else:
                 self.finish(info)
             return response
+
+        @app.teardown_request
+        async def _torn_down(_: BaseException | None) -> None:
+            # Cancelled before any response (its body never came, or the client went away): counted and logged
+            # all the same. Async and without a checkpoint: it runs inside the cancelled request's teardown.
+            info = CURRENT.get()
+            if info is None or info.finished or info.status is not None:
+                return
+            extensions: Any = request.scope.get("extensions") or {}
+            too_slow = extensions.get(SLOW_BODY_EXTENSION)
+            if too_slow is not None and too_slow() is not None:
+                info.status, info.error_code = 408, "request_timeout"
+            else:  # as nginx's 499: the client closed the request
+                info.status, info.error_code = 499, "client_disconnected"
+            self.finish(info)
 
     async def _finish_after(self, body: AsyncIterator[bytes], info: RequestInfo) -> AsyncIterator[bytes]:
         try:
