@@ -167,7 +167,7 @@ async def throughput(args: argparse.Namespace, host: str, port: int, pids: dict[
                 for turn in range(args.session_turns):
                     if stop.is_set():
                         return
-                    body = json.dumps({"model": args.model, "messages": messages, "max_tokens": 64,
+                    body = json.dumps({"model": args.model, "messages": messages, "max_tokens": args.max_tokens,
                                        "stream": args.stream}).encode()
                     status, data, latency = await http.request("POST", args.path, body,
                                                                {"X-Session-Id": sid, **headers})
@@ -282,6 +282,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--path", default="/v1/chat/completions")
     parser.add_argument("--model", default="actorproxy")
     parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each throughput turn")
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--duration", type=float, default=5.0)

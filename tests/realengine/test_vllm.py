@@ -208,10 +208,7 @@ def test_max_tokens_and_stop_strings(kind: str, vllm_servers: dict[str, Process]
 
 def generated_tokens(http: httpx.Client, engine: Process) -> float:
     """vLLM's own count of the tokens it generated (``/metrics``)."""
-    for line in http.get(f"{engine.url}/metrics").text.splitlines():
-        if line.startswith("vllm:generation_tokens_total"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("vLLM reports no vllm:generation_tokens_total")
+    return counter(http, engine, "vllm:generation_tokens_total")
 
 
 def stream_until(proxy: Process, session: str, body: dict[str, Any], deltas: int, started: threading.Event,
@@ -233,6 +230,23 @@ def stream_until(proxy: Process, session: str, body: dict[str, Any], deltas: int
                 if hang_up:
                     return
     started.set()
+
+
+def long_streams(
+    proxy: Process, prefix: str, count: int = 2
+) -> tuple[list[str], list[list[str]], list[threading.Event], list[threading.Thread]]:
+    """``count`` streamed turns of ``LONG`` tokens, one session each, in threads not started yet: the
+    sessions, what each agent received, an event set after its 5th piece, the threads."""
+    sessions = [session_id(prefix) for _ in range(count)]
+    outs: list[list[str]] = [[] for _ in sessions]
+    started = [threading.Event() for _ in sessions]
+    readers = [
+        threading.Thread(target=stream_until, args=(proxy, session, {
+            "messages": [{"role": "user", "content": f"Count to {100 + i}."}], "temperature": 0.0,
+            "stream": True, "max_tokens": LONG,
+        }, 5, started[i], outs[i])) for i, session in enumerate(sessions)
+    ]
+    return sessions, outs, started, readers
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -265,15 +279,7 @@ def test_pause_and_resume_with_a_new_version(
     """Partial rollout: the interrupted replies go on after the resume as the greedy continuation."""
     engine, proxy = vllm_servers[kind], vllm_proxies[kind]
     version = str(int(time.time()))  # a version neither the proxy nor the (shared) engine has had yet
-    sessions = [session_id(f"pause-{kind}") for _ in range(2)]
-    outs: list[list[str]] = [[] for _ in sessions]
-    started = [threading.Event() for _ in sessions]
-    readers = [
-        threading.Thread(target=stream_until, args=(proxy, session, {
-            "messages": [{"role": "user", "content": f"Count to {100 + i}."}], "temperature": 0.0,
-            "stream": True, "max_tokens": LONG,
-        }, 5, started[i], outs[i])) for i, session in enumerate(sessions)
-    ]
+    sessions, outs, started, readers = long_streams(proxy, f"pause-{kind}")
     for reader in readers:
         reader.start()
     with httpx.Client(timeout=300) as http:
@@ -308,6 +314,65 @@ def test_pause_and_resume_with_a_new_version(
             cut = versions.index(int(version))
             # The tokens before the pause carry the old version, every one after it the new one.
             assert 5 <= cut < LONG and versions == [versions[0]] * cut + [int(version)] * (LONG - cut), versions
+
+
+def counter(http: httpx.Client, engine: Process, name: str) -> float:
+    """One of vLLM's own counters (``/metrics``)."""
+    for line in http.get(f"{engine.url}/metrics").text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"vLLM reports no {name}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_keep_pause_freezes_generations_in_vllm(
+    kind: str, vllm_servers: dict[str, Process], vllm_proxies: dict[str, Process]
+) -> None:
+    """``keep``: the streams stay open, vLLM holds the requests (no abort, no re-prefill), the tokens
+    after the resume carry the new version; a server without dev mode refuses it, saying why."""
+    engine, proxy = vllm_servers[kind], vllm_proxies[kind]
+    if kind == "default":
+        with httpx.Client(timeout=300) as http:
+            got = http.post(f"{proxy.url}/v1/rollout/pause", json={"mode": "keep"})
+            assert got.status_code == 400 and "VLLM_SERVER_DEV_MODE=1" in got.json()["error"]["message"], got.text
+            assert http.get(f"{proxy.url}/v1/rollout/pause_state").json()["state"] == "running"
+        return
+    version = str(int(time.time()))
+    sessions, outs, started, readers = long_streams(proxy, "keep")
+    with httpx.Client(timeout=300) as http:
+        prompts_before = counter(http, engine, "vllm:prompt_tokens_total")
+        for reader in readers:
+            reader.start()
+        try:
+            assert all(event.wait(300) for event in started)
+            paused = http.post(f"{proxy.url}/v1/rollout/pause", json={"mode": "keep"}).json()
+            engine_paused = http.get(f"{engine.url}/is_paused").json()
+            frozen = [len(out) for out in outs]
+            in_flight = http.get(f"{proxy.url}/v1/rollout/pause_state").json()["in_flight"]
+        finally:  # the servers are shared: never leave them paused
+            resumed = http.post(f"{proxy.url}/v1/rollout/resume", json={"weight_version": version}).json()
+            http.post(f"{engine.url}/resume")
+        assert (paused["mode"], paused["aborted"], paused["engines"]) == ("keep", 0, [{"engine": "vllm", "ok": True}])
+        assert engine_paused == {"is_paused": True} and in_flight == 2 and all(frozen)
+        assert resumed["weight_version"] == version
+        for reader in readers:
+            reader.join(300)
+            assert not reader.is_alive()
+        prompts_after = counter(http, engine, "vllm:prompt_tokens_total")
+        assert http.get(f"{engine.url}/weight_info").json() == {"weight_version": version}
+        prompts = 0
+        for session, out in zip(sessions, outs, strict=True):
+            assert not [piece for piece in out if piece.startswith("ERROR")], out
+            read = read_session(http, proxy, session)
+            (step,) = read["steps"]
+            assert step["preemptions"] == 0 and len(step["output_ids"]) == LONG
+            assert_greedy(http, engine, read, step)  # the same engine request went on: the greedy reply
+            versions = output_versions(step)
+            cut = versions.index(int(version))
+            assert 5 <= cut < LONG and versions == [versions[0]] * cut + [int(version)] * (LONG - cut), versions
+            prompts += step["prompt_tokens"]
+        # vLLM took each prompt once: nothing was sent again (re-prefilled) after the resume.
+        assert prompts_after - prompts_before == prompts
 
 
 def engine_requests(http: httpx.Client, proxy: Process) -> dict[str, int]:
