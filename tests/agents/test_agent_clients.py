@@ -124,9 +124,7 @@ def _qwen_settings(home: Path) -> None:
     }))
 
 
-@pytest.mark.parametrize("auth_type", ["openai", pytest.param("openai-responses", marks=pytest.mark.xfail(
-    strict=True, reason="issue 31 item 2: Qwen Code echoes the reasoning item back as an assistant message "
-    "whose text is the reasoning, and each turn starts a history_rewrite segment"))])
+@pytest.mark.parametrize("auth_type", ["openai", "openai-responses"])
 def test_qwen_code(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path, auth_type: str) -> None:
     """Qwen Code headless, on chat completions (``openai``) and on the Responses API (``openai-responses``)."""
     session = f"qwen-{auth_type}"
@@ -142,6 +140,8 @@ def test_qwen_code(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path,
         e["path"] for e in wire.entries]
     main, _ = check_recording(proxy, session, wire)
     assert main["num_steps"] >= 2, main  # a tool call and the answer after its result
+    if auth_type == "openai-responses":  # it sends our reasoning back as the reply's text: matched, and counted
+        assert main["metadata"]["echo_tolerated"]["reasoning_as_text"] >= 1, main["metadata"]
 
 
 @pytest.mark.parametrize("mode", ["generate", "stream"])
