@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from realengine_util import REPO, LlamaCpp, Process, proxy_command, read_session
+from realengine_util import REPO, LlamaCpp, Process, proxy_command, read_session, start_proxy, stop
 
 from actorproxy.tokenization.gguf import build_tokenizer
 from actorproxy.tokenization.gguf_file import read_vocab
@@ -287,3 +287,43 @@ def test_pause_in_the_middle_of_a_generation(proxy: Process, llama_server: Proce
         # re-prefilled partial reply (confirmed up to a near tie); the text is what the client saw.
         confirmed = check_steps_against_engine(http, llama_server, gemma, read, ["".join(pieces)])
         assert confirmed[0] >= min(paused["partial_tokens"], len(step["output_ids"])) or confirmed[0] > 0
+
+
+#: What Codex sends first (a developer message, then its environment context and the task as two user
+#: messages) with one tool: Gemma 3's template refuses the run of user messages and has no place for tools.
+CODEX_OPENING: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "<environment_context>cwd=/work</environment_context>"},
+    {"role": "user", "content": "What is 2 + 2?"},
+]
+SHELL = [{"type": "function", "function": {"name": "shell", "description": "Run a command", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+
+
+def test_gemma_refuses_a_codex_opening_unless_merged(proxy: Process, llamacpp: LlamaCpp, llama_server: Process,
+                                                     tmp_path: Path) -> None:
+    """Through a real Gemma 3 llama-server: the 400 names the template's rule; with --merge-consecutive-messages
+    the same opening runs, its reply says the tools were not in the prompt, and two turns stay one segment."""
+    body = {"model": "gemma", "messages": CODEX_OPENING, "tools": SHELL, "max_tokens": 16, "temperature": 0.0}
+    with httpx.Client(timeout=300) as http:
+        refused = http.post(f"{proxy.url}/v1/chat/completions", json=body, headers={"X-Session-Id": "codex-plain"})
+        assert refused.status_code == 400, refused.text
+        assert "Conversation roles must alternate" in refused.json()["error"]["message"]
+        merged = start_proxy(tmp_path / "merged.log", "--backend", "llamacpp", "--backend-url", llama_server.url,
+                             "--tokenizer-path", str(llamacpp.model), "--merge-consecutive-messages",
+                             "--data-dir", str(tmp_path / "data"))
+        try:
+            assert "the chat template ignores tools" in merged.log.read_text()
+            first = http.post(f"{merged.url}/v1/chat/completions", json=body, headers={"X-Session-Id": "codex"})
+            assert first.status_code == 200, first.text
+            assert "ignores tools" in first.headers["x-actorproxy-warning"]
+            said = first.json()["choices"][0]["message"]["content"]
+            later = [*CODEX_OPENING, {"role": "assistant", "content": said},
+                     {"role": "user", "content": "Thanks."}, {"role": "user", "content": "And 3 + 3?"}]
+            second = http.post(f"{merged.url}/v1/chat/completions", json={**body, "messages": later},
+                               headers={"X-Session-Id": "codex"})
+            assert second.status_code == 200, second.text
+            read = read_session(http, merged, "codex")
+        finally:
+            stop(merged.proc)
+    assert [s["num_steps"] for s in read["data"]] == [2], read["data"]
