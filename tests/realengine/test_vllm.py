@@ -36,6 +36,9 @@ from vllm_util import MAX_MODEL_LEN, launch_vllm, stop_vllm, wait_vllm
 from actorproxy.engines.vllm.client import VLLMBackend
 from actorproxy.tokenization.tokenizer import load_tokenizer
 
+# The tier installs or starts something big: `-m "not heavy"` leaves it out (README.md).
+pytestmark = [pytest.mark.heavy, pytest.mark.vllm]
+
 KINDS = ["default", "dev"]
 #: A reply long enough to be still running when the pause comes (the tiny model samples fast).
 LONG = 600
