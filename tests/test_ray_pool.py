@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import trio
-from _proxyproc import ProxyProcess
+from _proxyproc import REPO, ProxyProcess
 
 from actorproxy.store.ray_pool import DataPool
 
@@ -113,3 +114,84 @@ async def test_two_proxies_feed_one_pool_and_a_restarted_proxy_loses_nothing(
     assert reasons["a2#0"] == reasons["a3#0"] == "recovered" and reasons["b2#0"] == "finalize"
     assert all(len(s["token_ids"]) == len(s["loss_mask"]) > 0 for g in groups for s in g.segments)
     assert stats["segments_received"] == 8 and len(stats["sources"]) >= 2 and stats["dropped_groups"] == 0
+
+
+#: A stand-in for Claw-R1's DataPool: a sync actor with its producer methods and parameter names.
+CLAW_R1_STYLE_POOL = '''
+"""Claw-R1's DataPool's producer calls (AgentR1/Claw-R1 @ 4e1dec6, data_pool.py), recording what arrives."""
+
+import threading
+from typing import Any
+
+
+class ClawR1StylePool:
+    """Records what arrives."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, Any]] = []
+        self.completed: list[tuple[str, float | None, str]] = []
+        self.done = threading.Event()
+
+    def submit_steps(self, steps: list[Any], channel: str = "train") -> None:
+        self.steps += [(channel, step) for step in steps]
+
+    def complete_trajectory(self, trajectory_uid: str, reward: float | None = None, channel: str = "train") -> bool:
+        # Whether the trajectory's steps were in first (an async actor, as theirs is, may run calls out of order).
+        self.completed.append((trajectory_uid, reward, channel, any(s.trajectory_uid == trajectory_uid
+                                                                    for _, s in self.steps)))
+        if len(self.completed) == 2:
+            self.done.set()
+        return True
+
+    def fetch_batch(self, batch_size: int, n_rollouts: int | None = None, channel: str = "train") -> Any:
+        return None
+
+    def received(self) -> list[Any]:
+        assert self.done.wait(60)
+        return [[(c, s.trajectory_uid, s.prompt_ids, s.response_ids, s.rollout_log_probs, s.is_last, s.reward)
+                 for c, s in self.steps], self.completed]
+
+'''
+
+
+async def test_claw_r1s_own_pool_gets_its_steps_and_completions(ray_cluster: str, tmp_path: Path) -> None:
+    """--data-pool-name naming Claw-R1's DataPool: segments go in as its steps, on their channels."""
+    import ray
+
+    # Their pool's class is importable where it runs and not in the proxy's process (as in their trainer): a
+    # module of its own, on the actor's path only. The proxy then sees its methods as (**kwargs).
+    (tmp_path / "clawr1_style_pool.py").write_text(CLAW_R1_STYLE_POOL)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from clawr1_style_pool import ClawR1StylePool  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(tmp_path))
+    path = os.pathsep.join([str(tmp_path), str(REPO)])
+    pool = ray.remote(ClawR1StylePool).options(name="claw-pool", namespace="actorproxy-test", max_concurrency=4,
+                                               runtime_env={"env_vars": {"PYTHONPATH": path}}).remote()
+    proxy = ProxyProcess(tmp_path / "p.log", "--store", "ray", "--ray-address", ray_cluster, "--ray-namespace",
+                         "actorproxy-test", "--data-pool", "claw-pool", "--data-dir", str(tmp_path / "d"),
+                         "--sim-token-interval", "0.001")
+    try:
+        async with httpx.AsyncClient(base_url=await proxy.started(), timeout=60) as http:
+            generated = []
+            for uid, channel in (("t-train", None), ("t-val", "val")):
+                prompt = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
+                gen = (await http.post("/generate", json={"prompt_ids": prompt, "sampling_params": {
+                    "logprobs": True, "max_tokens": 6}})).json()
+                generated.append(gen)
+                step = {"trajectory_uid": uid, "prompt_uid": "p", "prompt_ids": prompt, "step_index": 0,
+                        "response_ids": gen["token_ids"], "rollout_log_probs": gen["log_probs"], "is_last": True,
+                        "reward": 1.0, "metadata": None}
+                reply = await http.post("/submit_steps", json={"steps": [step]},
+                                        params={"channel": channel} if channel else None)
+                assert reply.status_code == 200, reply.text
+        steps, completed = await trio.to_thread.run_sync(lambda: ray.get(pool.received.remote(), timeout=60))
+    finally:
+        proxy.kill()
+    assert sorted(completed) == [("t-train", 1.0, "train", True), ("t-val", 1.0, "val", True)]
+    by_uid = {uid: (channel, response, logprobs, last, reward) for channel, uid, _, response, logprobs, last, reward
+              in steps}
+    assert by_uid["t-train"] == ("train", generated[0]["token_ids"], pytest.approx(generated[0]["log_probs"]), True,
+                                 1.0)
+    assert by_uid["t-val"][0] == "val" and len(steps) == 2

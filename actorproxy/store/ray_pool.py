@@ -86,26 +86,35 @@ def init_ray(address: str | None, namespace: str) -> Any:
 
 
 class ForeignPool(RuntimeError):
-    """The named actor exists and is not an actorproxy data pool (Claw-R1's own DataPool, say)."""
+    """The named actor exists and is neither an actorproxy data pool nor Claw-R1's DataPool."""
+
+
+#: The methods that make a named actor Claw-R1's ``DataPool`` (its producer and consumer calls).
+CLAW_R1_POOL_METHODS = ("submit_steps", "complete_trajectory", "fetch_batch")
+
+
+def speaks_claw_r1(handle: Any) -> bool:
+    """Is this pool Claw-R1's own ``DataPool`` (steps in, ``complete_trajectory``), not actorproxy's?"""
+    return not hasattr(handle, "put") and all(hasattr(handle, m) for m in CLAW_R1_POOL_METHODS)
 
 
 def pool_handle(name: str, namespace: str, *, max_pending_groups: int = MAX_PENDING_GROUPS) -> Any:
     """The named pool actor, created (detached, no CPU reserved) if it does not exist yet.
 
-    Raises :class:`ForeignPool` when an actor of that name exists without the pool's ``put``.
+    An existing actor of that name is used when it is an actorproxy pool or Claw-R1's ``DataPool``
+    (:func:`speaks_claw_r1`); anything else raises :class:`ForeignPool`.
     """
     ray = _ray()
     remote = ray.remote(num_cpus=0, max_concurrency=64)(DataPool)
     handle = remote.options(name=name, namespace=namespace, lifetime="detached", get_if_exists=True).remote(
         max_pending_groups=max_pending_groups
     )
-    if not hasattr(handle, "put"):
+    if not hasattr(handle, "put") and not speaks_claw_r1(handle):
         methods = sorted(m for m in dir(handle) if not m.startswith("_"))
         raise ForeignPool(
-            f"the Ray actor {name!r} (namespace {namespace!r}) is not an actorproxy data pool (its methods: "
-            f"{', '.join(methods[:8]) or 'none'}); Claw-R1's trainer creates its own DataPool under that name: "
-            "create actorproxy's instead (from actorproxy.ray import DataPool; it serves the trainer's "
-            "fetch_batch unchanged), or give --data-pool-name another name"
+            f"the Ray actor {name!r} (namespace {namespace!r}) is neither an actorproxy data pool (put) nor "
+            f"Claw-R1's DataPool (submit_steps, complete_trajectory); its methods: "
+            f"{', '.join(methods[:8]) or 'none'}; give --data-pool-name another name"
         )
     return handle
 
@@ -122,9 +131,12 @@ def check_pool(address: str | None, namespace: str, name: str) -> None:
         raise StartupError("--store ray", f"cannot join Ray ({type(exc).__name__}: {exc})") from None
     joined_from_a_thread = True  # the store's thread uses this Ray too: end the process as such a proxy does
     try:
-        pool_handle(name, namespace)
+        handle = pool_handle(name, namespace)
     except ForeignPool as exc:
         raise StartupError("--data-pool-name", str(exc)) from None
+    if speaks_claw_r1(handle):
+        log.info("data pool %r is Claw-R1's DataPool: segments go to it as its steps (submit_steps, then "
+                 "complete_trajectory for each finished rollout)", name)
 
 
 @dataclass
@@ -145,47 +157,89 @@ class ClawR1Step:
     metadata: dict[str, Any] | None = None
 
 
-def claw_r1_steps(rollout: str, instance_id: str, segments: list[dict[str, Any]]) -> list[ClawR1Step]:
-    """A rollout's segments as Claw-R1 steps: each trained span of a segment is one model call.
+def _spans(mask: list[int]) -> list[tuple[int, int]]:
+    """The runs of loss mask 1: one model call's sampled ids each."""
+    spans, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
 
-    Its prompt is every token before the span; its response the span; its logprobs the span's;
-    its metadata the step's submitted metadata (``/submit_steps``), else what ``register_trajectory``
-    said of the rollout. The last step is ``is_last`` and carries the rollout's reward.
+
+def segment_steps(seg: dict[str, Any], registered: dict[str, Any] | None = None) -> list[ClawR1Step]:
+    """One segment (as ``/trajectory/read`` returns it) as Claw-R1 steps: each trained span is one model call.
+
+    Its prompt is every token before the span; its response the span; its logprobs the span's; its
+    metadata the step's submitted metadata (``/submit_steps``), else ``registered`` (what
+    ``register_trajectory`` said of the rollout), else the segment's own.
     """
-    steps: list[ClawR1Step] = []
-    reward: float | None = None
+    tokens, mask, logprobs, versions = seg["token_ids"], seg["loss_mask"], seg["logprobs"], seg["versions"]
+    meta = seg.get("metadata") or {}
+    submitted = meta.get("step_metadata") or {}
+    registered = registered or meta.get("trajectory_metadata")
+    indices = list(seg.get("step_indices") or [])
+    spans = _spans(mask)
+    steps = []
+    for n, (a, b) in enumerate(spans):
+        index = indices[n] if len(indices) == len(spans) else n
+        extra = submitted.get(str(index))
+        steps.append(ClawR1Step(
+            prompt_ids=list(tokens[:a]), response_ids=list(tokens[a:b]), rollout_log_probs=list(logprobs[a:b]),
+            trajectory_uid=seg["parent_traj_id"], prompt_uid=seg.get("instance_id") or seg["parent_traj_id"],
+            step_index=index, policy_version=max(versions[a:b], default=0),
+            metadata={k: v for k, v in extra.items() if k not in ("source", "is_last", "policy_version")}
+            if isinstance(extra, dict) else registered,
+        ))
+    return steps
+
+
+def claw_r1_steps(rollout: str, instance_id: str, segments: list[dict[str, Any]]) -> list[ClawR1Step]:
+    """A finished rollout's segments (pool payloads) as Claw-R1 steps (:func:`segment_steps`), in step order.
+
+    The last step is ``is_last`` and carries the rollout's reward.
+    """
     decoded = [decode_payload(payload) for payload in segments]
     registered = next((s["metadata"]["trajectory_metadata"] for s in decoded
                        if (s.get("metadata") or {}).get("trajectory_metadata")), None)
-    for seg in decoded:
-        tokens, mask, logprobs, versions = seg["token_ids"], seg["loss_mask"], seg["logprobs"], seg["versions"]
-        meta = seg.get("metadata") or {}
-        submitted = meta.get("step_metadata") or {}
-        indices = list(seg.get("step_indices") or [])
-        if seg.get("reward") is not None:
-            reward = seg["reward"]
-        spans, start = [], None
-        for i, m in enumerate([*mask, 0]):
-            if m and start is None:
-                start = i
-            elif not m and start is not None:
-                spans.append((start, i))
-                start = None
-        for n, (a, b) in enumerate(spans):
-            index = indices[n] if n < len(indices) and len(indices) == len(spans) else len(steps)
-            extra = submitted.get(str(index))
-            steps.append(ClawR1Step(
-                prompt_ids=list(tokens[:a]), response_ids=list(tokens[a:b]), rollout_log_probs=list(logprobs[a:b]),
-                trajectory_uid=rollout, prompt_uid=instance_id, step_index=index,
-                policy_version=max(versions[a:b], default=0),
-                metadata={k: v for k, v in extra.items() if k not in ("source", "is_last", "policy_version")}
-                if isinstance(extra, dict) else registered,
-            ))
+    steps = [step for seg in decoded for step in segment_steps(seg, registered)]
+    rewards = [s["reward"] for s in decoded if s.get("reward") is not None]
+    for step in steps:
+        step.trajectory_uid, step.prompt_uid = rollout, instance_id
+    steps.sort(key=lambda s: s.step_index)
     if steps:
         steps[-1].is_last = True
-        steps[-1].reward = reward
-    steps.sort(key=lambda s: s.step_index)
+        steps[-1].reward = rewards[-1] if rewards else None
     return steps
+
+
+def claw_r1_calls(payloads: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Segments as calls on Claw-R1's ``DataPool``, in order: ``(method, keyword arguments)``.
+
+    Keywords only, named as that pool names its parameters: a process that does not have the pool's
+    class sees its methods as ``(**kwargs)``, and Ray refuses positional arguments there.
+
+    Each segment's steps go in with ``submit_steps(steps, channel=)``; a segment that ends its rollout
+    has its last step ``is_last`` with the rollout's reward, and is followed by
+    ``complete_trajectory(rollout, reward=, channel=)`` (which also completes a rollout whose last
+    segment trained nothing). The channel is the segment's ``metadata.channel`` (``train`` when none).
+    """
+    calls: list[tuple[str, dict[str, Any]]] = []
+    for payload in payloads:
+        seg = decode_payload(payload)
+        channel = str((seg.get("metadata") or {}).get("channel") or DEFAULT_CHANNEL)
+        steps = segment_steps(seg)
+        terminal = seg["boundary_reason"] in TERMINAL_REASONS
+        if steps and terminal:
+            steps[-1].is_last, steps[-1].reward = True, seg.get("reward")
+        if steps:
+            calls.append(("submit_steps", {"steps": steps, "channel": channel}))
+        if terminal:
+            calls.append(("complete_trajectory", {"trajectory_uid": seg["parent_traj_id"],
+                                                  "reward": seg.get("reward"), "channel": channel}))
+    return calls
 
 
 class DataPool:
@@ -397,6 +451,8 @@ class RayStore(SQLiteStore):
         super().__init__(data_dir)
         self._address, self._namespace, self._pool_name = address, namespace, pool
         self._pool: Any = None
+        #: The pool is Claw-R1's own DataPool (:func:`speaks_claw_r1`): segments go in as its steps.
+        self._claw_r1 = False
         self.source = f"{socket.gethostname()}:{os.getpid()}"
         self._forward_counts: Counter[str] = Counter()
 
@@ -407,6 +463,7 @@ class RayStore(SQLiteStore):
             joined_from_a_thread = True
             init_ray(self._address, self._namespace)
             self._pool = pool_handle(self._pool_name, self._namespace)
+            self._claw_r1 = speaks_claw_r1(self._pool)
 
     def outbox(self, limit: int = BATCH) -> list[tuple[int, dict[str, Any]]]:
         """The oldest committed segments not yet acknowledged: ``(seq, payload)``."""
@@ -419,6 +476,14 @@ class RayStore(SQLiteStore):
         """Send to the pool and wait for its acknowledgement (blocking; outside the writer's limiter)."""
         self.connect()
         ray = _ray()
+        if self._claw_r1:
+            # Their pool is an async actor: calls may run out of order, so every step is in before any
+            # completion is sent. It does not deduplicate: a send that timed out after it applied is applied again.
+            calls = claw_r1_calls(payloads)
+            for phase in ("submit_steps", "complete_trajectory"):
+                refs = [getattr(self._pool, method).remote(**kwargs) for method, kwargs in calls if method == phase]
+                ray.get(refs, timeout=SEND_TIMEOUT)
+            return len(payloads)
         return int(ray.get(self._pool.put.remote(payloads, self.source), timeout=SEND_TIMEOUT))
 
     def acknowledged(self, seqs: list[int]) -> None:
