@@ -170,6 +170,9 @@ async def test_without_logprobs_asked_log_probs_is_null(http: httpx.AsyncClient,
     body = {"prompt_ids": _prompt(tokenizer, "hi"), "sampling_params": {**SAMPLING, "logprobs": False}}
     gen = (await http.post("/generate", json=body)).json()
     assert gen["log_probs"] is None and gen["token_ids"]
+    # It waits for its /submit_steps, and /metrics says so.
+    metrics = (await http.get("/metrics")).text
+    assert "actorproxy_token_in_generations_waiting 1.0" in metrics
 
 
 async def test_multi_step_flow_with_compute_reward(http: httpx.AsyncClient, engine: RecordingEngine,

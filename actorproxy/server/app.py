@@ -101,6 +101,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
     auth.install(app, policy)
     gateway = add_gateway_routes(app, runtime, policy)
     observer.handoff = gateway.handoff
+    observer.generations = gateway.generations
     add_openapi_routes(app)
     dressage = runtime.config.server.api_dialect == "dressage"
     lane = TurnLane(app.asgi_app, observer=observer, policy=policy, max_body=MAX_BODY_BYTES,

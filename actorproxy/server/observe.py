@@ -71,6 +71,8 @@ class Observer:
         self.activity: OrderedDict[str, dict[str, Any]] = OrderedDict()
         #: The trainer's hand-off, when the gateway routes are mounted (its counters go to /metrics).
         self.handoff: Any = None
+        #: The gateway's token-in generations waiting for /submit_steps (``TokenInGenerations``).
+        self.generations: Any = None
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -250,6 +252,8 @@ async def gather_state(runtime: Runtime) -> dict[str, Any]:
 def _with_handoff(state: dict[str, Any], observer: Observer) -> dict[str, Any]:
     if observer.handoff is not None:
         state["handoff"] = observer.handoff.statistics()
+    if observer.generations is not None:
+        state["token_in"] = observer.generations.statistics()
     return state
 
 
@@ -351,6 +355,13 @@ class _Snapshot:
                      handoff.get("pending_groups"))
         yield _counter("actorproxy_handoff_dropped_groups", "Prompt groups dropped (--max-pending-groups)",
                        handoff.get("dropped_groups"))
+        token_in = state.get("token_in") or {}
+        yield _gauge("actorproxy_token_in_generations_waiting",
+                     "Token-in /generate results waiting for the /submit_steps that claims them",
+                     token_in.get("waiting"))
+        yield _counter("actorproxy_token_in_generations_unclaimed",
+                       "Token-in /generate results never claimed, stored as steps of their own sessions",
+                       token_in.get("unclaimed_stored"))
 
 
 def _gauge(name: str, text: str, value: Any) -> Metric:
