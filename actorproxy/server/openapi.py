@@ -139,7 +139,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
                                             ReadBody, errors=(400, 401, 404)),
     ("/trajectory/stats", "GET"): Operation("Store, session and boundary statistics", _OPS, no_body=True,
                                             errors=(401,)),
-    ("/v1/rollout/pause", "POST"): Operation("Pause generation (abort or wait)", _TRAINER, PauseBody,
+    ("/v1/rollout/pause", "POST"): Operation("Pause generation (abort, wait or keep)", _TRAINER, PauseBody,
                                              optional_body=True, errors=(400, 401)),
     ("/v1/rollout/resume", "POST"): Operation("Resume under a new weight version", _TRAINER, ResumeBody,
                                               optional_body=True, errors=(400, 401)),
