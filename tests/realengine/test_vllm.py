@@ -33,6 +33,7 @@ import pytest
 from realengine_util import Process, read_session, start_proxy, stop
 from vllm_util import MAX_MODEL_LEN, launch_vllm, stop_vllm, wait_vllm
 
+from actorproxy.engines.base import GenerateRequest, SamplingParams, TokenDelta
 from actorproxy.engines.vllm.client import VLLMBackend
 from actorproxy.tokenization.tokenizer import load_tokenizer
 
@@ -400,9 +401,10 @@ def test_without_partial_rollout_the_reply_is_generated_afresh(
     reader = threading.Thread(target=turn)
     try:
         with httpx.Client(timeout=300) as http:
+            before = generated_tokens(http, engine)
             reader.start()
             deadline = time.monotonic() + 300
-            while http.get(f"{proxy.url}/v1/rollout/pause_state").json()["in_flight"] == 0:
+            while generated_tokens(http, engine) < before + 5:  # vLLM is sampling the reply
                 assert time.monotonic() < deadline and reader.is_alive()
                 time.sleep(0.01)  # polling another process for its generation to start
             try:
@@ -494,3 +496,61 @@ async def test_prompt_logprobs_are_the_sampled_ones(kind: str, vllm_servers: dic
         await backend.aclose()
     assert values[0] is None and len(values) == len(prompt) + len(ids)
     assert values[len(prompt):] == pytest.approx(logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_client_stop_ids_and_length(kind: str, vllm_servers: dict[str, Process]) -> None:
+    """The engine contract at the client, through either API: a stop id ends the generation on it
+    (``stop``, the id matched, the last token), ``max_new_tokens`` gives ``length``; ids and logprobs exact."""
+    engine = vllm_servers[kind]
+    tok = load_tokenizer(None)
+    prompt = array("i", tok.encode(tok.render([{"role": "user", "content": "Name three birds."}])))
+    with httpx.Client(timeout=300) as http:
+        ids, logprobs = replay(http, engine, list(prompt), 16)
+    # A token that first comes at ``at`` (random weights may repeat one token: then the first one).
+    at = next((i for i in range(1, len(ids)) if ids[i] not in ids[:i]), 0)
+    backend = VLLMBackend(engine.url)
+    try:
+        for sampling, want, reason in (
+            (SamplingParams(max_new_tokens=16, temperature=0.0, stop_token_ids=(ids[at],)), at + 1, "stop"),
+            (SamplingParams(max_new_tokens=3, temperature=0.0), 3, "length"),
+        ):
+            got: list[int] = []
+            got_logprobs: list[float] = []
+            async with backend.open_generation(GenerateRequest(prompt, sampling)) as generation:
+                async for event in generation:
+                    if isinstance(event, TokenDelta):
+                        got += event.token_ids
+                        got_logprobs += event.logprobs
+                    else:
+                        finish = event
+            assert (got, got_logprobs) == (ids[:want], logprobs[:want])
+            assert finish.reason == reason
+            assert finish.matched_stop == (ids[at] if reason == "stop" else None)
+    finally:
+        await backend.aclose()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wait_pause_lets_generations_finish(
+    kind: str, vllm_servers: dict[str, Process], vllm_proxies: dict[str, Process]
+) -> None:
+    engine, proxy = vllm_servers[kind], vllm_proxies[kind]
+    sessions, outs, started, readers = long_streams(proxy, f"wait-{kind}", count=1)
+    for reader in readers:
+        reader.start()
+    with httpx.Client(timeout=300) as http:
+        try:
+            assert started[0].wait(300)
+            paused = http.post(f"{proxy.url}/v1/rollout/pause", json={"mode": "wait"}).json()
+            state = http.get(f"{proxy.url}/v1/rollout/pause_state").json()
+        finally:
+            http.post(f"{proxy.url}/v1/rollout/resume", json={})
+        # The answer came once the generation had finished: nothing in flight, nothing aborted.
+        assert (paused["mode"], paused["aborted"], state["in_flight"]) == ("wait", 0, 0), (paused, state)
+        readers[0].join(300)
+        read = read_session(http, proxy, sessions[0])
+        (step,) = read["steps"]
+        assert step["preemptions"] == 0 and len(step["output_ids"]) == LONG
+        assert_greedy(http, engine, read, step)
+        assert len(set(output_versions(step))) == 1
