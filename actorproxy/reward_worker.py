@@ -1,7 +1,7 @@
 """``--reward-worker-name NAME``: ``POST /compute_reward`` (the token body) asks a Ray actor for the score.
 
 The Claw-R1 trainer starts a ``RewardLoopWorker`` actor and passes its name to the
-gateway; the actor's ``compute_score(data)`` takes one sample as a verl
+gateway; the actor's ``compute_score(input_data)`` takes one sample as a verl
 ``DataProto`` and returns ``{"reward_score": float, "reward_extra_info": {...}}``.
 The sample is laid out as verl lays out a rollout: the prompt left-padded to
 ``--prompt-length``, the response right-padded to ``--response-length``,
@@ -88,7 +88,8 @@ class RayRewardWorker:
         from ray.exceptions import GetTimeoutError
 
         try:
-            result = ray.get(self._actor.compute_score.remote(data), timeout=self._timeout)
+            # By keyword, as the worker names it: a process without the worker's class sees (**kwargs) only.
+            result = ray.get(self._actor.compute_score.remote(input_data=data), timeout=self._timeout)
         except GetTimeoutError:
             raise RewardTimeout(f"reward worker {self.name!r} took longer than {self._timeout:g} s "
                                 "(--reward-timeout)") from None
