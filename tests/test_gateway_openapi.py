@@ -58,8 +58,15 @@ async def test_openapi_schemas_come_from_the_models_the_routes_validate_with(htt
     assert step["additionalProperties"] is False  # ours: unknown fields are refused, and the schema says so
     assert set(step["required"]) == {"trajectory_uid", "prompt_uid", "prompt_ids", "response_ids", "step_index"}
     assert step["properties"]["prompt_ids"] == {"type": "array", "items": {"type": "integer"}}
-    generated = document["paths"]["/generate"]["post"]["responses"]["200"]["content"]["application/json"]
-    assert generated["schema"] == {"$ref": "#/components/schemas/GenerateResult"}
+    generate = document["paths"]["/generate"]["post"]
+    generated = generate["responses"]["200"]["content"]["application/json"]
+    assert generated["schema"] == {"oneOf": [{"$ref": "#/components/schemas/GenerateResult"},
+                                             {"$ref": "#/components/schemas/TokenGenerateResult"}]}
+    # Claw-R1's shipped token-in body is described beside ours, with its own fields.
+    assert generate["requestBody"]["content"]["application/json"]["schema"]["oneOf"][1] == {
+        "$ref": "#/components/schemas/TokenGenerateBody"}
+    assert set(schemas["TokenGenerateBody"]["required"]) == {"prompt_ids"}
+    assert "reward_score" in schemas["TokenRewardResult"]["properties"]
     # The per-session mounts share their route's description.
     mounted = document["paths"]["/{url_session}/{url_instance}/v1/chat/completions"]["post"]
     assert mounted["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("ChatCompletionBody")

@@ -84,6 +84,9 @@ class Operation:
     #: The reply's media type when it is not JSON.
     media: str | None = None
     errors: tuple[int, ...] = (400,)
+    #: A second body the route also takes (Claw-R1's shipped shape), and the reply it gets: ``oneOf``.
+    alt_body: type | None = None
+    alt_reply: type | None = None
 
 
 _OPENAI = "OpenAI-compatible"
@@ -101,13 +104,17 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("/v1/responses", "POST"): Operation("OpenAI Responses API, recorded in the session", _OPENAI,
                                          errors=(400, 401, 409, 502, 503, 507)),
     ("/v1/models", "GET"): Operation("The served model", _OPENAI, no_body=True, errors=()),
-    ("/generate", "POST"): Operation("White-box turn: the exact prompt and sampled ids", _GATEWAY, gm.GenerateBody,
-                                     gm.GenerateResult, errors=(400, 401, 409, 502, 503, 507)),
+    ("/generate", "POST"): Operation("White-box turn: the exact prompt and sampled ids; or token in (prompt_ids)",
+                                     _GATEWAY, gm.GenerateBody, gm.GenerateResult,
+                                     errors=(400, 401, 409, 502, 503, 507), alt_body=gm.TokenGenerateBody,
+                                     alt_reply=gm.TokenGenerateResult),
     ("/submit_steps", "POST"): Operation(
         "Attach rewards/metadata to recorded steps (409 on differing ids) or store external steps; all or nothing",
         _GATEWAY, gm.SubmitStepsBody, gm.SubmitStepsResult, errors=(400, 401, 409)),
-    ("/compute_reward", "POST"): Operation("Reward by --reward-fn", _GATEWAY, gm.RewardBody, gm.RewardResult,
-                                           errors=(400, 401, 422, 501, 504)),
+    ("/compute_reward", "POST"): Operation("Reward by --reward-fn (or --reward-worker-name for the token body)",
+                                           _GATEWAY, gm.RewardBody, gm.RewardResult, errors=(400, 401, 422, 501, 503,
+                                                                                             504),
+                                           alt_body=gm.TokenRewardBody, alt_reply=gm.TokenRewardResult),
     ("/init_trajectory", "POST"): Operation("A new trajectory and its base_url", _GATEWAY, gm.InitBody,
                                             gm.InitResult, optional_body=True),
     ("/<url_session>/<url_instance>/v1/register_trajectory", "POST"): Operation(
@@ -226,7 +233,10 @@ def build_document(rules: Iterable[tuple[str, str]]) -> dict[str, Any]:
             entry["parameters"] = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
                                    for n in names]
         if not op.no_body:
-            schema = _ref(op.body) if op.body is not None else {"type": "object"}
+            schema: dict[str, Any] = _ref(op.body) if op.body is not None else {"type": "object"}
+            if op.alt_body is not None:
+                schema = {"oneOf": [schema, _ref(op.alt_body)]}
+                models.append(op.alt_body)
             entry["requestBody"] = {"required": not op.optional_body,
                                     "content": {"application/json": {"schema": schema}}}
             if op.body is not None:
@@ -234,7 +244,10 @@ def build_document(rules: Iterable[tuple[str, str]]) -> dict[str, Any]:
         if op.media is not None:
             ok: dict[str, Any] = {"description": "OK", "content": {op.media: {"schema": {"type": "string"}}}}
         else:
-            reply = _ref(op.reply) if op.reply is not None else {"type": "object"}
+            reply: dict[str, Any] = _ref(op.reply) if op.reply is not None else {"type": "object"}
+            if op.alt_reply is not None:
+                reply = {"oneOf": [reply, _ref(op.alt_reply)]}
+                models.append(op.alt_reply)
             ok = {"description": "OK", "content": {"application/json": {"schema": reply}}}
             if op.reply is not None:
                 models.append(op.reply)
