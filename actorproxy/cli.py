@@ -112,6 +112,20 @@ def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     )
     sim.add_argument("--seed", type=int, default=d.seed, help="random seed of the simulated policy")
     sim.add_argument(
+        "--reply-tokens",
+        type=_positive_int,
+        default=d.reply_tokens,
+        help="every unscripted reply is N tokens of the word ' so' then the end-of-turn token "
+        "(long-stream benchmarks count the word); default: the simulated policy's short replies",
+    )
+    sim.add_argument(
+        "--stream-interval",
+        type=_positive_int,
+        default=d.stream_interval,
+        help="tokens per streamed event, as SGLang's --stream-interval: each token still takes "
+        "--token-interval, they are streamed in bursts of N",
+    )
+    sim.add_argument(
         "--incremental-streaming-output",
         action="store_true",
         help="SGLang: stream deltas of output_ids/text/logprobs instead of cumulative values",
@@ -167,6 +181,8 @@ def sim_settings_from_args(args: argparse.Namespace) -> SimServerSettings:
         token_interval=args.token_interval,
         prefill_latency=args.prefill_latency,
         seed=args.seed,
+        reply_tokens=args.reply_tokens,
+        stream_interval=args.stream_interval,
         incremental_streaming_output=args.incremental_streaming_output,
         enable_return_routed_experts=args.enable_return_routed_experts,
         weight_version=args.weight_version,

@@ -524,3 +524,33 @@ def test_sim_cli_flags() -> None:
     assert settings == SimServerSettings(port=31000, token_interval=0.5, seed=3, incremental_streaming_output=True,
                                          enable_return_routed_experts=True, weight_version="w0", max_model_len=4096)
     assert sim_settings_from_args(build_parser().parse_args(["sim"])) == SimServerSettings()
+    args = build_parser().parse_args(["sim", "--reply-tokens", "2000", "--stream-interval", "4"])
+    settings = sim_settings_from_args(args)
+    assert (settings.reply_tokens, settings.stream_interval) == (2000, 4)
+    assert (settings.engine_config().reply_tokens, settings.engine_config().stream_interval) == (2000, 4)
+
+
+async def test_reply_tokens_and_stream_interval(
+    tokenizer: ChatTokenizer, prompt: list[int], autojump_clock: MockClock
+) -> None:
+    """``--reply-tokens 7 --stream-interval 3``: seven filler tokens and the end-of-turn token, streamed
+    three a time (the finish rides on the last burst), on each token's own schedule."""
+    engine = SimEngine(tokenizer, SimConfig(token_interval=INTERVAL, reply_tokens=7, stream_interval=3))
+    async with open_sim_client(engine, SimServerSettings(port=0, incremental_streaming_output=True)) as (_, http):
+        body = {"input_ids": prompt, "stream": True, "sampling_params": {"max_new_tokens": 100}}
+        start = trio.current_time()
+        frames, times = [], []
+        async for frame in stream_events(http, "/generate", body):
+            if frame == "[DONE]":
+                break
+            frames.append(frame)
+            times.append(round((trio.current_time() - start) / INTERVAL))
+        assert [len(f["output_ids"]) for f in frames] == [3, 3, 2] and times == [3, 6, 8]
+        assert "".join(f["text"] for f in frames).split() == ["so"] * 7
+        assert frames[-1]["meta_info"]["finish_reason"]["type"] == "stop"
+        # max_tokens still cuts the reply (llama.cpp: one event a token, a burst in one write)
+        body = {"prompt": prompt, "stream": True, "n_predict": 5}
+        response = await http.post("/completion", json=body)
+        lines = [json.loads(b[6:]) for b in response.text.split("\n\n") if b.startswith("data: ")]
+        assert "".join(line["content"] for line in lines).split() == ["so"] * 5
+        assert len(lines) == 6 and lines[-1]["stop_type"] == "limit"

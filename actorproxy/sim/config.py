@@ -27,6 +27,13 @@ class SimConfig:
     #: Unseeded requests depend on the prompt alone; ``True`` mixes in the request
     #: counter so repeated prompts differ (results then depend on arrival order).
     vary_unseeded: bool = False
+    #: Unscripted replies are this many tokens of one filler word (`` so``), then the
+    #: end-of-turn token, whatever the prompt; ``None``: the random policy's reply.
+    #: For long-stream benchmarks, whose clients count the word to count tokens.
+    reply_tokens: int | None = None
+    #: Tokens per streamed event, as SGLang's ``--stream-interval``: the tokens come at
+    #: ``token_interval`` each but are streamed in bursts of this many.
+    stream_interval: int = 1
     #: How many requests :meth:`SimEngine.stats` remembers.
     stats_capacity: int = 10_000
     #: Weight-version changes kept to stamp the tokens of lagging consumers.
@@ -37,5 +44,7 @@ class SimConfig:
     num_experts: int = 16
 
     def __attrs_post_init__(self) -> None:
+        if self.reply_tokens is not None and self.reply_tokens < 1 or self.stream_interval < 1:
+            raise ValueError("SimConfig: reply_tokens and stream_interval must be >= 1")
         if self.num_layers < 1 or not 0 < self.moe_topk <= self.num_experts:
             raise ValueError("SimConfig: need num_layers >= 1 and 0 < moe_topk <= num_experts")

@@ -66,6 +66,7 @@ class SimEngine:
         self._history: OrderedDict[str, SimGeneration] = OrderedDict()
         self._closed = False
         self._eos = frozenset(() if config.ignore_eos else tokenizer.stop_token_ids)
+        self._filler = list(tokenizer.encode(" so"))  # one token in the usual vocabularies
         self._clock = PauseClock()
         self._prompt_key = self._derived_key(b"prompt-logprobs")
         self._route_key = self._derived_key(b"routed-experts")
@@ -210,9 +211,13 @@ class SimEngine:
         if script is not None:
             tokens, given, reason = script.token_ids, script.logprobs, script.finish
         else:
-            rng = random.Random(int.from_bytes(key[:8], "little"))
-            text = policy_text(read_prompt(self.tokenizer, ids, raw), rng, self.config)
-            tokens = [*self.tokenizer.encode(text), self.tokenizer.eot_token_id]
+            if self.config.reply_tokens is not None:
+                n = self.config.reply_tokens
+                tokens = [*(self._filler * n)[:n], self.tokenizer.eot_token_id]
+            else:
+                rng = random.Random(int.from_bytes(key[:8], "little"))
+                text = policy_text(read_prompt(self.tokenizer, ids, raw), rng, self.config)
+                tokens = [*self.tokenizer.encode(text), self.tokenizer.eot_token_id]
             given, reason = None, "stop"
         limit = min(request.sampling.max_new_tokens, self.config.max_model_len - len(ids))
         stops = self._eos | frozenset(request.sampling.stop_token_ids)

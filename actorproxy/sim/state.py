@@ -42,6 +42,10 @@ class SimServerSettings:
     token_interval: float = 0.02
     prefill_latency: float = 0.0
     seed: int = 0
+    #: See :attr:`SimConfig.reply_tokens`.
+    reply_tokens: int | None = None
+    #: SGLang ``--stream-interval``: tokens per streamed event (:attr:`SimConfig.stream_interval`).
+    stream_interval: int = 1
     #: SGLang ``--incremental-streaming-output``: stream deltas instead of cumulative outputs.
     incremental_streaming_output: bool = False
     #: SGLang / vLLM ``--enable-return-routed-experts``.
@@ -68,6 +72,8 @@ class SimServerSettings:
             seed=self.seed,
             token_interval=self.token_interval,
             prefill_latency=self.prefill_latency,
+            reply_tokens=self.reply_tokens,
+            stream_interval=self.stream_interval,
             weight_version=self.weight_version,
             max_model_len=self.max_model_len,
             model_id=self.model_path,
@@ -252,13 +258,23 @@ async def run_generation(
             try:
                 if drop_after == 0:
                     raise DropConnection("fault: connection dropped before the first token")
+                every = state.engine.config.stream_interval if stream else 1
                 async for event in gen:
                     finish: GenerateFinish | None
                     if isinstance(event, TokenDelta):
-                        last = await gen.__anext__() if gen.final_ready else None
-                        finish = last if isinstance(last, GenerateFinish) else None
-                        versions = (event.weight_version,) * len(event.token_ids)
-                        chunk = Chunk(event.token_ids, event.logprobs, versions, finish)
+                        finish, events = None, [event]
+                        # A burst: the next tokens (each on its own schedule) until there are
+                        # ``every`` or the generation ends.
+                        while len(events) < every and not gen.final_ready:
+                            more = await gen.__anext__()
+                            if isinstance(more, GenerateFinish):
+                                finish = more
+                                break
+                            events.append(more)
+                        if finish is None and gen.final_ready:
+                            last = await gen.__anext__()
+                            finish = last if isinstance(last, GenerateFinish) else None
+                        chunk = _burst(events, finish)
                     else:
                         finish, chunk = event, Chunk((), (), (), event)
                     record.sent_tokens += len(chunk.token_ids)
@@ -282,6 +298,16 @@ async def run_generation(
     finally:
         if not done:
             record.status = "disconnected"
+
+
+def _burst(events: list[TokenDelta], finish: GenerateFinish | None) -> Chunk:
+    if len(events) == 1:
+        event = events[0]
+        return Chunk(event.token_ids, event.logprobs, (event.weight_version,) * len(event.token_ids), finish)
+    ids = tuple(i for e in events for i in e.token_ids)
+    lps = tuple(lp for e in events for lp in e.logprobs)
+    versions = tuple(e.weight_version for e in events for _ in e.token_ids)
+    return Chunk(ids, lps, versions, finish)
 
 
 async def collect(

@@ -117,12 +117,14 @@ async def _stream(call: _Completion, drop_after: int | None) -> AsyncIterator[by
         gen = run_generation(call.state, call.req, protocol="llamacpp", stream=True, drop_after=drop_after)
         async with aclosing(gen) as chunks:
             async for chunk in chunks:
+                lines = []  # one event a token, as llama.cpp; a burst (--stream-interval) in one write
                 for token_id, logprob in zip(chunk.token_ids, chunk.logprobs, strict=True):
-                    yield wire.sse(call.partial(token_id, logprob, len(ids)))
+                    lines.append(wire.sse(call.partial(token_id, logprob, len(ids))))
                     ids.append(token_id)
                     lps.append(logprob)
                 if chunk.finish is not None:
-                    yield wire.sse(call.final(ids, lps, chunk.finish))
+                    lines.append(wire.sse(call.final(ids, lps, chunk.finish)))
+                yield b"".join(lines)
     except BackendError as exc:
         yield wire.sse({"error": {"code": exc.status, "message": str(exc), "type": "server_error"}})
 

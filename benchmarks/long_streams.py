@@ -1,0 +1,288 @@
+"""Long generations at GPU pace: what relaying a streamed token costs the proxy, over real HTTP.
+
+    python benchmarks/long_streams.py                       # short default: 16 streams x 2,000 tokens
+    python benchmarks/long_streams.py --tokens 2000 16000 --streams 16 256 1000 --interval 0.01 0.02 \\
+        --burst 1 8 --shape sglang-incremental sglang-cumulative vllm llamacpp
+
+Three processes per row, so that no one's CPU is another's: the engine (``actorproxy sim
+--reply-tokens T --token-interval I --stream-interval B``: every reply is ``T`` tokens of the
+word `` so`` then the end-of-turn token, a token every ``I`` seconds per stream, streamed in
+bursts of ``B``), the proxy (``actorproxy run --backend ...`` in front of it) and the ``N``
+streaming clients (this script with ``--clients``, plain asyncio sockets, one connection each).
+A row runs the clients twice: against the engine's own streaming API (``direct``: SGLang's
+``/generate``, vLLM's ``/v1/completions``, llama.cpp's ``/completion``) and through the proxy
+(``/v1/chat/completions``, ``stream: true``). LiteLLM is measured beside them only when it is
+installed (``--litellm``; it is not a dependency).
+
+The clients count tokens by counting the word in the text they receive (exact: the word is
+one token in the built-in qwen3 vocabulary). Per row:
+
+- ``tok/s``: tokens received per second, from the first token of any stream to the last;
+- ``done``: streams that received all ``T`` tokens and the end of the stream;
+- ``proxy µs/tok``: the proxy process's CPU time (user + system, every thread, from
+  ``/proc``: far less sensitive to a loaded machine than wall time) while every stream is
+  streaming, per token received meanwhile; ``proxy %``, ``engine %``, ``clients %``: the CPU
+  each process used in that window (an engine or clients near 100 % is the bottleneck, not
+  the proxy);
+- ``delay p50/p99``: how late each token arrives behind its stream's own pace, in ms: token
+  ``n`` of a stream is due ``(ceil(n/B) - 1) * B * I`` after the stream's first token (the
+  first burst sets the origin, so time to first token is not counted). The direct row is the
+  engine's and the clients' own lateness; the proxy row minus it is what the hop adds.
+
+Runs are bounded: a row ends when every stream ended or after ``--timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from load_client import cpu_seconds
+from overhead import loadavg
+from processes import proxy, sim_engine
+
+SHAPES = {  # shape: (proxy --backend, extra sim flags, the engine's own streaming API)
+    "sglang-incremental": ("sglang", ["--incremental-streaming-output"], "sglang"),
+    "sglang-cumulative": ("sglang", [], "sglang-cumulative"),
+    "vllm": ("vllm", [], "vllm"),
+    "llamacpp": ("llamacpp", [], "llamacpp"),
+}
+PROMPT = list(range(1000, 1032))  # the direct clients' token-id prompt
+
+
+def words(data: bytes) -> int:
+    """The word's occurrences in raw JSON events: after a space, or first in a string."""
+    return data.count(b" so") + data.count(b'"so')
+
+
+def run_clients(target: str, url: str, args: argparse.Namespace, streams: int, tokens: int, interval: float,
+                burst: int, watch: dict[str, int]) -> dict[str, Any]:
+    """Run the clients' process against ``url``; the CPU of ``watch`` while every stream streams."""
+    command = [sys.executable, str(Path(__file__)), "--clients", url, "--target", target, "--streams", str(streams),
+               "--tokens", str(tokens), "--interval", str(interval), "--burst", str(burst),
+               "--timeout", str(args.timeout)]
+    clients = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    pids = watch | {"clients": clients.pid}
+    try:
+        assert clients.stdout is not None
+        line = clients.stdout.readline()  # every stream has its first token
+        if not line.startswith("STREAMING"):
+            raise RuntimeError(f"the clients did not get their streams going: {line!r}")
+        cpu0, t0, tok0 = {k: cpu_seconds(p) for k, p in pids.items()}, time.monotonic(), int(line.split()[1])
+        line = clients.stdout.readline()  # the last stream ended (or the timeout)
+        cpu1, t1 = {k: cpu_seconds(p) for k, p in pids.items()}, time.monotonic()
+        if not line.startswith("ENDING"):
+            raise RuntimeError(f"the clients ended badly: {line!r}")
+        tok1 = int(line.split()[1])
+        result: dict[str, Any] = json.loads(clients.stdout.readline())
+        clients.wait(60)
+    finally:
+        if clients.poll() is None:
+            clients.kill()
+            clients.wait()
+    window = max(t1 - t0, 1e-9)
+    result["window_s"] = window
+    result["window_tokens"] = tok1 - tok0
+    for k in pids:
+        result[f"{k}_cpu_pct"] = (cpu1[k] - cpu0[k]) * 100 / window
+    if "proxy" in watch:
+        result["proxy_us_per_token"] = (cpu1["proxy"] - cpu0["proxy"]) * 1e6 / max(1, tok1 - tok0)
+    return result
+
+
+def one_row(args: argparse.Namespace, shape: str, tokens: int, streams: int, interval: float,
+            burst: int) -> list[dict[str, Any]]:
+    backend, sim_flags, direct = SHAPES[shape]
+    capacity = str(streams + 10)
+    flags = ["--reply-tokens", str(tokens), "--token-interval", str(interval), "--stream-interval", str(burst),
+             "--record-capacity", "1", *sim_flags]
+    rows = []
+    with sim_engine(*flags) as engine:
+        if not args.no_direct:
+            r = run_clients(direct, engine.url, args, streams, tokens, interval, burst, {"engine": engine.pid})
+            rows.append({"via": "direct"} | r)
+        with proxy(backend, engine.url, "--max-sessions", capacity, "--engine-max-concurrency", capacity,
+                   *args.proxy_flag) as server:
+            r = run_clients("chat", server.url, args, streams, tokens, interval, burst,
+                            {"proxy": server.pid, "engine": engine.pid})
+            rows.append({"via": "actorproxy"} | r)
+    return rows
+
+
+# -- the clients' process ----------------------------------------------------------
+
+
+def _request(target: str, host: str, i: int, tokens: int) -> bytes:
+    if target == "chat":
+        path, extra = "/v1/chat/completions", f"X-Session-Id: long{i}\r\n"
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": f"Story {i}, please."}], "stream": True,
+                                "max_tokens": tokens + 1}
+    else:
+        extra = ""
+        if target.startswith("sglang"):
+            path = "/generate"
+            body = {"input_ids": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": tokens + 1}}
+        elif target == "vllm":
+            path, body = "/v1/completions", {"prompt": PROMPT, "stream": True, "max_tokens": tokens + 1}
+        else:
+            path, body = "/completion", {"prompt": PROMPT, "stream": True, "n_predict": tokens + 1}
+    raw = json.dumps(body).encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{extra}"
+            f"Connection: close\r\nContent-Length: {len(raw)}\r\n\r\n").encode() + raw
+
+
+class Delays:
+    """A histogram of per-token lateness in 0.1 ms buckets (bounded memory at millions of tokens)."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, int] = {}
+
+    def add(self, seconds: float, count: int) -> None:
+        key = max(0, int(seconds * 10_000))
+        self.buckets[key] = self.buckets.get(key, 0) + count
+
+    def percentile(self, q: float) -> float:
+        total = sum(self.buckets.values())
+        if not total:
+            return math.nan
+        rank, seen = q * (total - 1), 0
+        for key in sorted(self.buckets):
+            seen += self.buckets[key]
+            if seen > rank:
+                return key / 10  # ms
+        return max(self.buckets) / 10
+
+
+async def clients_main(args: argparse.Namespace) -> None:
+    host, port = args.clients.removeprefix("http://").rstrip("/").rsplit(":", 1)
+    streams, tokens, interval, burst = args.streams[0], args.tokens[0], args.interval[0], args.burst[0]
+    cumulative = args.target == "sglang-cumulative"
+    pace = burst * interval
+    delays = Delays()
+    received = [0] * streams
+    completed = 0
+    first_any = last_any = 0.0
+    started = 0
+    all_started = asyncio.Event()
+
+    async def stream(i: int) -> None:
+        nonlocal completed, first_any, last_any, started
+        reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 24)
+        writer.write(_request(args.target, host, i, tokens))
+        origin = 0.0
+        tail = b""
+        ended = False
+        while data := await reader.read(1 << 20):
+            now = time.monotonic()
+            seen = tail + data
+            if cumulative:  # the whole text so far in every event: the last complete event counts
+                count = received[i]
+                end = seen.rfind(b"\n\n")
+                if end >= 0:
+                    start = seen.rfind(b"data: ", 0, end)
+                    event = seen[start + 6:end]
+                    if event.startswith(b"{"):
+                        count = json.loads(event)["text"].count("so")
+                    tail = seen[end + 2:]
+                else:
+                    tail = seen
+                new = count - received[i]
+            else:
+                new = words(seen) - words(tail)
+                tail = seen[-8:]
+            if b"[DONE]" in seen or b'"stop":true' in seen:
+                ended = True
+            if new > 0:
+                if not received[i]:
+                    origin = now
+                    first_any = first_any or now
+                    started += 1
+                    if started == streams:
+                        all_started.set()
+                # Token n is due (ceil(n / burst) - 1) * pace after the first one: count the new
+                # tokens' lateness, each against its own due time.
+                for n in range(received[i] + 1, received[i] + new + 1):
+                    delays.add(now - origin - (math.ceil(n / burst) - 1) * pace, 1)
+                received[i] += new
+                last_any = now
+            if ended and not cumulative or ended and b"[DONE]" in seen:
+                break
+        writer.close()
+        if received[i] == tokens and ended:
+            completed += 1
+
+    tasks = [asyncio.create_task(stream(i)) for i in range(streams)]
+    everything = asyncio.gather(*tasks, return_exceptions=True)
+    try:
+        await asyncio.wait_for(all_started.wait(), args.timeout)
+    except TimeoutError:
+        pass
+    print(f"STREAMING {sum(received)}", flush=True)
+    try:
+        errors = [e for e in await asyncio.wait_for(everything, args.timeout) if isinstance(e, BaseException)]
+    except TimeoutError:
+        errors = ["timeout"]
+    print(f"ENDING {sum(received)}", flush=True)
+    total = sum(received)
+    print(json.dumps({
+        "tokens": total, "completed": completed, "streams": streams, "errors": len(errors),
+        "tok_per_s": total / max(last_any - first_any, 1e-9),
+        "delay_p50_ms": delays.percentile(0.5), "delay_p99_ms": delays.percentile(0.99),
+    }), flush=True)
+
+
+# -- the table ---------------------------------------------------------------------
+
+
+def main(args: argparse.Namespace) -> None:
+    print(f"load average before: {loadavg()}", flush=True)
+    head = (f"{'shape':<18} {'tokens':>6} {'streams':>7} {'interval':>8} {'burst':>5} {'via':<10} {'tok/s':>8} "
+            f"{'done':>9} {'proxy µs/tok':>12} {'delay p50':>9} {'p99 ms':>8} {'proxy %':>7} {'engine %':>8} "
+            f"{'clients %':>9}")
+    print(head, flush=True)
+    every = []
+    for shape in args.shape:
+        for tokens in args.tokens:
+            for streams in args.streams:
+                for interval in args.interval:
+                    for burst in args.burst:
+                        for r in one_row(args, shape, tokens, streams, interval, burst):
+                            r |= {"shape": shape, "tokens_per_stream": tokens, "interval": interval, "burst": burst}
+                            every.append(r)
+                            us = f"{r['proxy_us_per_token']:.1f}" if "proxy_us_per_token" in r else "-"
+                            print(f"{shape:<18} {tokens:>6} {streams:>7} {interval * 1000:>6.0f}ms {burst:>5} "
+                                  f"{r['via']:<10} {r['tok_per_s']:>8.0f} {r['completed']:>4}/{streams:<4} "
+                                  f"{us:>12} {r['delay_p50_ms']:>9.1f} {r['delay_p99_ms']:>8.1f} "
+                                  f"{r.get('proxy_cpu_pct', 0):>7.0f} {r['engine_cpu_pct']:>8.0f} "
+                                  f"{r['clients_cpu_pct']:>9.0f}", flush=True)
+    print(f"load average after: {loadavg()}", flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(every, f, indent=1)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[2000], help="tokens per reply")
+    parser.add_argument("--streams", type=int, nargs="+", default=[16], help="concurrent streams")
+    parser.add_argument("--interval", type=float, nargs="+", default=[0.01], help="seconds per token per stream")
+    parser.add_argument("--burst", type=int, nargs="+", default=[1], help="tokens per streamed event")
+    parser.add_argument("--shape", nargs="+", default=["sglang-incremental"], choices=sorted(SHAPES))
+    parser.add_argument("--no-direct", action="store_true", help="skip the engine-direct baseline")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take at most")
+    parser.add_argument("--proxy-flag", action="append", default=[], help="an extra `actorproxy run` argument")
+    parser.add_argument("--json", help="also write every row's figures to this file")
+    parser.add_argument("--clients", metavar="URL", help=argparse.SUPPRESS)  # the clients' process
+    parser.add_argument("--target", default="chat", help=argparse.SUPPRESS)
+    parsed = parser.parse_args()
+    if parsed.clients:
+        asyncio.run(clients_main(parsed))
+    else:
+        main(parsed)
