@@ -8,6 +8,8 @@ written by ``--vllm-python`` (the vLLM venv has torch and transformers). No mode
 The model: ``Qwen3ForCausalLM``, 2 layers, hidden 128, 4 heads (2 KV heads), Qwen3's vocabulary
 of 151,936 (tied embeddings), float32, seeded: the same weights on every machine with the same
 torch. Random weights sample arbitrary byte-level tokens. A directory already written is kept.
+``--untied`` gives the output layer weights of its own (``lm_head``), for a trainer that updates
+it and reloads it into vLLM in place (examples/train_on_cpu.py).
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ model.save_pretrained(out, safe_serialization=True)
 """
 
 
-def write_model(out: Path, vllm_python: str) -> Path:
-    """The model directory ``out`` (written now unless it is complete)."""
+def write_model(out: Path, vllm_python: str, *, untied: bool = False) -> Path:
+    """The model directory ``out`` (written now unless it is complete); ``untied``: its own ``lm_head``."""
     stamp = out / ".actorproxy-tiny-qwen3"
     if stamp.exists() and stamp.read_text() == REVISION:
         return out
@@ -64,7 +66,8 @@ def write_model(out: Path, vllm_python: str) -> Path:
     tmp.mkdir(parents=True)
     tok = load_tokenizer(None)
     tok.hf.save_pretrained(tmp)  # tokenizer.json, tokenizer_config.json (with the chat template)
-    subprocess.run([vllm_python, "-c", _WEIGHTS, str(tmp), json.dumps(CONFIG)], check=True)
+    config = {**CONFIG, "tie_word_embeddings": not untied}
+    subprocess.run([vllm_python, "-c", _WEIGHTS, str(tmp), json.dumps(config)], check=True)
     (tmp / ".actorproxy-tiny-qwen3").write_text(REVISION)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
@@ -75,8 +78,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the model directory to write")
     parser.add_argument("--vllm-python", default=sys.executable, help="a Python with torch and transformers")
+    parser.add_argument("--untied", action="store_true", help="an output layer of its own, not the embedding")
     args = parser.parse_args()
-    print(write_model(args.out, args.vllm_python))
+    print(write_model(args.out, args.vllm_python, untied=args.untied))
 
 
 if __name__ == "__main__":

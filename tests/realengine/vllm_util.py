@@ -71,6 +71,7 @@ def launch_vllm(vllm: VLLMInstall, model: Path, kind: str, log: Path, port: int 
     args = [
         str(vllm.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
+        "--dtype", "float32",  # the model's own: vLLM's CPU backend would run it in bfloat16
         *FLAGS[kind],
     ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}

