@@ -10,7 +10,8 @@ word `` so`` then the end-of-turn token, a token every ``I`` seconds per stream,
 bursts of ``B``), the proxy (``actorproxy run --backend ...`` in front of it) and the ``N``
 streaming clients (this script with ``--clients``, plain asyncio sockets, one connection each).
 A row runs the clients twice: against the engine's own streaming API (``direct``: SGLang's
-``/generate``, vLLM's ``/v1/completions``, llama.cpp's ``/completion``) and through the proxy
+``/generate``, vLLM's ``/v1/completions``, llama.cpp's ``/completion``, each asked for the
+sampled ids and logprobs as the proxy asks for them) and through the proxy
 (``/v1/chat/completions``, ``stream: true``). LiteLLM is measured beside them only when it is
 installed (``--litellm``; it is not a dependency).
 
@@ -126,13 +127,17 @@ def _request(target: str, host: str, i: int, tokens: int) -> bytes:
                                 "max_tokens": tokens + 1}
     else:
         extra = ""
+        # Each asks for what the proxy asks of that engine: the sampled ids and their logprobs.
         if target.startswith("sglang"):
             path = "/generate"
-            body = {"input_ids": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": tokens + 1}}
+            body = {"input_ids": PROMPT, "stream": True, "return_logprob": True,
+                    "sampling_params": {"max_new_tokens": tokens + 1}}
         elif target == "vllm":
-            path, body = "/v1/completions", {"prompt": PROMPT, "stream": True, "max_tokens": tokens + 1}
+            path, body = "/v1/completions", {"prompt": PROMPT, "stream": True, "max_tokens": tokens + 1,
+                                             "logprobs": 0, "return_token_ids": True}
         else:
-            path, body = "/completion", {"prompt": PROMPT, "stream": True, "n_predict": tokens + 1}
+            path, body = "/completion", {"prompt": PROMPT, "stream": True, "n_predict": tokens + 1,
+                                         "n_probs": 1, "return_tokens": True}
     raw = json.dumps(body).encode()
     return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{extra}"
             f"Connection: close\r\nContent-Length: {len(raw)}\r\n\r\n").encode() + raw

@@ -11,11 +11,13 @@ from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any
 
 import attrs
+import hypothesis.strategies as st
 import trio
 
 from actorproxy import open_proxy
 from actorproxy.core.messages import output_as_message
 from actorproxy.engines.base import GenerateRequest, Generation, ModelInfo
+from actorproxy.errors import BadRequest
 from actorproxy.runtime.messages import (
     ChatRequest,
     Identity,
@@ -194,3 +196,24 @@ def proxy_in_thread(tokenizer: Any, config: Any, *, seed: int) -> Iterator[str]:
         token.run_sync_soon(done.set)  # never blocks, even if that loop is stuck
         thread.join(timeout=60)
         assert not thread.is_alive(), "the proxy's thread did not stop within 60 s"
+
+
+def decision(load: Any, parse: Any, raw: bytes) -> Any:
+    """What a body's bytes come to through ``load`` then ``parse``: the call, or the error's words, param and code."""
+    try:
+        return parse(load(raw))
+    except BadRequest as exc:
+        return (str(exc), exc.param, exc.code)
+
+
+def broken(draw: Any, raw: bytes, start: int = 0) -> bytes:
+    """``raw`` as it is, or with a byte changed or inserted at or past ``start``, or cut short there (a draw)."""
+    cut = draw(st.sampled_from(["none", "none", "byte", "insert", "truncate"]))
+    if cut == "none" or not raw:
+        return raw
+    at = draw(st.integers(min(start, len(raw) - 1), len(raw) - 1))
+    if cut == "byte":
+        return raw[:at] + bytes([draw(st.integers(0, 255))]) + raw[at + 1 :]
+    if cut == "insert":
+        return raw[:at] + draw(st.sampled_from([b",", b"]", b"{", b'"', b"\\", b"\xff", b" ", b"0", b"1"])) + raw[at:]
+    return raw[:at]

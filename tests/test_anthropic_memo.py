@@ -15,12 +15,10 @@ import json
 from typing import Any
 
 import httpx
-import hypothesis.strategies as st
 import orjson
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from _util import decision
 
-from actorproxy.errors import BadRequest
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.message_fields import FrozenMessage
@@ -41,9 +39,6 @@ HISTORY: list[dict[str, Any]] = [
         {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "print('a')"}]},
         {"type": "text", "text": "And now?"}]},
 ]
-_FIELDS = ["role", "content", "type", "text", "thinking", "signature", "id", "name", "input", "tool_use_id",
-           "is_error", "clear_at", "system", "messages", "model", "max_tokens", "tools", "input_schema",
-           "description", "stream", "temperature", "extra"]
 
 
 def _raw(messages: list[dict[str, Any]], **fields: Any) -> bytes:
@@ -56,12 +51,6 @@ def _loaded(memo: AnthropicMemo, raw: bytes) -> MessagesBody:
     assert isinstance(body, MessagesBody)
     return body
 
-
-def _decision(load: Any, parse: Any, raw: bytes) -> Any:
-    try:
-        return parse(load(raw))
-    except BadRequest as exc:
-        return (str(exc), exc.param, exc.code)
 
 
 def test_a_repeated_history_is_the_same_converted_objects_every_turn() -> None:
@@ -101,7 +90,7 @@ def test_an_old_message_edited_moved_or_deleted_is_never_its_cached_self(edit: s
     raw = _raw(messages, **fields)
     if edit == "spacing":  # the same message written otherwise: converted again, equal
         raw = raw.replace(b'"text":"Read a.py."', b'"text" : "Read a.py."')
-    assert _decision(fmt.load, fmt.parse, raw) == _decision(load_body, parse_messages_body, raw)
+    assert decision(fmt.load, fmt.parse, raw) == decision(load_body, parse_messages_body, raw)
 
 
 def test_a_cleared_system_message_is_decided_by_the_body_it_is_in() -> None:
@@ -116,8 +105,8 @@ def test_a_cleared_system_message_is_decided_by_the_body_it_is_in() -> None:
     for name, messages in bodies.items():  # the same cached reminder in each
         raw = _raw(messages)
         assert isinstance(fmt.load(raw), MessagesBody)
-        call = _decision(fmt.load, fmt.parse, raw)
-        assert call == _decision(load_body, parse_messages_body, raw)
+        call = decision(fmt.load, fmt.parse, raw)
+        assert call == decision(load_body, parse_messages_body, raw)
         assert ({"role": "system", "content": "Remember the tests."} in call.request.messages) == (name == "kept")
 
 
@@ -146,7 +135,7 @@ def test_a_bad_new_message_gets_the_full_conversions_error_word_for_word(bad: An
     for messages in ([*HISTORY, bad], [HISTORY[0], bad, *HISTORY[1:]], [*HISTORY, bad, after],
                      [*HISTORY, {"role": "assistant", "content": "prefill"}]):
         raw = _raw(messages)
-        assert _decision(fmt.load, fmt.parse, raw) == _decision(load_body, parse_messages_body, raw)
+        assert decision(fmt.load, fmt.parse, raw) == decision(load_body, parse_messages_body, raw)
 
 
 @pytest.mark.parametrize("bad", [{"system": 7}, {"system": [{"type": "image"}]}, {"tools": [{"name": "f"}]},
@@ -156,8 +145,8 @@ def test_bad_system_or_tools_get_the_full_conversions_error(bad: dict[str, Any])
     fmt = AnthropicFormat()
     fmt.parse(fmt.load(_raw(HISTORY)))
     raw = _raw(HISTORY, **bad)
-    decided = _decision(fmt.load, fmt.parse, raw)
-    assert isinstance(decided, tuple) and decided == _decision(load_body, parse_messages_body, raw)
+    decided = decision(fmt.load, fmt.parse, raw)
+    assert isinstance(decided, tuple) and decided == decision(load_body, parse_messages_body, raw)
 
 
 def _nested(depth: int) -> Any:
@@ -180,7 +169,7 @@ def test_the_nesting_bound_is_the_same_with_a_cached_history(depth: int, where: 
         raw = _raw(HISTORY, system=[{**SYSTEM[0], "cache_control": _nested(depth)}])
     else:
         raw = _raw(HISTORY, metadata=_nested(depth))
-    assert _decision(fmt.load, fmt.parse, raw) == _decision(load_body, parse_messages_body, raw)
+    assert decision(fmt.load, fmt.parse, raw) == decision(load_body, parse_messages_body, raw)
 
 
 def test_the_memo_is_bounded() -> None:
@@ -190,64 +179,6 @@ def test_the_memo_is_bounded() -> None:
     assert len(memo.messages) < 50
     again = _loaded(memo, _raw([{"role": "user", "content": "message 0 " + "x" * 40}]))
     assert again.messages[-1] == {"role": "user", "content": "message 0 " + "x" * 40}
-
-
-# -- the fast path decides every body as the full one does -----------------------------------------------
-
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8) | st.sampled_from(["user", "assistant", "system", "text", "tool_use", "tool_result",
-                                             "thinking", "next_user_message", "\udc80"]),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_FIELDS), inner, max_size=3),
-    max_leaves=6,
-)
-
-
-@st.composite
-def _bodies(draw: st.DrawFn) -> bytes:
-    """A body with the cached history and a new message, one thing in it changed, then maybe its bytes."""
-    messages = json.loads(json.dumps([*HISTORY, {"role": "assistant", "content": "ok"},
-                                      {"role": "user", "content": "n"}]))
-    if draw(st.booleans()):
-        messages.insert(draw(st.integers(0, len(messages))),
-                        {"role": "system", "content": "note", "clear_at": "next_user_message"})
-    body: dict[str, Any] = {"model": "m", "max_tokens": 64, "system": json.loads(json.dumps(SYSTEM)),
-                            "tools": json.loads(json.dumps(TOOLS)), "messages": messages}
-    target: Any = draw(st.sampled_from([body, body, body["tools"][0], *messages]))
-    content = target.get("content")
-    if draw(st.booleans()) and isinstance(content, list) and content:
-        target = draw(st.sampled_from(content))
-    action = draw(st.sampled_from(["set", "set", "delete", "none"]))
-    if action == "delete" and target:
-        target.pop(draw(st.sampled_from(sorted(target))))
-    elif action == "set":
-        target[draw(st.sampled_from(_FIELDS))] = draw(_json)
-    text = json.dumps(body, ensure_ascii=draw(st.booleans()), indent=draw(st.sampled_from([None, 1])))
-    raw = text.encode("utf-8", "surrogatepass")  # a lone surrogate raw or escaped: both refused as JSON
-    cut = draw(st.sampled_from(["none", "none", "byte", "insert", "truncate"]))
-    if cut != "none" and raw:
-        at = draw(st.integers(0, len(raw) - 1))
-        if cut == "byte":
-            raw = raw[:at] + bytes([draw(st.integers(0, 255))]) + raw[at + 1:]
-        elif cut == "insert":
-            raw = raw[:at] + draw(st.sampled_from([b",", b"]", b"{", b'"', b"\\", b"\xff", b" ", b"1"])) + raw[at:]
-        else:
-            raw = raw[:at]
-    return raw
-
-
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(raw=_bodies())
-def test_a_body_is_decided_as_the_full_conversion_decides_it(raw: bytes) -> None:
-    fmt = AnthropicFormat()
-    fmt.parse(fmt.load(_raw(HISTORY)))  # the history is in the memo
-    fast = _decision(fmt.load, fmt.parse, raw)
-    assert fast == _decision(load_body, parse_messages_body, raw)
-    try:
-        event("refused" if isinstance(fast, tuple) else "fast path" if isinstance(fmt.load(raw), MessagesBody)
-              else "full")
-    except BadRequest:
-        event("refused on load")
 
 
 # -- over HTTP: a rewritten history still splits the segment ---------------------------------------------

@@ -16,11 +16,13 @@ from typing import Any
 import hypothesis.strategies as st
 import orjson
 import pytest
+from _util import broken
 from hypothesis import HealthCheck, event, given, settings
 
 from actorproxy.errors import BadRequest
-from actorproxy.wire.chat_messages import BODY_PREFIX_BYTES, ChatBody, MessageMemo, load_chat_body
+from actorproxy.wire.chat_messages import ChatBody, load_chat_body
 from actorproxy.wire.jsonio import load_body
+from actorproxy.wire.memo import BODY_PREFIX_BYTES, MessageMemo
 from actorproxy.wire.openai_chat import OpenAIChatFormat, parse_chat_body
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
@@ -143,15 +145,7 @@ def _next_bodies(draw: st.DrawFn) -> tuple[bytes, bytes]:
     raw = text.encode("utf-8", "surrogatepass")
     if draw(st.booleans()):  # a field named twice, after the array
         raw = raw[: raw.rindex(b"}")] + b', "' + draw(st.sampled_from([b"model", b"messages", b"x"])) + b'": 1}'
-    cut = draw(st.sampled_from(["none", "none", "byte", "insert", "truncate"]))
-    if cut != "none":
-        at = draw(st.integers(min(max(0, len(first) - 300), len(raw) - 1), len(raw) - 1))
-        if cut == "byte":
-            raw = raw[:at] + bytes([draw(st.integers(0, 255))]) + raw[at + 1 :]
-        elif cut == "insert":
-            raw = raw[:at] + draw(st.sampled_from([b",", b"]", b"{", b'"', b"\\", b"\xff", b" ", b"0"])) + raw[at:]
-        else:
-            raw = raw[:at]
+    raw = broken(draw, raw, max(0, len(first) - 300))
     return first, raw
 
 

@@ -13,21 +13,18 @@ import json
 from typing import Any
 
 import httpx
-import hypothesis.strategies as st
 import orjson
 import pytest
-from hypothesis import HealthCheck, event, given, settings
 
 from actorproxy.errors import BadRequest
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.message_fields import FrozenMessage
-from actorproxy.wire.chat_messages import ChatBody, MessageMemo, load_chat_body
+from actorproxy.wire.chat_messages import ChatBody, load_chat_body
 from actorproxy.wire.jsonio import MAX_DEPTH, load_body
+from actorproxy.wire.memo import MessageMemo
 from actorproxy.wire.openai_chat import OpenAIChatFormat, parse_chat_body
 
-_FIELDS = ["role", "content", "name", "tool_call_id", "tool_calls", "reasoning_content", "reasoning", "type",
-           "text", "function", "arguments", "id", "messages", "model", "max_tokens", "tools", "stop", "extra"]
 CALL = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
 HISTORY: list[dict[str, Any]] = [
     {"role": "developer", "content": "You are a coding agent."},
@@ -235,58 +232,3 @@ def test_message_cut_trusts_identity_only_for_frozen_messages(tokenizer: Any) ->
     assert cut.cut(list(frozen.messages))[0] is once[0]  # ...once: the same frozen message is not cut again
 
 
-# -- the fast path decides every body as the full one does -----------------------------------------------
-
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8) | st.sampled_from(["system", "user", "assistant", "tool", "developer", "text", "\udc80"]),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_FIELDS), inner, max_size=3),
-    max_leaves=6,
-)
-
-
-@st.composite
-def _bodies(draw: st.DrawFn) -> bytes:
-    """A body with the cached history and a new message, one thing in it changed, then maybe its bytes."""
-    messages = json.loads(json.dumps([*HISTORY, {"role": "user", "content": "n"}]))
-    body: dict[str, Any] = {"model": "m", "messages": messages}
-    target: Any = body if draw(st.booleans()) else draw(st.sampled_from(body["messages"]))
-    if draw(st.booleans()) and isinstance(target.get("tool_calls"), list):
-        target = target["tool_calls"][0]["function"]
-    action = draw(st.sampled_from(["set", "set", "delete", "none"]))
-    if action == "delete" and target:
-        target.pop(draw(st.sampled_from(sorted(target))))
-    elif action == "set":
-        target[draw(st.sampled_from(_FIELDS))] = draw(_json)
-    text = json.dumps(body, ensure_ascii=draw(st.booleans()), indent=draw(st.sampled_from([None, 1])))
-    raw = text.encode("utf-8", "surrogatepass")  # a lone surrogate raw or escaped: both refused as JSON
-    cut = draw(st.sampled_from(["none", "none", "byte", "insert", "truncate"]))
-    if cut != "none" and raw:
-        at = draw(st.integers(0, len(raw) - 1))
-        if cut == "byte":
-            raw = raw[:at] + bytes([draw(st.integers(0, 255))]) + raw[at + 1:]
-        elif cut == "insert":
-            raw = raw[:at] + draw(st.sampled_from([b",", b"]", b"{", b'"', b"\\", b"\xff", b" ", b"1"])) + raw[at:]
-        else:
-            raw = raw[:at]
-    return raw
-
-
-def _decision(load: Any, parse: Any, raw: bytes) -> Any:
-    try:
-        return parse(load(raw))
-    except BadRequest as exc:
-        return (str(exc), exc.param, exc.code)
-
-
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(raw=_bodies())
-def test_a_body_is_decided_as_the_full_check_decides_it(raw: bytes) -> None:
-    fmt = OpenAIChatFormat()
-    fmt.parse(fmt.load(_raw(HISTORY)))  # the history is in the memo
-    fast = _decision(fmt.load, fmt.parse, raw)
-    assert fast == _decision(load_body, parse_chat_body, raw)
-    try:
-        event("refused" if isinstance(fast, tuple) else "fast path" if isinstance(fmt.load(raw), ChatBody) else "full")
-    except BadRequest:
-        event("refused on load")

@@ -1,7 +1,8 @@
 """The ``keep`` pause: generations frozen in the engine, their streams open, continued after resume.
 
 In-process (the simulated engine freezes in place) under MockClock, over real HTTP against
-``actorproxy sim`` speaking vLLM (``/pause?mode=keep``), and refused, naming the engine and the
+``actorproxy sim`` speaking vLLM (``/pause?mode=keep``) and SGLang (``/pause_generation`` in_place),
+and refused, naming the engine and the
 reason, where an engine cannot freeze (llama.cpp; a vLLM without dev mode).
 """
 
@@ -19,6 +20,7 @@ import trio.testing
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.engines.base import Backend
 from actorproxy.engines.llamacpp.client import LlamaCppBackend
+from actorproxy.engines.sglang.client import SGLangBackend
 from actorproxy.engines.vllm.client import VLLMBackend
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig
@@ -128,9 +130,12 @@ async def test_engines_that_cannot_freeze_refuse_keep(
         assert not running.engine.paused
 
 
-async def test_keep_on_a_vllm_server_freezes_it_and_labels_the_tokens_after(tokenizer: ChatTokenizer) -> None:
+@pytest.mark.parametrize(("make", "kind"), [(VLLMBackend, "vllm"), (SGLangBackend, "sglang")], ids=["vllm", "sglang"])
+async def test_keep_on_an_engine_server_freezes_it_and_labels_the_tokens_after(
+    make: Any, kind: str, tokenizer: ChatTokenizer
+) -> None:
     ids = story(tokenizer)
-    async with sim_server(tokenizer) as running, proxy_on(VLLMBackend(running.url), tokenizer) as http:
+    async with sim_server(tokenizer) as running, proxy_on(make(running.url), tokenizer) as http:
         running.engine.script(ids)
         body = {"messages": USER, "stream": True, "max_tokens": 200}
         pieces: list[str] = []
@@ -146,7 +151,7 @@ async def test_keep_on_a_vllm_server_freezes_it_and_labels_the_tokens_after(toke
             running.faults.stall()  # hold the engine here, so the pause surely finds the generation running
             paused = (await http.post("/v1/rollout/pause", json={"mode": "keep"})).json()
             running.faults.clear_stall()
-            assert paused["aborted"] == 0 and paused["engines"] == [{"engine": "vllm", "ok": True}]
+            assert paused["aborted"] == 0 and paused["engines"] == [{"engine": kind, "ok": True}]
             assert running.engine.paused and running.state.gate.paused  # still frozen: by the keep pause
             resumed = (await http.post("/v1/rollout/resume", json={"weight_version": "3"})).json()
             assert resumed["weight_version"] == "3" and not running.engine.paused

@@ -13,12 +13,10 @@ import json
 from typing import Any
 
 import httpx
-import hypothesis.strategies as st
 import orjson
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from _util import decision
 
-from actorproxy.errors import BadRequest
 from actorproxy.serve import RunningProxy
 from actorproxy.server.responses_api import parse_responses_body
 from actorproxy.server.responses_format import ResponsesFormat
@@ -39,20 +37,12 @@ HISTORY: list[dict[str, Any]] = [
     {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Two files."}]},
     {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "And now?"}]},
 ]
-_FIELDS = ["type", "role", "content", "text", "name", "arguments", "call_id", "output", "summary", "input",
-           "tools", "instructions", "model", "store", "stream", "parameters", "encrypted_content", "extra"]
 
 
 def _raw(items: list[dict[str, Any]], **fields: Any) -> bytes:
     return orjson.dumps({"model": "m", "instructions": "You are Codex.", "tools": TOOLS, "input": items,
                          "store": False, **fields})
 
-
-def _decision(load: Any, parse: Any, raw: bytes) -> Any:
-    try:
-        return parse(load(raw))
-    except BadRequest as exc:
-        return (str(exc), exc.param, exc.code)
 
 
 def test_a_repeated_input_is_the_same_converted_objects_every_turn() -> None:
@@ -90,8 +80,8 @@ def test_an_old_item_edited_moved_or_deleted_is_never_its_cached_self(edit: str)
     raw = _raw(items, **fields)
     if edit == "spacing":
         raw = raw.replace(b'"output":"a.py\\nb.py"', b'"output" : "a.py\\nb.py"')
-    fast = _decision(fmt.load, fmt.parse, raw)
-    assert not isinstance(fast, tuple) and fast == _decision(load_body, parse_responses_body, raw)
+    fast = decision(fmt.load, fmt.parse, raw)
+    assert not isinstance(fast, tuple) and fast == decision(load_body, parse_responses_body, raw)
 
 
 BAD_ITEMS: list[Any] = [
@@ -116,8 +106,8 @@ def test_a_bad_new_item_gets_the_full_conversions_error_word_for_word(bad: Any) 
     fmt.parse(fmt.load(_raw(HISTORY)))
     for items in ([*HISTORY, bad], [HISTORY[0], bad, *HISTORY[1:]]):
         raw = _raw(items)
-        decided = _decision(fmt.load, fmt.parse, raw)
-        assert isinstance(decided, tuple) and decided == _decision(load_body, parse_responses_body, raw)
+        decided = decision(fmt.load, fmt.parse, raw)
+        assert isinstance(decided, tuple) and decided == decision(load_body, parse_responses_body, raw)
 
 
 @pytest.mark.parametrize("fields", [{"tools": [{"type": "function"}]}, {"tools": {}}, {"tools": [3]},
@@ -126,7 +116,7 @@ def test_odd_tools_and_inputs_are_decided_as_before(fields: dict[str, Any]) -> N
     fmt = ResponsesFormat()
     fmt.parse(fmt.load(_raw(HISTORY)))
     raw = _raw(HISTORY, **fields)
-    assert _decision(fmt.load, fmt.parse, raw) == _decision(load_body, parse_responses_body, raw)
+    assert decision(fmt.load, fmt.parse, raw) == decision(load_body, parse_responses_body, raw)
 
 
 def _nested(depth: int) -> Any:
@@ -147,7 +137,7 @@ def test_the_nesting_bound_is_the_same_with_a_cached_history(depth: int, where: 
         raw = _raw(HISTORY, tools=[{**TOOLS[0], "parameters": _nested(depth)}])
     else:
         raw = _raw(HISTORY, metadata=_nested(depth))
-    assert _decision(fmt.load, fmt.parse, raw) == _decision(load_body, parse_responses_body, raw)
+    assert decision(fmt.load, fmt.parse, raw) == decision(load_body, parse_responses_body, raw)
 
 
 def test_the_memo_is_bounded() -> None:
@@ -160,60 +150,6 @@ def test_the_memo_is_bounded() -> None:
         assert isinstance(body, ResponsesBody) and body.messages[1]["content"] == f"reply {i}"
     assert len(memo.items) < 50
     assert len(memo._turns) + len(memo._old_turns) <= 20
-
-
-# -- the fast path decides every body as the full one does -----------------------------------------------
-
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8) | st.sampled_from(["user", "assistant", "developer", "message", "reasoning",
-                                             "function_call", "function_call_output", "input_text", "\udc80"]),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_FIELDS), inner, max_size=3),
-    max_leaves=6,
-)
-
-
-@st.composite
-def _bodies(draw: st.DrawFn) -> bytes:
-    """A body with the cached history and a new item, one thing in it changed, then maybe its bytes."""
-    items = json.loads(json.dumps([*HISTORY, {"type": "message", "role": "user", "content": "n"}]))
-    body: dict[str, Any] = {"model": "m", "instructions": "You are Codex.", "tools": json.loads(json.dumps(TOOLS)),
-                            "input": items, "store": False}
-    target: Any = draw(st.sampled_from([body, body, body["tools"][0], *items]))
-    content = target.get("content")
-    if draw(st.booleans()) and isinstance(content, list) and content:
-        target = draw(st.sampled_from(content))
-    action = draw(st.sampled_from(["set", "set", "delete", "none"]))
-    if action == "delete" and target:
-        target.pop(draw(st.sampled_from(sorted(target))))
-    elif action == "set":
-        target[draw(st.sampled_from(_FIELDS))] = draw(_json)
-    text = json.dumps(body, ensure_ascii=draw(st.booleans()), indent=draw(st.sampled_from([None, 1])))
-    raw = text.encode("utf-8", "surrogatepass")
-    cut = draw(st.sampled_from(["none", "none", "byte", "insert", "truncate"]))
-    if cut != "none" and raw:
-        at = draw(st.integers(0, len(raw) - 1))
-        if cut == "byte":
-            raw = raw[:at] + bytes([draw(st.integers(0, 255))]) + raw[at + 1:]
-        elif cut == "insert":
-            raw = raw[:at] + draw(st.sampled_from([b",", b"]", b"{", b'"', b"\\", b"\xff", b" ", b"1"])) + raw[at:]
-        else:
-            raw = raw[:at]
-    return raw
-
-
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(raw=_bodies())
-def test_a_body_is_decided_as_the_full_conversion_decides_it(raw: bytes) -> None:
-    fmt = ResponsesFormat()
-    fmt.parse(fmt.load(_raw(HISTORY)))  # the history is in the memo
-    fast = _decision(fmt.load, fmt.parse, raw)
-    assert fast == _decision(load_body, parse_responses_body, raw)
-    try:
-        event("refused" if isinstance(fast, tuple) else "fast path" if isinstance(fmt.load(raw), ResponsesBody)
-              else "full")
-    except BadRequest:
-        event("refused on load")
 
 
 # -- over HTTP: a rewritten history still splits the segment ---------------------------------------------

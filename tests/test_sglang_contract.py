@@ -420,6 +420,17 @@ async def test_every_request_the_clients_send_is_one_sglang_takes(sgl: Contract)
         await backend.pause(mode)  # type: ignore[arg-type]
     await backend.continue_generation()
     await backend.update_weight_version("8")
+    # A keep pause: frozen in place, the version pushed without aborting, then continued.
+    assert await backend.freeze_refusal() is None
+    frozen_from = len(engine.calls)
+    await backend.freeze()
+    await backend.update_weight_version("9")
+    await backend.thaw()
+    assert [(p, b) for _, p, b in engine.calls[frozen_from:]] == [
+        ("/pause_generation", {"mode": "in_place"}),
+        ("/update_weight_version", {"new_version": "9", "abort_all_requests": False}),
+        ("/continue_generation", {}),
+    ]
     # Several aborts at once, covering every generation this proxy runs there: one abort_all.
     pooled = SGLangBackend(URL, EngineOptions(abort_all=True), http=engine.client())
     pooled.running.update({"b" * 32, "c" * 32})

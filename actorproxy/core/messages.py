@@ -19,8 +19,6 @@ import orjson
 
 from ..errors import BadRequest
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-
 
 @attrs.frozen
 class ToolCall:
@@ -278,57 +276,6 @@ def output_as_message(output: AssistantOutput) -> dict[str, Any]:
     if output.tool_calls:
         message["tool_calls"] = [call.to_openai() for call in output.tool_calls]
     return message
-
-
-def validate_messages(messages: Any) -> list[dict[str, Any]]:
-    """Check an OpenAI ``messages`` array; raise :class:`BadRequest` naming the bad field."""
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty array", param="messages")
-    checked: list[dict[str, Any]] = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise BadRequest(f"{where} must be an object", param=where)
-        role = message.get("role")
-        if role not in ROLES:
-            raise BadRequest(
-                f"{where}.role must be one of {sorted(ROLES)}, got {role!r}", param=f"{where}.role"
-            )
-        content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise BadRequest(f"{where}.content must be a string, an array or null", param=f"{where}.content")
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                    raise BadRequest(
-                        f"{where}.content[{j}] must be an object with a 'type'",
-                        param=f"{where}.content[{j}]",
-                    )
-                if part["type"] == "text" and not isinstance(part.get("text"), str):
-                    raise BadRequest(f"{where}.content[{j}].text must be a string", param=f"{where}.content[{j}]")
-        if role == "tool" and not isinstance(message.get("tool_call_id", ""), str):
-            raise BadRequest(f"{where}.tool_call_id must be a string", param=f"{where}.tool_call_id")
-        if role in ("user", "system", "developer") and content is None:
-            raise BadRequest(f"{where}.content is required for role {role!r}", param=f"{where}.content")
-        calls = message.get("tool_calls")
-        if calls is not None:
-            if role != "assistant" or not isinstance(calls, list):
-                raise BadRequest(f"{where}.tool_calls must be an array on an assistant message", param=where)
-            for j, call in enumerate(calls):
-                function = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
-                    raise BadRequest(
-                        f"{where}.tool_calls[{j}].function.name must be a non-empty string",
-                        param=f"{where}.tool_calls[{j}]",
-                    )
-                if not isinstance(function.get("arguments", ""), str | dict):
-                    raise BadRequest(
-                        f"{where}.tool_calls[{j}].function.arguments must be a JSON string",
-                        param=f"{where}.tool_calls[{j}]",
-                    )
-        # Templates know "system", not OpenAI's newer "developer" role.
-        checked.append({**message, "role": "system"} if role == "developer" else message)
-    return checked
 
 
 def validate_tools(tools: Any) -> list[dict[str, Any]]:

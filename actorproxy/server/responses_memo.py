@@ -4,8 +4,7 @@ Codex sends its whole conversation (``store: false``: every reasoning item, call
 call output) and its tool schemas every turn. Parsing all of it and converting every
 item again took about 3.3 ms per turn at 600 items (194 KB), growing with the history.
 
-The scheme of the chat and Anthropic bodies (``wire/chat_messages.py``,
-``wire/anthropic_messages.py``): msgspec hands out each top-level field's and each
+The scheme of every agent body (``wire/memo.py``): msgspec hands out each top-level field's and each
 item's raw JSON; an item whose bytes a recent turn sent maps to what it converted to
 then — a user, system or tool message (the same :class:`FrozenMessage` every turn) or
 a part of an assistant turn (its reasoning, text or tool call). The parts are grouped
@@ -26,11 +25,11 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-import orjson
 
 from ..tokenization.message_fields import FrozenMessage
-from ..wire.chat_messages import _ITEMS, _TOP, MEMO_BYTES, MessageMemo
-from ..wire.jsonio import MAX_DEPTH, load_body, nesting
+from ..wire import memo as shared
+from ..wire.jsonio import MAX_DEPTH, nesting
+from ..wire.memo import MEMO_BYTES, MessageMemo
 from .responses_api import assemble_input, assistant_part, convert_tools, item_kind, other_message, turn_end
 
 #: Raw JSON bytes of ``tools`` fields kept (they repeat every turn).
@@ -82,45 +81,33 @@ class ResponsesMemo:
 def load_responses_body(raw: bytes, memo: ResponsesMemo) -> Any:
     """A request body: a :class:`ResponsesBody` when everything in it converts, else its JSON value.
 
-    Raises what :func:`~actorproxy.wire.jsonio.load_body` raises, with the same words.
+    Raises what :func:`~actorproxy.wire.jsonio.load_body` raises, with the same words
+    (:func:`actorproxy.wire.memo.load`).
     """
-    try:
-        body = _from_memo(raw, memo)
-    except Exception:  # anything a conversion refuses: the full conversion says what, in its order
-        body = None
-    return body if body is not None else load_body(raw)
+    return shared.load(raw, lambda raw: _from_memo(raw, memo))
 
 
 def _from_memo(raw: bytes, memo: ResponsesMemo) -> ResponsesBody | None:
-    try:
-        top = _TOP.decode(raw)
-        texts = _ITEMS.decode(top["input"])
-    except Exception:  # not an object, no input array (a string input is cheap anyway), not JSON
+    split = shared.split(raw, "input")  # a string input is cheap anyway
+    if split is None:
         return None
-    if not texts or not all(map(str.isascii, top)):
-        return None
-    value = {key: orjson.loads(bytes(part)) for key, part in top.items() if key not in ("input", "tools")}
+    top, texts = split
+    value = shared.others(top, ("input", "tools"))
     depth = nesting(value, MAX_DEPTH)
     tools: tuple[dict[str, Any], ...] = ()
     if "tools" in top:
-        key = bytes(top["tools"])
-        hit = memo.tools.find([key])[0]
-        if hit is None:
-            parsed = orjson.loads(key)
-            hit = ((parsed, tuple(convert_tools(parsed)[0])), nesting(parsed, MAX_DEPTH))
-            memo.tools.put(key, *hit)
-        (value["tools"], tools), tools_depth = hit
+        (value["tools"], tools), tools_depth = shared.field(memo.tools, bytes(top["tools"]), _tools)
         depth = max(depth, 1 + tools_depth)
     keys = list(map(bytes, texts))
-    found = memo.items.find(keys)
-    for i, entry in enumerate(found):
-        if entry is None:
-            item = orjson.loads(keys[i])
-            found[i] = (_convert(item), nesting(item, MAX_DEPTH))
-            memo.items.put(keys[i], *found[i])
-    if max(depth, 2 + max(entry[1] for entry in found)) > MAX_DEPTH:
+    parts, items_depth = shared.items(memo.items, keys, _convert)
+    if max(depth, 2 + items_depth) > MAX_DEPTH:
         return None
-    return ResponsesBody(value, _assemble([entry[0] for entry in found], keys, memo), list(tools))
+    return ResponsesBody(value, _assemble(parts, keys, memo), list(tools))
+
+
+def _tools(tools: Any) -> tuple[Any, tuple[dict[str, Any], ...]]:
+    """The tools as sent (the response echoes them) and as chat tools."""
+    return tools, tuple(convert_tools(tools)[0])
 
 
 def _assemble(parts: list[_Item], keys: list[bytes], memo: ResponsesMemo) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ KB of schemas) every turn. Parsing all of it, checking every content block and
 converting every message to the OpenAI form the template renders took about 7 ms
 per turn at 400 messages (215 KB), growing with the history.
 
-The same scheme as the chat body's (:mod:`.chat_messages`): msgspec hands out the
+The scheme of every agent body (:mod:`.memo`): msgspec hands out the
 raw JSON text of each top-level field and of each message; a message whose text a
 recent turn sent, byte for byte, maps to what it converted to then — the same
 :class:`FrozenMessage` objects every turn, so ``MessageCut`` and the append-only
@@ -25,20 +25,18 @@ check gives, word for word.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
-import orjson
 
 from ..tokenization.message_fields import FrozenMessage
+from . import memo as shared
 from .anthropic_request import clears_at_next_user, convert_content, convert_tools, role_and_content, system_messages
-from .chat_messages import _ITEMS, _TOP, MEMO_BYTES, MessageMemo
-from .jsonio import MAX_DEPTH, load_body, nesting
+from .jsonio import MAX_DEPTH, nesting
+from .memo import MEMO_BYTES, MessageMemo
 
 #: Raw JSON bytes of ``system`` and ``tools`` fields kept (they repeat every turn; a few per agent).
 FIELD_MEMO_BYTES = 16 << 20
-T = TypeVar("T")
 #: The fields converted through a memo; the others are parsed as they come.
 _CONVERTED = ("messages", "system", "tools")
 
@@ -77,45 +75,29 @@ def load_messages_body(raw: bytes, memo: AnthropicMemo) -> Any:
     """A request body: a :class:`MessagesBody` when everything in it converts, else its JSON value.
 
     Raises what :func:`~actorproxy.wire.jsonio.load_body` raises (empty, not JSON,
-    too deep), with the same words: any body the fast path does not take whole is
-    loaded that way, and its JSON value goes through ``parse_messages_body`` whole.
+    too deep), with the same words (:func:`actorproxy.wire.memo.load`).
     """
-    try:
-        body = _from_memo(raw, memo)
-    except Exception:  # anything a conversion refuses: the full check says what, in its order
-        body = None
-    return body if body is not None else load_body(raw)
+    return shared.load(raw, lambda raw: _from_memo(raw, memo))
 
 
 def _from_memo(raw: bytes, memo: AnthropicMemo) -> MessagesBody | None:
-    try:
-        top = _TOP.decode(raw)
-        texts = _ITEMS.decode(top["messages"])
-    except Exception:  # not an object, no messages array, not JSON (orjson's error says what is wrong)
+    split = shared.split(raw, "messages")
+    if split is None:
         return None
-    if not texts or not all(map(str.isascii, top)):
-        return None
-    # Each part parsed by orjson, as the whole body would be (a text the memo holds was, byte for byte).
-    value = {key: orjson.loads(bytes(part)) for key, part in top.items() if key not in _CONVERTED}
+    top, texts = split
+    value = shared.others(top, _CONVERTED)
     depth = nesting(value, MAX_DEPTH)
     system: tuple[FrozenMessage, ...] = ()
     if "system" in top:
-        system, system_depth = _field(memo.system, bytes(top["system"]), _system)
+        system, system_depth = shared.field(memo.system, bytes(top["system"]), _system)
         depth = max(depth, 1 + system_depth)
     tools: tuple[dict[str, Any], ...] = ()
     if "tools" in top:
-        tools, tools_depth = _field(memo.tools, bytes(top["tools"]), _tools)
+        tools, tools_depth = shared.field(memo.tools, bytes(top["tools"]), _tools)
         depth = max(depth, 1 + tools_depth)
-    keys = list(map(bytes, texts))
-    found = memo.messages.find(keys)
-    for i, hit in enumerate(found):
-        if hit is None:
-            message = orjson.loads(keys[i])
-            found[i] = (_convert(message), nesting(message, MAX_DEPTH))
-            memo.messages.put(keys[i], *found[i])
-    if max(depth, 2 + max(entry[1] for entry in found)) > MAX_DEPTH:
+    entries, messages_depth = shared.items(memo.messages, list(map(bytes, texts)), _convert)
+    if max(depth, 2 + messages_depth) > MAX_DEPTH:
         return None
-    entries: list[Converted] = [entry[0] for entry in found]
     if entries[-1].role == "assistant":
         return None  # prefill: the full check names it
     messages = list(system)
@@ -128,16 +110,6 @@ def _from_memo(raw: bytes, memo: AnthropicMemo) -> MessagesBody | None:
         if not (entry.clears and cleared):
             messages.extend(entry.messages)
     return MessagesBody(value, messages, list(tools))
-
-
-def _field(memo: MessageMemo[T], key: bytes, convert: Callable[[Any], T]) -> tuple[T, int]:
-    """A top-level field converted (from the memo when its text was seen), with its nesting."""
-    hit: tuple[T, int] | None = memo.find([key])[0]
-    if hit is None:
-        parsed = orjson.loads(key)
-        hit = (convert(parsed), nesting(parsed, MAX_DEPTH))
-        memo.put(key, *hit)
-    return hit
 
 
 def _system(system: Any) -> tuple[FrozenMessage, ...]:

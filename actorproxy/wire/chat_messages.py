@@ -5,7 +5,8 @@ session that is 400 messages, 249 KB, of which two are new. Parsing and checking
 every message again (typing each field, the nesting bound, the ``developer``
 role) cost about 3 ms per turn at that length, growing with the history.
 
-So the body is read as raw JSON text first (msgspec hands out each top-level
+So the body is read through the memo every agent body reads through
+(:mod:`.memo`): as raw JSON text first (msgspec hands out each top-level
 field's and each message's bytes without building them, at C speed), and each
 message is looked up in a :class:`MessageMemo`: bytes a turn already sent, byte
 for byte, map to the message that was parsed and checked then — the same
@@ -26,8 +27,7 @@ accepted before, and every error is the one the full check gives, word for word.
 
 from __future__ import annotations
 
-from operator import itemgetter
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import attrs
 import msgspec
@@ -35,66 +35,10 @@ import numpy as np
 import orjson
 
 from ..tokenization.message_fields import FrozenMessage
-from .jsonio import MAX_DEPTH, load_body, nesting
-from .prefixes import Kept, Prefixes
-
-#: Raw JSON bytes of messages kept (twice that at most while the memo turns over).
-MEMO_BYTES = 64 << 20
-#: Bodies shorter than this are read whole every time (a 4 KB body costs a few µs).
-BODY_PREFIX_BYTES = 4096
-
-#: What a memo keeps for a message's text: the checked message (a chat body), or what it converts to.
-T = TypeVar("T")
-
-
-class MessageMemo(Generic[T]):
-    """Message JSON text -> the message checked for it (with its nesting), for every recent session.
-
-    Two generations: lookups hit the young one or promote from the old one;
-    when the young one holds ``max_bytes`` of text it becomes the old one, and
-    what was not used since is dropped. Bounded, no per-entry bookkeeping.
-    """
-
-    def __init__(self, max_bytes: int = MEMO_BYTES) -> None:
-        self._max = max_bytes
-        self._young: dict[bytes, tuple[T, int]] = {}
-        self._old: dict[bytes, tuple[T, int]] = {}
-        self._bytes = 0
-        #: Recent bodies up to the end of their messages (:func:`load_chat_body`): a body that starts with
-        #: one has only its new end read.
-        self.bodies: Prefixes[Any] = Prefixes(min_bytes=BODY_PREFIX_BYTES, window=64, max_bytes=max_bytes)
-
-    def find(self, keys: list[bytes]) -> list[Any]:
-        """The entry of each key (``None`` where there is none), in order."""
-        found: list[Any] = list(map(self._young.get, keys))
-        if self._old and None in found:
-            for i, entry in enumerate(found):
-                if entry is None:
-                    entry = found[i] = self._old.pop(keys[i], None)
-                    if entry is not None:
-                        self._add(keys[i], entry)
-        return found
-
-    def put(self, key: bytes, message: T, depth: int) -> None:
-        if key not in self._young:
-            self._add(key, (message, depth))
-
-    def _add(self, key: bytes, entry: tuple[T, int]) -> None:
-        if self._bytes + len(key) > self._max:
-            self._old, self._young, self._bytes = self._young, {}, 0
-        self._young[key] = entry
-        self._bytes += len(key)
-
-    def __len__(self) -> int:
-        return len(self._young) + len(self._old)
-
-
-#: A body's top-level fields, and an array's items, as raw JSON text (msgspec skips over them in C).
-_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
-_message = itemgetter(0)
-_depth = itemgetter(1)
-
+from . import memo as shared
+from .jsonio import MAX_DEPTH, nesting
+from .memo import BODY_PREFIX_BYTES, MessageMemo
+from .prefixes import Kept
 
 # -- the schema of one message (what ``parse_chat_body`` accepts, or stricter) ------------------------------
 
@@ -147,15 +91,19 @@ class _Tool(_Message, tag="tool"):
     tool_calls: None = None
 
 
-_MessageList = list[_System | _Developer | _User | _Assistant | _Tool]
+class _One(msgspec.Struct):
+    """One message under a field: msgspec keeps a struct's checks built, not a bare union's (7 µs a call)."""
+
+    message: _System | _Developer | _User | _Assistant | _Tool
 
 
-def _valid(messages: list[Any]) -> bool:
-    try:
-        msgspec.convert(messages, _MessageList)
-    except (msgspec.ValidationError, TypeError, ValueError):
-        return False
-    return True
+def _check(message: Any) -> FrozenMessage:
+    """One message checked (raises where the schema refuses it), with ``developer`` read as ``system``."""
+    msgspec.convert({"message": message}, _One)
+    frozen = FrozenMessage(message)
+    if message.get("role") == "developer":  # templates know "system", not OpenAI's newer "developer"
+        frozen["role"] = "system"
+    return frozen
 
 
 @attrs.frozen
@@ -172,12 +120,10 @@ def load_chat_body(raw: bytes, memo: MessageMemo[FrozenMessage]) -> Any:
     """A request body: a :class:`ChatBody` when every message is known good, else its JSON value.
 
     Raises what :func:`~actorproxy.wire.jsonio.load_body` raises (empty, not JSON,
-    too deep), with the same words: any body the fast path does not take whole
-    is loaded that way. The JSON value returned then goes through
-    ``parse_chat_body`` whole, as before.
+    too deep), with the same words (:func:`actorproxy.wire.memo.load`). The JSON
+    value returned then goes through ``parse_chat_body`` whole, as before.
     """
-    body = _from_memo(raw, memo)
-    return body if body is not None else load_body(raw)
+    return shared.load(raw, lambda raw: _from_memo(raw, memo))
 
 
 def _from_memo(raw: bytes, memo: MessageMemo[FrozenMessage]) -> ChatBody | None:
@@ -187,18 +133,11 @@ def _from_memo(raw: bytes, memo: MessageMemo[FrozenMessage]) -> ChatBody | None:
         body = _after(raw, kept, memo)
         if body is not None:
             return body
-    try:
-        top = _TOP.decode(raw)
-        texts = _ITEMS.decode(top["messages"])
-    except Exception:  # not an object, no messages array, not JSON (orjson's error says what is wrong)
+    split = shared.split(raw, "messages")
+    if split is None:
         return None
-    if not texts or not all(map(str.isascii, top)):
-        return None
-    try:
-        # Each part parsed by orjson, as the whole body would be (a message the memo holds was, byte for byte).
-        value = {key: orjson.loads(bytes(part)) for key, part in top.items() if key != "messages"}
-    except orjson.JSONDecodeError:
-        return None
+    top, texts = split
+    value = shared.others(top, ("messages",))
     checked = _checked(texts, memo, value, 0)
     if checked is None:
         return None
@@ -236,19 +175,15 @@ def _after(raw: bytes, kept: Kept[_Seen], memo: MessageMemo[FrozenMessage]) -> C
     """
     seen = kept.value
     tail = _RESUME + raw[len(kept) :]
-    try:
-        top = _TOP.decode(tail)
-        texts = _ITEMS.decode(top["messages"])
-    except Exception:
+    split = shared.split(tail, "messages")
+    if split is None:
         return None
+    top, texts = split
     base = _address(tail)
-    if _address(top["messages"]) - base != len(_RESUME) - 2 or not all(map(str.isascii, top)):
+    if _address(top["messages"]) - base != len(_RESUME) - 2:
         return None  # a second "messages" after the array: the last one counts, read the body whole
-    try:
-        value = {key: orjson.loads(part) for key, part in seen.head}
-        value.update((key, orjson.loads(bytes(part))) for key, part in top.items() if key != "messages")
-    except orjson.JSONDecodeError:
-        return None
+    value = {key: orjson.loads(part) for key, part in seen.head}
+    value.update(shared.others(top, ("messages",)))
     checked = _checked(texts[1:], memo, value, seen.depth)
     if checked is None:
         return None
@@ -263,34 +198,18 @@ def _after(raw: bytes, kept: Kept[_Seen], memo: MessageMemo[FrozenMessage]) -> C
 def _checked(
     texts: list[msgspec.Raw], memo: MessageMemo[FrozenMessage], value: dict[str, Any], depth: int
 ) -> tuple[list[FrozenMessage], int] | None:
-    """Messages from their JSON texts, from the memo or parsed and checked; ``None`` where one is refused.
+    """Messages from their JSON texts, from the memo or parsed and checked; ``None`` past the nesting bound.
 
     ``value``: the body's other fields (the nesting bound covers them); ``depth``: the
-    deepest message already read. Also the deepest message's nesting.
+    deepest message already read. Also the deepest message's nesting. Raises where a
+    new message is refused (the full check names the culprit).
     """
-    keys = list(map(bytes, texts))
-    found = memo.find(keys)
-    new = [i for i, hit in enumerate(found) if hit is None]
-    try:
-        for i in new:
-            message = orjson.loads(keys[i])
-            found[i] = (message, nesting(message, MAX_DEPTH))  # checked below; not in the memo yet
-    except orjson.JSONDecodeError:
-        return None
-    depth = max(depth, *map(_depth, found)) if found else depth
+    messages, level = shared.items(memo, list(map(bytes, texts)), _check)
+    depth = max(depth, level)
     # The nesting bound: the body's other fields, and its messages array (two levels down).
     if max(nesting(value, MAX_DEPTH), 2 + depth) > MAX_DEPTH:
         return None
-    if new and not _valid([found[i][0] for i in new]):
-        return None  # the full check names the culprit
-    for i in new:
-        message, level = found[i]
-        frozen = FrozenMessage(message)
-        if message.get("role") == "developer":  # templates know "system", not OpenAI's newer "developer"
-            frozen["role"] = "system"
-        memo.put(keys[i], frozen, level)
-        found[i] = (frozen, level)
-    return list(map(_message, found)), depth
+    return messages, depth
 
 
 def _address(buffer: Any) -> int:

@@ -15,10 +15,11 @@ from ..core.parser import OutputDelta
 from ..errors import BadRequest, ProxyError
 from ..runtime.messages import ChatRequest, TurnAccepted, TurnDone
 from ..tokenization.message_fields import FrozenMessage
-from .chat_messages import ChatBody, MessageMemo, load_chat_body
+from .chat_messages import ChatBody, load_chat_body
 from .converter import structure
 from .format import ReplyInfo, TurnFormat
 from .jsonio import dumps
+from .memo import MessageMemo
 from .openai_types import ChatCompletionBody
 
 MAX_STOP_SEQUENCES = 16

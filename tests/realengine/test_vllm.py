@@ -217,7 +217,9 @@ def generated_tokens(http: httpx.Client, engine: Process) -> float:
 
 def stream_until(proxy: Process, session: str, body: dict[str, Any], deltas: int, started: threading.Event,
                  out: list[str], *, hang_up: bool = False) -> None:
-    """Stream a turn in a thread: ``started`` is set after ``deltas`` content deltas (then hang up if asked)."""
+    """Stream a turn in a thread: ``started`` is set after ``deltas`` pieces of text (then hang up if asked).
+
+    A piece is content or reasoning: the random model's reply may stay inside ``<think>``."""
     with httpx.Client(timeout=300) as http, http.stream(
         "POST", f"{proxy.url}/v1/chat/completions", json=body, headers={"X-Session-Id": session}
     ) as got:
@@ -228,7 +230,8 @@ def stream_until(proxy: Process, session: str, body: dict[str, Any], deltas: int
             if "error" in event:
                 out.append(f"ERROR {event}")
             for choice in event["choices"]:
-                out.append(choice["delta"].get("content") or "")
+                delta = choice["delta"]
+                out.append(delta.get("content") or delta.get("reasoning_content") or "")
             if sum(1 for piece in out if piece) >= deltas:
                 started.set()
                 if hang_up:

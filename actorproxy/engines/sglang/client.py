@@ -317,6 +317,21 @@ class SGLangBackend(VersionedConnection):
     async def continue_generation(self) -> None:
         await request_json(self.http, "POST", self.url("/continue_generation"), "SGLang continue", body={})
 
+    async def freeze_refusal(self) -> str | None:
+        """Every SGLang server can freeze its generations in place (``/pause_generation`` ``in_place``)."""
+        return None
+
+    async def freeze(self) -> None:
+        """A ``keep`` pause: the scheduler stops stepping; the running requests stay in its batch, KV cache kept.
+
+        :meth:`thaw` lets them go on in the same request; a version pushed meanwhile
+        (:meth:`update_weight_version`, which aborts nothing) stamps the tokens after it.
+        """
+        await self.pause("in_place")
+
+    async def thaw(self) -> None:
+        await self.continue_generation()
+
     async def update_weight_version(self, version: str, *, abort_all_requests: bool = False) -> None:
         body = CONVERTER.unstructure(UpdateWeightVersionReqInput(version, abort_all_requests))
         await request_json(self.http, "POST", self.url("/update_weight_version"), "SGLang weight version", body=body)

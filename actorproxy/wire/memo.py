@@ -1,0 +1,144 @@
+"""The one memo every agent body's fast path reads its history through (chat, Anthropic, Responses; issue 12).
+
+An agent sends its whole conversation every turn: at turn 200 of a tool-calling
+session that is 400 messages of a few hundred KB, of which two are new. So a body
+is read as raw JSON text first (msgspec hands out each top-level field's and each
+array item's bytes without building them, at C speed), and each item is looked
+up in a :class:`MessageMemo`: bytes a turn already sent, byte for byte, map to
+what they were checked and converted to then — the same frozen objects every
+turn, so later per-turn work (``MessageCut``, the append-only match) is an
+identity check too. Only items not seen before are parsed (by orjson, as the
+whole body would be) and converted. What an item converts to depends on nothing
+but its own text, so equal bytes mean equal verdicts: editing an old item
+changes its bytes and it is converted again.
+
+Each format says what an item converts to (raising where the full check refuses
+it); :func:`load` decides: anything the fast path cannot vouch for is loaded and
+checked the ordinary way, whole (``jsonio.load_body`` and the format's parse), so
+what is accepted is what was accepted before and every error is the one the full
+check gives, word for word.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from operator import itemgetter
+from typing import Any, Generic, TypeVar
+
+import msgspec
+import orjson
+
+from .jsonio import MAX_DEPTH, load_body, nesting
+from .prefixes import Prefixes
+
+#: Raw JSON bytes of items kept (twice that at most while the memo turns over).
+MEMO_BYTES = 64 << 20
+#: Bodies shorter than this are read whole every time (a 4 KB body costs a few µs).
+BODY_PREFIX_BYTES = 4096
+
+#: What a memo keeps for an item's text: the checked item, or what it converts to.
+T = TypeVar("T")
+
+#: A body's top-level fields, and an array's items, as raw JSON text (msgspec skips over them in C).
+TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+_converted = itemgetter(0)
+_depth = itemgetter(1)
+
+
+class MessageMemo(Generic[T]):
+    """Item JSON text -> what it was checked or converted to (with its nesting), for every recent session.
+
+    Two generations: lookups hit the young one or promote from the old one;
+    when the young one holds ``max_bytes`` of text it becomes the old one, and
+    what was not used since is dropped. Bounded, no per-entry bookkeeping.
+    """
+
+    def __init__(self, max_bytes: int = MEMO_BYTES) -> None:
+        self._max = max_bytes
+        self._young: dict[bytes, tuple[T, int]] = {}
+        self._old: dict[bytes, tuple[T, int]] = {}
+        self._bytes = 0
+        #: Recent bodies up to the end of their messages (the chat body's): a body that starts with
+        #: one has only its new end read.
+        self.bodies: Prefixes[Any] = Prefixes(min_bytes=BODY_PREFIX_BYTES, window=64, max_bytes=max_bytes)
+
+    def find(self, keys: list[bytes]) -> list[Any]:
+        """The entry of each key (``None`` where there is none), in order."""
+        found: list[Any] = list(map(self._young.get, keys))
+        if self._old and None in found:
+            for i, entry in enumerate(found):
+                if entry is None:
+                    entry = found[i] = self._old.pop(keys[i], None)
+                    if entry is not None:
+                        self._add(keys[i], entry)
+        return found
+
+    def put(self, key: bytes, message: T, depth: int) -> None:
+        if key not in self._young:
+            self._add(key, (message, depth))
+
+    def _add(self, key: bytes, entry: tuple[T, int]) -> None:
+        if self._bytes + len(key) > self._max:
+            self._old, self._young, self._bytes = self._young, {}, 0
+        self._young[key] = entry
+        self._bytes += len(key)
+
+    def __len__(self) -> int:
+        return len(self._young) + len(self._old)
+
+
+def load(raw: bytes, from_memo: Callable[[bytes], object | None]) -> Any:
+    """What ``from_memo`` reads from ``raw``, or, where it cannot vouch for the body, its JSON value.
+
+    Raises what :func:`~actorproxy.wire.jsonio.load_body` raises (empty, not JSON,
+    too deep), with the same words: any body the fast path does not take whole is
+    loaded that way, and its JSON value goes through the format's full check.
+    """
+    try:
+        body = from_memo(raw)
+    except Exception:  # anything a conversion refuses: the full check says what, in its order
+        body = None
+    return body if body is not None else load_body(raw)
+
+
+def split(raw: bytes, field: str) -> tuple[dict[str, msgspec.Raw], list[msgspec.Raw]] | None:
+    """A body's top-level fields and the items of its array ``field``, as raw JSON text.
+
+    ``None`` where the fast path does not read it: not an object, no such array, not
+    JSON (orjson's error says what is wrong), an empty array, a non-ASCII key.
+    """
+    try:
+        top = TOP.decode(raw)
+        texts = ITEMS.decode(top[field])
+    except Exception:
+        return None
+    if not texts or not all(map(str.isascii, top)):
+        return None
+    return top, texts
+
+
+def others(top: dict[str, msgspec.Raw], skip: Iterable[str]) -> dict[str, Any]:
+    """The top-level fields but those in ``skip``, each parsed by orjson as the whole body would be."""
+    return {key: orjson.loads(bytes(part)) for key, part in top.items() if key not in skip}
+
+
+def items(memo: MessageMemo[T], keys: list[bytes], convert: Callable[[Any], T]) -> tuple[list[T], int]:
+    """Items from their JSON texts, from the memo or parsed and converted (and kept).
+
+    Also the deepest item's nesting (0 for none). Raises what ``orjson`` or
+    ``convert`` raises on a new item.
+    """
+    found = memo.find(keys)
+    for i, hit in enumerate(found):
+        if hit is None:
+            parsed = orjson.loads(keys[i])
+            found[i] = (convert(parsed), nesting(parsed, MAX_DEPTH))
+            memo.put(keys[i], *found[i])
+    return list(map(_converted, found)), max(map(_depth, found), default=0)
+
+
+def field(memo: MessageMemo[T], key: bytes, convert: Callable[[Any], T]) -> tuple[T, int]:
+    """A top-level field converted (from the memo when its text was seen), with its nesting."""
+    (converted,), depth = items(memo, [key], convert)
+    return converted, depth
