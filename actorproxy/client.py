@@ -61,9 +61,13 @@ class ProxyClient:
         *,
         timeout: float | None = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        admin_token: str | None = None,
     ) -> None:
+        """``admin_token``: the proxy's ``--admin-token``, sent as ``Authorization: Bearer`` on every call
+        (needed for the trainer's routes of a proxy that has one; docs/security.md)."""
         self.proxy_url = proxy_url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.proxy_url, timeout=timeout, transport=transport)
+        headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else None
+        self._http = httpx.AsyncClient(base_url=self.proxy_url, timeout=timeout, transport=transport, headers=headers)
 
     async def __aenter__(self) -> ProxyClient:
         return self

@@ -234,3 +234,18 @@ def test_refuses_a_public_address_without_an_admin_token(capsys: pytest.CaptureF
     assert main(["run", "--host", "0.0.0.0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--admin-token" in err and "--insecure" in err
+
+
+async def test_proxy_client_carries_the_admin_token(guarded: RunningProxy) -> None:
+    """The trainer's ProxyClient works against a guarded proxy when given the token, and only then."""
+    from actorproxy import ProxyClient
+    from actorproxy.client import ProxyError
+
+    async with ProxyClient(guarded.url) as anonymous:
+        with pytest.raises(ProxyError) as refused:
+            await anonymous.stats()
+    assert refused.value.status == 401
+    async with ProxyClient(guarded.url, admin_token=ADMIN) as trainer:
+        assert isinstance(await trainer.stats(), dict)
+        batch = await trainer.fetch_batch(groups=1, rollouts_per_group=1, timeout_s=0)
+    assert batch.data == [] and not batch.complete
