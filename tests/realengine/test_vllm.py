@@ -256,6 +256,10 @@ def long_streams(
     return sessions, outs, started, readers
 
 
+#: A reply budget that leaves room for the prompt in MAX_MODEL_LEN.
+LONG = MAX_MODEL_LEN - 100
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_client_disconnect_keeps_what_vllm_produced(
     kind: str, vllm_servers: dict[str, Process], vllm_proxies: dict[str, Process]
@@ -263,7 +267,7 @@ def test_client_disconnect_keeps_what_vllm_produced(
     engine, proxy = vllm_servers[kind], vllm_proxies[kind]
     session = session_id(f"hangup-{kind}")
     body = {"messages": [{"role": "user", "content": "Tell me a long story."}], "temperature": 0.0,
-            "stream": True, "max_tokens": 600}
+            "stream": True, "max_tokens": LONG}
     with httpx.Client(timeout=300) as http:
         before = generated_tokens(http, engine)
         seen: list[str] = []
@@ -271,7 +275,8 @@ def test_client_disconnect_keeps_what_vllm_produced(
         read = read_session(http, proxy, session)
         step = read["steps"][0]
         produced = generated_tokens(http, engine) - before
-        assert 5 <= len(step["output_ids"]) < 600, step["status"]
+        # The tiny model samples fast: the budget is most of the context, so the hang-up lands first.
+        assert 5 <= len(step["output_ids"]) < LONG, step["status"]
         assert_greedy(http, engine, read, step)
         if kind == "dev":  # acknowledged abort (/inference/v1/abort_requests): every token vLLM sampled is on the step
             assert len(step["output_ids"]) == produced
