@@ -143,6 +143,13 @@ def _request(target: str, host: str, i: int, tokens: int) -> bytes:
             f"Connection: close\r\nContent-Length: {len(raw)}\r\n\r\n").encode() + raw
 
 
+def _text(target: str, event: bytes) -> str:
+    data = json.loads(event)
+    if target == "vllm":
+        return str(data["choices"][0]["text"]) if data.get("choices") else ""
+    return str(data.get("content" if target == "llamacpp" else "text") or "")
+
+
 class Delays:
     """A histogram of per-token lateness in 0.1 ms buckets (bounded memory at millions of tokens)."""
 
@@ -187,23 +194,21 @@ async def clients_main(args: argparse.Namespace) -> None:
         while data := await reader.read(1 << 20):
             now = time.monotonic()
             seen = tail + data
-            if cumulative:  # the whole text so far in every event: the last complete event counts
-                count = received[i]
+            if args.target != "chat":  # an engine's events also name the tokens in their logprobs: read the text
                 end = seen.rfind(b"\n\n")
-                if end >= 0:
-                    start = seen.rfind(b"data: ", 0, end)
-                    event = seen[start + 6:end]
-                    if event.startswith(b"{"):
-                        count = json.loads(event)["text"].count("so")
-                    tail = seen[end + 2:]
+                # (an event may follow the response head or a chunk-size line: from its "data: {")
+                texts = [_text(args.target, event[event.find(b"data: {") + 6:])
+                         for event in seen[:max(end, 0)].split(b"\n\n") if b"data: {" in event]
+                tail = seen[end + 2:] if end >= 0 else seen
+                if cumulative:  # the whole text so far in every event: the last one counts
+                    new = texts[-1].count("so") - received[i] if texts else 0
                 else:
-                    tail = seen
-                new = count - received[i]
+                    new = sum(text.count("so") for text in texts)
             else:
                 new = words(seen) - words(tail)
                 tail = seen[-8:]
             if b"[DONE]" in seen or b'"stop":true' in seen:
-                ended = True
+                ended = True  # (llama.cpp ends with its "stop": true event, no [DONE])
             if new > 0:
                 if not received[i]:
                     origin = now
