@@ -19,7 +19,7 @@ _OS = {"darwin": "darwin", "linux": "linux", "windows": "win32", "win32": "win32
 def complete(lock: dict) -> list[str]:
     packages = lock["packages"]
     added = []
-    for key, entry in list(packages.items()):
+    for entry in list(packages.values()):
         for name, version in (entry.get("optionalDependencies") or {}).items():
             if f"node_modules/{name}" in packages or version.startswith("npm:"):
                 continue
