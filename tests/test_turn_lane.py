@@ -7,7 +7,8 @@ that are ready into one chunk without ever holding one back.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -26,6 +27,7 @@ from actorproxy.runtime.turn_stream import TurnStream
 from actorproxy.server import app as app_module
 from actorproxy.server.app import create_app
 from actorproxy.server.auth import AccessPolicy
+from actorproxy.server.http_cycle import CONTINUE
 from actorproxy.server.lane import TurnLane
 from actorproxy.server.observe import Observer
 from actorproxy.server.turns import sse_frames
@@ -198,14 +200,14 @@ async def test_a_client_that_half_closes_after_its_request_gets_the_answer_and_t
     stream = await _turn_waiting_at_the_engine(proxy, engine, "half", 100, eof=eof_with_the_request)
     async with stream:
         await stream.send_eof()  # (again, when it came with the request: harmless)
-        await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+        # The server read the EOF while the turn waits (its 100 Continue says so), not after the answer.
+        data = await _received(stream, CONTINUE)
         engine.resume("test")
-        data = b""
         with trio.fail_after(10):
             while chunk := await stream.receive_some(65536):  # until the server closes after the answer
                 data += chunk
     head, _, reply = data.rpartition(b"\r\n\r\n")
-    assert b"HTTP/1.1 200 OK\r\n" in head
+    assert head.startswith(CONTINUE + b"HTTP/1.1 200 OK\r\n")
     assert jsonio.loads(reply)["choices"][0]["message"]["content"].startswith("word word")
     async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as http:
         step = (await http.get("/session/half")).json()["recent_steps"][-1]
@@ -226,9 +228,29 @@ async def _turn_waiting_at_the_engine(
                           b"Content-Length: %d\r\n\r\n%s" % (session.encode(), len(body), body))
     if eof:
         await stream.send_eof()
-    await trio.testing.wait_all_tasks_blocked(cushion=0.05)
-    assert engine.running == 1
+    await _until(lambda: engine.running == 1)
     return stream
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Until ``condition`` holds: it turns on bytes the kernel passes over loopback (a request, an EOF, a reset),
+    which may come late on a loaded machine and offer nothing to wait on; read again each time every task has
+    waited a moment (real time: a test may hold Trio's clock still)."""
+    for _ in range(2000):
+        if condition():
+            return
+        await trio.testing.wait_all_tasks_blocked(cushion=0.005)
+    raise AssertionError("the proxy never got there")
+
+
+async def _received(stream: trio.SocketStream, expected: bytes) -> bytes:
+    """The first ``len(expected)`` bytes the server sends, which must be ``expected``."""
+    data = b""
+    with trio.fail_after(10):
+        while len(data) < len(expected) and (chunk := await stream.receive_some(len(expected) - len(data))):
+            data += chunk
+    assert data == expected
+    return data
 
 
 async def _no_app(scope: Any, receive: Any, send: Any) -> None:
@@ -236,23 +258,35 @@ async def _no_app(scope: Any, receive: Any, send: Any) -> None:
 
 
 async def test_a_client_that_hangs_up_mid_turn_cancels_it_and_the_engine_is_aborted(
-    proxy: Any, engine: SimEngine
+    proxy: Any, engine: SimEngine, mock_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Non-streaming: nothing is written while the turn runs, so only the server's reader can notice."""
+    """Non-streaming: nothing is written while the turn runs, so only the server's reader can notice.
+
+    The turn learns it at its next token and aborts the generation there (docs/architecture.md).
+    Trio's clock stands still: the simulated engine's tokens come due only as the test moves it, so
+    what the engine generated does not depend on how long a loaded machine keeps the proxy from
+    reading its first token (run on the real clock, a stall of 0.2 s let all 400 come due first).
+    """
+    caplog.set_level(logging.INFO, logger="actorproxy.access")
     engine.script("word " * 400, routing_key="left")
-    stream = await _turn_waiting_at_the_engine(proxy, engine, "left", 500)  # the client leaves in the middle of it
-    await stream.aclose()
-    await trio.testing.wait_all_tasks_blocked(cushion=0.05)
-    engine.resume("test")
-    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as http:
-        with trio.fail_after(10):
+    try:
+        stream = await _turn_waiting_at_the_engine(proxy, engine, "left", 500)
+        await stream.aclose()  # the client leaves in the middle of the turn
+        # The server noticed: the turn was cancelled (its request counted as nginx's 499) while the engine waits.
+        await _until(lambda: any(getattr(r, "fields", {}).get("status") == 499 for r in caplog.records))
+        engine.resume("test")
+        mock_clock.jump(1.5 * engine.config.token_interval)  # the first token comes due, the second not yet
+        await trio.testing.wait_all_tasks_blocked()  # no I/O from here to the engine's end: all in this process
+        assert engine.running == 0
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as http:
             step = (await http.get("/session/left")).json()["recent_steps"][-1]
+            metrics = (await http.get("/metrics")).text
+    finally:
+        mock_clock.autojump_threshold = 0  # what is left (a generation not aborted, the proxy's shutdown) runs out
     assert step["status"] == "client_disconnected" and step["in_segment"] is False
     stats = engine.stats(step["rid"])
-    assert stats.aborted and stats.finish_reason == "abort" and len(stats.token_ids) < 400
+    assert stats.aborted and stats.finish_reason == "abort" and len(stats.token_ids) == 1
     # Counted and logged all the same (nginx's 499: the client closed the request), not dropped.
-    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as http:
-        metrics = (await http.get("/metrics")).text
     [line] = [m for m in metrics.splitlines() if m.startswith("actorproxy_requests_total{")
               and 'route="/v1/chat/completions"' in m]
     assert 'status="499"' in line and line.endswith(" 1.0")
