@@ -13,10 +13,10 @@ fuzz's own wrong ones, or the mode's right ones (so the routes behind them are r
 
 Every answer must be below 500 and, if an error with a body, in its route's format; a
 request framed well must get an answer, on a connection that stays open unless the answer
-says ``connection: close``. One 5xx is an answer by design and counted apart: with several
-workers the Claw-R1 gateway routes are refused ``501 not_configured`` (docs/workers.md).
-At the end every process is the one that started (a worker restart is a failure: the
-supervisor logs none, and the pids are the same), ``/health`` answers, a real turn is
+says ``connection: close``. (With several workers the Claw-R1 gateway routes are refused
+``404 not_served_with_workers``, docs/workers.md.) At the end every process is the one
+that started (a worker restart is a failure: the supervisor logs none, and the pids are
+the same), ``/health`` answers, a real turn is
 served, and no connection or route failed in the log.
 """
 
@@ -37,9 +37,6 @@ from _workers import Proxy, run_workers
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from test_http_raw_fuzz import check_error_format, exchange, parse_replies, raw_requests
-
-from actorproxy.server.http_cycle import request_path
-from actorproxy.workers.routing import is_gateway
 
 #: Requests sent to each mode (8 modes: 25,600 in all).
 PER_MODE = 3200
@@ -108,7 +105,6 @@ class Run:
 
     def __init__(self, proxy: Proxy, workers: int, credentials: Callable[[random.Random], bytes | None]) -> None:
         self.proxy, self.workers = proxy, workers
-        self.by_design = 0
         host, port = proxy.url.rsplit("//", 1)[1].rsplit(":", 1)
         self.address = (host, int(port))
         self.credentials = credentials
@@ -119,24 +115,13 @@ class Run:
     def check(self, target: bytes, request: bytes, replies: list[Any]) -> None:
         for number, reply in enumerate(replies):
             self.statuses[reply.status] = self.statuses.get(reply.status, 0) + 1
-            if reply.status >= 500 and not self.refused_by_design(target, reply):
+            if reply.status >= 500:
                 self.failures.append(f"{reply.status} for {request[:300]!r}: {reply.body[:300]!r}")
             elif reply.status >= 400 and number == 0:
                 try:
                     check_error_format(target, reply)
                 except (AssertionError, ValueError, KeyError, TypeError) as exc:
                     self.failures.append(f"error format for {request[:300]!r}: {reply.body[:300]!r} ({exc!r})")
-
-    def refused_by_design(self, target: bytes, reply: Any) -> bool:
-        """With several workers the Claw-R1 gateway routes answer 501 ``not_configured`` (docs/workers.md): the one
-        5xx that is an answer, not a failure (it is counted apart)."""
-        try:
-            gateway = is_gateway(request_path(target)[0])
-        except UnicodeDecodeError:  # a raw case's target the server refuses anyway
-            gateway = False
-        refused = self.workers > 1 and reply.status == 501 and gateway and b'"not_configured"' in reply.body
-        self.by_design += refused
-        return refused
 
     async def lane(self, requests: list[Case], seed: int) -> None:
         """Send ``requests`` over kept-alive connections, one after the other, each answer read and checked."""

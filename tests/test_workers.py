@@ -75,7 +75,8 @@ async def test_sessions_stay_with_their_worker_and_the_trainer_reads_both(tmp_pa
         assert [segment["trajectory_id"] for segment in one["data"]] == [f"{sessions[-1]}#0"]
         stats = (await client.get("/trajectory/stats")).json()
         assert (stats["workers"], stats["segments"], stats["steps"]) == (2, 6, 25)
-        assert (await client.post("/init_trajectory", json={})).status_code == 501  # the gateway needs one worker
+        refused = await client.post("/init_trajectory", json={})  # the gateway needs one worker
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "not_served_with_workers"
 
 
 async def test_a_pause_is_acknowledged_by_both_workers(tmp_path: Path) -> None:

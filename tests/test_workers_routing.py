@@ -201,7 +201,7 @@ async def test_an_embedded_proxy_refuses_several_workers() -> None:
 
 
 async def test_a_refused_gateway_call_keeps_its_connection(tmp_path: Path) -> None:
-    """The 501 of a gateway route left its body unread: the connection closed without saying so, and the next
+    """The refusal of a gateway route left its body unread: the connection closed without saying so, and the next
     request on it got no answer."""
     server = HTTPServer(FanOut(_local, 2, str(tmp_path)))
     stop = trio.Event()
@@ -214,7 +214,7 @@ async def test_a_refused_gateway_call_keeps_its_connection(tmp_path: Path) -> No
         with trio.fail_after(10):
             while b"local /v1/models" not in received and (data := await stream.receive_some(65536)):
                 received += data
-        assert received.startswith(b"HTTP/1.1 501 ") and b"not_configured" in received
+        assert received.startswith(b"HTTP/1.1 404 ") and b"not_served_with_workers" in received
         assert b"local /v1/models" in received
         await stream.aclose()
         stop.set()

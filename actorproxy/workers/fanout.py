@@ -21,7 +21,7 @@ to each worker from the one copy.
 
 The Claw-R1 gateway routes (``/init_trajectory``, ``/generate``, ``/trajectory/fetch_batch``, ...)
 group trajectories by prompt across sessions and keep their hand-off queue in one process: with
-more than one worker they answer ``501 not_configured`` (run them with ``--workers 1``).
+more than one worker they answer ``404 not_served_with_workers`` (run them with ``--workers 1``).
 """
 
 from __future__ import annotations
@@ -135,9 +135,10 @@ class FanOut:
             return
         path = scope["path"]
         if is_gateway(path):
-            await _reply(send, 501, _error(
-                "the Claw-R1 gateway routes need --workers 1: their prompt groups span sessions, which "
-                "several workers serve (docs/workers.md)", "not_configured", "invalid_request_error"))
+            await _reply(send, 404, _error(
+                "the Claw-R1 gateway routes are not served with several workers: their prompt groups span "
+                "sessions, which several workers serve; run it with --workers 1 (docs/workers.md)",
+                "not_served_with_workers", "invalid_request_error"))
             return
         method = FANOUT_ROUTES.get(path)
         headers = RequestHeaders(scope["headers"])
