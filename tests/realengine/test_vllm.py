@@ -256,8 +256,9 @@ def long_streams(
     return sessions, outs, started, readers
 
 
-#: A reply budget that leaves room for the prompt in MAX_MODEL_LEN.
-LONG = MAX_MODEL_LEN - 100
+#: The hang-up test's reply budget: room for the prompt in MAX_MODEL_LEN, more than the tiny model
+#: samples before the hang-up's abort lands.
+HANG_UP_BUDGET = MAX_MODEL_LEN - 100
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -267,7 +268,7 @@ def test_client_disconnect_keeps_what_vllm_produced(
     engine, proxy = vllm_servers[kind], vllm_proxies[kind]
     session = session_id(f"hangup-{kind}")
     body = {"messages": [{"role": "user", "content": "Tell me a long story."}], "temperature": 0.0,
-            "stream": True, "max_tokens": LONG}
+            "stream": True, "max_tokens": HANG_UP_BUDGET}
     with httpx.Client(timeout=300) as http:
         before = generated_tokens(http, engine)
         seen: list[str] = []
@@ -276,7 +277,7 @@ def test_client_disconnect_keeps_what_vllm_produced(
         step = read["steps"][0]
         produced = generated_tokens(http, engine) - before
         # The tiny model samples fast: the budget is most of the context, so the hang-up lands first.
-        assert 5 <= len(step["output_ids"]) < LONG, step["status"]
+        assert 5 <= len(step["output_ids"]) < HANG_UP_BUDGET, step["status"]
         assert_greedy(http, engine, read, step)
         if kind == "dev":  # acknowledged abort (/inference/v1/abort_requests): every token vLLM sampled is on the step
             assert len(step["output_ids"]) == produced
