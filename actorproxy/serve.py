@@ -39,6 +39,7 @@ from .server.app import create_app
 from .server.drain import ASGIApp
 from .server.http_server import HTTPServer
 from .server.limits import ConnectionLimits, default_max_connections, raise_open_files_limit
+from .serving import served
 from .tokenization.tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)
@@ -214,13 +215,6 @@ async def open_proxy(
     tokenizer: ChatTokenizer | None = None,
 ) -> AsyncIterator[RunningProxy]:
     """Serve a proxy inside the caller's Trio code (port 0 by default); stop it on exit."""
-    config = config or ProxyConfig.of(port=0)
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        running: RunningProxy = await nursery.start(
-            partial(serve_proxy, config, backend=backend, tokenizer=tokenizer, shutdown_trigger=stop.wait)
-        )
-        try:
-            yield running
-        finally:
-            stop.set()
+    async with served(partial(serve_proxy, config or ProxyConfig.of(port=0), backend=backend,
+                              tokenizer=tokenizer)) as running:
+        yield running

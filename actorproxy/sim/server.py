@@ -32,6 +32,7 @@ from ..engines.sglang.sim_routes import sglang_blueprint
 from ..engines.shared_wire import ModelCard, ModelList, UpdateWeightVersionReqInput
 from ..engines.vllm.sim_routes import vllm_blueprint
 from ..errors import BadRequest
+from ..serving import served
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
 from ..wire.converter import CONVERTER
 from .engine import SimEngine
@@ -237,14 +238,7 @@ async def open_sim_server(
     tokenizer: ChatTokenizer | None = None,
 ) -> AsyncIterator[RunningSim]:
     """Serve a simulated engine inside the caller's Trio code (port 0 by default); stop on exit."""
-    settings = settings or SimServerSettings(port=0)
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        running: RunningSim = await nursery.start(
-            partial(serve_sim, settings, engine=engine, tokenizer=tokenizer, shutdown_trigger=stop.wait)
-        )
-        try:
-            yield running
-        finally:
-            stop.set()
+    async with served(partial(serve_sim, settings or SimServerSettings(port=0), engine=engine,
+                              tokenizer=tokenizer)) as running:
+        yield running
 
