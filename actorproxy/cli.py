@@ -172,27 +172,15 @@ def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def sim_settings_from_args(args: argparse.Namespace) -> SimServerSettings:
-    """The :class:`SimServerSettings` of parsed ``actorproxy sim`` flags."""
+    """The :class:`SimServerSettings` of parsed ``actorproxy sim`` flags: each flag's dest is the field's name."""
     from .sim.server import SimServerSettings
 
-    return SimServerSettings(
-        host=args.host,
-        port=args.port,
-        token_interval=args.token_interval,
-        prefill_latency=args.prefill_latency,
-        seed=args.seed,
-        reply_tokens=args.reply_tokens,
-        stream_interval=args.stream_interval,
-        incremental_streaming_output=args.incremental_streaming_output,
-        enable_return_routed_experts=args.enable_return_routed_experts,
-        weight_version=args.weight_version,
-        max_model_len=args.max_model_len,
-        model_path=args.model_path,
-        tokenizer_path=args.tokenizer_path,
-        vllm_generate_endpoint=args.vllm_generate_endpoint,
-        vllm_dev_mode=args.vllm_dev_mode,
-        record_capacity=args.record_capacity,
-    )
+    flags = {name: value for name, value in vars(args).items() if name not in _SIM_NON_SETTINGS}
+    return SimServerSettings(**flags)  # a flag without a field of its name is a TypeError, not dropped
+
+
+#: ``actorproxy sim`` flags that configure the command, not the simulated server.
+_SIM_NON_SETTINGS = frozenset({"command", "log_level"})
 
 
 async def _until_signal(log: logging.Logger) -> None:

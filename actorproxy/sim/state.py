@@ -68,16 +68,13 @@ class SimServerSettings:
     shutdown_grace: float = 2.0
 
     def engine_config(self) -> SimConfig:
-        return SimConfig(
-            seed=self.seed,
-            token_interval=self.token_interval,
-            prefill_latency=self.prefill_latency,
-            reply_tokens=self.reply_tokens,
-            stream_interval=self.stream_interval,
-            weight_version=self.weight_version,
-            max_model_len=self.max_model_len,
-            model_id=self.model_path,
-        )
+        """The engine's config: every setting the two classes name alike, and ``model_path`` as its model id."""
+        shared = {name: getattr(self, name) for name in _ENGINE_FIELDS}
+        return SimConfig(model_id=self.model_path, **shared)
+
+
+#: The :class:`SimServerSettings` that configure the engine the server builds: those :class:`SimConfig` names too.
+_ENGINE_FIELDS = tuple(sorted(attrs.fields_dict(SimServerSettings).keys() & attrs.fields_dict(SimConfig).keys()))
 
 
 @attrs.define
