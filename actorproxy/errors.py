@@ -8,7 +8,7 @@ Anthropic ``{"type": "error", ...}``); nothing else becomes a response body.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class ProxyError(Exception):
@@ -18,6 +18,18 @@ class ProxyError(Exception):
     default_code: ClassVar[str] = "invalid_request"
     #: OpenAI's ``error.type`` for this kind of error.
     openai_type: ClassVar[str] = "invalid_request_error"
+
+    def __init_subclass__(
+        cls, *, status: int | None = None, code: str | None = None, openai_type: str | None = None, **kwargs: Any
+    ) -> None:
+        """A subclass names what differs from its base: ``class NotFound(ProxyError, status=404, code=...)``."""
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if code is not None:
+            cls.default_code = code
+        if openai_type is not None:
+            cls.openai_type = openai_type
 
     def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
@@ -42,119 +54,81 @@ class BadRequest(ProxyError):
     """Malformed JSON, a missing field, a value out of range."""
 
 
-class ContextOverflow(ProxyError):
+class ContextOverflow(ProxyError, code="context_overflow"):
     """The prompt does not fit the context window (``details``: the numbers, for Dressage's error shape)."""
-
-    default_code = "context_overflow"
 
     def __init__(self, message: str, *, param: str | None = None, details: dict[str, object] | None = None) -> None:
         super().__init__(message, param=param)
         self.details: dict[str, object] = dict(details or {})
 
 
-class StepLimitExceeded(ProxyError):
+class StepLimitExceeded(ProxyError, code="max_steps_exceeded"):
     """The session already holds ``--max-steps-per-session`` steps."""
 
-    default_code = "max_steps_exceeded"
 
-
-class Unauthorized(ProxyError):
+class Unauthorized(ProxyError, status=401, code="unauthorized", openai_type="authentication_error"):
     """Missing or wrong credentials: the admin token, a session key or the API key."""
 
-    status = 401
-    default_code = "unauthorized"
-    openai_type = "authentication_error"
+
+class NotFound(ProxyError, status=404, code="not_found", openai_type="not_found_error"):
+    """What the request names does not exist."""
 
 
-class NotFound(ProxyError):
-    status = 404
-    default_code = "not_found"
-    openai_type = "not_found_error"
+class Conflict(ProxyError, status=409, code="conflict"):
+    """The request contradicts the state it acts on."""
 
 
-class Conflict(ProxyError):
-    status = 409
-    default_code = "conflict"
-
-
-class Overloaded(ProxyError):
+class Overloaded(ProxyError, status=503, code="overloaded", openai_type="server_error"):
     """Too many sessions or a full queue; the caller should retry later."""
 
-    status = 503
-    default_code = "overloaded"
-    openai_type = "server_error"
 
-
-class TooManySessions(Overloaded):
+class TooManySessions(Overloaded, status=429, code="too_many_sessions", openai_type="rate_limit_error"):
     """The client holds its share of the live sessions (``--max-sessions-per-client``, or its fair share at
     ``--max-sessions``) and none of its own is idle: another client's session is not taken for it."""
 
-    status = 429
-    default_code = "too_many_sessions"
-    openai_type = "rate_limit_error"
 
-
-class StorageFull(ProxyError):
+class StorageFull(ProxyError, status=507, code="insufficient_storage", openai_type="server_error"):
     """The data could not be written where it was asked to go (disk full, no permission)."""
 
-    status = 507
-    default_code = "insufficient_storage"
-    openai_type = "server_error"
 
-
-class NotConfigured(ProxyError):
+class NotConfigured(ProxyError, status=501, code="not_configured"):
     """The route needs a setting that was not given (``/compute_reward`` without ``--reward-fn``)."""
 
-    status = 501
-    default_code = "not_configured"
 
-
-class RewardFailed(ProxyError):
+class RewardFailed(ProxyError, status=422, code="reward_function_failed"):
     """The user's reward function raised or returned no finite number."""
 
-    status = 422
-    default_code = "reward_function_failed"
 
-
-class RewardTimeout(ProxyError):
+class RewardTimeout(ProxyError, status=504, code="reward_timeout", openai_type="server_error"):
     """The user's reward function took longer than ``--reward-timeout``."""
 
-    status = 504
-    default_code = "reward_timeout"
-    openai_type = "server_error"
 
-
-class EngineError(ProxyError):
+class EngineError(ProxyError, status=502, code="engine_error", openai_type="server_error"):
     """The inference engine failed or returned something unusable."""
 
-    status = 502
-    default_code = "engine_error"
-    openai_type = "server_error"
+
+class EngineTimeout(EngineError, status=504, code="engine_timeout"):
+    """The inference engine did not answer in time."""
 
 
-class EngineTimeout(EngineError):
-    status = 504
-    default_code = "engine_timeout"
+class ShuttingDown(Overloaded, code="shutting_down"):
+    """The proxy is draining to stop: new turns are refused."""
 
 
-class ShuttingDown(Overloaded):
-    default_code = "shutting_down"
+class FlagError(Exception):
+    """A one-line reason that names the flag concerned: ``--flag: message``."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(f"{flag}: {message}")
+        self.flag = flag
 
 
-class StartupError(Exception):
+class StartupError(FlagError):
     """Why the proxy cannot start, as one line that names the flag to change (``main`` prints it, exit 2)."""
 
-    def __init__(self, flag: str, message: str) -> None:
-        super().__init__(f"{flag}: {message}")
-        self.flag = flag
 
-
-class ShutdownError(Exception):
+class ShutdownError(FlagError):
     """Why the proxy could not stop cleanly, as one line naming the flag concerned (``main`` prints it, exit 1)."""
-
-    def __init__(self, flag: str, message: str) -> None:
-        super().__init__(f"{flag}: {message}")
-        self.flag = flag
 
 
 def release(error: BaseException) -> None:
