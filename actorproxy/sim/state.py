@@ -223,6 +223,13 @@ class SimState:
     def fail(self, rid: str, protocol: Protocol, stream: bool, prompt_tokens: int, message: str) -> None:
         self._record(RequestRecord(rid, protocol, stream, prompt_tokens, "failed", message=message))
 
+    def take_failure(self, request: GenerateRequest, protocol: Protocol, *, stream: bool) -> bool:
+        """Whether an armed fault fails ``request`` (recorded as failed); the route answers it with a 500."""
+        if not self.faults.take_failure():
+            return False
+        self.fail(request.rid, protocol, stream, len(request.input_ids), "injected failure")
+        return True
+
 
 async def run_generation(
     state: SimState,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from quart import Blueprint, Response, request
@@ -74,6 +74,22 @@ def dumps(data: Any) -> str:
 
 def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     return Response(dumps(data), status=status, mimetype="application/json", headers=dict(headers or {}))
+
+
+#: The message of a generation failed by an armed fault (``/sim/faults`` ``fail_next``), answered with a 500.
+INJECTED_FAILURE = "simulated engine failure (injected fault)"
+
+
+def rid_headers(rid: str) -> dict[str, str]:
+    """The headers of a generation's answer: its request id, for tests to find its record."""
+    return {"X-Sim-Rid": rid}
+
+
+def event_stream(events: AsyncIterable[bytes], rid: str) -> Response:
+    """A generation's server-sent events, with no time limit on the response (a generation may run long)."""
+    response = Response(events, mimetype="text/event-stream", headers=rid_headers(rid))
+    response.timeout = None
+    return response
 
 
 def sse(data: Any) -> bytes:

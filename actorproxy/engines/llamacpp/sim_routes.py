@@ -137,16 +137,12 @@ def llamacpp_blueprint(state: SimState) -> Blueprint:
     async def completion() -> Response:
         call = _Completion(state, await wire.read_body(CompletionRequest))
         state.check_new(call.req)
-        if state.faults.take_failure():
-            state.fail(call.req.rid, "llamacpp", call.stream, len(call.req.input_ids), "injected failure")
-            return _error("simulated engine failure (injected fault)", 500)
-        headers = {"X-Sim-Rid": call.req.rid}
+        if state.take_failure(call.req, "llamacpp", stream=call.stream):
+            return _error(wire.INJECTED_FAILURE, 500)
         if call.stream:
-            response = Response(_stream(call, state.faults.take_drop()), mimetype="text/event-stream", headers=headers)
-            response.timeout = None
-            return response
+            return wire.event_stream(_stream(call, state.faults.take_drop()), call.req.rid)
         ids, lps, _versions, finish = await collect(state, call.req, protocol="llamacpp")
-        return wire.json_response(call.final(ids, lps, finish), headers=headers)
+        return wire.json_response(call.final(ids, lps, finish), headers=wire.rid_headers(call.req.rid))
 
     return bp
 

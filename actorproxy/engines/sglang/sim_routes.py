@@ -193,18 +193,13 @@ def sglang_blueprint(state: SimState) -> Blueprint:
         req, options = _parse(state, await wire.read_body(GenerateReqInput))
         if not options.stream:  # a stream reports these as an error event, as SGLang does
             state.check_new(req)
-        if state.faults.take_failure():
-            state.fail(req.rid, "sglang", options.stream, len(req.input_ids), "injected failure")
-            return _error("simulated engine failure (injected fault)", 500)
+        if state.take_failure(req, "sglang", stream=options.stream):
+            return _error(wire.INJECTED_FAILURE, 500)
         writer = _Writer(state, req, options, await _input_logprobs(state, req, options))
-        headers = {"X-Sim-Rid": req.rid}
         if options.stream:
-            body = _stream(state, req, writer, state.faults.take_drop())
-            response = Response(body, mimetype="text/event-stream", headers=headers)
-            response.timeout = None
-            return response
+            return wire.event_stream(_stream(state, req, writer, state.faults.take_drop()), req.rid)
         ids, lps, versions, finish = await collect(state, req, protocol="sglang")
-        return wire.json_response(writer.whole(ids, lps, versions, finish), headers=headers)
+        return wire.json_response(writer.whole(ids, lps, versions, finish), headers=wire.rid_headers(req.rid))
 
     @bp.post(ABORT_PATH)
     async def abort_request() -> Response:

@@ -248,15 +248,11 @@ async def _answer(state: SimState, *, completions: bool) -> Response:
     kind: type[CompletionRequest | GenerateTokensRequest] = CompletionRequest if completions else GenerateTokensRequest
     call = _parse(state, await wire.read_body(kind))
     state.check_new(call.req)
-    if state.faults.take_failure():
-        state.fail(call.req.rid, "vllm", call.stream, len(call.req.input_ids), "injected failure")
-        return _error("simulated engine failure (injected fault)", 500)
-    headers = {"X-Sim-Rid": call.req.rid}
+    if state.take_failure(call.req, "vllm", stream=call.stream):
+        return _error(wire.INJECTED_FAILURE, 500)
     if call.stream:
-        body = _stream(state, call, state.faults.take_drop(), completions=completions)
-        response = Response(body, mimetype="text/event-stream", headers=headers)
-        response.timeout = None
-        return response
+        return wire.event_stream(_stream(state, call, state.faults.take_drop(), completions=completions), call.req.rid)
+    headers = wire.rid_headers(call.req.rid)
     prompt_lps = await _prompt_logprobs(state, call)
     ids, lps, versions, finish = await collect(state, call.req, protocol="vllm")
     writer = _Writer(state, call)
