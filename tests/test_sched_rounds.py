@@ -139,7 +139,7 @@ async def test_a_new_session_starts_without_a_registry_step(
     Waiting for the actor to start (``nursery.start``) queued new sessions behind each other
     under load (c = 64: p99 0.3 -> 1.2 s); so did a ``Lookup`` in the registry's mailbox,
     which it reads one message per scheduler round (c = 256: every first turn 1.9 s while
-    the others took 0.14 s; docs/performance.md, "What is left" item 7).
+    the others took 0.14 s; docs/decisions.md, "The un-actored pieces").
     """
     async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=0.01)) as sim:
         await _conversation(sim, "warm", 1)

@@ -6,7 +6,7 @@ is served here, straight from the ASGI messages; every other request,
 and any other method on these paths, falls through to the Quart app. Quart cost
 0.5-0.9 ms of CPU per request (werkzeug request and response objects, routing,
 app and request contexts, hooks: see ``benchmarks/http_floor.py`` and
-docs/performance.md); a turn needs none of it.
+docs/decisions.md); a turn needs none of it.
 
 What a turn gets here is what the Quart app gave it, check for check:
 the access policy (:mod:`.auth`: the agent's credentials, or the admin token on
