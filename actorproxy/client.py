@@ -3,7 +3,7 @@
 The gateway methods (``generate``, ``submit_steps``, ``compute_reward``,
 ``init_trajectory``, ``complete_trajectory``, ``fetch_batch``) return typed
 attrs results, structured by the wire converter from the same models the
-proxy's routes use (:mod:`actorproxy.server.gateway_models`); ``read_segments``
+proxy's routes use (:mod:`actorproxy.protocols.gateway_models`); ``read_segments``
 returns typed segments (:class:`~actorproxy.core.records.Segment`) the same way.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import httpx
 
 from .core.records import Segment
-from .server.gateway_models import (
+from .protocols.gateway_models import (
     Channel,
     CompleteResult,
     FetchBatchResult,
@@ -26,8 +26,8 @@ from .server.gateway_models import (
     StepBody,
     SubmitStepsResult,
 )
+from .schema.converter import CONVERTER
 from .trajectory_file import load_trajectory_file as load_trajectory_file
-from .wire.converter import CONVERTER
 
 __all__ = [
     "CompleteResult", "FetchBatchResult", "GenerateResult", "InitResult", "ProxyClient", "ProxyError", "RewardResult",

@@ -101,7 +101,7 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
 
 async def probe_engines(config: ProxyConfig, tokenizer: ChatTokenizer) -> ModelInfo:
     """Ask the configured engines for their model info, within ``--engine-startup-timeout``,
-    and check that they tokenize as ``tokenizer`` (tokenization/engine_check.py)."""
+    and check that they tokenize as ``tokenizer`` (engines/engine_check.py)."""
     from .runtime.backends import make_backend, wait_for_engine
 
     engine = make_backend(config, tokenizer)
@@ -111,7 +111,7 @@ async def probe_engines(config: ProxyConfig, tokenizer: ChatTokenizer) -> ModelI
             info = await wait_for_engine(engine)
         if info is not None:
             if not config.engines.skip_tokenizer_check:
-                from .tokenization.engine_check import check_engine_tokenizer
+                from .engines.engine_check import check_engine_tokenizer
 
                 await check_engine_tokenizer(tokenizer, engine)
             return info

@@ -32,14 +32,15 @@ import trio
 
 from .config import ProxyConfig
 from .core.messages import AssistantOutput, output_as_message
+from .core.requests import ChatRequest, Identity
+from .core.turn_events import TurnDelta, TurnDone, TurnFailed
 from .errors import ProxyError
 from .runtime.backends import sim_config as backend_sim_config
 from .runtime.controller import PauseMode
-from .runtime.messages import ChatRequest, Identity, TurnDelta, TurnDone, TurnFailed
 from .runtime.runtime import Runtime, open_runtime
+from .schema.converter import CONVERTER
 from .sim import ScriptedOutput, SimConfig, SimEngine
 from .tokenization.tokenizer import ChatTokenizer, load_tokenizer
-from .wire.converter import CONVERTER
 
 __all__ = ["ScriptedOutput", "SimulatedProxy", "TurnResult", "open_simulated_proxy"]
 

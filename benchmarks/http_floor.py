@@ -182,7 +182,7 @@ INGRESS_APP = '''
 import math, sys
 from functools import partial
 import trio
-from actorproxy.runtime.messages import TurnAccepted, TurnDelta, TurnDone
+from actorproxy.core.turn_events import TurnAccepted, TurnDelta, TurnDone
 from actorproxy.runtime.turn_stream import TurnStream
 from actorproxy.server.turns import sse_frames
 from quart_trio import QuartTrio
@@ -193,7 +193,7 @@ from actorproxy.server.http_server import HTTPServer
 from actorproxy.server.lane import TurnLane
 from actorproxy.server.observe import Observer
 from actorproxy.telemetry import note_first_token, note_turn
-from actorproxy.wire.jsonio import dumps, loads
+from actorproxy.schema.jsonio import dumps, loads
 app = QuartTrio(__name__)
 @app.get("/health")
 async def health():

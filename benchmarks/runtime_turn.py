@@ -43,10 +43,10 @@ import trio.abc
 from tito_scaling import InstantEngine
 
 from actorproxy.config import ProxyConfig
+from actorproxy.protocols.openai_chat import OpenAIChatFormat
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.server.turns import serve_turn
 from actorproxy.tokenization import load_tokenizer
-from actorproxy.wire.openai_chat import OpenAIChatFormat
 
 REPLY = "The answer is forty-two: six times seven, as anyone with a calculator can check."
 

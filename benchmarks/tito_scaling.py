@@ -29,11 +29,12 @@ from typing import Any
 import trio
 
 from actorproxy.config import ProxyConfig
+from actorproxy.core.requests import ChatRequest, Identity
+from actorproxy.core.turn_events import TurnDone
 from actorproxy.engines.base import GenerateFinish, GenerateRequest, ModelInfo, TokenDelta
-from actorproxy.runtime.messages import ChatRequest, Identity, TurnDone
 from actorproxy.runtime.runtime import open_runtime
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.tokenization import load_tokenizer
-from actorproxy.wire.converter import CONVERTER
 
 TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}

@@ -16,16 +16,10 @@ import trio
 
 from actorproxy import open_proxy
 from actorproxy.core.messages import output_as_message
+from actorproxy.core.requests import ChatRequest, Identity
+from actorproxy.core.turn_events import TurnAccepted, TurnDelta, TurnDone, TurnFailed
 from actorproxy.engines.base import GenerateRequest, Generation, ModelInfo
 from actorproxy.errors import BadRequest
-from actorproxy.runtime.messages import (
-    ChatRequest,
-    Identity,
-    TurnAccepted,
-    TurnDelta,
-    TurnDone,
-    TurnFailed,
-)
 from actorproxy.runtime.runtime import Runtime
 from actorproxy.sim import SimConfig, SimEngine
 

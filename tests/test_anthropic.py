@@ -16,12 +16,12 @@ from _util import WEATHER_TOOL
 from actorproxy import ProxyClient, ProxyConfig, open_proxy
 from actorproxy.core.messages import AssistantOutput, ToolCall
 from actorproxy.core.parser import OutputDelta, ToolCallDelta
+from actorproxy.core.turn_events import TurnAccepted, TurnDone
 from actorproxy.engines.base import BackendError, GenerateRequest, ModelInfo, TokenDelta
 from actorproxy.errors import Conflict, EngineError, NotFound, Overloaded
-from actorproxy.runtime.messages import TurnAccepted, TurnDone
+from actorproxy.protocols import anthropic as anthropic_api
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
-from actorproxy.wire import anthropic as anthropic_api
 
 anthropic = pytest.importorskip("anthropic")
 

@@ -19,12 +19,12 @@ import orjson
 import pytest
 from _util import decision
 
+from actorproxy.protocols.anthropic import AnthropicFormat, parse_messages_body
+from actorproxy.protocols.anthropic_messages import AnthropicMemo, MessagesBody, load_messages_body
+from actorproxy.schema.jsonio import MAX_DEPTH, load_body
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.message_fields import FrozenMessage
-from actorproxy.wire.anthropic import AnthropicFormat, parse_messages_body
-from actorproxy.wire.anthropic_messages import AnthropicMemo, MessagesBody, load_messages_body
-from actorproxy.wire.jsonio import MAX_DEPTH, load_body
 
 TOOLS = [{"name": "read_file", "description": "Read a file", "input_schema": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]

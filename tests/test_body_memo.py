@@ -1,4 +1,4 @@
-"""Every agent body's fast path (``wire/memo.py``) decides a body as the full check decides it (issue 12).
+"""Every agent body's fast path (``protocols/memo.py``) decides a body as the full check decides it (issue 12).
 
 One property for the three formats read through the memo (chat, Anthropic Messages,
 Responses): with a history in the memo, a body that repeats it with one thing in it
@@ -27,15 +27,15 @@ from test_responses_memo import HISTORY as RESPONSES_HISTORY
 from test_responses_memo import TOOLS as RESPONSES_TOOLS
 
 from actorproxy.errors import BadRequest
-from actorproxy.server.responses_api import parse_responses_body
-from actorproxy.server.responses_format import ResponsesFormat
-from actorproxy.server.responses_memo import ResponsesBody
-from actorproxy.wire.anthropic import AnthropicFormat, parse_messages_body
-from actorproxy.wire.anthropic_messages import MessagesBody
-from actorproxy.wire.chat_messages import ChatBody
-from actorproxy.wire.format import TurnFormat
-from actorproxy.wire.jsonio import load_body
-from actorproxy.wire.openai_chat import OpenAIChatFormat, parse_chat_body
+from actorproxy.protocols.anthropic import AnthropicFormat, parse_messages_body
+from actorproxy.protocols.anthropic_messages import MessagesBody
+from actorproxy.protocols.chat_messages import ChatBody
+from actorproxy.protocols.format import TurnFormat
+from actorproxy.protocols.openai_chat import OpenAIChatFormat, parse_chat_body
+from actorproxy.protocols.responses_api import parse_responses_body
+from actorproxy.protocols.responses_format import ResponsesFormat
+from actorproxy.protocols.responses_memo import ResponsesBody
+from actorproxy.schema.jsonio import load_body
 
 
 def _copy(value: Any) -> Any:

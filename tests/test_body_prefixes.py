@@ -20,10 +20,10 @@ from _util import broken
 from hypothesis import HealthCheck, event, given, settings
 
 from actorproxy.errors import BadRequest
-from actorproxy.wire.chat_messages import ChatBody, load_chat_body
-from actorproxy.wire.jsonio import load_body
-from actorproxy.wire.memo import BODY_PREFIX_BYTES, MessageMemo
-from actorproxy.wire.openai_chat import OpenAIChatFormat, parse_chat_body
+from actorproxy.protocols.chat_messages import ChatBody, load_chat_body
+from actorproxy.protocols.memo import BODY_PREFIX_BYTES, MessageMemo
+from actorproxy.protocols.openai_chat import OpenAIChatFormat, parse_chat_body
+from actorproxy.schema.jsonio import load_body
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
 TOOL = {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}

@@ -22,9 +22,9 @@ from actorproxy.config import ProxyConfig
 from actorproxy.core.lanes import Conversations, conversation_key
 from actorproxy.core.messages import AssistantOutput, ToolCall, echo_tolerance, message_key
 from actorproxy.errors import BadRequest
+from actorproxy.protocols.openai_chat import parse_chat_body
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.sim import SimConfig, SimEngine
-from actorproxy.wire.openai_chat import parse_chat_body
 
 JSON_SCALARS = st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=8) | st.floats(
     allow_nan=False, allow_infinity=False

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from actorproxy.tokenization.engine_check import (
+from actorproxy.engines.engine_check import (
     TokenizerMismatch,
     check_endpoints,
     check_engine_tokenizer,

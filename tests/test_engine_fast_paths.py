@@ -19,7 +19,7 @@ from actorproxy.engines.connection import json_body
 from actorproxy.engines.http11_wire import BodyDecoder, ProtocolError
 from actorproxy.engines.sglang import protocol
 from actorproxy.engines.sse import SSEParser
-from actorproxy.wire.converter import CONVERTER, TokenIds
+from actorproxy.schema.converter import CONVERTER, TokenIds
 
 _SSE_PARTS = [b"data: ", b"data:", b"data: {}\n\n", b"\n", b"\n\n", b"x", b"yz", b"event: e", b":ping",
               b"error: q", b"data: a\ndata: b", b" "]

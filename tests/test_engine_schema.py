@@ -16,10 +16,10 @@ from actorproxy.engines.connection import json_body
 from actorproxy.engines.llamacpp import protocol as llamacpp
 from actorproxy.engines.sglang import protocol as sglang
 from actorproxy.engines.vllm import protocol as vllm
+from actorproxy.schema.converter import CONVERTER, TokenIds, structure
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.sim.server import SimServerSettings, create_sim_app
 from actorproxy.tokenization.tokenizer import ChatTokenizer
-from actorproxy.wire.converter import CONVERTER, TokenIds, structure
 
 IDS = array("i", [151644, 872, 198, 9707])
 SAMPLING = SamplingParams(max_new_tokens=7, temperature=0.5, top_k=20, seed=3, stop_token_ids=(151645,))

@@ -13,8 +13,8 @@ from _util import RecordingBackend, check_segment_invariants, run_turn
 
 from actorproxy.config import ProxyConfig
 from actorproxy.runtime.runtime import open_runtime
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import SimConfig, SimEngine
-from actorproxy.wire.converter import CONVERTER
 
 READ = {
     "type": "function",

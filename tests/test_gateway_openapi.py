@@ -163,7 +163,7 @@ async def test_a_tool_call_the_document_refuses_is_a_400(http: httpx.AsyncClient
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == where
     from actorproxy.errors import BadRequest
-    from actorproxy.wire.openai_chat import parse_chat_body
+    from actorproxy.protocols.openai_chat import parse_chat_body
 
     with pytest.raises(BadRequest) as refused:  # the typed path (a body given as a value) says the same
         parse_chat_body({"messages": messages})

@@ -17,13 +17,13 @@ import orjson
 import pytest
 
 from actorproxy.errors import BadRequest
+from actorproxy.protocols.chat_messages import ChatBody, load_chat_body
+from actorproxy.protocols.memo import MessageMemo
+from actorproxy.protocols.openai_chat import OpenAIChatFormat, parse_chat_body
+from actorproxy.schema.jsonio import MAX_DEPTH, load_body
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.message_fields import FrozenMessage
-from actorproxy.wire.chat_messages import ChatBody, load_chat_body
-from actorproxy.wire.jsonio import MAX_DEPTH, load_body
-from actorproxy.wire.memo import MessageMemo
-from actorproxy.wire.openai_chat import OpenAIChatFormat, parse_chat_body
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
 HISTORY: list[dict[str, Any]] = [

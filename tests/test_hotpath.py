@@ -23,14 +23,14 @@ from actorproxy.core.messages import AssistantOutput, output_as_message
 from actorproxy.core.requests import ChatRequest, Identity
 from actorproxy.core.session_state import Planned, Prepared, SessionState, TurnResult
 from actorproxy.core.template_probe import probe_template
-from actorproxy.runtime.messages import TurnDelta, TurnDone
+from actorproxy.core.turn_events import TurnDelta, TurnDone
 from actorproxy.runtime.offload import Offload
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.runtime.turn_cost import INLINE_CHARS, may_be_small, small_turn
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.message_fields import MessageCut, template_message_fields
 from actorproxy.tokenization.tokenizer import ChatTokenizer
-from actorproxy.wire.converter import CONVERTER
 
 
 def test_message_cut_reuses_what_the_history_repeats(tokenizer: ChatTokenizer) -> None:

@@ -1,7 +1,27 @@
-"""The package's import graph has no loops: the layers (tokenization → core → engines → runtime → server) stay layers.
+"""The package's import graph has no loops, and its floors stay floors.
+
+The floors, lowest first (a module may import from its own floor and the floors below it, never above):
+
+1. ``http``: bytes and ASGI; knows nothing else of actorproxy.
+2. ``errors``, ``telemetry``, ``logs``, ``serving``, ``session_meta``, ``trajectory_file``, ``rewards``,
+   ``reward_worker``: the leaf modules every floor may use.
+3. ``config``: the settings tree.
+4. ``tokenization``: tokenizers, chat templates, message fields.
+5. ``core``: the sans-IO heart: requests, turn events, parsing, TITO, records.
+6. ``schema``: the one cattrs converter, the records' wire form, JSON body loading, prefix tables.
+7. ``engines``: the clients of SGLang, vLLM and llama.cpp (and their simulated routes' shapes).
+8. ``sim``: the built-in simulated engine.
+9. ``store``: where finished trajectories are kept.
+10. ``runtime``: the actors: registry, sessions, controller.
+11. ``protocols``: the agent protocols (chat, Anthropic, Responses, gateway, trainer bodies).
+12. ``server``: the HTTP routes.
+13. ``serve``, ``startup``: one proxy process, put together.
+14. ``workers``: the multi-process front (each worker runs ``serve``).
+15. the other top-level modules (``cli``, ``client``, ``embed``, ``testing``, ...).
 
 Only imports run when a module is imported count (module level, outside ``if TYPE_CHECKING``);
-an import inside a function is a deliberate late binding.
+an import inside a function is a deliberate late binding, allowed only where a real cycle would otherwise
+exist (the function says why).
 """
 
 from __future__ import annotations
@@ -85,6 +105,81 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if name not in order:
             visit(name)
     return cycles
+
+
+#: The floors, lowest first: each a list of module-name prefixes (see the module docstring).
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("actorproxy.http",),
+    (
+        "actorproxy.errors",
+        "actorproxy.telemetry",
+        "actorproxy.logs",
+        "actorproxy.serving",
+        "actorproxy.session_meta",
+        "actorproxy.trajectory_file",
+        "actorproxy.rewards",
+        "actorproxy.reward_worker",
+    ),
+    ("actorproxy.config",),
+    ("actorproxy.tokenization",),
+    ("actorproxy.core",),
+    ("actorproxy.schema",),
+    ("actorproxy.engines",),
+    ("actorproxy.sim",),
+    ("actorproxy.store",),
+    ("actorproxy.runtime",),
+    ("actorproxy.protocols",),
+    ("actorproxy.server",),
+    ("actorproxy.serve", "actorproxy.startup"),
+    ("actorproxy.workers",),
+)
+
+
+def floor_of(module: str, floors: tuple[tuple[str, ...], ...] = FLOORS) -> int:
+    """The index of ``module``'s floor; the top-level modules not named in a floor are above them all."""
+    for index, prefixes in enumerate(floors):
+        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
+            return index
+    return len(floors)
+
+
+def upward_imports(
+    graph: dict[str, set[str]], floors: tuple[tuple[str, ...], ...] = FLOORS
+) -> list[tuple[str, str]]:
+    """Every (importer, imported) pair where the imported module sits on a higher floor than its importer."""
+    return sorted(
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if floor_of(target, floors) > floor_of(name, floors)
+    )
+
+
+def test_no_module_imports_from_a_floor_above_it() -> None:
+    graph = module_imports(PACKAGE)
+    assert upward_imports(graph) == []
+
+
+def test_every_floor_is_a_real_package_or_module() -> None:
+    modules = set(module_imports(PACKAGE))
+    missing = [prefix for prefixes in FLOORS for prefix in prefixes if prefix not in modules]
+    assert missing == [] or missing == ["actorproxy.http"]  # the HTTP floor is being built
+
+
+def test_the_floor_check_finds_an_upward_import(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    for sub in ("low", "high"):
+        (package / sub).mkdir(parents=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "low" / "a.py").write_text("from ..high import b\n\ndef late():\n    from ..high import c\n")
+    (package / "high" / "b.py").write_text("from ..low import a\n")
+    (package / "high" / "c.py").write_text("")
+    (package / "top.py").write_text("from .high import c\n")
+    floors = (("pkg.low",), ("pkg.high",))
+    graph = module_imports(package)
+    assert upward_imports(graph, floors) == [("pkg.low.a", "pkg.high.b")]
+    assert floor_of("pkg.top", floors) == 2
 
 
 def test_no_module_level_import_cycles_in_actorproxy() -> None:

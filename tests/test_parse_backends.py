@@ -14,9 +14,9 @@ from _util import WEATHER_TOOL
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.engines.base import BackendError
 from actorproxy.engines.sglang.parse import SGLangParseClient
-from actorproxy.engines.sglang.sim_parse_routes import parse_function_call, separate_reasoning
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.sim.server import RunningSim, SimServerSettings, open_sim_server
+from actorproxy.sim.sglang_parse_routes import parse_function_call, separate_reasoning
 
 TOOL_REPLY = (
     '<think>\nCheck it.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'

@@ -8,7 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from actorproxy.runtime.messages import ChatRequest, Identity, TurnDelta
+from actorproxy.core.requests import ChatRequest, Identity
+from actorproxy.core.turn_events import TurnDelta
 from actorproxy.sim import SimConfig
 from actorproxy.testing import SimulatedProxy, TurnResult, open_simulated_proxy
 
@@ -164,7 +165,8 @@ async def test_pause_while_the_client_disconnects(tokenizer: Any, autojump_clock
     ) as sim:
         ids = _ids(tokenizer, "one two three four five six seven eight nine ten eleven twelve")
         sim.engine.script(ids, routing_key="d")
-        from actorproxy.runtime.messages import ChatRequest, Identity, TurnDelta
+        from actorproxy.core.requests import ChatRequest, Identity
+        from actorproxy.core.turn_events import TurnDelta
 
         async with trio.open_nursery() as nursery:
             async def hang_up() -> None:

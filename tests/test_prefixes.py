@@ -1,8 +1,8 @@
-"""Kept byte strings found again by a longer string that starts with one (wire/prefixes.py)."""
+"""Kept byte strings found again by a longer string that starts with one (schema/prefixes.py)."""
 
 from __future__ import annotations
 
-from actorproxy.wire.prefixes import PER_KEY, Prefixes
+from actorproxy.schema.prefixes import PER_KEY, Prefixes
 
 
 def test_prefixes_find_the_kept_string_a_longer_one_starts_with() -> None:

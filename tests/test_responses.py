@@ -13,11 +13,11 @@ from _util import WEATHER_TOOL
 from actorproxy import ProxyClient
 from actorproxy.core.messages import AssistantOutput, ToolCall
 from actorproxy.core.parser import OutputDelta, ToolCallDelta
+from actorproxy.core.turn_events import TurnDone
 from actorproxy.errors import EngineError
-from actorproxy.runtime.messages import TurnDone
+from actorproxy.protocols.responses_api import convert_input, parse_responses_body
+from actorproxy.protocols.responses_events import ResponseEventWriter
 from actorproxy.serve import RunningProxy
-from actorproxy.server.responses_api import convert_input, parse_responses_body
-from actorproxy.server.responses_events import ResponseEventWriter
 from actorproxy.sim import SimEngine
 
 openai = pytest.importorskip("openai")

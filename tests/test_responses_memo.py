@@ -17,13 +17,13 @@ import orjson
 import pytest
 from _util import decision
 
+from actorproxy.protocols.responses_api import parse_responses_body
+from actorproxy.protocols.responses_format import ResponsesFormat
+from actorproxy.protocols.responses_memo import ResponsesBody, ResponsesMemo, load_responses_body
+from actorproxy.schema.jsonio import MAX_DEPTH, load_body
 from actorproxy.serve import RunningProxy
-from actorproxy.server.responses_api import parse_responses_body
-from actorproxy.server.responses_format import ResponsesFormat
-from actorproxy.server.responses_memo import ResponsesBody, ResponsesMemo, load_responses_body
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.message_fields import FrozenMessage
-from actorproxy.wire.jsonio import MAX_DEPTH, load_body
 
 TOOLS = [{"type": "function", "name": "shell", "description": "Run a command",
           "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},

@@ -10,8 +10,8 @@ from _util import WEATHER_TOOL, RecordingBackend, check_segment_invariants, rese
 
 from actorproxy.config import ProxyConfig
 from actorproxy.runtime.runtime import Runtime, open_runtime
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import SimConfig, SimEngine
-from actorproxy.wire.converter import CONVERTER
 
 SYSTEM = {"role": "system", "content": "You are the main coding agent."}
 TASK = {"role": "user", "content": "Fix the failing test in utils.py."}

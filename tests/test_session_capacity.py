@@ -17,12 +17,13 @@ from _util import run_turn
 
 from actorproxy import open_proxy
 from actorproxy.config import ProxyConfig
+from actorproxy.core.requests import ChatRequest, Identity
+from actorproxy.core.turn_events import TurnAccepted, TurnDone
 from actorproxy.errors import Overloaded, TooManySessions
-from actorproxy.runtime.messages import ChatRequest, Identity, TurnAccepted, TurnDone
 from actorproxy.runtime.runtime import open_runtime
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.server.replies import error_reply
 from actorproxy.sim import SimConfig, SimEngine
-from actorproxy.wire.converter import CONVERTER
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -19,8 +19,8 @@ from _util import run_turn
 from actorproxy.config import ProxyConfig
 from actorproxy.core.session_state import SessionState
 from actorproxy.runtime.runtime import Runtime, open_runtime
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import SimConfig, SimEngine
-from actorproxy.wire.converter import CONVERTER
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -10,12 +10,13 @@ import trio.testing
 from _util import RecordingBackend, run_turn
 
 from actorproxy.config import ProxyConfig
+from actorproxy.core.requests import ChatRequest, Identity
+from actorproxy.core.turn_events import TurnDelta
 from actorproxy.errors import NotFound, ShuttingDown
-from actorproxy.runtime.messages import ChatRequest, Identity, TurnDelta
 from actorproxy.runtime.replies import FinalizeResult
 from actorproxy.runtime.runtime import open_runtime
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import SimConfig, SimEngine
-from actorproxy.wire.converter import CONVERTER
 
 INTERVAL = 0.01
 

@@ -13,11 +13,11 @@ import trio.testing
 from _proxyproc import ProxyProcess
 
 from actorproxy.config import ProxyConfig
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.serve import serve_proxy
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.store.base import ReadQuery
 from actorproxy.store.sqlite import SQLiteStore
-from actorproxy.wire.converter import CONVERTER
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -19,8 +19,8 @@ from _util import WEATHER_TOOL, RecordingBackend, check_segment_invariants, run_
 
 from actorproxy.config import ProxyConfig
 from actorproxy.runtime.runtime import Runtime, open_runtime
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import SimConfig, SimEngine
-from actorproxy.wire.converter import CONVERTER
 
 TITLE = [{"role": "system", "content": "You are a title generator. Output only a title."},
          {"role": "user", "content": "Generate a title for this conversation:\n"},

@@ -12,8 +12,8 @@ import pytest
 from actorproxy.core.spans import AssistantSpan, SpanError, render_with_spans, turn_format
 from actorproxy.core.tito import render_fragment
 from actorproxy.core.verify import VerifyReport, compare, verify_prompt
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.tokenization.tokenizer import ChatTokenizer
-from actorproxy.wire.converter import CONVERTER
 
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",

@@ -24,11 +24,11 @@ from actorproxy.runtime import runtime as runtime_module
 from actorproxy.runtime import store as st
 from actorproxy.runtime.replies import FinalizeResult
 from actorproxy.runtime.runtime import open_runtime
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.server.app import create_app
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.store.sqlite import SQLiteStore
 from actorproxy.testing import open_simulated_proxy
-from actorproxy.wire.converter import CONVERTER
 
 HI = [{"role": "user", "content": "hi"}]
 _READS = ("SELECT", "PRAGMA")

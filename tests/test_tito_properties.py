@@ -46,11 +46,12 @@ from _util import SEARCH_TOOL, WEATHER_TOOL, RecordingBackend, TurnResult, check
 from hypothesis import HealthCheck, event, given, settings
 
 from actorproxy.config import ProxyConfig
-from actorproxy.runtime.messages import ChatRequest, Identity, TurnDelta, TurnDone, TurnFailed
+from actorproxy.core.requests import ChatRequest, Identity
+from actorproxy.core.turn_events import TurnDelta, TurnDone, TurnFailed
 from actorproxy.runtime.runtime import Runtime, open_runtime
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import ScriptedOutput, SimConfig, SimEngine
 from actorproxy.tokenization.tokenizer import ChatTokenizer
-from actorproxy.wire.converter import CONVERTER
 
 READ_TOOL = {
     "type": "function",

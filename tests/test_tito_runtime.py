@@ -17,8 +17,8 @@ from _util import (
 
 from actorproxy.config import ProxyConfig
 from actorproxy.runtime.runtime import Runtime, open_runtime
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import SimConfig, SimEngine
-from actorproxy.wire.converter import CONVERTER
 
 
 @pytest.fixture
@@ -145,7 +145,8 @@ async def test_client_gone_leaves_segment_untouched(rig: tuple[Runtime, Recordin
     messages = [{"role": "user", "content": "hello"}]
     first = await run_turn(runtime, "g", messages, tools=[])
     messages += [first.message, {"role": "user", "content": "tell me more"}]
-    from actorproxy.runtime.messages import ChatRequest, Identity, TurnDelta
+    from actorproxy.core.requests import ChatRequest, Identity
+    from actorproxy.core.turn_events import TurnDelta
 
     # Streaming: a non-streaming turn hands its deltas over with the result (test_hotpath.py).
     events = await runtime.start_turn(ChatRequest(messages=messages, stream=True), Identity("g"))

@@ -26,9 +26,9 @@ from _util import check_segment_invariants
 
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.engines.base import GenerateRequest, Generation, ModelInfo
+from actorproxy.protocols.anthropic import convert_messages, convert_tools
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.tokenizer import ChatTokenizer
-from actorproxy.wire.anthropic import convert_messages, convert_tools
 
 TRACES = Path(__file__).parent / "traces"
 TRACE_FILES = sorted(TRACES.glob("[0-9][0-9]_*.json"))

@@ -20,10 +20,11 @@ from werkzeug.routing import RequestRedirect
 
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.core.parser import OutputDelta
+from actorproxy.core.turn_events import TurnAccepted, TurnDelta, TurnEvent, TurnFailed
 from actorproxy.errors import EngineError, ProxyError
-from actorproxy.runtime.messages import TurnAccepted, TurnDelta, TurnEvent, TurnFailed
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.runtime.turn_stream import TurnStream
+from actorproxy.schema import jsonio
 from actorproxy.server import app as app_module
 from actorproxy.server.app import create_app
 from actorproxy.server.auth import AccessPolicy
@@ -33,7 +34,6 @@ from actorproxy.server.observe import Observer
 from actorproxy.server.turns import sse_frames
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.tokenizer import ChatTokenizer
-from actorproxy.wire import jsonio
 
 PATHS = [
     "/v1/chat/completions", "/v1/messages", "/v1/responses", "/generate",

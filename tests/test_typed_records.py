@@ -11,13 +11,13 @@ from actorproxy.client import ProxyClient, Segment
 from actorproxy.core.records import Step, build_segment
 from actorproxy.runtime.replies import EngineAck, FinalizeResult, PauseAck
 from actorproxy.runtime.store_messages import encode_body
+from actorproxy.schema.converter import CONVERTER
+from actorproxy.schema.records import StepSummary
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimEngine
 from actorproxy.store.base import ReadQuery
 from actorproxy.store.memory import MemoryStore
 from actorproxy.store.sqlite import SQLiteStore
-from actorproxy.wire.converter import CONVERTER
-from actorproxy.wire.records import StepSummary
 
 
 def _step(index: int, **changes: object) -> Step:

@@ -19,8 +19,8 @@ from test_engine_clients import DONE, EOT, IDS, LPS, PROMPT, URL, USAGE, Engine,
 
 from actorproxy.engines.base import BackendError, GenerateFinish
 from actorproxy.engines.vllm.client import VLLMBackend
-from actorproxy.engines.vllm.sim_routes import SCALE_OUT_DISABLED
 from actorproxy.sim.server import RunningSim, SimServerSettings, open_sim_server
+from actorproxy.sim.vllm_routes import SCALE_OUT_DISABLED
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
 LONG = [1000 + i for i in range(1000)] + [EOT]

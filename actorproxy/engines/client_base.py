@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from ..errors import BadRequest
-from ..wire.converter import structure
+from ..schema.converter import structure
 from .aborts import AbortBatcher
 from .base import GenerateRequest, GenerationEvent
 from .connection import EngineConnection, EngineOptions, request_json

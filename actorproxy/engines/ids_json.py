@@ -8,7 +8,7 @@ and a prompt that starts with one kept is written as that text, a comma and its 
 JSON: the same bytes, at memory speed (the prefix compared, the text copied).
 
 Which kept prompt to try is found by content, not by session (the engine clients see no
-session): :class:`~actorproxy.wire.prefixes.Prefixes` over the ids' bytes. Every candidate
+session): :class:`~actorproxy.schema.prefixes.Prefixes` over the ids' bytes. Every candidate
 is compared id for id before its text is used.
 """
 
@@ -19,7 +19,7 @@ from array import array
 import numpy as np
 import orjson
 
-from ..wire.prefixes import Prefixes
+from ..schema.prefixes import Prefixes
 
 #: Prompts shorter than this are written whole (orjson takes ~20 µs for 4k ids).
 MIN_IDS = 4096

@@ -15,7 +15,7 @@ import time
 import trio
 
 from ..core.parser import OutputDelta
-from .messages import TurnAccepted, TurnDelta, TurnEvent
+from ..core.turn_events import TurnAccepted, TurnDelta, TurnEvent
 
 
 class AgentChannel:

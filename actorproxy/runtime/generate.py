@@ -38,6 +38,7 @@ from ..core.attempts import apply_finish, discard_attempt, record_delta
 from ..core.parser import OutputParser
 from ..core.session_state import Prepared, TurnResult
 from ..core.tito import reasoning_opened_by_prompt
+from ..core.turn_events import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed, TurnIds
 from ..engines.base import (
     Backend,
     BackendError,
@@ -51,7 +52,6 @@ from ..errors import Conflict, EngineError, Overloaded, ProxyError
 from ..tokenization.tokenizer import ChatTokenizer
 from .agent_channel import AgentChannel
 from .controller import ABORT_BOUND, ABORT_LIMIT, GenerationController, GenerationHandle, Permit, Waiting
-from .messages import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed, TurnIds
 from .output import OutputFormat, parse_remotely, tool_call_id
 from .turn_end import GONE, TurnFailure, engine_error, gone, tell
 

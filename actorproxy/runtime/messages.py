@@ -1,82 +1,19 @@
-"""Messages between the ingress and the actors, and the events of a turn."""
+"""Messages between the ingress and the actors (the events of a turn are :mod:`actorproxy.core.turn_events`)."""
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 import trio
 
-from ..core.messages import AssistantOutput
-from ..core.parser import OutputDelta
 from ..core.requests import ChatRequest as ChatRequest
 from ..core.requests import Identity as Identity
-from ..errors import ProxyError
-from ..wire.records import StepSummary
+from ..core.turn_events import TurnEvent
+from ..schema.records import StepSummary
 from .actor import Reply
 from .submitted_steps import SubmitSteps
-
-# -- events a session sends back while it runs a turn ------------------------
-
-
-@attrs.frozen
-class TurnAccepted:
-    step_index: int
-    prompt_tokens: int
-
-
-@attrs.frozen
-class TurnDelta:
-    delta: OutputDelta
-
-
-@attrs.frozen
-class TurnIds:
-    """The exact ids of a turn: what the engine was given and what it sampled (handed over, not shared)."""
-
-    prompt_ids: array[int]
-    output_ids: array[int]
-    output_logprobs: array[float]
-    output_versions: array[int]
-
-
-@attrs.frozen
-class TurnDone:
-    step_index: int
-    output: AssistantOutput
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    tool_call_parse_error: bool
-    #: The request's stop sequence that ended the reply, if one did.
-    stop_sequence: str | None = None
-    #: The session that ran the turn (a sub-agent's child session, when routed there).
-    session_id: str | None = None
-    #: The turn's exact ids (the white-box /generate returns them).
-    ids: TurnIds | None = None
-    #: When the first piece of a non-streamed reply was sampled (``time.perf_counter``), for time to first token.
-    first_token_at: float | None = None
-
-
-@attrs.frozen
-class TurnFailed:
-    error: ProxyError
-
-
-@attrs.frozen
-class TurnMoved:
-    """The ingress sends the turn again: to the session's successor (it was retiring), or to ``session_id``.
-
-    ``session_id`` names a sub-agent's child session the turn belongs to.
-    """
-
-    session_id: str | None = None
-
-
-TurnEvent = TurnAccepted | TurnDelta | TurnDone | TurnFailed | TurnMoved
-
 
 # -- session mailbox messages -------------------------------------------------
 

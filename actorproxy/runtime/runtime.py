@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from ..config import ProxyConfig
+from ..core.turn_events import TurnEvent, TurnMoved
 from ..engines.base import Backend, BackendError, ModelInfo
 from ..errors import BadRequest, EngineError, NotFound, Overloaded, ShutdownError, ShuttingDown
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
@@ -48,8 +49,6 @@ from .messages import (
     RunTurn,
     SessionCounters,
     SessionDescription,
-    TurnEvent,
-    TurnMoved,
 )
 from .offload import Offload
 from .output import OutputFormat
@@ -339,7 +338,7 @@ async def open_runtime(
         waited = config.engines.engine_startup_timeout
         raise BackendError(f"the inference engine did not answer within {waited:g} s", status=503)
     if not config.engines.skip_tokenizer_check:
-        from ..tokenization.engine_check import check_engine_tokenizer
+        from ..engines.engine_check import check_engine_tokenizer
 
         await check_engine_tokenizer(tok, engine)
     window = context_window_for(config, info)

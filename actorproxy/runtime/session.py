@@ -32,9 +32,10 @@ import trio
 from ..config import ProxyConfig
 from ..core.records import Step, version_number
 from ..core.session_state import Moved, Planned, Prepared, Refusal, SessionState
+from ..core.turn_events import TurnFailed, TurnMoved
 from ..errors import BadRequest, Conflict, ProxyError, StorageFull
+from ..schema.records import StepSummary
 from ..tokenization.tokenizer import ChatTokenizer
-from ..wire.records import StepSummary
 from . import store as store_msgs
 from . import submitted_steps
 from .actor import ActorGone, answer, answer_error, ask
@@ -52,8 +53,6 @@ from .messages import (
     SessionDescription,
     SessionMessage,
     SessionRetired,
-    TurnFailed,
-    TurnMoved,
 )
 from .offload import Offload
 from .output import OutputFormat, recompute_logprobs

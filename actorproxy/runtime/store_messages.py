@@ -21,7 +21,7 @@ import trio
 
 from ..core.records import Segment, Step
 from ..errors import StorageFull
-from ..wire.converter import CONVERTER
+from ..schema.converter import CONVERTER
 from .actor import Reply, answer, answer_error
 
 T = TypeVar("T")

@@ -26,11 +26,11 @@ import trio
 from ..core.records import Step, int_array
 from ..core.requests import ChatRequest
 from ..core.session_state import Prepared
+from ..core.turn_events import TurnEvent, TurnFailed
 from ..errors import ContextOverflow, EngineError, ProxyError
 from . import store as store_msgs
 from .actor import ask
 from .generate import GenerationSettings, TurnGeneration
-from .messages import TurnEvent, TurnFailed
 
 if TYPE_CHECKING:
     from .runtime import Runtime

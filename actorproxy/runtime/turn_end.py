@@ -7,9 +7,9 @@ import time
 import trio
 
 from ..core.records import Step
+from ..core.turn_events import TurnEvent
 from ..engines.base import BackendError, GenerateFinish
 from ..errors import BadRequest, EngineError, EngineTimeout, Overloaded, ProxyError
-from .messages import TurnEvent
 
 #: What a send to an agent that went away raises.
 GONE = (trio.BrokenResourceError, trio.ClosedResourceError)

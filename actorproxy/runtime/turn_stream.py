@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import trio
 
+from ..core.turn_events import TurnDelta, TurnDone, TurnEvent, TurnMoved
 from ..telemetry import note_first_token, note_turn
-from .messages import TurnDelta, TurnDone, TurnEvent, TurnMoved
 
 
 class TurnStream:

@@ -26,14 +26,15 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..errors import BadRequest, ProxyError, StorageFull, release
+from ..protocols.anthropic import AnthropicFormat, parse_messages_body
+from ..protocols.format import TurnFormat
+from ..protocols.openai_chat import OpenAIChatFormat
+from ..protocols.responses_format import ResponsesFormat
+from ..protocols.trainer import DiscardBody, FinalizeBody, ReadBody
 from ..runtime.runtime import Runtime
+from ..schema import jsonio
+from ..schema.converter import CONVERTER, structure
 from ..trajectory_file import write_trajectory_file
-from ..wire import jsonio
-from ..wire.anthropic import AnthropicFormat, parse_messages_body
-from ..wire.converter import CONVERTER, structure
-from ..wire.format import TurnFormat
-from ..wire.openai_chat import OpenAIChatFormat
-from ..wire.trainer import DiscardBody, FinalizeBody, ReadBody
 from . import auth
 from .dressage_api import DressageApi, reshape_error
 from .gateway_api import add_gateway_routes, generate_turn
@@ -41,7 +42,6 @@ from .lane import MOUNTS, TurnLane, served_by_the_lane
 from .observe import Observer, add_metrics_route
 from .openapi import add_openapi_routes
 from .replies import error_reply, is_anthropic_route
-from .responses_format import ResponsesFormat
 from .rollout_api import add_rollout_routes, pause_state_json
 from .turns import json_body, serve_turn
 from .ui import add_ui_routes

@@ -35,9 +35,9 @@ from quart_trio import QuartTrio
 
 from ..config import AgentAuth, ProxyConfig
 from ..errors import BadRequest, Unauthorized
-from ..wire import jsonio
-from ..wire.converter import structure
-from ..wire.trainer import OpenSessionBody
+from ..protocols.trainer import OpenSessionBody
+from ..schema import jsonio
+from ..schema.converter import structure
 
 #: Path endings served to agents (under ``/``, ``/sess/<id>`` and ``/<trajectory>/<prompt>``).
 AGENT_SUFFIXES = (

@@ -30,9 +30,9 @@ import trio
 from ..config import ProxyConfig
 from ..core.records import CONTEXT_VERSION
 from ..errors import BadRequest, ContextOverflow, NotFound, ProxyError
+from ..protocols.trainer import FinalizeBody, PauseBody, ReadBody, ResumeBody
 from ..runtime.runtime import Runtime
-from ..wire.converter import CONVERTER
-from ..wire.trainer import FinalizeBody, PauseBody, ReadBody, ResumeBody
+from ..schema.converter import CONVERTER
 from .replies import ErrorReply
 
 #: ``schema_version`` of ``GET /integration/capabilities`` (Dressage's integration schema).

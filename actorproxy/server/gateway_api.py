@@ -30,6 +30,8 @@ from quart_trio import QuartTrio
 
 from ..core.messages import output_as_message
 from ..core.records import Segment
+from ..core.requests import Identity
+from ..core.turn_events import TurnDone
 from ..errors import (
     BadRequest,
     NotConfigured,
@@ -39,21 +41,7 @@ from ..errors import (
     RewardTimeout,
     StartupError,
 )
-from ..reward_worker import RayRewardWorker
-from ..rewards import RewardFunctionError, as_reward, is_async, load_reward_fn
-from ..runtime import store as st
-from ..runtime.actor import ActorGone, ask
-from ..runtime.handoff import Group, GroupHandoff
-from ..runtime.messages import Identity, Lookup, TurnDone
-from ..runtime.runtime import Runtime
-from ..runtime.store import encode_body
-from ..runtime.submitted_steps import StepStored, SubmitResult, SubmitSteps, SubmittedStep
-from ..runtime.token_in import TokenInGenerations, TokenSampling, generate_tokens, store_unclaimed
-from ..wire import jsonio
-from ..wire.converter import CONVERTER, structure
-from ..wire.openai_chat import parse_chat_body
-from .auth import AccessPolicy
-from .gateway_models import (
+from ..protocols.gateway_models import (
     Channel,
     CompleteBody,
     CompleteResult,
@@ -78,6 +66,20 @@ from .gateway_models import (
     TokenRewardBody,
     TokenRewardResult,
 )
+from ..protocols.openai_chat import parse_chat_body
+from ..reward_worker import RayRewardWorker
+from ..rewards import RewardFunctionError, as_reward, is_async, load_reward_fn
+from ..runtime import store as st
+from ..runtime.actor import ActorGone, ask
+from ..runtime.handoff import Group, GroupHandoff
+from ..runtime.messages import Lookup
+from ..runtime.runtime import Runtime
+from ..runtime.store import encode_body
+from ..runtime.submitted_steps import StepStored, SubmitResult, SubmitSteps, SubmittedStep
+from ..runtime.token_in import TokenInGenerations, TokenSampling, generate_tokens, store_unclaimed
+from ..schema import jsonio
+from ..schema.converter import CONVERTER, structure
+from .auth import AccessPolicy
 from .identity import MAX_ID_LENGTH
 from .lane import served_by_the_lane
 

@@ -20,7 +20,7 @@ from urllib.parse import unquote
 import trio
 from werkzeug.exceptions import RequestTimeout
 
-from ..wire import jsonio
+from ..schema import jsonio
 from . import http1
 from .drain import Message
 from .replies import error_reply, is_anthropic_route

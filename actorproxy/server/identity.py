@@ -6,8 +6,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from ..core.requests import Identity
 from ..errors import BadRequest
-from ..runtime.messages import Identity
 from .auth import check_scope
 
 MAX_ID_LENGTH = 256

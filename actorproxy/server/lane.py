@@ -28,9 +28,9 @@ import trio
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
 from ..errors import release
+from ..protocols.format import Headers
+from ..schema import jsonio
 from ..telemetry import CURRENT, RequestInfo
-from ..wire import jsonio
-from ..wire.format import Headers
 from .auth import AccessPolicy, route_kind
 from .drain import ASGIApp, Receive, Send
 from .http_cycle import BODY_EXTENSION, DISCONNECT_EXTENSION, SLOW_BODY_EXTENSION

@@ -26,7 +26,7 @@ import resource
 
 import attrs
 
-from ..wire import jsonio
+from ..schema import jsonio
 from . import http1
 
 log = logging.getLogger("actorproxy.http")

@@ -30,8 +30,8 @@ from quart.wrappers.response import IterableBody
 from quart_trio import QuartTrio
 
 from ..runtime.runtime import Runtime
+from ..schema.converter import CONVERTER
 from ..telemetry import CURRENT, RequestInfo
-from ..wire.converter import CONVERTER
 from .http_cycle import SLOW_BODY_EXTENSION
 from .request_metrics import RequestMetrics
 

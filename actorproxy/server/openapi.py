@@ -31,10 +31,10 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import NotFound
 
 from ..errors import NotConfigured
-from ..wire.converter import _OURS_MARK
-from ..wire.openai_types import ChatCompletionBody
-from ..wire.trainer import DiscardBody, FinalizeBody, OpenSessionBody, PauseBody, ReadBody, ResumeBody
-from . import gateway_models as gm
+from ..protocols import gateway_models as gm
+from ..protocols.openai_types import ChatCompletionBody
+from ..protocols.trainer import DiscardBody, FinalizeBody, OpenSessionBody, PauseBody, ReadBody, ResumeBody
+from ..schema.converter import _OURS_MARK
 from .replies import is_anthropic_route
 
 log = logging.getLogger(__name__)

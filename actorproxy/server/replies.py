@@ -18,7 +18,7 @@ import attrs
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..errors import ProxyError
-from ..wire import anthropic
+from ..protocols import anthropic
 
 log = logging.getLogger("actorproxy.server.app")
 

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from ..protocols.trainer import PauseBody, ResumeBody
 from ..runtime.runtime import Runtime
-from ..wire import jsonio
-from ..wire.converter import CONVERTER, structure
-from ..wire.trainer import PauseBody, ResumeBody
+from ..schema import jsonio
+from ..schema.converter import CONVERTER, structure
 
 if TYPE_CHECKING:
     from .dressage_api import DressageApi

@@ -1,6 +1,6 @@
 """The one turn route and the one SSE driver every chat protocol shares.
 
-A protocol is a :class:`~actorproxy.wire.format.TurnFormat`; :func:`serve_turn`
+A protocol is a :class:`~actorproxy.protocols.format.TurnFormat`; :func:`serve_turn`
 parses the body with it, resolves who the call belongs to, runs the turn on the
 runtime and answers with the format's JSON, or streams the format's frames
 through :class:`SSEReply` (with heartbeats while nothing happens, say during a
@@ -18,13 +18,13 @@ import trio
 
 from ..core.requests import merge_consecutive_messages
 from ..core.template_probe import probe_template
+from ..core.turn_events import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed
 from ..errors import BadRequest, EngineError
-from ..runtime.messages import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed
+from ..protocols.format import Headers, ReplyInfo, StreamWriter, TurnCall, TurnFormat
 from ..runtime.runtime import Runtime
 from ..runtime.turn_stream import TurnStream
+from ..schema.jsonio import dumps, loads
 from ..telemetry import note_warning
-from ..wire.format import Headers, ReplyInfo, StreamWriter, TurnCall, TurnFormat
-from ..wire.jsonio import dumps, loads
 from .dressage_api import check_expected_version
 from .identity import resolve_identity
 

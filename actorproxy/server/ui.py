@@ -22,7 +22,7 @@ from quart_trio import QuartTrio
 from ..errors import BadRequest, NotFound
 from ..runtime.messages import SessionDescription
 from ..runtime.runtime import Runtime
-from ..wire.converter import CONVERTER
+from ..schema.converter import CONVERTER
 from .observe import Observer, gather_state
 
 _ASSETS = {"app.js": "text/javascript", "style.css": "text/css"}

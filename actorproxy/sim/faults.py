@@ -24,7 +24,7 @@ import math
 import attrs
 import trio
 
-from ..wire.converter import at_least, ours
+from ..schema.converter import at_least, ours
 from .engine import SimEngine
 
 _STALL = "sim-fault-stall"

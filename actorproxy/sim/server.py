@@ -26,18 +26,18 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from ..engines.llamacpp.sim_routes import llamacpp_blueprint
-from ..engines.sglang.sim_parse_routes import parse_blueprint
-from ..engines.sglang.sim_routes import sglang_blueprint
 from ..engines.shared_wire import ModelCard, ModelList, UpdateWeightVersionReqInput
-from ..engines.vllm.sim_routes import vllm_blueprint
 from ..errors import BadRequest
+from ..schema.converter import CONVERTER
 from ..serving import served
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
-from ..wire.converter import CONVERTER
 from .engine import SimEngine
 from .faults import DropConnection, FaultsUpdate, SimFaults
+from .llamacpp_routes import llamacpp_blueprint
+from .sglang_parse_routes import parse_blueprint
+from .sglang_routes import sglang_blueprint
 from .state import RequestRecord, SimServerSettings, SimState
+from .vllm_routes import vllm_blueprint
 from .wire import BadField, json_response, read_body
 
 __all__ = [

@@ -26,8 +26,8 @@ from quart import Blueprint, Response, request
 
 from ..engines.base import BackendError, WeightVersionSpan
 from ..errors import BadRequest
+from ..schema.converter import CONVERTER, TokenIds, structure
 from ..tokenization.tokenizer import ChatTokenizer
-from ..wire.converter import CONVERTER, TokenIds, structure
 
 T = TypeVar("T")
 

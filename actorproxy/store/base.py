@@ -17,7 +17,7 @@ import attrs
 from ..core.records import Segment, Step, sub_agent_of
 from ..core.verify import VerifyFailure, VerifyReport
 from ..errors import NotFound
-from ..wire.records import ReadResult as ReadResult
+from ..schema.records import ReadResult as ReadResult
 
 T = TypeVar("T")
 

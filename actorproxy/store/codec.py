@@ -4,7 +4,7 @@ Token arrays are never stored as JSON lists: a segment keeps its four arrays as
 the bytes of the ``array`` objects (native byte order, 4 bytes a token id,
 logprob and version, 1 byte a mask entry); a step packs its seven arrays into
 one blob. The JSON a trainer reads is rebuilt from these on demand, by the
-wire converter's hooks (:mod:`actorproxy.wire.records`): a segment row is read
+wire converter's hooks (:mod:`actorproxy.schema.records`): a segment row is read
 back into a :class:`Segment`, a step row into a :class:`StoredStep` (its text
 as written, its arrays unpacked).
 """
@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 
 from ..core.records import Segment, Step, build_segment, float_array, int_array
-from ..wire.converter import CONVERTER
-from ..wire.records import StoredStep, segment_fields, segment_from, step_fields
+from ..schema.converter import CONVERTER
+from ..schema.records import StoredStep, segment_fields, segment_from, step_fields
 
 _HEADER = struct.Struct("<cI")
 

@@ -167,7 +167,7 @@ class FrozenMessage(dict[str, Any]):
     """A message only the proxy holds, which nothing edits: shared between turns (and sessions) as it is.
 
     The wire layer hands out one per distinct message text of a request body
-    (:mod:`actorproxy.wire.chat_messages`), the same object every turn the history
+    (:mod:`actorproxy.protocols.chat_messages`), the same object every turn the history
     repeats it, and :class:`MessageCut` hands out its cut messages as such: so the
     per-turn matching of a repeated history is an identity check.
     """

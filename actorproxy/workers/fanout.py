@@ -34,11 +34,11 @@ from typing import Any
 import trio
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from ..schema import jsonio
 from ..server.auth import AccessPolicy, route_kind
 from ..server.drain import ASGIApp, Message, Receive, Send
 from ..server.lane import RequestHeaders, _content_length
 from ..server.replies import error_reply
-from ..wire import jsonio
 from .merge import merge_history, merge_json, merge_metrics
 from .routing import FANOUT_ROUTES, MAX_BODY, body_session, is_gateway
 

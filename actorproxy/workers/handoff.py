@@ -37,12 +37,12 @@ import trio
 from werkzeug.exceptions import RequestTimeout
 
 from ..errors import BadRequest, Overloaded, Unauthorized
+from ..schema import jsonio
 from ..server import http1
 from ..server.auth import AccessPolicy, route_kind
 from ..server.http_cycle import body_arrives, request_path
 from ..server.lane import RequestHeaders
 from ..server.replies import error_reply, is_anthropic_route
-from ..wire import jsonio
 from .routing import MAX_BODY, NEED_BODY, body_session, head_session, owner
 
 if TYPE_CHECKING:

@@ -24,10 +24,10 @@ from typing import Literal
 import msgspec
 
 from ..errors import BadRequest
+from ..protocols.responses_format import CONVERSATION_HEADERS
 from ..server.app import MAX_BODY_BYTES
 from ..server.auth import Headers
 from ..server.identity import named_session, url_mount
-from ..server.responses_format import CONVERSATION_HEADERS
 
 #: Model routes (any mount: ``/``, ``/sess/<id>/``, ``/<trajectory_uid>/<prompt_uid>/``): a turn of a session.
 TURN_SUFFIXES = ("/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/messages/count_tokens")

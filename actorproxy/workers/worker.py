@@ -27,12 +27,12 @@ import trio
 from ..config import ProxyConfig
 from ..runtime.in_flight import InFlight
 from ..runtime.runtime import Runtime, open_runtime
+from ..schema import jsonio
 from ..serve import _KEEP_ALIVE, RunningProxy, _drain, asgi_of, bind_host, connection_limits
 from ..server.app import create_app
 from ..server.auth import AccessPolicy
 from ..server.http_server import HTTPServer
 from ..tokenization.tokenizer import ChatTokenizer
-from ..wire import jsonio
 from .fanout import FanOut, WorkerUnavailable, ask, control_path
 from .handoff import Router, remove_stale, serve_handoffs
 

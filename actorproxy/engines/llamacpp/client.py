@@ -26,7 +26,7 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
-from ...wire.converter import CONVERTER
+from ...schema.converter import CONVERTER
 from ..base import BackendError, GenerateFinish, GenerateRequest, ModelInfo
 from ..client_base import EngineGeneration, first_model_card
 from ..connection import EngineConnection, EngineResponse, post_stream, request_json

@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from ...wire.converter import TokenIds, at_least
+from ...schema.converter import TokenIds, at_least
 from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams, TokenDelta
 from ..errors import error_message, stream_error_status
 

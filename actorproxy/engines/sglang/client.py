@@ -24,7 +24,7 @@ import httpx
 import orjson
 import trio
 
-from ...wire.converter import CONVERTER, TokenIds
+from ...schema.converter import CONVERTER, TokenIds
 from ..aborts import OneShot
 from ..base import (
     ROUTING_HEADER,

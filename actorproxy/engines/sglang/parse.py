@@ -28,8 +28,8 @@ import orjson
 from ...core.messages import AssistantOutput, ToolCall
 from ...core.tool_parsers import ToolCallFormat
 from ...errors import BadRequest
+from ...schema.converter import CONVERTER, structure
 from ...tokenization.tokenizer import THINK_START, TOOL_CALL_START
-from ...wire.converter import CONVERTER, structure
 from ..base import BackendError
 from ..connection import EngineOptions, make_client, request_json
 from .protocol import (

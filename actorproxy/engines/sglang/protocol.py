@@ -18,7 +18,7 @@ from typing import Any, Literal
 import attrs
 import orjson
 
-from ...wire.converter import CONVERTER, TokenIds, at_least
+from ...schema.converter import CONVERTER, TokenIds, at_least
 from ..base import (
     BackendError,
     FinishReason,

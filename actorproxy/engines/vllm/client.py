@@ -38,7 +38,7 @@ from array import array
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from ...wire.converter import CONVERTER, TokenIds
+from ...schema.converter import CONVERTER, TokenIds
 from ..base import ROUTING_HEADER, BackendError, GenerateRequest, ModelInfo, SamplingParams, new_rid
 from ..client_base import VersionedConnection, VersionedGeneration, first_model_card, read_tolerantly
 from ..connection import EngineResponse, post_quietly, post_stream, request_json

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 
 import attrs
 
-from ...wire.converter import TokenIds, at_least
+from ...schema.converter import TokenIds, at_least
 from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams, WeightVersionSpan
 from ..deltas import DEFAULT_VERSION, parse_spans, token_deltas, version_at
 from ..errors import error_message, stream_error_status

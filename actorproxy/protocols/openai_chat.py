@@ -12,13 +12,14 @@ import attrs
 from ..core.ids import uuid4_hex
 from ..core.messages import output_as_message
 from ..core.parser import OutputDelta
+from ..core.requests import ChatRequest
+from ..core.turn_events import TurnAccepted, TurnDone
 from ..errors import BadRequest, ProxyError
-from ..runtime.messages import ChatRequest, TurnAccepted, TurnDone
+from ..schema.converter import structure
+from ..schema.jsonio import dumps
 from ..tokenization.message_fields import FrozenMessage
 from .chat_messages import ChatBody, load_chat_body
-from .converter import structure
 from .format import ReplyInfo, TurnFormat
-from .jsonio import dumps
 from .memo import MessageMemo
 from .openai_types import ChatCompletionBody
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 import attrs
 import msgspec
 
-from .converter import FieldError
+from ..schema.converter import FieldError
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 

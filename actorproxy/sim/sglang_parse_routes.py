@@ -47,20 +47,20 @@ from typing import Any
 
 from quart import Blueprint, Response
 
-from ...core.parser import tool_schemas
-from ...core.tool_parsers import convert_parameter
-from ...errors import BadRequest
-from ...sim.state import SimState
-from ...sim.wire import json_response, read_json
-from ...tokenization.tokenizer import THINK_END, THINK_START, TOOL_CALL_START
-from ...wire.converter import CONVERTER, structure
-from .protocol import (
+from ..core.parser import tool_schemas
+from ..core.tool_parsers import convert_parameter
+from ..engines.sglang.protocol import (
     ParseFunctionCallOutput,
     ParseFunctionCallReq,
     SeparateReasoningOutput,
     SeparateReasoningReqInput,
     ToolCallItem,
 )
+from ..errors import BadRequest
+from ..schema.converter import CONVERTER, structure
+from ..tokenization.tokenizer import THINK_END, THINK_START, TOOL_CALL_START
+from .state import SimState
+from .wire import json_response, read_json
 
 #: Reasoning parser name → whether text without think tags is reasoning (SGLang's ``force_reasoning``).
 REASONING_PARSERS: Mapping[str, bool] = {"qwen3": False, "qwen3-thinking": True, "deepseek-r1": True}

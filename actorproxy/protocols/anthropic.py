@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.messages import TurnDone
+from ..core.turn_events import TurnDone
 from .anthropic_messages import AnthropicMemo, MessagesBody, load_messages_body
 from .anthropic_reply import EventWriter as EventWriter
 from .anthropic_reply import content_blocks as content_blocks

@@ -8,9 +8,9 @@ from typing import Any
 import attrs
 
 from ..core.messages import validate_tools
+from ..core.requests import ChatRequest
 from ..errors import BadRequest
-from ..runtime.messages import ChatRequest
-from .converter import number_in_range
+from ..schema.converter import number_in_range
 from .openai_chat import MAX_STOP_SEQUENCES
 
 

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import attrs
 
-from .converter import FieldError, at_least, ours
+from ..schema.converter import FieldError, at_least, ours
 
 
 def _non_empty(instance: object, attribute: attrs.Attribute[Any], value: str | None) -> None:

@@ -17,9 +17,10 @@ import attrs
 
 from ..core.messages import output_as_message
 from ..core.parser import OutputDelta
+from ..core.requests import ChatRequest, Identity
+from ..core.turn_events import TurnAccepted, TurnDone
 from ..errors import BadRequest, ProxyError
-from ..runtime.messages import ChatRequest, Identity, TurnAccepted, TurnDone
-from ..wire.format import BodyIdentity, Headers, ReplyInfo, TurnFormat
+from .format import BodyIdentity, Headers, ReplyInfo, TurnFormat
 from .responses_api import IssuedItems, ResponseHistory, ResponsesCall, parse_responses_body
 from .responses_events import ResponseEventWriter, new_response_id, response_json
 from .responses_memo import ResponsesBody, ResponsesMemo, load_responses_body
@@ -29,7 +30,7 @@ CONVERSATION_HEADERS = ("session-id", "thread-id")
 
 
 class _Writer:
-    """``ResponseEventWriter`` as a :class:`~actorproxy.wire.format.StreamWriter` (an SSE comment as heartbeat).
+    """``ResponseEventWriter`` as a :class:`~actorproxy.protocols.format.StreamWriter` (an SSE comment as heartbeat).
 
     ``issued``, for a stored response, keeps its output items as streamed (``item_reference``).
     """

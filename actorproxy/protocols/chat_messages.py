@@ -34,11 +34,11 @@ import msgspec
 import numpy as np
 import orjson
 
+from ..schema.jsonio import MAX_DEPTH, nesting
+from ..schema.prefixes import Kept
 from ..tokenization.message_fields import FrozenMessage
 from . import memo as shared
-from .jsonio import MAX_DEPTH, nesting
 from .memo import BODY_PREFIX_BYTES, MessageMemo
-from .prefixes import Kept
 
 # -- the schema of one message (what ``parse_chat_body`` accepts, or stricter) ------------------------------
 
@@ -119,8 +119,8 @@ class ChatBody:
 def load_chat_body(raw: bytes, memo: MessageMemo[FrozenMessage]) -> Any:
     """A request body: a :class:`ChatBody` when every message is known good, else its JSON value.
 
-    Raises what :func:`~actorproxy.wire.jsonio.load_body` raises (empty, not JSON,
-    too deep), with the same words (:func:`actorproxy.wire.memo.load`). The JSON
+    Raises what :func:`~actorproxy.schema.jsonio.load_body` raises (empty, not JSON,
+    too deep), with the same words (:func:`actorproxy.protocols.memo.load`). The JSON
     value returned then goes through ``parse_chat_body`` whole, as before.
     """
     return shared.load(raw, lambda raw: _from_memo(raw, memo))

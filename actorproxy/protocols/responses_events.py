@@ -17,9 +17,9 @@ from typing import Any
 from ..core.ids import uuid4_hex
 from ..core.messages import AssistantOutput
 from ..core.parser import OutputDelta
+from ..core.turn_events import TurnDone
 from ..errors import ProxyError
-from ..runtime.messages import TurnDone
-from ..wire.openai_chat import sampled_logprobs
+from .openai_chat import sampled_logprobs
 from .responses_api import ENCRYPTED_PREFIX, ResponsesCall
 
 

@@ -2,7 +2,7 @@
 converter), :class:`~actorproxy.client.ProxyClient` structures replies into them, and ``/openapi.json``
 is generated from them.
 
-Bodies are ours (:func:`~actorproxy.wire.converter.ours`): unknown fields are refused. Replies tolerate
+Bodies are ours (:func:`~actorproxy.schema.converter.ours`): unknown fields are refused. Replies tolerate
 fields they do not know, so an older client keeps working against a newer proxy.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from ..wire.converter import ours
+from ..schema.converter import ours
 
 #: ``train`` goes to the training hand-off; any other channel (ours say ``validate``, Claw-R1's ``val``) never does.
 Channel = str

@@ -14,9 +14,10 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import attrs
 
 from ..core.parser import OutputDelta
+from ..core.requests import ChatRequest, Identity
+from ..core.turn_events import TurnAccepted, TurnDone
 from ..errors import ProxyError
-from ..runtime.messages import ChatRequest, Identity, TurnAccepted, TurnDone
-from .jsonio import load_body
+from ..schema.jsonio import load_body
 
 #: Whose error shape a route answers in: OpenAI ``{"error": {...}}`` or Anthropic ``{"type": "error", ...}``.
 ErrorStyle = Literal["openai", "anthropic"]

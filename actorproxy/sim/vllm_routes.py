@@ -20,13 +20,9 @@ from typing import Any
 import attrs
 from quart import Blueprint, Response, request
 
-from ...errors import BadRequest
-from ...sim import wire
-from ...sim.state import Chunk, SimState, check_sampling, collect, default_max_tokens, run_generation
-from ...wire.converter import CONVERTER
-from ..base import ROUTING_HEADER, BackendError, GenerateFinish, GenerateRequest, SamplingParams
-from ..shared_wire import WeightVersionOutput
-from .protocol import (
+from ..engines.base import ROUTING_HEADER, BackendError, GenerateFinish, GenerateRequest, SamplingParams
+from ..engines.shared_wire import WeightVersionOutput
+from ..engines.vllm.protocol import (
     GENERATE_PATH,
     AbortRequests,
     CompletionRequest,
@@ -34,6 +30,10 @@ from .protocol import (
     SamplingFields,
     npy_base64,
 )
+from ..errors import BadRequest
+from ..schema.converter import CONVERTER
+from . import wire
+from .state import Chunk, SimState, check_sampling, collect, default_max_tokens, run_generation
 
 
 @attrs.frozen

@@ -16,11 +16,17 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
-from ...sim import wire
-from ...sim.state import SimState, check_sampling, collect, default_max_tokens, run_generation
-from ...wire.converter import CONVERTER
-from ..base import ROUTING_HEADER, BackendError, GenerateFinish, GenerateRequest, SamplingParams
-from .protocol import COMPLETION_PATH, STOP_TYPES, CompletionRequest, CompletionResult, CompletionTimings
+from ..engines.base import ROUTING_HEADER, BackendError, GenerateFinish, GenerateRequest, SamplingParams
+from ..engines.llamacpp.protocol import (
+    COMPLETION_PATH,
+    STOP_TYPES,
+    CompletionRequest,
+    CompletionResult,
+    CompletionTimings,
+)
+from ..schema.converter import CONVERTER
+from . import wire
+from .state import SimState, check_sampling, collect, default_max_tokens, run_generation
 
 
 def _error(message: str, status: int = 400) -> Response:

@@ -9,9 +9,9 @@ from typing import Any
 from ..core.ids import uuid4_hex
 from ..core.messages import AssistantOutput, ToolCall
 from ..core.parser import OutputDelta
+from ..core.turn_events import TurnAccepted, TurnDone
 from ..errors import ProxyError
-from ..runtime.messages import TurnAccepted, TurnDone
-from .jsonio import dumps
+from ..schema.jsonio import dumps
 
 
 def new_message_id() -> str:

@@ -16,13 +16,8 @@ from typing import Any
 import attrs
 from quart import Blueprint, Response, request
 
-from ...errors import BadRequest
-from ...sim import wire
-from ...sim.state import Chunk, SimState, check_sampling, collect, run_generation
-from ...wire.converter import CONVERTER
-from ..base import ROUTING_HEADER, BackendError, GenerateFinish, GenerateRequest, SamplingParams
-from ..shared_wire import WeightVersionOutput
-from .protocol import (
+from ..engines.base import ROUTING_HEADER, BackendError, GenerateFinish, GenerateRequest, SamplingParams
+from ..engines.sglang.protocol import (
     ABORT_PATH,
     GENERATE_PATH,
     LEGACY_MODEL_INFO_PATH,
@@ -34,6 +29,11 @@ from .protocol import (
     SGLangSamplingParams,
     finish_reason_json,
 )
+from ..engines.shared_wire import WeightVersionOutput
+from ..errors import BadRequest
+from ..schema.converter import CONVERTER
+from . import wire
+from .state import Chunk, SimState, check_sampling, collect, run_generation
 
 
 @attrs.frozen

@@ -15,7 +15,7 @@ Built by :func:`make_converter` (never cattrs' global converter):
   integers structured into an ``array('i')`` and unstructured as that array itself
   (the engine clients' JSON writer serializes it whole, without a Python int per token).
 - the records we emit (steps, segments, verify reports) unstructure by the hooks of
-  :mod:`actorproxy.wire.records`.
+  :mod:`actorproxy.schema.records`.
 
 :func:`structure` turns cattrs' validation errors into our :class:`BadRequest`
 naming the first bad field's path (``messages[1].name``).

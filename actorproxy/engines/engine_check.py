@@ -26,9 +26,9 @@ from typing import Any
 import attrs
 import httpx
 
-from ..engines.base import BackendError
 from ..errors import StartupError
-from .tokenizer import ChatTokenizer
+from ..tokenization.tokenizer import ChatTokenizer
+from .base import BackendError
 
 log = logging.getLogger(__name__)
 

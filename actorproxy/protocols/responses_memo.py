@@ -4,7 +4,7 @@ Codex sends its whole conversation (``store: false``: every reasoning item, call
 call output) and its tool schemas every turn. Parsing all of it and converting every
 item again took about 3.3 ms per turn at 600 items (194 KB), growing with the history.
 
-The scheme of every agent body (``wire/memo.py``): msgspec hands out each top-level field's and each
+The scheme of every agent body (``protocols/memo.py``): msgspec hands out each top-level field's and each
 item's raw JSON; an item whose bytes a recent turn sent maps to what it converted to
 then — a user, system or tool message (the same :class:`FrozenMessage` every turn) or
 a part of an assistant turn (its reasoning, text or tool call). The parts are grouped
@@ -26,10 +26,10 @@ from typing import Any
 
 import attrs
 
+from ..schema.jsonio import MAX_DEPTH, nesting
 from ..tokenization.message_fields import FrozenMessage
-from ..wire import memo as shared
-from ..wire.jsonio import MAX_DEPTH, nesting
-from ..wire.memo import MEMO_BYTES, MessageMemo
+from . import memo as shared
+from .memo import MEMO_BYTES, MessageMemo
 from .responses_api import assemble_input, assistant_part, convert_tools, item_kind, other_message, turn_end
 
 #: Raw JSON bytes of ``tools`` fields kept (they repeat every turn).
@@ -81,8 +81,8 @@ class ResponsesMemo:
 def load_responses_body(raw: bytes, memo: ResponsesMemo) -> Any:
     """A request body: a :class:`ResponsesBody` when everything in it converts, else its JSON value.
 
-    Raises what :func:`~actorproxy.wire.jsonio.load_body` raises, with the same words
-    (:func:`actorproxy.wire.memo.load`).
+    Raises what :func:`~actorproxy.schema.jsonio.load_body` raises, with the same words
+    (:func:`actorproxy.protocols.memo.load`).
     """
     return shared.load(raw, lambda raw: _from_memo(raw, memo))
 

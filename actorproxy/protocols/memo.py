@@ -28,8 +28,8 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import orjson
 
-from .jsonio import MAX_DEPTH, load_body, nesting
-from .prefixes import Prefixes
+from ..schema.jsonio import MAX_DEPTH, load_body, nesting
+from ..schema.prefixes import Prefixes
 
 #: Raw JSON bytes of items kept (twice that at most while the memo turns over).
 MEMO_BYTES = 64 << 20
@@ -91,7 +91,7 @@ class MessageMemo(Generic[T]):
 def load(raw: bytes, from_memo: Callable[[bytes], object | None]) -> Any:
     """What ``from_memo`` reads from ``raw``, or, where it cannot vouch for the body, its JSON value.
 
-    Raises what :func:`~actorproxy.wire.jsonio.load_body` raises (empty, not JSON,
+    Raises what :func:`~actorproxy.schema.jsonio.load_body` raises (empty, not JSON,
     too deep), with the same words: any body the fast path does not take whole is
     loaded that way, and its JSON value goes through the format's full check.
     """

@@ -29,10 +29,10 @@ from typing import Any
 
 import attrs
 
+from ..schema.jsonio import MAX_DEPTH, nesting
 from ..tokenization.message_fields import FrozenMessage
 from . import memo as shared
 from .anthropic_request import clears_at_next_user, convert_content, convert_tools, role_and_content, system_messages
-from .jsonio import MAX_DEPTH, nesting
 from .memo import MEMO_BYTES, MessageMemo
 
 #: Raw JSON bytes of ``system`` and ``tools`` fields kept (they repeat every turn; a few per agent).
@@ -74,8 +74,8 @@ class AnthropicMemo:
 def load_messages_body(raw: bytes, memo: AnthropicMemo) -> Any:
     """A request body: a :class:`MessagesBody` when everything in it converts, else its JSON value.
 
-    Raises what :func:`~actorproxy.wire.jsonio.load_body` raises (empty, not JSON,
-    too deep), with the same words (:func:`actorproxy.wire.memo.load`).
+    Raises what :func:`~actorproxy.schema.jsonio.load_body` raises (empty, not JSON,
+    too deep), with the same words (:func:`actorproxy.protocols.memo.load`).
     """
     return shared.load(raw, lambda raw: _from_memo(raw, memo))
 

@@ -32,10 +32,10 @@ from typing import Any
 import attrs
 
 from ..core.messages import validate_tools
+from ..core.requests import ChatRequest
 from ..errors import BadRequest
-from ..runtime.messages import ChatRequest
-from ..wire.converter import number_in_range
-from ..wire.openai_chat import MAX_TOP_LOGPROBS
+from ..schema.converter import number_in_range
+from .openai_chat import MAX_TOP_LOGPROBS
 
 #: The prefix of the ``encrypted_content`` we hand out: the reasoning text, base64, so an echo restores it.
 ENCRYPTED_PREFIX = "actorproxy-b64:"
