@@ -176,3 +176,30 @@ def test_the_code_a_page_names_exists(page: Path) -> None:
             if not any(f"{cls}.{attr}" in _defined(module) for module in _classes()[cls]):
                 missing.append(f"{span} (no such attribute)")
     assert not missing, f"{page.relative_to(ROOT)} names code that is not there:\n" + "\n".join(sorted(set(missing)))
+
+
+@pytest.mark.parametrize("command", ["run", "sim"])
+def test_every_flag_is_in_its_reference(command: str) -> None:
+    """``actorproxy run``'s flags are each in docs/endpoints.md's flag table (the compatibility group's in
+    docs/migrating.md), ``sim``'s in docs/engines/sim.md.
+
+    A flag with several names (``--store``, ``--store-kind``; ``--x``, ``--no-x``) counts once any is there.
+    """
+    parser = next(a.choices for a in build_parser()._actions if isinstance(a.choices, dict))[command]
+    missing = []
+    for group in parser._action_groups:
+        if command == "sim":
+            page, section = ROOT / "docs" / "engines" / "sim.md", ""
+        elif group.title and group.title.startswith("compatibility"):
+            page, section = ROOT / "docs" / "migrating.md", ""
+        else:
+            page, section = ROOT / "docs" / "endpoints.md", "## `actorproxy run` flags"
+        text = page.read_text(encoding="utf-8")
+        if section:
+            text = text[text.index(section):]
+            text = text[: text.find("\n## ", len(section))]
+        missing += [f"{page.relative_to(ROOT)}: " + " / ".join(action.option_strings)
+                    for action in group._group_actions
+                    if action.option_strings and "--help" not in action.option_strings
+                    and not any(re.search(re.escape(name) + r"(?![\w-])", text) for name in action.option_strings)]
+    assert not missing, "not described:\n" + "\n".join(missing)
