@@ -16,6 +16,8 @@ Checked without starting anything but the benchmarks' ``--help``:
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import re
 import subprocess
 import sys
@@ -203,3 +205,35 @@ def test_every_flag_is_in_its_reference(command: str) -> None:
                     if action.option_strings and "--help" not in action.option_strings
                     and not any(re.search(re.escape(name) + r"(?![\w-])", text) for name in action.option_strings)]
     assert not missing, "not described:\n" + "\n".join(missing)
+
+
+_PYTHON = re.compile(r"```python\n(.*?)```", re.DOTALL)
+
+
+def _submodule(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent is a module, not a package
+        return False
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if _PYTHON.search(p.read_text(encoding="utf-8"))],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_python_samples_parse_and_import_what_exists(page: Path) -> None:
+    """Each ``python`` block is Python, and what it imports from actorproxy is there."""
+    wrong = []
+    for code in _PYTHON.findall(page.read_text(encoding="utf-8")):
+        try:
+            tree = ast.parse(code)
+        except SyntaxError as exc:
+            wrong.append(f"not Python: {exc}")
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("actorproxy"):
+                module = importlib.import_module(str(node.module))
+                wrong += [f"from {node.module} import {alias.name}" for alias in node.names
+                          if not hasattr(module, alias.name) and not _submodule(f"{node.module}.{alias.name}")]
+            elif isinstance(node, ast.Import):
+                wrong += [f"import {alias.name}" for alias in node.names
+                          if alias.name.startswith("actorproxy") and not _submodule(alias.name)]
+    assert not wrong, f"{page.relative_to(ROOT)}:\n" + "\n".join(wrong)
