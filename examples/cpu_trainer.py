@@ -11,7 +11,8 @@ the file of its own logprobs of every token at the weights that sampled it (``cu
 weights it holds; ``previous``: the ones before its last update, kept for the tokens sampled
 under them), then takes ``steps`` optimizer steps and writes the new weights into ``out``, a
 directory laid out like the model (``config.json`` and ``model.safetensors``), for vLLM's
-``reload_weights``. Everything runs in float32, as vLLM does on the CPU.
+``reload_weights``. With ``"steps": 0`` it answers with the logprobs only (a batch checked, not
+trained on; ``out`` may be null). Everything runs in float32, as vLLM does on the CPU.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 from transformers import Qwen3ForCausalLM
+from transformers.utils import logging as transformers_logging
 
 #: Rows per forward pass: the logits of every sampled token of 8 rows fit in a few hundred MB.
 ROWS_PER_PASS = 8
@@ -75,6 +77,8 @@ class Trainer:
         current = all_logprobs(self.model, arrays)
         previous = all_logprobs(self.previous, arrays)
         np.savez(request["logprobs"], current=current.numpy(), previous=previous.numpy())
+        if not int(request["steps"]):
+            return {"losses": [], "tokens": int(arrays["loss_mask"].sum()), "weights": None}
 
         self.previous.load_state_dict(self.model.state_dict())
         for group in self.optimizer.param_groups:
@@ -105,6 +109,7 @@ class Trainer:
 
 
 def main() -> None:
+    transformers_logging.disable_progress_bar()  # loading and writing weights every iteration: no bars
     trainer = Trainer(sys.argv[1])
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

@@ -159,8 +159,8 @@ class Agents:
         self.group_size = group_size
         self.max_tokens = max_tokens
         self.budget = asyncio.Semaphore(groups_ahead)
-        #: Per rollout (session): each turn's (text the agent received, finish reason).
-        self.turns: dict[str, list[tuple[str, str]]] = {}
+        #: Per rollout (session): each turn's (text the agent received, finish reason, completion tokens).
+        self.turns: dict[str, list[tuple[str, str, int]]] = {}
         #: Set when a streamed turn delivers text: the sync waits for it, so that it cuts turns midway.
         self.sampling = asyncio.Event()
 
@@ -183,10 +183,12 @@ class Agents:
             for _ in range(TURNS):
                 stream = await client.chat.completions.create(
                     model="policy", messages=messages, tools=TOOLS, max_tokens=self.max_tokens,  # type: ignore[arg-type]
-                    temperature=1.0, stream=True)
-                text, finish = "", None
+                    temperature=1.0, stream=True, stream_options={"include_usage": True})
+                text, finish, count = "", None, -1
                 calls: dict[int, dict[str, Any]] = {}
                 async for chunk in stream:
+                    if chunk.usage is not None:
+                        count = chunk.usage.completion_tokens
                     for choice in chunk.choices:
                         if choice.delta.content:
                             text += choice.delta.content
@@ -197,7 +199,7 @@ class Agents:
                             entry["function"]["name"] += (call.function and call.function.name) or ""
                             entry["function"]["arguments"] += (call.function and call.function.arguments) or ""
                         finish = choice.finish_reason or finish
-                turns.append((text, str(finish)))
+                turns.append((text, str(finish), count))
                 message: dict[str, Any] = {"role": "assistant", "content": text}
                 if calls:
                     message["tool_calls"] = [calls[i] for i in sorted(calls)]
@@ -261,30 +263,80 @@ def turn_spans(token_ids: list[int], loss_mask: list[int], versions: list[int]) 
     return spans
 
 
-def check_turns(fetched: dict[str, Any], agents: Agents, tokenizer: Any, max_tokens: int) -> dict[str, Any]:
-    """Every turn holds the tokens the agent received, none lost or twice: above all those cut by a sync."""
-    out: dict[str, Any] = {"turns": 0, "crossed_sync": 0, "exact": 0, "inexact": []}
+def check_turns(fetched: dict[str, Any], agents: Agents, tokenizer: Any, max_tokens: int,
+                sync_modes: dict[int, str]) -> dict[str, Any]:
+    """Every turn holds the tokens the agent received, none lost or twice: above all those cut by a sync.
+
+    Per turn, the recorded sampled ids against what the agent got: the token count the reply's
+    usage gave it (``lost``: fewer recorded, ``dup``: more), and the text (``exact``: the same count,
+    ``max_tokens`` when the finish reason is ``length``, and the same text). A turn cut by a sync
+    holds tokens of two versions: ``cut`` counts those by the mode of the sync that cut them.
+    """
+    out: dict[str, Any] = {"turns": 0, "crossed_sync": 0, "cut": {}, "exact": 0, "lost": 0, "dup": 0,
+                           "inexact": []}
     stop_ids = set(tokenizer.stop_token_ids) if hasattr(tokenizer, "stop_token_ids") else set()
     for group in fetched["data"]:
         for rollout in group["trajectories"]:
             spans = [span for segment in rollout["segments"]
                      for span in turn_spans(segment["token_ids"], segment["loss_mask"], segment["versions"])]
             seen = agents.turns.pop(rollout["trajectory_id"], [])
-            for (ids, versions), (text, finish) in zip(spans, seen, strict=False):
+            for (ids, versions), (text, finish, count) in zip(spans, seen, strict=False):
                 out["turns"] += 1
-                out["crossed_sync"] += len(versions) > 1
+                if len(versions) > 1:  # the sync that installed the newer version cut it
+                    out["crossed_sync"] += 1
+                    mode = sync_modes.get(max(versions), "?")
+                    out["cut"][mode] = out["cut"].get(mode, 0) + 1
+                out["lost"] += max(count - len(ids), 0)
+                out["dup"] += max(len(ids) - count, 0)
                 body = ids[:-1] if ids and ids[-1] in stop_ids else ids
-                count_ok = len(ids) == max_tokens if finish == "length" else len(ids) <= max_tokens
+                count_ok = len(ids) == count and (len(ids) == max_tokens if finish == "length" else
+                                                  len(ids) <= max_tokens)
                 exact = count_ok and tokenizer.decode(body).strip() == text.strip()  # content is stripped
                 out["exact"] += exact
                 if not exact and len(out["inexact"]) < 5:
                     out["inexact"].append({"ids": ids, "decoded": tokenizer.decode(body), "agent": text,
-                                           "finish": finish})
+                                           "finish": finish, "usage": count})
             out["turns"] += abs(len(spans) - len(seen))  # a turn without its record counts as not exact
     return out
 
 
 # -- the loop --------------------------------------------------------------------------------------
+
+async def counter(engine: httpx.AsyncClient, name: str) -> float:
+    """One of vLLM's own counters (``/metrics``), summed over its labels."""
+    text = (await engine.get("/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith((name + "{", name + " ")))
+
+
+async def sync(http: httpx.AsyncClient, engine: httpx.AsyncClient, weights: Path, version: int,
+               mode: str) -> dict[str, Any]:
+    """Proxy pause (``mode``: abort or keep; the proxy pauses vLLM too) -> vLLM reload -> version -> resume.
+
+    ``abort``: the turns in flight stop at a token boundary, every sampled token recorded, and go on
+    after the resume from their prompt and those tokens (partial rollout). ``keep``: vLLM freezes
+    them in place (``/pause?mode=keep``) and they go on in the same engine request after it.
+    """
+    paused = await http.post("/v1/rollout/pause", json={"mode": mode})
+    paused.raise_for_status()
+    in_flight = (await http.get("/v1/rollout/pause_state")).json()["in_flight"]
+    reload = await engine.post("/collective_rpc", json={
+        "method": "reload_weights", "kwargs": {"weights_path": str(weights)}})
+    reload.raise_for_status()
+    # Every key and value cached was computed by the old weights: a turn that goes on after the sync
+    # (and every prompt sharing a prefix with an earlier one) must not be computed from them.
+    # ``reset_running_requests`` also drops those of the requests a keep pause froze: vLLM computes
+    # them again, with the new weights, when they go on.
+    reset = await engine.post("/reset_prefix_cache", params={"reset_running_requests": "true"})
+    reset.raise_for_status()
+    if not reset.json().get("success"):
+        raise SystemExit(f"vLLM did not reset its prefix cache: {reset.text}")
+    resumed = await http.post("/v1/rollout/resume", json={"weight_version": str(version)})
+    resumed.raise_for_status()
+    reported = (await engine.get("/weight_info")).json()["weight_version"]
+    return {"mode": mode, "aborted": paused.json().get("aborted", 0), "in_flight": in_flight,
+            "engine_version": reported}
+
 
 async def train(args: argparse.Namespace, engine_url: str, model: Path, work: Path) -> dict[str, Any]:
     tokenizer = load_tokenizer(None)
@@ -293,6 +345,9 @@ async def train(args: argparse.Namespace, engine_url: str, model: Path, work: Pa
     proxy = start_proxy(host="127.0.0.1", backend="vllm", backend_urls=(engine_url,), partial_rollout=True,
                         engine_pause=True)
     admin = {"Authorization": f"Bearer {proxy.config.security.admin_token}"}
+    modes = ["abort", "keep"] if args.sync_mode == "both" else [args.sync_mode]
+    #: The mode of the sync that installed each version.
+    sync_modes: dict[int, str] = {}
     try:
         async with httpx.AsyncClient(base_url=proxy.url, headers=admin, timeout=None) as http, \
                 httpx.AsyncClient(base_url=engine_url, timeout=None) as engine:
@@ -305,8 +360,13 @@ async def train(args: argparse.Namespace, engine_url: str, model: Path, work: Pa
             (await http.post("/v1/rollout/pause", json={"mode": "abort"})).raise_for_status()
             (await http.post("/v1/rollout/resume", json={"weight_version": str(version)})).raise_for_status()
             reported = {version: (await engine.get("/weight_info")).json()["weight_version"]}
+            generated_before = await counter(engine, "vllm:generation_tokens_total")
+            recorded = 0
             playing = asyncio.create_task(agents.run())
-            for iteration in range(args.iterations):
+            # N iterations of training, then one more batch: the groups that played across the last
+            # sync, fetched to check them as well (and the reward at the last weights); no training.
+            for iteration in range(args.iterations + 1):
+                last = iteration == args.iterations
                 fetching = asyncio.create_task(http.post("/trajectory/fetch_batch", json={
                     "groups": args.prompts, "rollouts_per_group": args.group, "timeout_s": 600}))
                 await asyncio.wait([fetching, playing], return_when=asyncio.FIRST_COMPLETED)
@@ -319,9 +379,11 @@ async def train(args: argparse.Namespace, engine_url: str, model: Path, work: Pa
                 if not fetched["complete"]:
                     raise SystemExit(f"no {args.prompts} complete groups within 600 s: is vLLM serving?")
                 early = args.prompts - args.prompts // 2
-                for _ in range(early):
-                    agents.budget.release()  # half the next iteration's groups play beside the training
+                if not last:
+                    for _ in range(early):
+                        agents.budget.release()  # half the next iteration's groups play beside the training
                 batch = build_batch(fetched, pad_token_id=tokenizer.hf.pad_token_id or 0)
+                recorded += int(batch.loss_mask.sum())
                 path = work / f"batch-{iteration}.npz"
                 arrays = batch.arrays()
                 np.savez(path, **{k: arrays[k] for k in ("input_ids", "attention_mask", "position_ids", "loss_mask",
@@ -329,15 +391,20 @@ async def train(args: argparse.Namespace, engine_url: str, model: Path, work: Pa
                 weights = work / f"weights-{version + 1}"
                 started = time.monotonic()
                 answer = await asyncio.to_thread(trainer.step, {
-                    "batch": str(path), "logprobs": str(work / f"logprobs-{iteration}.npz"), "out": str(weights),
-                    "lr": args.lr, "steps": args.steps})
+                    "batch": str(path), "logprobs": str(work / f"logprobs-{iteration}.npz"),
+                    "out": None if last else str(weights), "lr": args.lr, "steps": 0 if last else args.steps})
                 train_s = time.monotonic() - started
                 logprobs = dict(np.load(work / f"logprobs-{iteration}.npz"))
                 row = {"iteration": iteration, "version": version, "reward": float(batch.rewards.mean()),
                        **mismatch(batch, logprobs, version, version - 1),
                        "versions_in_batch": sorted({int(v) for v in batch.versions[sampled(batch)]}),
-                       **check_turns(fetched, agents, tokenizer, args.max_tokens), "train_s": round(train_s, 1),
-                       "losses": answer["losses"]}
+                       **check_turns(fetched, agents, tokenizer, args.max_tokens, sync_modes),
+                       "train_s": round(train_s, 1), "losses": answer["losses"]}
+                if last:  # every group played is in a batch now: nothing runs on the engine
+                    row.update(sync=None, aborted=0, in_flight=0, sync_s=0.0)
+                    rows.append(row)
+                    print_row(row)
+                    break
                 # The sync: nothing is sampled while vLLM loads the new weights; the cut turns go on after it.
                 # It waits (up to --sync-wait s) for a turn to stream its first text, so that every sync
                 # cuts turns in the middle.
@@ -347,37 +414,36 @@ async def train(args: argparse.Namespace, engine_url: str, model: Path, work: Pa
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(agents.sampling.wait(), args.sync_wait)
                 started = time.monotonic()
-                paused = (await http.post("/v1/rollout/pause", json={"mode": "abort"})).json()
-                reload = await engine.post("/collective_rpc", json={
-                    "method": "reload_weights", "kwargs": {"weights_path": str(weights)}})
-                reload.raise_for_status()
-                # The KV cache of every prompt was computed by the old weights: without this, a turn cut
-                # by the sync would go on from stale keys and values (and every shared prefix too).
-                (await engine.post("/reset_prefix_cache")).raise_for_status()
+                mode = modes[iteration % len(modes)]
+                synced = await sync(http, engine, weights, version + 1, mode)
                 version += 1
-                resumed = await http.post("/v1/rollout/resume", json={"weight_version": str(version)})
-                resumed.raise_for_status()
-                reported[version] = (await engine.get("/weight_info")).json()["weight_version"]
-                row.update(sync_s=round(time.monotonic() - started, 2), aborted=paused.get("aborted", 0))
+                sync_modes[version] = mode
+                reported[version] = synced.pop("engine_version")
+                row.update(sync=mode, **synced, sync_s=round(time.monotonic() - started, 2))
                 rows.append(row)
                 print_row(row)
             playing.cancel()
+            generated = round(await counter(engine, "vllm:generation_tokens_total") - generated_before)
     finally:
         proxy.close()
         trainer.close()
-    return {"iterations": rows, "engine_versions": {str(k): v for k, v in reported.items()}}
+    return {"iterations": rows, "engine_versions": {str(k): v for k, v in reported.items()},
+            "sync_modes": {str(k): v for k, v in sync_modes.items()},
+            "tokens": {"generated_by_vllm": generated, "in_batches": recorded}}
 
 
 def print_row(row: dict[str, Any]) -> None:
     if row["iteration"] == 0:
         print(f"{'it':>2} {'ver':>3} {'reward':>6} {'tokens':>6} {'checked':>7} {'mean|d|':>9} {'max|d|':>9} "
-              f"{'older':>5} {'ratio mean [min, max]':>22} {'turns':>5} {'cut':>3} {'exact':>5} "
-              f"{'aborted':>7} {'train s':>7} {'sync s':>6}")
+              f"{'older':>5} {'ratio mean [min, max]':>22} {'turns':>5} {'cut':>3} {'exact':>5} {'lost':>4} "
+              f"{'dup':>3} {'sync':>5} {'stopped':>7} {'train s':>7} {'sync s':>6}")
     ratio = f"{row['ratio_mean']:.3f} [{row['ratio_min']:.2f}, {row['ratio_max']:.2f}]"
+    # What the sync after this batch stopped: the turns it aborted (abort) or froze in vLLM (keep).
+    stopped = row["aborted"] if row["sync"] == "abort" else row["in_flight"]
     print(f"{row['iteration']:>2} {row['version']:>3} {row['reward']:>6.3f} {row['tokens']:>6} "
           f"{row['checked_tokens']:>7} {row['mean_abs']:>9.2e} {row['max_abs']:>9.2e} {row['older_tokens']:>5} "
-          f"{ratio:>22} {row['turns']:>5} {row['crossed_sync']:>3} {row['exact']:>5} {row['aborted']:>7} "
-          f"{row['train_s']:>7} {row['sync_s']:>6}", flush=True)
+          f"{ratio:>22} {row['turns']:>5} {row['crossed_sync']:>3} {row['exact']:>5} {row['lost']:>4} "
+          f"{row['dup']:>3} {row['sync'] or '-':>5} {stopped:>7} {row['train_s']:>7} {row['sync_s']:>6}", flush=True)
 
 
 # -- a PNG without matplotlib ----------------------------------------------------------------------
@@ -428,6 +494,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-2)
     parser.add_argument("--sync-wait", type=float, default=30.0,
                         help="seconds a sync waits for a turn streaming text, to cut it (0: sync at once)")
+    parser.add_argument("--sync-mode", choices=("abort", "keep", "both"), default="both",
+                        help="how a sync stops the turns in flight: abort them (partial rollout), keep them "
+                             "frozen in vLLM (/pause?mode=keep), or both, in turn (default)")
     parser.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON, help="a Python with vllm, torch, transformers")
     parser.add_argument("--engine-url", help="a dev-mode vLLM already serving the tiny model (else one is started)")
     parser.add_argument("--work-dir", type=Path, help="batches and weights (default: a temporary directory)")
@@ -456,8 +525,18 @@ def main() -> None:
     result["wall_s"] = round(time.monotonic() - started, 1)
     if args.report:
         args.report.write_text(json.dumps(result, indent=1))
-    print(f"reward {rows[0]['reward']:.3f} -> {rows[-1]['reward']:.3f} in {len(rows)} iterations; "
-          f"engine versions {result['engine_versions']}; plot {args.plot}; wall {result['wall_s']} s")
+    tokens, syncs = result["tokens"], result["sync_modes"]
+    lost = sum(row["lost"] for row in rows)
+    dup = sum(row["dup"] for row in rows)
+    cut = {mode: sum(row["cut"].get(mode, 0) for row in rows) for mode in sorted(set(syncs.values()))}
+    print(f"reward {rows[0]['reward']:.3f} -> {rows[-1]['reward']:.3f} over {len(rows) - 1} iterations "
+          f"(the last row: the groups played across the last sync, not trained on)")
+    print(f"tokens: vLLM generated {tokens['generated_by_vllm']}, the batches hold {tokens['in_batches']}; "
+          f"across {len(syncs)} syncs ({', '.join(f'{m}: {c} turns cut' for m, c in cut.items())}) "
+          f"{lost} lost and {dup} sampled twice")
+    print(f"versions: vLLM reported {result['engine_versions']}; the batches hold "
+          f"{sorted({v for row in rows for v in row['versions_in_batch']})}")
+    print(f"plot {args.plot}; wall {result['wall_s']} s")
 
 
 if __name__ == "__main__":
