@@ -237,3 +237,12 @@ def test_python_samples_parse_and_import_what_exists(page: Path) -> None:
                 wrong += [f"import {alias.name}" for alias in node.names
                           if alias.name.startswith("actorproxy") and not _submodule(alias.name)]
     assert not wrong, f"{page.relative_to(ROOT)}:\n" + "\n".join(wrong)
+
+
+def test_index_lists_every_page() -> None:
+    """docs/index.md links every page under docs/ (a page no one can find is not documentation)."""
+    index = ROOT / "docs" / "index.md"
+    linked = {(index.parent / target.partition("#")[0]).resolve() for target in _LINK.findall(index.read_text())}
+    pages = {page.resolve() for page in (ROOT / "docs").rglob("*.md")} - {index.resolve()}
+    unlisted = sorted(str(page.relative_to(ROOT)) for page in pages - linked)
+    assert not unlisted, "not in docs/index.md: " + ", ".join(unlisted)
