@@ -246,3 +246,13 @@ def test_index_lists_every_page() -> None:
     pages = {page.resolve() for page in (ROOT / "docs").rglob("*.md")} - {index.resolve()}
     unlisted = sorted(str(page.relative_to(ROOT)) for page in pages - linked)
     assert not unlisted, "not in docs/index.md: " + ", ".join(unlisted)
+
+
+def test_readme_layout_is_the_tree() -> None:
+    """README.md's layout table names every package under actorproxy/, and only packages that exist."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## Layout"):]
+    named = set(re.findall(r"`actorproxy/(\w+)/`", table))
+    packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert named == packages, (f"not in the table: {sorted(packages - named)}; "
+                               f"not in the tree: {sorted(named - packages)}")
