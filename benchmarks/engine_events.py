@@ -30,7 +30,7 @@ import trio
 from actorproxy.engines.base import GenerationEvent
 from actorproxy.engines.deltas import take_merged
 from actorproxy.engines.http11 import HTTP11Client
-from actorproxy.engines.http11_wire import BodyDecoder
+from actorproxy.http.h1 import BodyDecoder
 from actorproxy.engines.sglang.protocol import SGLangStreamParser
 from actorproxy.engines.sse import SSEParser
 

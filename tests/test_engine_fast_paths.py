@@ -1,7 +1,7 @@
 """The engine client's fast paths read and write exactly what the general code does.
 
 The SSE splitter's one-``data:``-line events and the body decoder's whole chunks are
-read inline (``SSEParser._split_lf``, ``http11_wire._whole_chunks``); random streams,
+read inline (``SSEParser._split_lf``, ``h1.whole_chunks``); random streams,
 fed whole and in small pieces, must give the same events, the same bytes left over and
 the same errors as the general loops. A ``/generate`` body is the converter's.
 """
@@ -13,12 +13,13 @@ from array import array
 
 import pytest
 
-from actorproxy.engines import http11_wire
 from actorproxy.engines.base import GenerateRequest, SamplingParams
 from actorproxy.engines.connection import json_body
-from actorproxy.engines.http11_wire import BodyDecoder, ProtocolError
 from actorproxy.engines.sglang import protocol
 from actorproxy.engines.sse import SSEParser
+from actorproxy.http import h1
+from actorproxy.http.errors import ProtocolError
+from actorproxy.http.h1 import BodyDecoder
 from actorproxy.schema.converter import CONVERTER, TokenIds
 
 _SSE_PARTS = [b"data: ", b"data:", b"data: {}\n\n", b"\n", b"\n\n", b"x", b"yz", b"event: e", b":ping",
@@ -75,7 +76,7 @@ def test_whole_chunks_read_inline_are_read_as_the_general_states_read_them(monke
     streams = [_chunked(rnd) for _ in range(4000)]
     steps = [1, 3, 7, 1 << 20]
     inline = [[_dechunked(stream, step) for step in steps] for stream in streams]
-    monkeypatch.setattr(http11_wire, "_whole_chunks", lambda buf, pos, out: pos)
+    monkeypatch.setattr(h1, "whole_chunks", lambda buf, pos, out: pos)
     general = [[_dechunked(stream, step) for step in steps] for stream in streams]
     for stream, a, b in zip(streams, inline, general, strict=True):
         assert a == b, stream

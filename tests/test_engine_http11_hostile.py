@@ -4,7 +4,7 @@ A raw TCP server on port 0 (test_engine_http11's scripted ``Server``) answers wi
 bytes: a bad status line or header, a bad chunk size, a truncated body, a head or an
 event beyond its limit. Each must fail the request with a :class:`BackendError` whose
 message says what was wrong, without waiting for the read timeout, and the connection
-must not go back to the pool. The sans-IO framing (:mod:`actorproxy.engines.http11_wire`,
+must not go back to the pool. The sans-IO framing (:mod:`actorproxy.http.h1`,
 :mod:`actorproxy.engines.sse`) is checked with hypothesis: any split of a valid body
 decodes to the same bytes and events, and any mutation of one decodes or raises
 :class:`ProtocolError`, nothing else.
@@ -22,9 +22,10 @@ from actorproxy.engines import http11
 from actorproxy.engines.base import BackendError, GenerateRequest, SamplingParams
 from actorproxy.engines.errors import mapped_errors
 from actorproxy.engines.http11 import HTTP11Client
-from actorproxy.engines.http11_wire import BodyDecoder, ProtocolError, head_end, parse_head
 from actorproxy.engines.sglang.client import SGLangBackend
 from actorproxy.engines.sse import SSEEvent, SSEParser
+from actorproxy.http.errors import ProtocolError
+from actorproxy.http.h1 import BodyDecoder, head_end, parse_response
 
 OK = b"HTTP/1.1 200 OK\r\n"
 CHUNKED_HEAD = OK + b"Transfer-Encoding: chunked\r\n\r\n"
@@ -205,7 +206,7 @@ def test_a_mutated_chunked_body_decodes_or_raises_a_protocol_error(
 def test_any_response_head_parses_or_raises_a_protocol_error(noise: bytes, start: bytes) -> None:
     buf = bytearray(start + noise + b"\r\n\r\n")
     try:
-        status, _, headers, framing = parse_head(buf, head_end(buf), "POST")
+        status, _, headers, framing = parse_response(buf, head_end(buf), "POST")
     except ProtocolError:
         return
     assert 100 <= status <= 999 and all(k == k.lower() for k in headers)

@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 import attrs
 import trio
 
-from .http11_wire import MAX_HEAD, ProtocolError, TransportError, head_end, parse_head, request_head
+from ..http.errors import ProtocolError, TransportError
+from ..http.h1 import MAX_RESPONSE_HEAD, head_end, parse_response, request_head
 
 _READ_SIZE = 4096
 
@@ -167,10 +168,10 @@ class OneShot:
             while framing is None:  # the head (after any 1xx answers)
                 end = head_end(buf)
                 if end < 0:
-                    if len(buf) > MAX_HEAD:
-                        raise ProtocolError(f"the response head is larger than {MAX_HEAD // 1024} KiB")
+                    if len(buf) > MAX_RESPONSE_HEAD:
+                        raise ProtocolError(f"the response head is larger than {MAX_RESPONSE_HEAD // 1024} KiB")
                     break
-                status, _, _, framing = parse_head(buf, end, "POST")
+                status, _, _, framing = parse_response(buf, end, "POST")
             if framing is not None:
                 framing.decode(buf, body)
                 body.clear()

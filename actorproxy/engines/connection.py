@@ -21,9 +21,10 @@ import numpy as np
 import orjson
 import trio
 
+from ..http.errors import ConnectError, ConnectTimeout, ReadTimeout, TransportError
 from .base import BackendError
 from .errors import check_status, discard, mapped_errors
-from .http11 import ConnectError, ConnectTimeout, HTTP11Client, ReadTimeout, Response, TransportError
+from .http11 import HTTP11Client, Response
 from .ids_json import IdsJSON
 from .sse import SSEEvent, SSEParser
 

@@ -1,6 +1,7 @@
 """Engine failures as :class:`BackendError`, at every boundary (httpcore-style mapping).
 
-Transport failures (our HTTP/1.1 client's or httpx's) become 502 (504 on timeouts); an
+Transport failures (:mod:`actorproxy.http.errors`, or httpx's) become 502 (504 on timeouts), by
+the one table :data:`TRANSPORT_ERRORS`; an
 engine's HTTP error or in-stream error becomes 400 when the engine calls the request
 invalid, 503 when it is overloaded or starting, 504 on its timeouts, else 502.
 """
@@ -15,8 +16,8 @@ from typing import TYPE_CHECKING
 import httpx
 import orjson
 
+from ..http.errors import ConnectError, ConnectTimeout, ReadTimeout, TransportError
 from .base import BackendError
-from .http11 import TransportError
 
 if TYPE_CHECKING:
     from .connection import BodyResponse
@@ -24,6 +25,17 @@ if TYPE_CHECKING:
 _ERROR_BODY_LIMIT = 64 * 1024
 # Phrases engines use when a request can never succeed (prompt too long, bad params).
 _INVALID = re.compile(r"context length|too long|longer than|exceed|invalid|must be|not supported", re.I)
+
+
+#: A transport failure's status and whether it means the engine is unreachable (nothing reached it; the pool marks
+#: it down): the first row whose class the failure is an instance of. Only a failed connect says the engine is gone;
+#: a dropped stream may be this request's.
+TRANSPORT_ERRORS: tuple[tuple[type[Exception], int, bool], ...] = (
+    (ConnectTimeout, 504, True), (httpx.ConnectTimeout, 504, True),
+    (ReadTimeout, 504, False), (httpx.TimeoutException, 504, False),
+    (ConnectError, 502, True), (httpx.ConnectError, 502, True),
+    (TransportError, 502, False), (httpx.HTTPError, 502, False),
+)
 
 
 class mapped_errors:  # noqa: N801 (a context manager named like the function it was)
@@ -43,17 +55,20 @@ class mapped_errors:  # noqa: N801 (a context manager named like the function it
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if exc is None or not isinstance(exc, Exception):
             return
-        what = self.what
-        if isinstance(exc, TransportError):
-            raise BackendError(f"{what}: {exc}", status=exc.status, unreachable=exc.unreachable) from exc
-        if isinstance(exc, httpx.TimeoutException):
-            unreachable = isinstance(exc, httpx.ConnectTimeout)
-            message = f"{what}: timed out ({type(exc).__name__})"
-            raise BackendError(message, status=504, unreachable=unreachable) from exc
-        if isinstance(exc, httpx.HTTPError):
-            # Only a failed connect says the engine is gone; a dropped stream may be this request's.
-            unreachable = isinstance(exc, httpx.ConnectError)
-            raise BackendError(f"{what}: {type(exc).__name__}: {exc}", status=502, unreachable=unreachable) from exc
+        if isinstance(exc, (TransportError, httpx.HTTPError)):
+            raise backend_error(self.what, exc) from exc
+
+
+def backend_error(what: str, exc: TransportError | httpx.HTTPError) -> BackendError:
+    """The :class:`BackendError` a transport failure is (:data:`TRANSPORT_ERRORS`)."""
+    status, unreachable = next((s, u) for failure, s, u in TRANSPORT_ERRORS if isinstance(exc, failure))
+    if isinstance(exc, httpx.TimeoutException):
+        message = f"timed out ({type(exc).__name__})"
+    elif isinstance(exc, httpx.HTTPError):
+        message = f"{type(exc).__name__}: {exc}"
+    else:
+        message = str(exc)
+    return BackendError(f"{what}: {message}", status=status, unreachable=unreachable)
 
 
 def error_message(body: object) -> str:

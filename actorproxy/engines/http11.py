@@ -6,7 +6,7 @@ machine cost ~536 Python calls per turn (17% of the proxy's CPU per turn), most 
 re-checking states that an engine's response never leaves. Engine traffic needs little:
 one send per request (head and body together), a response head, a body framed by
 ``Content-Length``, chunked encoding or the connection's end, and for generation streams
-server-sent events. :class:`Response` reads the head (:mod:`.http11_wire`), then
+server-sent events. :class:`Response` reads the head (:mod:`actorproxy.http.h1`), then
 de-chunks the body straight into an :class:`~.sse.SSEParser`'s buffer, which splits it
 into events in the same pass (:meth:`Response.receive_events`).
 
@@ -32,18 +32,10 @@ from urllib.parse import urlsplit
 
 import trio
 
+from ..http.errors import ConnectError, ConnectTimeout, ProtocolError, ReadTimeout, TransportError
+from ..http.h1 import MAX_RESPONSE_HEAD, BodyDecoder, head_end, parse_response, request_head
 from .aborts import Origin
 from .http11_io import Connection, SocketIO
-from .http11_wire import (
-    MAX_HEAD,
-    BodyDecoder,
-    ProtocolError,
-    ReadTimeout,
-    TransportError,
-    head_end,
-    parse_head,
-    request_head,
-)
 from .sse import SSEEvent, SSEParser
 
 __all__ = [
@@ -54,14 +46,6 @@ __all__ = [
 MAX_EVENT = 256 * 1024 * 1024
 #: Informational (1xx) answers skipped before the response itself.
 _MAX_INFORMATIONAL = 8
-
-
-class ConnectError(TransportError):
-    unreachable = True
-
-
-class ConnectTimeout(ReadTimeout):
-    unreachable = True
 
 
 class _Unused(Exception):
@@ -272,8 +256,8 @@ class HTTP11Client:
             for _ in range(_MAX_INFORMATIONAL + 1):
                 buf = conn.buf
                 while (end := head_end(buf)) < 0:
-                    if len(buf) > MAX_HEAD:
-                        raise ProtocolError(f"the response head is larger than {MAX_HEAD // 1024} KiB")
+                    if len(buf) > MAX_RESPONSE_HEAD:
+                        raise ProtocolError(f"the response head is larger than {MAX_RESPONSE_HEAD // 1024} KiB")
                     try:
                         got = await self._io.fill(conn)
                     except TransportError as exc:
@@ -285,7 +269,7 @@ class HTTP11Client:
                             raise _Unused
                         raise ProtocolError("the engine closed the connection before its response head ended")
                     unanswered = False
-                status, reason, headers, framing = parse_head(buf, end, method)
+                status, reason, headers, framing = parse_response(buf, end, method)
                 if framing is not None:
                     return Response(self, conn, status, reason, headers, framing)
             raise ProtocolError(f"more than {_MAX_INFORMATIONAL} informational (1xx) responses")

@@ -21,7 +21,7 @@ import socket
 
 import trio
 
-from .http11_wire import ReadTimeout, TransportError
+from ..http.errors import ReadTimeout, TransportError
 
 _READ_SIZE = 256 * 1024
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError)

@@ -20,7 +20,7 @@ import trio
 from .base import AbortBatch, BackendError, GenerateFinish, GenerationEvent
 from .connection import EngineHTTP, EngineResponse
 from .deltas import take_merged
-from .errors import mapped_errors
+from .errors import backend_error, mapped_errors
 from .http11 import Response, TransportError
 from .sse import SSEEvent
 
@@ -238,7 +238,7 @@ class StreamedGeneration(Generic[P]):
         except TransportError as exc:
             if self._cut is not None:
                 return  # _cut_stream: the loop reports the local finish
-            raise BackendError(f"{self.what}: {exc}", status=exc.status, unreachable=exc.unreachable) from exc
+            raise backend_error(self.what, exc) from exc
         if events is None:
             self._body_ended = True
             if not self._finish_queued:

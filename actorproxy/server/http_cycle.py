@@ -3,7 +3,7 @@
 The connection (:class:`~.http_server._Connection`) reads the socket and runs one
 :class:`Cycle` after another in its own task; a cycle gives the app the request's body
 as it arrives (or at once, through the ``actorproxy.body_now`` extension), frames the
-app's response (:mod:`.http1`) so that its head, body and end leave in one write, and
+app's response (:mod:`actorproxy.http.h1`) so that its head, body and end leave in one write, and
 tells the app when the client is gone (``http.disconnect``, or the
 ``actorproxy.on_disconnect`` callback that cancels the request).
 """
@@ -20,8 +20,8 @@ from urllib.parse import unquote
 import trio
 from werkzeug.exceptions import RequestTimeout
 
+from ..http import h1
 from ..schema import jsonio
-from . import http1
 from .drain import Message
 from .replies import error_reply, is_anthropic_route
 
@@ -36,7 +36,7 @@ MAX_PIPELINED = 65536
 #: up to this size is read from the socket in as few calls as it arrives in and given to the app whole.
 BODY_AT_ONCE = 1 << 20
 DISCONNECT: Message = {"type": "http.disconnect"}
-CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+CONTINUE = h1.CONTINUE
 #: Bytes of a request body left unread when its response starts that the connection still reads (and drops) after
 #: the response, to serve the next request on it; a larger rest (a 413 decided from ``Content-Length``) is not
 #: read: the response says ``connection: close``.
@@ -72,7 +72,7 @@ class Date:
 class Cycle:
     """One request and its response: the ASGI ``receive`` and ``send`` of the app's call."""
 
-    def __init__(self, connection: _Connection, request: http1.RequestHead) -> None:
+    def __init__(self, connection: _Connection, request: h1.RequestHead) -> None:
         self.connection = connection
         self.request = request
         self.method = request.method.decode("ascii")
@@ -94,7 +94,7 @@ class Cycle:
                            SLOW_BODY_EXTENSION: self.too_slow},
         }
         self.on_disconnect: list[Callable[[], None]] = []
-        self.body = http1.BodyReader(request)
+        self.body = h1.BodyDecoder.of_request(request)
         self.read_lock: trio.Lock | None = None  # made by the first ``receive`` (the turn lane takes ``body_now``)
         self.body_given = False  # the app has the body's last message
         self.bad_body = False  # the body's framing was broken: answer 400 if the app did not answer
@@ -102,7 +102,7 @@ class Cycle:
         self.started = trio.current_time()  # for the body's rate (``body_due``)
         self.mark = connection.received - len(connection.buffer)  # ``connection.received`` before the body
         self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None
-        self.framing: http1.ResponseFraming | None = None
+        self.framing: h1.ResponseFraming | None = None
         self.complete = False
         self.close = False  # the response says the connection ends
 
@@ -129,11 +129,11 @@ class Cycle:
 
     async def error_response(self, status: int) -> None:
         self.complete = self.close = True
-        self.framing = http1.ResponseFraming(self.request, status, [])
+        self.framing = h1.ResponseFraming(self.request, status, [])
         if status == 408:
             await self.connection.write(self.timeout_response())
             return
-        await self.connection.write(http1.error_response(status, Date.now()))
+        await self.connection.write(h1.error_response(status, Date.now()))
 
     def too_slow(self) -> RequestTimeout | None:
         """The 408 to answer when the body came slower than the server's bound (``None``: it did not)."""
@@ -151,7 +151,7 @@ class Cycle:
         body = jsonio.dumps(reply.data)
         server = self.connection.server
         server.slow_bodies.note(trio.current_time(), self.method, path, server.limits.body_min_rate)
-        return (http1.status_line(408) + b"content-type: application/json\r\ncontent-length: %d\r\n"
+        return (h1.status_line(408) + b"content-type: application/json\r\ncontent-length: %d\r\n"
                 b"connection: close\r\ndate: %s\r\n\r\n%s" % (len(body), Date.now(), body))
 
     async def receive(self) -> Message:
@@ -194,7 +194,7 @@ class Cycle:
                 if not await self.more_body():  # too slow: the client gets a 408 unless the app answers
                     self.slow_body = True
                     return DISCONNECT
-        except http1.BadRequest:  # the client is still there: it gets a 400 unless the app answers
+        except h1.ProtocolError:  # the client is still there: it gets a 400 unless the app answers
             self.bad_body = True
             return DISCONNECT
         connection.closed = True
@@ -222,7 +222,7 @@ class Cycle:
                     continue
                 if connection.eof or connection.closed or not await self.more_body():
                     return False
-        except http1.BadRequest:
+        except h1.ProtocolError:
             return False
         return True
 
@@ -299,7 +299,7 @@ class Cycle:
         framing = self.framing
         if framing is None:
             status, headers = self.head
-            framing = http1.ResponseFraming(self.request, status, headers)
+            framing = h1.ResponseFraming(self.request, status, headers)
             if self.leaves_body() or self.slow_body:  # a 413 from the head, a 408: the rest is not read, it ends
                 framing.close = True
             out = framing.head(status, headers, Date.now())

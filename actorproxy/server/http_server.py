@@ -7,7 +7,7 @@ writes each ASGI message with its own socket write (head, body and end of a repl
 writes; every SSE chunk one more), each behind a lock and a shielded cancel scope, and
 passes the request body through memory channels and tasks. Here a reply's head, its body
 and its end leave in one write, and the request body is read from the socket when the
-app asks for it. The HTTP/1.1 framing itself is :mod:`.http1` (sans-IO; it replaced h11,
+app asks for it. The HTTP/1.1 framing itself is :mod:`actorproxy.http.h1` (sans-IO; it replaced h11,
 which cost about 80 µs per request: see there).
 
 What the proxy needs of its server, and nothing else: HTTP/1.1 with keep-alive (idle
@@ -38,8 +38,8 @@ from typing import Any
 
 import trio
 
+from ..http import h1
 from ..runtime.in_flight import InFlight
-from . import http1
 from .drain import ASGIApp
 from .http_cycle import BODY_AT_ONCE, CONTINUE, MAX_PIPELINED, Cycle, Date
 from .limits import HEADROOM, ConnectionLimits, accept_failures, is_probe, overloaded_response, slow_bodies
@@ -69,7 +69,7 @@ _EPOLL = getattr(select, "epoll", None)
 Handoff = Callable[[trio.socket.SocketType, bytes], Awaitable[None]]
 #: Looks at each request head before it is served: a :data:`Handoff` takes the connection away, ``None``
 #: serves the request here. It may wait for more of the request in ``connection.buffer``.
-Router = Callable[["_Connection", http1.RequestHead], Awaitable[Handoff | None]]
+Router = Callable[["_Connection", h1.RequestHead], Awaitable[Handoff | None]]
 
 
 class _Connection:
@@ -262,7 +262,7 @@ class _Connection:
             self.room.unpark_all()
         await self.arrived.park()
 
-    async def next_request(self) -> http1.RequestHead | None:
+    async def next_request(self) -> h1.RequestHead | None:
         """The next request's head; ``None`` when the connection should close.
 
         A client that sends no whole head within the keep-alive timeout is dropped: the
@@ -271,23 +271,23 @@ class _Connection:
         """
         try:
             while True:
-                request = http1.parse_head(self.buffer) if self.buffer else None
+                request = h1.parse_request(self.buffer) if self.buffer else None
                 if request is not None:
                     self.idle_since, self.timed_out = None, False
                     self.room.unpark_all()
                     return request
                 if self.eof:
                     if self.buffer.strip():  # a head cut short
-                        raise http1.BadRequest("incomplete request head")
+                        raise h1.ProtocolError("incomplete request head")
                     return None
                 if self.timed_out:
                     return None
                 if self.idle_since is None:
                     self.idle_since = trio.current_time()
                 await self.wait_for_bytes()
-        except http1.BadRequest as error:
+        except h1.ProtocolError as error:
             self.idle_since = None
-            await self.write(http1.error_response(error.status, Date.now()))
+            await self.write(h1.error_response(error.status_hint, Date.now()))
             return None
 
     async def write(self, data: bytes) -> None:

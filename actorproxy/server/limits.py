@@ -26,8 +26,8 @@ import resource
 
 import attrs
 
+from ..http import h1
 from ..schema import jsonio
-from . import http1
 
 log = logging.getLogger("actorproxy.http")
 
@@ -74,7 +74,7 @@ def default_max_connections() -> int:
     return max(32, soft - max(RESERVE, soft // 4))
 
 
-def is_probe(request: http1.RequestHead) -> bool:
+def is_probe(request: h1.RequestHead) -> bool:
     """Whether ``request`` is a health probe (what a connection in the headroom may ask)."""
     return request.method in (b"GET", b"HEAD") and request.target.partition(b"?")[0] in PROBES
 
@@ -85,7 +85,7 @@ def overloaded_response(max_connections: int, date: bytes) -> bytes:
         "message": f"the proxy serves {max_connections} connections (--max-connections), each busy with a "
                    "request; retry",
         "type": "server_error", "param": None, "code": "overloaded"}})
-    return (http1.status_line(503) + b"content-type: application/json\r\ncontent-length: %d\r\nretry-after: 1\r\n"
+    return (h1.status_line(503) + b"content-type: application/json\r\ncontent-length: %d\r\nretry-after: 1\r\n"
             b"connection: close\r\ndate: %s\r\n\r\n%s" % (len(body), date, body))
 
 

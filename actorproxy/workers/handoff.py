@@ -37,8 +37,8 @@ import trio
 from werkzeug.exceptions import RequestTimeout
 
 from ..errors import BadRequest, Overloaded, Unauthorized
+from ..http import h1
 from ..schema import jsonio
-from ..server import http1
 from ..server.auth import AccessPolicy, route_kind
 from ..server.http_cycle import body_arrives, request_path
 from ..server.lane import RequestHeaders
@@ -76,7 +76,7 @@ class Router:
         self.handed_off = 0  # connections sent to their owner
         self.refused = 0  # requests answered 503 because their owner was down
 
-    async def __call__(self, connection: _Connection, request: http1.RequestHead) -> Handoff | None:
+    async def __call__(self, connection: _Connection, request: h1.RequestHead) -> Handoff | None:
         try:
             return await self.route(connection, request)
         except Exception as exc:  # a fault of the router's own: this request's alone, never the worker's
@@ -85,7 +85,7 @@ class Router:
                                code="unroutable_request")
             return partial(_answer, error, request_path(request.target)[0])
 
-    async def route(self, connection: _Connection, request: http1.RequestHead) -> Handoff | None:
+    async def route(self, connection: _Connection, request: h1.RequestHead) -> Handoff | None:
         """The hand-off to the worker that owns the request's session; ``None``: served here."""
         path = request_path(request.target)[0]
         headers = RequestHeaders(request.headers)
@@ -183,14 +183,14 @@ async def _receive(stream: trio.SocketStream, server: HTTPServer) -> None:
         await stream.aclose()
 
 
-async def _whole_body(connection: _Connection, request: http1.RequestHead) -> bytes | None:
+async def _whole_body(connection: _Connection, request: h1.RequestHead) -> bytes | None:
     """The request's whole body once it is in the connection's buffer (left there); ``None``: it will not be;
     ``_SLOW``: it comes slower than the server's bound for a body (``--body-timeout``, ``--body-min-rate``).
 
     The connection's reader is told to gather it (``connection.want``: past the bytes it holds
     between requests); each new byte is copied once, into the body taken apart here.
     """
-    reader, pending, pieces, size, seen = http1.BodyReader(request), bytearray(), [], 0, 0
+    reader, pending, pieces, size, seen = h1.BodyDecoder.of_request(request), bytearray(), [], 0, 0
     started, mark = trio.current_time(), connection.received - len(connection.buffer)
     connection.want = request.length if not request.chunked else MAX_BODY
     try:
@@ -209,13 +209,13 @@ async def _whole_body(connection: _Connection, request: http1.RequestHead) -> by
                 return None
             if not await body_arrives(connection, started, mark):
                 return _SLOW
-    except http1.BadRequest:
+    except h1.ProtocolError:
         return None  # served here: the app answers 400
     finally:
         connection.want = 0
 
 
-def _rebuild(request: http1.RequestHead, continued: bool) -> bytes:
+def _rebuild(request: h1.RequestHead, continued: bool) -> bytes:
     """The request head as bytes again (names lower-cased; a ``100 Continue`` already sent is not asked for again)."""
     version = b"HTTP/1.1" if request.http_version == "1.1" else b"HTTP/1.0"
     lines = [request.method + b" " + request.target + b" " + version]
@@ -228,7 +228,7 @@ async def _answer(error: Exception, path: str, sock: trio.socket.SocketType, res
     """Answer ``error`` on the client's socket in the caller's format (``connection: close``); then it closes."""
     failed = error_reply(error, anthropic_shape=is_anthropic_route(path), method="", path=path)
     body = jsonio.dumps(failed.data)
-    head = [http1.status_line(failed.status), b"content-type: application/json\r\n", b"connection: close\r\n",
+    head = [h1.status_line(failed.status), b"content-type: application/json\r\n", b"connection: close\r\n",
             b"content-length: %d\r\n" % len(body)]
     head += [f"{name.lower()}: {value}\r\n".encode("latin-1") for name, value in failed.headers]
     await _send_all(sock, b"".join(head) + b"\r\n" + body)

@@ -1,25 +1,28 @@
-"""The server's HTTP/1.1 codec (server/http1.py), sans-IO: what it accepts, what it refuses, how it frames."""
+"""The HTTP/1.1 codec (actorproxy/http/h1.py), sans-IO, in both roles: what it accepts, what it refuses, how it frames.
+
+The client role's response heads and chunked bodies over hostile bytes are also in test_engine_http11_hostile.py
+and test_engine_fast_paths.py (the same decoder reads request bodies here)."""
 
 from __future__ import annotations
 
 import pytest
 
-from actorproxy.server import http1
+from actorproxy.http import h1
 
 
-def parse(data: bytes) -> http1.RequestHead | None:
-    return http1.parse_head(bytearray(data))
+def parse(data: bytes) -> h1.RequestHead | None:
+    return h1.parse_request(bytearray(data))
 
 
 def test_a_request_head_and_what_is_left_behind_it() -> None:
     buffer = bytearray(b"\r\nPOST /a?b HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nX-A:  v \r\n\r\nabcGET")
-    request = http1.parse_head(buffer)
+    request = h1.parse_request(buffer)
     assert request is not None
     assert (request.method, request.target, request.http_version) == (b"POST", b"/a?b", "1.1")
     assert request.headers == [(b"host", b"x"), (b"content-length", b"3"), (b"x-a", b"v")]
     assert request.length == 3 and not request.chunked and request.keep_alive
     assert buffer == b"abcGET"
-    assert http1.parse_head(bytearray(b"GET / HTTP/1.1\r\nHost: x\r\n")) is None  # not complete yet
+    assert h1.parse_request(bytearray(b"GET / HTTP/1.1\r\nHost: x\r\n")) is None  # not complete yet
 
 
 def test_bare_line_feeds_keep_alive_and_expect() -> None:
@@ -32,15 +35,15 @@ def test_bare_line_feeds_keep_alive_and_expect() -> None:
 
 def test_the_head_ends_at_its_first_empty_line_whatever_the_body_holds() -> None:
     buffer = bytearray(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nab\n\ncd")
-    request = http1.parse_head(buffer)
+    request = h1.parse_request(buffer)
     assert request is not None and request.length == 6 and buffer == b"ab\n\ncd"
     buffer = bytearray(b"POST / HTTP/1.1\nHost: x\nContent-Length: 6\n\nab\r\n\r\n")  # bare, then CRLFs
-    request = http1.parse_head(buffer)
+    request = h1.parse_request(buffer)
     assert request is not None and request.headers[-1] == (b"content-length", b"6") and buffer == b"ab\r\n\r\n"
-    long_line = b"GET / HTTP/1.1\r\nX-A: " + b"a" * http1.MAX_HEAD + b"\n\n"
-    with pytest.raises(http1.BadRequest) as info:
+    long_line = b"GET / HTTP/1.1\r\nX-A: " + b"a" * h1.MAX_REQUEST_HEAD + b"\n\n"
+    with pytest.raises(h1.ProtocolError) as info:
         parse(long_line)
-    assert info.value.status == 431
+    assert info.value.status_hint == 431
 
 
 def test_field_values_are_trimmed_and_keep_tabs_and_high_bytes_inside() -> None:
@@ -75,9 +78,9 @@ def test_field_values_are_trimmed_and_keep_tabs_and_high_bytes_inside() -> None:
     (b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 20000, 431),  # too large before it even ends
 ])
 def test_what_is_refused_and_with_what(head: bytes, status: int) -> None:
-    with pytest.raises(http1.BadRequest) as refused:
+    with pytest.raises(h1.ProtocolError) as refused:
         parse(head)
-    assert refused.value.status == status
+    assert refused.value.status_hint == status
 
 
 def test_repeated_equal_lengths_are_one_length() -> None:
@@ -89,7 +92,7 @@ def body(head: bytes, pieces: list[bytes]) -> tuple[bytes, bool, bytes]:
     """Feed ``pieces`` one by one; the body read, whether it ended, and what is left in the buffer."""
     request = parse(head)
     assert request is not None
-    reader, buffer, out = http1.BodyReader(request), bytearray(), b""
+    reader, buffer, out = h1.BodyDecoder.of_request(request), bytearray(), b""
     for piece in pieces:
         buffer += piece
         while not reader.done and (data := reader.read(buffer)) is not None:
@@ -107,7 +110,7 @@ def test_a_chunked_body_in_any_split_with_extensions_and_trailers() -> None:
 
 @pytest.mark.parametrize("wire", [b"zz\r\nab\r\n", b"2\r\nabc\r\n", b"1" * 2000])
 def test_a_broken_chunked_body_is_a_bad_request(wire: bytes) -> None:
-    with pytest.raises(http1.BadRequest):
+    with pytest.raises(h1.ProtocolError):
         body(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", [wire])
 
 
@@ -120,21 +123,91 @@ def test_response_framing() -> None:
     head = parse(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
     old = parse(b"GET / HTTP/1.0\r\n\r\n")
     assert get is not None and head is not None and old is not None
-    sized = http1.ResponseFraming(get, 200, [(b"content-length", b"2")])
+    sized = h1.ResponseFraming(get, 200, [(b"content-length", b"2")])
     expected = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ndate: D\r\n\r\n"
     assert sized.head(200, [(b"content-length", b"2")], b"D") == expected
     assert sized.piece(b"abc") == b"ab" and sized.end() == (b"", True)
-    short = http1.ResponseFraming(get, 200, [(b"content-length", b"5")])
+    short = h1.ResponseFraming(get, 200, [(b"content-length", b"5")])
     assert short.piece(b"ab") == b"ab" and short.end() == (b"", False)  # cut short: the connection must close
-    chunked = http1.ResponseFraming(get, 200, [])
+    chunked = h1.ResponseFraming(get, 200, [])
     assert b"transfer-encoding: chunked\r\n" in chunked.head(200, [], b"D")
     assert chunked.piece(b"hello") == b"5\r\nhello\r\n" and chunked.end() == (b"0\r\n\r\n", True)
-    bodiless = http1.ResponseFraming(head, 200, [(b"content-length", b"5")])
+    bodiless = h1.ResponseFraming(head, 200, [(b"content-length", b"5")])
     assert bodiless.piece(b"hello") == b"" and bodiless.end() == (b"", True)
-    until_close = http1.ResponseFraming(old, 200, [])
+    until_close = h1.ResponseFraming(old, 200, [])
     assert until_close.close and b"connection: close\r\n" in until_close.head(200, [], b"D")
-    said = http1.ResponseFraming(get, 200, [(b"connection", b"close")])
+    said = h1.ResponseFraming(get, 200, [(b"connection", b"close")])
     assert said.close and said.head(200, [(b"connection", b"close")], b"D").count(b"connection") == 1
     with pytest.raises(ValueError):
         sized.head(200, [(b"x", b"a\r\nInjected: 1")], b"D")
-    assert http1.error_response(431, b"D").startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+    assert h1.error_response(431, b"D").startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+
+
+# -- both roles: what one side writes, the other reads; one field pattern for both ---------------------------------
+
+
+def test_a_request_the_client_writes_is_the_request_the_server_reads() -> None:
+    head = h1.request_head("POST", "/generate?x=1", b"host: engine:30000\r\n", b"{}", {"content-type": "a/b"})
+    buffer = bytearray(head) + b"{}"
+    request = h1.parse_request(buffer)
+    assert request is not None and (request.method, request.target) == (b"POST", b"/generate?x=1")
+    assert request.headers == [(b"host", b"engine:30000"), (b"content-length", b"2"), (b"content-type", b"a/b")]
+    decoder = h1.BodyDecoder.of_request(request)
+    assert decoder.read(buffer) == b"{}" and decoder.done and not buffer
+    for bad in ({"x": "a\r\nInjected: 1"}, {"bad name": "v"}):
+        with pytest.raises(ValueError):
+            h1.request_head("GET", "/", b"", None, bad)
+    with pytest.raises(ValueError):
+        h1.request_head("GET", "/a b", b"", None, None)
+
+
+def test_a_response_the_server_writes_is_the_response_the_client_reads() -> None:
+    request = parse(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert request is not None
+    framing = h1.ResponseFraming(request, 201, [(b"x-a", b"1")])
+    wire = bytearray(framing.head(201, [(b"x-a", b"1")], b"D") + framing.piece(b"hello") + framing.end()[0])
+    status, reason, headers, body = h1.parse_response(wire, h1.head_end(wire), "GET")
+    assert (status, reason, headers["x-a"], headers["date"]) == (201, "Created", "1", "D")
+    assert body is not None and body.chunked and body.keep_alive
+    out = bytearray()
+    body.decode(wire, out)
+    assert out == b"hello" and body.done and not wire
+
+
+@pytest.mark.parametrize("line", [b"Bad Header", b": empty", b"X: a\x00b", b"X: a\rb", b"X : a"])
+def test_a_bad_header_line_is_refused_in_both_roles(line: bytes) -> None:
+    with pytest.raises(h1.ProtocolError, match="header line"):
+        parse(b"GET / HTTP/1.1\r\nHost: x\r\n" + line + b"\r\n\r\n")
+    wire = bytearray(b"HTTP/1.1 200 OK\r\n" + line + b"\r\ncontent-length: 0\r\n\r\n")
+    with pytest.raises(h1.ProtocolError, match="header line"):
+        h1.parse_response(wire, h1.head_end(wire), "GET")
+
+
+def test_a_fold_is_refused_by_the_server_and_read_as_a_space_by_the_client() -> None:
+    with pytest.raises(h1.ProtocolError):
+        parse(b"GET / HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n  2\r\n\r\n")
+    wire = bytearray(b"HTTP/1.1 200 OK\r\nX-A: 1\r\n  2\r\ncontent-length: 0\r\n\r\n")
+    _, _, headers, _ = h1.parse_response(wire, h1.head_end(wire), "GET")
+    assert headers["x-a"] == "1 2"
+
+
+def test_length_and_coding_rules_are_the_same_in_both_roles() -> None:
+    for value, length in ((b"3, 3", 3), (b"0", 0)):
+        request = parse(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: " + value + b"\r\n\r\n")
+        assert request is not None and request.length == length
+        wire = bytearray(b"HTTP/1.1 200 OK\r\nContent-Length: " + value + b"\r\n\r\n")
+        body = h1.parse_response(wire, h1.head_end(wire), "GET")[3]
+        assert body is not None and body.remaining == length
+    for header in (b"Content-Length: 3, 4", b"Content-Length: -1", b"Transfer-Encoding: gzip"):
+        with pytest.raises(h1.ProtocolError):
+            parse(b"POST / HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n\r\n")
+        wire = bytearray(b"HTTP/1.1 200 OK\r\n" + header + b"\r\n\r\n")
+        with pytest.raises(h1.ProtocolError):
+            h1.parse_response(wire, h1.head_end(wire), "GET")
+    # Both: refused by a server (two readers could disagree), chunked for a client, which then drops the connection.
+    both = b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"
+    with pytest.raises(h1.ProtocolError):
+        parse(b"POST / HTTP/1.1\r\nHost: x\r\n" + both)
+    wire = bytearray(b"HTTP/1.1 200 OK\r\n" + both)
+    body = h1.parse_response(wire, h1.head_end(wire), "GET")[3]
+    assert body is not None and body.chunked and not body.keep_alive
