@@ -10,6 +10,7 @@ new message gets the full check's error word for word.
 from __future__ import annotations
 
 import json
+import tracemalloc
 from typing import Any
 
 import httpx
@@ -17,7 +18,7 @@ import orjson
 import pytest
 
 from actorproxy.errors import BadRequest
-from actorproxy.protocols.chat_messages import ChatBody, load_chat_body
+from actorproxy.protocols.chat_messages import ChatBody, _check, load_chat_body
 from actorproxy.protocols.memo import MessageMemo
 from actorproxy.protocols.openai_chat import OpenAIChatFormat, parse_chat_body
 from actorproxy.schema.jsonio import MAX_DEPTH, load_body
@@ -169,6 +170,27 @@ def test_the_memo_is_bounded() -> None:
     assert len(memo) < 50
     again = _loaded(memo, [{"role": "user", "content": "message 0 " + "x" * 40}])  # evicted: checked again
     assert again.messages == [{"role": "user", "content": "message 0 " + "x" * 40}]
+
+
+@pytest.mark.parametrize("text_bytes", [20, 2000])
+def test_the_memo_weighs_at_most_twice_its_budget_in_memory(text_bytes: int) -> None:
+    """The bound is on what the kept entries weigh (text, parsed value, checked object), not on their text alone.
+
+    Short messages weigh several times their text: a bound on text let the memo hold
+    gigabytes (issue 33).
+    """
+    budget = 1 << 18
+    memo = MessageMemo(max_bytes=budget)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for i in range(10 * budget // (text_bytes + 200)):  # enough to turn the memo over many times
+            message = {"role": "user", "content": f"message {i} " + "x" * text_bytes}
+            memo.put(json.dumps(message).encode(), _check(orjson.loads(json.dumps(message))), 2)
+        kept = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert kept <= 2.2 * budget, f"{kept / budget:.1f}x the budget"
 
 
 # -- over HTTP: a rewritten history still splits the segment ---------------------------------------------

@@ -31,8 +31,11 @@ import orjson
 from ..schema.jsonio import MAX_DEPTH, load_body, nesting
 from ..schema.prefixes import Prefixes
 
-#: Raw JSON bytes of items kept (twice that at most while the memo turns over).
+#: What the items kept weigh in memory (:func:`weight`; twice that at most while the memo turns over).
 MEMO_BYTES = 64 << 20
+#: What an entry weighs beyond its text and the strings parsed from it: the key's and the value's
+#: object headers, the checked object (a dict of a few fields), the entry's tuple and its slot.
+ENTRY_BYTES = 640
 #: Bodies shorter than this are read whole every time (a 4 KB body costs a few µs).
 BODY_PREFIX_BYTES = 4096
 
@@ -46,12 +49,22 @@ _converted = itemgetter(0)
 _depth = itemgetter(1)
 
 
+def weight(key: bytes) -> int:
+    """What an entry for the item text ``key`` weighs in memory, about: the text kept as the key, the
+    strings parsed from it (no longer than the text), and :data:`ENTRY_BYTES` of objects around them.
+
+    A short message weighs ten times its text: a bound on text alone let the memo hold
+    gigabytes (issue 33).
+    """
+    return 2 * len(key) + ENTRY_BYTES
+
+
 class MessageMemo(Generic[T]):
     """Item JSON text -> what it was checked or converted to (with its nesting), for every recent session.
 
     Two generations: lookups hit the young one or promote from the old one;
-    when the young one holds ``max_bytes`` of text it becomes the old one, and
-    what was not used since is dropped. Bounded, no per-entry bookkeeping.
+    when the young one weighs ``max_bytes`` (:func:`weight`) it becomes the old
+    one, and what was not used since is dropped. Bounded, no per-entry bookkeeping.
     """
 
     def __init__(self, max_bytes: int = MEMO_BYTES) -> None:
@@ -79,10 +92,11 @@ class MessageMemo(Generic[T]):
             self._add(key, (message, depth))
 
     def _add(self, key: bytes, entry: tuple[T, int]) -> None:
-        if self._bytes + len(key) > self._max:
+        size = weight(key)
+        if self._bytes + size > self._max:
             self._old, self._young, self._bytes = self._young, {}, 0
         self._young[key] = entry
-        self._bytes += len(key)
+        self._bytes += size
 
     def __len__(self) -> int:
         return len(self._young) + len(self._old)
