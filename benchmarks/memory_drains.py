@@ -26,10 +26,10 @@ import trio
 from tito_scaling import InstantEngine
 
 from actorproxy.config import ProxyConfig
+from actorproxy.protocols.openai_chat import OpenAIChatFormat
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.server.turns import serve_turn
 from actorproxy.tokenization import load_tokenizer
-from actorproxy.protocols.openai_chat import OpenAIChatFormat
 
 REPLY = "The answer is forty-two: six times seven, as anyone with a calculator can check."
 
@@ -68,7 +68,8 @@ async def run(args: argparse.Namespace, data_dir: str) -> list[tuple[int, float]
                 answer = await serve_turn(runtime, fmt, fmt.load(body), {"X-Session-Id": sid}, url_session=None,
                                           url_instance=None, confined_to=None)
                 assert isinstance(answer, bytes)
-                messages.append({"role": "assistant", "content": json.loads(answer)["choices"][0]["message"]["content"]})
+                reply = json.loads(answer)["choices"][0]["message"]["content"]
+                messages.append({"role": "assistant", "content": reply})
                 question = f"Question {turn + 1} of {sid}" if args.unique else f"Question {turn + 1}"
                 messages.append({"role": "user", "content": question + ": and 7 times 8?"})
                 done += 1

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import shutil
+import tracemalloc
+from array import array
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from _asgi import open_client
 from _util import run_turn
 
 from actorproxy.config import ProxyConfig
+from actorproxy.core.records import Segment
 from actorproxy.errors import StorageFull
 from actorproxy.runtime import store as st
+from actorproxy.runtime import store_messages
 from actorproxy.runtime.replies import FinalizeResult
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.schema.converter import CONVERTER
+from actorproxy.schema.records import ReadResult
 from actorproxy.server.app import create_app
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.store.sqlite import DB_FILE
@@ -150,7 +156,7 @@ async def test_a_drain_that_cannot_be_serialised_deletes_nothing(
         def broken(_: Any) -> bytes:
             raise ValueError("cannot serialise")
 
-        monkeypatch.setattr(st, "encode_body", broken)
+        monkeypatch.setattr(st, "encode_parts", broken)
         with pytest.raises(ValueError):
             await runtime.read_body(drain=True, include_steps=True)
         monkeypatch.undo()
@@ -169,6 +175,46 @@ async def test_drain_with_invalid_unicode_delivers_everything(tokenizer: Any) ->
         assert drained.status_code == 200
         assert sorted(s["trajectory_id"] for s in drained.json()["data"]) == ["bad#0", "bystander#0"]
         assert len(drained.json()["steps"]) == 2
+
+
+async def test_a_drain_streams_the_bytes_of_the_whole_read(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33: a drain's reply is sent in parts (chunked, no length), byte for byte the whole read's JSON."""
+    monkeypatch.setattr(store_messages, "PART_BYTES", 2000)  # many parts
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
+        for i in range(6):
+            await run_turn(sim.runtime, f"s{i}", HI)
+            await sim.runtime.finalize(f"s{i}")
+        whole = orjson.dumps(CONVERTER.unstructure(await sim.runtime.read(include_steps=True)))
+        assert len(whole) > 5 * store_messages.PART_BYTES
+        drained = await http.post("/trajectory/read", json={"include_steps": True, "drain": True})
+        assert drained.status_code == 200
+        assert drained.content == whole
+        assert "content-length" not in drained.headers
+        assert (await http.post("/trajectory/read", json={"drain": True})).json() == {"data": []}
+
+
+def _segment(i: int, tokens: int) -> Segment:
+    return Segment(f"t{i}#0", f"t{i}#0", None, "r", 0, array("i", range(tokens)), array("b", [1] * tokens),
+                   array("f", [-0.5] * tokens), array("i", [3] * tokens), (0,), "session_start", "finalize")
+
+
+def test_a_large_read_never_holds_its_whole_body_as_objects() -> None:
+    """Issue 33: 2 M tokens (26 MB of JSON) took 147 MB to read: every array a list of Python numbers at once.
+
+    Encoded one segment at a time, a read's peak is its JSON and one segment's lists.
+    """
+    result = ReadResult([_segment(i, 20_000) for i in range(50)])
+    tracemalloc.start()
+    try:
+        parts = store_messages.encode_parts(result)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    size = sum(map(len, parts))
+    assert b"".join(parts) == orjson.dumps(CONVERTER.unstructure(result))
+    assert peak <= 1.5 * size, f"peak {peak / size:.1f}x the body"  # the whole body as objects: 8.4x
 
 
 def test_one_process_per_data_dir(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from ..engines.base import Backend, BackendError, ModelInfo
 from ..errors import BadRequest, EngineError, NotFound, Overloaded, ShutdownError, ShuttingDown
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
 from . import controller as ctl
+from . import freed_memory
 from . import registry as reg
 from . import store as st
 from .actor import ActorGone, ask
@@ -224,6 +225,7 @@ class Runtime:
         result: ReadResult = await ask(
             self.store, lambda r: st.Read(session_id, trajectory_id, drain, include_steps, r)
         )
+        await self._after_read(drain and session_id is None and trajectory_id is None)
         return result
 
     async def read_body(
@@ -235,10 +237,28 @@ class Runtime:
         include_steps: bool = False,
     ) -> bytes:
         """``read`` as its JSON body, serialised before anything is drained (a drain is all or nothing)."""
-        body = await ask(
+        return b"".join(await self.read_parts(session_id=session_id, trajectory_id=trajectory_id, drain=drain,
+                                              include_steps=include_steps))
+
+    async def read_parts(
+        self,
+        *,
+        session_id: str | None = None,
+        trajectory_id: str | None = None,
+        drain: bool = False,
+        include_steps: bool = False,
+    ) -> list[bytes]:
+        """:meth:`read_body` in parts (``st.encode_parts``), to be sent one by one and each freed once sent."""
+        parts: list[bytes] = await ask(
             self.store, lambda r: st.Read(session_id, trajectory_id, drain, include_steps, r, encode=True)
         )
-        return bytes(body)
+        await self._after_read(drain and session_id is None and trajectory_id is None)
+        return parts
+
+    async def _after_read(self, drained_all: bool) -> None:
+        """After a drain of the whole store, the memory it freed is given back to the system."""
+        if drained_all:
+            await trio.to_thread.run_sync(freed_memory.give_back)
 
     async def store_stats(self) -> dict[str, Any]:
         return dict(await ask(self.store, lambda r: st.Stats(r)))

@@ -63,6 +63,7 @@ from .store_messages import (
     answer_outcome,
     capture,
     encode_body,
+    encode_parts,
     keep,
     refuse_queued,
 )
@@ -70,7 +71,7 @@ from .store_messages import (
 __all__ = [
     "BATCH_DELAY", "FULL_RETRY_AFTER", "Close", "Journal", "Knows", "Put", "Read", "Stats", "StoreGauge",
     "StoreMessage",
-    "TrajectoryStore", "encode_body",
+    "TrajectoryStore", "encode_body", "encode_parts",
 ]
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class TrajectoryStore:
         max_tokens: int | None = None,
         max_bytes: int | None = None,
         batch_delay: float = BATCH_DELAY,
-        encode: Callable[[ReadResult], bytes] | None = None,
+        encode: Callable[[ReadResult], list[bytes]] | None = None,
     ) -> None:
         self.backend = backend
         self.gauge = StoreGauge()
@@ -296,7 +297,7 @@ class TrajectoryStore:
                 case Read() as msg:
                     backend.commit()  # what came before is durable, and never applied twice
                     query = ReadQuery(msg.session_id, msg.trajectory_id, msg.drain, msg.include_steps)
-                    finish = (self._encode or encode_body) if msg.encode else keep
+                    finish = (self._encode or encode_parts) if msg.encode else keep
                     self._answers[i] = (msg.reply, self._read(query, finish))
                     self._done = i + 1  # a drain commits (or rolls back) on its own
                 case Knows() as msg:
@@ -376,7 +377,7 @@ class TrajectoryStore:
                 # What the file holds: a trainer's drain is the way out of a full disk (it frees room), so it
                 # runs while the store is failed; the writes kept in memory are tried again right after it.
                 query = ReadQuery(msg.session_id, msg.trajectory_id, msg.drain, msg.include_steps)
-                finish = (self._encode or encode_body) if msg.encode else keep
+                finish = (self._encode or encode_parts) if msg.encode else keep
                 result = await self.call(self._read, query, finish)
                 failed = self._read_failed()
                 answer_outcome(msg.reply, result)

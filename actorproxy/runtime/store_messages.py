@@ -22,6 +22,7 @@ import trio
 from ..core.records import Segment, Step
 from ..errors import StorageFull
 from ..schema.converter import CONVERTER
+from ..schema.records import ReadResult, segment_json, step_json, stored_step_json
 from .actor import Reply, answer, answer_error
 
 T = TypeVar("T")
@@ -137,6 +138,55 @@ class StoreGauge:
             else:
                 log.warning("store full (%s): refusing new turns (%d so far); drain /trajectory/read", self.reason,
                             self.refused)
+
+
+#: A read's reply is sent in parts of about this many bytes, each freed once it is sent.
+PART_BYTES = 1 << 20
+
+
+def encode_parts(result: ReadResult) -> list[bytes]:
+    """A read's JSON body (:func:`encode_body`'s bytes, joined) in parts of about :data:`PART_BYTES`.
+
+    Each segment and step is unstructured and encoded on its own: the whole body is
+    never held as Python objects (every array a list of numbers: eight times its JSON).
+    Text that is not valid Unicode (a lone surrogate) is escaped, in the whole body.
+    """
+    try:
+        return _parts(result, orjson.dumps)
+    except TypeError:  # orjson refuses str that is not valid UTF-8 (a lone surrogate): escape it instead
+        return _parts(result, _escaped)
+
+
+def _escaped(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def _parts(result: ReadResult, dumps: Callable[[Any], bytes]) -> list[bytes]:
+    parts: list[bytes] = []
+    pending: list[bytes] = [b'{"data":[']
+    size = 0
+
+    def add(piece: bytes) -> None:
+        nonlocal size
+        pending.append(piece)
+        size += len(piece)
+        if size >= PART_BYTES:
+            parts.append(b"".join(pending))
+            pending.clear()
+            size = 0
+
+    for i, segment in enumerate(result.data):
+        add(b"," + dumps(segment_json(segment)) if i else dumps(segment_json(segment)))
+    pending.append(b"]")
+    if result.steps is not None:
+        pending.append(b',"steps":[')
+        for i, step in enumerate(result.steps):
+            encoded = dumps(step_json(step) if isinstance(step, Step) else stored_step_json(step))
+            add(b"," + encoded if i else encoded)
+        pending.append(b"]")
+    pending.append(b"}")
+    parts.append(b"".join(pending))
+    return parts
 
 
 def encode_body(result: Any) -> bytes:
