@@ -521,31 +521,23 @@ async def test_finish_reasons_as_sglang_writes_them(sgl: Contract, incremental: 
     assert got.weight_version == "default"
 
 
-@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
-async def test_an_abort_in_the_waiting_queue_as_sglang_writes_it(sgl: Contract, incremental: bool) -> None:
+@pytest.mark.parametrize(("incremental", "unread"), [(False, False), (True, False), (True, True)],
+                         ids=["cumulative", "incremental", "incremental-unread"])
+async def test_an_abort_in_the_waiting_queue_as_sglang_writes_it(
+    sgl: Contract, incremental: bool, unread: bool
+) -> None:
     """A request retracted to the waiting queue (a ``retract`` pause) and aborted there: SGLang repeats
-    the last token (incremental) or all of them (cumulative) with every logprob entry so far."""
+    the last token (incremental) or all of them (cumulative) with every logprob entry so far.
+
+    ``unread``: tokens still queued for the client when the abort comes are coalesced with it, and the
+    abort repeats the last token, with every logprob entry so far after the unread ones. What
+    ``completion_tokens`` counts is what is new; the repeat is checked."""
     stream = Stream(sgl, incremental=incremental)
     stream.batch(IDS[:2], LPS[:2])
     stream.read()
     stream.batch(IDS[2:4], LPS[2:4])
-    stream.read()
-    stream.abort_in_waiting_queue()
-    stream.read()
-    engine = Recorder(sgl, {("POST", "/generate"): streamed(stream)})
-    deltas, finish = await generate(SGLangBackend(URL, http=engine.client()), request())
-    assert tokens(deltas)[:2] == (IDS[:4], LPS[:4])
-    assert (finish.reason, finish.message) == ("abort", "Abort in waiting queue")
-
-
-async def test_an_abort_in_the_waiting_queue_coalesced_with_unread_deltas(sgl: Contract) -> None:
-    """Incremental: tokens still queued for the client when the waiting-queue abort comes are
-    coalesced with it, and SGLang's abort repeats the last token, with every logprob entry so far
-    after the unread ones. What ``completion_tokens`` counts is what is new; the repeat is checked."""
-    stream = Stream(sgl, incremental=True)
-    stream.batch(IDS[:2], LPS[:2])
-    stream.read()
-    stream.batch(IDS[2:4], LPS[2:4])
+    if not unread:
+        stream.read()
     stream.abort_in_waiting_queue()
     stream.read()
     engine = Recorder(sgl, {("POST", "/generate"): streamed(stream)})
