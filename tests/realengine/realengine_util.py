@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +103,47 @@ def read_session(http: httpx.Client, proxy: Process, session: str) -> dict[str, 
     got = http.post(f"{proxy.url}/trajectory/read", json={"session_id": session, "include_steps": True})
     assert got.status_code == 200, got.text
     return dict(got.json())
+
+
+def session_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def chat(http: httpx.Client, proxy: Process, session: str, messages: list[dict[str, Any]], *, model: str,
+         stream: bool, **extra: Any) -> tuple[dict[str, Any], str]:
+    """One turn through the proxy: the assistant message as the agent saw it (from the stream's deltas when
+    ``stream``), and the finish reason."""
+    body = {"model": model, "messages": messages, "temperature": 0.0, "stream": stream, **extra}
+    headers = {"X-Session-Id": session}
+    if not stream:
+        got = http.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers)
+        assert got.status_code == 200, got.text
+        choice = got.json()["choices"][0]
+        return choice["message"], choice["finish_reason"]
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish = None
+    with http.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, headers=headers) as got:
+        assert got.status_code == 200
+        for line in got.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            for choice in event["choices"]:
+                delta = choice["delta"]
+                content.append(delta.get("content") or "")
+                reasoning.append(delta.get("reasoning_content") or "")
+                for call in delta.get("tool_calls") or ():
+                    entry = calls.setdefault(call["index"], {"id": call.get("id"), "type": "function",
+                                                             "function": {"name": "", "arguments": ""}})
+                    entry["function"]["name"] += call.get("function", {}).get("name") or ""
+                    entry["function"]["arguments"] += call.get("function", {}).get("arguments") or ""
+                finish = choice.get("finish_reason") or finish
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+    if any(reasoning):
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message, str(finish)

@@ -17,13 +17,13 @@ import random
 import subprocess
 import sys
 import threading
-import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from realengine_util import REPO, LlamaCpp, Process, proxy_command, read_session, start_proxy, stop
+from realengine_util import REPO, LlamaCpp, Process, proxy_command, read_session, session_id, start_proxy, stop
+from realengine_util import chat as proxy_chat
 
 from actorproxy.tokenization.gguf import build_tokenizer
 from actorproxy.tokenization.gguf_file import read_vocab
@@ -127,25 +127,8 @@ def test_builtin_qwen3_tokenizer_refuses_gemma(llama_server: Process, tmp_path: 
 def chat(http: httpx.Client, proxy: Process, session: str, messages: list[dict[str, Any]], *, stream: bool,
          **extra: Any) -> tuple[str, str]:
     """One turn; the reply text as the client saw it and the finish reason."""
-    body = {"model": "gemma", "messages": messages, "temperature": 0.0, "stream": stream, **extra}
-    headers = {"X-Session-Id": session}
-    if not stream:
-        got = http.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers)
-        assert got.status_code == 200, got.text
-        choice = got.json()["choices"][0]
-        return choice["message"]["content"] or "", choice["finish_reason"]
-    text, finish = [], None
-    with http.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, headers=headers) as got:
-        assert got.status_code == 200
-        for line in got.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
-            for choice in event["choices"]:
-                text.append(choice["delta"].get("content") or "")
-                finish = choice.get("finish_reason") or finish
-    return "".join(text), str(finish)
+    message, finish = proxy_chat(http, proxy, session, messages, model="gemma", stream=stream, **extra)
+    return message["content"] or "", finish
 
 
 def replay(http: httpx.Client, engine: Process, prompt: list[int], n: int) -> tuple[list[int], list[Any]]:
@@ -204,7 +187,7 @@ def check_steps_against_engine(
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_multi_turn_chat(proxy: Process, llama_server: Process, gemma: ChatTokenizer, stream: bool) -> None:
-    session = f"chat-{uuid.uuid4().hex[:8]}"
+    session = session_id("chat")
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You answer in one short sentence."}]
     seen = []
     with httpx.Client(timeout=300) as http:
@@ -223,9 +206,9 @@ def test_multi_turn_chat(proxy: Process, llama_server: Process, gemma: ChatToken
 def test_max_tokens_and_stop(proxy: Process, llama_server: Process, gemma: ChatTokenizer) -> None:
     question = [{"role": "user", "content": "Write three sentences about the sea."}]
     with httpx.Client(timeout=300) as http:
-        text, finish = chat(http, proxy, f"len-{uuid.uuid4().hex[:8]}", question, stream=False, max_tokens=5)
+        text, finish = chat(http, proxy, session_id("len"), question, stream=False, max_tokens=5)
         assert finish == "length"
-        session = f"full-{uuid.uuid4().hex[:8]}"
+        session = session_id("full")
         full, _ = chat(http, proxy, session, question, stream=False, max_tokens=60)
         assert full.startswith(text)
         steps = read_session(http, proxy, session)["steps"]
@@ -238,14 +221,14 @@ def test_max_tokens_and_stop(proxy: Process, llama_server: Process, gemma: ChatT
         at, stop = next(((i, word) for i, word in candidates if full.index(word) == i), (-1, ""))
         assert at > 0, repr(full)
         for stream in (False, True):
-            got, finish = chat(http, proxy, f"stop-{uuid.uuid4().hex[:8]}", question, stream=stream,
+            got, finish = chat(http, proxy, session_id("stop"), question, stream=stream,
                                max_tokens=60, stop=[stop])
             assert finish == "stop"
             assert got == full[:at] and got.endswith(" ")
 
 
 def test_pause_in_the_middle_of_a_generation(proxy: Process, llama_server: Process, gemma: ChatTokenizer) -> None:
-    session = f"pause-{uuid.uuid4().hex[:8]}"
+    session = session_id("pause")
     messages = [{"role": "user", "content": "Count from one to forty in words, separated by commas."}]
     body = {"model": "gemma", "messages": messages, "temperature": 0.0, "stream": True, "max_tokens": 160}
     pieces: list[str] = []

@@ -23,14 +23,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from array import array
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from realengine_util import Process, read_session, start_proxy, stop
+from realengine_util import Process, read_session, session_id, start_proxy, stop
+from realengine_util import chat as proxy_chat
 from vllm_util import MAX_MODEL_LEN, launch_vllm, stop_vllm, wait_vllm
 
 from actorproxy.engines.base import GenerateRequest, SamplingParams, TokenDelta
@@ -67,47 +68,8 @@ AGENT_START: list[dict[str, Any]] = [
 ]
 
 
-def session_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def chat(http: httpx.Client, proxy: Process, session: str, messages: list[dict[str, Any]], *, stream: bool,
-         **extra: Any) -> tuple[dict[str, Any], str]:
-    """One turn through the proxy: the assistant message as the agent saw it, and the finish reason."""
-    body = {"model": "tiny", "messages": messages, "temperature": 0.0, "stream": stream, **extra}
-    headers = {"X-Session-Id": session}
-    if not stream:
-        got = http.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers)
-        assert got.status_code == 200, got.text
-        choice = got.json()["choices"][0]
-        return choice["message"], choice["finish_reason"]
-    content: list[str] = []
-    reasoning: list[str] = []
-    calls: dict[int, dict[str, Any]] = {}
-    finish = None
-    with http.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, headers=headers) as got:
-        assert got.status_code == 200
-        for line in got.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
-            for choice in event["choices"]:
-                delta = choice["delta"]
-                content.append(delta.get("content") or "")
-                reasoning.append(delta.get("reasoning_content") or "")
-                for call in delta.get("tool_calls") or ():
-                    entry = calls.setdefault(call["index"], {"id": call.get("id"), "type": "function",
-                                                             "function": {"name": "", "arguments": ""}})
-                    entry["function"]["name"] += call.get("function", {}).get("name") or ""
-                    entry["function"]["arguments"] += call.get("function", {}).get("arguments") or ""
-                finish = choice.get("finish_reason") or finish
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
-    if any(reasoning):
-        message["reasoning_content"] = "".join(reasoning)
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-    return message, str(finish)
+#: One turn through the proxy (:func:`realengine_util.chat`) for the served model.
+chat = partial(proxy_chat, model="tiny")
 
 
 def served_model(http: httpx.Client, engine: Process) -> str:
