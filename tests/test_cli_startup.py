@@ -72,16 +72,22 @@ def test_check_passes_and_fails(tmp_path: Path) -> None:
     assert "FAIL tokenizer: --tokenizer-path:" in bad.stdout
 
 
+def _banner(process: subprocess.Popen[str]) -> list[str]:
+    """The lines ``actorproxy run`` prints at start-up, through the last (``  try: curl ...``)."""
+    assert process.stderr is not None
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if "  try:" in line:
+            break
+    return lines
+
+
 def test_the_start_up_banner(tmp_path: Path) -> None:
     process = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--port", "0", "--data-dir", str(tmp_path)],
                                stderr=subprocess.PIPE, text=True)
-    assert process.stderr is not None
-    lines = []
     try:
-        for line in process.stderr:
-            lines.append(line)
-            if "  try:" in line:
-                break
+        lines = _banner(process)
         url = re.search(r"serving on (http://\S+)", "".join(lines)).group(1)  # type: ignore[union-attr]
         turn = httpx.post(url + "/v1/chat/completions", headers={"X-Session-Id": "open-1"}, timeout=60,
                           json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
@@ -117,13 +123,8 @@ def test_the_quickstart_shows_what_run_prints(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "ACTORPROXY_STORE"}
     process = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--port", "0"], cwd=tmp_path,
                                stderr=subprocess.PIPE, text=True, env=env)
-    assert process.stderr is not None
-    lines = []
     try:
-        for line in process.stderr:
-            lines.append(line)
-            if "  try:" in line:
-                break
+        lines = _banner(process)
     finally:
         process.terminate()
         process.communicate(timeout=60)
