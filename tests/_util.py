@@ -35,6 +35,12 @@ WEATHER_TOOL = {
         },
     },
 }
+#: :data:`WEATHER_TOOL` as an Anthropic Messages tool.
+WEATHER_TOOL_ANTHROPIC = {
+    "name": "get_weather",
+    "description": WEATHER_TOOL["function"]["description"],  # type: ignore[index]
+    "input_schema": WEATHER_TOOL["function"]["parameters"],  # type: ignore[index]
+}
 SEARCH_TOOL = {
     "type": "function",
     "function": {

@@ -11,7 +11,7 @@ import attrs
 import httpx
 import pytest
 import trio
-from _util import WEATHER_TOOL
+from _util import WEATHER_TOOL, WEATHER_TOOL_ANTHROPIC
 
 from actorproxy import ProxyClient, ProxyConfig, open_proxy
 from actorproxy.core.messages import AssistantOutput, ToolCall
@@ -32,11 +32,7 @@ REPLY = (
 ANSWER = "<think>\nGot it.\n</think>\n\nIt is 18 °C and sunny in Zürich — enjoy! 🌞"
 ANSWER_TEXT = "It is 18 °C and sunny in Zürich — enjoy! 🌞"
 SYSTEM = "You are a weather assistant."
-TOOL = {
-    "name": "get_weather",
-    "description": WEATHER_TOOL["function"]["description"],  # type: ignore[index]
-    "input_schema": WEATHER_TOOL["function"]["parameters"],  # type: ignore[index]
-}
+TOOL = WEATHER_TOOL_ANTHROPIC
 QUESTION = "Weather in Zürich?"
 THINKING = {"type": "enabled", "budget_tokens": 1024}  # thinking blocks come back only when it is enabled
 

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from _util import WEATHER_TOOL
+from _util import WEATHER_TOOL, WEATHER_TOOL_ANTHROPIC
 
 from actorproxy import ProxyClient
 from actorproxy.client import ProxyError as ClientError
@@ -18,11 +18,7 @@ from actorproxy.sim import SimConfig, SimEngine
 
 REPLY = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 ANSWER = "It is 4 °C in Oslo."
-TOOL = {
-    "name": "get_weather",
-    "description": WEATHER_TOOL["function"]["description"],  # type: ignore[index]
-    "input_schema": WEATHER_TOOL["function"]["parameters"],  # type: ignore[index]
-}
+TOOL = WEATHER_TOOL_ANTHROPIC
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 MESSAGES = {"model": "m", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}
 
