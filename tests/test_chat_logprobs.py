@@ -4,7 +4,6 @@ and ``include: ["message.output_text.logprobs"]`` on the Responses API (the same
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -12,7 +11,6 @@ import openai
 import pytest
 import trio
 
-from actorproxy import ProxyConfig, open_proxy
 from actorproxy.client import ProxyClient
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
@@ -25,12 +23,6 @@ MESSAGES = [{"role": "user", "content": "Say hello."}]
 @pytest.fixture
 async def engine(tokenizer: Any) -> SimEngine:
     return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0))
-
-
-@pytest.fixture
-async def proxy(engine: SimEngine, tokenizer: Any) -> AsyncIterator[RunningProxy]:
-    async with open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as running:
-        yield running
 
 
 def _client(url: str, session: str) -> openai.OpenAI:

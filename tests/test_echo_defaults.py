@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import pytest
 
-from actorproxy import ProxyClient, ProxyConfig, open_proxy
+from actorproxy import ProxyClient
 from actorproxy.core.messages import AssistantOutput, ToolCall, echo_tolerance, with_defaults
 from actorproxy.serve import RunningProxy
-from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.sim import SimEngine
 
 #: Claude Code's Edit tool, as it sends it (trimmed descriptions).
 EDIT = {
@@ -79,17 +77,6 @@ def test_reasoning_echoed_as_the_text_of_the_turn() -> None:
     # Other text, or reasoning that was not sampled, is not the echo.
     assert echo_tolerance({**as_text, "content": "Fix the typos."}, thought) is None
     assert echo_tolerance({**as_text, "content": "Fix the typo."}, AssistantOutput("", "", call)) is None
-
-
-@pytest.fixture
-async def engine(tokenizer: Any) -> SimEngine:
-    return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0005))
-
-
-@pytest.fixture
-async def proxy(engine: SimEngine, tokenizer: Any) -> AsyncIterator[RunningProxy]:
-    async with open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as running:
-        yield running
 
 
 async def test_claude_code_edit_echo_keeps_one_segment(proxy: RunningProxy, engine: SimEngine) -> None:
