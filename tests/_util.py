@@ -6,8 +6,8 @@ import json
 import queue
 import threading
 from array import array
-from collections.abc import Iterator
-from contextlib import AbstractAsyncContextManager, contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import Any
 
 import attrs
@@ -15,12 +15,13 @@ import hypothesis.strategies as st
 import trio
 
 from actorproxy import open_proxy
+from actorproxy.config import ProxyConfig
 from actorproxy.core.messages import output_as_message
 from actorproxy.core.requests import ChatRequest, Identity
 from actorproxy.core.turn_events import TurnAccepted, TurnDelta, TurnDone, TurnFailed
 from actorproxy.engines.base import GenerateRequest, Generation, ModelInfo
 from actorproxy.errors import BadRequest
-from actorproxy.runtime.runtime import Runtime
+from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.sim import SimConfig, SimEngine
 
 WEATHER_TOOL = {
@@ -75,6 +76,18 @@ class RecordingBackend:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+@asynccontextmanager
+async def recording_runtime(
+    tokenizer: Any, sim: SimConfig, **config: Any
+) -> AsyncIterator[tuple[Runtime, SimEngine, RecordingBackend]]:
+    """A runtime (no HTTP) over a simulated engine configured by ``sim``, whose prompts are recorded;
+    ``config``: :class:`ProxyConfig` fields."""
+    engine = SimEngine(tokenizer, sim)
+    backend = RecordingBackend(engine)
+    async with open_runtime(ProxyConfig.of(port=0, **config), backend=backend, tokenizer=tokenizer) as runtime:
+        yield runtime, engine, backend
 
 
 @attrs.frozen

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from _util import WEATHER_TOOL, RecordingBackend, check_segment_invariants, reserialise, run_turn
+from _util import WEATHER_TOOL, RecordingBackend, check_segment_invariants, recording_runtime, reserialise, run_turn
 
-from actorproxy.config import ProxyConfig, recompute_logprobs_from_env
-from actorproxy.runtime.runtime import Runtime, open_runtime
+from actorproxy.config import recompute_logprobs_from_env
+from actorproxy.runtime.runtime import Runtime
 from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import SimConfig, SimEngine
 
@@ -23,12 +22,8 @@ REPLIES = [
 QUESTIONS = ["Hi!", "Where is Lyon?", "And Bordeaux?"]
 
 
-@asynccontextmanager
-async def _rig(tokenizer: Any, **config: Any) -> AsyncIterator[tuple[Runtime, SimEngine, RecordingBackend]]:
-    engine = SimEngine(tokenizer, SimConfig(seed=11, token_interval=0.001))
-    backend = RecordingBackend(engine)
-    async with open_runtime(ProxyConfig.of(port=0, **config), backend=backend, tokenizer=tokenizer) as runtime:
-        yield runtime, engine, backend
+def _rig(tokenizer: Any, **config: Any) -> AbstractAsyncContextManager[tuple[Runtime, SimEngine, RecordingBackend]]:
+    return recording_runtime(tokenizer, SimConfig(seed=11, token_interval=0.001), **config)
 
 
 async def _three_turns(runtime: Runtime, engine: SimEngine, session: str) -> list[dict[str, Any]]:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
-from _util import WEATHER_TOOL, RecordingBackend, check_segment_invariants, reserialise, run_turn
+from _util import WEATHER_TOOL, RecordingBackend, check_segment_invariants, recording_runtime, reserialise, run_turn
 
-from actorproxy.config import ProxyConfig
-from actorproxy.runtime.runtime import Runtime, open_runtime
+from actorproxy.runtime.runtime import Runtime
 from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import SimConfig, SimEngine
 
@@ -18,20 +18,13 @@ TASK = {"role": "user", "content": "Fix the failing test in utils.py."}
 SUB_SYSTEM = {"role": "system", "content": "You are a search sub-agent. Report findings briefly."}
 
 
-def _rig(tokenizer: Any, **config: Any) -> Any:
-    engine = SimEngine(tokenizer, SimConfig(seed=3, token_interval=0.001))
-    backend = RecordingBackend(engine)
-
-    async def make() -> AsyncIterator[tuple[Runtime, SimEngine, RecordingBackend]]:
-        async with open_runtime(ProxyConfig.of(port=0, **config), backend=backend, tokenizer=tokenizer) as runtime:
-            yield runtime, engine, backend
-
-    return make
+def _rig(tokenizer: Any, **config: Any) -> AbstractAsyncContextManager[tuple[Runtime, SimEngine, RecordingBackend]]:
+    return recording_runtime(tokenizer, SimConfig(seed=3, token_interval=0.001), **config)
 
 
 @pytest.fixture
 async def rig(tokenizer: Any) -> AsyncIterator[tuple[Runtime, SimEngine, RecordingBackend]]:
-    async for value in _rig(tokenizer)():
+    async with _rig(tokenizer) as value:
         yield value
 
 
@@ -159,7 +152,7 @@ async def test_a_changed_system_prompt_over_the_same_conversation_stays(rig: Any
 
 @pytest.mark.parametrize("mode", ["log", "off"])
 async def test_sub_agent_modes(tokenizer: Any, mode: str) -> None:
-    async for runtime, engine, _ in _rig(tokenizer, sub_agents=mode)():
+    async with _rig(tokenizer, sub_agents=mode) as (runtime, engine, _):
         # The main agent's reply calls a tool: it goes on, so it is the main conversation (see test_side_calls).
         engine.script("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
                       routing_key="m")

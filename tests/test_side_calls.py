@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
-from _util import WEATHER_TOOL, RecordingBackend, check_segment_invariants, run_turn
+from _util import WEATHER_TOOL, RecordingBackend, check_segment_invariants, recording_runtime, run_turn
 
-from actorproxy.config import ProxyConfig
-from actorproxy.runtime.runtime import Runtime, open_runtime
+from actorproxy.runtime.runtime import Runtime
 from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import SimConfig, SimEngine
 
@@ -32,12 +31,8 @@ HELPER = [{"role": "system", "content": "Summarise the conversation in one line.
 CALL = "<tool_call>\n" + json.dumps({"name": "get_weather", "arguments": {"city": "Oslo"}}) + "\n</tool_call>"
 
 
-@asynccontextmanager
-async def _rig(tokenizer: Any, **config: Any) -> AsyncIterator[tuple[Runtime, SimEngine, RecordingBackend]]:
-    engine = SimEngine(tokenizer, SimConfig(seed=3, token_interval=0.0))
-    backend = RecordingBackend(engine)
-    async with open_runtime(ProxyConfig.of(port=0, **config), backend=backend, tokenizer=tokenizer) as runtime:
-        yield runtime, engine, backend
+def _rig(tokenizer: Any, **config: Any) -> AbstractAsyncContextManager[tuple[Runtime, SimEngine, RecordingBackend]]:
+    return recording_runtime(tokenizer, SimConfig(seed=3, token_interval=0.0), **config)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from _util import (
     WEATHER_TOOL,
     RecordingBackend,
     check_segment_invariants,
+    recording_runtime,
     reserialise,
     run_turn,
 )
@@ -23,9 +24,9 @@ from actorproxy.sim import SimConfig, SimEngine
 
 @pytest.fixture
 async def rig(tokenizer: Any) -> AsyncIterator[tuple[Runtime, RecordingBackend]]:
-    engine = SimEngine(tokenizer, SimConfig(seed=7, token_interval=0.001, tool_call_probability=0.8))
-    backend = RecordingBackend(engine)
-    async with open_runtime(ProxyConfig.of(port=0), backend=backend, tokenizer=tokenizer) as runtime:
+    async with recording_runtime(tokenizer, SimConfig(seed=7, token_interval=0.001, tool_call_probability=0.8)) as (
+        runtime, _engine, backend
+    ):
         yield runtime, backend
 
 
