@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _children import lines_through
 
 from actorproxy import __version__
 from actorproxy.cli import main
@@ -72,22 +73,11 @@ def test_check_passes_and_fails(tmp_path: Path) -> None:
     assert "FAIL tokenizer: --tokenizer-path:" in bad.stdout
 
 
-def _banner(process: subprocess.Popen[str]) -> list[str]:
-    """The lines ``actorproxy run`` prints at start-up, through the last (``  try: curl ...``)."""
-    assert process.stderr is not None
-    lines = []
-    for line in process.stderr:
-        lines.append(line)
-        if "  try:" in line:
-            break
-    return lines
-
-
 def test_the_start_up_banner(tmp_path: Path) -> None:
     process = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--port", "0", "--data-dir", str(tmp_path)],
                                stderr=subprocess.PIPE, text=True)
     try:
-        lines = _banner(process)
+        lines = lines_through(process.stderr, "  try:")
         url = re.search(r"serving on (http://\S+)", "".join(lines)).group(1)  # type: ignore[union-attr]
         turn = httpx.post(url + "/v1/chat/completions", headers={"X-Session-Id": "open-1"}, timeout=60,
                           json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
@@ -124,7 +114,7 @@ def test_the_quickstart_shows_what_run_prints(tmp_path: Path) -> None:
     process = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--port", "0"], cwd=tmp_path,
                                stderr=subprocess.PIPE, text=True, env=env)
     try:
-        lines = _banner(process)
+        lines = lines_through(process.stderr, "  try:")
     finally:
         process.terminate()
         process.communicate(timeout=60)

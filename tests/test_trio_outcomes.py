@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _children import die_with_parent
+from _children import die_with_parent, lines_through
 
 TESTS = Path(__file__).resolve().parent
 
@@ -76,14 +76,7 @@ def test_ctrl_c_ends_the_run(tmp_path: Path, body: str) -> None:
     child = subprocess.Popen(_child_pytest(tmp_path, "-s"), cwd=tmp_path, env=_child_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, preexec_fn=_child_preexec)
     try:
-        assert child.stdout is not None
-        seen = []
-        for line in child.stdout:
-            seen.append(line)
-            if "READY" in line:
-                break
-        else:
-            pytest.fail("the child test never started:\n" + "".join(seen))
+        seen = lines_through(child.stdout, "READY")  # the child test started
         child.send_signal(signal.SIGINT)
         try:
             rest, _ = child.communicate(timeout=60)
