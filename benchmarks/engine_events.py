@@ -29,10 +29,10 @@ import trio
 
 from actorproxy.engines.base import GenerationEvent
 from actorproxy.engines.deltas import take_merged
-from actorproxy.engines.http11 import HTTP11Client
-from actorproxy.http.h1 import BodyDecoder
 from actorproxy.engines.sglang.protocol import SGLangStreamParser
-from actorproxy.engines.sse import SSEParser
+from actorproxy.http.client import HTTP11Client
+from actorproxy.http.h1 import BodyDecoder
+from actorproxy.http.sse import SSEParser
 
 IDS = [9707, 0, 358, 1079, 1667, 311, 1492, 498, 3351, 13, 2585, 646, 358, 7789, 30, 151645]
 

@@ -39,8 +39,8 @@ from processes import engine_stub, free_port, running, wait_ready
 
 from actorproxy.engines.base import GenerateRequest, SamplingParams
 from actorproxy.engines.connection import EngineOptions
-from actorproxy.engines.http11 import HTTP11Client
 from actorproxy.engines.sglang.client import SGLangBackend
+from actorproxy.http.client import HTTP11Client
 
 APP = '''
 import json, sys

@@ -36,9 +36,9 @@ from actorproxy.engines.connection import EngineOptions
 from actorproxy.engines.llamacpp.client import LlamaCppBackend
 from actorproxy.engines.sglang.client import SGLangBackend
 from actorproxy.engines.sglang.protocol import SGLangStreamParser
-from actorproxy.engines.sse import SSEParser
 from actorproxy.engines.vllm.client import VLLMBackend
 from actorproxy.engines.vllm.protocol import npy_to_int32_b64
+from actorproxy.http.sse import SSEParser
 
 URL = "http://engine"
 PROMPT = array("i", [151644, 872, 198])

@@ -16,10 +16,10 @@ import pytest
 from actorproxy.engines.base import GenerateRequest, SamplingParams
 from actorproxy.engines.connection import json_body
 from actorproxy.engines.sglang import protocol
-from actorproxy.engines.sse import SSEParser
 from actorproxy.http import h1
 from actorproxy.http.errors import ProtocolError
 from actorproxy.http.h1 import BodyDecoder
+from actorproxy.http.sse import SSEParser
 from actorproxy.schema.converter import CONVERTER, TokenIds
 
 _SSE_PARTS = [b"data: ", b"data:", b"data: {}\n\n", b"\n", b"\n\n", b"x", b"yz", b"event: e", b":ping",

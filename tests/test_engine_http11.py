@@ -17,7 +17,8 @@ import trio.testing
 
 from actorproxy.engines.base import BackendError
 from actorproxy.engines.errors import mapped_errors
-from actorproxy.engines.http11 import ConnectError, HTTP11Client, ReadTimeout
+from actorproxy.http.client import HTTP11Client
+from actorproxy.http.errors import ConnectError, ReadTimeout
 
 CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
 

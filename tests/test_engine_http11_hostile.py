@@ -5,7 +5,7 @@ bytes: a bad status line or header, a bad chunk size, a truncated body, a head o
 event beyond its limit. Each must fail the request with a :class:`BackendError` whose
 message says what was wrong, without waiting for the read timeout, and the connection
 must not go back to the pool. The sans-IO framing (:mod:`actorproxy.http.h1`,
-:mod:`actorproxy.engines.sse`) is checked with hypothesis: any split of a valid body
+:mod:`actorproxy.http.sse`) is checked with hypothesis: any split of a valid body
 decodes to the same bytes and events, and any mutation of one decodes or raises
 :class:`ProtocolError`, nothing else.
 """
@@ -18,14 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_engine_http11 import serving, sized
 
-from actorproxy.engines import http11
 from actorproxy.engines.base import BackendError, GenerateRequest, SamplingParams
 from actorproxy.engines.errors import mapped_errors
-from actorproxy.engines.http11 import HTTP11Client
 from actorproxy.engines.sglang.client import SGLangBackend
-from actorproxy.engines.sse import SSEEvent, SSEParser
+from actorproxy.http import client as http11
+from actorproxy.http.client import HTTP11Client
 from actorproxy.http.errors import ProtocolError
 from actorproxy.http.h1 import BodyDecoder, head_end, parse_response
+from actorproxy.http.sse import SSEEvent, SSEParser
 
 OK = b"HTTP/1.1 200 OK\r\n"
 CHUNKED_HEAD = OK + b"Transfer-Encoding: chunked\r\n\r\n"

@@ -1,4 +1,5 @@
-"""Raw bytes to the proxy's own HTTP/1.1 server (server/http_server.py): never a 5xx, never a hang, never a stop.
+"""Raw bytes to the proxy's own HTTP/1.1 server (actorproxy/http/server.py with the proxy's policy,
+server/http_server.py): never a 5xx, never a hang, never a stop.
 
 The route fuzz (test_fuzz_routes.py) sends well-framed HTTP with bad bodies through
 httpx. This one sends what no client library would, on a fresh socket each: request

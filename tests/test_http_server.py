@@ -1,4 +1,5 @@
-"""The proxy's HTTP/1.1 server (server/http_server.py), against a toy ASGI app over real loopback sockets."""
+"""The proxy's HTTP/1.1 server (actorproxy/http/server.py with the proxy's policy, server/http_server.py), against
+a toy ASGI app over real loopback sockets."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 import trio
 import trio.testing
 
-from actorproxy.server import http_server
-from actorproxy.server.http_cycle import BODY_AT_ONCE, BODY_EXTENSION
+from actorproxy.http import server as http_server
+from actorproxy.http.cycle import BODY_AT_ONCE, BODY_EXTENSION
 from actorproxy.server.http_server import HTTPServer
 
 

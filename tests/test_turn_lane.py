@@ -22,13 +22,13 @@ from actorproxy import ProxyConfig, open_proxy
 from actorproxy.core.parser import OutputDelta
 from actorproxy.core.turn_events import TurnAccepted, TurnDelta, TurnEvent, TurnFailed
 from actorproxy.errors import EngineError, ProxyError
+from actorproxy.http.cycle import CONTINUE
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.runtime.turn_stream import TurnStream
 from actorproxy.schema import jsonio
 from actorproxy.server import app as app_module
 from actorproxy.server.app import create_app
 from actorproxy.server.auth import AccessPolicy
-from actorproxy.server.http_cycle import CONTINUE
 from actorproxy.server.lane import TurnLane
 from actorproxy.server.observe import Observer
 from actorproxy.server.turns import sse_frames

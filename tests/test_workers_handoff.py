@@ -15,7 +15,8 @@ from typing import Any
 import trio
 
 from actorproxy.http import h1
-from actorproxy.server.http_server import Handoff, HTTPServer, _Connection
+from actorproxy.http.server import Handoff, ServerConnection
+from actorproxy.server.http_server import HTTPServer
 
 
 def _app(name: bytes) -> Any:
@@ -45,7 +46,7 @@ async def test_a_router_moves_the_connection_to_another_server_with_the_bytes_re
     other = HTTPServer(_app(b"other"))
     routed: list[bytes] = []
 
-    async def router(connection: _Connection, request: h1.RequestHead) -> Handoff | None:
+    async def router(connection: ServerConnection, request: h1.RequestHead) -> Handoff | None:
         if dict(request.headers).get(b"x-go") != b"other":
             return None
         routed.append(request.target)

@@ -15,8 +15,8 @@ import trio
 
 from actorproxy.config import ProxyConfig
 from actorproxy.errors import StartupError
+from actorproxy.http.cycle import request_path
 from actorproxy.serve import open_proxy
-from actorproxy.server.http_cycle import request_path
 from actorproxy.server.http_server import HTTPServer
 from actorproxy.server.lane import RequestHeaders
 from actorproxy.server.limits import ConnectionLimits

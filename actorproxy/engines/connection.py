@@ -2,7 +2,7 @@
 
 :class:`EngineOptions` holds what every engine client is built with; :class:`EngineConnection`
 owns the base URL and the connections: the hot path (generation streams, aborts) goes
-through :class:`~actorproxy.engines.http11.HTTP11Client` pools (a keep-alive pool sized to the
+through :class:`~actorproxy.http.client.HTTP11Client` pools (a keep-alive pool sized to the
 engine's concurrency, and one for control calls), the rarely used calls (model info,
 health, prompt logprobs, pause) through an httpx client. :func:`request_json` and
 :func:`post_quietly` make one call, with request bodies written by orjson (:func:`json_body`).
@@ -21,12 +21,12 @@ import numpy as np
 import orjson
 import trio
 
+from ..http.client import HTTP11Client, Response
 from ..http.errors import ConnectError, ConnectTimeout, ReadTimeout, TransportError
+from ..http.sse import SSEEvent, SSEParser
 from .base import BackendError
 from .errors import check_status, discard, mapped_errors
-from .http11 import HTTP11Client, Response
 from .ids_json import IdsJSON
-from .sse import SSEEvent, SSEParser
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +92,9 @@ class BodyResponse(Protocol):
 
 
 class EngineResponse(BodyResponse, Protocol):
-    """A streamed HTTP response (an :class:`~actorproxy.engines.http11.Response`, or httpx's in :class:`HttpxStreams`).
+    """A streamed HTTP response (an :class:`~actorproxy.http.client.Response`, or httpx's in :class:`HttpxStreams`).
 
-    Reading events fails with :class:`~actorproxy.engines.http11.TransportError`.
+    Reading events fails with :class:`~actorproxy.http.errors.TransportError`.
     """
 
     async def receive_events(self) -> list[SSEEvent] | None:

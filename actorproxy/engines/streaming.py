@@ -17,12 +17,13 @@ from typing import Any, Generic, Protocol, TypeVar
 import orjson
 import trio
 
+from ..http.client import Response
+from ..http.errors import TransportError
+from ..http.sse import SSEEvent
 from .base import AbortBatch, BackendError, GenerateFinish, GenerationEvent
 from .connection import EngineHTTP, EngineResponse
 from .deltas import take_merged
 from .errors import backend_error, mapped_errors
-from .http11 import Response, TransportError
-from .sse import SSEEvent
 
 _DRAIN_LIMIT = 64 * 1024
 

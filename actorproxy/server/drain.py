@@ -5,7 +5,7 @@ from the access check, a 413 or a 400 decided from the headers): the server
 answers at once and reads the rest of the body after the answer, within the
 body's rate bound, to serve the connection's next request; a rest too large to
 be worth reading closes the connection (``connection: close``) instead. See
-:meth:`.http_cycle.Cycle.discard_rest`.
+:meth:`actorproxy.http.cycle.Cycle.discard_rest`.
 """
 
 from __future__ import annotations

@@ -28,12 +28,12 @@ import trio
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
 from ..errors import release
+from ..http.cycle import BODY_EXTENSION, DISCONNECT_EXTENSION, SLOW_BODY_EXTENSION
 from ..protocols.format import Headers
 from ..schema import jsonio
 from ..telemetry import CURRENT, RequestInfo
 from .auth import AccessPolicy, route_kind
 from .drain import ASGIApp, Receive, Send
-from .http_cycle import BODY_EXTENSION, DISCONNECT_EXTENSION, SLOW_BODY_EXTENSION
 from .identity import url_mount
 from .observe import Observer, error_code
 from .replies import ErrorReply, error_reply, is_anthropic_route

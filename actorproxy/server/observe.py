@@ -29,10 +29,10 @@ from quart import Response, request
 from quart.wrappers.response import IterableBody
 from quart_trio import QuartTrio
 
+from ..http.cycle import SLOW_BODY_EXTENSION
 from ..runtime.runtime import Runtime
 from ..schema.converter import CONVERTER
 from ..telemetry import CURRENT, RequestInfo
-from .http_cycle import SLOW_BODY_EXTENSION
 from .request_metrics import RequestMetrics
 
 log = logging.getLogger("actorproxy.access")

@@ -38,15 +38,15 @@ from werkzeug.exceptions import RequestTimeout
 
 from ..errors import BadRequest, Overloaded, Unauthorized
 from ..http import h1
+from ..http.cycle import body_arrives, request_path
 from ..schema import jsonio
 from ..server.auth import AccessPolicy, route_kind
-from ..server.http_cycle import body_arrives, request_path
 from ..server.lane import RequestHeaders
 from ..server.replies import error_reply, is_anthropic_route
 from .routing import MAX_BODY, NEED_BODY, body_session, head_session, owner
 
 if TYPE_CHECKING:
-    from ..server.http_server import Handoff, HTTPServer, _Connection
+    from ..http.server import Handoff, HTTPServer, ServerConnection
 
 log = logging.getLogger("actorproxy.workers")
 
@@ -68,7 +68,7 @@ def remove_stale(path: str) -> None:
 
 
 class Router:
-    """The :class:`~actorproxy.server.http_server.HTTPServer` router of worker ``index`` of ``workers``."""
+    """The :class:`~actorproxy.http.server.HTTPServer` router of worker ``index`` of ``workers``."""
 
     def __init__(self, index: int, workers: int, directory: str, policy: AccessPolicy | None = None) -> None:
         self.index, self.workers, self.directory = index, workers, directory
@@ -76,7 +76,7 @@ class Router:
         self.handed_off = 0  # connections sent to their owner
         self.refused = 0  # requests answered 503 because their owner was down
 
-    async def __call__(self, connection: _Connection, request: h1.RequestHead) -> Handoff | None:
+    async def __call__(self, connection: ServerConnection, request: h1.RequestHead) -> Handoff | None:
         try:
             return await self.route(connection, request)
         except Exception as exc:  # a fault of the router's own: this request's alone, never the worker's
@@ -85,7 +85,7 @@ class Router:
                                code="unroutable_request")
             return partial(_answer, error, request_path(request.target)[0])
 
-    async def route(self, connection: _Connection, request: h1.RequestHead) -> Handoff | None:
+    async def route(self, connection: ServerConnection, request: h1.RequestHead) -> Handoff | None:
         """The hand-off to the worker that owns the request's session; ``None``: served here."""
         path = request_path(request.target)[0]
         headers = RequestHeaders(request.headers)
@@ -183,7 +183,7 @@ async def _receive(stream: trio.SocketStream, server: HTTPServer) -> None:
         await stream.aclose()
 
 
-async def _whole_body(connection: _Connection, request: h1.RequestHead) -> bytes | None:
+async def _whole_body(connection: ServerConnection, request: h1.RequestHead) -> bytes | None:
     """The request's whole body once it is in the connection's buffer (left there); ``None``: it will not be;
     ``_SLOW``: it comes slower than the server's bound for a body (``--body-timeout``, ``--body-min-rate``).
 

@@ -82,7 +82,7 @@ def head_session(path: str, headers: Headers) -> str | None | Literal["body"]:
     """The session a request head names; ``NEED_BODY`` when only its body (or the agent's key) can say; ``None``: no
     session, or one the app refuses (it is served where it landed, and refused there).
 
-    ``path``: as the app sees it (:func:`actorproxy.server.http_cycle.request_path`).
+    ``path``: as the app sees it (:func:`actorproxy.http.cycle.request_path`).
     """
     try:
         mount = url_mount(path, TURN_SUFFIXES)

@@ -24,8 +24,10 @@ import httpx
 import orjson
 import trio
 
+from ...http.client import HTTP11Client
+from ...http.oneshot import OneShot
+from ...http.sse import SSEEvent
 from ...schema.converter import CONVERTER, TokenIds
-from ..aborts import OneShot
 from ..base import (
     ROUTING_HEADER,
     AbortBatch,
@@ -39,9 +41,7 @@ from ..base import (
 from ..client_base import VersionedConnection, VersionedGeneration, first_model_card, read_tolerantly
 from ..connection import EngineOptions, EngineResponse, json_body, post_quietly, post_stream, request_json
 from ..errors import check_status, mapped_errors
-from ..http11 import HTTP11Client
 from ..shared_wire import UpdateWeightVersionReqInput, WeightVersionOutput
-from ..sse import SSEEvent
 from . import protocol
 from .cumulative import look
 

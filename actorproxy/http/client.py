@@ -10,11 +10,11 @@ server-sent events. :class:`Response` reads the head (:mod:`actorproxy.http.h1`)
 de-chunks the body straight into an :class:`~.sse.SSEParser`'s buffer, which splits it
 into events in the same pass (:meth:`Response.receive_events`).
 
-Reads and sends (:mod:`.http11_io`) go to the socket itself, without a cancel scope per
+Reads and sends (:mod:`.sockets`) go to the socket itself, without a cancel scope per
 read: a read waits at most ``read_timeout``, sends are bounded by the same timeout.
 
-Failures are :class:`TransportError` (mapped to :class:`BackendError` by
-``errors.mapped_errors``): a response that breaks HTTP/1.1 (a bad status line, a bad
+Failures are :class:`~.errors.TransportError` (the engine layer maps them to its own
+errors in one table, ``engines/errors.py``): a response that breaks HTTP/1.1 (a bad status line, a bad
 chunk size, a truncated body, a head or an event beyond its size limit) is a
 :class:`ProtocolError` saying what was wrong. A response not read to its end, or
 cancelled anywhere, closes its connection: only a connection whose exchange completed
@@ -32,10 +32,10 @@ from urllib.parse import urlsplit
 
 import trio
 
-from ..http.errors import ConnectError, ConnectTimeout, ProtocolError, ReadTimeout, TransportError
-from ..http.h1 import MAX_RESPONSE_HEAD, BodyDecoder, head_end, parse_response, request_head
-from .aborts import Origin
-from .http11_io import Connection, SocketIO
+from .errors import ConnectError, ConnectTimeout, ProtocolError, ReadTimeout, TransportError
+from .h1 import MAX_RESPONSE_HEAD, BodyDecoder, head_end, parse_response, request_head
+from .oneshot import Origin
+from .sockets import ClientConnection, SocketIO
 from .sse import SSEEvent, SSEParser
 
 __all__ = [
@@ -49,7 +49,7 @@ _MAX_INFORMATIONAL = 8
 
 
 class _Unused(Exception):
-    """A kept-alive connection the engine had closed before answering: retried on a new one."""
+    """A kept-alive connection the server had closed before answering: retried on a new one."""
 
 
 class Response:
@@ -63,14 +63,14 @@ class Response:
     __slots__ = ("status_code", "reason_phrase", "headers", "_client", "_conn", "_body", "_sse", "_fault")
 
     def __init__(
-        self, client: HTTP11Client, conn: Connection, status: int, reason: str, headers: dict[str, str],
+        self, client: HTTP11Client, conn: ClientConnection, status: int, reason: str, headers: dict[str, str],
         body: BodyDecoder,
     ) -> None:
         self.status_code = status
         self.reason_phrase = reason
         self.headers = headers
         self._client = client
-        self._conn: Connection | None = conn
+        self._conn: ClientConnection | None = conn
         self._body = body
         self._sse: SSEParser | None = None
         self._fault: ProtocolError | None = None  # found after bytes still to deliver
@@ -186,9 +186,9 @@ def _ip_family(host: str) -> socket.AddressFamily | None:
 
 
 class HTTP11Client:
-    """HTTP/1.1 to one engine origin (``http://host:port[/prefix]``), with a keep-alive pool.
+    """HTTP/1.1 to one origin (``http://host:port[/prefix]``), with a keep-alive pool.
 
-    ``max_idle``: idle connections kept (the engine's concurrency: every running
+    ``max_idle``: idle connections kept (the server's concurrency: every running
     generation holds one, and they all come back). There is no cap on connections in
     use: an abort must never queue behind the streams it stops.
     """
@@ -210,14 +210,14 @@ class HTTP11Client:
         self._family = _ip_family(parts.hostname)  # an address, not a name: connected without a lookup
         self._port = parts.port or (443 if self._tls else 80)
         self.origin = f"{parts.scheme}://{parts.netloc}"
-        #: The URL's path prefix (``http://host:port/prefix``): engine paths are under it.
+        #: The URL's path prefix (``http://host:port/prefix``): request paths are under it.
         self.prefix = parts.path.rstrip("/")
         default_port = self._port == (443 if self._tls else 80)
         name = f"[{parts.hostname}]" if self._family == socket.AF_INET6 else parts.hostname
         host = name if default_port else f"{name}:{self._port}"
         self._fixed = f"host: {host}\r\nuser-agent: actorproxy\r\naccept: */*\r\n".encode()
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self._tls else None
-        self._idle: deque[Connection] = deque()
+        self._idle: deque[ClientConnection] = deque()
         self.max_idle = max_idle
         self.keepalive_expiry = keepalive_expiry
         self.connect_timeout = connect_timeout
@@ -241,10 +241,10 @@ class HTTP11Client:
             try:
                 return await self._exchange(conn, method, head, body)
             except _Unused:
-                pass  # the engine had closed the idle connection: once more on a new one
+                pass  # the server had closed the idle connection: once more on a new one
         return await self._exchange(await self._connect(), method, head, body)
 
-    async def _exchange(self, conn: Connection, method: str, head: bytearray, body: bytes | None) -> Response:
+    async def _exchange(self, conn: ClientConnection, method: str, head: bytearray, body: bytes | None) -> Response:
         unanswered = conn.reused  # nothing received yet on a kept connection: a failure retries
         try:
             try:
@@ -267,7 +267,7 @@ class HTTP11Client:
                     if not got:
                         if unanswered:
                             raise _Unused
-                        raise ProtocolError("the engine closed the connection before its response head ended")
+                        raise ProtocolError("the server closed the connection before its response head ended")
                     unanswered = False
                 status, reason, headers, framing = parse_response(buf, end, method)
                 if framing is not None:
@@ -278,7 +278,7 @@ class HTTP11Client:
             raise
 
     def one_shot_origin(self) -> Origin | None:
-        """Where requests on connections of their own (:class:`~.aborts.OneShot`) go, with this client's head.
+        """Where requests on connections of their own (:class:`~.oneshot.OneShot`) go, with this client's head.
 
         ``None`` over TLS or to a host name: a ``OneShot`` connects without a lookup or a handshake.
         """
@@ -286,7 +286,7 @@ class HTTP11Client:
             return None
         return Origin(self._family, (self._host, self._port), self._fixed, self.prefix)
 
-    def _checkout(self) -> Connection | None:
+    def _checkout(self) -> ClientConnection | None:
         now = trio.current_time()
         while self._idle:
             conn = self._idle.pop()  # the most recently used: warm, least likely expired
@@ -295,7 +295,7 @@ class HTTP11Client:
             conn.close()
         return None
 
-    async def _connect(self) -> Connection:
+    async def _connect(self) -> ClientConnection:
         self.opened += 1
         with trio.move_on_after(self.connect_timeout) as scope:
             try:
@@ -314,7 +314,7 @@ class HTTP11Client:
                 raw.socket.close()
                 raise ConnectError(f"TLS handshake with {self.origin} failed: {exc!r}") from exc
             stream = tls
-        return Connection(stream, raw)
+        return ClientConnection(stream, raw)
 
     async def _open_tcp(self) -> trio.SocketStream:
         """A TCP connection: straight to an address (a pause opens hundreds of abort connections at once,
@@ -329,9 +329,9 @@ class HTTP11Client:
             raise
         return trio.SocketStream(sock)
 
-    def _release(self, conn: Connection, keep_alive: bool) -> None:
+    def _release(self, conn: ClientConnection, keep_alive: bool) -> None:
         if not keep_alive or conn.buf:
-            conn.close()  # Connection: close, an HTTP/1.0 engine, or bytes beyond the response
+            conn.close()  # Connection: close, an HTTP/1.0 server, or bytes beyond the response
             return
         conn.reused = True
         conn.idle_since = trio.current_time()

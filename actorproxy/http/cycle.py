@@ -1,6 +1,6 @@
-"""One request and its response on the HTTP/1.1 server (:mod:`.http_server`): the ASGI scope, ``receive`` and ``send``.
+"""One request and its response on the HTTP/1.1 server (:mod:`.server`): the ASGI scope, ``receive`` and ``send``.
 
-The connection (:class:`~.http_server._Connection`) reads the socket and runs one
+The connection (:class:`~.server.ServerConnection`) reads the socket and runs one
 :class:`Cycle` after another in its own task; a cycle gives the app the request's body
 as it arrives (or at once, through the ``actorproxy.body_now`` extension), frames the
 app's response (:mod:`actorproxy.http.h1`) so that its head, body and end leave in one write, and
@@ -13,20 +13,16 @@ from __future__ import annotations
 import email.utils
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import trio
-from werkzeug.exceptions import RequestTimeout
 
-from ..http import h1
-from ..schema import jsonio
-from .drain import Message
-from .replies import error_reply, is_anthropic_route
+from . import h1
 
 if TYPE_CHECKING:
-    from .http_server import _Connection
+    from .server import ServerConnection
 
 log = logging.getLogger("actorproxy.http")
 
@@ -35,6 +31,8 @@ MAX_PIPELINED = 65536
 #: Bytes of a request body (with a ``Content-Length``) gathered before the app gets them, at most: a body
 #: up to this size is read from the socket in as few calls as it arrives in and given to the app whole.
 BODY_AT_ONCE = 1 << 20
+#: An ASGI message (``receive``'s and ``send``'s).
+Message = MutableMapping[str, Any]
 DISCONNECT: Message = {"type": "http.disconnect"}
 CONTINUE = h1.CONTINUE
 #: Bytes of a request body left unread when its response starts that the connection still reads (and drops) after
@@ -50,8 +48,9 @@ DISCONNECT_EXTENSION = "actorproxy.on_disconnect"
 #: body then needs no timeout (the common case: the body came with the head).
 BODY_EXTENSION = "actorproxy.body_now"
 #: The scope extension that says, after an ``http.disconnect``, whether it came because the body was too slow:
-#: ``scope["extensions"][...]()`` is then the 408 to raise (``None``: the client went away). The turn lane answers
-#: it in the caller's format and counts it; an app that does not ask gets the server's own 408.
+#: ``scope["extensions"][...]()`` is then the 408 to raise (``None``: the client went away; the exception is the
+#: server policy's ``slow_body_error``). The turn lane answers it in the caller's format and counts it; an app that
+#: does not ask gets the server's own 408 (the policy's ``slow_body_response``).
 SLOW_BODY_EXTENSION = "actorproxy.body_too_slow"
 
 
@@ -72,7 +71,7 @@ class Date:
 class Cycle:
     """One request and its response: the ASGI ``receive`` and ``send`` of the app's call."""
 
-    def __init__(self, connection: _Connection, request: h1.RequestHead) -> None:
+    def __init__(self, connection: ServerConnection, request: h1.RequestHead) -> None:
         self.connection = connection
         self.request = request
         self.method = request.method.decode("ascii")
@@ -135,24 +134,17 @@ class Cycle:
             return
         await self.connection.write(h1.error_response(status, Date.now()))
 
-    def too_slow(self) -> RequestTimeout | None:
+    def too_slow(self) -> Exception | None:
         """The 408 to answer when the body came slower than the server's bound (``None``: it did not)."""
         if not self.slow_body:
             return None
-        limits = self.connection.server.limits
-        return RequestTimeout(f"the request body did not arrive in time: after {limits.body_grace:g} s it must "
-                              f"arrive at {limits.body_min_rate:g} bytes/s at least")
+        return self.connection.server.policy.slow_body_error()
 
     def timeout_response(self) -> bytes:
-        """The 408 for a body that came too slowly: JSON in the caller's format, and the connection closes."""
-        path = str(self.scope["path"])
-        error = self.too_slow() or RequestTimeout()
-        reply = error_reply(error, anthropic_shape=is_anthropic_route(path), method=self.method, path=path)
-        body = jsonio.dumps(reply.data)
-        server = self.connection.server
-        server.slow_bodies.note(trio.current_time(), self.method, path, server.limits.body_min_rate)
-        return (h1.status_line(408) + b"content-type: application/json\r\ncontent-length: %d\r\n"
-                b"connection: close\r\ndate: %s\r\n\r\n%s" % (len(body), Date.now(), body))
+        """The 408 for a body that came too slowly (the server policy's), and the connection closes."""
+        policy = self.connection.server.policy
+        error = self.too_slow() or policy.slow_body_error()
+        return policy.slow_body_response(self.method, str(self.scope["path"]), error, Date.now())
 
     async def receive(self) -> Message:
         lock = self.read_lock
@@ -324,7 +316,7 @@ async def _acquire(lock: trio.Lock) -> None:
         await lock.acquire()
 
 
-async def body_arrives(connection: _Connection, started: float, mark: int) -> bool:
+async def body_arrives(connection: ServerConnection, started: float, mark: int) -> bool:
     """Wait for more of a body whose head came at ``started`` (``connection.received`` was ``mark`` before its first
     byte); ``False`` when it comes slower than the server's bound (:meth:`Cycle.more_body`)."""
     limits = connection.server.limits

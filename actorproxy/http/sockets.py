@@ -1,9 +1,13 @@
-"""The engine client's socket I/O on Trio: one connection, its reads and sends, and their timeouts.
+"""Socket I/O on Trio, written once for the server, the client pool and one-shot connections.
+
+:func:`sent_now` and :func:`send_rest` are every send: what a non-blocking socket takes at
+once, then the rest as the socket becomes writable (no copy of the parts). The rest of the
+module is the client's: one pooled connection, its reads and sends, and their timeouts.
 
 Reads go to the socket itself, not through Trio's stream wrappers: a non-blocking
 ``recv_into`` first, into the client's one receive buffer (no fresh allocation per
 read), and a wait only when nothing has arrived. A read that finds its bytes waiting
-costs no scheduling round, but two in a row yield once, so an engine that streams
+costs no scheduling round, but two in a row yield once, so a server that streams
 without pause cannot starve the other tasks. TLS connections go through the
 ``trio.SSLStream`` instead.
 
@@ -18,17 +22,18 @@ from __future__ import annotations
 
 import select
 import socket
+from collections.abc import Sequence
 
 import trio
 
-from ..http.errors import ReadTimeout, TransportError
+from .errors import ReadTimeout, TransportError
 
 _READ_SIZE = 256 * 1024
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError)
 
 
-class Connection:
-    """One keep-alive connection to the engine: its stream, raw socket and unparsed bytes."""
+class ClientConnection:
+    """One keep-alive connection to a server: its stream, raw socket and unparsed bytes."""
 
     __slots__ = ("stream", "raw", "sock", "buf", "idle_since", "reused", "eager", "expired")
 
@@ -40,7 +45,7 @@ class Connection:
         self.sock: socket.socket | None = sock if isinstance(sock, socket.socket) else None
         self.buf = bytearray()  # bytes received and not parsed yet
         self.idle_since = 0.0
-        self.reused = False  # has served a request before (so the engine may have closed it meanwhile)
+        self.reused = False  # has served a request before (so the server may have closed it meanwhile)
         self.eager = False  # the last read found its bytes waiting (the next such read yields)
         self.expired = False  # closed by ReadDeadlines
 
@@ -50,7 +55,7 @@ class Connection:
         self.raw.socket.close()
 
     def stale(self) -> bool:
-        """An idle connection the engine has closed (or wrote to unasked) is readable."""
+        """An idle connection the server has closed (or wrote to unasked) is readable."""
         try:
             readable, _, _ = select.select([self.raw.socket.fileno()], [], [], 0)
         except (OSError, ValueError):
@@ -63,16 +68,16 @@ class ReadDeadlines:
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._waiting: dict[Connection, float] = {}
+        self._waiting: dict[ClientConnection, float] = {}
         self._watching = False
 
-    def arm(self, conn: Connection) -> None:
+    def arm(self, conn: ClientConnection) -> None:
         self._waiting[conn] = trio.current_time() + self.timeout
         if not self._watching:
             self._watching = True
-            trio.lowlevel.spawn_system_task(self._watch, name="actorproxy engine read deadlines")
+            trio.lowlevel.spawn_system_task(self._watch, name="actorproxy.http read deadlines")
 
-    def disarm(self, conn: Connection) -> None:
+    def disarm(self, conn: ClientConnection) -> None:
         self._waiting.pop(conn, None)
 
     async def _watch(self) -> None:
@@ -97,8 +102,8 @@ class SocketIO:
         self._recv = bytearray(_READ_SIZE)
         self._view = memoryview(self._recv)
 
-    async def fill(self, conn: Connection) -> int:
-        """Read what the engine sent into ``conn.buf``: the number of bytes, 0 at its end."""
+    async def fill(self, conn: ClientConnection) -> int:
+        """Read what the server sent into ``conn.buf``: the number of bytes, 0 at its end."""
         sock = conn.sock
         if sock is None:
             return await self._fill_stream(conn)
@@ -107,7 +112,7 @@ class SocketIO:
         except BlockingIOError:
             return await self._wait(conn, sock)
         except OSError as exc:
-            raise TransportError(f"the engine dropped the connection: {exc!r}") from exc
+            raise TransportError(f"the server dropped the connection: {exc!r}") from exc
         conn.buf += self._view[:n]  # before any await: another task may read into the buffer then
         if conn.eager:  # two reads in a row without waiting: let the other tasks run
             conn.eager = False
@@ -117,7 +122,7 @@ class SocketIO:
             await trio.lowlevel.checkpoint_if_cancelled()
         return n
 
-    async def _wait(self, conn: Connection, sock: socket.socket) -> int:
+    async def _wait(self, conn: ClientConnection, sock: socket.socket) -> int:
         conn.eager = False
         self._deadlines.arm(conn)
         try:
@@ -129,33 +134,31 @@ class SocketIO:
                     continue
                 except _CLOSED as exc:
                     if conn.expired:
-                        raise ReadTimeout(f"no data from the engine in {self.read_timeout:g} s") from None
-                    raise TransportError(f"the engine dropped the connection: {exc!r}") from exc
+                        raise ReadTimeout(f"no data from the server in {self.read_timeout:g} s") from None
+                    raise TransportError(f"the server dropped the connection: {exc!r}") from exc
                 conn.buf += self._view[:n]
                 return n
         finally:
             self._deadlines.disarm(conn)
 
-    async def _fill_stream(self, conn: Connection) -> int:
+    async def _fill_stream(self, conn: ClientConnection) -> int:
         with trio.move_on_after(self.read_timeout) as scope:
             try:
                 data = await conn.stream.receive_some(_READ_SIZE)
             except _CLOSED as exc:
-                raise TransportError(f"the engine dropped the connection: {exc!r}") from exc
+                raise TransportError(f"the server dropped the connection: {exc!r}") from exc
         if scope.cancelled_caught:
-            raise ReadTimeout(f"no data from the engine in {self.read_timeout:g} s")
+            raise ReadTimeout(f"no data from the server in {self.read_timeout:g} s")
         conn.buf += data
         return len(data)
 
-    async def send(self, conn: Connection, head: bytearray, body: bytes) -> None:
+    async def send(self, conn: ClientConnection, head: bytearray, body: bytes) -> None:
         """Head and body, in one system call when the socket takes them (no copy of the body)."""
         sock = conn.sock
         sent = 0
         if sock is not None:
             try:
-                sent = sock.sendmsg([head, body])
-            except BlockingIOError:
-                pass
+                sent = sent_now(sock, [head, body])
             except OSError as exc:
                 raise TransportError(f"send failed: {exc!r}") from exc
             if sent == len(head) + len(body):
@@ -166,15 +169,26 @@ class SocketIO:
                 if sock is None:
                     await conn.stream.send_all(memoryview(bytes(head) + body)[sent:])
                 else:  # the rest as it goes, without a copy of the body (a long prompt: hundreds of KB)
-                    await _send_rest(sock, [memoryview(head), memoryview(body)], sent)
+                    await send_rest(sock, [memoryview(head), memoryview(body)], sent)
             except _CLOSED as exc:
                 raise TransportError(f"send failed: {exc!r}") from exc
         if scope.cancelled_caught:
-            raise ReadTimeout(f"the engine took no data in {self.read_timeout:g} s")
+            raise ReadTimeout(f"the server took no data in {self.read_timeout:g} s")
 
 
-async def _send_rest(sock: socket.socket, parts: list[memoryview], sent: int) -> None:
-    """Send ``parts`` after their first ``sent`` bytes, waiting for the socket between sends."""
+def sent_now(sock: socket.socket, parts: Sequence[bytes | bytearray | memoryview]) -> int:
+    """Bytes of ``parts`` a non-blocking socket takes at once (one system call; 0 when it is full or connecting).
+
+    Any other failure is the ``OSError`` itself (the peer is gone).
+    """
+    try:
+        return sock.sendmsg(parts)
+    except (BlockingIOError, InterruptedError):
+        return 0
+
+
+async def send_rest(sock: socket.socket, parts: list[memoryview], sent: int) -> None:
+    """Send ``parts`` after their first ``sent`` bytes, waiting for the socket between sends (no copy)."""
     while True:
         while parts and sent >= len(parts[0]):
             sent -= len(parts[0])
@@ -183,7 +197,4 @@ async def _send_rest(sock: socket.socket, parts: list[memoryview], sent: int) ->
             return
         parts[0] = parts[0][sent:]
         await trio.lowlevel.wait_writable(sock)
-        try:
-            sent = sock.sendmsg(parts)
-        except BlockingIOError:
-            sent = 0
+        sent = sent_now(sock, parts)
