@@ -14,35 +14,21 @@ the recorded training segment.
 
 from __future__ import annotations
 
-import argparse
 import json
-import uuid
+from functools import partial
 from typing import Any
 
 import anthropic
 import trio
+from shared import WEATHER_TOOL as SHARED_TOOL
+from shared import blackbox_main, get_weather
 
-from actorproxy import ProxyClient, ProxyConfig, open_proxy
-
-WEATHER_TOOL = {
-    "name": "get_weather",
-    "description": "Current weather and a short forecast for a city.",
-    "input_schema": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "description": "City name"},
-            "days": {"type": "integer", "minimum": 1, "maximum": 5},
-        },
-        "required": ["city"],
-    },
+WEATHER_TOOL = {  # the shared tool, in the Messages API's shape
+    "name": SHARED_TOOL["function"]["name"],
+    "description": SHARED_TOOL["function"]["description"],
+    "input_schema": SHARED_TOOL["function"]["parameters"],
 }
 SYSTEM = "You are a travel assistant. Use tools when you need facts."
-
-
-def get_weather(city: str, days: int = 1) -> dict[str, Any]:
-    """A stand-in for a real tool: deterministic fake weather."""
-    base = sum(map(ord, city)) % 15 + 10
-    return {"city": city, "forecast": [{"day": d + 1, "celsius": base + d} for d in range(days)]}
 
 
 def run_tool(name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
@@ -85,43 +71,6 @@ def agent(base_url: str, max_turns: int) -> None:
         client.close()
 
 
-def summarize(payload: dict[str, Any]) -> None:
-    for segment in payload["data"]:
-        sampled = sum(segment["loss_mask"])
-        print(f"\nsegment {segment['trajectory_id']}  ({segment['start_reason']} -> {segment['boundary_reason']})")
-        print(f"  tokens      {len(segment['token_ids'])} ({sampled} sampled, loss_mask=1)")
-        print(f"  steps       {segment['step_indices']}   reward {segment['reward']}")
-    print("steps:")
-    for step in payload.get("steps", []):
-        print(f"  #{step['step_index']} {step['status']:<10} prompt {step['prompt_tokens']:<5} "
-              f"sampled {step['completion_tokens']:<4} in_segment={step['in_segment']}")
-
-
-async def rollout(proxy_url: str, max_turns: int) -> None:
-    session = f"blackbox-anthropic-{uuid.uuid4().hex[:8]}"
-    base_url = f"{proxy_url}/sess/{session}"
-    print(f"agent base URL: {base_url}")
-    await trio.to_thread.run_sync(agent, base_url, max_turns)
-    async with ProxyClient(proxy_url) as client:
-        print(await client.finalize_session(session, reward=1.0))
-        payload = await client.read_trajectory(session_id=session, drain=True, include_steps=True)
-    summarize(payload)
-    segment = payload["data"][-1]
-    assert len(segment["token_ids"]) == len(segment["loss_mask"]) == len(segment["logprobs"])
-
-
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a running proxy (default: serve one in-process)")
-    parser.add_argument("--max-turns", type=int, default=6)
-    args = parser.parse_args()
-    if args.url:
-        await rollout(args.url.rstrip("/"), args.max_turns)
-        return
-    async with open_proxy(ProxyConfig.of(port=0)) as running:
-        print(f"proxy at {running.url}")
-        await rollout(running.url, args.max_turns)
-
-
 if __name__ == "__main__":
-    trio.run(main)
+    trio.run(partial(blackbox_main, agent, description=__doc__.splitlines()[0], name="blackbox-anthropic",
+                     base_path=""))

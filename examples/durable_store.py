@@ -12,32 +12,19 @@ segment. Then it stops the proxy with SIGTERM (a graceful drain, exit 0).
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+from shared import start_proxy
 
 
 def start(data_dir: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     """``actorproxy run`` on a free port; its URL once it serves."""
-    out = open(log, "wb")  # noqa: SIM115 (the process writes it until it exits)
-    proc = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--port", "0", "--store", "sqlite",
-                             "--data-dir", data_dir, "--sim-token-interval", "0.001"], stdout=out, stderr=out)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        match = re.search(r"serving on (http://\S+)", log.read_text(errors="replace"))
-        if match:
-            return proc, match.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"the proxy did not start:\n{log.read_text()}")
+    return start_proxy(["--store", "sqlite", "--data-dir", data_dir, "--sim-token-interval", "0.001"], log, timeout=60)
 
 
 def turn(http: httpx.Client, session: str, text: str) -> None:

@@ -15,15 +15,13 @@ them. On a real cluster the replicas run on the rollout nodes with
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
+from shared import start_proxy
 
 REPO = Path(__file__).resolve().parent.parent
 POOL, NAMESPACE = "rollouts", "actorproxy-example"
@@ -32,23 +30,9 @@ GROUPS, ROLLOUTS = 3, 4
 
 def start_replica(ray_address: str, data_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     """``actorproxy run --store ray`` on a free port; its URL once it serves."""
-    out = open(log, "wb")  # noqa: SIM115 (the process writes it until it exits)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "actorproxy", "run", "--port", "0", "--store", "ray", "--ray-address", ray_address,
-         "--ray-namespace", NAMESPACE, "--data-pool", POOL, "--data-dir", str(data_dir),
-         "--sim-token-interval", "0.001"],
-        stdout=out, stderr=out,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        match = re.search(r"serving on (http://\S+)", log.read_text(errors="replace"))
-        if match:
-            return proc, match.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"the proxy did not start:\n{log.read_text()}")
+    flags = ["--store", "ray", "--ray-address", ray_address, "--ray-namespace", NAMESPACE, "--data-pool", POOL,
+             "--data-dir", str(data_dir), "--sim-token-interval", "0.001"]
+    return start_proxy(flags, log, timeout=120)
 
 
 def rollout(http: httpx.Client, session: str, group: str, reward: float) -> None:

@@ -17,30 +17,17 @@ import argparse
 import re
 import signal
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
+from shared import start_proxy
 
 
 def start(data_dir: str, log: Path, workers: int) -> tuple[subprocess.Popen[bytes], str]:
     """``actorproxy run --workers N`` on a free port; its URL once every worker serves."""
-    out = open(log, "wb")  # noqa: SIM115 (the process writes it until it exits)
-    proc = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--workers", str(workers), "--port", "0",
-                             "--store", "sqlite", "--data-dir", data_dir, "--sim-token-interval", "0.001"],
-                            stdout=out, stderr=out)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        match = re.search(r"serving on (http://\S+) with", log.read_text(errors="replace"))
-        if match:
-            return proc, match.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"the proxy did not start:\n{log.read_text()}")
+    flags = ["--workers", str(workers), "--store", "sqlite", "--data-dir", data_dir, "--sim-token-interval", "0.001"]
+    return start_proxy(flags, log, timeout=90, ready=r"serving on (http://\S+) with")
 
 
 def main() -> None:

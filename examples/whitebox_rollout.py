@@ -19,34 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
+from shared import WEATHER_TOOL, get_weather
 
 from actorproxy import ProxyClient, ProxyConfig, open_proxy
 
 Decode = Callable[[list[int]], str]
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather and a short forecast for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "description": "City name"},
-                "days": {"type": "integer", "minimum": 1, "maximum": 5},
-            },
-            "required": ["city"],
-        },
-    },
-}
-
-
-def get_weather(city: str, days: int = 1) -> dict[str, Any]:
-    """A stand-in for a real tool: deterministic fake weather."""
-    base = sum(map(ord, city)) % 15 + 10
-    forecast = [{"day": d + 1, "celsius": base + d, "sky": "sunny"} for d in range(days)]
-    return {"city": city, "forecast": forecast}
-
 
 TOOLS = {"get_weather": get_weather}
 
