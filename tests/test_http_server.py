@@ -3,11 +3,13 @@ a toy ASGI app over real loopback sockets."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import trio
+import trio.abc
 import trio.testing
 
 from actorproxy.http import server as http_server
@@ -416,3 +418,47 @@ async def test_a_body_that_arrives_in_pieces_is_given_whole_up_to_body_at_once()
                 else:
                     assert int(count) > 1  # past the bound: given as it comes, the buffer stays bounded
         stop.set()
+
+
+class _Rounds(trio.abc.Instrument):
+    """Scheduling rounds (one ``epoll_wait`` each)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.count += 1
+
+
+async def test_a_request_sent_with_its_connection_reaches_the_app_in_the_round_it_is_accepted() -> None:
+    """Issue 33: a new connection's request is read as it is accepted, not two scheduling rounds later.
+
+    With many streams relaying a backlog a round takes long, and a pause (a new connection, usually)
+    waited five of them before its route ran.
+    """
+    rounds = _Rounds()
+    seen: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(rounds.count)
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(lambda task_status: HTTPServer(app, keep_alive_timeout=5).serve(
+            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
+        plain = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])))  # no checkpoint: not accepted
+        plain.sendall(b"POST /v1/rollout/pause HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n")
+        plain.setblocking(False)
+        with trio.socket.from_stdlib_socket(plain) as client:
+            trio.lowlevel.add_instrument(rounds)
+            try:
+                answer = await client.recv(4096)
+            finally:
+                trio.lowlevel.remove_instrument(rounds)
+        stop.set()
+    assert answer.startswith(b"HTTP/1.1 200")
+    # The round the listener wakes in (the accept), then the connection task's first step: 5 before.
+    assert seen == [2], f"the app ran {seen[0]} rounds after the listener woke"

@@ -234,6 +234,23 @@ class ServerConnection:
                 except OSError:
                     return
 
+    def read_arrived(self) -> None:
+        """Take what a connection just accepted already brought (its first request, usually): no wait, no round.
+
+        A new client sends its request as it connects; read at once, the request is served in
+        the connection's first step instead of two scheduling rounds later (a round is long when
+        many streams relay a backlog, and a pause must not wait behind them). What did not
+        arrive yet, an EOF or an error is left to :meth:`read`.
+        """
+        try:
+            data = self.sock.recv(_MAX_RECV)
+        except OSError:  # nothing yet (BlockingIOError), or failed: the reader finds out
+            return
+        if data:
+            self.buffer += data
+            self.received += len(data)
+            self.idle_since = None
+
     async def read(self) -> None:
         """The connection's only reader: whatever the client sends goes to the buffer, its EOF to ``eof``.
 
@@ -486,6 +503,7 @@ class HTTPServer:
                     continue
                 connection = self.connection(sock, b"", probe_only)
                 if connection is not None:
+                    connection.read_arrived()
                     nursery.start_soon(self.serve_one, connection)
 
     def admit(self) -> bool | None:
