@@ -65,6 +65,17 @@ config.accesslog = None
 trio.run(serve, app, config)
 '''
 
+#: An ASGI app's whole request body: a piece of the app scripts below that read one.
+READ_BODY = '''
+async def read_body(receive):
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+'''
+
 # The same route as a bare ASGI app on hypercorn: what Quart adds is the difference.
 BARE_APP = '''
 import json, sys
@@ -73,6 +84,7 @@ from hypercorn.trio import serve
 import trio
 ANSWER = json.dumps({"id": "c", "object": "chat.completion", "choices": [{"index": 0,
     "message": {"role": "assistant", "content": "canned"}, "finish_reason": "stop"}]}).encode()
+''' + READ_BODY + '''
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
         while True:
@@ -80,12 +92,7 @@ async def app(scope, receive, send):
             await send({"type": message["type"] + ".complete"})
             if message["type"] == "lifespan.shutdown":
                 return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await read_body(receive)
     if scope["path"] == "/v1/chat/completions":
         json.loads(body)
         out = ANSWER
@@ -102,20 +109,14 @@ trio.run(serve, app, config)
 
 
 # An ASGI fast lane in front of the Quart app: the turn route at the ASGI level, the rest through Quart.
-LANE_APP = APP.replace("trio.run(serve, app, config)", '''
+LANE_APP = APP.replace("trio.run(serve, app, config)", READ_BODY + '''
 ANSWER_BYTES = ANSWER.encode()
 HEAD = {"type": "http.response.start", "status": 200,
         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER_BYTES)).encode())]}
 async def lane(scope, receive, send):
     if scope["type"] != "http" or scope["path"] != "/v1/chat/completions" or scope["method"] != "POST":
         return await app(scope, receive, send)
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
-    json.loads(body)
+    json.loads(await read_body(receive))
     await send(HEAD)
     await send({"type": "http.response.body", "body": ANSWER_BYTES})
 trio.run(serve, lane, config)

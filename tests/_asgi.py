@@ -31,6 +31,16 @@ ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
                     Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
 
 
+async def request_body(receive: Callable[[], Awaitable[dict[str, Any]]]) -> bytes:
+    """The request body an ASGI app receives, whole (what came before a hang-up, if the client goes)."""
+    body = b""
+    while (message := await receive())["type"] == "http.request":
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    return body
+
+
 class _Body(httpx.AsyncByteStream):
     def __init__(self, chunks: trio.MemoryReceiveChannel[bytes | Exception], hang_up: trio.Event) -> None:
         self._chunks = chunks

@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.abc
 import trio.testing
+from _asgi import request_body
 
 from actorproxy.http import server as http_server
 from actorproxy.http.cycle import BODY_AT_ONCE, BODY_EXTENSION
@@ -27,12 +28,7 @@ class Echo:
         self.proceed = trio.Event()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await request_body(receive)
         if scope["path"] == "/fail":
             raise RuntimeError("the app fails")
         if scope["path"] == "/later":  # answer once the test says so

@@ -13,6 +13,7 @@ import socket
 from typing import Any
 
 import trio
+from _asgi import request_body
 
 from actorproxy.http import h1
 from actorproxy.http.server import Handoff, ServerConnection
@@ -21,12 +22,7 @@ from actorproxy.server.http_server import HTTPServer
 
 def _app(name: bytes) -> Any:
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await request_body(receive)
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": name + b" " + scope["path"].encode() + b" " + body})
 

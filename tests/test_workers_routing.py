@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from _asgi import request_body
 
 from actorproxy.config import ProxyConfig
 from actorproxy.errors import StartupError
@@ -132,11 +133,7 @@ async def test_a_connection_goes_to_its_owner_over_scm_rights_even_when_the_body
     """Worker 0's router, worker 1's hand-off socket, in one process: the socket itself moves."""
     async def named(name: bytes) -> Any:
         async def app(scope: Any, receive: Any, send: Any) -> None:
-            body = b""
-            while (message := await receive())["type"] == "http.request":
-                body += message.get("body", b"")
-                if not message.get("more_body"):
-                    break
+            await request_body(receive)
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length",
                                                                                   str(len(name)).encode())]})
             await send({"type": "http.response.body", "body": name})
