@@ -143,6 +143,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def session_start(sid: str) -> list[dict[str, Any]]:
+    """A benchmark session's first messages (each later turn adds the reply and one question)."""
+    return [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": f"Question 0 of session {sid}: what is 6 times 7?"},
+    ]
+
+
 async def throughput(args: argparse.Namespace, host: str, port: int, pids: dict[str, int],
                      stub: Http | None) -> dict[str, Any]:
     window: dict[str, float] = {"start": float("inf"), "end": float("inf")}
@@ -160,10 +168,7 @@ async def throughput(args: argparse.Namespace, host: str, port: int, pids: dict[
             while not stop.is_set():
                 sid = f"{args.tag}-{w}-{n}"
                 n += 1
-                messages: list[dict[str, Any]] = [
-                    {"role": "system", "content": "You are a helpful assistant."},
-                    {"role": "user", "content": f"Question 0 of session {sid}: what is 6 times 7?"},
-                ]
+                messages: list[dict[str, Any]] = session_start(sid)
                 for turn in range(args.session_turns):
                     if stop.is_set():
                         return

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import trio
+from load_client import session_start
 from tito_scaling import InstantEngine
 
 from actorproxy.config import ProxyConfig
@@ -59,10 +60,7 @@ async def run(args: argparse.Namespace, data_dir: str) -> list[tuple[int, float]
             nonlocal done, next_session
             sid = f"s-{next_session}"
             next_session += 1
-            messages: list[dict[str, Any]] = [
-                {"role": "system", "content": "You are a helpful assistant."},
-                {"role": "user", "content": f"Question 0 of session {sid}: what is 6 times 7?"},
-            ]
+            messages: list[dict[str, Any]] = session_start(sid)
             for turn in range(args.session_turns):
                 body = json.dumps({"model": "m", "messages": messages, "max_tokens": 64}).encode()
                 answer = await serve_turn(runtime, fmt, fmt.load(body), {"X-Session-Id": sid}, url_session=None,

@@ -40,6 +40,7 @@ from typing import Any
 
 import trio
 import trio.abc
+from load_client import session_start
 from tito_scaling import InstantEngine
 
 from actorproxy.config import ProxyConfig
@@ -121,10 +122,7 @@ async def run(args: argparse.Namespace, data_dir: str) -> dict[str, float]:
             while done < turns:
                 sid = f"s-{w}-{n}"
                 n += 1
-                messages: list[dict[str, Any]] = [
-                    {"role": "system", "content": "You are a helpful assistant."},
-                    {"role": "user", "content": f"Question 0 of session {sid}: what is 6 times 7?"},
-                ]
+                messages: list[dict[str, Any]] = session_start(sid)
                 headers = {"X-Session-Id": sid}
                 for turn in range(args.session_turns):
                     body = json.dumps({"model": "m", "messages": messages, "max_tokens": 64}).encode()
