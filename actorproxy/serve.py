@@ -95,17 +95,8 @@ async def serve_proxy(
         server = HTTPServer(asgi_of(create_app(runtime)), keep_alive_timeout=_KEEP_ALIVE, tracker=tracker,
                             limits=connection_limits(config))
         stop_http = trio.Event()
-
-        async def drain_then_stop() -> None:
-            if shutdown_trigger is None:
-                await trio.sleep_forever()
-            else:
-                await shutdown_trigger()
-            await _drain(runtime, tracker, config.server.shutdown_grace)
-            stop_http.set()
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(drain_then_stop)
+            nursery.start_soon(drain_then_stop, runtime, tracker, shutdown_trigger, stop_http)
             # The drain happens before the server is told to stop: by then nothing is in flight that should be
             # waited for, and idle keep-alive connections must not hold the exit.
             url = await nursery.start(partial(server.serve, bind_host(config.server.host).strip("[]"),
@@ -128,6 +119,15 @@ def asgi_of(app: QuartTrio) -> ASGIApp:
     resumption of a streaming turn's task).
     """
     return cast(ASGIApp, app.asgi_app)
+
+
+async def drain_then_stop(runtime: Runtime, requests: InFlight, shutdown_trigger: Callable[[], Awaitable[None]] | None,
+                          stop: trio.Event) -> None:
+    """Wait for ``shutdown_trigger`` (none: forever), drain (:func:`_drain`), then set ``stop``, the HTTP
+    server's own shutdown trigger."""
+    await (shutdown_trigger or trio.sleep_forever)()
+    await _drain(runtime, requests, runtime.config.server.shutdown_grace)
+    stop.set()
 
 
 async def _drain(runtime: Runtime, requests: InFlight, limit: float) -> None:

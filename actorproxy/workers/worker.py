@@ -28,7 +28,7 @@ from ..config import ProxyConfig
 from ..runtime.in_flight import InFlight
 from ..runtime.runtime import Runtime, open_runtime
 from ..schema import jsonio
-from ..serve import _KEEP_ALIVE, RunningProxy, _drain, asgi_of, bind_host, connection_limits
+from ..serve import _KEEP_ALIVE, RunningProxy, asgi_of, bind_host, connection_limits, drain_then_stop
 from ..server.app import create_app
 from ..server.auth import AccessPolicy
 from ..server.http_server import HTTPServer
@@ -81,16 +81,8 @@ async def serve_worker(
         host = bind_host(config.server.host).strip("[]")
         shared = trio.socket.from_stdlib_socket(shared_port_socket(host, config.server.port))
 
-        async def drain_then_stop() -> None:
-            if shutdown_trigger is None:
-                await trio.sleep_forever()
-            else:
-                await shutdown_trigger()
-            await _drain(runtime, tracker, config.server.shutdown_grace)
-            stop.set()
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(drain_then_stop)
+            nursery.start_soon(drain_then_stop, runtime, tracker, shutdown_trigger, stop)
             await nursery.start(partial(private.serve, "", 0, sock=unix, shutdown_trigger=stop.wait))
             url = await nursery.start(partial(public.serve, host, config.server.port, sock=shared,
                                               shutdown_trigger=stop.wait))
