@@ -11,6 +11,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, context
 from typing import Any
 
 import attrs
+import httpx
 import hypothesis.strategies as st
 import trio
 
@@ -133,6 +134,17 @@ async def run_turn(
                 case TurnFailed():
                     return TurnResult(None, event.error, deltas)
     raise AssertionError("turn ended without a result")
+
+
+async def hang_up_after(http: httpx.AsyncClient, path: str, body: dict[str, Any], session: str, *, events: int = 5,
+                        marker: str = "data: ") -> None:
+    """Stream a turn of ``session`` to ``path`` and hang up once ``events`` lines starting with ``marker`` came."""
+    async with http.stream("POST", path, json=body, headers={"X-Session-Id": session}) as response:
+        seen = 0
+        async for line in response.aiter_lines():
+            seen += line.startswith(marker)
+            if seen >= events:
+                return
 
 
 def reserialise(message: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import attrs
 import httpx
 import pytest
 import trio
-from _util import WEATHER_TOOL, WEATHER_TOOL_ANTHROPIC
+from _util import WEATHER_TOOL, WEATHER_TOOL_ANTHROPIC, hang_up_after
 
 from actorproxy import ProxyClient, ProxyConfig, open_proxy
 from actorproxy.core.messages import AssistantOutput, ToolCall
@@ -551,12 +551,7 @@ def test_event_writer_block_order() -> None:
 async def test_stream_disconnect_stops_generation(http: httpx.AsyncClient, engine: SimEngine) -> None:
     engine.script("word " * 400, routing_key="gone")
     body = {**GOOD, "max_tokens": 500, "stream": True}
-    async with http.stream("POST", "/v1/messages", json=body, headers={"X-Session-Id": "gone"}) as response:
-        seen = 0
-        async for line in response.aiter_lines():
-            seen += line.startswith("event: content_block_delta")
-            if seen >= 5:
-                break
+    await hang_up_after(http, "/v1/messages", body, "gone", marker="event: content_block_delta")
     # No polling: the session's mailbox is serial, so describe is answered once the turn has ended.
     with trio.fail_after(10):
         described = (await http.get("/session/gone")).json()

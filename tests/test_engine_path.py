@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from _util import WEATHER_TOOL
+from _util import WEATHER_TOOL, hang_up_after
 
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.serve import RunningProxy
@@ -121,12 +121,7 @@ async def test_client_disconnect_reaches_the_engine(tokenizer: Any) -> None:
     async with stack(tokenizer, "sglang") as (proxy, [sim], client):
         sim.engine.script("word " * 600, routing_key="gone")
         body = {"messages": [{"role": "user", "content": "talk"}], "stream": True, "max_tokens": 700}
-        async with client.stream("POST", "/v1/chat/completions", json=body, headers={"X-Session-Id": "gone"}) as r:
-            seen = 0
-            async for line in r.aiter_lines():
-                seen += line.startswith("data: ")
-                if seen >= 5:
-                    break
+        await hang_up_after(client, "/v1/chat/completions", body, "gone")
         with trio.fail_after(10):  # describe waits for the session's turn to end (its mailbox is serial)
             step = (await client.get("/session/gone")).json()["recent_steps"][-1]
         assert step["status"] == "client_disconnected" and not step["in_segment"]

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from _util import WEATHER_TOOL
+from _util import WEATHER_TOOL, hang_up_after
 
 from actorproxy import ProxyClient
 from actorproxy.serve import RunningProxy
@@ -224,13 +224,7 @@ async def test_bad_input_gets_openai_errors_and_loses_nothing(http: httpx.AsyncC
 async def test_stream_disconnect_stops_generation(http: httpx.AsyncClient, engine: SimEngine) -> None:
     engine.script("word " * 400, routing_key="gone")
     body = {"messages": [{"role": "user", "content": "talk"}], "stream": True, "max_tokens": 500}
-    async with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-Session-Id": "gone"}) as resp:
-        seen = 0
-        async for line in resp.aiter_lines():
-            if line.startswith("data: "):
-                seen += 1
-            if seen >= 5:
-                break
+    await hang_up_after(http, "/v1/chat/completions", body, "gone")
     # The session notices at its next token, records the step and stops the engine.
     # No polling: the session's mailbox is serial, so describe is answered once the turn has ended.
     with trio.fail_after(10):
