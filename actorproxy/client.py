@@ -104,11 +104,7 @@ class ProxyClient:
         self, session_id: str, *, instance_id: str | None = None, reward: float | None = None
     ) -> dict[str, Any]:
         """Close the session's open segment so the trainer can read it."""
-        body: dict[str, Any] = {"session_id": session_id}
-        if instance_id is not None:
-            body["instance_id"] = instance_id
-        if reward is not None:
-            body["reward"] = reward
+        body = {"session_id": session_id, **_given(instance_id=instance_id, reward=reward)}
         return dict(await self._post("/session/finalize", body))
 
     async def read_trajectory(
@@ -120,11 +116,8 @@ class ProxyClient:
         include_steps: bool = False,
     ) -> dict[str, Any]:
         """Finalized segments (``{"data": [...]}``); ``drain=True`` removes them from the store."""
-        body: dict[str, Any] = {"drain": drain, "include_steps": include_steps}
-        if session_id is not None:
-            body["session_id"] = session_id
-        if trajectory_id is not None:
-            body["trajectory_id"] = trajectory_id
+        body = {"drain": drain, "include_steps": include_steps,
+                **_given(session_id=session_id, trajectory_id=trajectory_id)}
         return dict(await self._post("/trajectory/read", body))
 
     async def read_segments(
@@ -157,12 +150,10 @@ class ProxyClient:
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> GenerateResult:
         """One white-box turn (``POST /generate``): the exact ids the engine was given and sampled."""
-        body: dict[str, Any] = {"trajectory_uid": trajectory_uid, "prompt_uid": prompt_uid,
-                                "messages": [dict(m) for m in messages]}
-        options = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "stop": stop,
-                   "tools": [dict(t) for t in tools] if tools is not None else None,
-                   "chat_template_kwargs": dict(chat_template_kwargs) if chat_template_kwargs is not None else None}
-        body.update({k: v for k, v in options.items() if v is not None})
+        body = {"trajectory_uid": trajectory_uid, "prompt_uid": prompt_uid, "messages": [dict(m) for m in messages],
+                **_given(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop,
+                         tools=[dict(t) for t in tools] if tools is not None else None,
+                         chat_template_kwargs=dict(chat_template_kwargs) if chat_template_kwargs is not None else None)}
         return await self._typed("/generate", body, GenerateResult)
 
     async def submit_steps(self, steps: Sequence[StepBody | Mapping[str, Any]]) -> SubmitStepsResult:
@@ -189,20 +180,14 @@ class ProxyClient:
         self, *, prompt_uid: str | None = None, channel: Channel = "train", metadata: Mapping[str, Any] | None = None
     ) -> InitResult:
         """A new trajectory and the ``base_url`` a black-box agent uses (``POST /init_trajectory``)."""
-        body: dict[str, Any] = {"channel": channel, "metadata": dict(metadata or {})}
-        if prompt_uid is not None:
-            body["prompt_uid"] = prompt_uid
+        body = {"channel": channel, "metadata": dict(metadata or {}), **_given(prompt_uid=prompt_uid)}
         return await self._typed("/init_trajectory", body, InitResult)
 
     async def complete_trajectory(
         self, trajectory_uid: str, *, reward: float | None = None, channel: Channel | None = None
     ) -> CompleteResult:
         """Finalize a trajectory; on the train channel it is queued for ``fetch_batch``."""
-        body: dict[str, Any] = {}
-        if reward is not None:
-            body["reward"] = reward
-        if channel is not None:
-            body["channel"] = channel
+        body = _given(reward=reward, channel=channel)
         return await self._typed(f"/complete_trajectory/{trajectory_uid}", body, CompleteResult)
 
     async def fetch_batch(self, groups: int, rollouts_per_group: int, *, timeout_s: float = 30.0) -> FetchBatchResult:
@@ -215,6 +200,11 @@ class ProxyClient:
 
     async def health(self) -> dict[str, Any]:
         return dict(_unwrap(await self._http.get("/health")))
+
+
+def _given(**fields: Any) -> dict[str, Any]:
+    """The fields that are not ``None``: an optional field left out of a body is absent, not null."""
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def _unwrap(response: httpx.Response) -> Any:
