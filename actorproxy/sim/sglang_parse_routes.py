@@ -43,7 +43,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 from quart import Blueprint, Response
 
@@ -61,6 +61,8 @@ from ..schema.converter import CONVERTER, structure
 from ..tokenization.tokenizer import THINK_END, THINK_START, TOOL_CALL_START
 from .state import SimState
 from .wire import json_response, read_json
+
+T = TypeVar("T")
 
 #: Reasoning parser name → whether text without think tags is reasoning (SGLang's ``force_reasoning``).
 REASONING_PARSERS: Mapping[str, bool] = {"qwen3": False, "qwen3-thinking": True, "deepseek-r1": True}
@@ -226,11 +228,15 @@ def parse_blueprint(state: SimState) -> Blueprint:
             return _error("simulated parse failure (injected fault)", HTTPStatus.INTERNAL_SERVER_ERROR)
         return None
 
+    async def _read(path: str, kind: type[T]) -> T:
+        """The request body, kept in ``state.parse_requests`` (tests read what was asked), structured."""
+        raw = await read_json()
+        state.parse_requests.append((path, raw))
+        return structure(raw, kind)
+
     @bp.post("/parse_function_call")
     async def parse_function_call_route() -> Response:
-        raw = await read_json()
-        state.parse_requests.append(("/parse_function_call", raw))
-        body = structure(raw, ParseFunctionCallReq)
+        body = await _read("/parse_function_call", ParseFunctionCallReq)
         parser = check_tool_call_parser(body.tool_call_parser)
         if (failure := _failed()) is not None:
             return failure
@@ -240,9 +246,7 @@ def parse_blueprint(state: SimState) -> Blueprint:
 
     @bp.post("/separate_reasoning")
     async def separate_reasoning_route() -> Response:
-        raw = await read_json()
-        state.parse_requests.append(("/separate_reasoning", raw))
-        body = structure(raw, SeparateReasoningReqInput)
+        body = await _read("/separate_reasoning", SeparateReasoningReqInput)
         parser = check_reasoning_parser(body.reasoning_parser)
         if (failure := _failed()) is not None:
             return failure
