@@ -324,11 +324,9 @@ async def engine_client_floor(stub_url: str, requests: int, concurrency: int) ->
                 nursery.start_soon(task, requests // concurrency)
         await pool.aclose()
 
-    def generations(use_httpx: bool) -> Callable[[], Awaitable[None]]:
+    def generations() -> Callable[[], Awaitable[None]]:
         async def run() -> None:
-            limits = httpx.Limits(max_keepalive_connections=concurrency)
-            http = httpx.AsyncClient(limits=limits) if use_httpx else None
-            backend = SGLangBackend(stub_url, EngineOptions(concurrency=concurrency), http=http)
+            backend = SGLangBackend(stub_url, EngineOptions(concurrency=concurrency))
             request = GenerateRequest(array("i", range(1000, 3000)), SamplingParams(max_new_tokens=16))
 
             async def task(n: int) -> None:
@@ -340,13 +338,11 @@ async def engine_client_floor(stub_url: str, requests: int, concurrency: int) ->
                 for _ in range(concurrency):
                     nursery.start_soon(task, requests // concurrency)
             await backend.aclose()
-            if http is not None:
-                await http.aclose()
         return run
 
     runs: list[tuple[str, Callable[[], Awaitable[None]]]] = [
         ("httpx", with_httpx), ("HTTP11Client (ours)", h11_client), ("bare trio stream", bare),
-        ("SGLang client on httpx", generations(True)), ("SGLang client on HTTP11Client", generations(False)),
+        ("SGLang client on HTTP11Client", generations()),
     ]
     for name, run in runs:
         samples = []

@@ -15,14 +15,17 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import httpx
 import trio
 
 from actorproxy.config import ProxyConfig
+from actorproxy.http.server import HTTPServer, ServerPolicy
 from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.server.app import create_app
+from actorproxy.server.limits import ConnectionLimits
 from actorproxy.sim import SimEngine
 from actorproxy.sim.server import RunningSim, SimServerSettings, create_sim_app, sim_state
 from actorproxy.tokenization.tokenizer import ChatTokenizer
@@ -166,3 +169,17 @@ async def open_sim_client(
     async with app.test_app():  # runs the app's startup (the fault timer) and shutdown
         async with open_client(app, base_url="http://sim") as client:
             yield RunningSim("http://sim", engine, state.faults, state), client
+
+
+@asynccontextmanager
+async def open_sim_server(engine: SimEngine, settings: SimServerSettings | None = None) -> AsyncIterator[RunningSim]:
+    """The simulated engine's HTTP app (started as a server starts it), served over real HTTP on port 0 by the
+    proxy's own server floor in the test's Trio run (under MockClock too): the engine clients reach it as a real
+    engine, through their own connections."""
+    app = create_sim_app(engine, settings=settings or SimServerSettings(port=0))
+    state = sim_state(app)
+    async with app.test_app(), trio.open_nursery() as nursery:  # the app's startup (the fault timer) and shutdown
+        server = HTTPServer(app, policy=ServerPolicy(ConnectionLimits()), half_close=False)
+        url = await nursery.start(partial(server.serve, "127.0.0.1", 0, shutdown_trigger=trio.sleep_forever))
+        yield RunningSim(url, engine, state.faults, state)
+        nursery.cancel_scope.cancel()

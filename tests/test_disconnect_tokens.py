@@ -23,7 +23,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from _asgi import open_client, open_sim_client
+from _asgi import open_client, open_sim_server
 
 from actorproxy import ProxyConfig
 from actorproxy.engines.base import Backend
@@ -68,11 +68,11 @@ async def test_steps_of_agents_that_hung_up_hold_exactly_the_tokens_the_engine_g
     rng = random.Random(f"{kind}{incremental}")
     engine = SimEngine(tokenizer, SimConfig(token_interval=INTERVAL, prefill_latency=0.2))
     settings = SimServerSettings(port=0, incremental_streaming_output=incremental)
-    async with open_sim_client(engine, settings) as (sim, engine_http):
+    async with open_sim_server(engine, settings) as sim:
         sim.faults.delay_aborts(ABORT_DELAY)
         config = ProxyConfig.of(port=0, backend=kind, backend_urls=(sim.url,))
         options = EngineOptions(concurrency=config.engines.engine_max_concurrency)
-        backend: Backend = (SGLangBackend if kind == "sglang" else VLLMBackend)(sim.url, options, http=engine_http)
+        backend: Backend = (SGLangBackend if kind == "sglang" else VLLMBackend)(sim.url, options)
         pool = EnginePool([backend], names=[sim.url], max_concurrency=options.concurrency,
                           health_interval=config.engines.engine_health_interval)
         async with open_runtime(config, backend=pool, tokenizer=tokenizer) as runtime, \

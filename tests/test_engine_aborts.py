@@ -1,11 +1,10 @@
 """Pausing with many streams in flight through an HTTP engine: every generation gets the
 acknowledged abort, and what the proxy recorded is exactly what the engine produced.
 
-The simulated engine's HTTP app (SGLang and vLLM routes) at 40 tokens/s behind the
-proxy's engine clients and HTTP app, all in the test's Trio run under MockClock: the
-pause, the slow abort answers and every token come at exact virtual times, so no
-bound has to allow for a loaded machine. (The engine clients over real sockets are
-tested in test_engine_path.py and test_engine_clients.py.)
+The simulated engine's HTTP app (SGLang and vLLM routes) at 40 tokens/s, served on
+port 0 by the proxy's own server, behind the proxy's engine clients and HTTP app, all
+in the test's Trio run under MockClock: the pause, the slow abort answers and every
+token come at exact virtual times, so no bound has to allow for a loaded machine.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import orjson
 import pytest
 import trio
 import trio.testing
-from _asgi import open_client, open_sim_client
+from _asgi import open_client, open_sim_server
 
 from actorproxy import ProxyConfig
 from actorproxy.engines.aborts import AbortBatcher
@@ -42,16 +41,16 @@ async def _pause_with_streams_in_flight(
     engine = SimEngine(tokenizer, SimConfig(token_interval=INTERVAL))
     # Incremental SGLang events: cumulative ones grow with every token.
     settings = SimServerSettings(port=0, incremental_streaming_output=True)
-    async with open_sim_client(engine, settings) as (sim, engine_http):
+    async with open_sim_server(engine, settings) as sim:
         sim.faults.delay_aborts(abort_delay)
         for i in range(streams):
             # Longer than the pause can come, then, after the resume, a short continuation.
             engine.script("word " * 2000, "Done.", routing_key=f"s{i}")
         config = ProxyConfig.of(port=0, backend=kind, backend_urls=(sim.url,), partial_rollout=True, **proxy)
-        # What make_backend builds from this config, with the engine's HTTP in-process.
+        # What make_backend builds from this config.
         options = EngineOptions(concurrency=config.engines.engine_max_concurrency,
                                 abort_all=config.engines.engine_abort_all)
-        client: Backend = (SGLangBackend if kind == "sglang" else VLLMBackend)(sim.url, options, http=engine_http)
+        client: Backend = (SGLangBackend if kind == "sglang" else VLLMBackend)(sim.url, options)
         pool = EnginePool([client], names=[sim.url], max_concurrency=options.concurrency,
                           health_interval=config.engines.engine_health_interval)
         async with open_runtime(config, backend=pool, tokenizer=tokenizer) as runtime, \

@@ -1,6 +1,6 @@
 """The start-up tokenizer check against engines that agree, disagree or cannot say.
 
-The engines here are httpx mock transports answering llama.cpp's and vLLM's tokenize routes
+The engines here are scripted servers on port 0 answering llama.cpp's and vLLM's tokenize routes
 with a real tokenizer; tests/realengine/ runs the check against a real llama-server.
 """
 
@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from _handler_server import UNREACHABLE, serving
 
 from actorproxy.engines.engine_check import (
     TokenizerMismatch,
@@ -20,12 +21,17 @@ from actorproxy.engines.engine_check import (
     probe_texts,
     vocab_fits,
 )
+from actorproxy.http.client import HTTP11Client
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
 Tokenize = Callable[[str], list[int]]
 
 
-def fake_engine(kind: str, tokenize: Tokenize | None, n_vocab: int | None, calls: list[str]) -> httpx.AsyncClient:
+def fake_engine(
+    kind: str, tokenize: Tokenize | None, n_vocab: int | None, calls: list[str]
+) -> Callable[[httpx.Request], httpx.Response]:
+    """An engine's tokenizer routes (served by ``_handler_server``)."""
+
     def handler(request: httpx.Request) -> httpx.Response:
         calls.append(request.url.path)
         if request.url.path == "/v1/models" and kind == "llamacpp":
@@ -40,13 +46,15 @@ def fake_engine(kind: str, tokenize: Tokenize | None, n_vocab: int | None, calls
             return httpx.Response(200, json={"tokens": tokenize(body["prompt"]), "count": 0})
         return httpx.Response(404, json={"error": "not found"})
 
-    return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return handler
 
 
 async def run_check(tok: ChatTokenizer, kind: str, tokenize: Tokenize | None, n_vocab: int | None) -> list[str]:
     calls: list[str] = []
-    async with fake_engine(kind, tokenize, n_vocab, calls) as http:
-        await check_endpoints(tok, [(kind, "http://engine:1", http)])
+    async with serving(fake_engine(kind, tokenize, n_vocab, calls)) as url:
+        http = HTTP11Client(url)
+        await check_endpoints(tok, [(kind, url, http)])
+        await http.aclose()
     return calls
 
 
@@ -87,11 +95,8 @@ async def test_engine_that_cannot_say_is_not_refused(
 
 
 async def test_unreachable_engine_is_left_to_the_runtime(tokenizer: ChatTokenizer) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-        await check_endpoints(tokenizer, [("vllm", "http://engine:1", http)])
+    http = HTTP11Client(UNREACHABLE)  # nothing listens there: refused
+    await check_endpoints(tokenizer, [("vllm", UNREACHABLE, http)])
 
 
 def test_vocab_padding() -> None:
@@ -115,10 +120,12 @@ async def test_the_engine_clients_own_connections_are_used(tokenizer: ChatTokeni
     from actorproxy.sim import SimConfig, SimEngine
 
     calls: list[str] = []
-    http = fake_engine("llamacpp", lambda t: list(tokenizer.encode(t)), 262144, calls)
-    pool = EnginePool([LlamaCppBackend("http://engine:1", http=http)])
-    with pytest.raises(TokenizerMismatch, match="262144"):
-        await check_engine_tokenizer(tokenizer, pool)
-    assert calls == ["/v1/models"] + ["/tokenize"] * len(probe_texts(tokenizer))
-    await check_engine_tokenizer(tokenizer, SimEngine(tokenizer, SimConfig()))  # in-process: nothing to ask
-    await http.aclose()
+    async with serving(fake_engine("llamacpp", lambda t: list(tokenizer.encode(t)), 262144, calls)) as url:
+        backend = LlamaCppBackend(url)
+        pool = EnginePool([backend])
+        with pytest.raises(TokenizerMismatch, match="262144"):
+            await check_engine_tokenizer(tokenizer, pool)
+        assert calls == ["/v1/models"] + ["/tokenize"] * len(probe_texts(tokenizer))
+        assert backend.http.opened == 1  # the engine client's own pool, its one connection kept alive
+        await check_engine_tokenizer(tokenizer, SimEngine(tokenizer, SimConfig()))  # in-process: nothing to ask
+        await pool.aclose()

@@ -1,7 +1,8 @@
 """The SGLang, vLLM and llama.cpp clients against scripted HTTP engines.
 
-The engines are ``httpx.MockTransport`` handlers whose bodies are async generators, so
-streams arrive event by event and a test can abort or cancel mid-stream; payloads are
+The engines are httpx-style handlers served on port 0 by the proxy's own server
+(``tests/_handler_server.py``), whose bodies are async generators, so streams arrive
+event by event over real sockets and a test can abort or cancel mid-stream; payloads are
 shaped like the real servers' (see ``docs/protocols.md``). The tests at the end run the
 clients against ``actorproxy sim`` over real HTTP when that server is available.
 """
@@ -22,6 +23,7 @@ import orjson
 import pytest
 import trio
 import trio.testing
+from _handler_server import UNREACHABLE, start
 
 from actorproxy.engines.base import (
     BackendError,
@@ -33,14 +35,15 @@ from actorproxy.engines.base import (
     WeightVersionSpan,
 )
 from actorproxy.engines.connection import EngineOptions
+from actorproxy.engines.errors import backend_error
 from actorproxy.engines.llamacpp.client import LlamaCppBackend
 from actorproxy.engines.sglang.client import SGLangBackend
 from actorproxy.engines.sglang.protocol import SGLangStreamParser
 from actorproxy.engines.vllm.client import VLLMBackend
 from actorproxy.engines.vllm.protocol import npy_to_int32_b64
+from actorproxy.http.errors import ConnectError, ConnectTimeout, ProtocolError, ReadTimeout, TransportError
 from actorproxy.http.sse import SSEParser
 
-URL = "http://engine"
 PROMPT = array("i", [151644, 872, 198])
 EOT = 151645
 
@@ -70,6 +73,7 @@ class Engine:
         self.routes = routes
         self.calls: list[tuple[str, Any, httpx.Headers]] = []
         self.closed = 0  # streamed bodies the client closed before their end (hung up)
+        self.url: str | None = None
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         raw = await request.aread()
@@ -89,8 +93,11 @@ class Engine:
     def bodies(self, path: str) -> list[Any]:
         return [body for p, body, _ in self.calls if p == path]
 
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.MockTransport(self))
+    async def serve(self, nursery: trio.Nursery) -> str:
+        """This engine on a real server on port 0 (once, for the test's lifetime); its URL."""
+        if self.url is None:
+            self.url = await start(nursery, self)
+        return self.url
 
 
 class _Body(httpx.AsyncByteStream):
@@ -203,9 +210,9 @@ def incremental(count: bool = True) -> list[bytes]:
     [cumulative(), cumulative(legacy=True), cumulative(count=False), incremental(), incremental(count=False)],
     ids=["cumulative", "legacy-no-output-ids", "cumulative-no-count", "incremental", "incremental-no-count"],
 )
-async def test_sglang_stream_shapes(events: list[bytes]) -> None:
+async def test_sglang_stream_shapes(events: list[bytes], nursery: trio.Nursery) -> None:
     engine = Engine({"/generate": lambda r, b: stream(*events, DONE)})
-    backend = SGLangBackend(URL, http=engine.client())
+    backend = SGLangBackend(await engine.serve(nursery))
     deltas, finish = await run(backend, request())
     ids, lps, versions = flat(deltas)
     assert (ids, lps, versions) == (IDS, LPS, ["step-1"] * 4)
@@ -214,7 +221,7 @@ async def test_sglang_stream_shapes(events: list[bytes]) -> None:
 
 @pytest.mark.parametrize("versions", [["v1"] * 6, ["v1", "v1", "v1", "v2", "v2", "v2"], ["v1", "v2"] * 3])
 async def test_sglang_cumulative_events_read_together_are_decoded_only_where_needed(
-    versions: list[str], monkeypatch: pytest.MonkeyPatch
+    versions: list[str], monkeypatch: pytest.MonkeyPatch, nursery: trio.Nursery
 ) -> None:
     """Events that arrive in one read (SGLang's own bytes, orjson): one the last repeats whole is not decoded.
 
@@ -234,7 +241,7 @@ async def test_sglang_cumulative_events_read_together_are_decoded_only_where_nee
     monkeypatch.setattr(SGLangStreamParser, "decode",
                         lambda self, raw: decoded.append(len(raw)) or decode(self, raw))  # type: ignore[func-returns-value]
     engine = Engine({"/generate": lambda r, b: stream(b"".join(event(n) for n in range(1, 7)) + DONE)})
-    deltas, finish = await run(SGLangBackend(URL, http=engine.client()), request())
+    deltas, finish = await run(SGLangBackend(await engine.serve(nursery)), request())
     assert flat(deltas) == (ids, lps, versions)  # each token stamped with the version of the event it came in
     assert finish.reason == "stop" and finish.weight_version == versions[-1]
     # Always the first two (the second tells the stream is cumulative) and the last; between them only an
@@ -242,25 +249,25 @@ async def test_sglang_cumulative_events_read_together_are_decoded_only_where_nee
     assert len(decoded) == 3 + sum(versions[i] != versions[i + 1] for i in range(2, 5))
 
 
-async def test_sglang_incremental_delta_that_repeats_history() -> None:
+async def test_sglang_incremental_delta_that_repeats_history(nursery: trio.Nursery) -> None:
     # Deltas [5] then [5, 5]: only the completion count tells them from cumulative events.
     events = [sg([5], [-1.0], completion_tokens=1), sg([5, 5], [-2.0, -3.0], completion_tokens=3, finish=STOP)]
     engine = Engine({"/generate": lambda r, b: stream(*events, DONE)})
-    deltas, _ = await run(SGLangBackend(URL, http=engine.client()), request())
+    deltas, _ = await run(SGLangBackend(await engine.serve(nursery)), request())
     assert flat(deltas)[:2] == ([5, 5, 5], [-1.0, -2.0, -3.0])
 
 
-async def test_sglang_incremental_tokens_past_the_count_must_repeat_the_last_ones() -> None:
+async def test_sglang_incremental_tokens_past_the_count_must_repeat_the_last_ones(nursery: trio.Nursery) -> None:
     # Deltas [1, 2], then [3, 4] with a count of 3: the 4 is not a repeat of what came before.
     events = [sg([1, 2], [-1.0, -2.0], completion_tokens=2), sg([3, 4], [-3.0, -4.0], completion_tokens=3, finish=STOP)]
     engine = Engine({"/generate": lambda r, b: stream(*events, DONE)})
     with pytest.raises(BackendError, match="repeat nothing delivered"):
-        await run(SGLangBackend(URL, http=engine.client()), request())
+        await run(SGLangBackend(await engine.serve(nursery)), request())
 
 
-async def test_sglang_request_body_and_headers() -> None:
+async def test_sglang_request_body_and_headers(nursery: trio.Nursery) -> None:
     engine = Engine({"/generate": lambda r, b: stream(*cumulative(), DONE)})
-    backend = SGLangBackend(URL, EngineOptions(routed_experts=True), http=engine.client())
+    backend = SGLangBackend(await engine.serve(nursery), EngineOptions(routed_experts=True))
     req = GenerateRequest(
         PROMPT,
         SamplingParams(max_new_tokens=7, temperature=0.5, top_k=20, seed=3, stop_token_ids=(EOT,)),
@@ -279,16 +286,17 @@ async def test_sglang_request_body_and_headers() -> None:
     assert (sp["skip_special_tokens"], sp["no_stop_trim"], sp["ignore_eos"]) == (False, True, False)
 
 
-async def test_sglang_weight_version_spans_stamp_each_token() -> None:
+async def test_sglang_weight_version_spans_stamp_each_token(nursery: trio.Nursery) -> None:
     spans = [{"version": "v1", "start": 0, "end": 2}, {"version": "v2", "start": 2, "end": 4}]
     events = [
         sg(IDS[:1], LPS[:1], completion_tokens=1, weight_version="v1"),
         sg(IDS, LPS, completion_tokens=4, weight_version="v2", weight_versions=spans, finish=STOP),
     ]
     engine = Engine({"/generate": lambda r, b: stream(*events, DONE)})
-    deltas, finish = await run(SGLangBackend(URL, http=engine.client()), request())
-    runs = [(d.token_ids, d.weight_version) for d in deltas]
-    assert runs == [((IDS[0],), "v1"), ((IDS[1],), "v1"), (tuple(IDS[2:]), "v2")]
+    deltas, finish = await run(SGLangBackend(await engine.serve(nursery)), request())
+    # (The two events may arrive in one read or two: each token's stamp is the same either way.)
+    stamps = [(t, d.weight_version) for d in deltas for t in d.token_ids]
+    assert stamps == [(IDS[0], "v1"), (IDS[1], "v1"), (IDS[2], "v2"), (IDS[3], "v2")]
     assert finish.weight_version == "v2"
     assert finish.weight_versions == (WeightVersionSpan("v1", 0, 2), WeightVersionSpan("v2", 2, 4))
 
@@ -314,9 +322,9 @@ BAD_LOGPROBS = {"output_ids": IDS[:2], "meta_info": {"output_token_logprobs": [[
     ids=["mid-stream-error", "prompt-too-long", "http-500", "http-400", "no-finish", "done-no-finish",
          "abort-400", "logprob-mismatch", "bad-json"],
 )
-async def test_sglang_errors(route: Any, status: int, text: str) -> None:
+async def test_sglang_errors(route: Any, status: int, text: str, nursery: trio.Nursery) -> None:
     engine = Engine({"/generate": route})
-    backend = SGLangBackend(URL, http=engine.client())
+    backend = SGLangBackend(await engine.serve(nursery))
     seen: list[int] = []
     with pytest.raises(BackendError, match=text) as info:
         async with backend.open_generation(request()) as gen:
@@ -328,26 +336,32 @@ async def test_sglang_errors(route: Any, status: int, text: str) -> None:
         assert seen == IDS[:1]  # tokens before the failure are still delivered
 
 
-async def raises(exc: Exception) -> httpx.Response:
-    raise exc
+async def test_transport_failures_map_to_502_and_504(nursery: trio.Nursery, autojump_clock: Any) -> None:
+    # Refused: nothing listens (502, the engine unreachable).
+    with pytest.raises(BackendError) as info:
+        await run(SGLangBackend(UNREACHABLE), request())
+    assert (info.value.status, info.value.unreachable) == (502, True)
 
-
-async def test_transport_failures_map_to_502_and_504() -> None:
-    async def broken_stream() -> AsyncIterator[bytes]:
+    # The stream stops midway and nothing more comes: the read times out (504, not unreachable).
+    async def stalled() -> AsyncIterator[bytes]:
         yield sg(IDS[:1], LPS[:1])
-        raise httpx.ReadTimeout("read timed out")
+        await trio.sleep_forever()
 
-    cases: list[tuple[Any, int]] = [
-        (lambda r, b: raises(httpx.ConnectError("connection refused")), 502),
-        (lambda r, b: raises(httpx.ConnectTimeout("connect timed out")), 504),
-        (lambda r, b: broken_stream(), 504),
-    ]
-    for route, status in cases:
-        engine = Engine({"/generate": route, "/abort_request": lambda r, b: httpx.Response(200)})
-        backend = SGLangBackend(URL, http=engine.client())
-        with pytest.raises(BackendError) as info:
-            await run(backend, request())
-        assert info.value.status == status
+    engine = Engine({"/generate": lambda r, b: stalled(), "/abort_request": lambda r, b: httpx.Response(200)})
+    backend = SGLangBackend(await engine.serve(nursery), EngineOptions(read_timeout=5.0))
+    with pytest.raises(BackendError) as info:
+        await run(backend, request())
+    assert (info.value.status, info.value.unreachable) == (504, False)
+    await backend.aclose()
+
+
+def test_each_transport_failure_has_its_status_in_the_one_table() -> None:
+    cases = [(ConnectTimeout("connect timed out"), 504, True), (ReadTimeout("read timed out"), 504, False),
+             (ConnectError("refused"), 502, True), (ProtocolError("bad chunk size"), 502, False),
+             (TransportError("dropped"), 502, False)]
+    for exc, status, unreachable in cases:
+        error = backend_error("engine", exc)
+        assert (error.status, error.unreachable) == (status, unreachable) and str(exc) in str(error)
 
 
 class AbortableSGLang:
@@ -376,9 +390,9 @@ class AbortableSGLang:
 
 
 @pytest.mark.parametrize("incremental", [False, True])
-async def test_sglang_acknowledged_abort_delivers_every_token(incremental: bool) -> None:
+async def test_sglang_acknowledged_abort_delivers_every_token(incremental: bool, nursery: trio.Nursery) -> None:
     fake = AbortableSGLang(incremental)
-    backend = SGLangBackend(URL, http=fake.engine.client())
+    backend = SGLangBackend(await fake.engine.serve(nursery))
     req = request()
     received: list[int] = []
     finish = None
@@ -396,9 +410,9 @@ async def test_sglang_acknowledged_abort_delivers_every_token(incremental: bool)
     assert fake.engine.bodies("/abort_request") == [{"rid": req.rid, "abort_all": False}]
 
 
-async def test_sglang_leaving_early_aborts_the_rid_and_closes_the_stream() -> None:
+async def test_sglang_leaving_early_aborts_the_rid_and_closes_the_stream(nursery: trio.Nursery) -> None:
     fake = AbortableSGLang()
-    backend = SGLangBackend(URL, http=fake.engine.client())
+    backend = SGLangBackend(await fake.engine.serve(nursery))
     req = request()
     with trio.CancelScope() as scope:
         async with backend.open_generation(req) as gen:
@@ -407,16 +421,17 @@ async def test_sglang_leaving_early_aborts_the_rid_and_closes_the_stream() -> No
                 await trio.lowlevel.checkpoint()
     assert scope.cancelled_caught
     assert fake.engine.bodies("/abort_request") == [{"rid": req.rid, "abort_all": False}]
+    await trio.testing.wait_all_tasks_blocked()  # the engine's side sees the hang-up (or the end)
     assert fake.engine.closed == 1
 
 
-async def test_sglang_cleanup_is_bounded_when_the_abort_hangs(autojump_clock: Any) -> None:
+async def test_sglang_cleanup_is_bounded_when_the_abort_hangs(autojump_clock: Any, nursery: trio.Nursery) -> None:
     async def hang(request: httpx.Request, body: Any) -> httpx.Response:
         await trio.sleep_forever()
         raise AssertionError
 
     engine = Engine({"/generate": lambda r, b: stream(sg(IDS[:1], LPS[:1]), tail=hang_tail), "/abort_request": hang})
-    backend = SGLangBackend(URL, EngineOptions(abort_grace=2.0), http=engine.client())
+    backend = SGLangBackend(await engine.serve(nursery), EngineOptions(abort_grace=2.0))
     start = trio.current_time()
     async with backend.open_generation(request()) as gen:
         async for _ in gen:
@@ -429,12 +444,12 @@ async def hang_tail() -> list[bytes]:
     raise AssertionError
 
 
-async def test_sglang_abort_that_fails_cuts_the_stream() -> None:
+async def test_sglang_abort_that_fails_cuts_the_stream(nursery: trio.Nursery) -> None:
     engine = Engine({
         "/generate": lambda r, b: stream(sg(IDS[:1], LPS[:1], completion_tokens=1), tail=hang_tail),
         "/abort_request": lambda r, b: httpx.Response(500),
     })
-    backend = SGLangBackend(URL, http=engine.client())
+    backend = SGLangBackend(await engine.serve(nursery))
     async with backend.open_generation(request()) as gen:
         events = []
         async for event in gen:
@@ -445,11 +460,11 @@ async def test_sglang_abort_that_fails_cuts_the_stream() -> None:
     assert flat([e for e in events if isinstance(e, TokenDelta)])[0] == IDS[:1]
 
 
-async def test_sglang_abort_before_the_first_event_is_sent_again() -> None:
+async def test_sglang_abort_before_the_first_event_is_sent_again(nursery: trio.Nursery) -> None:
     # The engine may not know the rid yet when the first abort lands: the client repeats
     # it once the first event shows the request exists.
     fake = AbortableSGLang()
-    backend = SGLangBackend(URL, http=fake.engine.client())
+    backend = SGLangBackend(await fake.engine.serve(nursery))
     gen = backend.open_generation(request())
     await gen.abort()  # before entering: sent on entry
     async with gen:
@@ -458,13 +473,13 @@ async def test_sglang_abort_before_the_first_event_is_sent_again() -> None:
     assert len(fake.engine.bodies("/abort_request")) == 2
 
 
-async def test_sglang_cancelled_before_headers_still_aborts(autojump_clock: Any) -> None:
+async def test_sglang_cancelled_before_headers_still_aborts(autojump_clock: Any, nursery: trio.Nursery) -> None:
     async def slow(request: httpx.Request, body: Any) -> httpx.Response:
         await trio.sleep_forever()
         raise AssertionError
 
     engine = Engine({"/generate": slow, "/abort_request": lambda r, b: httpx.Response(200)})
-    backend = SGLangBackend(URL, http=engine.client())
+    backend = SGLangBackend(await engine.serve(nursery))
     req = request()
     with trio.move_on_after(5):
         async with backend.open_generation(req):
@@ -472,7 +487,7 @@ async def test_sglang_cancelled_before_headers_still_aborts(autojump_clock: Any)
     assert engine.bodies("/abort_request") == [{"rid": req.rid, "abort_all": False}]
 
 
-async def test_sglang_model_info_prompt_logprobs_and_helpers() -> None:
+async def test_sglang_model_info_prompt_logprobs_and_helpers(nursery: trio.Nursery) -> None:
     def generate(request: httpx.Request, body: Any) -> httpx.Response:
         entries = [[None, 151644, None], [-2.5, 872, None], [-0.75, 198, None]]
         return httpx.Response(200, json={"output_ids": [], "meta_info": {"input_token_logprobs": entries}})
@@ -488,7 +503,7 @@ async def test_sglang_model_info_prompt_logprobs_and_helpers() -> None:
         "/continue_generation": lambda r, b: httpx.Response(200, json={"status": "ok"}),
         "/update_weight_version": lambda r, b: httpx.Response(200, json={"success": True}),
     })
-    backend = SGLangBackend(URL, http=engine.client())
+    backend = SGLangBackend(await engine.serve(nursery))
     info = await backend.model_info()
     assert (info.model_id, info.max_model_len, info.weight_version) == ("Qwen/Qwen3-8B", 4096, "step-9")
     await backend.model_info()
@@ -503,7 +518,7 @@ async def test_sglang_model_info_prompt_logprobs_and_helpers() -> None:
     assert engine.bodies("/pause_generation") == [{"mode": "retract"}]
     assert engine.bodies("/update_weight_version") == [{"new_version": "step-10", "abort_all_requests": False}]
     # No answer at all is not an answer of "unhealthy": the pool tells the two apart.
-    with pytest.raises(BackendError, match="health: ConnectError"):
+    with pytest.raises(BackendError, match="health: cannot connect"):
         await SGLangBackend("http://127.0.0.1:9", EngineOptions(connect_timeout=0.5)).health()
 
 
@@ -529,11 +544,11 @@ USAGE = sse({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4
 
 
 @pytest.mark.parametrize("old", [False, True], ids=["token_id", "token-string"])
-async def test_vllm_generate_api(old: bool) -> None:
+async def test_vllm_generate_api(old: bool, nursery: trio.Nursery) -> None:
     spans = [{"version": "v7", "start": 0, "end": 4}]
     events = [vg(IDS[:2], LPS[:2], old=old), vg(IDS[2:], LPS[2:], finish="stop", weight_versions=spans), USAGE, DONE]
     engine = Engine({"/inference/v1/generate": lambda r, b: stream(*events)})
-    backend = VLLMBackend(URL, http=engine.client())
+    backend = VLLMBackend(await engine.serve(nursery))
     req = request(seed=5)
     deltas, finish = await run(backend, req)
     assert flat(deltas)[:2] == (IDS, LPS)
@@ -547,13 +562,13 @@ async def test_vllm_generate_api(old: bool) -> None:
     assert sp["stop_token_ids"] == [EOT]
 
 
-async def test_vllm_falls_back_to_completions_once() -> None:
+async def test_vllm_falls_back_to_completions_once(nursery: trio.Nursery) -> None:
     events = [vc(IDS[:3], LPS[:3]), vc(IDS[3:], LPS[3:], finish="stop", stop_reason=EOT), USAGE, DONE]
     engine = Engine({
         "/v1/completions": lambda r, b: stream(*events),
         "/v1/models": lambda r, b: httpx.Response(200, json={"data": [{"id": "qwen", "max_model_len": 8192}]}),
     })
-    backend = VLLMBackend(URL, http=engine.client())
+    backend = VLLMBackend(await engine.serve(nursery))
     for _ in range(2):
         deltas, finish = await run(backend, request())
         assert flat(deltas)[:2] == (IDS, LPS) and finish.reason == "stop" and finish.matched_stop == EOT
@@ -571,9 +586,9 @@ async def test_vllm_falls_back_to_completions_once() -> None:
         ([vg(IDS[:2], LPS[:2], finish="abort"), USAGE, DONE], "abort", "aborted"),
     ],
 )
-async def test_vllm_finish_reasons(events: list[bytes], reason: str, message: str) -> None:
+async def test_vllm_finish_reasons(events: list[bytes], reason: str, message: str, nursery: trio.Nursery) -> None:
     engine = Engine({"/inference/v1/generate": lambda r, b: stream(*events)})
-    _, finish = await run(VLLMBackend(URL, EngineOptions(api="generate"), http=engine.client()), request())
+    _, finish = await run(VLLMBackend(await engine.serve(nursery), EngineOptions(api="generate")), request())
     assert (finish.reason, finish.message) == (reason, message)
 
 
@@ -586,14 +601,14 @@ async def test_vllm_finish_reasons(events: list[bytes], reason: str, message: st
     ],
     ids=["finish-error", "error-chunk", "no-finish"],
 )
-async def test_vllm_errors(events: list[bytes]) -> None:
+async def test_vllm_errors(events: list[bytes], nursery: trio.Nursery) -> None:
     engine = Engine({"/inference/v1/generate": lambda r, b: stream(*events)})
     with pytest.raises(BackendError) as info:
-        await run(VLLMBackend(URL, EngineOptions(api="generate"), http=engine.client()), request())
+        await run(VLLMBackend(await engine.serve(nursery), EngineOptions(api="generate")), request())
     assert info.value.status == 502
 
 
-async def test_vllm_acknowledged_abort_tries_both_abort_routes() -> None:
+async def test_vllm_acknowledged_abort_tries_both_abort_routes(nursery: trio.Nursery) -> None:
     aborted = trio.Event()
 
     async def tail() -> list[bytes]:
@@ -608,7 +623,7 @@ async def test_vllm_acknowledged_abort_tries_both_abort_routes() -> None:
         "/inference/v1/generate": lambda r, b: stream(vg(IDS[:1], LPS[:1]), vg(IDS[1:2], LPS[1:2]), tail=tail),
         "/abort_requests": abort,
     })
-    backend = VLLMBackend(URL, EngineOptions(api="generate"), http=engine.client())
+    backend = VLLMBackend(await engine.serve(nursery), EngineOptions(api="generate"))
     req = request()
     received: list[int] = []
     async with backend.open_generation(req) as gen:
@@ -624,9 +639,9 @@ async def test_vllm_acknowledged_abort_tries_both_abort_routes() -> None:
     assert f"generate-tokens-{req.rid}" in engine.bodies("/abort_requests")[0]["request_ids"]
 
 
-async def test_vllm_without_abort_route_closes_the_stream() -> None:
+async def test_vllm_without_abort_route_closes_the_stream(nursery: trio.Nursery) -> None:
     engine = Engine({"/inference/v1/generate": lambda r, b: stream(vg(IDS[:1], LPS[:1]), tail=hang_tail)})
-    backend = VLLMBackend(URL, EngineOptions(api="generate"), http=engine.client())
+    backend = VLLMBackend(await engine.serve(nursery), EngineOptions(api="generate"))
     async with backend.open_generation(request()) as gen:
         events = []
         async for event in gen:
@@ -634,6 +649,7 @@ async def test_vllm_without_abort_route_closes_the_stream() -> None:
             if len(events) == 1:
                 await gen.abort()
     assert isinstance(events[-1], GenerateFinish) and events[-1].reason == "abort"
+    await trio.testing.wait_all_tasks_blocked()  # the engine's side sees the hang-up (or the end)
     assert engine.closed == 1
 
 
@@ -651,7 +667,7 @@ def test_npy_routed_experts_become_raw_int32(descr: str) -> None:
     assert base64.b64decode(npy_to_int32_b64(npy(values, (3, 1, 2), descr))) == struct.pack("<6i", *values)
 
 
-async def test_vllm_routed_experts_and_prompt_logprobs() -> None:
+async def test_vllm_routed_experts_and_prompt_logprobs(nursery: trio.Nursery) -> None:
     last = {"index": 0, "token_ids": [], "logprobs": None, "finish_reason": "length",
             "routed_experts": npy([7, 8], (1, 1, 2))}
     events = [vc(IDS[:1], LPS[:1]), sse({"choices": [last]}), DONE]
@@ -663,7 +679,7 @@ async def test_vllm_routed_experts_and_prompt_logprobs() -> None:
         return httpx.Response(200, json={"choices": [{"index": 0, "text": "", "prompt_logprobs": entries}]})
 
     engine = Engine({"/v1/completions": completions, "/v1/models": lambda r, b: httpx.Response(500)})
-    backend = VLLMBackend(URL, EngineOptions(api="completions"), http=engine.client())
+    backend = VLLMBackend(await engine.serve(nursery), EngineOptions(api="completions"))
     req = GenerateRequest(PROMPT, SamplingParams(max_new_tokens=1), return_routed_experts=True)
     _, finish = await run(backend, req)
     assert finish.routed_experts is not None
@@ -686,12 +702,12 @@ def lc_final(stop_type: str) -> bytes:
                 "timings": {"cache_n": 2, "prompt_n": 1}})
 
 
-async def test_llamacpp_stream_and_request_body() -> None:
+async def test_llamacpp_stream_and_request_body(nursery: trio.Nursery) -> None:
     events = [lc(t, lp) for t, lp in zip(IDS, LPS, strict=True)] + [lc_final("eos")]
     engine = Engine({"/completion": lambda r, b: stream(*events)})
     # No stop ids: the engine's own end-of-generation stop is what ends it here.
     req = GenerateRequest(PROMPT, SamplingParams(max_new_tokens=16, seed=11))
-    deltas, finish = await run(LlamaCppBackend(URL, http=engine.client()), req)
+    deltas, finish = await run(LlamaCppBackend(await engine.serve(nursery)), req)
     assert flat(deltas)[:2] == (IDS, LPS)
     assert finish == GenerateFinish("stop", EOT, weight_version="default", prompt_tokens=3, cached_tokens=2)
     body = engine.bodies("/completion")[0]
@@ -700,32 +716,34 @@ async def test_llamacpp_stream_and_request_body() -> None:
     assert (body["n_probs"], body["return_tokens"], body["stream"], body["cache_prompt"]) == (1, True, True, True)
 
 
-async def test_llamacpp_enforces_stop_ids_and_limit_client_side() -> None:
+async def test_llamacpp_enforces_stop_ids_and_limit_client_side(nursery: trio.Nursery) -> None:
     # The engine does not know EOT is a stop id and goes on; the client stops and hangs up.
     events = [lc(t, lp) for t, lp in zip(IDS, LPS, strict=True)] + [lc(9, -0.1), lc(10, -0.1)]
     engine = Engine({"/completion": lambda r, b: stream(*events, tail=hang_tail)})
-    backend = LlamaCppBackend(URL, http=engine.client())
+    backend = LlamaCppBackend(await engine.serve(nursery))
     async with backend.open_generation(request()) as gen:
         deltas, finish = await collect(gen)
+    await trio.testing.wait_all_tasks_blocked()  # the engine's side sees the hang-up (or the end)
     assert engine.closed == 1  # the next event was a token: hung up, which cancels it in llama.cpp
     assert flat(deltas)[0] == IDS and (finish.reason, finish.matched_stop) == ("stop", EOT)
     deltas, finish = await run(backend, request(max_new_tokens=2))
     assert flat(deltas)[0] == IDS[:2] and finish.reason == "length"
 
 
-async def test_llamacpp_keeps_the_connection_when_the_engine_stops_with_the_client() -> None:
+async def test_llamacpp_keeps_the_connection_when_the_engine_stops_with_the_client(nursery: trio.Nursery) -> None:
     # The stop id is also an end-of-generation token for the engine: its final event
     # follows, the stream is read to its end and the connection goes back to the pool.
     events = [lc(t, lp) for t, lp in zip(IDS, LPS, strict=True)] + [lc_final("eos")]
     engine = Engine({"/completion": lambda r, b: stream(*events)})
-    deltas, finish = await run(LlamaCppBackend(URL, http=engine.client()), request())
+    deltas, finish = await run(LlamaCppBackend(await engine.serve(nursery)), request())
     assert flat(deltas)[0] == IDS and (finish.reason, finish.matched_stop) == ("stop", EOT)
+    await trio.testing.wait_all_tasks_blocked()  # the engine's side sees the hang-up (or the end)
     assert engine.closed == 0
 
 
-async def test_llamacpp_abort_closes_and_reports_what_arrived() -> None:
+async def test_llamacpp_abort_closes_and_reports_what_arrived(nursery: trio.Nursery) -> None:
     engine = Engine({"/completion": lambda r, b: stream(lc(IDS[0], LPS[0]), tail=hang_tail)})
-    backend = LlamaCppBackend(URL, http=engine.client())
+    backend = LlamaCppBackend(await engine.serve(nursery))
     async with backend.open_generation(request()) as gen:
         events = []
         async for event in gen:
@@ -733,12 +751,13 @@ async def test_llamacpp_abort_closes_and_reports_what_arrived() -> None:
             await gen.abort()
     assert flat([e for e in events if isinstance(e, TokenDelta)])[0] == IDS[:1]
     assert isinstance(events[-1], GenerateFinish) and events[-1].reason == "abort"
+    await trio.testing.wait_all_tasks_blocked()  # the engine's side sees the hang-up (or the end)
     assert engine.closed == 1
 
 
-async def test_llamacpp_abort_from_another_task_interrupts_the_read() -> None:
+async def test_llamacpp_abort_from_another_task_interrupts_the_read(nursery: trio.Nursery) -> None:
     engine = Engine({"/completion": lambda r, b: stream(lc(IDS[0], LPS[0]), tail=hang_tail)})
-    backend = LlamaCppBackend(URL, http=engine.client())
+    backend = LlamaCppBackend(await engine.serve(nursery))
     events: list[Any] = []
     async with backend.open_generation(request()) as gen:
         async with trio.open_nursery() as nursery:
@@ -754,13 +773,13 @@ async def test_llamacpp_abort_from_another_task_interrupts_the_read() -> None:
     assert isinstance(events[-1], GenerateFinish) and events[-1].reason == "abort" and len(events) == 2
 
 
-async def test_llamacpp_old_probs_format_and_errors() -> None:
+async def test_llamacpp_old_probs_format_and_errors(nursery: trio.Nursery) -> None:
     old = sse({"content": "a", "tokens": [5], "stop": False,
                "completion_probabilities": [{"content": "a", "probs": [{"tok_str": "a", "prob": 0.5}]}]})
     unknown = sse({"content": "b", "tokens": [6], "stop": False,
                    "completion_probabilities": [{"content": "b", "probs": [{"tok_str": "c", "prob": 0.9}]}]})
     engine = Engine({"/completion": lambda r, b: stream(old, unknown, lc_final("limit"))})
-    deltas, finish = await run(LlamaCppBackend(URL, http=engine.client()), request())
+    deltas, finish = await run(LlamaCppBackend(await engine.serve(nursery)), request())
     _, lps, _ = flat(deltas)
     assert lps[0] == pytest.approx(math.log(0.5)) and math.isnan(lps[1]) and finish.reason == "length"
     for route, status in [
@@ -770,7 +789,7 @@ async def test_llamacpp_old_probs_format_and_errors() -> None:
     ]:
         engine = Engine({"/completion": route})
         with pytest.raises(BackendError) as info:
-            await run(LlamaCppBackend(URL, http=engine.client()), request())
+            await run(LlamaCppBackend(await engine.serve(nursery)), request())
         assert info.value.status == status
 
 

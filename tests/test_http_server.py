@@ -13,9 +13,11 @@ import trio.abc
 import trio.testing
 from _asgi import request_body
 
+from actorproxy.http import server as floor
 from actorproxy.http import server as http_server
 from actorproxy.http.cycle import BODY_AT_ONCE, BODY_EXTENSION
 from actorproxy.server.http_server import HTTPServer
+from actorproxy.server.limits import ConnectionLimits
 
 
 class Echo:
@@ -179,6 +181,17 @@ async def test_without_epoll_an_eof_after_the_request_is_a_hang_up(monkeypatch: 
     app, stop = Echo(), trio.Event()
     async with trio.open_nursery() as nursery:
         url = await nursery.start(lambda task_status: HTTPServer(app).serve(
+            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
+        assert await _half_close(app, int(url.rsplit(":", 1)[1]), "1.1", False) == b""
+        stop.set()
+
+
+async def test_a_server_that_takes_an_eof_for_a_hang_up_does_not_answer_after_it() -> None:
+    """``half_close=False`` (uvicorn's and the engines' reading): an EOF after the request is a hang-up."""
+    app, stop = Echo(), trio.Event()
+    async with trio.open_nursery() as nursery:
+        server = floor.HTTPServer(app, policy=floor.ServerPolicy(ConnectionLimits()), half_close=False)
+        url = await nursery.start(lambda task_status: server.serve(
             "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
         assert await _half_close(app, int(url.rsplit(":", 1)[1]), "1.1", False) == b""
         stop.set()

@@ -40,6 +40,7 @@ import orjson
 import pydantic
 import pytest
 import trio
+from _handler_server import start
 from _sglang_source import HTTP_SERVER, SGLANG_VERSION, SGLangSource, _names_in_annotation, install
 
 import actorproxy.engines.sglang as sglang_package
@@ -63,7 +64,6 @@ from actorproxy.engines.sglang.protocol import PauseMode
 # The tier installs or starts something big: `-m "not heavy"` leaves it out (README.md).
 pytestmark = [pytest.mark.heavy, pytest.mark.sglang]
 
-URL = "http://sglang"
 PROMPT = array("i", [151644, 872, 198, 9707])
 EOT, EOS = 151645, 151643
 VOCAB = 151936
@@ -215,11 +215,12 @@ def test_the_pinned_release_is_the_one_checked(sgl: Contract) -> None:
 
 
 class Recorder:
-    """An engine at ``URL`` answering like SGLang: a path or method it does not declare is FastAPI's 404/405."""
+    """An engine answering like SGLang: a path or method it does not declare is FastAPI's 404/405."""
 
     def __init__(self, sgl: Contract, replies: Mapping[tuple[str, str], Callable[[Any], httpx.Response]]) -> None:
         self.sgl, self.replies = sgl, replies
         self.calls: list[tuple[str, str, Any]] = []
+        self.url: str | None = None
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         raw = await request.aread()
@@ -233,8 +234,11 @@ class Recorder:
         reply = self.replies.get(key)
         return reply(body) if reply is not None else httpx.Response(200, json={"message": "ok", "status": "ok"})
 
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.MockTransport(self))
+    async def serve(self, nursery: trio.Nursery) -> str:
+        """This engine on a real server on port 0 (once, for the test's lifetime); its URL."""
+        if self.url is None:
+            self.url = await start(nursery, self)
+        return self.url
 
 
 def model_info_reply(sgl: Contract, version: str) -> Callable[[Any], httpx.Response]:
@@ -381,7 +385,7 @@ def three_reads(stream: Stream, finish: Any) -> None:
 # -- requests ---------------------------------------------------------------------------
 
 
-async def test_every_request_the_clients_send_is_one_sglang_takes(sgl: Contract) -> None:
+async def test_every_request_the_clients_send_is_one_sglang_takes(sgl: Contract, nursery: trio.Nursery) -> None:
     stream = Stream(sgl, incremental=False, version="7")
     three_reads(stream, sgl.finish.FINISH_MATCHED_TOKEN(matched=EOT))
     # The prefill-only /generate of prompt_logprobs: not streamed, the prompt's logprobs (none for the first token).
@@ -408,7 +412,7 @@ async def test_every_request_the_clients_send_is_one_sglang_takes(sgl: Contract)
         ]}),
         ("POST", "/separate_reasoning"): lambda body: httpx.Response(200, json={"reasoning_text": "r", "text": "t"}),
     })  # fmt: skip
-    backend = SGLangBackend(URL, EngineOptions(routed_experts=True), http=engine.client())
+    backend = SGLangBackend(await engine.serve(nursery), EngineOptions(routed_experts=True))
     await backend.model_info()
     assert await backend.health()
     for sampling in ({}, {"temperature": 0.0, "seed": 11}, {"temperature": 0.7, "top_p": 0.9, "top_k": 20,
@@ -432,12 +436,12 @@ async def test_every_request_the_clients_send_is_one_sglang_takes(sgl: Contract)
         ("/continue_generation", {}),
     ]
     # Several aborts at once, covering every generation this proxy runs there: one abort_all.
-    pooled = SGLangBackend(URL, EngineOptions(abort_all=True), http=engine.client())
+    pooled = SGLangBackend(await engine.serve(nursery), EngineOptions(abort_all=True))
     pooled.running.update({"b" * 32, "c" * 32})
-    async with trio.open_nursery() as nursery:
+    async with trio.open_nursery() as aborts:
         for rid in pooled.running:
-            nursery.start_soon(pooled.abort, rid)
-    parse = SGLangParseClient(URL, http=engine.client())
+            aborts.start_soon(pooled.abort, rid)
+    parse = SGLangParseClient(await engine.serve(nursery))
     tools = [{"type": "function", "function": {"name": "ls", "description": "list", "parameters": {"type": "object"},
                                                "strict": True}}]  # fmt: skip
     parsed = await parse.parse("<think>r</think><tool_call>{}</tool_call>", tools, tool_call_parser="qwen25")
@@ -492,11 +496,11 @@ def test_parser_names_are_sglangs(sgl: Contract) -> None:
 
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
-async def test_streams_as_sglang_writes_them(sgl: Contract, incremental: bool) -> None:
+async def test_streams_as_sglang_writes_them(sgl: Contract, incremental: bool, nursery: trio.Nursery) -> None:
     stream = Stream(sgl, incremental=incremental, version="7")
     three_reads(stream, sgl.finish.FINISH_MATCHED_TOKEN(matched=EOT))
     engine = Recorder(sgl, {("POST", "/generate"): streamed(stream)})
-    deltas, finish = await generate(SGLangBackend(URL, http=engine.client()), request())
+    deltas, finish = await generate(SGLangBackend(await engine.serve(nursery)), request())
     assert tokens(deltas) == (IDS, LPS, ["7"] * len(IDS))
     assert (finish.reason, finish.matched_stop, finish.weight_version) == ("stop", EOT, "7")
     assert (finish.prompt_tokens, finish.cached_tokens) == (len(PROMPT), 2)
@@ -504,7 +508,9 @@ async def test_streams_as_sglang_writes_them(sgl: Contract, incremental: bool) -
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
 @pytest.mark.parametrize("finish", ["length", "abort", "eos-list"])
-async def test_finish_reasons_as_sglang_writes_them(sgl: Contract, incremental: bool, finish: str) -> None:
+async def test_finish_reasons_as_sglang_writes_them(
+    sgl: Contract, incremental: bool, finish: str, nursery: trio.Nursery
+) -> None:
     made = {
         "length": sgl.finish.FINISH_LENGTH(length=len(IDS)),
         "abort": sgl.finish.FINISH_ABORT(),
@@ -514,7 +520,7 @@ async def test_finish_reasons_as_sglang_writes_them(sgl: Contract, incremental: 
     stream = Stream(sgl, incremental=incremental)
     three_reads(stream, made)
     engine = Recorder(sgl, {("POST", "/generate"): streamed(stream)})
-    deltas, got = await generate(SGLangBackend(URL, http=engine.client()), request())
+    deltas, got = await generate(SGLangBackend(await engine.serve(nursery)), request())
     assert tokens(deltas)[:2] == (IDS, LPS)
     expected = {"length": ("length", None), "abort": ("abort", None), "eos-list": ("stop", EOT)}[finish]
     assert (got.reason, got.matched_stop) == expected
@@ -524,7 +530,7 @@ async def test_finish_reasons_as_sglang_writes_them(sgl: Contract, incremental: 
 @pytest.mark.parametrize(("incremental", "unread"), [(False, False), (True, False), (True, True)],
                          ids=["cumulative", "incremental", "incremental-unread"])
 async def test_an_abort_in_the_waiting_queue_as_sglang_writes_it(
-    sgl: Contract, incremental: bool, unread: bool
+    sgl: Contract, incremental: bool, unread: bool, nursery: trio.Nursery
 ) -> None:
     """A request retracted to the waiting queue (a ``retract`` pause) and aborted there: SGLang repeats
     the last token (incremental) or all of them (cumulative) with every logprob entry so far.
@@ -541,12 +547,12 @@ async def test_an_abort_in_the_waiting_queue_as_sglang_writes_it(
     stream.abort_in_waiting_queue()
     stream.read()
     engine = Recorder(sgl, {("POST", "/generate"): streamed(stream)})
-    deltas, finish = await generate(SGLangBackend(URL, http=engine.client()), request())
+    deltas, finish = await generate(SGLangBackend(await engine.serve(nursery)), request())
     assert tokens(deltas)[:2] == (IDS[:4], LPS[:4])
     assert (finish.reason, finish.message) == ("abort", "Abort in waiting queue")
 
 
-async def test_a_refusal_as_sglang_writes_it(sgl: Contract) -> None:
+async def test_a_refusal_as_sglang_writes_it(sgl: Contract, nursery: trio.Nursery) -> None:
     """The scheduler's abort with an error status (prompt too long), and the in-stream error."""
     stream = Stream(sgl, incremental=False)
     too_long = sgl.finish.FINISH_ABORT(
@@ -557,7 +563,7 @@ async def test_a_refusal_as_sglang_writes_it(sgl: Contract) -> None:
     stream.read()
     engine = Recorder(sgl, {("POST", "/generate"): streamed(stream)})
     with pytest.raises(BackendError) as refused:
-        await generate(SGLangBackend(URL, http=engine.client()), request())
+        await generate(SGLangBackend(await engine.serve(nursery)), request())
     assert refused.value.status == 400 and "context length" in str(refused.value)
     failing = Stream(sgl, incremental=True)
     failing.batch(IDS[:1], LPS[:1])
@@ -565,12 +571,14 @@ async def test_a_refusal_as_sglang_writes_it(sgl: Contract) -> None:
     failing.error("Request is disconnected from the client side", code=500)
     engine = Recorder(sgl, {("POST", "/generate"): streamed(failing)})
     with pytest.raises(BackendError) as failed:
-        await generate(SGLangBackend(URL, http=engine.client()), request())
+        await generate(SGLangBackend(await engine.serve(nursery)), request())
     assert failed.value.status == 502
 
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
-async def test_weight_version_spans_as_sglang_writes_them(sgl: Contract, incremental: bool) -> None:
+async def test_weight_version_spans_as_sglang_writes_them(
+    sgl: Contract, incremental: bool, nursery: trio.Nursery
+) -> None:
     """A version pushed mid-generation (``in_place`` pause, ``/update_weight_version``, continue):
     SGLang reports spans over output indexes, each token stamped with its own."""
     span = sgl.WeightVersionSpan
@@ -582,20 +590,20 @@ async def test_weight_version_spans_as_sglang_writes_them(sgl: Contract, increme
     stream.batch(IDS[3:], LPS[3:], spans=spans, finish=sgl.finish.FINISH_MATCHED_TOKEN(matched=EOT))
     stream.read()
     engine = Recorder(sgl, {("POST", "/generate"): streamed(stream)})
-    deltas, finish = await generate(SGLangBackend(URL, http=engine.client()), request())
+    deltas, finish = await generate(SGLangBackend(await engine.serve(nursery)), request())
     assert tokens(deltas) == (IDS, LPS, ["7"] * 3 + ["8"] * 3)
     assert finish.weight_version == "8"
     assert [(s.version, s.start, s.end) for s in finish.weight_versions] == [("7", 0, 3), ("8", 3, len(IDS))]
 
 
-async def test_model_info_as_sglang_answers_it(sgl: Contract) -> None:
+async def test_model_info_as_sglang_answers_it(sgl: Contract, nursery: trio.Nursery) -> None:
     """The version from ``/model_info``; the length from ``/v1/models`` (SGLang's model info has none)."""
     engine = Recorder(sgl, {
         ("GET", "/model_info"): model_info_reply(sgl, "step-12"),
         ("GET", "/get_model_info"): model_info_reply(sgl, "step-12"),
         ("GET", "/v1/models"): models_reply(sgl),
     })  # fmt: skip
-    info = await SGLangBackend(URL, http=engine.client()).model_info()
+    info = await SGLangBackend(await engine.serve(nursery)).model_info()
     assert (info.model_id, info.max_model_len, info.weight_version) == ("/models/Qwen3-8B", 40960, "step-12")
     assert all(sgl.routes.get((m, p)) for m, p, _ in engine.calls), engine.calls
 

@@ -1,13 +1,15 @@
-"""SGLang's parsing endpoints (``httpx.MockTransport``) and the choice of the final parse (sans-IO)."""
+"""SGLang's parsing endpoints (a scripted SGLang on port 0) and the choice of the final parse (sans-IO)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
+from _handler_server import UNREACHABLE, serving
 
 from actorproxy.core.messages import AssistantOutput, ToolCall
 from actorproxy.engines.base import BackendError
@@ -19,7 +21,6 @@ from actorproxy.engines.sglang.parse import (
     completion_text,
 )
 
-URL = "http://sglang:30000"
 TOOL = {
     "type": "function",
     "function": {
@@ -31,8 +32,11 @@ TOOL = {
 }
 
 
-def client(handler: Callable[[httpx.Request], httpx.Response]) -> SGLangParseClient:
-    return SGLangParseClient(URL + "/", httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+@asynccontextmanager
+async def client(handler: Callable[[httpx.Request], httpx.Response]) -> AsyncIterator[SGLangParseClient]:
+    """A parse client of ``handler`` served over real HTTP (closed after the block)."""
+    async with serving(handler) as url, SGLangParseClient(url + "/") as sglang:
+        yield sglang
 
 
 class Recorder:
@@ -116,19 +120,20 @@ async def test_bad_answers_are_backend_errors(status: int, answer: Any, match: s
 
 
 async def test_transport_failure_is_a_backend_error() -> None:
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
-
-    async with client(refuse) as sglang:
+    async with SGLangParseClient(UNREACHABLE) as sglang:  # nothing listens there: refused
         with pytest.raises(BackendError) as info:
             await sglang.separate_reasoning("text", "qwen3")
     assert info.value.unreachable
 
 
 async def test_owned_client_is_closed() -> None:
-    sglang = SGLangParseClient(URL)
-    await sglang.aclose()
-    assert sglang._http.is_closed
+    engine = Recorder({"/separate_reasoning": {"reasoning_text": "", "text": "t"}})
+    async with serving(engine) as url:
+        sglang = SGLangParseClient(url)
+        await sglang.separate_reasoning("t", "qwen3")
+        assert sglang.http.idle == 1  # the call's connection, kept alive
+        await sglang.aclose()
+        assert sglang.http.idle == 0
 
 
 # -- choosing the output (sans-IO) --------------------------------------------

@@ -15,7 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
-from test_engine_clients import DONE, EOT, IDS, LPS, PROMPT, URL, USAGE, Engine, flat, request, run, stream, vc
+import trio
+from test_engine_clients import DONE, EOT, IDS, LPS, PROMPT, USAGE, Engine, flat, request, run, stream, vc
 
 from actorproxy.engines.base import BackendError, GenerateFinish
 from actorproxy.engines.vllm.client import VLLMBackend
@@ -151,7 +152,7 @@ def completions(request: httpx.Request, body: Any) -> Any:
     ids=["no-route-list", "listed-but-refused"],
 )
 async def test_a_403_on_the_tokens_route_means_completions(
-    openapi: httpx.Response, reason: str, caplog: pytest.LogCaptureFixture
+    openapi: httpx.Response, reason: str, caplog: pytest.LogCaptureFixture, nursery: trio.Nursery
 ) -> None:
     caplog.set_level(logging.INFO, CLIENT_LOG)
     engine = Engine({
@@ -160,24 +161,25 @@ async def test_a_403_on_the_tokens_route_means_completions(
         "/v1/completions": completions,
         "/v1/models": lambda r, b: httpx.Response(200, json={"data": [{"id": "qwen", "max_model_len": 8192}]}),
     })
-    backend = VLLMBackend(URL, http=engine.client())
+    url = await engine.serve(nursery)
+    backend = VLLMBackend(url)
     for _ in range(3):
         deltas, finish = await run(backend, request())
         assert flat(deltas)[:2] == (IDS, LPS) and finish.reason == "stop"
     paths = [p for p, _, _ in engine.calls]
     assert paths.count("/inference/v1/generate") == 1 and paths.count("/openapi.json") == 1
     chosen = [m for m in messages(caplog) if "generating through" in m]
-    assert chosen[-1] == (f"vLLM {URL}: generating through /v1/completions with return_token_ids ({reason}; "
+    assert chosen[-1] == (f"vLLM {url}: generating through /v1/completions with return_token_ids ({reason}; "
                           "start vLLM with --enable-scale-out for the tokens route)")
     assert len(chosen) == (2 if "lists it" in reason else 1)  # a change of mind is logged too
 
 
-async def test_other_errors_on_the_tokens_route_fail_the_turn_and_ask_again() -> None:
+async def test_other_errors_on_the_tokens_route_fail_the_turn_and_ask_again(nursery: trio.Nursery) -> None:
     engine = Engine({
         "/inference/v1/generate": lambda r, b: httpx.Response(500, json={"error": {"message": "boom"}}),
         "/v1/completions": completions,
     })
-    backend = VLLMBackend(URL, http=engine.client())
+    backend = VLLMBackend(await engine.serve(nursery))
     for _ in range(2):
         with pytest.raises(BackendError):
             await run(backend, request())

@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any, Generic, TypeVar
 
-import httpx
-
 from ..errors import BadRequest
 from ..schema.converter import structure
 from .aborts import AbortBatcher
@@ -42,14 +40,11 @@ class EngineGeneration(StreamedGeneration[P], Generic[P, B]):
 class VersionedConnection(EngineConnection):
     """An engine that reports weight versions and acknowledges aborts (see module docstring).
 
-    Engine-specific settings are in ``options`` (:class:`EngineOptions`); ``http``: an httpx
-    client serving every call (tests), not closed here.
+    Engine-specific settings are in ``options`` (:class:`EngineOptions`).
     """
 
-    def __init__(
-        self, base_url: str, options: EngineOptions | None = None, *, http: httpx.AsyncClient | None = None
-    ) -> None:
-        super().__init__(base_url, options, http=http, control_pool=True)
+    def __init__(self, base_url: str, options: EngineOptions | None = None) -> None:
+        super().__init__(base_url, options, control_pool=True)
         #: The newest weight version seen in any answer (stamps tokens that carry none).
         self.last_version = DEFAULT_VERSION
         #: Abort calls made (statistics, tests).

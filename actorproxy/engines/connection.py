@@ -1,29 +1,26 @@
 """How the proxy talks to one engine over HTTP: options, connection pools, JSON calls.
 
 :class:`EngineOptions` holds what every engine client is built with; :class:`EngineConnection`
-owns the base URL and the connections: the hot path (generation streams, aborts) goes
-through :class:`~actorproxy.http.client.HTTP11Client` pools (a keep-alive pool sized to the
-engine's concurrency, and one for control calls), the rarely used calls (model info,
-health, prompt logprobs, pause) through an httpx client. :func:`request_json` and
-:func:`post_quietly` make one call, with request bodies written by orjson (:func:`json_body`).
+owns the base URL and its client, the floor's :class:`~actorproxy.http.client.HTTP11Client`
+(a keep-alive pool sized to the engine's concurrency) for every call: generation streams
+and the rarely used calls (model info, health, prompt logprobs, pause) alike; aborts may
+get a pool of their own (``control_pool``). :func:`request_json` and :func:`post_quietly`
+make one call, with request bodies written by orjson (:func:`json_body`).
 """
 
 from __future__ import annotations
 
 import logging
 from array import array
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from typing import Any, Literal, Protocol
 
 import attrs
-import httpx
 import numpy as np
 import orjson
-import trio
 
-from ..http.client import HTTP11Client, Response
-from ..http.errors import ConnectError, ConnectTimeout, ReadTimeout, TransportError
-from ..http.sse import SSEEvent, SSEParser
+from ..http.client import HTTP11Client
+from ..http.sse import SSEEvent
 from .base import BackendError
 from .errors import check_status, discard, mapped_errors
 from .ids_json import IdsJSON
@@ -55,28 +52,8 @@ class EngineOptions:
     api: Literal["generate", "completions"] | None = None
 
 
-def make_client(options: EngineOptions, pool: HTTP11Client | None = None) -> httpx.AsyncClient:
-    """An httpx client for one engine: its timeouts, a keep-alive pool sized to its concurrency.
-
-    With ``pool``, its requests go through that :class:`HTTP11Client` (same connections).
-    """
-    timeout = httpx.Timeout(options.read_timeout, connect=options.connect_timeout)
-    if pool is not None:
-        return httpx.AsyncClient(timeout=timeout, transport=HTTP11Transport(pool))
-    # No cap on connections: every running generation holds one for its stream and an
-    # abort needs another meanwhile; a cap would queue aborts behind streams.
-    return httpx.AsyncClient(
-        timeout=timeout,
-        limits=httpx.Limits(
-            max_connections=None,
-            max_keepalive_connections=options.concurrency,
-            keepalive_expiry=options.keepalive_expiry,
-        ),
-    )
-
-
 class BodyResponse(Protocol):
-    """A streamed HTTP response read as bytes (ours, or any httpx one)."""
+    """A streamed HTTP response read as bytes."""
 
     @property
     def status_code(self) -> int: ...
@@ -92,7 +69,7 @@ class BodyResponse(Protocol):
 
 
 class EngineResponse(BodyResponse, Protocol):
-    """A streamed HTTP response (an :class:`~actorproxy.http.client.Response`, or httpx's in :class:`HttpxStreams`).
+    """A streamed HTTP response (an :class:`~actorproxy.http.client.Response`, or a test's stand-in).
 
     Reading events fails with :class:`~actorproxy.http.errors.TransportError`.
     """
@@ -114,117 +91,6 @@ class EngineHTTP(Protocol):
     ) -> EngineResponse: ...
 
 
-class HttpxStreams:
-    """:class:`EngineHTTP` over an httpx client (tests pass one with a mock transport)."""
-
-    def __init__(self, client: httpx.AsyncClient) -> None:
-        self.client = client
-
-    async def stream(
-        self, method: str, url: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
-    ) -> EngineResponse:
-        request = self.client.build_request(method, url, content=body, headers=headers)
-        return _HttpxResponse(await self.client.send(request, stream=True))
-
-
-class _HttpxResponse:
-    """An httpx streamed response as an :class:`EngineResponse`."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self._response = response
-        self.status_code = response.status_code
-        self.reason_phrase = response.reason_phrase
-        self._chunks: AsyncIterator[bytes] | None = None
-        self._sse = SSEParser()
-        self._read: trio.CancelScope | None = None
-        self._cut = False
-
-    def aiter_bytes(self) -> AsyncIterator[bytes]:
-        return self._response.aiter_bytes()
-
-    async def receive_events(self) -> list[SSEEvent] | None:
-        if self._chunks is None:
-            self._chunks = self._response.aiter_bytes()
-        while True:
-            if self._cut:
-                raise TransportError("the stream was cut")
-            with trio.CancelScope() as self._read:
-                try:
-                    chunk = await anext(self._chunks, None)
-                except httpx.HTTPError as exc:
-                    raise _transport_error(exc) from exc
-            if self._read.cancelled_caught:
-                raise TransportError("the stream was cut")
-            if chunk is None:
-                return self._sse.close() or None
-            if events := self._sse.feed(chunk):
-                return events
-
-    def cut(self) -> None:
-        self._cut = True
-        if self._read is not None:
-            self._read.cancel()
-
-    async def aread(self) -> bytes:
-        return await self._response.aread()
-
-    async def aclose(self) -> None:
-        await self._response.aclose()
-
-
-def _transport_error(exc: httpx.HTTPError) -> TransportError:
-    if isinstance(exc, httpx.TimeoutException):
-        return (ConnectTimeout if isinstance(exc, httpx.ConnectTimeout) else ReadTimeout)(f"timed out: {exc!r}")
-    if isinstance(exc, httpx.ConnectError):
-        return ConnectError(f"{type(exc).__name__}: {exc}")
-    return TransportError(f"{type(exc).__name__}: {exc}")
-
-
-def _httpx_error(exc: TransportError, request: httpx.Request) -> httpx.HTTPError:
-    kinds: list[tuple[type[TransportError], type[httpx.TransportError]]] = [
-        (ConnectTimeout, httpx.ConnectTimeout), (ReadTimeout, httpx.ReadTimeout), (ConnectError, httpx.ConnectError)
-    ]
-    kind = next((k for ours, k in kinds if isinstance(exc, ours)), httpx.ReadError)
-    return kind(str(exc), request=request)
-
-
-class _Body(httpx.AsyncByteStream):
-    def __init__(self, response: Response, request: httpx.Request) -> None:
-        self._response = response
-        self._request = request
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            while (chunk := await self._response.receive()) is not None:
-                yield chunk
-        except TransportError as exc:
-            raise _httpx_error(exc, self._request) from exc
-
-    async def aclose(self) -> None:
-        await self._response.aclose()
-
-
-class HTTP11Transport(httpx.AsyncBaseTransport):
-    """httpx over an :class:`HTTP11Client`: the rare calls made with httpx share the hot path's connections."""
-
-    def __init__(self, pool: HTTP11Client) -> None:
-        self._pool = pool
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = await request.aread()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _SET_BY_POOL}
-        try:
-            response = await self._pool.stream(request.method, str(request.url), body or None, headers)
-        except TransportError as exc:
-            raise _httpx_error(exc, request) from exc
-        return httpx.Response(
-            response.status_code, headers=list(response.headers.items()), stream=_Body(response, request)
-        )
-
-
-_SET_BY_POOL = frozenset({"host", "content-length", "transfer-encoding", "user-agent", "accept", "accept-encoding"})
-
-
 def make_streams(base_url: str, options: EngineOptions) -> HTTP11Client:
     """The hot-path client of one engine: idle connections kept up to its concurrency."""
     return HTTP11Client(
@@ -237,37 +103,22 @@ def make_streams(base_url: str, options: EngineOptions) -> HTTP11Client:
 
 
 class EngineConnection:
-    """The HTTP plumbing every engine client shares: base URL, connection pools, cleanup.
+    """The HTTP plumbing every engine client shares: base URL, its client, cleanup.
 
-    ``streams`` carries the generations, ``control`` the aborts, ``http`` (httpx) the
-    rest. ``control_pool``: control calls get a pool of their own, so they never queue
-    behind the connections held by hundreds of streams. An httpx client passed in
-    (tests) serves all three and is not closed here.
+    ``http`` (also ``streams``) carries every call; ``control`` the aborts: with
+    ``control_pool``, a pool of its own with a shorter read timeout, so an abort is
+    bounded by it and never waits on the 600 s a generation's read may take.
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        options: EngineOptions | None = None,
-        *,
-        http: httpx.AsyncClient | None = None,
-        control_pool: bool = False,
-    ) -> None:
+    def __init__(self, base_url: str, options: EngineOptions | None = None, *, control_pool: bool = False) -> None:
         self.base_url = base_url.rstrip("/")
         self.options = options = options or EngineOptions()
-        self._pools: list[HTTP11Client] = []
-        if http is None:
-            self._pools.append(make_streams(self.base_url, options))
-            if control_pool:
-                self._pools.append(make_streams(self.base_url, attrs.evolve(options, read_timeout=30.0)))
-            self.streams: EngineHTTP = self._pools[0]
-            self.control: EngineHTTP = self._pools[-1]
-        else:
-            self.streams = self.control = HttpxStreams(http)
-        #: For the rare calls (model info, health, prompt logprobs, the tokenizer check):
-        #: httpx over the streams' own connections.
-        self.http = http or make_client(options, self._pools[0])
-        self._owns_http = http is None
+        #: The engine's client: generation streams and the rare calls (model info, health, prompt logprobs, the
+        #: tokenizer check) on the same keep-alive connections.
+        self.http = make_streams(self.base_url, options)
+        self.streams: EngineHTTP = self.http
+        self._control = make_streams(self.base_url, attrs.evolve(options, read_timeout=30.0)) if control_pool else None
+        self.control: EngineHTTP = self._control or self.http
         self.abort_grace = options.abort_grace
 
     def url(self, path: str) -> str:
@@ -280,14 +131,14 @@ class EngineConnection:
         the pool tells that apart from an engine answering that it is not healthy.
         """
         with mapped_errors(f"{self.base_url} health"):
-            response = await self.http.get(self.url("/health"))
+            response = await self.http.stream("GET", self.url("/health"))
+        await discard(response)
         return response.status_code == 200
 
     async def aclose(self) -> None:
-        for pool in self._pools:
-            await pool.aclose()
-        if self._owns_http:
-            await self.http.aclose()
+        await self.http.aclose()
+        if self._control is not None:
+            await self._control.aclose()
 
 
 def json_body(body: object) -> bytes:
@@ -318,41 +169,49 @@ _IDS_JSON = IdsJSON()
 _MARK = orjson.Fragment(b"\0")
 
 
-def json_request(
-    client: httpx.AsyncClient, method: str, url: str, body: object = None, headers: Mapping[str, str] | None = None
-) -> httpx.Request:
-    """``client.build_request`` with a :func:`json_body` body (none when ``body`` is None)."""
-    if body is None:
-        return client.build_request(method, url, headers=headers)
-    all_headers = {"Content-Type": "application/json", **(headers or {})}
-    return client.build_request(method, url, content=json_body(body), headers=all_headers)
+#: The header of a request with a :func:`json_body` body.
+_JSON = {"content-type": "application/json"}
 
 
-async def request_json(
-    client: httpx.AsyncClient, method: str, url: str, what: str, *, body: object = None
-) -> Any:
-    """One non-streamed call; the decoded JSON body (``None`` for an empty body)."""
+async def exchange_json(
+    client: HTTP11Client, method: str, url: str, what: str, *, body: object = None, accept: Collection[int] = ()
+) -> tuple[int, Any]:
+    """One non-streamed call: its status and decoded JSON body (``None`` for an empty body).
+
+    A status of 400 or more is a :class:`BackendError` with the engine's message, unless
+    ``accept`` holds it (a route the engine may not have): its body is then ``None`` if it
+    is no JSON.
+    """
     with mapped_errors(what):
-        response = await client.send(json_request(client, method, url, body), stream=True)
+        response = await client.stream(method, url, None if body is None else json_body(body),
+                                       None if body is None else _JSON)
         try:
-            await check_status(response, what)
+            status = response.status_code
+            if status >= 400 and status not in accept:
+                await check_status(response, what)
             raw = await response.aread()
         finally:
             await response.aclose()
     if not raw.strip():
-        return None
+        return status, None
     try:
-        return orjson.loads(raw)
+        return status, orjson.loads(raw)
     except ValueError as exc:
+        if status >= 400:
+            return status, None
         raise BackendError(f"{what}: response is not JSON: {raw[:200]!r}") from exc
+
+
+async def request_json(client: HTTP11Client, method: str, url: str, what: str, *, body: object = None) -> Any:
+    """One non-streamed call; the decoded JSON body (``None`` for an empty body); a status >= 400 is an error."""
+    return (await exchange_json(client, method, url, what, body=body))[1]
 
 
 async def post_stream(
     client: EngineHTTP, url: str, body: object, headers: Mapping[str, str] | None = None
 ) -> EngineResponse:
     """POST a :func:`json_body` body; the streamed response."""
-    all_headers = {"Content-Type": "application/json", **(headers or {})}
-    return await client.stream("POST", url, json_body(body), all_headers)
+    return await client.stream("POST", url, json_body(body), {**_JSON, **headers} if headers else _JSON)
 
 
 async def post_quietly(client: EngineHTTP, url: str, body: object, what: str) -> int | None:

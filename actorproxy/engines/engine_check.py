@@ -24,11 +24,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-import httpx
 
 from ..errors import StartupError
+from ..http.client import HTTP11Client
 from ..tokenization.tokenizer import ChatTokenizer
 from .base import BackendError
+from .connection import exchange_json
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +97,15 @@ def compare(tok: ChatTokenizer, engine: EngineTokenizer) -> str | None:
     return None
 
 
-async def _post_tokenize(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> list[int] | None:
-    response = await http.post(url, json=body)
-    if response.status_code in (404, 405, 501):
+#: What an engine without a tokenize endpoint answers.
+_NO_ROUTE = frozenset({404, 405, 501})
+_ANY_ERROR = range(400, 600)
+
+
+async def _post_tokenize(http: HTTP11Client, url: str, body: dict[str, Any]) -> list[int] | None:
+    status, data = await exchange_json(http, "POST", url, f"{url}", body=body, accept=_NO_ROUTE)
+    if status in _NO_ROUTE:
         return None
-    if response.status_code >= 400:
-        raise BackendError(f"{url}: HTTP {response.status_code} {response.text[:200]}")
-    data = response.json()
     tokens = data.get("tokens") if isinstance(data, Mapping) else None
     if isinstance(tokens, list) and tokens and isinstance(tokens[0], Mapping):
         tokens = [t.get("id") for t in tokens]  # llama.cpp with_pieces
@@ -111,18 +114,18 @@ async def _post_tokenize(http: httpx.AsyncClient, url: str, body: dict[str, Any]
     return tokens
 
 
-async def _llamacpp_vocab(http: httpx.AsyncClient, base: str) -> int | None:
-    response = await http.get(f"{base}/v1/models")
-    if response.status_code >= 400:
+async def _llamacpp_vocab(http: HTTP11Client, base: str) -> int | None:
+    status, answer = await exchange_json(http, "GET", f"{base}/v1/models", f"{base}/v1/models", accept=_ANY_ERROR)
+    if status >= 400:
         return None
-    data = response.json().get("data") if isinstance(response.json(), Mapping) else None
+    data = answer.get("data") if isinstance(answer, Mapping) else None
     card = data[0] if isinstance(data, list) and data and isinstance(data[0], Mapping) else {}
     meta = card.get("meta")
     n_vocab = meta.get("n_vocab") if isinstance(meta, Mapping) else None
     return n_vocab if isinstance(n_vocab, int) else None
 
 
-async def ask_engine(http: httpx.AsyncClient, kind: str, base_url: str, texts: Sequence[str]) -> EngineTokenizer:
+async def ask_engine(http: HTTP11Client, kind: str, base_url: str, texts: Sequence[str]) -> EngineTokenizer:
     """What the engine at ``base_url`` says (``kind``: llamacpp, vllm or sglang)."""
     base = base_url.rstrip("/")
     vocab = await _llamacpp_vocab(http, base) if kind == "llamacpp" else None
@@ -139,7 +142,7 @@ async def ask_engine(http: httpx.AsyncClient, kind: str, base_url: str, texts: S
     return EngineTokenizer(vocab, tokenized)
 
 
-def engine_endpoints(engine: object) -> list[tuple[str, str, httpx.AsyncClient]]:
+def engine_endpoints(engine: object) -> list[tuple[str, str, HTTP11Client]]:
     """``(kind, base URL, HTTP client)`` of each HTTP engine behind ``engine`` (a pool or one client).
 
     The check reuses the engine clients' own connections. In-process engines (the simulator) have
@@ -149,7 +152,7 @@ def engine_endpoints(engine: object) -> list[tuple[str, str, httpx.AsyncClient]]
     out = []
     for member in members:
         kind, base, http = getattr(member, "kind", ""), getattr(member, "base_url", None), getattr(member, "http", None)
-        if isinstance(kind, str) and isinstance(base, str) and isinstance(http, httpx.AsyncClient):
+        if isinstance(kind, str) and isinstance(base, str) and isinstance(http, HTTP11Client):
             out.append((kind, base, http))
     return out
 
@@ -159,7 +162,7 @@ async def check_engine_tokenizer(tok: ChatTokenizer, engine: object) -> None:
     await check_endpoints(tok, engine_endpoints(engine))
 
 
-async def check_endpoints(tok: ChatTokenizer, endpoints: Sequence[tuple[str, str, httpx.AsyncClient]]) -> None:
+async def check_endpoints(tok: ChatTokenizer, endpoints: Sequence[tuple[str, str, HTTP11Client]]) -> None:
     """The check against each ``(kind, base URL, HTTP client)`` (see module doc)."""
     texts: list[str] | None = None
     for kind, url, http in endpoints:
@@ -168,7 +171,7 @@ async def check_endpoints(tok: ChatTokenizer, endpoints: Sequence[tuple[str, str
         texts = texts if texts is not None else probe_texts(tok)
         try:
             answer = await ask_engine(http, kind, url, texts)
-        except (httpx.HTTPError, ValueError, BackendError) as exc:
+        except (ValueError, BackendError) as exc:
             log.warning("tokenizer check: could not ask %s (%s); not checked", url, exc)
             continue
         problem = compare(tok, answer)

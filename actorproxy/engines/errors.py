@@ -1,6 +1,6 @@
 """Engine failures as :class:`BackendError`, at every boundary (httpcore-style mapping).
 
-Transport failures (:mod:`actorproxy.http.errors`, or httpx's) become 502 (504 on timeouts), by
+Transport failures (:mod:`actorproxy.http.errors`) become 502 (504 on timeouts), by
 the one table :data:`TRANSPORT_ERRORS`; an
 engine's HTTP error or in-stream error becomes 400 when the engine calls the request
 invalid, 503 when it is overloaded or starting, 504 on its timeouts, else 502.
@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-import httpx
 import orjson
 
 from ..http.errors import ConnectError, ConnectTimeout, ReadTimeout, TransportError
@@ -30,11 +29,11 @@ _INVALID = re.compile(r"context length|too long|longer than|exceed|invalid|must 
 #: A transport failure's status and whether it means the engine is unreachable (nothing reached it; the pool marks
 #: it down): the first row whose class the failure is an instance of. Only a failed connect says the engine is gone;
 #: a dropped stream may be this request's.
-TRANSPORT_ERRORS: tuple[tuple[type[Exception], int, bool], ...] = (
-    (ConnectTimeout, 504, True), (httpx.ConnectTimeout, 504, True),
-    (ReadTimeout, 504, False), (httpx.TimeoutException, 504, False),
-    (ConnectError, 502, True), (httpx.ConnectError, 502, True),
-    (TransportError, 502, False), (httpx.HTTPError, 502, False),
+TRANSPORT_ERRORS: tuple[tuple[type[TransportError], int, bool], ...] = (
+    (ConnectTimeout, 504, True),
+    (ReadTimeout, 504, False),
+    (ConnectError, 502, True),
+    (TransportError, 502, False),
 )
 
 
@@ -55,20 +54,14 @@ class mapped_errors:  # noqa: N801 (a context manager named like the function it
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if exc is None or not isinstance(exc, Exception):
             return
-        if isinstance(exc, (TransportError, httpx.HTTPError)):
+        if isinstance(exc, TransportError):
             raise backend_error(self.what, exc) from exc
 
 
-def backend_error(what: str, exc: TransportError | httpx.HTTPError) -> BackendError:
+def backend_error(what: str, exc: TransportError) -> BackendError:
     """The :class:`BackendError` a transport failure is (:data:`TRANSPORT_ERRORS`)."""
     status, unreachable = next((s, u) for failure, s, u in TRANSPORT_ERRORS if isinstance(exc, failure))
-    if isinstance(exc, httpx.TimeoutException):
-        message = f"timed out ({type(exc).__name__})"
-    elif isinstance(exc, httpx.HTTPError):
-        message = f"{type(exc).__name__}: {exc}"
-    else:
-        message = str(exc)
-    return BackendError(f"{what}: {message}", status=status, unreachable=unreachable)
+    return BackendError(f"{what}: {exc}", status=status, unreachable=unreachable)
 
 
 def error_message(body: object) -> str:

@@ -280,7 +280,7 @@ class ServerConnection:
                 continue
             self.eof = True
             self.arrived.unpark_all()
-            if data is not None:  # a clean EOF: perhaps only the end of what the client sends
+            if data is not None and self.server.half_close:  # a clean EOF: perhaps only the end of what it sends
                 await self.half_closed()
             self.client_gone()
             return
@@ -414,11 +414,17 @@ class ServerConnection:
 
 
 class HTTPServer:
-    """Serves ``app`` on one listening socket until told to stop (``tracker``: counts its requests in flight)."""
+    """Serves ``app`` on one listening socket until told to stop (``tracker``: counts its requests in flight).
+
+    ``half_close``: a client's EOF after a whole request may be a half-close, answered
+    (:meth:`ServerConnection.half_closed`); ``False``: an EOF is a hang-up, as uvicorn (and
+    the engines it serves) take it.
+    """
 
     def __init__(self, app: ASGIApp, *, policy: ServerPolicy, keep_alive_timeout: float = 75.0,
-                 router: Router | None = None, tracker: Tracker | None = None) -> None:
+                 router: Router | None = None, tracker: Tracker | None = None, half_close: bool = True) -> None:
         self.app = app
+        self.half_close = half_close
         self.keep_alive_timeout = keep_alive_timeout
         self.policy = policy
         self.limits = policy.limits

@@ -20,8 +20,6 @@ from array import array
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
-import httpx
-import orjson
 import trio
 
 from ...http.client import HTTP11Client
@@ -39,8 +37,16 @@ from ..base import (
     new_rid,
 )
 from ..client_base import VersionedConnection, VersionedGeneration, first_model_card, read_tolerantly
-from ..connection import EngineOptions, EngineResponse, json_body, post_quietly, post_stream, request_json
-from ..errors import check_status, mapped_errors
+from ..connection import (
+    EngineOptions,
+    EngineResponse,
+    exchange_json,
+    json_body,
+    post_quietly,
+    post_stream,
+    request_json,
+)
+from ..errors import check_status
 from ..shared_wire import UpdateWeightVersionReqInput, WeightVersionOutput
 from . import protocol
 from .cumulative import look
@@ -132,10 +138,8 @@ class SGLangBackend(VersionedConnection):
 
     kind = "sglang"
 
-    def __init__(
-        self, base_url: str, options: EngineOptions | None = None, *, http: httpx.AsyncClient | None = None
-    ) -> None:
-        super().__init__(base_url, options, http=http)
+    def __init__(self, base_url: str, options: EngineOptions | None = None) -> None:
+        super().__init__(base_url, options)
         #: Where an acknowledged abort goes on a connection of its own (plain HTTP to an address, our own pools).
         self._origin = self.control.one_shot_origin() if isinstance(self.control, HTTP11Client) else None
         #: Where the model info is read (:meth:`_model_info_json`; ``None``: not known yet).
@@ -264,18 +268,14 @@ class SGLangBackend(VersionedConnection):
         """
         what = "SGLang model info"
         if self._info_path is None:
-            with mapped_errors(what):
-                response = await self.http.get(self.url(protocol.MODEL_INFO_PATH))
-            if response.status_code not in _ROUTE_ABSENT:
-                await check_status(response, what)
+            status, info = await exchange_json(self.http, "GET", self.url(protocol.MODEL_INFO_PATH), what,
+                                               accept=_ROUTE_ABSENT)
+            if status not in _ROUTE_ABSENT:
                 self._info_path = protocol.MODEL_INFO_PATH
-                try:
-                    return orjson.loads(response.content)
-                except ValueError as exc:
-                    raise BackendError(f"{what}: response is not JSON: {response.content[:200]!r}") from exc
+                return info
             self._info_path = protocol.LEGACY_MODEL_INFO_PATH
             log.info("SGLang at %s has no %s (HTTP %d): reading its model info from %s", self.base_url,
-                     protocol.MODEL_INFO_PATH, response.status_code, self._info_path)
+                     protocol.MODEL_INFO_PATH, status, self._info_path)
         return await request_json(self.http, "GET", self.url(self._info_path), what)
 
     async def _max_len_from_models(self) -> int | None:

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
-import httpx
 import orjson
 
 from ...core.messages import AssistantOutput, ToolCall
@@ -31,7 +30,7 @@ from ...errors import BadRequest
 from ...schema.converter import CONVERTER, structure
 from ...tokenization.tokenizer import THINK_START, TOOL_CALL_START
 from ..base import BackendError
-from ..connection import EngineOptions, make_client, request_json
+from ..connection import EngineOptions, make_streams, request_json
 from .protocol import (
     Function,
     ParseFunctionCallOutput,
@@ -111,17 +110,14 @@ class SGLangParseClient:
     """Client of SGLang's ``/separate_reasoning`` and ``/parse_function_call``.
 
     Every failure (transport, HTTP status, unexpected body) is a :class:`BackendError`.
-    Pass ``http`` to share a client (then this one does not close it).
     """
 
-    def __init__(self, base_url: str, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")
-        self._own = http is None
-        self._http = http if http is not None else make_client(EngineOptions(read_timeout=60.0))
+        self.http = make_streams(self.base_url, EngineOptions(read_timeout=60.0))
 
     async def aclose(self) -> None:
-        if self._own:
-            await self._http.aclose()
+        await self.http.aclose()
 
     async def __aenter__(self) -> SGLangParseClient:
         return self
@@ -133,7 +129,7 @@ class SGLangParseClient:
         """``(reasoning, content)`` of ``text`` by SGLang's reasoning parser ``parser_name``."""
         what = "SGLang /separate_reasoning"
         body = CONVERTER.unstructure(SeparateReasoningReqInput(text, parser_name))
-        answer = await request_json(self._http, "POST", self.base_url + "/separate_reasoning", what, body=body)
+        answer = await request_json(self.http, "POST", self.base_url + "/separate_reasoning", what, body=body)
         output = _answer(answer, SeparateReasoningOutput, what)
         return output.reasoning_text or "", output.text or ""
 
@@ -144,7 +140,7 @@ class SGLangParseClient:
         what = "SGLang /parse_function_call"
         request = ParseFunctionCallReq(text, parser_name, [_sglang_tool(t) for t in tools])
         body = CONVERTER.unstructure(request)
-        answer = await request_json(self._http, "POST", self.base_url + "/parse_function_call", what, body=body)
+        answer = await request_json(self.http, "POST", self.base_url + "/parse_function_call", what, body=body)
         output = _answer(answer, ParseFunctionCallOutput, what)
         calls = []
         for call in output.calls:
