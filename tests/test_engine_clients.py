@@ -30,6 +30,7 @@ from actorproxy.engines.base import (
     GenerateFinish,
     GenerateRequest,
     Generation,
+    GenerationEvent,
     SamplingParams,
     TokenDelta,
     WeightVersionSpan,
@@ -141,6 +142,17 @@ def flat(deltas: list[TokenDelta]) -> tuple[list[int], list[float], list[str]]:
 async def run(backend: Any, req: GenerateRequest) -> tuple[list[TokenDelta], GenerateFinish]:
     async with backend.open_generation(req) as gen:
         return await collect(gen)
+
+
+async def run_aborted(backend: Any, req: GenerateRequest) -> list[GenerationEvent]:
+    """Every event of a generation aborted at its first event (the finish last)."""
+    events: list[GenerationEvent] = []
+    async with backend.open_generation(req) as gen:
+        async for event in gen:
+            events.append(event)
+            if len(events) == 1:
+                await gen.abort()
+    return events
 
 
 # -- SSE ------------------------------------------------------------------------
@@ -449,13 +461,7 @@ async def test_sglang_abort_that_fails_cuts_the_stream(nursery: trio.Nursery) ->
         "/generate": lambda r, b: stream(sg(IDS[:1], LPS[:1], completion_tokens=1), tail=hang_tail),
         "/abort_request": lambda r, b: httpx.Response(500),
     })
-    backend = SGLangBackend(await engine.serve(nursery))
-    async with backend.open_generation(request()) as gen:
-        events = []
-        async for event in gen:
-            events.append(event)
-            if len(events) == 1:
-                await gen.abort()
+    events = await run_aborted(SGLangBackend(await engine.serve(nursery)), request())
     assert isinstance(events[-1], GenerateFinish) and events[-1].reason == "abort"
     assert flat([e for e in events if isinstance(e, TokenDelta)])[0] == IDS[:1]
 
@@ -641,13 +647,7 @@ async def test_vllm_acknowledged_abort_tries_both_abort_routes(nursery: trio.Nur
 
 async def test_vllm_without_abort_route_closes_the_stream(nursery: trio.Nursery) -> None:
     engine = Engine({"/inference/v1/generate": lambda r, b: stream(vg(IDS[:1], LPS[:1]), tail=hang_tail)})
-    backend = VLLMBackend(await engine.serve(nursery), EngineOptions(api="generate"))
-    async with backend.open_generation(request()) as gen:
-        events = []
-        async for event in gen:
-            events.append(event)
-            if len(events) == 1:
-                await gen.abort()
+    events = await run_aborted(VLLMBackend(await engine.serve(nursery), EngineOptions(api="generate")), request())
     assert isinstance(events[-1], GenerateFinish) and events[-1].reason == "abort"
     await trio.testing.wait_all_tasks_blocked()  # the engine's side sees the hang-up (or the end)
     assert engine.closed == 1
@@ -743,12 +743,7 @@ async def test_llamacpp_keeps_the_connection_when_the_engine_stops_with_the_clie
 
 async def test_llamacpp_abort_closes_and_reports_what_arrived(nursery: trio.Nursery) -> None:
     engine = Engine({"/completion": lambda r, b: stream(lc(IDS[0], LPS[0]), tail=hang_tail)})
-    backend = LlamaCppBackend(await engine.serve(nursery))
-    async with backend.open_generation(request()) as gen:
-        events = []
-        async for event in gen:
-            events.append(event)
-            await gen.abort()
+    events = await run_aborted(LlamaCppBackend(await engine.serve(nursery)), request())
     assert flat([e for e in events if isinstance(e, TokenDelta)])[0] == IDS[:1]
     assert isinstance(events[-1], GenerateFinish) and events[-1].reason == "abort"
     await trio.testing.wait_all_tasks_blocked()  # the engine's side sees the hang-up (or the end)
