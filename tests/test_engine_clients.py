@@ -155,6 +155,24 @@ async def run_aborted(backend: Any, req: GenerateRequest) -> list[GenerationEven
     return events
 
 
+async def run_aborted_at(backend: Any, req: GenerateRequest, tokens: int,
+                         *, aborts: int = 1) -> tuple[list[int], GenerationEvent | None]:
+    """The ids and the finish of a generation aborted (``aborts`` times over) once ``tokens`` ids came."""
+    received: list[int] = []
+    finish = None
+    async with backend.open_generation(req) as gen:
+        async for event in gen:
+            if not isinstance(event, TokenDelta):
+                finish = event
+                continue
+            before = len(received)
+            received.extend(event.token_ids)
+            if before < tokens <= len(received):
+                for _ in range(aborts):
+                    await gen.abort()
+    return received, finish
+
+
 # -- SSE ------------------------------------------------------------------------
 
 
@@ -406,17 +424,7 @@ async def test_sglang_acknowledged_abort_delivers_every_token(incremental: bool,
     fake = AbortableSGLang(incremental)
     backend = SGLangBackend(await fake.engine.serve(nursery))
     req = request()
-    received: list[int] = []
-    finish = None
-    async with backend.open_generation(req) as gen:
-        async for event in gen:
-            if isinstance(event, TokenDelta):
-                received.extend(event.token_ids)
-                if len(received) == 2:
-                    await gen.abort()
-                    await gen.abort()  # idempotent
-            else:
-                finish = event
+    received, finish = await run_aborted_at(backend, req, 2, aborts=2)  # a second abort is idempotent
     assert received == IDS[:3]  # the token sampled while the abort travelled is kept
     assert finish is not None and finish.reason == "abort" and finish.message == "Aborted"
     assert fake.engine.bodies("/abort_request") == [{"rid": req.rid, "abort_all": False}]
@@ -808,6 +816,19 @@ async def sim_server(tokenizer: Any, **settings: Any) -> AsyncIterator[Any]:
         yield running
 
 
+@asynccontextmanager
+async def sim_backend(tokenizer: Any, case: str, options: EngineOptions | None = None,
+                      **settings: Any) -> AsyncIterator[tuple[Any, Any]]:
+    """A simulated engine served as ``case`` names it, and that protocol's client to it (closed on exit)."""
+    protocol, make = SIM_CASES[case]
+    async with sim_server(tokenizer, **protocol, **settings) as running:
+        backend = make(running.url) if options is None else make(running.url, options)
+        try:
+            yield running, backend
+        finally:
+            await backend.aclose()
+
+
 def engine_rid(running: Any, req: GenerateRequest) -> str:
     # llama.cpp has no request id on the wire: the simulator names the request itself.
     return req.rid if req.rid in running.state.records else next(reversed(running.state.records))
@@ -815,118 +836,84 @@ def engine_rid(running: Any, req: GenerateRequest) -> str:
 
 @pytest.mark.parametrize("case", list(SIM_CASES))
 async def test_sim_exact_tokens_and_logprobs(case: str, tokenizer: Any) -> None:
-    settings, make = SIM_CASES[case]
-    async with sim_server(tokenizer, **settings) as running:
+    async with sim_backend(tokenizer, case) as (running, backend):
         running.engine.script([11, 22, 33, 44, EOT])
-        backend = make(running.url)
-        try:
-            req = request(seed=7)
-            deltas, finish = await run(backend, req)
-            stats = running.engine.stats(engine_rid(running, req))
-            ids, lps, versions = flat(deltas)
-            assert ids == list(stats.token_ids) == [11, 22, 33, 44, EOT]
-            assert lps == list(stats.logprobs)
-            assert set(versions) == {"default"}
-            assert (finish.reason, finish.matched_stop) == ("stop", EOT)
-            assert finish.prompt_tokens == len(PROMPT)
-            info = await backend.model_info()
-            assert info.model_id == "actorproxy-sim" and info.weight_version == "default"
-        finally:
-            await backend.aclose()
+        req = request(seed=7)
+        deltas, finish = await run(backend, req)
+        stats = running.engine.stats(engine_rid(running, req))
+        ids, lps, versions = flat(deltas)
+        assert ids == list(stats.token_ids) == [11, 22, 33, 44, EOT]
+        assert lps == list(stats.logprobs)
+        assert set(versions) == {"default"}
+        assert (finish.reason, finish.matched_stop) == ("stop", EOT)
+        assert finish.prompt_tokens == len(PROMPT)
+        info = await backend.model_info()
+        assert info.model_id == "actorproxy-sim" and info.weight_version == "default"
 
 
 @pytest.mark.parametrize("case", ["sglang", "sglang-incremental", "vllm-generate", "vllm-completions"])
 async def test_sim_acknowledged_abort_loses_no_token(case: str, tokenizer: Any) -> None:
-    settings, make = SIM_CASES[case]
-    async with sim_server(tokenizer, **settings) as running:
+    async with sim_backend(tokenizer, case) as (running, backend):
         running.engine.script(LONG)
-        backend = make(running.url)
-        try:
-            req = request(max_new_tokens=1000)
-            received: list[int] = []
-            finish = None
-            async with backend.open_generation(req) as gen:
-                async for event in gen:
-                    if isinstance(event, TokenDelta):
-                        received.extend(event.token_ids)
-                        if len(received) >= 5:
-                            await gen.abort()
-                    else:
-                        finish = event
-            stats = running.engine.stats(req.rid)
-            assert finish is not None and finish.reason == "abort"
-            assert stats.aborted and stats.finish_reason == "abort"
-            assert received == list(stats.token_ids) and 5 <= len(received) < len(LONG)
-        finally:
-            await backend.aclose()
+        req = request(max_new_tokens=1000)
+        received, finish = await run_aborted_at(backend, req, 5)
+        stats = running.engine.stats(req.rid)
+        assert finish is not None and finish.reason == "abort"
+        assert stats.aborted and stats.finish_reason == "abort"
+        assert received == list(stats.token_ids) and 5 <= len(received) < len(LONG)
 
 
 @pytest.mark.parametrize("case", list(SIM_CASES))
 async def test_sim_leaving_early_stops_the_engine(case: str, tokenizer: Any) -> None:
-    settings, make = SIM_CASES[case]
-    async with sim_server(tokenizer, **settings) as running:
+    async with sim_backend(tokenizer, case) as (running, backend):
         running.engine.script(LONG)
-        backend = make(running.url)
-        try:
-            req = request(max_new_tokens=1000)
-            async with backend.open_generation(req) as gen:
-                async for _ in gen:
-                    break
-            rid = engine_rid(running, req)
-            if make is LlamaCppBackend:
-                # No abort call: the server stops when it notices the closed connection.
-                with trio.fail_after(5):
-                    await running.state.wait_idle()
-            # SGLang and vLLM: the abort sent on the way out has already stopped it.
-            stats = running.engine.stats(rid)
-            assert stats.finish_reason == "abort" and (stats.aborted or stats.cancelled)
-            assert len(stats.token_ids) < len(LONG)
-        finally:
-            await backend.aclose()
+        req = request(max_new_tokens=1000)
+        async with backend.open_generation(req) as gen:
+            async for _ in gen:
+                break
+        rid = engine_rid(running, req)
+        if case == "llamacpp":
+            # No abort call: the server stops when it notices the closed connection.
+            with trio.fail_after(5):
+                await running.state.wait_idle()
+        # SGLang and vLLM: the abort sent on the way out has already stopped it.
+        stats = running.engine.stats(rid)
+        assert stats.finish_reason == "abort" and (stats.aborted or stats.cancelled)
+        assert len(stats.token_ids) < len(LONG)
 
 
 @pytest.mark.parametrize("case", ["sglang", "vllm-generate", "vllm-completions"])
 async def test_sim_prompt_logprobs_and_errors(case: str, tokenizer: Any) -> None:
-    settings, make = SIM_CASES[case]
-    async with sim_server(tokenizer, max_model_len=64, **settings) as running:
-        backend = make(running.url)
-        try:
-            expected = await running.engine.prompt_logprobs(PROMPT)
-            assert await backend.prompt_logprobs(PROMPT) == expected
-            with pytest.raises(BackendError) as info:
-                await run(backend, GenerateRequest(array("i", [5] * 100), SamplingParams(max_new_tokens=4)))
-            assert info.value.status == 400 and "context length" in str(info.value)
-            running.faults.fail_next_requests(1)
-            with pytest.raises(BackendError) as info:
-                await run(backend, request())
-            assert info.value.status == 502
-            running.faults.drop_next_stream(after_tokens=2)
-            with pytest.raises(BackendError) as info:
-                await run(backend, request())
-            assert info.value.status == 502
-        finally:
-            await backend.aclose()
+    async with sim_backend(tokenizer, case, max_model_len=64) as (running, backend):
+        expected = await running.engine.prompt_logprobs(PROMPT)
+        assert await backend.prompt_logprobs(PROMPT) == expected
+        with pytest.raises(BackendError) as info:
+            await run(backend, GenerateRequest(array("i", [5] * 100), SamplingParams(max_new_tokens=4)))
+        assert info.value.status == 400 and "context length" in str(info.value)
+        running.faults.fail_next_requests(1)
+        with pytest.raises(BackendError) as info:
+            await run(backend, request())
+        assert info.value.status == 502
+        running.faults.drop_next_stream(after_tokens=2)
+        with pytest.raises(BackendError) as info:
+            await run(backend, request())
+        assert info.value.status == 502
 
 
 @pytest.mark.parametrize("case", ["sglang", "vllm-generate", "llamacpp"])
 async def test_sim_stalled_engine_times_out(case: str, tokenizer: Any) -> None:
-    settings, make = SIM_CASES[case]
-    async with sim_server(tokenizer, **settings) as running:
+    async with sim_backend(tokenizer, case, EngineOptions(read_timeout=0.2)) as (running, backend):
         running.engine.script(LONG)
-        backend = make(running.url, EngineOptions(read_timeout=0.2))
-        try:
-            req = request(max_new_tokens=1000)
-            received: list[int] = []
-            with pytest.raises(BackendError) as info:
-                async with backend.open_generation(req) as gen:
-                    async for event in gen:
-                        if isinstance(event, TokenDelta):
-                            received.extend(event.token_ids)
-                            running.faults.stall()  # no token for longer than the read timeout
-            assert info.value.status == 504 and len(received) >= 1
-            running.faults.clear_stall()
-        finally:
-            await backend.aclose()
+        req = request(max_new_tokens=1000)
+        received: list[int] = []
+        with pytest.raises(BackendError) as info:
+            async with backend.open_generation(req) as gen:
+                async for event in gen:
+                    if isinstance(event, TokenDelta):
+                        received.extend(event.token_ids)
+                        running.faults.stall()  # no token for longer than the read timeout
+        assert info.value.status == 504 and len(received) >= 1
+        running.faults.clear_stall()
 
 
 async def test_sim_unreachable_engine() -> None:
