@@ -37,6 +37,14 @@ WEATHER_TOOL = {
         },
     },
 }
+READ_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a file of the repository",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+}
 #: :data:`WEATHER_TOOL` as an Anthropic Messages tool.
 WEATHER_TOOL_ANTHROPIC = {
     "name": "get_weather",

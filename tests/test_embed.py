@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from _util import READ_TOOL
 
 from actorproxy import start_proxy
 from actorproxy.client import load_trajectory_file
@@ -19,14 +20,7 @@ from actorproxy.trajectory_file import trajectory_path
 openai = pytest.importorskip("openai")
 
 FAST = {"sim_token_interval": 0.0005}
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "read_file",
-        "description": "Read a file",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-    },
-}
+TOOL = READ_TOOL
 
 
 def _proxy_threads() -> list[threading.Thread]:

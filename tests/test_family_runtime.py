@@ -9,20 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from _families import family_tokenizer
-from _util import RecordingBackend, check_segment_invariants, run_turn
+from _util import READ_TOOL, RecordingBackend, check_segment_invariants, run_turn
 
 from actorproxy.config import ProxyConfig
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import SimConfig, SimEngine
 
-READ = {
-    "type": "function",
-    "function": {
-        "name": "read_file",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-    },
-}
+READ = READ_TOOL
 
 
 async def test_glm45_session_continues_through_tool_calls_and_user_turns() -> None:

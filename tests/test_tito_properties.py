@@ -42,7 +42,15 @@ from typing import Any
 
 import attrs
 import hypothesis.strategies as st
-from _util import SEARCH_TOOL, WEATHER_TOOL, RecordingBackend, TurnResult, check_segment_invariants, reserialise
+from _util import (
+    READ_TOOL,
+    SEARCH_TOOL,
+    WEATHER_TOOL,
+    RecordingBackend,
+    TurnResult,
+    check_segment_invariants,
+    reserialise,
+)
 from hypothesis import HealthCheck, event, given, settings
 
 from actorproxy.config import ProxyConfig
@@ -53,14 +61,6 @@ from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import ScriptedOutput, SimConfig, SimEngine
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
-READ_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "read_file",
-        "description": "Read a file of the repository",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-    },
-}
 TOOL_POOL = (WEATHER_TOOL, SEARCH_TOOL, READ_TOOL)
 STOP = "STOPHERE"
 
