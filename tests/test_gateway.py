@@ -9,19 +9,11 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from _util import WEATHER_TOOL
 
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 
 
 @pytest.fixture
@@ -48,7 +40,7 @@ async def test_whitebox_generate_returns_the_exact_ids(http: httpx.AsyncClient, 
                   "It is 4 °C in Oslo.", routing_key="wb-1")
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Oslo?"}]
     first = await http.post("/generate", json={"trajectory_uid": "wb-1", "prompt_uid": "p1", "messages": messages,
-                                               "tools": [WEATHER], "max_tokens": 64})
+                                               "tools": [WEATHER_TOOL], "max_tokens": 64})
     assert first.status_code == 200, first.text
     one = first.json()
     assert one["tool_calls"][0]["function"]["name"] == "get_weather" and one["step_index"] == 0
@@ -56,7 +48,7 @@ async def test_whitebox_generate_returns_the_exact_ids(http: httpx.AsyncClient, 
     messages += [{"role": "assistant", "content": None, "tool_calls": one["tool_calls"]},
                  {"role": "tool", "tool_call_id": one["tool_calls"][0]["id"], "content": "4 °C"}]
     second = (await http.post("/generate", json={"trajectory_uid": "wb-1", "prompt_uid": "p1",
-                                                 "messages": messages, "tools": [WEATHER]})).json()
+                                                 "messages": messages, "tools": [WEATHER_TOOL]})).json()
     assert second["response_text"] == "It is 4 °C in Oslo." and second["finish_reason"] == "stop"
     # TITO: the second prompt continues the first prompt and the exact sampled ids.
     assert second["prompt_ids"][: len(one["prompt_ids"]) + len(one["response_ids"])] == \
