@@ -75,7 +75,7 @@ def bind_host(host: str) -> str:
 #: Rollouts open hundreds of connections at once; a small listen backlog would reset them.
 _BACKLOG = 4096
 #: Agents reuse connections between turns; an idle one is closed after this many seconds.
-_KEEP_ALIVE = 75.0
+KEEP_ALIVE = 75.0
 
 
 async def serve_proxy(
@@ -92,7 +92,7 @@ async def serve_proxy(
                            "`actorproxy run --workers N` (docs/workers.md)")
     async with open_runtime(config, backend=backend, tokenizer=tokenizer) as runtime:
         tracker = InFlight()
-        server = HTTPServer(asgi_of(create_app(runtime)), keep_alive_timeout=_KEEP_ALIVE, tracker=tracker,
+        server = HTTPServer(asgi_of(create_app(runtime)), keep_alive_timeout=KEEP_ALIVE, tracker=tracker,
                             limits=connection_limits(config))
         stop_http = trio.Event()
         async with trio.open_nursery() as nursery:

@@ -28,7 +28,7 @@ from ..config import ProxyConfig
 from ..runtime.in_flight import InFlight
 from ..runtime.runtime import Runtime, open_runtime
 from ..schema import jsonio
-from ..serve import _KEEP_ALIVE, RunningProxy, asgi_of, bind_host, connection_limits, drain_then_stop
+from ..serve import KEEP_ALIVE, RunningProxy, asgi_of, bind_host, connection_limits, drain_then_stop
 from ..server.app import create_app
 from ..server.auth import AccessPolicy
 from ..server.http_server import HTTPServer
@@ -70,9 +70,9 @@ async def serve_worker(
         tracker = InFlight()  # the requests in flight of both servers
         stop = trio.Event()
         limits = connection_limits(config)
-        private = HTTPServer(app, keep_alive_timeout=_KEEP_ALIVE, tracker=tracker, limits=limits)
+        private = HTTPServer(app, keep_alive_timeout=KEEP_ALIVE, tracker=tracker, limits=limits)
         policy = AccessPolicy.from_config(config)  # the app's own rules, checked before a body is read
-        public = HTTPServer(FanOut(app, workers, directory, policy), keep_alive_timeout=_KEEP_ALIVE,
+        public = HTTPServer(FanOut(app, workers, directory, policy), keep_alive_timeout=KEEP_ALIVE,
                             router=Router(index, workers, directory, policy), tracker=tracker, limits=limits)
         control = control_path(directory, index)
         remove_stale(control)
