@@ -128,9 +128,13 @@ async def run_turn(
     )
     identity = Identity(session_id, turn_id=turn_id) if client is None else Identity(session_id, turn_id=turn_id,
                                                                                       client=client)
-    events = await runtime.start_turn(request, identity)
+    return await run_request(runtime, request, identity)
+
+
+async def run_request(runtime: Runtime, request: ChatRequest, identity: Identity) -> TurnResult:
+    """One turn of a whole ``request`` through the runtime (no HTTP), collecting its events."""
     deltas: list[Any] = []
-    async with events:
+    async with await runtime.start_turn(request, identity) as events:
         async for event in events:
             match event:
                 case TurnAccepted():

@@ -50,12 +50,12 @@ from _util import (
     TurnResult,
     check_segment_invariants,
     reserialise,
+    run_request,
 )
 from hypothesis import HealthCheck, event, given, settings
 
 from actorproxy.config import ProxyConfig
 from actorproxy.core.requests import ChatRequest, Identity
-from actorproxy.core.turn_events import TurnDelta, TurnDone, TurnFailed
 from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import ScriptedOutput, SimConfig, SimEngine
@@ -426,18 +426,8 @@ class Conversation:
 
 
 async def chat(runtime: Runtime, session_id: str, request: ChatRequest, turn_id: str | None = None) -> TurnResult:
-    """One turn through the runtime, like ``_util.run_turn`` but with the whole request (stop strings)."""
-    deltas: list[Any] = []
-    async with await runtime.start_turn(request, Identity(session_id, turn_id=turn_id)) as events:
-        async for ev in events:
-            match ev:
-                case TurnDelta():
-                    deltas.append(ev.delta)
-                case TurnDone():
-                    return TurnResult(ev, None, deltas)
-                case TurnFailed():
-                    return TurnResult(None, ev.error, deltas)
-    raise AssertionError("turn ended without a result")
+    """One turn through the runtime with the whole request (stop strings)."""
+    return await run_request(runtime, request, Identity(session_id, turn_id=turn_id))
 
 
 async def play(runtime: Runtime, engine: SimEngine, session: str, conversation: Conversation, turn: Turn) -> None:
