@@ -66,15 +66,14 @@ SEARCH_TOOL = {
 
 
 @attrs.define
-class RecordingBackend:
-    """Wraps a backend and remembers the exact prompt ids of every request, by rid."""
+class WrappingBackend:
+    """A backend around ``inner`` (a simulated engine) that passes every call through: a test's own
+    backend subclasses it and changes only what it tests."""
 
     inner: SimEngine
-    prompts: dict[str, array] = attrs.field(factory=dict)
     kind: str = "sim"
 
     def open_generation(self, request: GenerateRequest) -> AbstractAsyncContextManager[Generation]:
-        self.prompts[request.rid] = array("i", request.input_ids)
         return self.inner.open_generation(request)
 
     async def model_info(self) -> ModelInfo:
@@ -85,6 +84,17 @@ class RecordingBackend:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+@attrs.define
+class RecordingBackend(WrappingBackend):
+    """Wraps a backend and remembers the exact prompt ids of every request, by rid."""
+
+    prompts: dict[str, array] = attrs.field(factory=dict)
+
+    def open_generation(self, request: GenerateRequest) -> AbstractAsyncContextManager[Generation]:
+        self.prompts[request.rid] = array("i", request.input_ids)
+        return self.inner.open_generation(request)
 
 
 @asynccontextmanager

@@ -11,13 +11,13 @@ import attrs
 import httpx
 import pytest
 import trio
-from _util import WEATHER_TOOL, WEATHER_TOOL_ANTHROPIC, hang_up_after
+from _util import WEATHER_TOOL, WEATHER_TOOL_ANTHROPIC, WrappingBackend, hang_up_after
 
 from actorproxy import ProxyClient, ProxyConfig, open_proxy
 from actorproxy.core.messages import AssistantOutput, ToolCall
 from actorproxy.core.parser import OutputDelta, ToolCallDelta
 from actorproxy.core.turn_events import TurnAccepted, TurnDone
-from actorproxy.engines.base import BackendError, GenerateRequest, ModelInfo, TokenDelta
+from actorproxy.engines.base import BackendError, GenerateRequest, TokenDelta
 from actorproxy.errors import Conflict, EngineError, NotFound, Overloaded
 from actorproxy.protocols import anthropic as anthropic_api
 from actorproxy.serve import RunningProxy
@@ -434,23 +434,13 @@ class _Failing:
 
 
 @attrs.define
-class FailingBackend:
-    inner: SimEngine
-    kind: str = "sim"
+class FailingBackend(WrappingBackend):
 
     @asynccontextmanager
     async def open_generation(self, request: GenerateRequest) -> AsyncIterator[_Failing]:
         async with self.inner.open_generation(request) as generation:
             yield _Failing(generation, 4)
 
-    async def model_info(self) -> ModelInfo:
-        return await self.inner.model_info()
-
-    async def prompt_logprobs(self, input_ids: Any) -> list[float | None]:
-        return await self.inner.prompt_logprobs(input_ids)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 async def test_mid_stream_failure_is_an_error_event(tokenizer: Any) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -11,8 +10,9 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from _util import WrappingBackend
 
-from actorproxy.engines.base import BackendError, GenerateFinish, GenerateRequest, ModelInfo, SamplingParams
+from actorproxy.engines.base import BackendError, GenerateFinish, GenerateRequest, SamplingParams
 from actorproxy.engines.pool import EnginePool
 from actorproxy.sim import SimConfig, SimEngine
 
@@ -20,13 +20,11 @@ INTERVAL = 0.01
 
 
 @attrs.define
-class Flaky:
+class Flaky(WrappingBackend):
     """A sim engine that fails its next ``fail_open`` opens, or ``fail_first`` streams before any token."""
 
-    inner: SimEngine
     fail_open: int = 0
     fail_first: int = 0
-    kind: str = "sim"
     opened: int = 0
     up: bool = True
     error: BackendError | None = None
@@ -44,17 +42,9 @@ class Flaky:
         async with self.inner.open_generation(request) as generation:
             yield generation
 
-    async def model_info(self) -> ModelInfo:
-        return await self.inner.model_info()
-
-    async def prompt_logprobs(self, input_ids: array[int]) -> list[float | None]:
-        return await self.inner.prompt_logprobs(input_ids)  # type: ignore[attr-defined, no-any-return]
-
     async def health(self) -> bool:
         return self.up
 
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 class _Broken:
