@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -18,13 +17,13 @@ TASK = {"role": "user", "content": "Fix the failing test in utils.py."}
 SUB_SYSTEM = {"role": "system", "content": "You are a search sub-agent. Report findings briefly."}
 
 
-def _rig(tokenizer: Any, **config: Any) -> AbstractAsyncContextManager[tuple[Runtime, SimEngine, RecordingBackend]]:
-    return recording_runtime(tokenizer, SimConfig(seed=3, token_interval=0.001), **config)
+#: The simulated engine of every test here.
+SIM = SimConfig(seed=3, token_interval=0.001)
 
 
 @pytest.fixture
 async def rig(tokenizer: Any) -> AsyncIterator[tuple[Runtime, SimEngine, RecordingBackend]]:
-    async with _rig(tokenizer) as value:
+    async with recording_runtime(tokenizer, SIM) as value:
         yield value
 
 
@@ -152,7 +151,7 @@ async def test_a_changed_system_prompt_over_the_same_conversation_stays(rig: Any
 
 @pytest.mark.parametrize("mode", ["log", "off"])
 async def test_sub_agent_modes(tokenizer: Any, mode: str) -> None:
-    async with _rig(tokenizer, sub_agents=mode) as (runtime, engine, _):
+    async with recording_runtime(tokenizer, SIM, sub_agents=mode) as (runtime, engine, _):
         # The main agent's reply calls a tool: it goes on, so it is the main conversation (see test_side_calls).
         engine.script("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
                       routing_key="m")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -31,13 +30,13 @@ HELPER = [{"role": "system", "content": "Summarise the conversation in one line.
 CALL = "<tool_call>\n" + json.dumps({"name": "get_weather", "arguments": {"city": "Oslo"}}) + "\n</tool_call>"
 
 
-def _rig(tokenizer: Any, **config: Any) -> AbstractAsyncContextManager[tuple[Runtime, SimEngine, RecordingBackend]]:
-    return recording_runtime(tokenizer, SimConfig(seed=3, token_interval=0.0), **config)
+#: The simulated engine of every test here.
+SIM = SimConfig(seed=3, token_interval=0.0)
 
 
 @pytest.fixture
 async def rig(tokenizer: Any) -> AsyncIterator[tuple[Runtime, SimEngine, RecordingBackend]]:
-    async with _rig(tokenizer) as value:
+    async with recording_runtime(tokenizer, SIM) as value:
         yield value
 
 
@@ -147,7 +146,7 @@ async def test_once_the_main_is_known_a_one_shot_is_a_side_call_child(rig: Any) 
 @pytest.mark.parametrize("mode", ["log", "off"])
 async def test_side_call_modes(tokenizer: Any, mode: str) -> None:
     """log: the side call's step is kept, no segment; off: the first conversation is the main one (as before)."""
-    async with _rig(tokenizer, side_calls=mode) as (runtime, engine, backend):
+    async with recording_runtime(tokenizer, SIM, side_calls=mode) as (runtime, engine, backend):
         engine.script("Notes file contents", routing_key="m")
         engine.script(CALL, "It says ship it.", routing_key="m/sub-1" if mode == "off" else "m")
         await run_turn(runtime, "m", TITLE)
