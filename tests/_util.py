@@ -8,7 +8,7 @@ import threading
 from array import array
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import httpx
@@ -51,6 +51,27 @@ WEATHER_TOOL_ANTHROPIC = {
     "description": WEATHER_TOOL["function"]["description"],  # type: ignore[index]
     "input_schema": WEATHER_TOOL["function"]["parameters"],  # type: ignore[index]
 }
+
+
+class ScriptedChat(NamedTuple):
+    """A scripted tool-using turn pair: the reply that calls ``get_weather``, the answer after its result,
+    that answer's text without the reasoning, the system prompt and the question."""
+
+    reply: str
+    answer: str
+    answer_text: str
+    system: str
+    question: str
+
+
+WEATHER_CHAT = ScriptedChat(
+    reply="<think>\nThe user wants weather.\n</think>\n\n"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}\n</tool_call>',
+    answer="<think>\nGot it.\n</think>\n\nIt is 18 °C and sunny in Zürich — enjoy! 🌞",
+    answer_text="It is 18 °C and sunny in Zürich — enjoy! 🌞",
+    system="You are a weather assistant.",
+    question="Weather in Zürich?",
+)
 SEARCH_TOOL = {
     "type": "function",
     "function": {

@@ -11,7 +11,7 @@ import attrs
 import httpx
 import pytest
 import trio
-from _util import WEATHER_TOOL, WEATHER_TOOL_ANTHROPIC, WrappingBackend, hang_up_after
+from _util import WEATHER_CHAT, WEATHER_TOOL, WEATHER_TOOL_ANTHROPIC, WrappingBackend, hang_up_after
 
 from actorproxy import ProxyClient, ProxyConfig, open_proxy
 from actorproxy.core.messages import AssistantOutput, ToolCall
@@ -25,15 +25,8 @@ from actorproxy.sim import SimConfig, SimEngine
 
 anthropic = pytest.importorskip("anthropic")
 
-REPLY = (
-    "<think>\nThe user wants weather.\n</think>\n\n"
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}\n</tool_call>'
-)
-ANSWER = "<think>\nGot it.\n</think>\n\nIt is 18 °C and sunny in Zürich — enjoy! 🌞"
-ANSWER_TEXT = "It is 18 °C and sunny in Zürich — enjoy! 🌞"
-SYSTEM = "You are a weather assistant."
+REPLY, ANSWER, ANSWER_TEXT, SYSTEM, QUESTION = WEATHER_CHAT
 TOOL = WEATHER_TOOL_ANTHROPIC
-QUESTION = "Weather in Zürich?"
 THINKING = {"type": "enabled", "budget_tokens": 1024}  # thinking blocks come back only when it is enabled
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from _util import WEATHER_TOOL
+from _util import WEATHER_CHAT, WEATHER_TOOL
 
 from actorproxy import ProxyClient
 from actorproxy.core.messages import AssistantOutput, ToolCall
@@ -22,14 +22,7 @@ from actorproxy.sim import SimEngine
 
 openai = pytest.importorskip("openai")
 
-REPLY = (
-    "<think>\nThe user wants weather.\n</think>\n\n"
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}\n</tool_call>'
-)
-ANSWER = "<think>\nGot it.\n</think>\n\nIt is 18 °C and sunny in Zürich — enjoy! 🌞"
-ANSWER_TEXT = "It is 18 °C and sunny in Zürich — enjoy! 🌞"
-SYSTEM = "You are a weather assistant."
-QUESTION = "Weather in Zürich?"
+REPLY, ANSWER, ANSWER_TEXT, SYSTEM, QUESTION = WEATHER_CHAT
 FUNCTION = WEATHER_TOOL["function"]
 TOOLS: list[dict[str, Any]] = [{"type": "function", **FUNCTION},  # type: ignore[dict-item]
                                {"type": "web_search"}, {"type": "namespace", "name": "ns", "tools": []}]
