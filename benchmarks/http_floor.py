@@ -187,6 +187,7 @@ from actorproxy.core.turn_events import TurnAccepted, TurnDelta, TurnDone
 from actorproxy.runtime.turn_stream import TurnStream
 from actorproxy.server.turns import sse_frames
 from quart_trio import QuartTrio
+from actorproxy.server.admission import Admission
 from actorproxy.server.auth import AccessPolicy
 from actorproxy.server.drain import DrainRequestBody
 from actorproxy.runtime.in_flight import InFlight
@@ -201,8 +202,8 @@ async def health():
     return "ok"
 observer = Observer()
 observer.install(app)
-lane = TurnLane(DrainRequestBody(app.asgi_app), observer=observer, policy=AccessPolicy(), max_body=1 << 26,
-                body_timeout=600)
+lane = TurnLane(DrainRequestBody(app.asgi_app), observer=observer,
+                admission=Admission(AccessPolicy(), max_body=1 << 26, body_timeout=600))
 ANSWER = dumps({"id": "c", "object": "chat.completion", "choices": [{"index": 0,
     "message": {"role": "assistant", "content": "canned"}, "finish_reason": "stop"}]})
 class Writer:

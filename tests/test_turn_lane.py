@@ -27,6 +27,7 @@ from actorproxy.runtime.runtime import open_runtime
 from actorproxy.runtime.turn_stream import TurnStream
 from actorproxy.schema import jsonio
 from actorproxy.server import app as app_module
+from actorproxy.server.admission import Admission
 from actorproxy.server.app import create_app
 from actorproxy.server.auth import AccessPolicy
 from actorproxy.server.lane import TurnLane
@@ -153,7 +154,7 @@ async def test_the_lane_sends_a_heartbeat_after_each_interval_of_silence_and_non
 ) -> None:
     send, events = _stream()
     assert isinstance(await events.receive(), TurnAccepted)
-    lane = TurnLane(_no_app, observer=Observer(), policy=AccessPolicy(), max_body=1000, body_timeout=5)
+    lane = TurnLane(_no_app, observer=Observer(), admission=Admission(AccessPolicy(), max_body=1000, body_timeout=5))
 
     async def handler(*_: Any) -> Any:
         return sse_frames(events, TurnAccepted(0, 1), _Writer(), heartbeat=5)

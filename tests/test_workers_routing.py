@@ -18,8 +18,8 @@ from actorproxy.config import ProxyConfig
 from actorproxy.errors import StartupError
 from actorproxy.http.cycle import request_path
 from actorproxy.serve import open_proxy
+from actorproxy.server.admission import RequestHeaders
 from actorproxy.server.http_server import HTTPServer
-from actorproxy.server.lane import RequestHeaders
 from actorproxy.server.limits import ConnectionLimits
 from actorproxy.workers.fanout import FanOut, control_path
 from actorproxy.workers.handoff import Router, serve_handoffs

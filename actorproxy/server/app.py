@@ -22,11 +22,11 @@ from typing import Any
 
 import attrs
 import trio
-from quart import Response, request
+from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from ..errors import BadRequest, ProxyError, StorageFull, release
+from ..errors import BadRequest, ProxyError, StorageFull
 from ..protocols.anthropic import AnthropicFormat, parse_messages_body
 from ..protocols.format import TurnFormat
 from ..protocols.openai_chat import OpenAIChatFormat
@@ -37,12 +37,12 @@ from ..schema import jsonio
 from ..schema.converter import CONVERTER, structure
 from ..trajectory_file import write_trajectory_file
 from . import auth
+from .admission import Admission
 from .dressage_api import DressageApi, reshape_error
 from .gateway_api import add_gateway_routes, generate_turn
 from .lane import MOUNTS, TurnLane, served_by_the_lane
 from .observe import Observer, add_metrics_route
 from .openapi import add_openapi_routes
-from .replies import error_reply, is_anthropic_route
 from .rollout_api import add_rollout_routes, pause_state_json
 from .turns import json_body, serve_turn
 from .ui import add_ui_routes
@@ -57,16 +57,23 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(jsonio.dumps(data), status=status, mimetype="application/json")
 
 
-def _error_response(error: Exception, dressage: bool = False) -> Response:
-    failed = error_reply(error, anthropic_shape=is_anthropic_route(request.path), method=request.method,
-                         path=request.path)
-    if dressage:
-        failed = reshape_error(error, failed)
-    release(error)  # answered: its traceback must not keep the body alive in a cycle
+def _error_response(admission: Admission, error: Exception) -> Response:
+    failed = admission.refusal(error, method=request.method, path=request.path)
     response = _json(failed.data, failed.status)
     for name, value in failed.headers:
         response.headers[name] = value
     return response
+
+
+def _admit_every_request(app: QuartTrio, admission: Admission) -> None:
+    """Ask ``admission`` before every route runs (the turn lane asks it for the turns); ``g.admitted`` holds the
+    answer: an agent's route checks the session it resolved against ``g.admitted.confined`` (``check_scope``)."""
+
+    @app.before_request
+    async def _admit() -> None:
+        # A browser opening the dashboard cannot send a header: /ui (the page only) takes ?token=.
+        g.admitted = admission.admit(request.path, request.headers, request.remote_addr,
+                                     query_token=request.args.get("token") if request.path == "/ui" else None)
 
 
 async def _body() -> Any:
@@ -90,23 +97,26 @@ def create_app(runtime: Runtime) -> QuartTrio:
     app = _App("actorproxy")
     # Long generations stream for minutes: Quart's 60 s response timeout would cut them.
     app.config["RESPONSE_TIMEOUT"] = None
-    app.config["BODY_TIMEOUT"] = 600
-    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    policy = auth.AccessPolicy.from_config(runtime.config)
+    dressage = runtime.config.server.api_dialect == "dressage"
+    admission = Admission(policy, max_body=MAX_BODY_BYTES, body_timeout=600.0,
+                          reshape=reshape_error if dressage else None)
+    # Quart reads the bodies of its own routes within the same limits.
+    app.config["BODY_TIMEOUT"] = admission.body_timeout
+    app.config["MAX_CONTENT_LENGTH"] = admission.max_body
     # Rendering a long prompt for count_tokens is blocking work: a few threads at most.
     render_limiter = trio.CapacityLimiter(4)
     observer = Observer()
     observer.install(app)  # first: a request refused by the checks below is logged and counted too
     add_metrics_route(app, runtime, observer)
     add_ui_routes(app, runtime, observer)
-    policy = auth.AccessPolicy.from_config(runtime.config)
-    auth.install(app, policy)
+    _admit_every_request(app, admission)
+    auth.add_open_session_route(app, policy)
     gateway = add_gateway_routes(app, runtime, policy)
     observer.handoff = gateway.handoff
     observer.generations = gateway.generations
     add_openapi_routes(app)
-    dressage = runtime.config.server.api_dialect == "dressage"
-    lane = TurnLane(app.asgi_app, observer=observer, policy=policy, max_body=MAX_BODY_BYTES,
-                    body_timeout=app.config["BODY_TIMEOUT"], reshape=reshape_error if dressage else None)
+    lane = TurnLane(app.asgi_app, observer=observer, admission=admission)
     dialect = DressageApi(runtime)
     app.asgi_app = lane  # type: ignore[method-assign,assignment]
 
@@ -116,15 +126,15 @@ def create_app(runtime: Runtime) -> QuartTrio:
 
     @app.errorhandler(ProxyError)
     async def _proxy_error(error: ProxyError) -> Response:
-        return _error_response(error, dressage)
+        return _error_response(admission, error)
 
     @app.errorhandler(HTTPException)
     async def _http_error(error: HTTPException) -> Response:
-        return _error_response(error, dressage)
+        return _error_response(admission, error)
 
     @app.errorhandler(Exception)
     async def _unexpected(error: Exception) -> Response:
-        return _error_response(error, dressage)
+        return _error_response(admission, error)
 
     def turn_route(suffix: str, fmt: TurnFormat[Any]) -> None:
         async def handler(raw: bytes, headers: Any, url_session: str | None, url_instance: str | None,

@@ -12,8 +12,9 @@ of keys, a key cannot be forged without the secret, and a key for one session
 is refused on any other. The secret is ``--session-key-secret``, else derived
 from the admin token (keys then survive restarts), else random per process.
 
-Everything here is sans-IO except :func:`install`, which hooks the checks into
-the Quart app. Comparisons are constant-time.
+Everything here is sans-IO except :func:`add_open_session_route`; every request is
+checked against the policy by the one admission step (:mod:`.admission`), on the
+turn lane and on the Quart app alike. Comparisons are constant-time.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import uuid
 from typing import Literal, Protocol
 
 import attrs
-from quart import Response, g, request
+from quart import Response, request
 from quart_trio import QuartTrio
 
 from ..config import AgentAuth, ProxyConfig
@@ -279,24 +280,8 @@ def new_session_id() -> str:
     return uuid.uuid4().hex
 
 
-def install(app: QuartTrio, policy: AccessPolicy) -> None:
-    """Check every request against ``policy`` before its route runs.
-
-    Admin routes need the admin token; agent routes need the agent's credentials,
-    and a session key confines the call to its session (the route then checks the
-    session it resolved with :func:`check_scope`, through ``g.agent_session``).
-    """
-
-    @app.before_request
-    async def _check_access() -> None:
-        g.agent_session = None
-        kind = route_kind(request.path)
-        if kind == "admin":
-            # A browser opening the dashboard cannot send a header: /ui (the page only) takes ?token=.
-            token = request.args.get("token") if request.path == "/ui" else None
-            policy.check_admin({"authorization": f"Bearer {token}"} if token else request.headers)
-        elif kind == "agent":
-            g.agent_session = policy.agent_session(request.headers)
+def add_open_session_route(app: QuartTrio, policy: AccessPolicy) -> None:
+    """``POST /session/open``: a session for an agent (and, with session keys, its key)."""
 
     @app.post("/session/open")
     async def open_session() -> Response:

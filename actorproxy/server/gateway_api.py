@@ -224,7 +224,7 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
         else:
             trajectory_uid, prompt_uid = _uid(url_session, "trajectory_uid"), _uid(url_instance, "prompt_uid")
         grading = body.reward is not None or body.channel is not None
-        if not policy.completes(request.headers, g.get("agent_session"), trajectory_uid, grading=grading):
+        if not policy.completes(request.headers, g.admitted.confined, trajectory_uid, grading=grading):
             # Its own agent's word that it is done: the trainer completes it (reward, hand-off).
             known = gateway.trajectories.get(trajectory_uid)
             return _reply(CompleteResult("awaiting_trainer", trajectory_uid, prompt_uid or (

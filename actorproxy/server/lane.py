@@ -8,11 +8,10 @@ and any other method on these paths, falls through to the Quart app. Quart cost
 app and request contexts, hooks: see ``benchmarks/http_floor.py`` and
 docs/decisions.md); a turn needs none of it.
 
-What a turn gets here is what the Quart app gave it, check for check:
-the access policy (:mod:`.auth`: the agent's credentials, or the admin token on
-``/generate``), the body limits (``MAX_BODY_BYTES``: 413; a body that does not
-arrive within ``BODY_TIMEOUT``: 408; empty: 400), every error as JSON in the
-caller's format (:mod:`.replies`), the request's :class:`~actorproxy.telemetry.RequestInfo`
+A turn is admitted or refused by the same step as a Quart route (:mod:`.admission`:
+the access policy, the admin token on ``/generate``, the body limits: 413 past
+``max_body``, 408 past ``body_timeout``; every error as JSON in the caller's
+format); an empty body is a 400 of the handler's; the request's :class:`~actorproxy.telemetry.RequestInfo`
 for the access log and the metrics (:class:`.observe.Observer`), and the client
 hanging up cancels the turn (its generation is aborted at the engine).
 """
@@ -20,23 +19,22 @@ hanging up cancels the turn (its generation is aborted at the engine).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
 import trio
-from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
+from werkzeug.exceptions import RequestTimeout
 
 from ..errors import release
 from ..http.cycle import BODY_EXTENSION, DISCONNECT_EXTENSION, SLOW_BODY_EXTENSION
 from ..protocols.format import Headers
 from ..schema import jsonio
 from ..telemetry import CURRENT, RequestInfo
-from .auth import AccessPolicy, route_kind
+from .admission import Admission, RequestHeaders
 from .drain import ASGIApp, Receive, Send
 from .identity import url_mount
 from .observe import Observer, error_code
-from .replies import ErrorReply, error_reply, is_anthropic_route
 from .turns import SSEReply, TurnReply
 
 #: A turn route's handler: (body bytes, headers, URL session, URL prompt group, the key's session, the client
@@ -49,19 +47,6 @@ MOUNTS = ("", "/sess/<url_session>", "/<url_session>/<url_instance>")
 _JSON = (b"content-type", b"application/json")
 _SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"),
                 (b"content-type", b"text/event-stream; charset=utf-8")]
-
-
-class RequestHeaders:
-    """A request's headers as the checks read them: case-insensitive, the first value of a repeated name."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
-        # Last to first, so that the first value of a repeated name is the one kept.
-        self._values = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in reversed([*raw])}
-
-    def get(self, key: str, /) -> str | None:
-        return self._values.get(key.lower())
 
 
 @attrs.frozen
@@ -77,23 +62,11 @@ class Match:
 class TurnLane:
     """ASGI app: the turn routes served directly, everything else by ``app``."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        observer: Observer,
-        policy: AccessPolicy,
-        max_body: int,
-        body_timeout: float,
-        reshape: Callable[[Exception, ErrorReply], ErrorReply] | None = None,
-    ) -> None:
+    def __init__(self, app: ASGIApp, *, observer: Observer, admission: Admission) -> None:
         self.app = app
-        #: Turns an error reply into another dialect's shape (``--api-dialect dressage``).
-        self.reshape = reshape
         self.observer = observer
-        self.policy = policy
-        self.max_body = max_body
-        self.body_timeout = body_timeout
+        #: Who may call, how big a body may be, how a refusal reads: the Quart app's own step.
+        self.admission = admission
         self._suffixes: dict[str, TurnHandler] = {}
         self._paths: dict[str, TurnHandler] = {}
 
@@ -192,13 +165,8 @@ class _Turn:
         self.gone = True
 
     async def request(self) -> bytes:
-        """Check the caller, then read the body (the Quart app's hook and checks, in their order)."""
-        kind = route_kind(self.path)
-        if kind == "admin":
-            self.lane.policy.check_admin(self.headers)
-        elif kind == "agent":
-            self.confined = self.lane.policy.agent_session(self.headers)
-        self.client = self.lane.policy.client_of(self.headers, self.confined, self.remote)
+        """Admit the caller, then read the body (the Quart app's hook and checks, in their order)."""
+        self.confined, self.client = self.lane.admission.admit(self.path, self.headers, self.remote)
         return await self.read_body()
 
     async def fail(self, error: Exception) -> None:
@@ -206,27 +174,22 @@ class _Turn:
         if self.gone:
             release(error)
             return
-        failed = error_reply(error, anthropic_shape=is_anthropic_route(self.path), method="POST", path=self.path)
-        if self.lane.reshape is not None:
-            failed = self.lane.reshape(error, failed)
-        release(error)  # answered (and logged): its traceback must not keep the body alive in a cycle
+        failed = self.lane.admission.refusal(error, method="POST", path=self.path)
         extra = [(name.lower().encode(), value.encode("latin-1")) for name, value in failed.headers]
         await self.answer(failed.status, jsonio.dumps(failed.data), extra)
 
     async def read_body(self) -> bytes:
         """The request body (413 past the limit, 408 when it does not arrive in time)."""
-        lane = self.lane
-        if _content_length(self.headers) > lane.max_body:
-            raise RequestEntityTooLarge()
+        admission = self.lane.admission
+        admission.check_length(self.headers)
         if self.body_now is not None:  # the whole body is there already (the common case): no timeout to set
             whole = self.body_now()
             if whole is not None:
-                if len(whole) > lane.max_body:
-                    raise RequestEntityTooLarge()
+                admission.check_size(len(whole))
                 return whole
         chunks: list[bytes] = []
         size = 0
-        with trio.move_on_after(lane.body_timeout):
+        with trio.move_on_after(admission.body_timeout):
             while True:
                 message = await self.receive()
                 if message["type"] != "http.request":
@@ -237,8 +200,7 @@ class _Turn:
                     return b""
                 chunk = message.get("body", b"")
                 size += len(chunk)
-                if size > lane.max_body:
-                    raise RequestEntityTooLarge()
+                admission.check_size(size)
                 chunks.append(chunk)
                 if not message.get("more_body", False):
                     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -317,13 +279,3 @@ async def served_by_the_lane(**_: Any) -> Any:
     """
     raise RuntimeError("a turn route reached the Quart app: the turn lane serves it")
 
-
-def _content_length(headers: RequestHeaders) -> int:
-    """The announced body length, as werkzeug reads it (0 when there is none or it is chunked)."""
-    value = headers.get("content-length")
-    if value is None or headers.get("transfer-encoding") == "chunked":
-        return 0
-    try:
-        return max(0, int(value.strip()))
-    except ValueError:
-        return 0

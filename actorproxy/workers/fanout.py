@@ -35,9 +35,9 @@ import trio
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..schema import jsonio
+from ..server.admission import RequestHeaders, announced_length
 from ..server.auth import AccessPolicy, route_kind
 from ..server.drain import ASGIApp, Message, Receive, Send
-from ..server.lane import RequestHeaders, _content_length
 from ..server.replies import error_reply
 from .merge import merge_history, merge_json, merge_metrics
 from .routing import FANOUT_ROUTES, MAX_BODY, body_session, is_gateway
@@ -148,7 +148,7 @@ class FanOut:
         if method == "GET":
             await self.fan_out(scope, receive, send)  # a GET's body: the server drops it after the answer
             return
-        if _content_length(headers) > MAX_BODY:
+        if announced_length(headers) > MAX_BODY:
             await self.app(scope, receive, send)  # 413, from the header
             return
         body = await _read_body(receive, MAX_BODY)

@@ -40,8 +40,8 @@ from ..errors import BadRequest, Overloaded, Unauthorized
 from ..http import h1
 from ..http.cycle import body_arrives, request_path
 from ..schema import jsonio
+from ..server.admission import RequestHeaders
 from ..server.auth import AccessPolicy, route_kind
-from ..server.lane import RequestHeaders
 from ..server.replies import error_reply, is_anthropic_route
 from .routing import MAX_BODY, NEED_BODY, body_session, head_session, owner
 
