@@ -58,6 +58,11 @@ def ours(cls: type[T]) -> type[T]:
     return cls
 
 
+def is_ours(cls: type) -> bool:
+    """Whether ``cls`` is a body of our own protocol (marked by :func:`ours`)."""
+    return bool(getattr(cls, _OURS_MARK, False))
+
+
 class FieldError(ValueError):
     """A value not acceptable (raised by structure hooks, and by validators naming their ``field``)."""
 
@@ -172,7 +177,7 @@ def make_converter() -> cattrs.Converter:
     def attrs_hook(cls: type) -> Any:
         renames = getattr(cls, "__wire_renames__", {})
         overrides = {name: override(rename=key) for name, key in renames.items()}
-        forbid = bool(getattr(cls, _OURS_MARK, False))
+        forbid = is_ours(cls)
         fields: Any = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=forbid, **overrides)  # type: ignore[arg-type]
 
         def structure_object(value: Any, type_: Any) -> Any:

@@ -34,7 +34,7 @@ from ..errors import NotConfigured
 from ..protocols import gateway_models as gm
 from ..protocols.openai_types import ChatCompletionBody
 from ..protocols.trainer import DiscardBody, FinalizeBody, OpenSessionBody, PauseBody, ReadBody, ResumeBody
-from ..schema.converter import _OURS_MARK
+from ..schema.converter import is_ours
 from .replies import is_anthropic_route
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ def _schemas(models: Iterable[type]) -> dict[str, Any]:
     unique = sorted(set(models), key=lambda m: m.__name__)
     _, components = msgspec.json.schema_components(unique, ref_template="#/components/schemas/{name}")
     for model in _nested(unique):  # a body of our own protocol refuses unknown fields
-        if getattr(model, _OURS_MARK, False) and model.__name__ in components:
+        if is_ours(model) and model.__name__ in components:
             components[model.__name__]["additionalProperties"] = False
     return dict(components)
 

@@ -67,9 +67,9 @@ class SimEngine:
         self._closed = False
         self._eos = frozenset(() if config.ignore_eos else tokenizer.stop_token_ids)
         self._filler = list(tokenizer.encode(" so"))  # one token in the usual vocabularies
-        self._clock = PauseClock()
+        self.clock = PauseClock()
         self._prompt_key = self._derived_key(b"prompt-logprobs")
-        self._route_key = self._derived_key(b"routed-experts")
+        self.route_key = self._derived_key(b"routed-experts")
 
     def _derived_key(self, purpose: bytes) -> bytes:
         h = hashlib.blake2b(digest_size=32, person=b"actorproxy-sim")
@@ -95,13 +95,13 @@ class SimEngine:
         as late as the pause lasted, stamped with the version current when they come.
         Holders let independent pauses (a weight update, a stall) overlap.
         """
-        self._clock.pause(holder)
+        self.clock.pause(holder)
 
     def resume(self, holder: str = "pause") -> None:
         """Release ``holder``'s pause; generation goes on when no holder is left."""
-        if self._clock.resume(holder):
+        if self.clock.resume(holder):
             for gen in list(self._running.values()):
-                gen._kick()
+                gen.kick()
 
     async def freeze_refusal(self) -> str | None:
         """The simulated engine can always freeze its generations in place (a ``keep`` pause)."""
@@ -116,7 +116,7 @@ class SimEngine:
 
     @property
     def paused(self) -> bool:
-        return self._clock.paused_at is not None
+        return self.clock.paused_at is not None
 
     async def prompt_logprobs(self, input_ids: Sequence[int]) -> list[float | None]:
         """Deterministic logprobs of every prompt token given the ones before it.
@@ -127,7 +127,7 @@ class SimEngine:
         await trio.lowlevel.checkpoint()
         return prompt_logprobs(self._prompt_key, input_ids)
 
-    def _version_at(self, t: float) -> str:
+    def version_at(self, t: float) -> str:
         for since, version in reversed(self._versions):
             if since < t:
                 return version
@@ -168,7 +168,8 @@ class SimEngine:
         """
         return SimGeneration(self, request)
 
-    def _begin(self, gen: SimGeneration, request: GenerateRequest) -> None:
+    def begin(self, gen: SimGeneration, request: GenerateRequest) -> tuple[Plan, float]:
+        """Start ``gen`` (serving ``request``): its plan, and when its first token is due on the active clock."""
         max_len = self.config.max_model_len
         if self._closed:
             raise BackendError("simulated engine is closed", status=503)
@@ -182,17 +183,18 @@ class SimEngine:
                 f"prompt of {len(ids)} tokens >= max_model_len {max_len}", status=400
             )
         self.requests_started += 1
-        gen._plan = self._make_plan(request, ids)
-        gen._start = trio.current_time()
-        gen._first = self._clock.active() + self.config.prefill_latency
-        gen._first += self.config.prefill_per_token * len(ids)
-        if request.return_routed_experts:
-            gen._routed_prompt = array("i", ids)  # a copy: the caller may reuse its array
+        plan = self._make_plan(request, ids)
+        first = self.clock.active() + self.config.prefill_latency + self.config.prefill_per_token * len(ids)
         self._running[request.rid] = gen
         self._history[request.rid] = gen
         self._history.move_to_end(request.rid)
         while len(self._history) > self.config.stats_capacity:
             self._history.popitem(last=False)
+        return plan, first
+
+    def end(self, rid: str) -> None:
+        """The generation ``rid`` is over (delivered its last event, or was left)."""
+        self._running.pop(rid, None)
 
     def _request_key(self, request: GenerateRequest, raw: bytes) -> bytes:
         # Temperature 0 is greedy: the request seed must not matter.
@@ -240,7 +242,7 @@ class SimEngine:
     async def abort_all(self) -> None:
         """Abort every running generation (each ends with reason ``"abort"``)."""
         for gen in list(self._running.values()):
-            gen._request_abort()
+            gen.request_abort()
         await trio.lowlevel.checkpoint()
 
     @property
@@ -250,7 +252,7 @@ class SimEngine:
 
     def stats(self, rid: str) -> SimRequestStats:
         """What the engine did for ``rid`` (among the last ``stats_capacity``), else KeyError."""
-        return self._history[rid]._stats()
+        return self._history[rid].stats()
 
     async def model_info(self) -> ModelInfo:
         await trio.lowlevel.checkpoint()

@@ -61,25 +61,29 @@ class SimGeneration:
         await trio.lowlevel.checkpoint()
         if self._entered or self._request is None:
             raise RuntimeError("a SimGeneration can be entered only once")
-        self._engine._begin(self, self._request)
+        request = self._request
+        self._plan, self._first = self._engine.begin(self, request)
+        self._start = trio.current_time()
+        if request.return_routed_experts:
+            self._routed_prompt = array("i", request.input_ids)  # a copy: the caller may reuse its array
         self._entered, self._request = True, None
         if self._abort_early:
-            self._request_abort()
+            self.request_abort()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         # No await: this runs during cancellation too and must not be interrupted.
         if self._entered and not self._done:
             self._cancelled = True
-            self._stop_at = min(self._stop_at, self._engine._clock.active())
+            self._stop_at = min(self._stop_at, self._engine.clock.active())
             self._routed_prompt = None
             self._close()
 
     def _close(self) -> None:
         self._done = True
-        self._engine._running.pop(self.rid, None)
+        self._engine.end(self.rid)
 
-    def _kick(self) -> None:
+    def kick(self) -> None:
         """Wake a sleeping ``__anext__`` so it re-reads the (resumed) clock."""
         wake, self._wake = self._wake, trio.Event()
         wake.set()
@@ -96,7 +100,7 @@ class SimGeneration:
         target = self._due(n) if n < len(plan.ids) else self._finish_time
         if target > self._stop_at:
             return True
-        return n >= len(plan.ids) and self._engine._clock.active() >= target
+        return n >= len(plan.ids) and self._engine.clock.active() >= target
 
     def __aiter__(self) -> SimGeneration:
         return self
@@ -113,7 +117,7 @@ class SimGeneration:
             if target > self._stop_at:
                 await trio.lowlevel.checkpoint()
                 return self._final("abort", None, "aborted")
-            clock = self._engine._clock
+            clock = self._engine.clock
             # Compared in wall time, the deadline slept to: active() = now - offset can stay a
             # rounding error short of ``target`` at wall(target) = target + offset, and under a
             # MockClock (where time does not pass while a task runs) that looped forever.
@@ -126,7 +130,7 @@ class SimGeneration:
                 await self._wake.wait()
         if n < len(plan.ids):
             self._next += 1
-            version = self._engine._version_at(self._engine._clock.wall(target))
+            version = self._engine.version_at(self._engine.clock.wall(target))
             return TokenDelta(
                 token_ids=(plan.ids[n],), logprobs=(plan.logprobs[n],), weight_version=version
             )
@@ -135,14 +139,14 @@ class SimGeneration:
     def _final(self, reason: FinishReason, matched: int | None, message: str) -> GenerateFinish:
         self._close()
         engine = self._engine
-        version = engine._version_at(engine._clock.wall(min(self._finish_time, self._stop_at)))
+        version = engine.version_at(engine.clock.wall(min(self._finish_time, self._stop_at)))
         experts = None
         if self._routed_prompt is not None:
             ids = self._routed_prompt + self._plan.ids[: self._next]
             self._routed_prompt = None
             cfg = engine.config
             raw = routed_experts(
-                engine._route_key, ids, layers=cfg.num_layers, topk=cfg.moe_topk, experts=cfg.num_experts
+                engine.route_key, ids, layers=cfg.num_layers, topk=cfg.moe_topk, experts=cfg.num_experts
             )
             experts = base64.b64encode(raw).decode("ascii")
         return GenerateFinish(
@@ -159,32 +163,32 @@ class SimGeneration:
 
         Tokens due up to now are still delivered. A no-op once the engine finished.
         """
-        self._request_abort()
+        self.request_abort()
         await trio.lowlevel.checkpoint()
 
     def abort_nowait(self) -> None:
         """The synchronous twin of :meth:`abort` (for servers aborting many at once)."""
-        self._request_abort()
+        self.request_abort()
 
     def abort_soon(self, batch: AbortBatch | None = None) -> None:
         """:meth:`abort`, whole: the simulated engine hears it at once."""
-        self._request_abort()
+        self.request_abort()
 
-    def _request_abort(self) -> None:
+    def request_abort(self) -> None:
         if self._done:
             return
         if not self._entered:
             self._abort_early = True
             return
-        now = self._engine._clock.active()
+        now = self._engine.clock.active()
         if now < self._finish_time and now < self._stop_at:
             self._stop_at = now
             self._aborted = True
             self._wake.set()
 
-    def _stats(self) -> SimRequestStats:
+    def stats(self) -> SimRequestStats:
         try:
-            now = self._engine._clock.active()
+            now = self._engine.clock.active()
         except RuntimeError:  # outside trio.run: everything scheduled has happened
             now = math.inf
         end = min(now, self._stop_at)

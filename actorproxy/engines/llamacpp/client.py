@@ -57,7 +57,7 @@ class LlamaCppGeneration(EngineGeneration[LlamaCppStreamParser, "LlamaCppBackend
         return response
 
     def _local_finish(self, message: str) -> GenerateFinish:
-        return self._parser._make("abort", message=message)
+        return self._parser.finish_event("abort", message=message)
 
     def _tail_ok(self, payload: Mapping[str, Any]) -> bool:
         # After a client-side stop, the engine's own final event may follow (it stops

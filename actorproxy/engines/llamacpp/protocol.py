@@ -176,9 +176,9 @@ class LlamaCppStreamParser:
     def _client_stop(self, count: int, token: int) -> GenerateFinish | None:
         # The limit wins over a stop id on the same token, as in SGLang and the sim.
         if count >= self._limit:
-            return self._make("length")
+            return self.finish_event("length")
         if token in self._stops:
-            return self._make("stop", token)
+            return self.finish_event("stop", token)
         return None
 
     def _out(self, ids: list[int], logprobs: list[float]) -> list[GenerationEvent]:
@@ -193,16 +193,17 @@ class LlamaCppStreamParser:
         timings = payload.get("timings")
         cached = timings.get("cache_n") if isinstance(timings, Mapping) else None
         if kind == "eos":
-            return self._make("stop", self.ids[-1] if self.ids else None, cached)
+            return self.finish_event("stop", self.ids[-1] if self.ids else None, cached)
         if kind == "limit":
-            return self._make("length", cached=cached)
+            return self.finish_event("length", cached=cached)
         if kind == "word":
-            return self._make("stop", cached=cached)
-        return self._make("abort", cached=cached, message=f"llama.cpp stop_type {kind}")
+            return self.finish_event("stop", cached=cached)
+        return self.finish_event("abort", cached=cached, message=f"llama.cpp stop_type {kind}")
 
-    def _make(
+    def finish_event(
         self, reason: FinishReason, matched: int | None = None, cached: object = None, message: str = ""
     ) -> GenerateFinish:
+        """The generation's finish event (also the client's own, when it stops reading first)."""
         return GenerateFinish(
             reason=reason,
             matched_stop=matched,
