@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import attrs
 import httpx
 import hypothesis.strategies as st
+import pytest
 import trio
 
 from actorproxy import open_proxy
@@ -51,6 +52,15 @@ WEATHER_TOOL_ANTHROPIC = {
     "description": WEATHER_TOOL["function"]["description"],  # type: ignore[index]
     "input_schema": WEATHER_TOOL["function"]["parameters"],  # type: ignore[index]
 }
+
+#: The simulated engine server in each protocol shape it serves: the backend kind, and SimServerSettings fields.
+SIM_ENGINES = [
+    pytest.param("sglang", {}, id="sglang"),
+    pytest.param("sglang", {"incremental_streaming_output": True}, id="sglang-incremental"),
+    pytest.param("vllm", {}, id="vllm-generate"),
+    pytest.param("vllm", {"vllm_generate_endpoint": False}, id="vllm-completions"),
+    pytest.param("llamacpp", {}, id="llamacpp"),
+]
 
 
 class ScriptedChat(NamedTuple):

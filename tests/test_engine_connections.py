@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import trio
+from _util import SIM_ENGINES
 
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.engines.base import GenerateRequest, SamplingParams
@@ -25,13 +26,7 @@ from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.sim.relay import CountingRelay, open_counting_relay
 from actorproxy.sim.server import RunningSim, SimServerSettings, open_sim_server
 
-ENGINES = [
-    pytest.param("sglang", {}, id="sglang"),
-    pytest.param("sglang", {"incremental_streaming_output": True}, id="sglang-incremental"),
-    pytest.param("vllm", {}, id="vllm-generate"),
-    pytest.param("vllm", {"vllm_generate_endpoint": False}, id="vllm-completions"),
-    pytest.param("llamacpp", {}, id="llamacpp"),
-]
+ENGINES = SIM_ENGINES
 
 
 @asynccontextmanager

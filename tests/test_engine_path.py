@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from _util import WEATHER_TOOL, hang_up_after
+from _util import SIM_ENGINES, WEATHER_TOOL, hang_up_after
 
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.serve import RunningProxy
@@ -82,13 +82,7 @@ async def _tool_loop(client: httpx.AsyncClient, session: str, *, stream_second: 
     assert (content, finish) == ("It is cold in Oslo.", "stop")
 
 
-ENGINES = [
-    pytest.param("sglang", {}, id="sglang-cumulative"),
-    pytest.param("sglang", {"incremental_streaming_output": True}, id="sglang-incremental"),
-    pytest.param("vllm", {}, id="vllm-generate"),
-    pytest.param("vllm", {"vllm_generate_endpoint": False}, id="vllm-completions"),
-    pytest.param("llamacpp", {}, id="llamacpp"),
-]
+ENGINES = SIM_ENGINES
 
 
 @pytest.mark.parametrize(("kind", "settings"), ENGINES)
