@@ -161,6 +161,17 @@ async def test_the_lane_and_the_quart_app_admit_and_refuse_alike(both: tuple[Sid
     assert await _compare(lane, quart, TABLE) == []
 
 
+async def test_the_dressage_dialect_refuses_alike_too(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--api-dialect dressage`` reshapes refusals (here every prompt is past ``--max-prompt-tokens``): on the
+    lane and on Quart alike."""
+    monkeypatch.setattr(app_module, "MAX_BODY_BYTES", MAX_BODY)
+    async with _both(tokenizer, {**GUARDED, "api_dialect": "dressage", "max_prompt_tokens": 4}) as (lane, quart):
+        assert await _compare(lane, quart, TABLE) == []
+        own = next(row for row in TABLE if row[0] == "the session's own key")
+        reshaped = await lane.http.post(own[1], content=own[3], headers=own[2])
+        assert reshaped.status_code == 413 and reshaped.json()["error"] == "context_overflow", reshaped.text
+
+
 async def test_a_client_over_its_sessions_is_refused_alike(tokenizer: Any) -> None:
     """The client (127.0.0.1, a static API key) holds one busy session: a new one is refused on both."""
     async with _both(tokenizer, {"api_key": "the-key"}) as both, AsyncExitStack() as busy:
