@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -147,3 +148,27 @@ def chat(http: httpx.Client, proxy: Process, session: str, messages: list[dict[s
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
     return message, str(finish)
+
+
+def stream_until(proxy: Process, session: str, body: dict[str, Any], deltas: int, started: threading.Event,
+                 out: list[str], *, hang_up: bool = False) -> None:
+    """Stream a turn in a thread: ``started`` is set after ``deltas`` pieces of text (then hang up if asked).
+
+    A piece is content or reasoning: the random model's reply may stay inside ``<think>``."""
+    with httpx.Client(timeout=300) as http, http.stream(
+        "POST", f"{proxy.url}/v1/chat/completions", json=body, headers={"X-Session-Id": session}
+    ) as got:
+        for line in got.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                out.append(f"ERROR {event}")
+            for choice in event["choices"]:
+                delta = choice["delta"]
+                out.append(delta.get("content") or delta.get("reasoning_content") or "")
+            if sum(1 for piece in out if piece) >= deltas:
+                started.set()
+                if hang_up:
+                    return
+    started.set()

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import subprocess
 import sys
@@ -22,7 +21,17 @@ from typing import Any
 
 import httpx
 import pytest
-from realengine_util import REPO, LlamaCpp, Process, proxy_command, read_session, session_id, start_proxy, stop
+from realengine_util import (
+    REPO,
+    LlamaCpp,
+    Process,
+    proxy_command,
+    read_session,
+    session_id,
+    start_proxy,
+    stop,
+    stream_until,
+)
 from realengine_util import chat as proxy_chat
 
 from actorproxy.tokenization.gguf import build_tokenizer
@@ -233,25 +242,7 @@ def test_pause_in_the_middle_of_a_generation(proxy: Process, llama_server: Proce
     body = {"model": "gemma", "messages": messages, "temperature": 0.0, "stream": True, "max_tokens": 160}
     pieces: list[str] = []
     started = threading.Event()
-    errors: list[str] = []
-
-    def read_stream() -> None:
-        with httpx.Client(timeout=300) as http, http.stream(
-            "POST", f"{proxy.url}/v1/chat/completions", json=body, headers={"X-Session-Id": session}
-        ) as got:
-            for line in got.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                if "error" in event:
-                    errors.append(str(event))
-                for choice in event["choices"]:
-                    pieces.append(choice["delta"].get("content") or "")
-                if sum(1 for p in pieces if p) >= 5:
-                    started.set()
-        started.set()
-
-    reader = threading.Thread(target=read_stream)
+    reader = threading.Thread(target=stream_until, args=(proxy, session, body, 5, started, pieces))
     reader.start()
     with httpx.Client(timeout=300) as http:
         assert started.wait(300)
@@ -262,7 +253,7 @@ def test_pause_in_the_middle_of_a_generation(proxy: Process, llama_server: Proce
         resumed = http.post(f"{proxy.url}/v1/rollout/resume", json={}).json()
         assert resumed["status"] == "running"
         reader.join(300)
-        assert not reader.is_alive() and not errors
+        assert not reader.is_alive() and not [p for p in pieces if p.startswith("ERROR")], pieces
         read = read_session(http, proxy, session)
         step = read["steps"][0]
         assert paused["aborted"] == 1 and step["preemptions"] == 1, (paused, step["preemptions"])

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 import pytest
-from realengine_util import Process, read_session, session_id, start_proxy, stop
+from realengine_util import Process, read_session, session_id, start_proxy, stop, stream_until
 from realengine_util import chat as proxy_chat
 from vllm_util import MAX_MODEL_LEN, launch_vllm, stop_vllm, wait_vllm
 
@@ -181,30 +181,6 @@ def test_max_tokens_and_stop_strings(kind: str, vllm_servers: dict[str, Process]
 def generated_tokens(http: httpx.Client, engine: Process) -> float:
     """vLLM's own count of the tokens it generated (``/metrics``)."""
     return counter(http, engine, "vllm:generation_tokens_total")
-
-
-def stream_until(proxy: Process, session: str, body: dict[str, Any], deltas: int, started: threading.Event,
-                 out: list[str], *, hang_up: bool = False) -> None:
-    """Stream a turn in a thread: ``started`` is set after ``deltas`` pieces of text (then hang up if asked).
-
-    A piece is content or reasoning: the random model's reply may stay inside ``<think>``."""
-    with httpx.Client(timeout=300) as http, http.stream(
-        "POST", f"{proxy.url}/v1/chat/completions", json=body, headers={"X-Session-Id": session}
-    ) as got:
-        for line in got.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                out.append(f"ERROR {event}")
-            for choice in event["choices"]:
-                delta = choice["delta"]
-                out.append(delta.get("content") or delta.get("reasoning_content") or "")
-            if sum(1 for piece in out if piece) >= deltas:
-                started.set()
-                if hang_up:
-                    return
-    started.set()
 
 
 def long_streams(
