@@ -16,7 +16,7 @@ import trio
 
 from .errors import ProtocolError, TransportError
 from .h1 import MAX_RESPONSE_HEAD, head_end, parse_response, request_head
-from .sockets import send_rest, sent_now
+from .sockets import received, send_rest, sent_now
 
 _READ_SIZE = 4096
 
@@ -97,11 +97,7 @@ class OneShot:
         sock, buf, body = self._sock, bytearray(), bytearray()
         status, framing = 0, None
         while True:
-            try:
-                data = sock.recv(_READ_SIZE)
-            except (BlockingIOError, InterruptedError):
-                await trio.lowlevel.wait_readable(sock)
-                continue
+            data = await received(sock, _READ_SIZE)
             if not data:  # the server closed: an answer whose body runs to the end is whole
                 if framing is not None:
                     framing.eof()

@@ -1,7 +1,8 @@
 """Socket I/O on Trio, written once for the server, the client pool and one-shot connections.
 
 :func:`sent_now` and :func:`send_rest` are every send: what a non-blocking socket takes at
-once, then the rest as the socket becomes writable (no copy of the parts). The rest of the
+once, then the rest as the socket becomes writable (no copy of the parts); :func:`received`
+reads what is there, or waits for it (the pool's reads, below, share one buffer instead). The rest of the
 module is the client's: one pooled connection, its reads and sends, and their timeouts.
 
 Reads go to the socket itself, not through Trio's stream wrappers: a non-blocking
@@ -185,6 +186,15 @@ def sent_now(sock: socket.socket, parts: Sequence[bytes | bytearray | memoryview
         return sock.sendmsg(parts)
     except (BlockingIOError, InterruptedError):
         return 0
+
+
+async def received(sock: socket.socket, size: int) -> bytes:
+    """Up to ``size`` bytes the socket holds, waiting for some when none are there; ``b""`` at the peer's end."""
+    while True:
+        try:
+            return sock.recv(size)
+        except (BlockingIOError, InterruptedError):
+            await trio.lowlevel.wait_readable(sock)
 
 
 async def send_rest(sock: socket.socket, parts: list[memoryview], sent: int) -> None:
