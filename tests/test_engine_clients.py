@@ -902,7 +902,10 @@ async def test_sim_prompt_logprobs_and_errors(case: str, tokenizer: Any) -> None
 
 @pytest.mark.parametrize("case", ["sglang", "vllm-generate", "llamacpp"])
 async def test_sim_stalled_engine_times_out(case: str, tokenizer: Any) -> None:
-    async with sim_backend(tokenizer, case, EngineOptions(read_timeout=0.2)) as (running, backend):
+    # The read timeout bounds the wait between tokens, so it also bounds the first token's: on a loaded
+    # machine 0.2 s was sometimes less than the simulated engine took to start, and the test failed with
+    # no token received. 1 s keeps the stall's timeout quick and the start well inside it.
+    async with sim_backend(tokenizer, case, EngineOptions(read_timeout=1.0)) as (running, backend):
         running.engine.script(LONG)
         req = request(max_new_tokens=1000)
         received: list[int] = []
