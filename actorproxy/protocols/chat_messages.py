@@ -12,8 +12,9 @@ message is looked up in a :class:`MessageMemo`: bytes a turn already sent, byte
 for byte, map to the message that was parsed and checked then — the same
 :class:`FrozenMessage` object every turn, so later per-turn work
 (``MessageCut``, the append-only match) is an identity check too. Only messages
-not seen before are parsed (by orjson, as the whole body would be) and checked,
-with a msgspec schema at least as strict as the typed one (``openai_types``).
+not seen before are parsed (by orjson, as the whole body would be) and checked
+against the typed schema itself (``openai_types.ChatMessage``: msgspec reads the
+attrs class and runs its validators), so the two paths hold one set of rules.
 A message's validity depends on nothing but its own text, so equal bytes mean
 equal verdicts: editing an old message changes its bytes and it is checked
 again.
@@ -27,7 +28,7 @@ accepted before, and every error is the one the full check gives, word for word.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import attrs
 import msgspec
@@ -39,62 +40,15 @@ from ..schema.prefixes import Kept
 from ..tokenization.message_fields import FrozenMessage
 from . import memo as shared
 from .memo import BODY_PREFIX_BYTES, MessageMemo
+from .openai_types import ChatMessage
 
-# -- the schema of one message (what ``parse_chat_body`` accepts, or stricter) ------------------------------
-
-
-class _Part(msgspec.Struct):
-    type: Literal["text"]
-    text: str
-
-
-class _Function(msgspec.Struct):
-    name: Annotated[str, msgspec.Meta(min_length=1)]
-    arguments: str | dict[str, Any] = ""
-
-
-class _ToolCall(msgspec.Struct):
-    function: _Function
-    id: str | None = None
-    type: str = "function"
-
-
-class _Message(msgspec.Struct, tag_field="role", kw_only=True):
-    name: str | None = None
-    tool_call_id: str | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-
-
-class _System(_Message, tag="system"):
-    content: str | list[_Part]
-    tool_calls: None = None
-
-
-class _Developer(_Message, tag="developer"):
-    content: str | list[_Part]
-    tool_calls: None = None
-
-
-class _User(_Message, tag="user"):
-    content: str | list[_Part]
-    tool_calls: None = None
-
-
-class _Assistant(_Message, tag="assistant"):
-    content: str | list[_Part] | None = None
-    tool_calls: list[_ToolCall] | None = None
-
-
-class _Tool(_Message, tag="tool"):
-    content: str | list[_Part] | None = None
-    tool_calls: None = None
+# -- one message checked against the typed schema (``openai_types.ChatMessage``) -------------------------
 
 
 class _One(msgspec.Struct):
-    """One message under a field: msgspec keeps a struct's checks built, not a bare union's (7 µs a call)."""
+    """One message under a field: msgspec keeps a struct's checks built; a bare class is looked up every call."""
 
-    message: _System | _Developer | _User | _Assistant | _Tool
+    message: ChatMessage
 
 
 def _check(message: Any) -> FrozenMessage:

@@ -21,7 +21,7 @@ from ..tokenization.message_fields import FrozenMessage
 from .chat_messages import ChatBody, load_chat_body
 from .format import ReplyInfo, TurnFormat
 from .memo import MessageMemo
-from .openai_types import ChatCompletionBody
+from .openai_types import ChatCompletionBody, ChatOptions
 
 MAX_STOP_SEQUENCES = 16
 #: OpenAI's bound on ``top_logprobs``.
@@ -64,14 +64,15 @@ def parse_chat_body(body: Any, *, usage_by_default: bool = False) -> OpenAIChatC
     docs/endpoints.md for what each known field does here. A :class:`ChatBody`
     (read from bytes by :func:`load_chat_body`) has its messages checked already.
     """
-    if isinstance(body, ChatBody):
-        call = structure({**body.value, "messages": []}, ChatCompletionBody)
+    call: ChatOptions
+    if isinstance(body, ChatBody):  # its messages were checked one by one against the same classes
+        call = structure(body.value, ChatOptions)
         messages: list[dict[str, Any]] = list(body.messages)
         body = body.value
     else:
         call = structure(body, ChatCompletionBody)
-        _check_messages(call)
-        # Templates know "system", not OpenAI's newer "developer" role; messages go on as sent otherwise.
+        # The typed messages are the verdict; the template gets each message as sent (fields we do not know
+        # included), but for the role: templates know "system", not OpenAI's newer "developer".
         messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in body["messages"]]
     max_tokens = call.max_completion_tokens if call.max_completion_tokens is not None else call.max_tokens
     if max_tokens is not None and max_tokens < 1:
@@ -117,19 +118,6 @@ def parse_chat_body(body: Any, *, usage_by_default: bool = False) -> OpenAIChatC
         turn_id=call.turn_id,
         logprobs=bool(call.logprobs),
     )
-
-
-def _check_messages(call: ChatCompletionBody) -> None:
-    """What the types alone do not say about the messages."""
-    if not call.messages:
-        raise BadRequest("'messages' must be a non-empty array", param="messages")
-    for i, message in enumerate(call.messages):
-        if message.role in ("user", "system", "developer") and message.content is None:
-            raise BadRequest(f"messages[{i}].content is required for role {message.role!r}",
-                             param=f"messages[{i}].content")
-        if message.tool_calls is not None and message.role != "assistant":
-            raise BadRequest(f"messages[{i}].tool_calls must be on an assistant message",
-                             param=f"messages[{i}].tool_calls")
 
 
 def new_completion_id() -> str:

@@ -3,6 +3,14 @@
 Known fields are typed, so a bad value is a 400 naming its path
 (``messages[1].name``) before anything uses it; fields we do not know are
 accepted, and messages reach the chat template as the client sent them.
+
+These classes are the one schema of a chat body: the converter structures a whole
+body into them, and the fast path (:mod:`.chat_messages`) checks each new message
+against :class:`ChatMessage` itself, through msgspec (which reads attrs classes and
+runs their validators). The rules between a message's fields (``content`` required
+for some roles, ``tool_calls`` only on an assistant message) are validators here,
+so both paths apply them. A ``msgspec.Meta`` bound is for the OpenAPI document (and
+msgspec); its validator says the same to the converter.
 """
 
 from __future__ import annotations
@@ -17,8 +25,17 @@ from ..schema.converter import FieldError
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
-def _content(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    """``content``: a string, null, or an array of text parts (this proxy serves a text-only model)."""
+#: The roles whose message must have a ``content`` (an assistant's may be only tool calls; a tool's may be empty).
+_CONTENT_REQUIRED = frozenset({"system", "developer", "user"})
+
+
+def _content(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """``content``: a string, null, or an array of text parts (this proxy serves a text-only model).
+
+    Null (or absent) only where the message's role allows it.
+    """
+    if value is None and instance.role in _CONTENT_REQUIRED:
+        raise FieldError(f"is required for role {instance.role!r}", field=attribute.name)
     if value is None or isinstance(value, str):
         return
     if not isinstance(value, list):
@@ -35,6 +52,16 @@ def _content(instance: object, attribute: attrs.Attribute[Any], value: Any) -> N
             )
         if not isinstance(part.get("text"), str):
             raise FieldError("must be a string", field=f"{attribute.name}[{j}].text")
+
+
+def _on_assistant(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and instance.role != "assistant":
+        raise FieldError("must be on an assistant message", field=attribute.name)
+
+
+def _non_empty(instance: object, attribute: attrs.Attribute[Any], value: list[Any]) -> None:
+    if not value:
+        raise FieldError("must be a non-empty array", field=attribute.name)
 
 
 def _not_null(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -67,7 +94,7 @@ class ChatMessage:
     content: Any = attrs.field(default=None, validator=_content)
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[ToolCallItem] | None = None
+    tool_calls: list[ToolCallItem] | None = attrs.field(default=None, validator=_on_assistant)
     reasoning_content: str | None = None
     reasoning: str | None = None
 
@@ -92,10 +119,12 @@ class StreamOptions:
 
 
 @attrs.frozen
-class ChatCompletionBody:
-    """``POST /v1/chat/completions``: the fields we read (others are ignored)."""
+class ChatOptions:
+    """``POST /v1/chat/completions`` but its messages: the fields we read (others are ignored).
 
-    messages: list[ChatMessage]
+    The fast path structures a body's other fields into this class, its messages being checked one by one.
+    """
+
     model: str | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -118,3 +147,10 @@ class ChatCompletionBody:
     session_id: str | None = None
     instance_id: str | None = None
     turn_id: str | None = None
+
+
+@attrs.frozen
+class ChatCompletionBody(ChatOptions):
+    """``POST /v1/chat/completions``: the fields we read (others are ignored)."""
+
+    messages: list[ChatMessage] = attrs.field(kw_only=True, validator=_non_empty)
