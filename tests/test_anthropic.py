@@ -20,6 +20,8 @@ from actorproxy.core.turn_events import TurnAccepted, TurnDone
 from actorproxy.engines.base import BackendError, GenerateRequest, TokenDelta
 from actorproxy.errors import Conflict, EngineError, NotFound, Overloaded
 from actorproxy.protocols import anthropic as anthropic_api
+from actorproxy.protocols.anthropic_types import AnthropicMessage, AnthropicTool
+from actorproxy.schema.converter import structure
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
 
@@ -488,13 +490,14 @@ def test_conversion_of_blocks() -> None:
         {"role": "user", "content": "<system-reminder>be brief</system-reminder>"},
     ]
     assert call.request.max_tokens == 10 and call.request.enable_thinking is None and not call.stream
-    only_calls = anthropic_api.convert_messages(None, [
+    only_calls = anthropic_api.convert_messages(None, structure([
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "c", "name": "f", "input": {"k": 1}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c", "content": "r"}]},
-    ])
+    ], list[AnthropicMessage]))
     assert only_calls[1]["content"] is None and only_calls[-1] == {"role": "tool", "tool_call_id": "c", "content": "r"}
-    tools = anthropic_api.convert_tools([TOOL, {"name": "bare", "input_schema": {"type": "object"}}])
+    tools = anthropic_api.convert_tools(
+        structure([TOOL, {"name": "bare", "input_schema": {"type": "object"}}], list[AnthropicTool]))
     assert tools == [WEATHER_TOOL, {"type": "function", "function": {"name": "bare", "parameters": {"type": "object"}}}]
     disabled = anthropic_api.parse_messages_body({**GOOD, "thinking": {"type": "disabled"}})
     assert disabled.request.enable_thinking is False

@@ -27,6 +27,8 @@ from _util import check_segment_invariants
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.engines.base import GenerateRequest, Generation, ModelInfo
 from actorproxy.protocols.anthropic import convert_messages, convert_tools
+from actorproxy.protocols.anthropic_types import MessagesRequest
+from actorproxy.schema.converter import structure
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
@@ -221,7 +223,8 @@ def echoed_ids(api: str, body: dict[str, Any]) -> set[str]:
 def request_chat(api: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The chat messages and tools a body renders (Anthropic bodies converted as the proxy does)."""
     if api == "anthropic":
-        return convert_messages(body.get("system"), body["messages"]), convert_tools(body.get("tools"))
+        typed = structure(body, MessagesRequest)
+        return convert_messages(typed.system, typed.messages), convert_tools(typed.tools)
     messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in body["messages"]]
     return messages, body.get("tools") or []
 

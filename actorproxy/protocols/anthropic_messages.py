@@ -29,10 +29,12 @@ from typing import Any
 
 import attrs
 
+from ..schema.converter import CONVERTER, structure
 from ..schema.jsonio import MAX_DEPTH, nesting
 from ..tokenization.message_fields import FrozenMessage
 from . import memo as shared
-from .anthropic_request import clears_at_next_user, convert_content, convert_tools, role_and_content, system_messages
+from .anthropic_request import clears_at_next_user, convert_content, convert_tools, system_messages
+from .anthropic_types import SYSTEM_KINDS, SYSTEM_PLACE, AnthropicMessage, AnthropicTool, Block, check_kinds
 from .memo import MEMO_BYTES, MessageMemo
 
 #: Raw JSON bytes of ``system`` and ``tools`` fields kept (they repeat every turn; a few per agent).
@@ -113,15 +115,17 @@ def _from_memo(raw: bytes, memo: AnthropicMemo) -> MessagesBody | None:
 
 
 def _system(system: Any) -> tuple[FrozenMessage, ...]:
-    return tuple(FrozenMessage(m) for m in system_messages(system))
+    typed = CONVERTER.structure(system, str | list[Block] | None)  # type: ignore[arg-type]
+    check_kinds(typed, SYSTEM_KINDS, SYSTEM_PLACE, "system")
+    return tuple(FrozenMessage(m) for m in system_messages(typed))
 
 
 def _tools(tools: Any) -> tuple[dict[str, Any], ...]:
-    return tuple(convert_tools(tools))
+    return tuple(convert_tools(structure(tools, list[AnthropicTool], where="tools")))
 
 
 def _convert(message: Any) -> Converted:
-    """One message converted (raises as the full check does on it; the index in the words is not used)."""
-    role, content = role_and_content(message, "messages")
-    clears = role == "system" and clears_at_next_user(message)
-    return Converted(role, tuple(FrozenMessage(m) for m in convert_content(role, content, "messages")), clears)
+    """One message typed and converted (raises where the full check refuses it: that check says what)."""
+    typed = structure(message, AnthropicMessage, where="messages")
+    clears = typed.role == "system" and clears_at_next_user(typed)
+    return Converted(typed.role, tuple(FrozenMessage(m) for m in convert_content(typed)), clears)

@@ -8,9 +8,15 @@ Built by :func:`make_converter` (never cattrs' global converter):
 - attrs classes marked :func:`ours` (our trainer protocol) forbid unknown keys,
   so a typo fails loudly; others' protocols (OpenAI, Anthropic) tolerate them,
   as their clients send fields we do not know;
-- a class may rename fields on the wire with ``__wire_renames__``, and name in
+- a class may rename fields on the wire with ``__wire_renames__``, name in
   ``__wire_omit_if_default__`` the fields it leaves out of its JSON while they hold
-  their default (an optional field some servers do not know);
+  their default (an optional field some servers do not know), and give a field a
+  structure function of its own in ``__wire_hooks__`` (a check that must come first,
+  with words of its own);
+- a base class naming in ``__wire_tags__`` its subclasses by the value of their
+  ``type`` field (content blocks) structures an object into the subclass its
+  ``type`` names, or into the base class itself for a type it does not name;
+- a field typed ``str | list[X]`` (or ``| None``), ``X`` an attrs class, takes a string or an array of ``X``;
 - ``array`` values unstructure to lists, except :data:`TokenIds`: a JSON array of
   integers structured into an ``array('i')`` and unstructured as that array itself
   (the engine clients' JSON writer serializes it whole, without a Python int per token).
@@ -24,6 +30,8 @@ naming the first bad field's path (``messages[1].name``).
 from __future__ import annotations
 
 import math
+import types
+import typing
 from array import array
 from typing import TYPE_CHECKING, Any, NewType, TypeVar
 
@@ -174,11 +182,19 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook(TokenIds, _token_ids)
     converter.register_structure_hook_func(lambda t: t == TokenIds | str, _token_ids_or_text)
 
-    def attrs_hook(cls: type) -> Any:
+    def fields_fn(cls: type) -> Any:
         renames = getattr(cls, "__wire_renames__", {})
         overrides = {name: override(rename=key) for name, key in renames.items()}
+        for name, hook in getattr(cls, "__wire_hooks__", {}).items():
+            overrides[name] = override(rename=renames.get(name), struct_hook=hook)
         forbid = is_ours(cls)
-        fields: Any = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=forbid, **overrides)  # type: ignore[arg-type]
+        return make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=forbid, **overrides)  # type: ignore[arg-type]
+
+    def attrs_hook(cls: type) -> Any:
+        tags: dict[str, type] | None = cls.__dict__.get("__wire_tags__")
+        if tags is not None:
+            return _tagged(cls, {tag: fields_fn(sub) for tag, sub in tags.items()}, fields_fn(cls))
+        fields = fields_fn(cls)
 
         def structure_object(value: Any, type_: Any) -> Any:
             if not isinstance(value, dict):  # cattrs would fail on it with a message about something else
@@ -209,11 +225,48 @@ def make_converter() -> cattrs.Converter:
         return structure_list
 
     converter.register_structure_hook_factory(is_mutable_sequence, list_hook)
+    converter.register_structure_hook_factory(_is_text_or_list, lambda t: _text_or_list(converter, t))
     converter.register_unstructure_hook(array, lambda values: values.tolist())
     converter.register_unstructure_hook(TokenIds, lambda values: values)
     converter.register_unstructure_hook_func(lambda t: t == TokenIds | str, lambda value: value)
     register_record_hooks(converter)
     return converter
+
+
+def _tagged(base: type, by_tag: dict[str, Any], untagged: Any) -> Any:
+    """Structure an object into the class its ``type`` names (``untagged``, the base's, for a type not named)."""
+
+    def structure_tagged(value: Any, type_: Any) -> Any:
+        tag = value.get("type") if isinstance(value, dict) else None
+        if not isinstance(tag, str):
+            raise FieldError("must be an object with a 'type'")
+        hook = by_tag.get(tag)
+        return untagged(value, base) if hook is None else hook(value, None)
+
+    return structure_tagged
+
+
+def _is_text_or_list(type_: Any) -> bool:
+    """``str | list[X]`` or ``str | list[X] | None``, ``X`` an attrs class."""
+    args = set(typing.get_args(type_)) if typing.get_origin(type_) in (typing.Union, types.UnionType) else set()
+    args.discard(type(None))
+    lists = [a for a in args if typing.get_origin(a) is list and attrs.has(typing.get_args(a)[0])]
+    return len(args) == 2 and str in args and len(lists) == 1
+
+
+def _text_or_list(converter: cattrs.Converter, type_: Any) -> Any:
+    (items,) = [a for a in typing.get_args(type_) if typing.get_origin(a) is list]
+    optional = type(None) in typing.get_args(type_)
+    expected = "a string or an array of objects"
+
+    def structure_text_or_list(value: Any, _: Any) -> Any:
+        if isinstance(value, str) or (value is None and optional):
+            return value
+        if not isinstance(value, list):
+            raise _type_error(value, expected)
+        return converter.structure(value, items)
+
+    return structure_text_or_list
 
 
 #: The converter of the edge.
@@ -229,6 +282,16 @@ def structure(value: Any, cls: type[T], *, where: str = "") -> T:
     except (cattrs.BaseValidationError, FieldError, TypeError, ValueError, KeyError) as exc:
         path, message = _first_error(exc, where)
         raise BadRequest(message, param=path or None) from None
+
+
+def between(low: float, high: float) -> Any:
+    """An attrs validator: the value (unless ``None``) is in ``[low, high]`` (else a :class:`FieldError`)."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is not None and not low <= value <= high:
+            raise FieldError(f"must be between {low:g} and {high:g}, got {value}", field=attribute.name)
+
+    return check
 
 
 def number_in_range(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
