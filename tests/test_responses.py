@@ -17,6 +17,8 @@ from actorproxy.core.turn_events import TurnDone
 from actorproxy.errors import EngineError
 from actorproxy.protocols.responses_api import convert_input, parse_responses_body
 from actorproxy.protocols.responses_events import ResponseEventWriter
+from actorproxy.protocols.responses_types import Item
+from actorproxy.schema.converter import structure
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimEngine
 
@@ -223,7 +225,7 @@ def test_input_conversion() -> None:
         {"type": "function_call", "call_id": "c3", "name": "f", "arguments": "{}"},
         {"type": "message", "role": "assistant", "content": "more"},
     ]
-    assert convert_input(items) == [
+    assert convert_input(structure(items, list[Item])) == [
         {"role": "system", "content": "rules"},
         {"role": "user", "content": "a\nb"},
         {"role": "assistant", "content": None, "tool_calls": [

@@ -17,8 +17,6 @@ from typing import Any
 import attrs
 import orjson
 
-from ..errors import BadRequest
-
 
 @attrs.frozen
 class ToolCall:
@@ -276,21 +274,3 @@ def output_as_message(output: AssistantOutput) -> dict[str, Any]:
     if output.tool_calls:
         message["tool_calls"] = [call.to_openai() for call in output.tool_calls]
     return message
-
-
-def validate_tools(tools: Any) -> list[dict[str, Any]]:
-    """Check an OpenAI ``tools`` array (function tools only)."""
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise BadRequest("'tools' must be an array", param="tools")
-    for i, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-            raise BadRequest(f"tools[{i}] must be a function tool", param=f"tools[{i}]")
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
-            raise BadRequest(f"tools[{i}].function.name must be a non-empty string", param=f"tools[{i}]")
-        params = function.get("parameters")
-        if params is not None and not isinstance(params, dict):
-            raise BadRequest(f"tools[{i}].function.parameters must be an object", param=f"tools[{i}]")
-    return list(tools)

@@ -27,24 +27,30 @@ from __future__ import annotations
 import base64
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
-from ..core.messages import validate_tools
 from ..core.requests import ChatRequest
 from ..errors import BadRequest
-from ..schema.converter import number_in_range
-from .openai_chat import MAX_TOP_LOGPROBS
+from ..schema.converter import structure
+from .responses_types import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
+    Item,
+    MessageItem,
+    Part,
+    ReasoningItem,
+    RefusalPart,
+    ResponsesOptions,
+    ResponsesRequest,
+    TextPart,
+    Tool,
+)
 
 #: The prefix of the ``encrypted_content`` we hand out: the reasoning text, base64, so an echo restores it.
 ENCRYPTED_PREFIX = "actorproxy-b64:"
-_TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
-_MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio"})
-
-
-def _bad(message: str, param: str) -> BadRequest:
-    return BadRequest(message, param=param)
 
 
 @attrs.frozen
@@ -83,44 +89,29 @@ class ResponsesCall:
 # -- request ------------------------------------------------------------------------
 
 
-def _text(parts: Any, where: str, *, joiner: str = "\n") -> str:
-    if isinstance(parts, str):
-        return parts
-    if not isinstance(parts, list):
-        raise _bad(f"{where} must be a string or an array of content parts", where)
-    texts = []
-    for j, part in enumerate(parts):
-        at = f"{where}[{j}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if not isinstance(kind, str):  # a list or an object is no kind (and cannot be looked up in a set)
-            kind = None
-        if kind in _MEDIA_PARTS:
-            raise _bad(f"{at}: {kind} parts are not supported (this proxy serves a text-only model)", at)
-        if kind == "refusal" and isinstance(part.get("refusal"), str):
-            texts.append(part["refusal"])
-            continue
-        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise _bad(f"{at} must be a text part (input_text, output_text)", at)
-        texts.append(part["text"])
-    return joiner.join(texts)
+def _text(parts: str | list[Part] | None, *, joiner: str = "\n") -> str:
+    """The text of a string or of parts already checked to be text or refusal parts."""
+    if parts is None or isinstance(parts, str):
+        return parts or ""
+    return joiner.join(part.text if isinstance(part, TextPart) else cast(RefusalPart, part).refusal
+                       for part in parts)
 
 
-def decode_reasoning(item: dict[str, Any], where: str) -> str:
+def decode_reasoning(item: ReasoningItem, where: str) -> str:
     """The reasoning text of an echoed ``reasoning`` item: its ``content``, else our ``encrypted_content``.
 
     A summary is not the reasoning itself; an item with neither text is dropped (as
     chat clients drop ``reasoning_content``).
     """
-    content = item.get("content")
-    if content:
-        return _text(content, f"{where}.content", joiner="")
-    encrypted = item.get("encrypted_content")
+    if item.content:
+        return _text(item.content, joiner="")
+    encrypted = item.encrypted_content
     if isinstance(encrypted, str) and encrypted.startswith(ENCRYPTED_PREFIX):
         try:
             return base64.b64decode(encrypted[len(ENCRYPTED_PREFIX) :], validate=True).decode()
         except ValueError:
             where = f"{where}.encrypted_content"
-            raise _bad(f"{where} is not one this proxy issued", where) from None
+            raise BadRequest(f"{where} is not one this proxy issued", param=where) from None
     return ""
 
 
@@ -161,66 +152,41 @@ class _Assistant:
         return message
 
 
-def assistant_part(kind: str, item: dict[str, Any], where: str) -> Any:
+def assistant_part(item: Item, where: str) -> Any:
     """An output item of an assistant turn converted: its reasoning or text, or its tool call."""
-    if kind == "reasoning":
+    if isinstance(item, ReasoningItem):
         return decode_reasoning(item, where)
-    if kind == "message":
-        return _text(item.get("content"), f"{where}.content", joiner="")
-    name, arguments, call_id = item.get("name"), item.get("arguments"), item.get("call_id")
-    if not isinstance(name, str) or not name:
-        raise _bad(f"{where}.name must be a non-empty string", f"{where}.name")
-    if not isinstance(arguments, str):
-        raise _bad(f"{where}.arguments must be a JSON string", f"{where}.arguments")
-    if not isinstance(call_id, str) or not call_id:
-        raise _bad(f"{where}.call_id must be a non-empty string", f"{where}.call_id")
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    if isinstance(item, MessageItem):
+        return _text(item.content, joiner="")
+    call = cast(FunctionCallItem, item)
+    return {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def item_kind(item: Any, where: str) -> tuple[Any, bool]:
+def item_kind(item: Item) -> tuple[str, bool]:
     """An input item's kind, and whether it is part of an assistant turn (reasoning, message, function_call)."""
-    if not isinstance(item, dict):
-        raise _bad(f"{where} must be an object", where)
-    kind = item.get("type", "message" if "role" in item else None)
-    if kind == "message" and item.get("role") == "assistant" or kind in ("reasoning", "function_call"):
-        return ("message" if kind == "message" else kind), True
-    return kind, False
+    if isinstance(item, MessageItem):
+        return "message", item.role == "assistant"
+    return item.type, isinstance(item, ReasoningItem | FunctionCallItem)
 
 
-def other_message(kind: Any, item: dict[str, Any], where: str) -> dict[str, Any]:
+def other_message(item: Item) -> dict[str, Any]:
     """An input item that is not part of an assistant turn, as its chat message."""
-    if kind == "message":
-        role = item.get("role")
-        if role not in ("user", "system", "developer"):
-            raise _bad(f"{where}.role must be user, assistant, system or developer, got {role!r}", f"{where}.role")
-        text = _text(item.get("content"), f"{where}.content")
-        return {"role": "user" if role == "user" else "system", "content": text}
-    if kind == "function_call_output":
-        # Codex also injects outputs that answer no call (no call_id; a name such as
-        # "goal_objective"): they are tool results all the same.
-        call_id = item.get("call_id")
-        if call_id is not None and not isinstance(call_id, str):
-            raise _bad(f"{where}.call_id must be a string", f"{where}.call_id")
-        tool: dict[str, Any] = {"role": "tool", "content": _text(item.get("output"), f"{where}.output")}
-        if call_id:
-            tool = {"role": "tool", "tool_call_id": call_id, "content": tool["content"]}
-        return tool
-    raise _bad(f"{where}: input items of type {kind!r} are not supported "
-               "(use message, function_call, function_call_output, reasoning)", f"{where}.type")
+    if isinstance(item, MessageItem):
+        return {"role": "user" if item.role == "user" else "system", "content": _text(item.content)}
+    output = cast(FunctionCallOutputItem, item)
+    if output.call_id:
+        return {"role": "tool", "tool_call_id": output.call_id, "content": _text(output.output)}
+    return {"role": "tool", "content": _text(output.output)}
 
 
-def convert_input(items: Any) -> list[dict[str, Any]]:
-    """Responses ``input`` as the chat messages the template renders (see the module docstring)."""
+def convert_input(items: str | list[Item]) -> list[dict[str, Any]]:
+    """Responses ``input`` (typed) as the chat messages the template renders (see the module docstring)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
-    if not isinstance(items, list) or not items:
-        raise _bad("'input' must be a string or a non-empty array of items", "input")
     parts = []
     for i, item in enumerate(items):
-        where = f"input[{i}]"
-        kind, assistant = item_kind(item, where)
-        parts.append((kind, assistant_part(kind, item, where) if assistant else other_message(kind, item, where),
-                      assistant))
+        kind, assistant = item_kind(item)
+        parts.append((kind, assistant_part(item, f"input[{i}]") if assistant else other_message(item), assistant))
     return assemble_input(parts)
 
 
@@ -256,46 +222,22 @@ def assemble_input(parts: Iterable[tuple[Any, Any, bool]]) -> list[dict[str, Any
     return messages
 
 
-def convert_tools(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
-    """Function tools as chat tools, and the kinds of the other tools (not offered to the model)."""
-    if tools is None:
-        return [], []
-    if not isinstance(tools, list):
-        raise _bad("'tools' must be an array", "tools")
+def convert_tools(tools: list[Any] | None, typed: list[Tool] | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Function tools as chat tools, and the kinds of the other tools (not offered to the model).
+
+    ``typed`` is ``tools`` structured (checked); the chat tools are made of the tools as sent, so the
+    prompt lists each as its client wrote it.
+    """
     converted, skipped = [], []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
-            raise _bad(f"tools[{i}] must be an object with a 'type'", f"tools[{i}]")
-        if tool["type"] != "function":
-            skipped.append(tool["type"])
-            continue
-        if isinstance(tool.get("function"), dict):  # the chat shape, sent by some clients
+    for tool, checked in zip(tools or [], typed or [], strict=True):
+        if not isinstance(checked, FunctionTool):
+            skipped.append(checked.type)
+        elif checked.function is not None:  # the chat shape, sent by some clients
             converted.append({"type": "function", "function": tool["function"]})
-            continue
-        function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
-        converted.append({"type": "function", "function": function})
-    return validate_tools(converted), skipped
-
-
-def _optional_str(body: dict[str, Any], name: str) -> str | None:
-    value = body.get(name)
-    if value is not None and not isinstance(value, str):
-        raise _bad(f"'{name}' must be a string", name)
-    return value or None
-
-
-def _thinking(reasoning: Any) -> bool | None:
-    """``reasoning.effort``: ``"none"`` turns thinking off, any other effort on; absent: the template's default."""
-    if reasoning is None:
-        return None
-    if not isinstance(reasoning, dict):
-        raise _bad("'reasoning' must be an object", "reasoning")
-    effort = reasoning.get("effort")
-    if effort is None:
-        return None
-    if not isinstance(effort, str):
-        raise _bad("'reasoning.effort' must be a string", "reasoning.effort")
-    return effort != "none"
+        else:
+            function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
+            converted.append({"type": "function", "function": function})
+    return converted, skipped
 
 
 def parse_responses_body(
@@ -303,56 +245,44 @@ def parse_responses_body(
 ) -> ResponsesCall:
     """Validate a Responses body; raise :class:`BadRequest` naming the bad field. Unknown fields are ignored.
 
-    ``messages`` and ``tools``, when given, are the body's ``input`` and ``tools`` converted already
-    (``responses_memo``); its own are then not converted again.
+    The body is structured by the one converter into :class:`ResponsesRequest`. ``messages`` and
+    ``tools``, when given, are the body's ``input`` and ``tools`` converted already
+    (``responses_memo``): the body is then structured as its other fields (:class:`ResponsesOptions`).
     """
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, str | list):
-        raise _bad("'instructions' must be a string", "instructions")
-    messages = convert_input(body.get("input")) if messages is None else messages
-    text = _text(instructions, "instructions") if instructions else ""
+    options: ResponsesOptions
+    if messages is None:
+        typed = structure(body, ResponsesRequest)
+        options, messages = typed, convert_input(typed.input)
+        tools = convert_tools(body.get("tools"), typed.tools)[0]
+    else:
+        options = structure(body, ResponsesOptions)
+    text = _text(options.instructions)
     if text:
         messages.insert(0, {"role": "system", "content": text})
-    if tools is None:
-        tools, _skipped = convert_tools(body.get("tools"))
-    if body.get("tool_choice") == "none":
+    if options.tool_choice == "none":
         tools = []  # as on chat: the model is offered no tools (the prompt does not list them)
-    max_tokens = body.get("max_output_tokens")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise _bad("'max_output_tokens' must be an integer of at least 1", "max_output_tokens")
-    stream = body.get("stream", False)
-    if stream is not None and not isinstance(stream, bool):
-        raise _bad("'stream' must be a boolean", "stream")
-    store = body.get("store", True)
-    if store is not None and not isinstance(store, bool):
-        raise _bad("'store' must be a boolean", "store")
-    include = body.get("include") or []
-    if not isinstance(include, list):
-        raise _bad("'include' must be an array", "include")
-    top = body.get("top_logprobs")
-    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
-        raise _bad(f"'top_logprobs' must be an integer between 0 and {MAX_TOP_LOGPROBS}", "top_logprobs")
+    effort = None if options.reasoning is None else options.reasoning.effort
     request = ChatRequest(
         messages=messages,
-        tools=tools,
-        max_tokens=max_tokens,
-        temperature=number_in_range(body, "temperature", 0.0, 2.0),
-        top_p=number_in_range(body, "top_p", 0.0, 1.0),
-        enable_thinking=_thinking(body.get("reasoning")),
-        stream=bool(stream),
+        tools=tools or [],
+        max_tokens=options.max_output_tokens,
+        temperature=options.temperature,
+        top_p=options.top_p,
+        enable_thinking=None if effort is None else effort != "none",
+        stream=bool(options.stream),
     )
+    store = options.store is not False
     echo = {key: body.get(key) for key in ("instructions", "metadata", "reasoning", "text", "truncation")}
     echo.update(tools=body.get("tools") or [], tool_choice=body.get("tool_choice") or "auto",
-                parallel_tool_calls=body.get("parallel_tool_calls", True), max_output_tokens=max_tokens,
+                parallel_tool_calls=body.get("parallel_tool_calls", True), max_output_tokens=options.max_output_tokens,
                 temperature=body.get("temperature"), top_p=body.get("top_p"),
-                previous_response_id=_optional_str(body, "previous_response_id"), store=store is not False)
+                previous_response_id=options.previous_response_id or None, store=store)
+    include = options.include or []
     return ResponsesCall(
-        request=request, model=str(body.get("model") or ""), stream=bool(stream),
-        previous_response_id=echo["previous_response_id"], store=store is not False,
+        request=request, model=str(options.model or ""), stream=bool(options.stream),
+        previous_response_id=echo["previous_response_id"], store=store,
         include_encrypted="reasoning.encrypted_content" in include, echo=echo,
-        session_id=_optional_str(body, "session_id"), has_instructions=bool(text),
+        session_id=options.session_id or None, has_instructions=bool(text),
         logprobs="message.output_text.logprobs" in include,
     )
 
@@ -402,7 +332,7 @@ class IssuedItems:
             item_id = item.get("id")
             where = f"input[{i}].id"
             if not isinstance(item_id, str):
-                raise _bad(f"{where} must be a string", where)
+                raise BadRequest(f"{where} must be a string", param=where)
             found = self._items.get(item_id)
             if found is None:
                 raise BadRequest(f"{where}: item {item_id!r} is not known (not an output of a response stored "

@@ -26,11 +26,13 @@ from typing import Any
 
 import attrs
 
+from ..schema.converter import structure
 from ..schema.jsonio import MAX_DEPTH, nesting
 from ..tokenization.message_fields import FrozenMessage
 from . import memo as shared
 from .memo import MEMO_BYTES, MessageMemo
 from .responses_api import assemble_input, assistant_part, convert_tools, item_kind, other_message, turn_end
+from .responses_types import Item, Tool, check_item
 
 #: Raw JSON bytes of ``tools`` fields kept (they repeat every turn).
 TOOLS_MEMO_BYTES = 16 << 20
@@ -107,7 +109,7 @@ def _from_memo(raw: bytes, memo: ResponsesMemo) -> ResponsesBody | None:
 
 def _tools(tools: Any) -> tuple[Any, tuple[dict[str, Any], ...]]:
     """The tools as sent (the response echoes them) and as chat tools."""
-    return tools, tuple(convert_tools(tools)[0])
+    return tools, tuple(convert_tools(tools, structure(tools, list[Tool], where="tools"))[0])
 
 
 def _assemble(parts: list[_Item], keys: list[bytes], memo: ResponsesMemo) -> list[dict[str, Any]]:
@@ -126,8 +128,10 @@ def _assemble(parts: list[_Item], keys: list[bytes], memo: ResponsesMemo) -> lis
 
 
 def _convert(item: Any) -> _Item:
-    """One input item converted (raises as the full conversion does on it; the index in the words is not used)."""
-    kind, assistant = item_kind(item, "input")
+    """One input item typed and converted (raises where the full conversion refuses it: that one says what)."""
+    typed = structure(item, Item, where="input")
+    check_item(typed, "input")
+    kind, assistant = item_kind(typed)
     if assistant:
-        return kind, assistant_part(kind, item, "input"), True
-    return kind, FrozenMessage(other_message(kind, item, "input")), False
+        return kind, assistant_part(typed, "input"), True
+    return kind, FrozenMessage(other_message(typed)), False

@@ -15,7 +15,8 @@ Built by :func:`make_converter` (never cattrs' global converter):
   with words of its own);
 - a base class naming in ``__wire_tags__`` its subclasses by the value of their
   ``type`` field (content blocks) structures an object into the subclass its
-  ``type`` names, or into the base class itself for a type it does not name;
+  ``type`` names, or into the base class itself for a type it does not name
+  (``__wire_untagged__``: the tag of an object without a ``type``);
 - a field typed ``str | list[X]`` (or ``| None``), ``X`` an attrs class, takes a string or an array of ``X``;
 - ``array`` values unstructure to lists, except :data:`TokenIds`: a JSON array of
   integers structured into an ``array('i')`` and unstructured as that array itself
@@ -193,7 +194,8 @@ def make_converter() -> cattrs.Converter:
     def attrs_hook(cls: type) -> Any:
         tags: dict[str, type] | None = cls.__dict__.get("__wire_tags__")
         if tags is not None:
-            return _tagged(cls, {tag: fields_fn(sub) for tag, sub in tags.items()}, fields_fn(cls))
+            by_tag = {tag: fields_fn(sub) for tag, sub in tags.items()}
+            return _tagged(cls, by_tag, fields_fn(cls), cls.__dict__.get("__wire_untagged__"))
         fields = fields_fn(cls)
 
         def structure_object(value: Any, type_: Any) -> Any:
@@ -233,15 +235,18 @@ def make_converter() -> cattrs.Converter:
     return converter
 
 
-def _tagged(base: type, by_tag: dict[str, Any], untagged: Any) -> Any:
-    """Structure an object into the class its ``type`` names (``untagged``, the base's, for a type not named)."""
+def _tagged(base: type, by_tag: dict[str, Any], other: Any, absent: str | None) -> Any:
+    """Structure an object into the class its ``type`` names (``other``, the base's, for a type not named).
+
+    ``absent``: the tag of an object without a ``type`` (``None``: it must have one).
+    """
 
     def structure_tagged(value: Any, type_: Any) -> Any:
-        tag = value.get("type") if isinstance(value, dict) else None
+        tag = value.get("type", absent) if isinstance(value, dict) else None
         if not isinstance(tag, str):
             raise FieldError("must be an object with a 'type'")
         hook = by_tag.get(tag)
-        return untagged(value, base) if hook is None else hook(value, None)
+        return other(value, base) if hook is None else hook(value, None)
 
     return structure_tagged
 
