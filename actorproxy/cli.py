@@ -8,7 +8,6 @@ import signal
 import sys
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -17,13 +16,15 @@ from .compat import add_compat_arguments, apply_compat, check_engine
 from .config import ProxyConfig
 from .errors import StartupError
 from .logs import configure_logging
+from .reward_worker import RayRewardWorker
+from .serve import RunningProxy, serve_until_signal
+from .server.auth import exposure_problem
 from .settings_cli import add_settings_arguments, build_config, settings_from_namespace
+from .sim.server import RunningSim, SimServerSettings, serve_sim
 from .startup import check_port, load_tokenizer_checked, probe_engines, shutdown_failure, startup_failure
+from .store.ray_pool import check_pool, exit_after_ray
 from .tokenization.tokenizer import ChatTokenizer
-
-if TYPE_CHECKING:
-    from .serve import RunningProxy
-    from .sim.server import SimServerSettings
+from .workers.supervisor import serve_workers
 
 
 def _positive_int(text: str) -> int:
@@ -83,8 +84,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .sim.server import SimServerSettings
-
     d = SimServerSettings()
     sim = commands.add_parser(
         "sim",
@@ -173,8 +172,6 @@ def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
 
 def sim_settings_from_args(args: argparse.Namespace) -> SimServerSettings:
     """The :class:`SimServerSettings` of parsed ``actorproxy sim`` flags: each flag's dest is the field's name."""
-    from .sim.server import SimServerSettings
-
     flags = {name: value for name, value in vars(args).items() if name not in _SIM_NON_SETTINGS}
     return SimServerSettings(**flags)  # a flag without a field of its name is a TypeError, not dropped
 
@@ -192,8 +189,6 @@ async def _until_signal(log: logging.Logger) -> None:
 
 
 async def _sim_main(settings: SimServerSettings) -> None:
-    from .sim.server import RunningSim, serve_sim
-
     log = logging.getLogger("actorproxy.sim")
 
     until_signal = partial(_until_signal, log)
@@ -225,8 +220,6 @@ def _config_and_notes(args: argparse.Namespace, argv: Sequence[str]) -> tuple[Pr
 
 
 async def _run(config: ProxyConfig, tokenizer: ChatTokenizer) -> None:
-    from .serve import serve_until_signal
-
     log = logging.getLogger("actorproxy")
     if config.store.store_kind == "auto":  # durable by default when run as a server (docs/storage.md)
         config = config.evolve(store_kind="sqlite")
@@ -238,8 +231,6 @@ async def _run(config: ProxyConfig, tokenizer: ChatTokenizer) -> None:
 
 
 async def _run_workers(config: ProxyConfig) -> None:
-    from .workers.supervisor import serve_workers
-
     log = logging.getLogger("actorproxy")
     config = config.evolve(store_kind="sqlite")  # the only store several workers can share (preflight)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -342,8 +333,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"actorproxy: {failure}", file=sys.stderr)
         return 2
     if config.store.store_kind == "ray":
-        from .store.ray_pool import exit_after_ray
-
         exit_after_ray(0)  # Ray's core worker may abort the interpreter's teardown: end here, flushed
     return 0
 
@@ -352,20 +341,14 @@ def ray_preflight(config: ProxyConfig) -> None:
     """The Ray actors the command line names: the data pool must be ours, the reward worker must exist."""
     store = config.store
     if store.store_kind == "ray":
-        from .store.ray_pool import check_pool
-
         check_pool(store.ray_address, store.ray_namespace, store.data_pool)
     if config.gateway.reward_worker_name:
-        from .reward_worker import RayRewardWorker
-
         RayRewardWorker(config.gateway.reward_worker_name, address=store.ray_address, namespace=store.ray_namespace,
                         pad_id=0, prompt_length=1, response_length=1, timeout=config.gateway.reward_timeout).connect()
 
 
 def preflight(config: ProxyConfig) -> None:
     """The checks that need no engine: exposure and the port."""
-    from .server.auth import exposure_problem
-
     problem = exposure_problem(
         config.server.host, admin_token=config.security.admin_token, insecure=config.security.insecure
     )

@@ -43,6 +43,7 @@ import httpx
 import trio
 
 from .config import ProxyConfig
+from .serve import RunningProxy, serve_proxy
 from .server.auth import AccessPolicy
 from .session_meta import fresh_meta, session_meta
 from .trajectory_file import FILE_NAME, build_document, write_document
@@ -110,8 +111,6 @@ class EmbeddedProxy:
             self._stopped.set()
 
     async def _serve(self) -> None:
-        from .serve import RunningProxy, serve_proxy
-
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
         async with trio.open_nursery() as nursery:

@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from .errors import BadRequest, RewardFailed, RewardTimeout, StartupError
+from .store.ray_pool import init_ray
 
 #: The modules a verl DataProto needs.
 _NEEDED = ("numpy", "torch", "tensordict", "verl.protocol")
@@ -46,7 +47,6 @@ class RayRewardWorker:
                 raise StartupError("--reward-worker-name", f"building the reward worker's sample needs {module} "
                                    f"({exc}); install numpy, torch, tensordict and verl, as the trainer has "
                                    "them, or use --reward-fn") from None
-        from .store.ray_pool import init_ray
 
         ray = init_ray(self._address, self._namespace)
         try:

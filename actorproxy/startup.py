@@ -16,7 +16,9 @@ import trio
 
 from .config import ProxyConfig
 from .engines.base import BackendError, ModelInfo
+from .engines.engine_check import check_engine_tokenizer
 from .errors import ShutdownError, StartupError
+from .runtime.backends import make_backend, wait_for_engine
 from .serve import bind_host
 from .tokenization.tokenizer import ChatTokenizer, load_tokenizer
 
@@ -102,8 +104,6 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
 async def probe_engines(config: ProxyConfig, tokenizer: ChatTokenizer) -> ModelInfo:
     """Ask the configured engines for their model info, within ``--engine-startup-timeout``,
     and check that they tokenize as ``tokenizer`` (engines/engine_check.py)."""
-    from .runtime.backends import make_backend, wait_for_engine
-
     engine = make_backend(config, tokenizer)
     info: ModelInfo | None = None
     try:
@@ -111,8 +111,6 @@ async def probe_engines(config: ProxyConfig, tokenizer: ChatTokenizer) -> ModelI
             info = await wait_for_engine(engine)
         if info is not None:
             if not config.engines.skip_tokenizer_check:
-                from .engines.engine_check import check_engine_tokenizer
-
                 await check_engine_tokenizer(tokenizer, engine)
             return info
         raise engine_error(

@@ -39,6 +39,7 @@ from .runtime.backends import sim_config as backend_sim_config
 from .runtime.controller import PauseMode
 from .runtime.runtime import Runtime, open_runtime
 from .schema.converter import CONVERTER
+from .serve import open_proxy
 from .sim import ScriptedOutput, SimConfig, SimEngine
 from .tokenization.tokenizer import ChatTokenizer, load_tokenizer
 
@@ -160,8 +161,6 @@ async def open_simulated_proxy(
     engine = SimEngine(tok, sim_config or backend_sim_config(config.engines))
     async with AsyncExitStack() as stack:
         if serve_http:
-            from .serve import open_proxy
-
             running = await stack.enter_async_context(open_proxy(config, backend=engine, tokenizer=tok))
             yield SimulatedProxy(running.runtime, engine, running.url)
         else:

@@ -3,15 +3,15 @@
 The floors, lowest first (a module may import from its own floor and the floors below it, never above):
 
 1. ``http``: bytes and ASGI; knows nothing else of actorproxy.
-2. ``errors``, ``telemetry``, ``logs``, ``serving``, ``session_meta``, ``trajectory_file``, ``rewards``,
-   ``reward_worker``: the leaf modules every floor may use.
+2. ``errors``, ``telemetry``, ``logs``, ``serving``, ``session_meta``, ``trajectory_file``, ``rewards``:
+   the leaf modules every floor may use.
 3. ``config``: the settings tree.
 4. ``tokenization``: tokenizers, chat templates, message fields.
 5. ``core``: the sans-IO heart: requests, turn events, parsing, TITO, records.
 6. ``schema``: the one cattrs converter, the records' wire form, JSON body loading, prefix tables.
 7. ``engines``: the clients of SGLang, vLLM and llama.cpp (and their simulated routes' shapes).
 8. ``sim``: the built-in simulated engine.
-9. ``store``: where finished trajectories are kept.
+9. ``store``: where finished trajectories are kept (and ``reward_worker``, which reaches Ray through it).
 10. ``runtime``: the actors: registry, sessions, controller.
 11. ``protocols``: the agent protocols (chat, Anthropic, Responses, gateway, trainer bodies).
 12. ``server``: the HTTP routes.
@@ -21,7 +21,7 @@ The floors, lowest first (a module may import from its own floor and the floors 
 
 Only imports run when a module is imported count (module level, outside ``if TYPE_CHECKING``);
 an import inside a function is a deliberate late binding, allowed only where a real cycle would otherwise
-exist (the function says why).
+exist: a comment on its line or the line above says so (``cycle``).
 """
 
 from __future__ import annotations
@@ -118,7 +118,6 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "actorproxy.session_meta",
         "actorproxy.trajectory_file",
         "actorproxy.rewards",
-        "actorproxy.reward_worker",
     ),
     ("actorproxy.config",),
     ("actorproxy.tokenization",),
@@ -126,7 +125,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("actorproxy.schema",),
     ("actorproxy.engines",),
     ("actorproxy.sim",),
-    ("actorproxy.store",),
+    ("actorproxy.store", "actorproxy.reward_worker"),
     ("actorproxy.runtime",),
     ("actorproxy.protocols",),
     ("actorproxy.server",),
@@ -180,6 +179,37 @@ def test_the_floor_check_finds_an_upward_import(tmp_path: Path) -> None:
     graph = module_imports(package)
     assert upward_imports(graph, floors) == [("pkg.low.a", "pkg.high.b")]
     assert floor_of("pkg.top", floors) == 2
+
+
+def late_imports(package: Path) -> list[str]:
+    """``path:line`` of each import of the package inside a function without a comment naming the ``cycle``."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for function in ast.walk(ast.parse(text)):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(function):
+                ours = isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(package.name))
+                said = "cycle" in " ".join(lines[max(node.lineno - 2, 0) : node.lineno]) if ours else True
+                if not said:
+                    found.append(f"{path.relative_to(package.parent)}:{node.lineno}")
+    return found
+
+
+def test_an_import_inside_a_function_says_which_cycle_it_breaks() -> None:
+    assert late_imports(PACKAGE) == []
+
+
+def test_the_late_import_check_finds_one(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text(
+        "def f():\n    from . import b\n\n\ndef g():\n    # a cycle: b imports this module\n    from . import b\n"
+    )
+    assert late_imports(package) == ["pkg/a.py:2"]
 
 
 def test_no_module_level_import_cycles_in_actorproxy() -> None:

@@ -8,7 +8,10 @@ import attrs
 
 from .base import Backend
 from .connection import EngineOptions
+from .llamacpp.client import LlamaCppBackend
 from .pool import EnginePool
+from .sglang.client import SGLangBackend
+from .vllm.client import VLLMBackend
 
 ENGINE_KINDS = ("sglang", "vllm", "llamacpp")
 
@@ -16,16 +19,10 @@ ENGINE_KINDS = ("sglang", "vllm", "llamacpp")
 def make_engine_client(kind: str, url: str, options: EngineOptions, *, routed_experts: bool = False) -> Backend:
     """The client of one engine of ``kind`` (``sglang``, ``vllm`` or ``llamacpp``)."""
     if kind == "sglang":
-        from .sglang.client import SGLangBackend
-
         return SGLangBackend(url, attrs.evolve(options, routed_experts=routed_experts))
     if kind == "vllm":
-        from .vllm.client import VLLMBackend
-
         return VLLMBackend(url, options)
     if kind == "llamacpp":
-        from .llamacpp.client import LlamaCppBackend
-
         return LlamaCppBackend(url, options)
     raise ValueError(f"unknown engine kind {kind!r}; known: {', '.join(ENGINE_KINDS)}")
 

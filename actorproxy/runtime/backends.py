@@ -19,14 +19,19 @@ from ..config import ProxyConfig
 from ..core.parser import default_tool_call_format
 from ..core.template_probe import probe_template
 from ..engines.base import Backend, BackendError, ModelInfo
+from ..engines.connection import EngineOptions
+from ..engines.factory import make_engine_pool
+from ..sim import SimConfig, SimEngine
 from ..store.base import StoreBackend
+from ..store.memory import MemoryStore
+from ..store.ray_pool import RayStore
+from ..store.sqlite import SQLiteStore
 from ..tokenization.tokenizer import ChatTokenizer
 from .output import OutputFormat
 from .replies import EngineAck
 
 if TYPE_CHECKING:
     from ..config.sections import EngineSettings
-    from ..sim import SimConfig
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +69,6 @@ async def forward_to_engines(backend: Backend, action: str, *args: Any) -> list[
 
 def sim_config(engines: EngineSettings) -> SimConfig:
     """The built-in simulated engine's settings from the ``--sim-*`` flags."""
-    from ..sim import SimConfig
-
     return SimConfig(
         seed=engines.sim_seed,
         token_interval=engines.sim_token_interval,
@@ -93,11 +96,7 @@ async def freeze_refusal(backend: Backend) -> str | None:
 def make_backend(config: ProxyConfig, tokenizer: ChatTokenizer) -> Backend:
     """The engine ``config.engines.backend`` names: the in-process sim, or a pool of engine clients."""
     if config.engines.backend == "sim":
-        from ..sim import SimEngine
-
         return SimEngine(tokenizer, sim_config(config.engines))
-    from ..engines.connection import EngineOptions
-    from ..engines.factory import make_engine_pool
 
     options = EngineOptions(
         connect_timeout=config.engines.engine_connect_timeout,
@@ -121,15 +120,10 @@ def open_store_backend(config: ProxyConfig) -> StoreBackend:
     """
     settings = config.store
     if settings.store_kind in ("memory", "auto"):
-        from ..store.memory import MemoryStore
-
         return MemoryStore()
     if settings.store_kind == "ray":
-        from ..store.ray_pool import RayStore
-
         return RayStore(settings.data_dir, address=settings.ray_address, namespace=settings.ray_namespace,
                         pool=settings.data_pool)
-    from ..store.sqlite import SQLiteStore
 
     return SQLiteStore(settings.data_dir)
 

@@ -27,7 +27,7 @@ import attrs
 import trio
 
 from ..errors import Overloaded, ShuttingDown, TooManySessions
-from .actor import answer, answer_error, ask
+from .actor import ActorGone, answer, answer_error, ask
 from .messages import (
     Census,
     CloseAll,
@@ -272,8 +272,6 @@ def _shown(client: str | None) -> str:
 
 
 async def _finalize_quietly(mailbox: trio.MemorySendChannel[SessionMessage], reason: str) -> None:
-    from .actor import ActorGone
-
     try:
         await ask(mailbox, lambda reply: FinalizeSession(reward=None, reason=reason, reply=reply))
     except ActorGone:

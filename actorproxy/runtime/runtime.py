@@ -17,9 +17,13 @@ import attrs
 import trio
 
 from ..config import ProxyConfig
+from ..core.template_probe import probe_template
 from ..core.turn_events import TurnEvent, TurnMoved
 from ..engines.base import Backend, BackendError, ModelInfo
+from ..engines.engine_check import check_engine_tokenizer
+from ..engines.sglang.parse import SGLangParseClient
 from ..errors import BadRequest, EngineError, NotFound, Overloaded, ShutdownError, ShuttingDown
+from ..tokenization.detokenize import byte_table
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
 from . import controller as ctl
 from . import freed_memory
@@ -358,16 +362,12 @@ async def open_runtime(
         waited = config.engines.engine_startup_timeout
         raise BackendError(f"the inference engine did not answer within {waited:g} s", status=503)
     if not config.engines.skip_tokenizer_check:
-        from ..engines.engine_check import check_engine_tokenizer
-
         await check_engine_tokenizer(tok, engine)
     window = context_window_for(config, info)
     output_format = output_format_for(config, tok)
     await offload.run(lambda: _warm_up(tok))
     async with AsyncExitStack() as resources, trio.open_nursery() as nursery:
         if config.parsing.parse_backend != "local" and config.parse_url:
-            from ..engines.sglang.parse import SGLangParseClient
-
             output_format.client = await resources.enter_async_context(SGLangParseClient(config.parse_url))
         health_loop = getattr(engine, "run", None)
         if health_loop is not None:
@@ -424,9 +424,6 @@ async def open_runtime(
 
 def _warm_up(tokenizer: ChatTokenizer) -> None:
     """Build what the first turn would otherwise build on the event loop (once per tokenizer, cached)."""
-    from ..core.template_probe import probe_template
-    from ..tokenization.detokenize import byte_table
-
     byte_table(tokenizer)  # every turn's detokenizer: ~0.3 s for a 150k vocabulary
     try:
         probe_template(tokenizer)  # lets a session's first short turns be prepared inline

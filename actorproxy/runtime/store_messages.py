@@ -23,7 +23,7 @@ from ..core.records import Segment, Step
 from ..errors import StorageFull
 from ..schema.converter import CONVERTER
 from ..schema.records import ReadResult, segment_json, step_json, stored_step_json
-from .actor import Reply, answer, answer_error
+from .actor import ActorGone, Reply, answer, answer_error
 
 T = TypeVar("T")
 
@@ -203,8 +203,6 @@ def encode_body(result: Any) -> bytes:
 
 def refuse_queued(inbox: trio.MemoryReceiveChannel[StoreMessage]) -> None:
     """Questions still queued once the store stopped: tell their askers it is gone (never leave them waiting)."""
-    from .actor import ActorGone
-
     while True:
         try:
             msg = inbox.receive_nowait()

@@ -271,6 +271,7 @@ def build_document(rules: Iterable[tuple[str, str]]) -> dict[str, Any]:
 
 
 def _version() -> str:
+    # A cycle at module level: the package imports serve, which imports the app, which imports this module.
     from .. import __version__  # the package is initialised by the time a document is asked for
 
     return __version__

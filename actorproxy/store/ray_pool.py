@@ -23,6 +23,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import StartupError
 from .codec import segment_json
 from .sqlite import SQLiteStore
 
@@ -122,8 +123,6 @@ def pool_handle(name: str, namespace: str, *, max_pending_groups: int = MAX_PEND
 def check_pool(address: str | None, namespace: str, name: str) -> None:
     """At start-up: join Ray and find (or create) the pool ``name``; a one-line
     :class:`~actorproxy.errors.StartupError` when Ray is missing or the actor is not ours (blocking)."""
-    from ..errors import StartupError
-
     global joined_from_a_thread
     try:
         init_ray(address, namespace)
