@@ -16,15 +16,10 @@ from typing import Any, Literal
 
 import attrs
 
-from ..schema.converter import FieldError, at_least, between
+from ..schema.converter import FieldError, at_least, between, named
 from .openai_chat import MAX_STOP_SEQUENCES
 
 Role = Literal["user", "assistant", "system"]
-
-
-def _named(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
-    if not value:
-        raise FieldError("must be a non-empty string", field=attribute.name)
 
 
 @attrs.frozen
@@ -46,8 +41,8 @@ class ThinkingBlock(Block):
 
 @attrs.frozen
 class ToolUseBlock(Block):
-    id: str = attrs.field(validator=_named)
-    name: str = attrs.field(validator=_named)
+    id: str = attrs.field(validator=named)
+    name: str = attrs.field(validator=named)
     input: dict[str, Any]
 
 
@@ -55,7 +50,7 @@ class ToolUseBlock(Block):
 class ToolReferenceBlock(Block):
     """Claude Code's ToolSearch answer (a deferred tool it loads), inside a tool result: the tool's name."""
 
-    tool_name: str = attrs.field(validator=_named)
+    tool_name: str = attrs.field(validator=named)
 
 
 def unsupported(block: Block, place: str) -> FieldError:
@@ -87,7 +82,7 @@ def only(kinds: frozenset[type[Block]], place: str) -> Any:
 
 @attrs.frozen
 class ToolResultBlock(Block):
-    tool_use_id: str = attrs.field(validator=_named)
+    tool_use_id: str = attrs.field(validator=named)
     #: ``is_error`` is not read: Qwen's format has no place for it, and agents say so in the result's text.
     content: str | list[Block] | None = attrs.field(
         default=None, validator=only(frozenset({TextBlock, ToolReferenceBlock}), "a tool result")
@@ -148,7 +143,7 @@ class AnthropicTool:
 
     type: str | None = None
     input_schema: dict[str, Any]
-    name: str = attrs.field(validator=_named)
+    name: str = attrs.field(validator=named)
     description: str | None = None
 
 
@@ -176,7 +171,7 @@ class MessagesOptions:
     ``max_tokens`` is required on ``/v1/messages`` only (``count_tokens`` takes none): that rule is the route's.
     """
 
-    model: str = attrs.field(validator=_named)
+    model: str = attrs.field(validator=named)
     max_tokens: int | None = attrs.field(default=None, validator=at_least(1))
     stream: bool | None = None
     tool_choice: ToolChoice | None = None

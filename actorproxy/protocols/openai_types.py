@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 import attrs
 import msgspec
 
-from ..schema.converter import FieldError
+from ..schema.converter import FieldError, named
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -69,14 +69,9 @@ def _not_null(instance: object, attribute: attrs.Attribute[Any], value: Any) -> 
         raise FieldError("must be a JSON string or an object, not null", field=attribute.name)
 
 
-def _named(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
-    if not value:
-        raise FieldError("must be a non-empty string", field=attribute.name)
-
-
 @attrs.frozen
 class FunctionCall:
-    name: Annotated[str, msgspec.Meta(min_length=1)] = attrs.field(validator=_named)
+    name: Annotated[str, msgspec.Meta(min_length=1)] = attrs.field(validator=named)
     #: A JSON string (some clients send the object itself).
     arguments: str | dict[str, Any] = attrs.field(default="", validator=_not_null)
 
@@ -101,7 +96,7 @@ class ChatMessage:
 
 @attrs.frozen
 class FunctionDef:
-    name: Annotated[str, msgspec.Meta(min_length=1)] = attrs.field(validator=_named)
+    name: Annotated[str, msgspec.Meta(min_length=1)] = attrs.field(validator=named)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None

@@ -14,13 +14,8 @@ from typing import Any, Literal
 
 import attrs
 
-from ..schema.converter import FieldError, at_least, between
+from ..schema.converter import FieldError, at_least, between, named
 from .openai_chat import MAX_TOP_LOGPROBS
-
-
-def _named(instance: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not value:
-        raise FieldError("must be a non-empty string", field=attribute.name)
 
 
 @attrs.frozen
@@ -88,10 +83,10 @@ class ReasoningItem(Item):
 
 @attrs.frozen(kw_only=True)
 class FunctionCallItem(Item):
-    name: str = attrs.field(validator=_named)
+    name: str = attrs.field(validator=named)
     #: A JSON string.
     arguments: str
-    call_id: str = attrs.field(validator=_named)
+    call_id: str = attrs.field(validator=named)
 
 
 @attrs.frozen(kw_only=True)
@@ -137,7 +132,7 @@ class Tool:
 class ChatFunction:
     """A function tool in the chat shape (``{"type": "function", "function": {...}}``), sent by some clients."""
 
-    name: str = attrs.field(validator=_named)
+    name: str = attrs.field(validator=named)
     parameters: dict[str, Any] | None = None
 
 

@@ -289,6 +289,12 @@ def structure(value: Any, cls: type[T], *, where: str = "") -> T:
         raise BadRequest(message, param=path or None) from None
 
 
+def named(instance: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    """An attrs validator: a string (unless ``None``) is not empty (else a :class:`FieldError`)."""
+    if value is not None and not value:
+        raise FieldError("must be a non-empty string", field=attribute.name)
+
+
 def between(low: float, high: float) -> Any:
     """An attrs validator: the value (unless ``None``) is in ``[low, high]`` (else a :class:`FieldError`)."""
 
