@@ -104,6 +104,27 @@ async def test_health_shows_details_only_to_the_admin(http: httpx.AsyncClient) -
     assert ADMIN not in admin.text
 
 
+async def test_a_session_key_is_refused_on_every_route_of_another_sessions_url(http: httpx.AsyncClient) -> None:
+    mine = await _open(http, "agent-a")
+    await _open(http, "agent-b")
+    key = {"Authorization": f"Bearer {mine['api_key']}"}
+    count = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    calls = [
+        ("GET", "/sess/agent-b/v1/models", None),
+        ("POST", "/sess/agent-b/v1/messages/count_tokens", count),
+        ("POST", "/sess/agent-b/v1/messages", {"not": "a body"}),  # refused for its key before its body is read
+        ("POST", "/agent-b/group-1/v1/complete_trajectory", {"not": "a body"}),
+    ]
+    for method, path, body in calls:
+        response = await http.request(method, path, json=body, headers=key)
+        assert response.status_code == 401, (path, response.text)
+        error = response.json().get("error", {})
+        assert error.get("code") == "wrong_session" or "another session" in str(error), (path, response.text)
+    # Its own session's routes stay open to it.
+    response = await http.get("/sess/agent-a/v1/models", headers=key)
+    assert response.status_code == 200, response.text
+
+
 async def test_a_session_key_opens_its_own_session_only(http: httpx.AsyncClient, guarded: RunningProxy) -> None:
     openai = pytest.importorskip("openai")
     mine = await _open(http, "agent-a")

@@ -27,7 +27,8 @@ import attrs
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..errors import release
-from .auth import AccessPolicy, Headers, route_kind
+from .auth import AGENT_SUFFIXES, AccessPolicy, Headers, check_scope, route_kind
+from .identity import url_mount
 from .replies import ErrorReply, error_reply, is_anthropic_route
 
 #: Turns an error reply into another dialect's shape (``--api-dialect dressage``).
@@ -83,6 +84,11 @@ class Admission:
             policy.check_admin({"authorization": f"Bearer {query_token}"} if query_token and path == "/ui" else headers)
         elif kind == "agent":
             confined = policy.agent_session(headers)
+            mount = url_mount(path, AGENT_SUFFIXES) if confined is not None else None
+            if mount is not None and mount[1] is not None:
+                # A key opens its own session's URLs only, every route under them (the turns check the
+                # session again, as they also read it from headers and body).
+                check_scope(confined, mount[1])
         return Admitted(confined, policy.client_of(headers, confined, remote))
 
     def check_length(self, headers: Headers) -> None:
