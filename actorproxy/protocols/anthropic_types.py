@@ -17,7 +17,7 @@ from typing import Any, Literal
 import attrs
 
 from ..schema.converter import FieldError, at_least, between, named
-from .openai_chat import MAX_STOP_SEQUENCES
+from .openai_types import MAX_STOP_SEQUENCES
 
 Role = Literal["user", "assistant", "system"]
 

@@ -23,10 +23,6 @@ from .format import ReplyInfo, TurnFormat
 from .memo import MessageMemo
 from .openai_types import ChatCompletionBody, ChatOptions
 
-MAX_STOP_SEQUENCES = 16
-#: OpenAI's bound on ``top_logprobs``.
-MAX_TOP_LOGPROBS = 20
-
 
 @attrs.frozen
 class OpenAIChatCall:
@@ -42,12 +38,6 @@ class OpenAIChatCall:
     turn_id: str | None
     #: ``logprobs: true``: the reply carries the sampled tokens' logprobs.
     logprobs: bool = False
-
-
-def _in_range(name: str, value: float | None, low: float, high: float) -> float | None:
-    if value is not None and not low <= value <= high:
-        raise BadRequest(f"'{name}' must be between {low} and {high}, got {value}", param=name)
-    return value
 
 
 def _include_usage(options: Any, by_default: bool) -> bool:
@@ -77,23 +67,14 @@ def parse_chat_body(body: Any, *, usage_by_default: bool = False) -> OpenAIChatC
     max_tokens = call.max_completion_tokens if call.max_completion_tokens is not None else call.max_tokens
     if max_tokens is not None and max_tokens < 1:
         raise BadRequest("'max_tokens' must be at least 1", param="max_tokens")
-    if call.n not in (None, 1):
-        raise BadRequest("only n=1 is supported: send n requests for n samples", param="n")
     thinking = (call.chat_template_kwargs or {}).get("enable_thinking", call.enable_thinking)
     if thinking is None and call.reasoning_effort is not None:
         thinking = call.reasoning_effort != "none"
     if thinking is not None and not isinstance(thinking, bool):
         raise BadRequest("'enable_thinking' must be a boolean", param="chat_template_kwargs.enable_thinking")
     stop = [call.stop] if isinstance(call.stop, str) else list(call.stop or [])
-    if len(stop) > MAX_STOP_SEQUENCES or not all(0 < len(s) <= 256 for s in stop):
-        raise BadRequest(
-            f"'stop' must be a string or an array of at most {MAX_STOP_SEQUENCES} non-empty strings", param="stop"
-        )
-    if call.top_logprobs is not None:
-        if not 0 <= call.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise BadRequest(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
-        if not call.logprobs:
-            raise BadRequest("'logprobs' must be true when 'top_logprobs' is set", param="top_logprobs")
+    if call.top_logprobs is not None and not call.logprobs:
+        raise BadRequest("'logprobs' must be true when 'top_logprobs' is set", param="top_logprobs")
     # tool_choice "none": the model is offered no tools (the prompt does not list them).
     tools = [] if call.tool_choice == "none" else list(body.get("tools") or [])
     stream = bool(call.stream)
@@ -101,8 +82,8 @@ def parse_chat_body(body: Any, *, usage_by_default: bool = False) -> OpenAIChatC
         messages=messages,
         tools=tools,
         max_tokens=max_tokens,
-        temperature=_in_range("temperature", call.temperature, 0.0, 2.0),
-        top_p=_in_range("top_p", call.top_p, 0.0, 1.0),
+        temperature=call.temperature,
+        top_p=call.top_p,
         seed=call.seed,
         enable_thinking=thinking,
         stop=tuple(stop),

@@ -20,7 +20,11 @@ from typing import Annotated, Any, Literal
 import attrs
 import msgspec
 
-from ..schema.converter import FieldError, named
+from ..schema.converter import FieldError, between, named
+
+MAX_STOP_SEQUENCES = 16
+#: OpenAI's bound on ``top_logprobs``.
+MAX_TOP_LOGPROBS = 20
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -62,6 +66,19 @@ def _on_assistant(instance: Any, attribute: attrs.Attribute[Any], value: Any) ->
 def _non_empty(instance: object, attribute: attrs.Attribute[Any], value: list[Any]) -> None:
     if not value:
         raise FieldError("must be a non-empty array", field=attribute.name)
+
+
+def _one(instance: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value not in (None, 1):
+        raise FieldError(f"must be 1 (only n=1 is supported: send n requests for n samples), got {value}",
+                         field=attribute.name)
+
+
+def _stop(instance: object, attribute: attrs.Attribute[Any], value: str | list[str] | None) -> None:
+    stop = [value] if isinstance(value, str) else value or []
+    if len(stop) > MAX_STOP_SEQUENCES or not all(0 < len(s) <= 256 for s in stop):
+        raise FieldError(f"must be a string or an array of at most {MAX_STOP_SEQUENCES} non-empty strings",
+                         field=attribute.name)
 
 
 def _not_null(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -125,7 +142,7 @@ class ChatOptions:
     tool_choice: str | dict[str, Any] | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    n: int | None = None
+    n: int | None = attrs.field(default=None, validator=_one)
     seed: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -133,11 +150,11 @@ class ChatOptions:
     enable_thinking: bool | None = None
     #: ``"none"`` turns thinking off (as Responses' ``reasoning.effort``); any other effort leaves it on.
     reasoning_effort: str | None = None
-    stop: str | list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    stop: str | list[str] | None = attrs.field(default=None, validator=_stop)
+    temperature: float | None = attrs.field(default=None, validator=between(0.0, 2.0))
+    top_p: float | None = attrs.field(default=None, validator=between(0.0, 1.0))
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = attrs.field(default=None, validator=between(0, MAX_TOP_LOGPROBS))
     response_format: dict[str, Any] | None = None
     session_id: str | None = None
     instance_id: str | None = None

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import attrs
 
 from ..schema.converter import FieldError, at_least, between, named
-from .openai_chat import MAX_TOP_LOGPROBS
+from .openai_types import MAX_TOP_LOGPROBS
 
 
 @attrs.frozen
