@@ -19,8 +19,8 @@ pause continue after it (partial rollout): no token is lost or sampled twice.
 Printed per iteration: the batch's mean reward, the mismatch (|trainer logprob - recorded logprob|
 of every token, at the weights that sampled it), the tokens sampled under an older version than
 the trainer's and the importance ratio a trainer would weigh them with, and the check that every
-turn cut by a sync holds exactly the tokens the agent received. ``--plot`` writes a PNG of the
-reward and the mismatch per iteration; ``--report`` a JSON of every figure. docs/rl_loop.md
+turn cut by a sync holds exactly the tokens the agent received. ``--plot`` writes a PNG (matplotlib,
+the ``rl`` extra) of the reward and the mismatch per iteration; ``--report`` a JSON of every figure. docs/rl_loop.md
 shows a run.
 """
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -249,6 +250,13 @@ def mismatch(batch: TrainingBatch, logprobs: dict[str, np.ndarray], version: int
     }
 
 
+def reward_spread(batch: TrainingBatch) -> dict[str, float]:
+    """The spread of the batch's rewards, one per rollout (a rollout's segments share its reward)."""
+    per_rollout = np.array([float(r) for r in dict(zip(batch.rollout_ids, batch.rewards, strict=True)).values()])
+    return {"reward_min": float(per_rollout.min()), "reward_max": float(per_rollout.max()),
+            "reward_std": float(per_rollout.std())}
+
+
 def turn_spans(token_ids: list[int], loss_mask: list[int], versions: list[int]) -> list[tuple[list[int], set[int]]]:
     """Each run of sampled tokens of a segment (one assistant turn): its ids and versions."""
     spans: list[tuple[list[int], set[int]]] = []
@@ -396,6 +404,7 @@ async def train(args: argparse.Namespace, engine_url: str, model: Path, work: Pa
                 train_s = time.monotonic() - started
                 logprobs = dict(np.load(work / f"logprobs-{iteration}.npz"))
                 row = {"iteration": iteration, "version": version, "reward": float(batch.rewards.mean()),
+                       **reward_spread(batch),
                        **mismatch(batch, logprobs, version, version - 1),
                        "versions_in_batch": sorted({int(v) for v in batch.versions[sampled(batch)]}),
                        **check_turns(fetched, agents, tokenizer, args.max_tokens, sync_modes),
@@ -446,42 +455,64 @@ def print_row(row: dict[str, Any]) -> None:
           f"{row['dup']:>3} {row['sync'] or '-':>5} {stopped:>7} {row['train_s']:>7} {row['sync_s']:>6}", flush=True)
 
 
-# -- a PNG without matplotlib ----------------------------------------------------------------------
+# -- the plot ---------------------------------------------------------------------------------------
 
-def write_png(path: Path, rewards: list[float], mismatches: list[float]) -> None:
-    """Reward per iteration (blue, 0..1) and log10 mean |Δ logprob| (red, -8..0) as a small line plot."""
-    import struct
-    import zlib
+PLOT_MISSING = 'plot: not written, matplotlib is not installed (pip install -e ".[rl]")'
 
-    width, height, pad = 480, 240, 20
-    pixels = [[(255, 255, 255)] * width for _ in range(height)]
 
-    def line(values: list[float], low: float, high: float, colour: tuple[int, int, int]) -> None:
-        n = max(len(values) - 1, 1)
-        points = [(pad + (width - 2 * pad) * i / n,
-                   height - pad - (height - 2 * pad) * (min(max(v, low), high) - low) / (high - low))
-                  for i, v in enumerate(values)]
-        for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
-            steps = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
-            for s in range(steps + 1):
-                x, y = x0 + (x1 - x0) * s / steps, y0 + (y1 - y0) * s / steps
-                for dx in (0, 1):
-                    for dy in (0, 1):
-                        pixels[min(int(y) + dy, height - 1)][min(int(x) + dx, width - 1)] = colour
+def write_plot(path: Path, rows: list[dict[str, Any]], title: str) -> str:
+    """Reward (mean and spread) and mismatch per iteration, two panels on one iteration axis, as a PNG.
 
-    for x in range(pad, width - pad):
-        pixels[height - pad][x] = pixels[pad][x] = (160, 160, 160)
-    for y in range(pad, height - pad + 1):
-        pixels[y][pad] = pixels[y][width - pad] = (160, 160, 160)
-    line(rewards, 0.0, 1.0, (31, 119, 180))
-    line([float(np.log10(max(m, 1e-8))) for m in mismatches], -8.0, 0.0, (214, 39, 40))
-    raw = b"".join(b"\x00" + bytes(c for pixel in row for c in pixel) for row in pixels)
+    Says what it wrote, or in one line that matplotlib is missing and how to install it.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        return PLOT_MISSING
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    its = [row["iteration"] for row in rows]
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 7.5), constrained_layout=True)
+    top.fill_between(its, [row["reward_min"] for row in rows], [row["reward_max"] for row in rows],
+                     color="tab:blue", alpha=0.15, label="min..max over the batch's rollouts")
+    mean = np.array([row["reward"] for row in rows])
+    std = np.array([row["reward_std"] for row in rows])
+    top.errorbar(its, mean, yerr=std, color="tab:blue", marker="o", capsize=3, label="mean reward (± std)")
+    top.set_ylim(0.0, 1.05)
+    top.set_ylabel("reward (share of [a-z ])")
+    top.set_title("reward per iteration")
+    top.grid(alpha=0.3)
+    top.legend(loc="lower right")
 
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-                     + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+    floor = 1e-9  # a mismatch of exactly 0 has no place on a log axis: drawn at the floor
+    bottom.plot(its, [max(row["mean_abs"], floor) for row in rows], color="tab:red", marker="o",
+                label="mean |trainer − recorded logprob|")
+    bottom.plot(its, [max(row["max_abs"], floor) for row in rows], color="tab:red", marker="^", linestyle="--",
+                label="max |trainer − recorded logprob|")
+    bottom.axhline(1e-3, color="tab:red", alpha=0.6, linewidth=1, linestyle=":", label="target: mean ≤ 1e-3")
+    bottom.axhline(1e-2, color="tab:red", alpha=0.6, linewidth=1, linestyle="-.", label="target: max ≤ 1e-2")
+    bottom.set_yscale("log")
+    bottom.set_ylabel("|Δ logprob| at the sampling weights")
+    bottom.set_xlabel("iteration (= weight version; the last: played across the last sync, not trained on)")
+    bottom.set_title("the mismatch, and the tokens sampled under an older version")
+    bottom.grid(alpha=0.3)
+    older = bottom.twinx()
+    older.bar(its, [row["older_tokens"] for row in rows], width=0.5, color="tab:gray", alpha=0.3,
+              label="tokens sampled under an older version")
+    older.set_ylabel("older-version tokens")
+    older.set_ylim(0, max([row["tokens"] for row in rows] + [1]))
+    bottom.set_zorder(older.get_zorder() + 1)  # the lines over the bars
+    bottom.patch.set_visible(False)
+    handles, labels = bottom.get_legend_handles_labels()
+    more, more_labels = older.get_legend_handles_labels()
+    bottom.legend(handles + more, labels + more_labels, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
+                  fontsize="small")
+    bottom.set_xticks(its)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"plot {path}"
 
 
 def main() -> None:
@@ -503,6 +534,8 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=Path("rl_loop.png"), help="the PNG written at the end")
     parser.add_argument("--report", type=Path, help="a JSON file of every figure")
     args = parser.parse_args()
+    if importlib.util.find_spec("matplotlib") is None:  # said before the run, and again at its end
+        print(PLOT_MISSING, flush=True)
     started = time.monotonic()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="actorproxy-rl-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -521,7 +554,9 @@ def main() -> None:
         if engine is not None:
             stop_vllm(engine)
     rows = result["iterations"]
-    write_png(args.plot, [r["reward"] for r in rows], [r["mean_abs"] for r in rows])
+    modes = "/".join(dict.fromkeys(result["sync_modes"].values())) or args.sync_mode
+    plotted = write_plot(args.plot, rows, f"{model.name} on vLLM (float32), syncs: {modes}, "
+                                          f"{args.prompts} groups × {args.group} rollouts per batch")
     result["wall_s"] = round(time.monotonic() - started, 1)
     if args.report:
         args.report.write_text(json.dumps(result, indent=1))
@@ -536,7 +571,7 @@ def main() -> None:
           f"{lost} lost and {dup} sampled twice")
     print(f"versions: vLLM reported {result['engine_versions']}; the batches hold "
           f"{sorted({v for row in rows for v in row['versions_in_batch']})}")
-    print(f"plot {args.plot}; wall {result['wall_s']} s")
+    print(f"{plotted}; wall {result['wall_s']} s")
 
 
 if __name__ == "__main__":

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,3 +115,39 @@ def test_dressage_example_shows_why_a_server_exited(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "exited with 2 before serving" in result.stderr, result.stderr
     assert "bogus" in result.stderr, result.stderr  # the child's own error line
+
+
+def _train_on_cpu() -> Any:
+    """``examples/train_on_cpu.py`` as a module (its plot needs no engine)."""
+    spec = importlib.util.spec_from_file_location("train_on_cpu", EXAMPLES / "train_on_cpu.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: Two iterations as the loop reports them, a mismatch of 0 (no place on a log axis) included.
+_RL_ROWS = [{"iteration": i, "reward": r, "reward_min": r - 0.2, "reward_max": r + 0.1, "reward_std": 0.05,
+             "mean_abs": m, "max_abs": 4 * m, "older_tokens": o, "tokens": 512}
+            for i, (r, m, o) in enumerate([(0.6, 2.5e-7, 0), (0.8, 0.0, 300)])]
+
+
+def test_train_on_cpu_plots_reward_and_mismatch_as_a_png(tmp_path: Path) -> None:
+    image = pytest.importorskip("matplotlib.image", reason='the plot needs matplotlib: pip install -e ".[rl]"')
+    example = _train_on_cpu()
+    path = tmp_path / "loop.png"
+    said = example.write_plot(path, _RL_ROWS, "tiny-qwen3-untied, syncs: abort/keep")
+    assert said == f"plot {path}"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height, width = image.imread(path).shape[:2]  # a PNG matplotlib reads back, of the figure's size
+    assert (width, height) == (800, 750)
+
+
+def test_train_on_cpu_says_how_to_install_matplotlib_when_it_is_missing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    example = _train_on_cpu()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # ``import matplotlib`` raises ImportError
+    path = tmp_path / "loop.png"
+    said = example.write_plot(path, _RL_ROWS, "title")
+    assert said == 'plot: not written, matplotlib is not installed (pip install -e ".[rl]")'
+    assert not path.exists()

@@ -69,5 +69,8 @@ def test_rl_loop_on_the_real_vllm(vllm_install: VLLMInstall, tmp_path: Path) -> 
     for row in rows:
         assert set(row["versions_in_batch"]) <= {int(v) for v in reported.values()}, row
         assert max(row["versions_in_batch"]) == row["version"], row
-    assert (tmp_path / "loop.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The plot: a real PNG (matplotlib, the `rl` extra; without it the example says so and writes none).
+    plot = tmp_path / "loop.png"
+    assert plot.is_file(), done.stdout[-2000:]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "reward" in done.stdout and "mean|d|" in done.stdout
