@@ -68,7 +68,11 @@ def test_rl_loop_on_the_real_vllm(vllm_install: VLLMInstall, tmp_path: Path) -> 
     assert reported == {str(v): str(v) for v in range(ITERATIONS + 1)}, reported
     for row in rows:
         assert set(row["versions_in_batch"]) <= {int(v) for v in reported.values()}, row
-        assert max(row["versions_in_batch"]) == row["version"], row
+        assert max(row["versions_in_batch"]) <= row["version"], row  # no token of weights not yet synced
+    # Every version a trained iteration synced sampled tokens that reached a batch. (The last sync's may
+    # not: the turns it cut can all have been at their last token, so the closing batch holds none of it;
+    # a run asserting it failed once so.)
+    assert set(range(ITERATIONS)) <= {v for row in rows for v in row["versions_in_batch"]}, rows
     # The plot: a real PNG (matplotlib, the `rl` extra; without it the example says so and writes none).
     plot = tmp_path / "loop.png"
     assert plot.is_file(), done.stdout[-2000:]
