@@ -9,7 +9,9 @@ Reads go to the socket itself, not through Trio's stream wrappers: a non-blockin
 ``recv_into`` first, into the client's one receive buffer (no fresh allocation per
 read), and a wait only when nothing has arrived. A read that finds its bytes waiting
 costs no scheduling round, but two in a row yield once, so a server that streams
-without pause cannot starve the other tasks. TLS connections go through the
+without pause cannot starve the other tasks. After a read that took less than the
+buffer (the socket is drained: a streamed event, one at a time), the next read waits
+first: one ``recv`` per arrival, not a failed one before every wait. TLS connections go through the
 ``trio.SSLStream`` instead.
 
 A read waits at most ``read_timeout``. Rather than a cancel scope per read (which
@@ -36,7 +38,7 @@ _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueErr
 class ClientConnection:
     """One keep-alive connection to a server: its stream, raw socket and unparsed bytes."""
 
-    __slots__ = ("stream", "raw", "sock", "buf", "idle_since", "reused", "eager", "expired")
+    __slots__ = ("stream", "raw", "sock", "buf", "idle_since", "reused", "eager", "drained", "expired")
 
     def __init__(self, stream: trio.abc.Stream, raw: trio.SocketStream) -> None:
         self.stream = stream
@@ -48,6 +50,7 @@ class ClientConnection:
         self.idle_since = 0.0
         self.reused = False  # has served a request before (so the server may have closed it meanwhile)
         self.eager = False  # the last read found its bytes waiting (the next such read yields)
+        self.drained = False  # the last read took less than the buffer: the next one waits first
         self.expired = False  # closed by ReadDeadlines
 
     def close(self) -> None:
@@ -108,12 +111,15 @@ class SocketIO:
         sock = conn.sock
         if sock is None:
             return await self._fill_stream(conn)
+        if conn.drained:  # nothing was left: a recv now would find nothing
+            return await self._wait(conn, sock)
         try:
             n = sock.recv_into(self._recv)
         except BlockingIOError:
             return await self._wait(conn, sock)
         except OSError as exc:
             raise TransportError(f"the server dropped the connection: {exc!r}") from exc
+        conn.drained = n < _READ_SIZE
         conn.buf += self._view[:n]  # before any await: another task may read into the buffer then
         if conn.eager:  # two reads in a row without waiting: let the other tasks run
             conn.eager = False
@@ -137,6 +143,7 @@ class SocketIO:
                     if conn.expired:
                         raise ReadTimeout(f"no data from the server in {self.read_timeout:g} s") from None
                     raise TransportError(f"the server dropped the connection: {exc!r}") from exc
+                conn.drained = n < _READ_SIZE
                 conn.buf += self._view[:n]
                 return n
         finally:
