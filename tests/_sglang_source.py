@@ -1,4 +1,4 @@
-"""The pinned SGLang release's own code, as tests/test_sglang_contract.py reads it.
+"""The pinned SGLang release's own code, as tests/contracts/test_sglang_contract.py reads it.
 
 ``scripts/sglang/install.sh`` unpacks the release's Python source (the PyPI wheel, no
 dependencies) into ``~/.cache/actorproxy/sglang-src-<version>``. SGLang's modules import

@@ -2,7 +2,7 @@
 
 The turn lane (:mod:`.lane`) and the Quart app (:mod:`.app`) both ask the same
 :class:`Admission`, so that a request is admitted or refused alike whichever of the
-two serves it (``tests/test_admission.py`` sends the same table of requests to both):
+two serves it (``tests/server/test_admission.py`` sends the same table of requests to both):
 
 - :meth:`Admission.admit`: the access policy (:mod:`.auth`) for the request's path and
   headers: the admin token on the trainer's routes, the agent's credentials on the

@@ -16,7 +16,7 @@ token ids and ``tokenizer.chat_template`` from the file's header (:mod:`.gguf_fi
 
 In both, control tokens (``<start_of_turn>``) and user-defined tokens (Gemma's whitespace runs and
 HTML tags) are matched in the raw text before anything else, as llama.cpp's ``parse_special``
-partition does. ``tests/test_gguf_tokenizer.py`` holds our ids to llama.cpp's own test vectors and
+partition does. ``tests/tokenization/test_gguf_tokenizer.py`` holds our ids to llama.cpp's own test vectors and
 ``tests/realengine/`` to ``llama-server``'s ``/tokenize`` on thousands of strings.
 
 A GGUF without a chat template (the gemma-3-270m one has none) gets the built-in template of its

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Unpack the Python source of a pinned SGLang release into a cache that later runs reuse: the
-# contract test (tests/test_sglang_contract.py) holds our SGLang client to that release's own
+# contract test (tests/contracts/test_sglang_contract.py) holds our SGLang client to that release's own
 # request and reply types. Nothing here runs SGLang (it needs a GPU): the wheel is taken from
 # PyPI without its dependencies, checked against its sha256, and only its .py files are kept.
 #

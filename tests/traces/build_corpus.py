@@ -5,7 +5,7 @@ Run by hand from the repository root after changing a trace::
 
     python tests/traces/build_corpus.py
 
-The JSON files are the corpus; ``tests/test_trace_corpus.py`` replays them.
+The JSON files are the corpus; ``tests/tokenization/test_trace_corpus.py`` replays them.
 The format is described in ``tests/traces/README.md``. This script only
 *writes* traces: it decides what the engine samples for every call, predicts
 the reply the proxy returns (content, reasoning, tool calls with their

@@ -207,7 +207,7 @@ def sgl() -> Contract:
 
 def test_the_pinned_release_is_the_one_checked(sgl: Contract) -> None:
     assert sgl.source.version() == SGLANG_VERSION
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "engines" / "sglang.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "engines" / "sglang.md").read_text()
     assert f"SGLang {SGLANG_VERSION}" in docs, "docs/engines/sglang.md names the version checked"
 
 

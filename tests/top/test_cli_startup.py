@@ -100,7 +100,7 @@ def test_the_start_up_banner(tmp_path: Path) -> None:
 
 def _quickstart_block() -> list[str]:
     """The start-up output docs/quickstart.md shows under its first ``actorproxy run``."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "quickstart.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "quickstart.md").read_text()
     block = re.search(r"```bash\n[^`]*\nactorproxy run\n```\n\n```\n(.*?)```", text, re.S)
     assert block, "docs/quickstart.md: no output block after 'actorproxy run'"
     return block.group(1).splitlines()

@@ -2,7 +2,7 @@
 
 A turn that adds a short message is prepared on the event loop (the hand-off to a
 worker thread would cost more than the work); a long prompt still goes to the
-thread (tests/test_loop_free.py). The messages the history repeats are cut once,
+thread (tests/runtime/test_loop_free.py). The messages the history repeats are cut once,
 not every turn.
 """
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from _children import die_with_parent, lines_through
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 PLAIN = '''
 import trio

@@ -3,7 +3,7 @@
 A router may take a connection away after reading a request head (and, if it wants, the
 body); the connection is then served by another server from the bytes already read, as if
 that server had accepted it (``HTTPServer.adopt``). The real hand-off between processes
-(``SCM_RIGHTS``) is in tests/test_workers.py.
+(``SCM_RIGHTS``) is in tests/workers/test_workers.py.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import functools
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent / "actorproxy"
+ROOT = Path(__file__).resolve().parents[2] / "actorproxy"
 
 
 def _private(name: str) -> bool:

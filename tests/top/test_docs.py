@@ -28,7 +28,7 @@ import pytest
 
 from actorproxy.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "actorproxy"
 PAGES = sorted([*(ROOT / "docs").rglob("*.md"), ROOT / "README.md", ROOT / "examples" / "README.md"])
 #: Pages whose backticked module paths and names must exist (the ones that describe the code's layout).

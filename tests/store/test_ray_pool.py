@@ -52,7 +52,7 @@ def test_pool_hands_out_complete_groups_fifo_dedups_and_counts_drops() -> None:
 @pytest.fixture(scope="module")
 def ray_cluster() -> Any:
     ray = pytest.importorskip("ray")
-    repo = str(Path(__file__).resolve().parent.parent)
+    repo = str(Path(__file__).resolve().parents[2])
     context = ray.init(num_cpus=1, namespace="actorproxy-test", include_dashboard=False, log_to_driver=False,
                        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([repo, os.environ.get(
                            "PYTHONPATH", "")])}})

@@ -32,7 +32,7 @@ from actorproxy.schema.converter import structure
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
-TRACES = Path(__file__).parent / "traces"
+TRACES = Path(__file__).parents[1] / "traces"
 TRACE_FILES = sorted(TRACES.glob("[0-9][0-9]_*.json"))
 CORPUS = {path.stem: json.loads(path.read_text(encoding="utf-8")) for path in TRACE_FILES}
 

@@ -12,7 +12,7 @@ ids (completion and message ids, engine rids) become ``<id-N>`` in order of
 first appearance, and timestamps become ``<time>``.
 
 Any change to what the proxy sends shows up here as a diff. When a change is
-intended, regenerate with ``ACTORPROXY_UPDATE_GOLDEN=1 pytest tests/test_golden.py``
+intended, regenerate with ``ACTORPROXY_UPDATE_GOLDEN=1 pytest tests/tokenization/test_golden.py``
 and review the diff of the golden file like code.
 """
 
@@ -32,7 +32,7 @@ from actorproxy import ProxyConfig, open_proxy
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
-GOLDEN = Path(__file__).parent / "golden" / "conversation.txt"
+GOLDEN = Path(__file__).parents[1] / "golden" / "conversation.txt"
 
 OPENAI = "golden-openai"
 ANTHROPIC = "golden-anthropic"

@@ -18,7 +18,7 @@ from _families import FAMILIES, family_tokenizer
 from actorproxy.tokenization.chat_render import CompiledTemplate, compile_template
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
-TRACES = Path(__file__).parent / "traces"
+TRACES = Path(__file__).parents[1] / "traces"
 
 
 def _conversations() -> list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]:

@@ -112,6 +112,6 @@ async def test_the_dashboard_renders_in_a_real_browser(
     shot = tmp_path / "dashboard.png"
     await _browser(f"--screenshot={shot}", "--window-size=1280,1000", url, user_data=tmp_path / "profile2")
     assert shot.stat().st_size > 10_000
-    target = trio.Path(__file__).parent.parent / "docs" / "dashboard.png"
+    target = trio.Path(__file__).parents[2] / "docs" / "dashboard.png"
     if not await target.exists():  # the README's picture; regenerate by deleting it
         shutil.copyfile(shot, str(target))

@@ -28,7 +28,7 @@ from actorproxy.sim.server import open_sim_server
 from actorproxy.sim.state import SimServerSettings
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: ``PROXY_ARGS`` of run_alfworld_whitebox_agent_qwen3.5_4b_partial_rollout_async.sh with its defaults filled in.
 WHITE_BOX = (

@@ -23,7 +23,7 @@ from actorproxy.sim.server import RunningSim, open_sim_server
 from actorproxy.sim.state import SimServerSettings
 from actorproxy.tokenization.tokenizer import load_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: The Dressage proxy's example command line (seed 003, "Starting the Proxy"), after its program name.
 DRESSAGE = (

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,7 @@ against the simulated engine. A turn is admitted by the controller with a method
 call (no message, no reply channel), the abort task of a generation exists only
 once a pause asks for it, and the journal of completed steps wakes the store once
 per batch, not once per turn. Pausing, aborting and recovering still work
-(tests/test_preemption.py, tests/test_store.py).
+(tests/runtime/test_preemption.py, tests/store/test_store.py).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ async def test_a_pause_aborts_each_generation_in_flight_in_its_own_call(
 ) -> None:
     """The pause's call asks each turn, and the turn aborts its generation there: the simulated
     engine hears an abort at once, so nothing is left to a task (an HTTP engine's answer is:
-    tests/test_pause_counting_engine.py)."""
+    tests/engines/test_pause_counting_engine.py)."""
     async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=1.0),
                                     partial_rollout=True) as sim:
         rounds = Rounds()

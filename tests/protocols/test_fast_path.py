@@ -9,14 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: Every test of these files is heavy; elsewhere only the tests named here are.
-HEAVY_FILES = ("tests/agents/", "tests/realengine/", "tests/test_ray_pool.py", "tests/test_sglang_contract.py")
+HEAVY_FILES = ("tests/agents/", "tests/realengine/", "tests/store/test_ray_pool.py", "tests/contracts/test_sglang_contract.py")
 HEAVY_TESTS = {
-    "tests/test_examples.py::test_ray_data_pool_example_feeds_one_trainer_from_two_replicas",
-    "tests/test_compat.py::test_the_gateway_command_line",
-    "tests/test_dashboard.py::test_the_dashboard_renders_in_a_real_browser",
+    "tests/top/test_examples.py::test_ray_data_pool_example_feeds_one_trainer_from_two_replicas",
+    "tests/contracts/test_compat.py::test_the_gateway_command_line",
+    "tests/server/test_dashboard.py::test_the_dashboard_renders_in_a_real_browser",
 }
 
 
@@ -42,4 +42,4 @@ def test_not_heavy_leaves_out_the_heavy_tiers_and_nothing_else(tmp_path: Path) -
     assert not [t for t in light if t.startswith(HEAVY_FILES)], "a heavy tier is in the fast path"
     assert {t for t in heavy if not t.startswith(HEAVY_FILES)} == HEAVY_TESTS
     assert all(any(t.startswith(f) for t in heavy) for f in HEAVY_FILES), heavy
-    assert "tests/test_fast_path.py::test_not_heavy_leaves_out_the_heavy_tiers_and_nothing_else" in light
+    assert "tests/protocols/test_fast_path.py::test_not_heavy_leaves_out_the_heavy_tiers_and_nothing_else" in light
