@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import orjson
 
+from ..errors import release
 from ..schema.jsonio import MAX_DEPTH, load_body, nesting
 from ..schema.prefixes import Prefixes
 
@@ -111,7 +112,10 @@ def load(raw: bytes, from_memo: Callable[[bytes], object | None]) -> Any:
     """
     try:
         body = from_memo(raw)
-    except Exception:  # anything a conversion refuses: the full check says what, in its order
+    except Exception as refused:  # anything a conversion refuses: the full check says what, in its order
+        # A converter's error (cattrs collects each field's error in its own frame) and its traceback
+        # form a cycle that holds the body until the collector runs: drop the tracebacks now.
+        release(refused)
         body = None
     return body if body is not None else load_body(raw)
 

@@ -12,7 +12,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 #: Every test of these files is heavy; elsewhere only the tests named here are.
-HEAVY_FILES = ("tests/agents/", "tests/realengine/", "tests/store/test_ray_pool.py", "tests/contracts/test_sglang_contract.py")
+HEAVY_FILES = (
+    "tests/agents/", "tests/realengine/", "tests/store/test_ray_pool.py", "tests/contracts/test_sglang_contract.py",
+)
 HEAVY_TESTS = {
     "tests/top/test_examples.py::test_ray_data_pool_example_feeds_one_trainer_from_two_replicas",
     "tests/contracts/test_compat.py::test_the_gateway_command_line",
