@@ -317,6 +317,14 @@ async def counter(engine: httpx.AsyncClient, name: str) -> float:
                if line.startswith((name + "{", name + " ")))
 
 
+async def mid_generation(http: httpx.AsyncClient) -> None:
+    """Return once the proxy has a generation in flight (its own view: the engine is sampling it)."""
+    while True:
+        if (await http.get("/v1/rollout/pause_state")).json()["in_flight"] > 0:
+            return
+        await asyncio.sleep(0.002)
+
+
 async def sync(http: httpx.AsyncClient, engine: httpx.AsyncClient, weights: Path, version: int,
                mode: str) -> dict[str, Any]:
     """Proxy pause (``mode``: abort or keep; the proxy pauses vLLM too) -> vLLM reload -> version -> resume.
@@ -422,6 +430,9 @@ async def train(args: argparse.Namespace, engine_url: str, model: Path, work: Pa
                     agents.budget.release()  # the other half starts now: the sync cuts its turns
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(agents.sampling.wait(), args.sync_wait)
+                    # The agent's first text can arrive after vLLM finished a short reply (a tiny model
+                    # on a quiet CPU): pause when the proxy itself has a generation in flight.
+                    await asyncio.wait_for(mid_generation(http), args.sync_wait)
                 started = time.monotonic()
                 mode = modes[iteration % len(modes)]
                 synced = await sync(http, engine, weights, version + 1, mode)
