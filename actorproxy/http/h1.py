@@ -42,11 +42,11 @@ MAX_CHUNK_LINE = 1024
 MAX_TRAILERS = 64 * 1024
 
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
-_TOKEN_STR = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
+_TOKEN_STR = re.compile(_TOKEN.pattern.decode("ascii"))  # the same token, for a head given as text
 _TARGET = re.compile(rb"[\x21-\x7e]+")
 _BAD_TARGET_STR = re.compile(r"[\x00-\x20\x7f]")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
-_BAD_VALUE_STR = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_BAD_VALUE_STR = re.compile(_BAD_VALUE.pattern.decode("ascii"))
 #: One header line (without its LF): a token name, a colon, a value without control characters (HTAB allowed),
 #: optional whitespace around the value, an optional CR. Anchored at each line's start (``re.M``).
 _FIELD = re.compile(rb"^([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*)\r?$", re.M)
