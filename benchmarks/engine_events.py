@@ -19,6 +19,7 @@ a local listener that closes them, as the abort calls of a pause do), accepting 
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -118,7 +119,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=2000)
     args = parser.parse_args()
     for name, pieces in (("cumulative, one read", [CUMULATIVE]), ("incremental, a read per event", INCREMENTAL)):
-        seconds = best(lambda pieces=pieces: read(pieces), args.rounds, args.turns)
+        seconds = best(functools.partial(read, pieces), args.rounds, args.turns)
         print(f"{name:<30} {seconds * 1e6:7.1f} µs per generation, {seconds * 1e6 / 16:5.2f} µs per event")
     print(f"{'an engine connection':<30} {trio.run(connections, args.rounds) * 1e6:7.1f} µs")
 

@@ -238,7 +238,7 @@ async def clients_main(args: argparse.Namespace) -> None:
     try:
         errors = [e for e in await asyncio.wait_for(everything, args.timeout) if isinstance(e, BaseException)]
     except TimeoutError:
-        errors = ["timeout"]
+        errors = [TimeoutError("timeout")]
     print(f"ENDING {sum(received)}", flush=True)
     total = sum(received)
     print(json.dumps({

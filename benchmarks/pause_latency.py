@@ -205,7 +205,7 @@ def main(args: argparse.Namespace) -> None:
         p99 = acks[min(len(acks) - 1, int(0.99 * len(acks)))]
 
         def med(key: str, rows: list[dict[str, Any]] = runs) -> float:
-            return statistics.median(r[key] for r in rows)
+            return float(statistics.median(r[key] for r in rows))
 
         print(f"{streams:>7} {statistics.median(acks):>8.0f} {p99:>8.0f} {med('aborted'):>8.0f} "
               f"{sum(r['engine_cut'] for r in runs):>4} {med('abort_calls'):>6.0f} {med('produced'):>9.0f} "

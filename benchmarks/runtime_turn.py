@@ -165,7 +165,7 @@ async def run(args: argparse.Namespace, data_dir: str) -> dict[str, float]:
                 profile.dump_stats(args.profile)
             sys.setprofile(None)
             gc.callbacks.remove(collector)
-            trio.to_thread.run_sync = real_run_sync  # type: ignore[assignment]
+            trio.to_thread.run_sync = real_run_sync
             trio.lowlevel.remove_instrument(rounds)
         turns = done
         if args.gc_stats:

@@ -266,9 +266,10 @@ def main() -> None:
     if "ray" in stores:
         import ray
 
-        ray_address = ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, namespace="bench",
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, namespace="bench",
                                runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}}
-                               ).address_info["gcs_address"]
+                               )
+        ray_address = ray.get_runtime_context().gcs_address
     runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in stores}
     with engine_stub(canned(REPLY, 16)) as stub:
         for r in range(args.repeat):  # interleaved: a load spike from elsewhere hits every store alike

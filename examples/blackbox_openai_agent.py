@@ -19,6 +19,7 @@ from typing import Any
 
 import openai
 import trio
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
 from shared import WEATHER_TOOL, blackbox_main, get_weather
 
 
@@ -50,6 +51,8 @@ def agent(base_url: str, max_turns: int) -> None:
                 print(f"    answer: {(choice.message.content or '')[:70]!r}")
                 return
             for call in calls:
+                if not isinstance(call, ChatCompletionMessageFunctionToolCall):
+                    continue  # a custom tool: this agent offers none
                 print(f"    {call.function.name}({call.function.arguments})")
                 result = run_tool(call.function.name, call.function.arguments)
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})

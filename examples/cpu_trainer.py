@@ -109,7 +109,7 @@ class Trainer:
 
 
 def main() -> None:
-    transformers_logging.disable_progress_bar()  # loading and writing weights every iteration: no bars
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # loading and writing weights every iteration: no bars
     trainer = Trainer(sys.argv[1])
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

@@ -19,12 +19,13 @@ import tempfile
 from typing import Any
 
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionToolParam
 
 from actorproxy import start_proxy
 from actorproxy.client import load_trajectory_file
 from actorproxy.trajectory_file import trajectory_path
 
-TOOLS = [
+TOOLS: list[ChatCompletionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -38,7 +39,7 @@ TOOLS = [
 
 async def run_trial(base_url: str, turns: int) -> float:
     """One agent episode against its own session URL; returns a (fake) reward."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test in tests/test_io.py."}]
+    messages: list[Any] = [{"role": "user", "content": "Fix the failing test in tests/test_io.py."}]
     async with AsyncOpenAI(base_url=base_url, api_key="unused") as client:
         for _ in range(turns):
             reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, max_tokens=64)

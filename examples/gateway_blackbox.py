@@ -15,6 +15,7 @@ import argparse
 import httpx
 import trio
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from actorproxy import ProxyConfig, open_proxy
 
@@ -25,7 +26,7 @@ async def run(url: str) -> None:
         print("base_url:", init["base_url"])
         await trainer.post(init["base_url"] + "/v1/register_trajectory", json={"metadata": {"task": "demo"}})
         async with AsyncOpenAI(base_url=init["base_url"] + "/v1", api_key="unused") as agent:  # a black box
-            messages = [{"role": "user", "content": "Write a haiku about tokens."}]
+            messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Write a haiku about tokens."}]
             reply = await agent.chat.completions.create(model="policy", messages=messages, max_tokens=48)
             print("agent got:", reply.choices[0].message.content)
         done = (await trainer.post(init["base_url"] + "/v1/complete_trajectory", json={"reward": 1.0})).json()

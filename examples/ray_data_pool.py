@@ -53,9 +53,9 @@ def main() -> None:
     from actorproxy.ray import connect
 
     pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    context = ray.init(num_cpus=1, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
+    ray.init(num_cpus=1, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
                        runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
-    address = context.address_info["gcs_address"]
+    address: str = ray.get_runtime_context().gcs_address
     pool = connect(POOL, NAMESPACE)  # the trainer creates the pool (detached); the replicas find it by name
     replicas: list[subprocess.Popen[bytes]] = []
     try:

@@ -14,14 +14,17 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from actorproxy import ProxyClient, ProxyConfig, open_proxy
 
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionFunctionToolParam
+
 #: The tool the agents are offered (OpenAI's function-tool shape).
-WEATHER_TOOL: dict[str, Any] = {
+WEATHER_TOOL: ChatCompletionFunctionToolParam = {
     "type": "function",
     "function": {
         "name": "get_weather",

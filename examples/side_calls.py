@@ -19,10 +19,11 @@ from typing import Any
 
 import openai
 import trio
+from openai.types.chat import ChatCompletionFunctionToolParam
 
 from actorproxy import ProxyClient, ProxyConfig, open_proxy
 
-TOOL = {"type": "function", "function": {
+TOOL: ChatCompletionFunctionToolParam = {"type": "function", "function": {
     "name": "read_file", "description": "Read a file.",
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
 TASK = "Look at notes.txt and tell me what it says."

@@ -182,8 +182,8 @@ class Agents:
         base = f"{self.proxy_url}/{trial}/{group}/v1"
         async with AsyncOpenAI(base_url=base, api_key="unused", max_retries=0) as client:
             for _ in range(TURNS):
-                stream = await client.chat.completions.create(
-                    model="policy", messages=messages, tools=TOOLS, max_tokens=self.max_tokens,  # type: ignore[arg-type]
+                stream = await client.chat.completions.create(  # type: ignore[call-overload]
+                    model="policy", messages=messages, tools=TOOLS, max_tokens=self.max_tokens,
                     temperature=1.0, stream=True, stream_options={"include_usage": True})
                 text, finish, count = "", None, -1
                 calls: dict[int, dict[str, Any]] = {}
@@ -402,8 +402,9 @@ async def train(args: argparse.Namespace, engine_url: str, model: Path, work: Pa
                 recorded += int(batch.loss_mask.sum())
                 path = work / f"batch-{iteration}.npz"
                 arrays = batch.arrays()
-                np.savez(path, **{k: arrays[k] for k in ("input_ids", "attention_mask", "position_ids", "loss_mask",
-                                                         "old_logprobs", "advantages")})
+                saved: dict[str, Any] = {k: arrays[k] for k in ("input_ids", "attention_mask", "position_ids",
+                                                                "loss_mask", "old_logprobs", "advantages")}
+                np.savez(path, **saved)
                 weights = work / f"weights-{version + 1}"
                 started = time.monotonic()
                 answer = await asyncio.to_thread(trainer.step, {
