@@ -125,6 +125,10 @@ class SegmentIdentity:
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
 
 
+#: The fields of a segment identity that :func:`build_segment` takes as they are (its metadata is built per segment).
+_AS_THEY_ARE = tuple(field.name for field in attrs.fields(SegmentIdentity) if field.name != "metadata")
+
+
 def assemble_segment(
     seg: OpenSegment,
     tokenizer: ChatTokenizer,
@@ -141,17 +145,8 @@ def assemble_segment(
         metadata["rebuilt_steps"] = [s.index for s in seg.rebuilt_steps]
     if verify:
         metadata["verify"] = verify_segment(seg, tokenizer)
-    common: dict[str, Any] = dict(
-        session_id=who.session_id,
-        parent_traj_id=who.parent_traj_id,
-        instance_id=who.instance_id,
-        rollout_id=who.rollout_id,
-        segment_index=seg.index,
-        start_reason=seg.start_reason,
-        boundary_reason=who.boundary_reason,
-        reward=who.reward,
-        mask_nonlast_version=mask_nonlast_version,
-    )
+    common: dict[str, Any] = {name: getattr(who, name) for name in _AS_THEY_ARE}
+    common.update(segment_index=seg.index, start_reason=seg.start_reason, mask_nonlast_version=mask_nonlast_version)
     if mode == "last_step":
         try:
             return _last_step(seg, tokenizer, metadata, common)

@@ -31,6 +31,7 @@ from ..engines.sglang.protocol import (
 )
 from ..engines.shared_wire import WeightVersionOutput
 from ..errors import BadRequest
+from ..same_named import build_from
 from ..schema.converter import CONVERTER
 from . import wire
 from .state import Chunk, SimState, check_sampling, collect, run_generation
@@ -68,15 +69,8 @@ def _parse(state: SimState, body: GenerateReqInput) -> tuple[GenerateRequest, _O
     ids = wire.token_prompt(body.input_ids, "input_ids", vocab_size=state.engine.tokenizer.vocab_size)
     params = body.sampling_params or SGLangSamplingParams()
     check_sampling(state, params.stop, params.ignore_eos)
-    sampling = SamplingParams(
-        max_new_tokens=params.max_new_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        min_p=params.min_p,
-        stop_token_ids=tuple(params.stop_token_ids or ()),
-        seed=params.sampling_seed,
-    )
+    sampling = build_from(SamplingParams, params, stop_token_ids=tuple(params.stop_token_ids or ()),
+                          seed=params.sampling_seed)
     if body.return_routed_experts and not state.settings.enable_return_routed_experts:
         raise wire.BadField("return_routed_experts needs the server flag --enable-return-routed-experts")
     generate = GenerateRequest(
@@ -86,15 +80,8 @@ def _parse(state: SimState, body: GenerateReqInput) -> tuple[GenerateRequest, _O
         routing_key=request.headers.get(ROUTING_HEADER),
         return_routed_experts=body.return_routed_experts,
     )
-    options = _Options(
-        stream=body.stream,
-        return_logprob=body.return_logprob,
-        logprob_start_len=body.logprob_start_len,
-        top_logprobs_num=body.top_logprobs_num,
-        skip_special=params.skip_special_tokens,
-        no_stop_trim=params.no_stop_trim,
-        max_new_tokens=sampling.max_new_tokens,
-    )
+    options = build_from(_Options, body, skip_special=params.skip_special_tokens, no_stop_trim=params.no_stop_trim,
+                         max_new_tokens=sampling.max_new_tokens)
     return generate, options
 
 

@@ -18,6 +18,7 @@ import attrs
 import trio
 
 from ..engines.base import BackendError, GenerateFinish, GenerateRequest, TokenDelta
+from ..same_named import build_from
 from .config import SimConfig
 from .engine import SimEngine
 from .faults import DropConnection, SimFaults
@@ -69,12 +70,7 @@ class SimServerSettings:
 
     def engine_config(self) -> SimConfig:
         """The engine's config: every setting the two classes name alike, and ``model_path`` as its model id."""
-        shared = {name: getattr(self, name) for name in _ENGINE_FIELDS}
-        return SimConfig(model_id=self.model_path, **shared)
-
-
-#: The :class:`SimServerSettings` that configure the engine the server builds: those :class:`SimConfig` names too.
-_ENGINE_FIELDS = tuple(sorted(attrs.fields_dict(SimServerSettings).keys() & attrs.fields_dict(SimConfig).keys()))
+        return build_from(SimConfig, self, model_id=self.model_path)
 
 
 @attrs.define

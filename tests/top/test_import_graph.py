@@ -3,8 +3,8 @@
 The floors, lowest first (a module may import from its own floor and the floors below it, never above):
 
 1. ``http``: bytes and ASGI; knows nothing else of actorproxy.
-2. ``errors``, ``telemetry``, ``logs``, ``serving``, ``session_meta``, ``trajectory_file``, ``rewards``:
-   the leaf modules every floor may use.
+2. ``errors``, ``telemetry``, ``logs``, ``serving``, ``session_meta``, ``trajectory_file``, ``rewards``,
+   ``same_named``: the leaf modules every floor may use.
 3. ``config``: the settings tree.
 4. ``tokenization``: tokenizers, chat templates, message fields.
 5. ``core``: the sans-IO heart: requests, turn events, parsing, TITO, records.
@@ -118,6 +118,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "actorproxy.session_meta",
         "actorproxy.trajectory_file",
         "actorproxy.rewards",
+        "actorproxy.same_named",
     ),
     ("actorproxy.config",),
     ("actorproxy.tokenization",),
