@@ -18,6 +18,7 @@ from typing import Any, Literal
 import attrs
 import orjson
 
+from ...same_named import build_from
 from ...schema.converter import CONVERTER, TokenIds, at_least
 from ..base import (
     BackendError,
@@ -68,19 +69,9 @@ class SGLangSamplingParams:
 
     @classmethod
     def of(cls, s: SamplingParams) -> SGLangSamplingParams:
-        return cls(
-            max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            min_p=s.min_p,
-            stop=[],
-            stop_token_ids=list(s.stop_token_ids),
-            skip_special_tokens=False,
-            no_stop_trim=True,
-            ignore_eos=False,
-            sampling_seed=s.seed,
-        )
+        """``s``'s same-named settings; no stop strings, special tokens and stop tokens kept, EOS never ignored."""
+        return build_from(cls, s, stop=[], stop_token_ids=list(s.stop_token_ids), skip_special_tokens=False,
+                          no_stop_trim=True, ignore_eos=False, sampling_seed=s.seed)
 
 
 @attrs.frozen(kw_only=True)
