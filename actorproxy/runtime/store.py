@@ -44,6 +44,7 @@ import trio
 
 from ..core.records import Segment, Step
 from ..errors import StorageFull
+from ..schema.records import segment_fields
 from ..store.base import ReadQuery, ReadResult, Recovered, StoreBackend, session_key
 from .actor import Reply, answer, answer_error
 from .store_messages import (
@@ -473,16 +474,12 @@ class TrajectoryStore:
 RECENT_SEGMENTS = 20
 
 
+#: The fields of a stored segment (:func:`segment_fields`) the dashboard shows, besides its session.
+_SUMMARY_FIELDS = ("trajectory_id", "instance_id", "start_reason", "boundary_reason", "num_tokens",
+                   "num_trained_tokens", "reward", "created_at")
+
+
 def _summary(segment: Segment) -> dict[str, Any]:
-    """What the dashboard shows of a stored segment (no arrays)."""
-    return {
-        "trajectory_id": segment.trajectory_id,
-        "session_id": segment.parent_traj_id,
-        "instance_id": segment.instance_id,
-        "start_reason": segment.start_reason,
-        "boundary_reason": segment.boundary_reason,
-        "num_tokens": len(segment.token_ids),
-        "num_trained_tokens": segment.num_trained_tokens,
-        "reward": segment.reward,
-        "created_at": segment.created_at,
-    }
+    """What the dashboard shows of a stored segment (no arrays): its session is its parent trajectory."""
+    fields = segment_fields(segment)
+    return {"session_id": segment.parent_traj_id, **{name: fields[name] for name in _SUMMARY_FIELDS}}

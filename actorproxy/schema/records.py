@@ -156,15 +156,17 @@ def step_json(step: Step) -> dict[str, Any]:
 
 def segment_fields(seg: Segment) -> dict[str, Any]:
     """A segment's JSON without its four arrays (what a store keeps as text)."""
-    meta: dict[str, Any] = {
+    return {**_segment_head(seg), **_segment_tail(seg)}
+
+
+def _segment_head(seg: Segment) -> dict[str, Any]:
+    return {
         "trajectory_id": seg.trajectory_id,
         "parent_traj_id": seg.parent_traj_id,
         "instance_id": seg.instance_id,
         "rollout_id": seg.rollout_id,
         "segment_index": seg.segment_index,
-        **_segment_tail(seg),
     }
-    return meta
 
 
 def _segment_tail(seg: Segment) -> dict[str, Any]:
@@ -187,11 +189,7 @@ def _segment_tail(seg: Segment) -> dict[str, Any]:
 def segment_json(seg: Segment) -> dict[str, Any]:
     """The converter's hook for :class:`Segment`: the training sample as the trainer reads it."""
     return {
-        "trajectory_id": seg.trajectory_id,
-        "parent_traj_id": seg.parent_traj_id,
-        "instance_id": seg.instance_id,
-        "rollout_id": seg.rollout_id,
-        "segment_index": seg.segment_index,
+        **_segment_head(seg),
         "token_ids": seg.token_ids.tolist(),
         "loss_mask": seg.loss_mask.tolist(),
         "logprobs": seg.logprobs.tolist(),
