@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -55,12 +56,26 @@ class Echo:
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[Echo, int]]:
     app = Echo()
+    async with serving(app) as port:
+        yield app, port
+
+
+@asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[int]:
+    """``app`` served by the proxy's server (5 s keep-alive) on a free loopback port: the port, until the block ends."""
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         url = await nursery.start(lambda task_status: HTTPServer(app, keep_alive_timeout=5).serve(
             "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
-        yield app, int(url.rsplit(":", 1)[1])
+        yield int(url.rsplit(":", 1)[1])
         stop.set()
+
+
+@asynccontextmanager
+async def connected(app: Any) -> AsyncIterator[trio.SocketStream]:
+    """A connection to ``app`` served as by :func:`serving`."""
+    async with serving(app) as port, await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        yield stream
 
 
 async def read_until(stream: trio.SocketStream, marker: bytes, count: int = 1) -> bytes:
@@ -212,18 +227,12 @@ async def _half_close(app: Echo, port: int, version: str, eof_with_the_request: 
 
 
 async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(autojump_clock: Any) -> None:
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(lambda task_status: HTTPServer(Echo(), keep_alive_timeout=5).serve(
-            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
-        stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
-        async with stream:
-            await stream.send_all(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
-            await read_until(stream, b"GET /x  ")
-            start = trio.current_time()
-            assert await stream.receive_some(100) == b""  # closed by the server
-            assert trio.current_time() - start == pytest.approx(5)
-        stop.set()
+    async with connected(Echo()) as stream:
+        await stream.send_all(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+        await read_until(stream, b"GET /x  ")
+        start = trio.current_time()
+        assert await stream.receive_some(100) == b""  # closed by the server
+        assert trio.current_time() - start == pytest.approx(5)
 
 
 class Firehose:
@@ -246,29 +255,23 @@ class Firehose:
 async def test_a_client_that_does_not_read_holds_the_sender_back_and_gets_every_byte_once_it_reads() -> None:
     """Backpressure: a slow reader blocks the app's send (the kernel's buffers hold the rest, not the proxy)."""
     app = Firehose(pieces=1024)  # 64 MiB
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(lambda task_status: HTTPServer(app, keep_alive_timeout=5).serve(
-            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
-        stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
-        async with stream:
-            await stream.send_all(b"GET /firehose HTTP/1.1\r\nHost: h\r\n\r\n")
-            while True:  # until the app stops making progress: its send waits for the reader
-                before = app.sent
-                await trio.testing.wait_all_tasks_blocked()
-                if app.sent == before and app.sent > 0:
-                    break
-            held = app.sent
-            assert held < 256  # at most the kernel's socket buffers (a few MiB), far from the 64 MiB sent
-            received, tail = 0, b""
-            with trio.fail_after(30):
-                while not tail.endswith(b"\r\n0\r\n\r\n"):
-                    data = await stream.receive_some(1 << 20)
-                    assert data, "the server closed the connection before the end of the body"
-                    received, tail = received + len(data), (tail + data)[-16:]
-            assert app.sent == 1024
-            assert received > 1024 * 65536
-        stop.set()
+    async with connected(app) as stream:
+        await stream.send_all(b"GET /firehose HTTP/1.1\r\nHost: h\r\n\r\n")
+        while True:  # until the app stops making progress: its send waits for the reader
+            before = app.sent
+            await trio.testing.wait_all_tasks_blocked()
+            if app.sent == before and app.sent > 0:
+                break
+        held = app.sent
+        assert held < 256  # at most the kernel's socket buffers (a few MiB), far from the 64 MiB sent
+        received, tail = 0, b""
+        with trio.fail_after(30):
+            while not tail.endswith(b"\r\n0\r\n\r\n"):
+                data = await stream.receive_some(1 << 20)
+                assert data, "the server closed the connection before the end of the body"
+                received, tail = received + len(data), (tail + data)[-16:]
+        assert app.sent == 1024
+        assert received > 1024 * 65536
 
 
 class CutShort:
@@ -294,17 +297,11 @@ async def test_a_write_cut_in_the_middle_ends_the_connection_instead_of_going_on
     autojump_clock: Any,
 ) -> None:
     app = CutShort()
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(lambda task_status: HTTPServer(app, keep_alive_timeout=5).serve(
-            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
-        stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
-        async with stream:
-            await stream.send_all(b"GET /cut HTTP/1.1\r\nHost: h\r\n\r\n")
-            await app.cut.wait()
-            data = await read_until(stream, b"never")  # everything until the server closes the connection
-        assert b"after" not in data and not data.endswith(b"0\r\n\r\n")
-        stop.set()
+    async with connected(app) as stream:
+        await stream.send_all(b"GET /cut HTTP/1.1\r\nHost: h\r\n\r\n")
+        await app.cut.wait()
+        data = await read_until(stream, b"never")  # everything until the server closes the connection
+    assert b"after" not in data and not data.endswith(b"0\r\n\r\n")
 
 
 class BodyNow:
@@ -327,22 +324,16 @@ class BodyNow:
 
 
 async def test_a_body_that_has_all_arrived_is_handed_over_at_once_and_a_pipelined_request_is_kept() -> None:
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(lambda task_status: HTTPServer(BodyNow(), keep_alive_timeout=5).serve(
-            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
-        stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
-        async with stream:
-            await stream.send_all(b"POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc"
-                                  b"POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n"
-                                  b"POST /c HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nde")
-            data = await read_until(stream, b"now:;")
-            await trio.testing.wait_all_tasks_blocked()
-            await stream.send_all(b"fg")  # the third body arrives after its request started: received as usual
-            data += await read_until(stream, b"received:defg;")
-        assert data.count(b"HTTP/1.1 200") == 3
-        assert data.index(b"now:abc;") < data.index(b"now:;") < data.index(b"received:defg;")
-        stop.set()
+    async with connected(BodyNow()) as stream:
+        await stream.send_all(b"POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc"
+                              b"POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n"
+                              b"POST /c HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nde")
+        data = await read_until(stream, b"now:;")
+        await trio.testing.wait_all_tasks_blocked()
+        await stream.send_all(b"fg")  # the third body arrives after its request started: received as usual
+        data += await read_until(stream, b"received:defg;")
+    assert data.count(b"HTTP/1.1 200") == 3
+    assert data.index(b"now:abc;") < data.index(b"now:;") < data.index(b"received:defg;")
 
 
 class TwoWriters:
@@ -369,25 +360,19 @@ class TwoWriters:
 
 async def test_a_write_while_another_waits_for_the_reader_goes_after_it_whole() -> None:
     app = TwoWriters()
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(lambda task_status: HTTPServer(app, keep_alive_timeout=5).serve(
-            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
-        stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
-        async with stream:
-            await stream.send_all(b"GET /two HTTP/1.1\r\nHost: h\r\n\r\n")
-            await app.first_waits.wait()
-            with trio.fail_after(30):
-                data = await read_until(stream, b"\r\n0\r\n\r\n")
-        body = data.split(b"\r\n\r\n", 1)[1]
-        pieces = []
-        while body:  # the chunked framing, piece by piece
-            size, _, rest = body.partition(b"\r\n")
-            pieces.append(rest[: int(size, 16)])
-            body = rest[int(size, 16) + 2:]
-        assert [len(piece) for piece in pieces] == [8 << 20, 100, 0]
-        assert pieces[0] == b"a" * (8 << 20) and pieces[1] == b"b" * 100
-        stop.set()
+    async with connected(app) as stream:
+        await stream.send_all(b"GET /two HTTP/1.1\r\nHost: h\r\n\r\n")
+        await app.first_waits.wait()
+        with trio.fail_after(30):
+            data = await read_until(stream, b"\r\n0\r\n\r\n")
+    body = data.split(b"\r\n\r\n", 1)[1]
+    pieces = []
+    while body:  # the chunked framing, piece by piece
+        size, _, rest = body.partition(b"\r\n")
+        pieces.append(rest[: int(size, 16)])
+        body = rest[int(size, 16) + 2:]
+    assert [len(piece) for piece in pieces] == [8 << 20, 100, 0]
+    assert pieces[0] == b"a" * (8 << 20) and pieces[1] == b"b" * 100
 
 
 class Pieces:
@@ -407,26 +392,20 @@ class Pieces:
 
 
 async def test_a_body_that_arrives_in_pieces_is_given_whole_up_to_body_at_once() -> None:
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(lambda task_status: HTTPServer(Pieces(), keep_alive_timeout=5).serve(
-            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
-        stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
-        async with stream:
-            for size in (300_000, BODY_AT_ONCE + 300_000):
-                body = bytes(range(256)) * (size // 256)
-                await stream.send_all(b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % len(body))
-                for at in range(0, len(body), 100_000):  # the body in pieces, the server waiting in between
-                    await trio.testing.wait_all_tasks_blocked()
-                    await stream.send_all(body[at : at + 100_000])
-                answer = await read_until(stream, b";")
-                count, length, total = answer.rpartition(b"\r\n\r\n")[2].rstrip(b";").split()
-                assert (int(length), int(total)) == (len(body), sum(body))
-                if size <= BODY_AT_ONCE:
-                    assert int(count) == 1  # gathered, then given in one message
-                else:
-                    assert int(count) > 1  # past the bound: given as it comes, the buffer stays bounded
-        stop.set()
+    async with connected(Pieces()) as stream:
+        for size in (300_000, BODY_AT_ONCE + 300_000):
+            body = bytes(range(256)) * (size // 256)
+            await stream.send_all(b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % len(body))
+            for at in range(0, len(body), 100_000):  # the body in pieces, the server waiting in between
+                await trio.testing.wait_all_tasks_blocked()
+                await stream.send_all(body[at : at + 100_000])
+            answer = await read_until(stream, b";")
+            count, length, total = answer.rpartition(b"\r\n\r\n")[2].rstrip(b";").split()
+            assert (int(length), int(total)) == (len(body), sum(body))
+            if size <= BODY_AT_ONCE:
+                assert int(count) == 1  # gathered, then given in one message
+            else:
+                assert int(count) > 1  # past the bound: given as it comes, the buffer stays bounded
 
 
 class _Rounds(trio.abc.Instrument):
@@ -454,11 +433,8 @@ async def test_a_request_sent_with_its_connection_reaches_the_app_in_the_round_i
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
         await send({"type": "http.response.body", "body": b""})
 
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(lambda task_status: HTTPServer(app, keep_alive_timeout=5).serve(
-            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
-        plain = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])))  # no checkpoint: not accepted
+    async with serving(app) as port:
+        plain = socket.create_connection(("127.0.0.1", port))  # no checkpoint: not accepted
         plain.sendall(b"POST /v1/rollout/pause HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n")
         plain.setblocking(False)
         with trio.socket.from_stdlib_socket(plain) as client:
@@ -467,7 +443,6 @@ async def test_a_request_sent_with_its_connection_reaches_the_app_in_the_round_i
                 answer = await client.recv(4096)
             finally:
                 trio.lowlevel.remove_instrument(rounds)
-        stop.set()
     assert answer.startswith(b"HTTP/1.1 200")
     # The round the listener wakes in (the accept), then the connection task's first step: 5 before.
     assert seen == [2], f"the app ran {seen[0]} rounds after the listener woke"
