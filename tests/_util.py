@@ -200,6 +200,37 @@ async def hang_up_after(http: httpx.AsyncClient, path: str, body: dict[str, Any]
                 return
 
 
+def chat_chunks(text: str) -> list[dict[str, Any]]:
+    """The chunks of a streamed chat completion (its ``data:`` frames before the closing ``[DONE]``)."""
+    frames = [block[len("data: ") :] for block in text.split("\n\n") if block.startswith("data: ")]
+    assert frames[-1] == "[DONE]", frames[-3:]
+    return [json.loads(frame) for frame in frames[:-1]]
+
+
+def assemble_chat_stream(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The reply an OpenAI client assembles from streamed chunks: content, reasoning, calls, finish, usage.
+
+    A call is assembled from its pieces by index, its id and name first; the calls come in index order.
+    """
+    content, reasoning, finish, usage = "", "", None, None
+    calls: list[dict[str, Any]] = []
+    for chunk in chunks:
+        assert "error" not in chunk, chunk
+        usage = chunk.get("usage") or usage
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            reasoning += delta.get("reasoning_content") or ""
+            for piece in delta.get("tool_calls") or []:
+                if piece.get("id"):
+                    assert piece["index"] == len(calls), piece
+                    calls.append({"id": piece["id"], "type": "function",
+                                  "function": {"name": piece["function"]["name"], "arguments": ""}})
+                calls[piece["index"]]["function"]["arguments"] += piece["function"].get("arguments") or ""
+            finish = choice["finish_reason"] or finish
+    return {"content": content, "reasoning": reasoning, "calls": calls, "finish": finish, "usage": usage}
+
+
 def reserialise(message: dict[str, Any]) -> dict[str, Any]:
     """An agent's echo of our reply: arguments re-serialised, reasoning dropped, null content."""
     echo: dict[str, Any] = {"role": "assistant", "content": message.get("content") or None}

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from _util import WEATHER_TOOL, hang_up_after
+from _util import WEATHER_TOOL, assemble_chat_stream, chat_chunks, hang_up_after
 
 from actorproxy import ProxyClient
 from actorproxy.serve import RunningProxy
@@ -26,31 +26,6 @@ def _body(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {"model": "policy", "messages": messages, "tools": [WEATHER_TOOL], **extra}
 
 
-def _parse_sse(text: str) -> list[Any]:
-    frames = [block[len("data: ") :] for block in text.split("\n\n") if block.startswith("data: ")]
-    assert frames[-1] == "[DONE]"
-    return [json.loads(f) for f in frames[:-1]]
-
-
-def _assemble(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    content, reasoning, calls, finish, usage = "", "", [], None, None
-    for chunk in chunks:
-        if chunk.get("usage"):
-            usage = chunk["usage"]
-        for choice in chunk["choices"]:
-            delta = choice["delta"]
-            content += delta.get("content") or ""
-            reasoning += delta.get("reasoning_content") or ""
-            for piece in delta.get("tool_calls") or []:
-                # OpenAI clients assemble a call from its pieces by index: id and name first.
-                if piece.get("id"):
-                    calls.append({"id": piece["id"], "type": "function",
-                                  "function": {"name": piece["function"]["name"], "arguments": ""}})
-                calls[piece["index"]]["function"]["arguments"] += piece["function"].get("arguments") or ""
-            finish = choice["finish_reason"] or finish
-    return {"content": content, "reasoning": reasoning, "calls": calls, "finish": finish, "usage": usage}
-
-
 async def test_streaming_and_non_streaming_agree(http: httpx.AsyncClient, engine: SimEngine) -> None:
     engine.script(REPLY, ANSWER, routing_key="plain")
     engine.script(REPLY, ANSWER, routing_key="streamed")
@@ -62,10 +37,10 @@ async def test_streaming_and_non_streaming_agree(http: httpx.AsyncClient, engine
         headers={"X-Session-Id": "streamed"},
     )
     assert response.headers["content-type"].startswith("text/event-stream")
-    chunks = _parse_sse(response.text)
+    chunks = chat_chunks(response.text)
     assert len({c["id"] for c in chunks}) == 1 and chunks[0]["object"] == "chat.completion.chunk"
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    streamed = _assemble(chunks)
+    streamed = assemble_chat_stream(chunks)
     message = plain["choices"][0]["message"]
     assert plain["choices"][0]["finish_reason"] == streamed["finish"] == "tool_calls"
     assert message["reasoning_content"] == streamed["reasoning"] == "The user wants weather."
@@ -86,9 +61,9 @@ async def test_streaming_and_non_streaming_agree(http: httpx.AsyncClient, engine
         else:
             response = await http.post("/v1/chat/completions", json=_body(follow, stream=True),
                                        headers={"X-Session-Id": session})
-            chunks = _parse_sse(response.text)
+            chunks = chat_chunks(response.text)
             assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")) > 3
-            streamed_text = _assemble(chunks)["content"]
+            streamed_text = assemble_chat_stream(chunks)["content"]
     assert plain_text == streamed_text == "It is 18 °C and sunny in Zürich — enjoy! 🌞"
     # Both sessions recorded the same tokens.
     for session in ("plain", "streamed"):
@@ -254,7 +229,7 @@ async def test_stop_sequences_streamed_and_not(http: httpx.AsyncClient, engine: 
     messages = [{"role": "user", "content": "go"}]
     body = {"messages": messages, "stop": ["Observation:"]}
     plain = (await http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "stop-a"})).json()
-    streamed = _assemble(_parse_sse((await http.post(
+    streamed = assemble_chat_stream(chat_chunks((await http.post(
         "/v1/chat/completions", json={**body, "stream": True}, headers={"X-Session-Id": "stop-b"})).text))
     assert plain["choices"][0]["message"]["content"] == streamed["content"] == "Thought: look around.\nAction: ls\n"
     assert plain["choices"][0]["finish_reason"] == streamed["finish"] == "stop"

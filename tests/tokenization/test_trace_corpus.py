@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import httpx
 import pytest
-from _util import check_segment_invariants
+from _util import assemble_chat_stream, chat_chunks, check_segment_invariants
 
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.engines.base import GenerateRequest, Generation, ModelInfo
@@ -127,34 +127,20 @@ def openai_reply(response: httpx.Response, stream: bool) -> dict[str, Any]:
         return {
             "content": message.get("content") or "",
             "reasoning": message.get("reasoning_content") or "",
-            "tool_calls": [{"id": c["id"], "name": c["function"]["name"],
-                            "arguments": json.loads(c["function"]["arguments"])}
-                           for c in message.get("tool_calls") or []],
+            "tool_calls": _openai_calls(message.get("tool_calls") or []),
             "finish": data["choices"][0]["finish_reason"],
             "step_index": data["actorproxy"]["step_index"],
             "session_id": data["actorproxy"]["session_id"],
         }
     assert response.headers["content-type"].startswith("text/event-stream")
-    frames = list(_sse_data(response.text))
-    assert frames[-1] == "[DONE]", frames[-3:]
-    content, reasoning, finish = "", "", None
-    calls: list[dict[str, Any]] = []
-    for frame in frames[:-1]:
-        chunk = json.loads(frame)
-        assert "error" not in chunk, chunk
-        for choice in chunk["choices"]:
-            delta = choice["delta"]
-            content += delta.get("content") or ""
-            reasoning += delta.get("reasoning_content") or ""
-            for piece in delta.get("tool_calls") or []:
-                if piece.get("id"):
-                    assert piece["index"] == len(calls)
-                    calls.append({"id": piece["id"], "name": piece["function"]["name"], "arguments": ""})
-                calls[piece["index"]]["arguments"] += piece["function"].get("arguments") or ""
-            finish = choice["finish_reason"] or finish
-    for call in calls:
-        call["arguments"] = json.loads(call["arguments"])
-    return {"content": content, "reasoning": reasoning, "tool_calls": calls, "finish": finish}
+    streamed = assemble_chat_stream(chat_chunks(response.text))
+    return {"content": streamed["content"], "reasoning": streamed["reasoning"],
+            "tool_calls": _openai_calls(streamed["calls"]), "finish": streamed["finish"]}
+
+
+def _openai_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"id": c["id"], "name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+            for c in calls]
 
 
 def anthropic_reply(response: httpx.Response, stream: bool) -> dict[str, Any]:
