@@ -71,12 +71,6 @@ async def proxy(engine: RecordingEngine, tokenizer: Any) -> AsyncIterator[Runnin
         yield running
 
 
-@pytest.fixture
-async def http(proxy: RunningProxy) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
-        yield client
-
-
 def _prompt(tokenizer: Any, text: str) -> list[int]:
     """What ``AgentFlowBase.apply_chat_template`` sends: the agent renders and tokenizes its own prompt."""
     rendered = tokenizer.render([{"role": "user", "content": text}], add_generation_prompt=True)

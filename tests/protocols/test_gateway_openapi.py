@@ -21,12 +21,6 @@ async def proxy(tokenizer: Any) -> AsyncIterator[RunningProxy]:
         yield running
 
 
-@pytest.fixture
-async def http(proxy: RunningProxy) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
-        yield client
-
-
 async def test_openapi_is_a_valid_3_1_document_of_every_route(http: httpx.AsyncClient, proxy: RunningProxy) -> None:
     from openapi_spec_validator import validate
     from openapi_spec_validator.validation import OpenAPIV31SpecValidator

@@ -28,12 +28,6 @@ async def proxy(engine: SimEngine, tokenizer: Any) -> AsyncIterator[RunningProxy
         yield running
 
 
-@pytest.fixture
-async def http(proxy: RunningProxy) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
-        yield client
-
-
 async def test_whitebox_generate_returns_the_exact_ids(http: httpx.AsyncClient, engine: SimEngine,
                                                        tokenizer: Any) -> None:
     engine.script('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
