@@ -231,6 +231,21 @@ def assemble_chat_stream(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     return {"content": content, "reasoning": reasoning, "calls": calls, "finish": finish, "usage": usage}
 
 
+def nested(depth: int) -> Any:
+    """A JSON value ``depth`` objects deep (for the bodies' nesting bound)."""
+    value: Any = "x"
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+async def start_reasons(http: httpx.AsyncClient, session: str) -> list[str]:
+    """Finalize ``session`` and drain its segments: why each one started."""
+    assert (await http.post("/session/finalize", json={"session_id": session})).status_code == 200
+    data = (await http.post("/trajectory/read", json={"session_id": session, "drain": True})).json()["data"]
+    return [segment["start_reason"] for segment in data]
+
+
 def reserialise(message: dict[str, Any]) -> dict[str, Any]:
     """An agent's echo of our reply: arguments re-serialised, reasoning dropped, null content."""
     echo: dict[str, Any] = {"role": "assistant", "content": message.get("content") or None}

@@ -17,13 +17,12 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from _util import decision
+from _util import decision, nested, start_reasons
 
 from actorproxy.protocols.anthropic import AnthropicFormat, parse_messages_body
 from actorproxy.protocols.anthropic_messages import AnthropicMemo, MessagesBody, load_messages_body
 from actorproxy.schema.jsonio import MAX_DEPTH, load_body
 from actorproxy.serve import RunningProxy
-from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.message_fields import FrozenMessage
 
 TOOLS = [{"name": "read_file", "description": "Read a file", "input_schema": {
@@ -149,26 +148,19 @@ def test_bad_system_or_tools_get_the_full_conversions_error(bad: dict[str, Any])
     assert isinstance(decided, tuple) and decided == decision(load_body, parse_messages_body, raw)
 
 
-def _nested(depth: int) -> Any:
-    value: Any = "x"
-    for _ in range(depth):
-        value = {"a": value}
-    return value
-
-
 @pytest.mark.parametrize("depth", [MAX_DEPTH - 5, MAX_DEPTH - 4, MAX_DEPTH - 3, MAX_DEPTH - 2, MAX_DEPTH - 1])
 @pytest.mark.parametrize("where", ["message", "tools", "system", "other"])
 def test_the_nesting_bound_is_the_same_with_a_cached_history(depth: int, where: str) -> None:
     fmt = AnthropicFormat()
     fmt.parse(fmt.load(_raw(HISTORY)))
     if where == "message":
-        raw = _raw([*HISTORY[:-1], {**HISTORY[-1], "extra": _nested(depth)}])
+        raw = _raw([*HISTORY[:-1], {**HISTORY[-1], "extra": nested(depth)}])
     elif where == "tools":
-        raw = _raw(HISTORY, tools=[{**TOOLS[0], "input_schema": _nested(depth)}])
+        raw = _raw(HISTORY, tools=[{**TOOLS[0], "input_schema": nested(depth)}])
     elif where == "system":
-        raw = _raw(HISTORY, system=[{**SYSTEM[0], "cache_control": _nested(depth)}])
+        raw = _raw(HISTORY, system=[{**SYSTEM[0], "cache_control": nested(depth)}])
     else:
-        raw = _raw(HISTORY, metadata=_nested(depth))
+        raw = _raw(HISTORY, metadata=nested(depth))
     assert decision(fmt.load, fmt.parse, raw) == decision(load_body, parse_messages_body, raw)
 
 
@@ -182,12 +174,6 @@ def test_the_memo_is_bounded() -> None:
 
 
 # -- over HTTP: a rewritten history still splits the segment ---------------------------------------------
-
-
-@pytest.fixture
-async def engine(tokenizer: Any) -> SimEngine:
-    """This module's engine (conftest's ``proxy`` and ``http`` serve it)."""
-    return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0))
 
 
 @pytest.mark.parametrize("edit", [None, "text", "tool_input", "our_reply", "system", "delete"])
@@ -215,8 +201,6 @@ async def test_an_edited_old_message_is_still_a_history_rewrite(
         text = "".join(block["text"] for block in response.json()["content"] if block["type"] == "text")
         messages.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
         messages.append({"role": "user", "content": f"next {turn}"})
-    assert (await http.post("/session/finalize", json={"session_id": session})).status_code == 200
-    data = (await http.post("/trajectory/read", json={"session_id": session, "drain": True})).json()["data"]
     expected = {None: ["session_start"], "system": ["session_start", "system_changed"]}.get(
         edit, ["session_start", "history_rewrite"])
-    assert [segment["start_reason"] for segment in data] == expected
+    assert await start_reasons(http, session) == expected

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from _util import nested, start_reasons
 
 from actorproxy.errors import BadRequest
 from actorproxy.protocols.chat_messages import ChatBody, _check, load_chat_body
@@ -23,7 +24,6 @@ from actorproxy.protocols.memo import MessageMemo
 from actorproxy.protocols.openai_chat import OpenAIChatFormat, parse_chat_body
 from actorproxy.schema.jsonio import MAX_DEPTH, load_body
 from actorproxy.serve import RunningProxy
-from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.message_fields import FrozenMessage
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
@@ -127,22 +127,15 @@ def test_a_bad_new_message_gets_the_full_checks_error_word_for_word(bad: Any) ->
         )
 
 
-def _nested(depth: int) -> Any:
-    value: Any = "x"
-    for _ in range(depth):
-        value = {"a": value}
-    return value
-
-
 @pytest.mark.parametrize("depth", [MAX_DEPTH - 4, MAX_DEPTH - 3, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH])
 @pytest.mark.parametrize("where", ["message", "tools"])
 def test_the_nesting_bound_is_the_same_with_a_cached_history(depth: int, where: str) -> None:
     fmt = OpenAIChatFormat()
     fmt.parse(fmt.load(_raw(HISTORY)))
     if where == "message":
-        raw = _raw([*HISTORY, {"role": "user", "content": "x", "extra": _nested(depth)}])
+        raw = _raw([*HISTORY, {"role": "user", "content": "x", "extra": nested(depth)}])
     else:
-        raw = _raw(HISTORY, tools=[{"type": "function", "function": {"name": "f", "parameters": _nested(depth)}}])
+        raw = _raw(HISTORY, tools=[{"type": "function", "function": {"name": "f", "parameters": nested(depth)}}])
 
     def outcome(load: Any, parse: Any) -> Any:
         try:
@@ -196,24 +189,12 @@ def test_the_memo_weighs_at_most_twice_its_budget_in_memory(text_bytes: int) -> 
 # -- over HTTP: a rewritten history still splits the segment ---------------------------------------------
 
 
-@pytest.fixture
-async def engine(tokenizer: Any) -> SimEngine:
-    """This module's engine (conftest's ``proxy`` and ``http`` serve it)."""
-    return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0))
-
-
 async def _turn(http: httpx.AsyncClient, session: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
     response = await http.post("/v1/chat/completions", json={"model": "m", "messages": messages, "max_tokens": 12},
                                headers={"X-Session-Id": session})
     assert response.status_code == 200, response.text
     message = response.json()["choices"][0]["message"]
     return {"role": "assistant", "content": message["content"] or ""}
-
-
-async def _start_reasons(http: httpx.AsyncClient, session: str) -> list[str]:
-    assert (await http.post("/session/finalize", json={"session_id": session})).status_code == 200
-    data = (await http.post("/trajectory/read", json={"session_id": session, "drain": True})).json()["data"]
-    return [segment["start_reason"] for segment in data]
 
 
 @pytest.mark.parametrize("edit", [None, "content", "tool_call", "our_reply", "reorder", "delete"])
@@ -237,7 +218,7 @@ async def test_an_edited_old_message_is_still_a_history_rewrite(
         messages.append(await _turn(http, session, messages))
         messages.append({"role": "user", "content": f"next {turn}"})
     expected = ["session_start"] if edit is None else ["session_start", "history_rewrite"]
-    assert await _start_reasons(http, session) == expected
+    assert await start_reasons(http, session) == expected
 
 
 def test_message_cut_trusts_identity_only_for_frozen_messages(tokenizer: Any) -> None:

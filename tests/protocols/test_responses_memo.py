@@ -15,14 +15,13 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from _util import decision
+from _util import decision, nested, start_reasons
 
 from actorproxy.protocols.responses_api import parse_responses_body
 from actorproxy.protocols.responses_format import ResponsesFormat
 from actorproxy.protocols.responses_memo import ResponsesBody, ResponsesMemo, load_responses_body
 from actorproxy.schema.jsonio import MAX_DEPTH, load_body
 from actorproxy.serve import RunningProxy
-from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.tokenization.message_fields import FrozenMessage
 
 TOOLS = [{"type": "function", "name": "shell", "description": "Run a command",
@@ -119,24 +118,17 @@ def test_odd_tools_and_inputs_are_decided_as_before(fields: dict[str, Any]) -> N
     assert decision(fmt.load, fmt.parse, raw) == decision(load_body, parse_responses_body, raw)
 
 
-def _nested(depth: int) -> Any:
-    value: Any = "x"
-    for _ in range(depth):
-        value = {"a": value}
-    return value
-
-
 @pytest.mark.parametrize("depth", [MAX_DEPTH - 5, MAX_DEPTH - 4, MAX_DEPTH - 3, MAX_DEPTH - 2, MAX_DEPTH - 1])
 @pytest.mark.parametrize("where", ["item", "tools", "other"])
 def test_the_nesting_bound_is_the_same_with_a_cached_history(depth: int, where: str) -> None:
     fmt = ResponsesFormat()
     fmt.parse(fmt.load(_raw(HISTORY)))
     if where == "item":
-        raw = _raw([*HISTORY, {"type": "message", "role": "user", "content": "x", "extra": _nested(depth)}])
+        raw = _raw([*HISTORY, {"type": "message", "role": "user", "content": "x", "extra": nested(depth)}])
     elif where == "tools":
-        raw = _raw(HISTORY, tools=[{**TOOLS[0], "parameters": _nested(depth)}])
+        raw = _raw(HISTORY, tools=[{**TOOLS[0], "parameters": nested(depth)}])
     else:
-        raw = _raw(HISTORY, metadata=_nested(depth))
+        raw = _raw(HISTORY, metadata=nested(depth))
     assert decision(fmt.load, fmt.parse, raw) == decision(load_body, parse_responses_body, raw)
 
 
@@ -153,12 +145,6 @@ def test_the_memo_is_bounded() -> None:
 
 
 # -- over HTTP: a rewritten history still splits the segment ---------------------------------------------
-
-
-@pytest.fixture
-async def engine(tokenizer: Any) -> SimEngine:
-    """This module's engine (conftest's ``proxy`` and ``http`` serve it)."""
-    return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0))
 
 
 @pytest.mark.parametrize("edit", [None, "text", "our_reply", "delete"])
@@ -182,7 +168,5 @@ async def test_an_edited_old_item_is_still_a_history_rewrite(
         output = [item for item in response.json()["output"] if item["type"] == "message"]
         items.append({"type": "message", "role": "assistant", "content": output[0]["content"]})
         items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"n{turn}"}]})
-    assert (await http.post("/session/finalize", json={"session_id": session})).status_code == 200
-    data = (await http.post("/trajectory/read", json={"session_id": session, "drain": True})).json()["data"]
     expected = ["session_start"] if edit is None else ["session_start", "history_rewrite"]
-    assert [segment["start_reason"] for segment in data] == expected
+    assert await start_reasons(http, session) == expected
