@@ -24,6 +24,7 @@ import math
 import attrs
 import trio
 
+from ..same_named import build_from
 from ..schema.converter import at_least, ours
 from .engine import SimEngine
 
@@ -67,18 +68,18 @@ class DropConnection(Exception):
     """Raised inside a streamed body to make the server close the connection abruptly."""
 
 
+@attrs.define(eq=False)
 class SimFaults:
     """The faults armed on one simulated server; mutate from tests or over HTTP."""
 
-    def __init__(self, engine: SimEngine) -> None:
-        self._engine = engine
-        self.fail_next = 0
-        self.fail_parses = 0
-        self.drop_after: int | None = None
-        self.abort_delay = 0.0
-        self.unhealthy = False
-        self._stall_until: float | None = None  # Trio time; inf: until cleared
-        self._changed = trio.Event()
+    _engine: SimEngine
+    fail_next: int = 0
+    fail_parses: int = 0
+    drop_after: int | None = None
+    abort_delay: float = 0.0
+    unhealthy: bool = False
+    _stall_until: float | None = None  # Trio time; inf: until cleared
+    _changed: trio.Event = attrs.field(factory=trio.Event)
 
     # -- arming -------------------------------------------------------------
 
@@ -168,15 +169,8 @@ class SimFaults:
         remaining = None
         if self._stall_until is not None and self._stall_until != math.inf:
             remaining = max(0.0, self._stall_until - trio.current_time())
-        return FaultsSnapshot(
-            fail_next=self.fail_next,
-            fail_next_parses=self.fail_parses,
-            drop_after=self.drop_after,
-            abort_delay=self.abort_delay,
-            unhealthy=self.unhealthy,
-            stalled=self.stalled,
-            stall_remaining=remaining,
-        )
+        return build_from(FaultsSnapshot, self, fail_next_parses=self.fail_parses, stalled=self.stalled,
+                          stall_remaining=remaining)
 
     def apply(self, update: FaultsUpdate) -> None:
         """Arm (or disarm) what ``update`` names."""
