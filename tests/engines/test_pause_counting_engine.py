@@ -32,6 +32,7 @@ from actorproxy import ProxyConfig, open_proxy
 from actorproxy.engines.base import GenerateFinish, GenerationEvent, TokenDelta
 from actorproxy.engines.deltas import take_merged
 from actorproxy.runtime import controller, generate
+from actorproxy.serve import RunningProxy
 from actorproxy.tokenization import ChatTokenizer
 
 STREAMS = 20
@@ -199,6 +200,16 @@ async def counting_sglang(tokenizer: ChatTokenizer, *, abort_all: bool, streams:
         nursery.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def proxied(engine: CountingSGLang, tokenizer: ChatTokenizer, **settings: Any
+                  ) -> AsyncIterator[tuple[RunningProxy, httpx.AsyncClient]]:
+    """A partial-rollout proxy in front of ``engine``, and a client of it."""
+    config = ProxyConfig.of(port=0, backend="sglang", backend_urls=(engine.url,), partial_rollout=True, **settings)
+    async with open_proxy(config, tokenizer=tokenizer) as proxy, \
+            httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
+        yield proxy, client
+
+
 async def only_step(client: httpx.AsyncClient, session: str) -> dict[str, Any]:
     """Session ``session``'s one step, once finalized."""
     await client.post("/session/finalize", json={"session_id": session})
@@ -235,10 +246,7 @@ async def test_every_stream_in_flight_gets_the_acknowledged_abort_and_keeps_exac
     tokenizer: ChatTokenizer, abort_all: bool
 ) -> None:
     async with counting_sglang(tokenizer, abort_all=abort_all) as engine:
-        config = ProxyConfig.of(port=0, backend="sglang", backend_urls=(engine.url,), partial_rollout=True,
-                                engine_abort_all=abort_all)
-        async with open_proxy(config, tokenizer=tokenizer) as proxy, \
-                httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
+        async with proxied(engine, tokenizer, engine_abort_all=abort_all) as (proxy, client):
 
             with trio.fail_after(60):
                 async with trio.open_nursery() as nursery:
@@ -287,9 +295,7 @@ async def test_an_aborted_stream_still_delivering_its_backlog_is_read_to_its_fin
     monkeypatch.setattr(generate, "ABORT_BOUND", 2.0)
     async with counting_sglang(tokenizer, abort_all=False, streams=2) as engine:
         engine.tail_tokens, engine.tail_gap = 12, 0.5
-        config = ProxyConfig.of(port=0, backend="sglang", backend_urls=(engine.url,), partial_rollout=True)
-        async with open_proxy(config, tokenizer=tokenizer) as proxy, \
-                httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
+        async with proxied(engine, tokenizer) as (_, client):
 
             async with trio.open_nursery() as nursery:
                 for i in range(2):
@@ -329,7 +335,6 @@ async def test_a_pause_hands_the_agent_what_its_aborted_stream_still_sends_only_
     # next delta (after the resume), the same text in fewer frames.
     async with counting_sglang(tokenizer, abort_all=False, streams=2) as engine:
         engine.tail_tokens, engine.tail_gap = 4, 0.5
-        config = ProxyConfig.of(port=0, backend="sglang", backend_urls=(engine.url,), partial_rollout=True)
         seen: dict[int, list[str]] = {0: [], 1: []}
 
         async def turn(client: httpx.AsyncClient, i: int) -> None:
@@ -342,8 +347,7 @@ async def test_a_pause_hands_the_agent_what_its_aborted_stream_still_sends_only_
                         if choice.get("delta", {}).get("content"):
                             seen[i].append(choice["delta"]["content"])
 
-        async with open_proxy(config, tokenizer=tokenizer) as proxy, \
-                httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
+        async with proxied(engine, tokenizer) as (_, client):
             async with trio.open_nursery() as nursery:
                 for i in range(2):
                     nursery.start_soon(turn, client, i)
@@ -372,9 +376,7 @@ async def test_a_pause_does_not_stretch_the_drain_of_a_stream_whose_agent_left(
     # with a warning (the tokens it would have sent are lost).
     async with counting_sglang(tokenizer, abort_all=False, streams=1) as engine:
         engine.pre_gap, engine.tail_tokens, engine.tail_gap = 1.0, 20, 6.0
-        config = ProxyConfig.of(port=0, backend="sglang", backend_urls=(engine.url,), partial_rollout=True)
-        async with open_proxy(config, tokenizer=tokenizer) as proxy, \
-                httpx.AsyncClient(base_url=proxy.url, timeout=60) as client:
+        async with proxied(engine, tokenizer) as (_, client):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(counting_turn, client, 0)
                 await engine.all_in_flight.wait()
