@@ -259,7 +259,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
             }
         )
 
-    add_rollout_routes(app, runtime, dialect if dressage else None)
+    add_rollout_routes(app, lane, runtime, dialect if dressage else None)
     return app
 
 

@@ -1,4 +1,12 @@
-"""``/v1/rollout/*``: how a trainer pauses and resumes generation around a weight update."""
+"""``/v1/rollout/*``: how a trainer pauses and resumes generation around a weight update.
+
+``POST /v1/rollout/pause`` is served on the turn lane (:class:`~.lane.TurnLane`), not by the
+Quart app: the lane admits the caller, takes the body already read and calls the controller in
+the connection's first task step, so the pause's aborts leave in the scheduling round after the
+connection was accepted. Quart starts each request's handler in a task of its own and reads its
+body in another: two rounds more, and while a thousand streams relay a backlog of tokens each
+round is long (tens of milliseconds on a quiet machine, a second on a loaded one).
+"""
 
 from __future__ import annotations
 
@@ -11,15 +19,19 @@ from ..protocols.trainer import PauseBody, ResumeBody
 from ..runtime.runtime import Runtime
 from ..schema import jsonio
 from ..schema.converter import CONVERTER, structure
+from .lane import TurnLane, served_by_the_lane
 
 if TYPE_CHECKING:
     from .dressage_api import DressageApi
 
 
-async def _optional_body() -> Any:
+def _or_defaults(raw: str | bytes) -> Any:
     """The JSON body, or an empty object when there is none (an empty body means the defaults)."""
-    raw = await request.get_data(cache=False, as_text=False)
     return jsonio.loads(raw) if raw.strip() else {}
+
+
+async def _optional_body() -> Any:
+    return _or_defaults(await request.get_data(cache=False, as_text=False))
 
 
 def _json(data: Any) -> Response:
@@ -33,15 +45,18 @@ async def pause_state_json(runtime: Runtime) -> dict[str, Any]:
     return state
 
 
-def add_rollout_routes(app: QuartTrio, runtime: Runtime, dressage: DressageApi | None = None) -> None:
-    """Register the pause/resume endpoints on ``app`` (in Dressage's shapes when ``dressage`` is given)."""
+def add_rollout_routes(app: QuartTrio, lane: TurnLane, runtime: Runtime, dressage: DressageApi | None = None) -> None:
+    """Register the pause/resume endpoints on ``app`` and ``lane`` (in Dressage's shapes when ``dressage`` is given)."""
 
-    @app.post("/v1/rollout/pause")
-    async def rollout_pause() -> Response:
-        pause = structure(await _optional_body(), PauseBody)
+    async def rollout_pause(raw: bytes, *_: Any) -> bytes:
+        pause = structure(_or_defaults(raw), PauseBody)
         if dressage is not None:
-            return _json(await dressage.pause(pause))
-        return _json(CONVERTER.unstructure(await runtime.pause(pause.mode)))
+            return jsonio.dumps(await dressage.pause(pause))
+        return jsonio.dumps(CONVERTER.unstructure(await runtime.pause(pause.mode)))
+
+    lane.route("/v1/rollout/pause", rollout_pause)
+    # The rule routes the other methods (405 with Allow, OPTIONS) and lists the route; the lane serves POST.
+    app.add_url_rule("/v1/rollout/pause", view_func=served_by_the_lane, methods=["POST"], endpoint="rollout_pause")
 
     @app.post("/v1/rollout/resume")
     async def rollout_resume() -> Response:

@@ -14,6 +14,7 @@ Nothing sleeps: every step waits for an event.
 
 from __future__ import annotations
 
+import socket
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -232,6 +233,27 @@ class SentInThePausesStep(trio.abc.Instrument):
             self.sent = sum(b.abort_calls for b in getattr(backend, "engines", lambda: [backend])())
 
 
+@attrs.define(eq=False)
+class PausedInWhichStep(trio.abc.Instrument):
+    """The task step that paused the proxy's controller: its task, and that task's how-manieth step it was."""
+
+    proxy: Any
+    steps: dict[trio.lowlevel.Task, int] = attrs.field(factory=dict)  # the connections' tasks spawned meanwhile
+    paused_in: tuple[trio.lowlevel.Task, int | None] | None = None
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith("serve_one"):
+            self.steps[task] = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task in self.steps:
+            self.steps[task] += 1
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self.paused_in is None and self.proxy.runtime.controller.paused:
+            self.paused_in = (task, self.steps.get(task))
+
+
 async def counting_turn(client: httpx.AsyncClient, i: int) -> None:
     """Session ``s{i}``'s streamed turn, read to its end."""
     body = {"messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": 100}
@@ -280,6 +302,49 @@ async def test_every_stream_in_flight_gets_the_acknowledged_abort_and_keeps_exac
                 # BEFORE_PAUSE + 1 tokens, then the continuation's end of turn.
                 assert step["output_ids"] == produced
                 assert len(produced) == BEFORE_PAUSE + 2
+
+
+async def test_the_pause_is_served_in_the_first_step_of_its_connections_task(tokenizer: ChatTokenizer) -> None:
+    # Each scheduling round is long while a thousand streams relay a backlog of tokens, and
+    # a pause waits for every round between its bytes and its aborts. Served by the Quart
+    # app, the pause ran in a handler task of its own, started a round after the
+    # connection's, and read its body in another: the aborts left 3 rounds after the accept
+    # (0.6-2.4 s at 1,000 streams on a loaded machine). The turn lane serves it in the
+    # connection's first task step: the aborts leave in the round after the accept.
+    async with counting_sglang(tokenizer, abort_all=False, streams=4) as engine:
+        async with proxied(engine, tokenizer) as (proxy, client):
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+                    for i in range(4):
+                        nursery.start_soon(counting_turn, client, i)
+                    await engine.all_in_flight.wait()
+                    watch = PausedInWhichStep(proxy)
+                    trio.lowlevel.add_instrument(watch)
+                    try:
+                        # Connected and sent in this step (loopback: both done within their calls), so
+                        # the request is whole when the proxy accepts the connection.
+                        body = b'{"mode": "abort"}'
+                        raw = socket.create_connection(("127.0.0.1", int(proxy.url.rsplit(":", 1)[1])))
+                        raw.sendall(b"POST /v1/rollout/pause HTTP/1.1\r\nhost: proxy\r\nconnection: close\r\n"
+                                    b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                                    % (len(body), body))
+                        raw.setblocking(False)
+                        answer = trio.SocketStream(trio.socket.from_stdlib_socket(raw))
+                        got = b""
+                        while data := await answer.receive_some(65536):
+                            got += data
+                        await answer.aclose()
+                    finally:
+                        trio.lowlevel.remove_instrument(watch)
+                    assert got.startswith(b"HTTP/1.1 200 ")
+                    ack = orjson.loads(got.split(b"\r\n\r\n", 1)[1])
+                    assert ack["aborted"] == 4
+                    assert [g.ended for g in engine.generations] == ["abort"] * 4
+                    assert watch.paused_in is not None
+                    task, step = watch.paused_in
+                    assert task.name.endswith("serve_one") and step == 1, (task.name, step)
+                    engine.finish_at_once = True
+                    await client.post("/v1/rollout/resume", json={})
 
 
 async def test_an_aborted_stream_still_delivering_its_backlog_is_read_to_its_finish_not_cut(
