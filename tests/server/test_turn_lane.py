@@ -43,7 +43,8 @@ PATHS = [
     "/sess/v1/messages", "/x/v1/chat/completions", "/a/b/c/v1/chat/completions", "/v1/chat/completions/",
     "//v1/chat/completions", "/sess//v1/messages", "/a//v1/messages", "/v1/messages/count_tokens",
     "/sess/a/v1/messages/count_tokens", "/a/b/generate", "/generate/", "/v1/models", "/session/finalize",
-    "/a/b/v1/register_trajectory", "/v1/rollout/pause", "/v1/rollout/pause/", "/v1/chat/completionsx", "/v1/xv1/messages",
+    "/a/b/v1/register_trajectory", "/v1/rollout/pause", "/v1/rollout/pause/", "/v1/chat/completionsx",
+    "/v1/xv1/messages",
 ]
 
 
@@ -63,8 +64,9 @@ async def test_the_lane_routes_as_the_url_map_does(tokenizer: ChatTokenizer) -> 
             except HTTPException:
                 rule, args = None, {}
             served_by_lane = rule is not None and rule.endpoint in (
-                "generate", "rollout_pause", *(prefix + suffix for prefix in ("", "/sess/<url_session>", "/<url_session>/<url_instance>")
-                              for suffix in ("/v1/chat/completions", "/v1/messages", "/v1/responses")))
+                "generate", "rollout_pause",
+                *(prefix + suffix for prefix in ("", "/sess/<url_session>", "/<url_session>/<url_instance>")
+                  for suffix in ("/v1/chat/completions", "/v1/messages", "/v1/responses")))
             found = lane.match(path)
             if not served_by_lane:
                 assert found is None, (path, found)
