@@ -5,10 +5,15 @@
 
 It prints one JSON object. Throughput mode: ``concurrency`` workers, each running sessions of
 ``--session-turns`` turns back to back on its own connection (the assistant's reply and a new
-user message appended each turn, the session named by ``X-Session-Id``); after ``--warmup``
-seconds, and once every worker has completed a turn, it measures for ``--duration`` seconds:
-turns completed, latency of each (the whole reply, or the first text chunk when
-streaming), and the CPU time the watched processes spent meanwhile. Long-session mode: one
+user message appended each turn, the session named by ``X-Session-Id``; with
+``--connection-per-session`` each session on a new connection, as an agent process opens
+its own); after ``--warmup`` seconds, and once every worker has completed a turn, it
+measures for ``--duration`` seconds: turns completed, latency of each (the whole reply, or
+the first text chunk when streaming), the latency of the first turns of the sessions that
+started in the window apart (``first_p50_ms``, ``first_p99_ms``), and the CPU time the
+watched processes spent meanwhile. Worker ``w``'s first session is cut short to
+``1 + w % session_turns`` turns, so that new sessions start spread over the window, not
+all together every ``session_turns`` turns. Long-session mode: one
 session of tool-calling turns, each adding a tool output of ``--tool-output-words`` words,
 with the CPU time of each turn.
 
@@ -155,6 +160,7 @@ async def throughput(args: argparse.Namespace, host: str, port: int, pids: dict[
                      stub: Http | None) -> dict[str, Any]:
     window: dict[str, float] = {"start": float("inf"), "end": float("inf")}
     latencies: list[float] = []
+    first_latencies: list[float] = []  # of the turns that opened a session
     errors: list[str] = []
     stop = asyncio.Event()
     completed = 0
@@ -167,9 +173,13 @@ async def throughput(args: argparse.Namespace, host: str, port: int, pids: dict[
         try:
             while not stop.is_set():
                 sid = f"{args.tag}-{w}-{n}"
+                # The first session of each worker is cut short: later sessions start spread over time.
+                turns = args.session_turns if n else 1 + w % args.session_turns
                 n += 1
+                if args.connection_per_session:
+                    await http.close()
                 messages: list[dict[str, Any]] = session_start(sid)
-                for turn in range(args.session_turns):
+                for turn in range(turns):
                     if stop.is_set():
                         return
                     body = json.dumps({"model": args.model, "messages": messages, "max_tokens": args.max_tokens,
@@ -187,6 +197,8 @@ async def throughput(args: argparse.Namespace, host: str, port: int, pids: dict[
                     if window["start"] <= ended <= window["end"]:  # turns that end in the window
                         completed += 1
                         latencies.append(latency)
+                        if turn == 0:
+                            first_latencies.append(latency)
                     reply = args.reply_text if args.stream else json.loads(data)["choices"][0]["message"]["content"]
                     messages.append({"role": "assistant", "content": reply})
                     messages.append({"role": "user", "content": f"Question {turn + 1}: and 7 times 8?"})
@@ -222,6 +234,8 @@ async def throughput(args: argparse.Namespace, host: str, port: int, pids: dict[
     return {
         "turns": completed, "turns_per_s": completed / args.duration,
         "p50_ms": percentile(latencies, 0.5) * 1000, "p99_ms": percentile(latencies, 0.99) * 1000,
+        "first_turns": len(first_latencies), "first_p50_ms": percentile(first_latencies, 0.5) * 1000,
+        "first_p99_ms": percentile(first_latencies, 0.99) * 1000,
         "cpu_ms_per_turn": {k: (cpu1[k] - cpu0[k]) * 1000 / turns for k in cpu0},
         "engine_connections_per_turn": None if conns0 is None or conns1 is None else (conns1 - conns0) / turns,
         "errors": len(errors), "first_error": errors[0] if errors else None,
@@ -292,6 +306,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--session-turns", type=int, default=10)
+    parser.add_argument("--connection-per-session", action="store_true",
+                        help="open a new connection for each session (an agent process per session)")
     parser.add_argument("--reply-text", default="", help="the assistant text to echo back after a streamed turn")
     parser.add_argument("--tag", default="s", help="session id prefix (unique per run)")
     parser.add_argument("--watch", action="append", default=[], metavar="NAME=PID")

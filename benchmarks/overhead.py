@@ -3,6 +3,8 @@
     python benchmarks/overhead.py                      # the whole table (a few minutes)
     python benchmarks/overhead.py --quick              # c = 1 and 64, 2 s windows, one run, 50-turn session
     python benchmarks/overhead.py --concurrency 64 --modes non-stream --skip-long
+    python benchmarks/overhead.py --concurrency 64 256 --modes non-stream --skip-long --targets actorproxy \
+        --workers 1 2 --connection-per-session     # one process against two workers, in one run
     python benchmarks/overhead.py --engine vllm        # on a real vLLM (scripts/vllm/install.sh; minutes)
 
 Three processes per measurement: a zero-delay engine stub (``engine_stub.py``: canned
@@ -13,11 +15,16 @@ it, and LiteLLM's proxy in front of it when the ``litellm`` command is installed
 
 Per target, concurrency and mode (streaming or not): turns/s; p50/p99 latency (whole
 reply, or first text chunk when streaming) and what the target adds to the direct
-engine's; CPU time per turn of the target, of the engine and of the load generator
-(process CPU clocks, all threads); new engine connections per turn (the stub counts
-accepts); "1-core max" is 1000 / CPU ms per turn, the turns/s one core would serve at
-that cost (a shared machine's turns/s column hides it). Sessions have ``--session-turns``
-turns. Each figure is the median of ``--repeat`` runs. Then one long session over HTTP
+engine's; "1st p50/p99": the latency of the first turns of the sessions that started in the
+window (new sessions start spread over it; ``--connection-per-session``: each on a new
+connection); CPU time per turn of the target (with ``--workers``, the supervisor and every
+worker), of the engine and of the load generator (process CPU clocks, all threads); new
+engine connections per turn (the stub counts accepts); "1-core max" is 1000 / CPU ms per
+turn, the turns/s one core would serve at that cost (a shared machine's turns/s column
+hides it). Sessions have ``--session-turns`` turns. Each figure is the median of
+``--repeat`` runs, the targets taking turns within each repeat. ``--workers 1 2`` runs
+``actorproxy run --workers 1`` and ``--workers 2`` side by side (rows ``proxy-w1``,
+``proxy-w2``). Then one long session over HTTP
 (tool calls, ~100k tokens at turn 200): the proxy's CPU time at turns 1/50/100/200 and
 the ratio to turn 1.
 
@@ -119,18 +126,21 @@ def loadavg() -> str:
 
 def throughput_table(args: argparse.Namespace, stub: Server, targets: dict[str, Server],
                      engine_model: str = "m") -> list[dict[str, Any]]:
-    """``stub``: the engine (its CPU is watched; the engine stub's connections are counted too)."""
+    """``stub``: the engine (its CPU is watched; the engine stub's connections are counted too).
+
+    The targets take turns within each repeat (direct, then each proxy), so that a figure's
+    runs and its neighbours' see the same machine: ratios between targets hold on a shared one.
+    """
     rows: list[dict[str, Any]] = []
     header = (f"{'target':<11} {'c':>4} {'stream':>6} {'turns/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'+p50 ms':>8} "
-              f"{'+p99 ms':>8} {'CPU ms/turn':>11} {'1-core max':>10} {'engine':>7} {'client':>7} {'conns/turn':>10} "
-              f"{'err':>4}")
+              f"{'+p99 ms':>8} {'1st p50':>7} {'1st p99':>7} {'CPU ms/turn':>11} {'1-core max':>10} "
+              f"{'engine':>7} {'client':>7} {'conns/turn':>10} {'err':>4}")
     print(header, flush=True)
-    direct: dict[tuple[int, bool], dict[str, Any]] = {}
-    for name, server in targets.items():
-        for stream in args.modes:
-            for c in args.concurrency:
-                results = []
-                for r in range(args.repeat):
+    for stream in args.modes:
+        for c in args.concurrency:
+            results: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+            for r in range(args.repeat):
+                for name, server in targets.items():
                     flags = ["--concurrency", str(c), "--duration", str(args.duration), "--warmup", str(args.warmup),
                              "--session-turns", str(args.session_turns), "--tag", f"{name}-{c}-{stream}-{r}",
                              "--watch", f"engine={stub.pid}", "--reply-text", args.reply_text,
@@ -144,12 +154,15 @@ def throughput_table(args: argparse.Namespace, stub: Server, targets: dict[str, 
                         flags += ["--header", f"Authorization: Bearer {LITELLM_KEY}"]
                     if stream:
                         flags.append("--stream")
-                    results.append(run_client(server.url, *flags))
-                row = median_result(results)
+                    if args.connection_per_session:
+                        flags.append("--connection-per-session")
+                    results[name].append(run_client(server.url, *flags))
+            base: dict[str, Any] | None = None
+            for name in targets:
+                row = median_result(results[name])
                 row.update(target=name, c=c, stream=stream)
                 if name == "direct":
-                    direct[(c, stream)] = row
-                base = direct.get((c, stream))
+                    base = row
                 cpu = row["cpu_ms_per_turn"]
                 added50 = row["p50_ms"] - base["p50_ms"] if base and name != "direct" else None
                 added99 = row["p99_ms"] - base["p99_ms"] if base and name != "direct" else None
@@ -159,6 +172,7 @@ def throughput_table(args: argparse.Namespace, stub: Server, targets: dict[str, 
                 row.update(added_p50_ms=added50, added_p99_ms=added99, one_core_turns_per_s=ceiling)
                 print(f"{name:<11} {c:>4} {'yes' if stream else 'no':>6} {row['turns_per_s']:>8.0f} "
                       f"{row['p50_ms']:>7.2f} {row['p99_ms']:>7.1f} {fmt(added50):>8} {fmt(added99, 1):>8} "
+                      f"{row['first_p50_ms']:>7.1f} {row['first_p99_ms']:>7.1f} "
                       f"{fmt(cpu.get('target')):>11} {fmt(ceiling, 0):>10} {fmt(cpu['engine']):>7} "
                       f"{fmt(cpu['client']):>7} {fmt(conns, 3):>10} {row['errors']:>4}", flush=True)
                 if row["turns"] < c:
@@ -225,9 +239,11 @@ def main(args: argparse.Namespace) -> None:
     with engine_stub(reply) as stub, ExitStack() as stack:
         targets = {"direct": stub}
         if "actorproxy" in args.targets:
-            targets["actorproxy"] = stack.enter_context(
-                proxy("sglang", stub.url, "--max-sessions", "1000000", "--max-steps-per-session", "1000",
-                      *args.proxy_flag))
+            for workers in args.workers:
+                name = "actorproxy" if args.workers == [1] else f"proxy-w{workers}"
+                targets[name] = stack.enter_context(
+                    proxy("sglang", stub.url, "--max-sessions", "1000000", "--max-steps-per-session", "1000",
+                          "--workers", str(workers), *args.proxy_flag))
         if "litellm" in args.targets:
             if shutil.which("litellm") is None:
                 print("litellm: not installed (pip install 'litellm[proxy]'), skipped", flush=True)
@@ -235,8 +251,9 @@ def main(args: argparse.Namespace) -> None:
                 targets["litellm"] = stack.enter_context(litellm_proxy(stub.url))
         if args.concurrency:
             report["throughput"] = throughput_table(args, stub, targets)
-        if not args.skip_long and "actorproxy" in targets:
-            report["long_session"] = long_session_table(args, stub, targets["actorproxy"])
+        first_proxy = next((server for name, server in targets.items() if name not in ("direct", "litellm")), None)
+        if not args.skip_long and first_proxy is not None:
+            report["long_session"] = long_session_table(args, stub, first_proxy)
     print(f"\nload average after: {loadavg()}", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
@@ -259,6 +276,12 @@ if __name__ == "__main__":
     parser.add_argument("--tool-output-words", type=int, default=36, help="36 gives ~100k tokens at turn 200")
     parser.add_argument("--skip-long", action="store_true")
     parser.add_argument("--proxy-flag", action="append", default=[], help="an extra `actorproxy run` argument")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1],
+                        help="`actorproxy run --workers N` for each N given, side by side in one run "
+                             "(rows proxy-w1, proxy-w2...; default: 1, the row actorproxy)")
+    parser.add_argument("--connection-per-session", action="store_true",
+                        help="each session on a new connection (an agent process per session), "
+                             "not sessions one after the other on a kept connection")
     parser.add_argument("--json", help="also write every figure to this file")
     parser.add_argument("--engine", choices=["stub", "vllm"], default="stub",
                         help="the engine: the zero-delay stub, or a real vLLM (see above)")
