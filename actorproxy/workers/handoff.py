@@ -39,6 +39,7 @@ from werkzeug.exceptions import RequestTimeout
 from ..errors import BadRequest, Overloaded, Unauthorized
 from ..http import h1
 from ..http.cycle import body_arrives, request_path
+from ..http.sockets import send_rest
 from ..schema import jsonio
 from ..server.admission import RequestHeaders
 from ..server.auth import AccessPolicy, route_kind
@@ -51,6 +52,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("actorproxy.workers")
 
 _ANCILLARY = socket.CMSG_SPACE(array.array("i", [0]).itemsize)
+#: Seconds a hand-off may take, either side (a full queue on the sender's, a body still arriving on the receiver's).
+HANDOFF_TIMEOUT = 10.0
+#: Connections handed over and not taken yet that a worker's hand-off socket queues (as the kernel's ``somaxconn``).
+_QUEUE = 4096
+#: Seconds between two tries at a hand-off socket whose queue is full.
+_QUEUE_FULL_RETRY = 0.005
+#: Bytes of one hand-off read in one pass of the receiving loop (a head and a usual body); more in a task of its own.
+_READ_AT_ONCE = 1 << 20
+_READ_SIZE = 1 << 16
 #: Headers of the head that the router has already answered (a ``100 Continue`` sent while reading the body).
 _DROPPED_WHEN_CONTINUED = b"expect"
 #: What :func:`_whole_body` answers for a body slower than the server's rate bound.
@@ -124,16 +134,11 @@ class Router:
     async def _send(self, worker: int, head: bytes, path: str, sock: trio.socket.SocketType, rest: bytes) -> None:
         """Send ``sock`` and the bytes not served yet to ``worker``; a 503 on the connection if it cannot take it."""
         try:
-            with trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
-                await peer.connect(handoff_path(self.directory, worker))
-                data = memoryview(head + rest)
-                fds = array.array("i", [sock.fileno()])
-                sent = await peer.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-                while sent < len(data):
-                    sent += await peer.send(data[sent:])
-        except OSError as exc:
+            await offer(handoff_path(self.directory, worker), sock.fileno(), head + rest)
+        except (OSError, trio.TooSlowError) as exc:
             self.refused += 1
-            log.warning("worker %d cannot take a connection for its session (%s): 503", worker, exc)
+            log.warning("worker %d cannot take a connection for its session (%s): 503", worker,
+                        exc if isinstance(exc, OSError) else "its hand-off queue stayed full")
             refusal = Overloaded(f"the worker that serves this session (worker {worker}) is restarting; retry",
                                  code="worker_unavailable")
             refusal.retry_after = 1
@@ -142,45 +147,145 @@ class Router:
         self.handed_off += 1
 
 
+async def offer(path: str, fd: int, data: bytes) -> None:
+    """Send the socket ``fd`` and ``data`` to the hand-off socket at ``path``, then close the Unix connection.
+
+    In the common case (the owner's queue has room, its socket buffer takes ``data``) this is
+    three system calls and no scheduling round: a hand-off must not wait behind the sender's
+    busy loop. A full queue is retried for ``HANDOFF_TIMEOUT`` seconds at most
+    (``trio.TooSlowError``); an owner that is not there raises the ``OSError``.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+        peer.setblocking(False)
+        with trio.fail_after(HANDOFF_TIMEOUT):
+            while True:
+                try:
+                    peer.connect(path)
+                    break
+                except (BlockingIOError, InterruptedError):  # a Unix socket's queue is full: EAGAIN, not in progress
+                    await trio.sleep(_QUEUE_FULL_RETRY)
+            view = memoryview(data)
+            fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+            while True:  # the descriptor goes with the first bytes that leave
+                try:
+                    sent = peer.sendmsg([view], fds)
+                    break
+                except (BlockingIOError, InterruptedError):
+                    await trio.lowlevel.wait_writable(peer)
+            try:
+                await send_rest(peer, [view], sent)
+            finally:
+                trio.lowlevel.notify_closing(peer)
+
+
 async def serve_handoffs(
     directory: str, index: int, server: HTTPServer, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
-    """Take the connections other workers hand to worker ``index`` and serve them on ``server``."""
+    """Take the connections other workers hand to worker ``index`` and serve them on ``server``.
+
+    Every hand-off waiting is taken in one pass of the loop (not one per scheduling round:
+    when many new sessions land on the other workers at once, the owner's busy loop would
+    make the last one wait for as many rounds as there are hand-offs before it), and each is
+    read at once, since its sender wrote it whole before closing: the connection is served
+    from the next round. Only a hand-off whose bytes are not all there yet (a big body) is
+    finished in a task of its own, within ``HANDOFF_TIMEOUT``.
+    """
     path = handoff_path(directory, index)
     remove_stale(path)
-    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    await listener.bind(path)
-    listener.listen(1024)
-    async with trio.SocketListener(listener) as listeners, trio.open_nursery() as nursery:
-        task_status.started()
-        while True:
-            stream = await listeners.accept()
-            nursery.start_soon(_receive, stream, server)
-
-
-async def _receive(stream: trio.SocketStream, server: HTTPServer) -> None:
-    sock = stream.socket
-    fd = -1
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        with trio.move_on_after(10):
-            data, ancillary, _flags, _address = await sock.recvmsg(1 << 16, _ANCILLARY)
-            for level, kind, payload in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds = array.array("i")
-                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-                    fd = fds[0] if fds else -1
-            pieces = [data]
-            while data:
-                data = await sock.recv(1 << 16)
-                pieces.append(data)
-            if fd >= 0:
-                client = trio.socket.from_stdlib_socket(socket.socket(fileno=fd))
-                fd = -1
-                server.adopt(client, b"".join(pieces))
+        listener.bind(path)
+        listener.listen(_QUEUE)
+        listener.setblocking(False)
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                await trio.lowlevel.wait_readable(listener)
+                while True:
+                    try:
+                        stream, _ = listener.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError as exc:  # out of descriptors: what is queued waits for the next pass
+                        log.warning("could not take a connection handed over: %s", exc)
+                        await trio.sleep(_QUEUE_FULL_RETRY)
+                        break
+                    incoming = _Incoming(stream)
+                    if not incoming.read_now(server):
+                        nursery.start_soon(incoming.finish, server)
     finally:
-        if fd >= 0:
-            os.close(fd)
-        await stream.aclose()
+        trio.lowlevel.notify_closing(listener)
+        listener.close()
+
+
+class _Incoming:
+    """One hand-off being received: the client's socket (its descriptor) and the bytes sent with it."""
+
+    __slots__ = ("stream", "fd", "pieces")
+
+    def __init__(self, stream: socket.socket) -> None:
+        stream.setblocking(False)
+        self.stream, self.fd = stream, -1
+        self.pieces: list[bytes] = []
+
+    def read_now(self, server: HTTPServer) -> bool:
+        """Read what is there (``_READ_AT_ONCE`` bytes at most); ``True`` when the hand-off is done with (the
+        connection adopted by ``server``, or nothing whole to adopt) and closed, ``False`` when more must come."""
+        budget = _READ_AT_ONCE
+        try:
+            while budget > 0:
+                try:
+                    data, ancillary, _flags, _address = self.stream.recvmsg(_READ_SIZE, _ANCILLARY)
+                except (BlockingIOError, InterruptedError):
+                    return False
+                self._take_descriptor(ancillary)
+                if not data:
+                    self._adopt(server)
+                    break
+                self.pieces.append(data)
+                budget -= len(data)
+            else:
+                return False
+        except Exception:  # the sender failed midway, or this socket cannot be served: this hand-off alone ends
+            log.exception("a connection handed over could not be taken; it is closed")
+        self.close()
+        return True
+
+    async def finish(self, server: HTTPServer) -> None:
+        """Receive the rest in a task of its own (``HANDOFF_TIMEOUT`` at most), then adopt the connection."""
+        try:
+            with trio.move_on_after(HANDOFF_TIMEOUT):
+                while True:
+                    await trio.lowlevel.wait_readable(self.stream)
+                    if self.read_now(server):
+                        return
+        finally:
+            self.close()
+
+    def _take_descriptor(self, ancillary: list[tuple[int, int, bytes]]) -> None:
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+                for fd in fds:  # one is sent; any other is closed, never leaked
+                    if self.fd < 0:
+                        self.fd = fd
+                    else:
+                        os.close(fd)
+
+    def _adopt(self, server: HTTPServer) -> None:
+        if self.fd >= 0:
+            client = trio.socket.from_stdlib_socket(socket.socket(fileno=self.fd))
+            self.fd = -1
+            server.adopt(client, b"".join(self.pieces))
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if self.stream.fileno() >= 0:
+            trio.lowlevel.notify_closing(self.stream)
+            self.stream.close()
 
 
 async def _whole_body(connection: ServerConnection, request: h1.RequestHead) -> bytes | None:

@@ -3,21 +3,26 @@
 A router may take a connection away after reading a request head (and, if it wants, the
 body); the connection is then served by another server from the bytes already read, as if
 that server had accepted it (``HTTPServer.adopt``). The real hand-off between processes
-(``SCM_RIGHTS``) is in tests/workers/test_workers.py.
+(``SCM_RIGHTS``) is in tests/workers/test_workers.py; its two ends (:func:`serve_handoffs`,
+``Router._send``) are driven here over a Unix socket of the test's own.
 """
 
 from __future__ import annotations
 
+import array
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 import trio
+import trio.testing
 from _asgi import request_body
 
 from actorproxy.http import h1
 from actorproxy.http.server import Handoff, ServerConnection
 from actorproxy.server.http_server import HTTPServer
+from actorproxy.workers.handoff import Router, handoff_path, serve_handoffs
 
 
 def _app(name: bytes) -> Any:
@@ -75,3 +80,91 @@ async def test_a_router_moves_the_connection_to_another_server_with_the_bytes_re
         assert b"other /d" in third  # the connection stays where it went
         await stream.aclose()
         stop.set()
+
+
+class _Adopting:
+    """Stands for the owner's HTTP server: records what it adopts (the bytes, and what its socket receives)."""
+
+    def __init__(self, expected: int) -> None:
+        self.adopted: list[tuple[bytes, bytes]] = []
+        self.expected, self.all_in = expected, trio.Event()
+
+    def adopt(self, sock: trio.socket.SocketType, data: bytes) -> None:
+        with socket.socket(fileno=sock.detach()) as client:
+            self.adopted.append((data, client.recv(100)))
+        if len(self.adopted) == self.expected:
+            self.all_in.set()
+
+
+def _hand_over(path: str, data: bytes) -> socket.socket:
+    """What a worker's router sends for one connection (a socket pair's end stands for the client's socket);
+    the client's end is returned, with a byte of its own waiting for the owner."""
+    ours, client = socket.socketpair()
+    client.sendall(b"!")
+    with ours, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+        peer.connect(path)
+        peer.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [ours.fileno()]))])
+    return client
+
+
+async def test_handoffs_waiting_together_are_all_taken_in_one_pass_of_the_owners_loop(tmp_path: Path) -> None:
+    """New sessions landing on other workers at once must not queue on their owner one scheduling round each (a
+    round is long on a busy worker: first turns waited seconds with 2 workers at 256 sessions)."""
+    count = 40
+    server = _Adopting(count)
+    rounds = 0
+
+    async def busy_loop() -> None:  # counts the owner's scheduling rounds
+        nonlocal rounds
+        while True:
+            rounds += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_handoffs, str(tmp_path), 1, server)
+        await trio.testing.wait_all_tasks_blocked()
+        path = handoff_path(str(tmp_path), 1)
+        clients = [_hand_over(path, b"GET /%d HTTP/1.1\r\n\r\n" % i) for i in range(count)]
+        nursery.start_soon(busy_loop)
+        await server.all_in.wait()
+        assert rounds <= 3
+        assert server.adopted == [(b"GET /%d HTTP/1.1\r\n\r\n" % i, b"!") for i in range(count)]
+        for client in clients:
+            client.close()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_handoff_to_a_full_queue_waits_for_room_instead_of_refusing_the_connection(tmp_path: Path) -> None:
+    """A Unix socket's full queue is not a worker down: the hand-off is retried, not answered 503."""
+    path = handoff_path(str(tmp_path), 1)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen(0)
+        queued = []
+        while True:  # fill the owner's queue
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe.setblocking(False)
+            try:
+                probe.connect(path)
+            except BlockingIOError:
+                probe.close()
+                break
+            queued.append(probe)
+        router = Router(0, 2, str(tmp_path))
+        ours, client = socket.socketpair()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(router._send, 1, b"HEAD", "/v1/chat/completions",
+                               trio.socket.from_stdlib_socket(ours), b"REST")
+            await trio.testing.wait_all_tasks_blocked()
+            assert router.refused == 0
+            for _ in queued:  # the owner's loop comes round: the queue empties
+                listener.accept()[0].close()
+        assert (router.handed_off, router.refused) == (1, 0)
+        stream, _ = listener.accept()
+        with stream:
+            data, ancillary, _flags, _address = stream.recvmsg(100, socket.CMSG_SPACE(4))
+            assert data == b"HEADREST" and ancillary[0][1] == socket.SCM_RIGHTS
+            os.close(array.array("i", ancillary[0][2])[0])
+        for probe in queued:
+            probe.close()
+        client.close()
