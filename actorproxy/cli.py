@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from functools import partial
 
+import attrs
 import trio
 
 from . import __version__
@@ -20,7 +21,8 @@ from .reward_worker import RayRewardWorker
 from .serve import RunningProxy, serve_until_signal
 from .server.auth import exposure_problem
 from .settings_cli import add_settings_arguments, build_config, settings_from_namespace
-from .sim.server import RunningSim, SimServerSettings, serve_sim
+from .sim.config import SimConfig
+from .sim.server import RunningSim, SimServerSettings, serve_sim, served_engine
 from .startup import check_port, load_tokenizer_checked, probe_engines, shutdown_failure, startup_failure
 from .store.ray_pool import check_pool, exit_after_ray
 from .tokenization.tokenizer import ChatTokenizer
@@ -101,26 +103,29 @@ def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     sim.add_argument("--host", default=d.host, help="address to listen on")
     sim.add_argument("--port", type=int, default=d.port, help="port to listen on (0 picks a free one)")
     sim.add_argument(
-        "--token-interval", type=_positive_float, default=d.token_interval, help="seconds between two sampled tokens"
+        "--token-interval",
+        type=_positive_float,
+        default=d.engine.token_interval,
+        help="seconds between two sampled tokens",
     )
     sim.add_argument(
         "--prefill-latency",
         type=float,
-        default=d.prefill_latency,
+        default=d.engine.prefill_latency,
         help="seconds before the first token of every request",
     )
-    sim.add_argument("--seed", type=int, default=d.seed, help="random seed of the simulated policy")
+    sim.add_argument("--seed", type=int, default=d.engine.seed, help="random seed of the simulated policy")
     sim.add_argument(
         "--reply-tokens",
         type=_positive_int,
-        default=d.reply_tokens,
+        default=d.engine.reply_tokens,
         help="every unscripted reply is N tokens of the word ' so' then the end-of-turn token "
         "(long-stream benchmarks count the word); default: the simulated policy's short replies",
     )
     sim.add_argument(
         "--stream-interval",
         type=_positive_int,
-        default=d.stream_interval,
+        default=d.engine.stream_interval,
         help="tokens per streamed event, as SGLang's --stream-interval: each token still takes "
         "--token-interval, they are streamed in bursts of N",
     )
@@ -134,11 +139,11 @@ def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         action="store_true",
         help="return simulated MoE routing (SGLang return_routed_experts; vLLM routed_experts)",
     )
-    sim.add_argument("--weight-version", default=d.weight_version, help="initial weight version")
+    sim.add_argument("--weight-version", default=d.engine.weight_version, help="initial weight version")
     sim.add_argument(
         "--max-model-len",
         type=_positive_int,
-        default=d.max_model_len,
+        default=d.engine.max_model_len,
         help="context length: longer prompts are refused, outputs are cut to fit",
     )
     sim.add_argument(
@@ -171,9 +176,12 @@ def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def sim_settings_from_args(args: argparse.Namespace) -> SimServerSettings:
-    """The :class:`SimServerSettings` of parsed ``actorproxy sim`` flags: each flag's dest is the field's name."""
+    """The :class:`SimServerSettings` of parsed ``actorproxy sim`` flags: each flag's dest is the name of a
+    field of the settings or of their engine's :class:`SimConfig`."""
     flags = {name: value for name, value in vars(args).items() if name not in _SIM_NON_SETTINGS}
-    return SimServerSettings(**flags)  # a flag without a field of its name is a TypeError, not dropped
+    engine = {name: flags.pop(name) for name in attrs.fields_dict(SimConfig) if name in flags}
+    # a flag without a field of its name is a TypeError, not dropped
+    return SimServerSettings(engine=served_engine(**engine), **flags)
 
 
 #: ``actorproxy sim`` flags that configure the command, not the simulated server.

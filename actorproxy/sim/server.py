@@ -36,13 +36,13 @@ from .faults import DropConnection, FaultsUpdate, SimFaults
 from .llamacpp_routes import llamacpp_blueprint
 from .sglang_parse_routes import parse_blueprint
 from .sglang_routes import sglang_blueprint
-from .state import RequestRecord, SimServerSettings, SimState
+from .state import RequestRecord, SimServerSettings, SimState, served_engine
 from .vllm_routes import vllm_blueprint
 from .wire import BadField, json_response, read_body
 
 __all__ = [
     "RequestRecord", "RunningSim", "SimFaults", "SimServerSettings", "SimState",
-    "create_sim_app", "open_sim_server", "serve_sim", "sim_state",
+    "create_sim_app", "open_sim_server", "serve_sim", "served_engine", "sim_state",
 ]
 
 log = logging.getLogger(__name__)

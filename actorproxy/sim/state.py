@@ -18,7 +18,6 @@ import attrs
 import trio
 
 from ..engines.base import BackendError, GenerateFinish, GenerateRequest, TokenDelta
-from ..same_named import build_from
 from .config import SimConfig
 from .engine import SimEngine
 from .faults import DropConnection, SimFaults
@@ -29,31 +28,30 @@ Protocol = Literal["sglang", "vllm", "llamacpp"]
 Status = Literal["waiting", "running", "finished", "aborted", "disconnected", "dropped", "failed"]
 
 
+def served_engine(**fields: Any) -> SimConfig:
+    """The engine config ``actorproxy sim`` serves by default: :class:`SimConfig`'s defaults, ``fields`` set.
+
+    One default differs, as SGLang's does: the initial ``weight_version`` is ``"default"``.
+    """
+    return SimConfig(**({"weight_version": "default"} | fields))
+
+
 @attrs.frozen
 class SimServerSettings:
-    """Settings of ``actorproxy sim``: the served engine and the server flags it imitates.
-
-    ``token_interval``, ``prefill_latency``, ``seed``, ``weight_version`` and
-    ``max_model_len`` configure the engine the server builds; an engine passed in
-    explicitly keeps its own config.
-    """
+    """Settings of ``actorproxy sim``: the served engine and the server flags it imitates."""
 
     host: str = "127.0.0.1"
     port: int = 30000
-    token_interval: float = 0.02
-    prefill_latency: float = 0.0
-    seed: int = 0
-    #: See :attr:`SimConfig.reply_tokens`.
-    reply_tokens: int | None = None
-    #: SGLang ``--stream-interval``: tokens per streamed event (:attr:`SimConfig.stream_interval`).
-    stream_interval: int = 1
+    #: The engine the server builds (``--token-interval``, ``--prefill-latency``, ``--seed``,
+    #: ``--reply-tokens``, ``--stream-interval``, ``--weight-version``, ``--max-model-len`` set its
+    #: fields of those names); its ``model_id`` is :attr:`model_path`. An engine passed in
+    #: explicitly keeps its own config.
+    engine: SimConfig = attrs.field(factory=served_engine)
     #: SGLang ``--incremental-streaming-output``: stream deltas instead of cumulative outputs.
     incremental_streaming_output: bool = False
     #: SGLang / vLLM ``--enable-return-routed-experts``.
     enable_return_routed_experts: bool = False
-    weight_version: str = "default"
-    max_model_len: int = 32768
-    #: Reported by ``/get_model_info`` and ``/v1/models``.
+    #: Reported by ``/get_model_info`` and ``/v1/models``, and the built engine's ``model_id``.
     model_path: str = "actorproxy-sim"
     #: Reported as ``tokenizer_path``; ``None``: the tokenizer's name.
     tokenizer_path: str | None = None
@@ -68,9 +66,13 @@ class SimServerSettings:
     #: Seconds shutdown waits for responses in flight (generations are aborted first).
     shutdown_grace: float = 2.0
 
+    def __attrs_post_init__(self) -> None:
+        if self.engine.model_id not in (attrs.fields(SimConfig).model_id.default, self.model_path):
+            raise ValueError("SimServerSettings: set the model name with model_path, not engine.model_id")
+
     def engine_config(self) -> SimConfig:
-        """The engine's config: every setting the two classes name alike, and ``model_path`` as its model id."""
-        return build_from(SimConfig, self, model_id=self.model_path)
+        """The config of the engine the server builds: :attr:`engine` with ``model_path`` as its model id."""
+        return attrs.evolve(self.engine, model_id=self.model_path)
 
 
 @attrs.define

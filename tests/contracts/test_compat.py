@@ -20,7 +20,7 @@ import trio
 from actorproxy.cli import build_parser, config_from_args, main
 from actorproxy.config import ProxyConfig, recompute_logprobs_from_env
 from actorproxy.sim.server import RunningSim, open_sim_server
-from actorproxy.sim.state import SimServerSettings
+from actorproxy.sim.state import SimServerSettings, served_engine
 from actorproxy.tokenization.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +57,8 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture
 async def engine(tokenizer: Any) -> AsyncIterator[RunningSim]:
-    async with open_sim_server(SimServerSettings(port=0, token_interval=0.0005), tokenizer=tokenizer) as sim:
+    settings = SimServerSettings(port=0, engine=served_engine(token_interval=0.0005))
+    async with open_sim_server(settings, tokenizer=tokenizer) as sim:
         yield sim
 
 

@@ -25,7 +25,7 @@ from actorproxy.cli import build_parser, config_from_args
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.sim.server import open_sim_server
-from actorproxy.sim.state import SimServerSettings
+from actorproxy.sim.state import SimServerSettings, served_engine
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -392,7 +392,8 @@ async def test_the_black_box_launch_starts_unchanged(
 ) -> None:
     # Their PROXY_HOST variable set to loopback (the scripts default it to 0.0.0.0): the line is theirs.
     argv = BLACK_BOX.format(tokenizer="qwen3", port="0").replace("0.0.0.0", "127.0.0.1").split()
-    async with open_sim_server(SimServerSettings(port=0, token_interval=0.0005), tokenizer=tokenizer) as sim:
+    settings = SimServerSettings(port=0, engine=served_engine(token_interval=0.0005))
+    async with open_sim_server(settings, tokenizer=tokenizer) as sim:
         monkeypatch.setenv("SGLANG_ROUTER_URL", sim.url)  # what dressage_env_defaults.sh exports
         proxy = ProxyProcess(tmp_path / "proxy.log", *argv)
         try:

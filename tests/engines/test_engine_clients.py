@@ -811,7 +811,8 @@ LONG = [1000 + i for i in range(1000)] + [EOT]
 @asynccontextmanager
 async def sim_server(tokenizer: Any, **settings: Any) -> AsyncIterator[Any]:
     simserver = pytest.importorskip("actorproxy.sim.server")
-    config = simserver.SimServerSettings(port=0, token_interval=0.002, **settings)
+    engine = simserver.served_engine(token_interval=0.002, **settings.pop("engine", {}))
+    config = simserver.SimServerSettings(port=0, engine=engine, **settings)
     async with simserver.open_sim_server(config, tokenizer=tokenizer) as running:
         yield running
 
@@ -884,7 +885,7 @@ async def test_sim_leaving_early_stops_the_engine(case: str, tokenizer: Any) -> 
 
 @pytest.mark.parametrize("case", ["sglang", "vllm-generate", "vllm-completions"])
 async def test_sim_prompt_logprobs_and_errors(case: str, tokenizer: Any) -> None:
-    async with sim_backend(tokenizer, case, max_model_len=64) as (running, backend):
+    async with sim_backend(tokenizer, case, engine={"max_model_len": 64}) as (running, backend):
         expected = await running.engine.prompt_logprobs(PROMPT)
         assert await backend.prompt_logprobs(PROMPT) == expected
         with pytest.raises(BackendError) as info:

@@ -17,7 +17,7 @@ from _util import SIM_ENGINES, WEATHER_TOOL, hang_up_after
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
-from actorproxy.sim.server import RunningSim, SimServerSettings, open_sim_server
+from actorproxy.sim.server import RunningSim, SimServerSettings, open_sim_server, served_engine
 
 INTERVAL = 0.001
 TOOL_REPLY = (
@@ -196,7 +196,8 @@ async def test_routed_experts_and_versions_arrive_on_steps(tokenizer: Any) -> No
 
 
 async def test_a_stopped_engine_is_failed_over(tokenizer: Any) -> None:
-    async with open_sim_server(SimServerSettings(port=0, token_interval=INTERVAL), tokenizer=tokenizer) as live:
+    settings = SimServerSettings(port=0, engine=served_engine(token_interval=INTERVAL))
+    async with open_sim_server(settings, tokenizer=tokenizer) as live:
         with trio.socket.socket() as probe:  # a port nobody listens on: a stopped engine
             await probe.bind(("127.0.0.1", 0))
             dead = f"http://127.0.0.1:{probe.getsockname()[1]}"

@@ -24,7 +24,7 @@ from actorproxy.engines.sglang.client import SGLangBackend
 from actorproxy.engines.vllm.client import VLLMBackend
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig
-from actorproxy.sim.server import RunningSim, SimServerSettings, open_sim_server
+from actorproxy.sim.server import RunningSim, SimServerSettings, open_sim_server, served_engine
 from actorproxy.testing import SimulatedProxy, TurnResult, open_simulated_proxy
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
@@ -106,7 +106,8 @@ async def proxy_on(backend: Backend, tokenizer: ChatTokenizer) -> AsyncIterator[
 
 @asynccontextmanager
 async def sim_server(tokenizer: ChatTokenizer, **flags: Any) -> AsyncIterator[RunningSim]:
-    async with open_sim_server(SimServerSettings(port=0, token_interval=0.002, **flags), tokenizer=tokenizer) as sim:
+    settings = SimServerSettings(port=0, engine=served_engine(token_interval=0.002), **flags)
+    async with open_sim_server(settings, tokenizer=tokenizer) as sim:
         yield sim
 
 

@@ -20,7 +20,7 @@ from test_engine_clients import DONE, EOT, IDS, LPS, PROMPT, USAGE, Engine, flat
 
 from actorproxy.engines.base import BackendError, GenerateFinish
 from actorproxy.engines.vllm.client import VLLMBackend
-from actorproxy.sim.server import RunningSim, SimServerSettings, open_sim_server
+from actorproxy.sim.server import RunningSim, SimServerSettings, open_sim_server, served_engine
 from actorproxy.sim.vllm_routes import SCALE_OUT_DISABLED
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
@@ -31,7 +31,7 @@ CLIENT_LOG = "actorproxy.engines.vllm.client"
 
 @asynccontextmanager
 async def vllm(tokenizer: ChatTokenizer, **flags: Any) -> AsyncIterator[tuple[RunningSim, VLLMBackend]]:
-    settings = SimServerSettings(port=0, token_interval=0.002, **flags)
+    settings = SimServerSettings(port=0, engine=served_engine(token_interval=0.002), **flags)
     async with open_sim_server(settings, tokenizer=tokenizer) as running:
         backend = VLLMBackend(running.url)
         try:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -18,7 +19,7 @@ from trio.testing import MockClock
 
 from actorproxy.cli import build_parser, sim_settings_from_args
 from actorproxy.sim import SimConfig, SimEngine
-from actorproxy.sim.server import RunningSim, SimServerSettings
+from actorproxy.sim.server import RunningSim, SimServerSettings, served_engine
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
 LONG = list(range(1000, 1400))  # a scripted output long enough to interrupt
@@ -521,13 +522,21 @@ def test_sim_cli_flags() -> None:
          "--enable-return-routed-experts", "--weight-version", "w0", "--max-model-len", "4096"]
     )
     settings = sim_settings_from_args(args)
-    assert settings == SimServerSettings(port=31000, token_interval=0.5, seed=3, incremental_streaming_output=True,
-                                         enable_return_routed_experts=True, weight_version="w0", max_model_len=4096)
+    engine = served_engine(token_interval=0.5, seed=3, weight_version="w0", max_model_len=4096)
+    assert settings == SimServerSettings(port=31000, engine=engine, incremental_streaming_output=True,
+                                         enable_return_routed_experts=True)
     assert sim_settings_from_args(build_parser().parse_args(["sim"])) == SimServerSettings()
-    args = build_parser().parse_args(["sim", "--reply-tokens", "2000", "--stream-interval", "4"])
-    settings = sim_settings_from_args(args)
-    assert (settings.reply_tokens, settings.stream_interval) == (2000, 4)
-    assert (settings.engine_config().reply_tokens, settings.engine_config().stream_interval) == (2000, 4)
+    args = build_parser().parse_args(["sim", "--reply-tokens", "2000", "--stream-interval", "4", "--model-path", "m"])
+    config = sim_settings_from_args(args).engine_config()
+    assert (config.reply_tokens, config.stream_interval, config.model_id) == (2000, 4, "m")
+
+
+def test_sim_engine_defaults_are_the_engines() -> None:
+    """The server's engine settings are :class:`SimConfig`'s own (one default differs: SGLang's version label)."""
+    assert SimServerSettings().engine == attrs.evolve(SimConfig(), weight_version="default")
+    assert SimServerSettings(model_path="m").engine_config().model_id == "m"
+    with pytest.raises(ValueError, match="model_path"):
+        SimServerSettings(engine=served_engine(model_id="other"))
 
 
 async def test_reply_tokens_and_stream_interval(
