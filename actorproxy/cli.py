@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     d = SimServerSettings()
+    e = d.engine
     sim = commands.add_parser(
         "sim",
         help="serve a simulated inference engine (SGLang, vLLM and llama.cpp APIs)",
@@ -103,29 +104,26 @@ def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     sim.add_argument("--host", default=d.host, help="address to listen on")
     sim.add_argument("--port", type=int, default=d.port, help="port to listen on (0 picks a free one)")
     sim.add_argument(
-        "--token-interval",
-        type=_positive_float,
-        default=d.engine.token_interval,
-        help="seconds between two sampled tokens",
+        "--token-interval", type=_positive_float, default=e.token_interval, help="seconds between two sampled tokens"
     )
     sim.add_argument(
         "--prefill-latency",
         type=float,
-        default=d.engine.prefill_latency,
+        default=e.prefill_latency,
         help="seconds before the first token of every request",
     )
-    sim.add_argument("--seed", type=int, default=d.engine.seed, help="random seed of the simulated policy")
+    sim.add_argument("--seed", type=int, default=e.seed, help="random seed of the simulated policy")
     sim.add_argument(
         "--reply-tokens",
         type=_positive_int,
-        default=d.engine.reply_tokens,
+        default=e.reply_tokens,
         help="every unscripted reply is N tokens of the word ' so' then the end-of-turn token "
         "(long-stream benchmarks count the word); default: the simulated policy's short replies",
     )
     sim.add_argument(
         "--stream-interval",
         type=_positive_int,
-        default=d.engine.stream_interval,
+        default=e.stream_interval,
         help="tokens per streamed event, as SGLang's --stream-interval: each token still takes "
         "--token-interval, they are streamed in bursts of N",
     )
@@ -139,11 +137,11 @@ def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         action="store_true",
         help="return simulated MoE routing (SGLang return_routed_experts; vLLM routed_experts)",
     )
-    sim.add_argument("--weight-version", default=d.engine.weight_version, help="initial weight version")
+    sim.add_argument("--weight-version", default=e.weight_version, help="initial weight version")
     sim.add_argument(
         "--max-model-len",
         type=_positive_int,
-        default=d.engine.max_model_len,
+        default=e.max_model_len,
         help="context length: longer prompts are refused, outputs are cut to fit",
     )
     sim.add_argument(
