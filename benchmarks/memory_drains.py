@@ -8,7 +8,8 @@ distinct, so that the body memo fills) run in this process through
 :func:`~actorproxy.server.turns.serve_turn`, as in ``runtime_turn.py`` (the engine answers
 at once from memory; no HTTP: a hundred thousand turns take minutes, not an hour). Each
 session is finalized after its last turn; every ``--drain-every`` turns the trainer's drain
-(``/trajectory/read`` with ``drain`` and ``include_steps``) empties the store. Printed at each
+(``/trajectory/read`` with ``drain`` and ``include_steps``, its reply's parts taken one by one as
+the route sends them) empties the store. Printed at each
 drain: the process's RSS (anonymous and file-backed), the live sessions and stored segments
 left (both 0). The figure: RSS at the end over RSS after the first 10,000 turns (the
 target is within 10%).
@@ -79,7 +80,9 @@ async def run(args: argparse.Namespace, data_dir: str) -> list[tuple[int, float]
                 async with trio.open_nursery() as nursery:
                     for _ in range(args.concurrency):
                         nursery.start_soon(session)
-            await runtime.read_body(drain=True, include_steps=True)
+            reply = await runtime.read_reply(drain=True, include_steps=True)
+            async for _ in reply:  # as /trajectory/read sends it: each part let go of once sent
+                pass
             stats = await runtime.store_stats()
             live = (await runtime.census())["active_sessions"]
             points.append((done, rss_mib()))

@@ -3,7 +3,8 @@
 A drain frees what the store's read built (every segment and step as objects, then as
 JSON) and what the drained sessions' turns left; glibc's allocator keeps the freed
 pages of its heaps for reuse, so the process's RSS stayed at its peak after each drain
-and crept up from one to the next. After a drain of the whole store the runtime asks it
+and crept up from one to the next. After a drain of the whole store, once the last part
+of its reply is sent (so the reply's own pages are free too), the runtime asks it
 (``malloc_trim``) to return them, in a worker thread: the walk over the heap takes
 milliseconds. Where the C library is not glibc there is no such call and nothing is asked.
 """

@@ -241,23 +241,42 @@ class Runtime:
         include_steps: bool = False,
     ) -> bytes:
         """``read`` as its JSON body, serialised before anything is drained (a drain is all or nothing)."""
-        return b"".join(await self.read_parts(session_id=session_id, trajectory_id=trajectory_id, drain=drain,
-                                              include_steps=include_steps))
+        parts = await self._read_parts(session_id, trajectory_id, drain, include_steps)
+        body = b"".join(parts)
+        parts.clear()
+        await self._after_read(drain and session_id is None and trajectory_id is None)
+        return body
 
-    async def read_parts(
+    async def read_reply(
         self,
         *,
         session_id: str | None = None,
         trajectory_id: str | None = None,
         drain: bool = False,
         include_steps: bool = False,
-    ) -> list[bytes]:
-        """:meth:`read_body` in parts (``st.encode_parts``), to be sent one by one and each freed once sent."""
+    ) -> AsyncIterator[bytes]:
+        """:meth:`read_body` in parts (``st.encode_parts``), to be sent one by one and each let go of once sent.
+
+        The read (and a drain's deletion) is done when this returns; after a drain of the
+        whole store, the memory it freed goes back to the system once the last part is sent.
+        """
+        parts = await self._read_parts(session_id, trajectory_id, drain, include_steps)
+        return self._sent_one_by_one(parts, drain and session_id is None and trajectory_id is None)
+
+    async def _read_parts(self, session_id: str | None, trajectory_id: str | None, drain: bool,
+                          include_steps: bool) -> list[bytes]:
         parts: list[bytes] = await ask(
             self.store, lambda r: st.Read(session_id, trajectory_id, drain, include_steps, r, encode=True)
         )
-        await self._after_read(drain and session_id is None and trajectory_id is None)
         return parts
+
+    async def _sent_one_by_one(self, parts: list[bytes], drained_all: bool) -> AsyncIterator[bytes]:
+        """A body's parts, each let go of as soon as it is sent (a drain's reply is never held whole)."""
+        parts.reverse()
+        while parts:
+            yield parts.pop()
+        # Resumed once the last part is sent: its pages, too, are free now.
+        await self._after_read(drained_all)
 
     async def _after_read(self, drained_all: bool) -> None:
         """After a drain of the whole store, the memory it freed is given back to the system."""

@@ -17,7 +17,6 @@ any header.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
@@ -222,11 +221,11 @@ def create_app(runtime: Runtime) -> QuartTrio:
         if body.instance_id is not None or body.max_groups is not None or body.segment_view is not None:
             raise BadRequest("'instance_id', 'max_groups' and 'segment_view' are the Dressage dialect's read "
                              "fields (--api-dialect dressage)", param="instance_id")
-        parts = await runtime.read_parts(  # serialised before a drain deletes anything
+        reply = await runtime.read_reply(  # serialised before a drain deletes anything
             session_id=body.session_id, trajectory_id=body.trajectory_id,
             drain=body.drain, include_steps=body.include_steps,
         )
-        return Response(_sent_one_by_one(parts), status=200, mimetype="application/json")
+        return Response(reply, status=200, mimetype="application/json")
 
     @app.get("/trajectory/stats")
     async def trajectory_stats() -> Response:
@@ -261,13 +260,6 @@ def create_app(runtime: Runtime) -> QuartTrio:
 
     add_rollout_routes(app, lane, runtime, dialect if dressage else None)
     return app
-
-
-async def _sent_one_by_one(parts: list[bytes]) -> AsyncIterator[bytes]:
-    """A body's parts, each let go of as soon as it is sent (a drain's reply is never held whole)."""
-    parts.reverse()
-    while parts:
-        yield parts.pop()
 
 
 def _refuse_shadowed_route(app: QuartTrio) -> None:

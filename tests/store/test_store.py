@@ -16,8 +16,8 @@ from _util import run_turn
 from actorproxy.config import ProxyConfig
 from actorproxy.core.records import Segment
 from actorproxy.errors import StorageFull
+from actorproxy.runtime import freed_memory, store_messages
 from actorproxy.runtime import store as st
-from actorproxy.runtime import store_messages
 from actorproxy.runtime.replies import FinalizeResult
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.schema.converter import CONVERTER
@@ -193,6 +193,39 @@ async def test_a_drain_streams_the_bytes_of_the_whole_read(
         assert drained.content == whole
         assert "content-length" not in drained.headers
         assert (await http.post("/trajectory/read", json={"drain": True})).json() == {"data": []}
+
+
+async def test_a_whole_store_drain_gives_memory_back_once_its_reply_is_sent(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33: the allocator was asked to give pages back before the reply was sent, so the reply's own
+    pages (its encoded parts) stayed with the process. Now once the last part is sent, and only after a
+    drain of the whole store."""
+    monkeypatch.setattr(store_messages, "PART_BYTES", 2000)  # many parts
+    sent: list[int] = []
+    given_back_at: list[int] = []  # bytes of the reply sent when the allocator was asked
+    monkeypatch.setattr(freed_memory, "give_back", lambda: given_back_at.append(sum(sent)) or True)
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim:
+        app = create_app(sim.runtime)
+
+        async def counting(scope: Any, receive: Any, send: Any) -> None:
+            async def counted(message: dict[str, Any]) -> None:
+                await send(message)
+                if message["type"] == "http.response.body":
+                    sent.append(len(message.get("body", b"")))
+
+            await app(scope, receive, counted)
+
+        async with open_client(counting) as http:
+            for i in range(6):
+                await run_turn(sim.runtime, f"s{i}", HI)
+                await sim.runtime.finalize(f"s{i}")
+            one = await http.post("/trajectory/read", json={"session_id": "s0", "drain": True})
+            assert one.status_code == 200 and given_back_at == []  # not the whole store: nothing asked
+            sent.clear()
+            drained = await http.post("/trajectory/read", json={"include_steps": True, "drain": True})
+            assert drained.status_code == 200 and len(drained.content) > 5 * store_messages.PART_BYTES
+    assert given_back_at == [len(drained.content)]
 
 
 def _segment(i: int, tokens: int) -> Segment:
