@@ -25,12 +25,15 @@ rules out pre-tokenizers that treat a text's start differently, such as a
 Metaspace ``prepend_scheme="first"``). Ids are handed out as new arrays.
 
 Bounded by the bytes of the prefixes kept, text and ids (two generations of 32 MB,
-as the message memo): what is not used for a while is dropped.
+as the message memo): what is not used for a while is dropped. Prompts are tokenized
+in offload threads: the generations and counts are read and written under a lock,
+held for lookups and insertions only (the tokenizing itself runs outside it).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -62,21 +65,25 @@ class PromptCache:
         self._bytes = 0
         self.hits = 0
         self.misses = 0
+        #: Guards the generations, the byte count and the counts: threads tokenize prompts at once.
+        self._lock = threading.Lock()
 
     def encode(self, text: str) -> array[int]:
         """The ids of ``text``, as ``encode(text)`` gives them."""
         if len(text) < MIN_CHARS:
             return self._encode(text)
         cuts = self._cuts(text)
-        found = self._find(text, [len(text), *reversed(cuts)])
+        with self._lock:
+            found = self._find(text, [len(text), *reversed(cuts)])
+            if found is None:
+                self.misses += 1
+            else:
+                self.hits += 1
         if found is not None and len(found[0]) == len(text):
-            self.hits += 1
             return array("i", found[1])
         if found is None:
-            self.misses += 1
             ids = self._encode(text)
         else:
-            self.hits += 1
             ids = array("i", found[1])
             ids.extend(self._encode(text[len(found[0]):]))
         self._remember(text, ids, cuts)
@@ -94,6 +101,7 @@ class PromptCache:
         return places
 
     def _find(self, text: str, lengths: Sequence[int]) -> _Entry | None:
+        """The longest kept prefix of ``text`` among ``lengths`` (promoted if old); under the lock."""
         for length in lengths:
             for generation in (self._young, self._old):
                 for entry in generation.get(length, ()):
@@ -109,9 +117,10 @@ class PromptCache:
         positions = _positions(ids, self._cut_id)
         if len(positions) != len(all_places):  # the token is not always its own id: keep nothing
             return
-        self._add((text, ids))
-        for place in cuts:
-            self._add((text[:place], ids[: positions[all_places.index(place)]]))
+        entries = [(text, ids), *((text[:place], ids[: positions[all_places.index(place)]]) for place in cuts)]
+        with self._lock:
+            for entry in entries:
+                self._add(entry)
 
     def _all_places(self, text: str) -> list[int]:
         places: list[int] = []
@@ -122,6 +131,7 @@ class PromptCache:
         return places
 
     def _add(self, entry: _Entry) -> None:
+        """Keep ``entry`` in the young generation (which turns over when full); under the lock."""
         text = entry[0]
         same = self._young.setdefault(len(text), [])
         if any(other[0] == text for other in same):

@@ -10,6 +10,8 @@ change is never cut.
 
 from __future__ import annotations
 
+import concurrent.futures
+import sys
 from array import array
 from typing import Any
 
@@ -143,3 +145,29 @@ def test_the_cache_is_bounded() -> None:
         assert cache.encode(text).tolist() == _toy_encode(text).tolist()
     kept = [e for gen in (cache._young, cache._old) for v in gen.values() for e in v]
     assert sum(len(text) + 4 * len(ids) for text, ids in kept) <= 40_000
+
+
+def _utf32(text: str) -> array[int]:
+    """One id per character, its code point (at C speed: the threads spend their time in the cache)."""
+    ids = array("i")
+    ids.frombytes(text.encode("utf-32-le"))
+    return ids
+
+
+def test_threads_writing_at_once_keep_the_byte_count_true() -> None:
+    """Prompts are tokenized in offload threads, and the generations and their byte count were updated
+    without a lock: a thread that kept an entry while another turned the generations over counted its
+    bytes in the new young generation (the bound approximate, the count drifting from what is kept)."""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes, as often as they can
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            for _ in range(40):  # a race: before the lock about one round in six went wrong
+                cache = pc.PromptCache(_utf32, "§", ord("§"), max_bytes=30_000)
+                texts = [f"§system {i % 7}\n" + "y" * (1100 + i % 50) + f"§user\nq{i}" for i in range(2000)]
+                assert list(pool.map(cache.encode, texts)) == list(map(_utf32, texts))
+                young = [entry for entries in cache._young.values() for entry in entries]
+                assert cache._bytes == sum(len(text) + 4 * len(ids) for text, ids in young) <= 30_000
+                assert cache.hits + cache.misses == len(texts)
+    finally:
+        sys.setswitchinterval(switch)
