@@ -232,21 +232,6 @@ class Runtime:
         await self._after_read(drain and session_id is None and trajectory_id is None)
         return result
 
-    async def read_body(
-        self,
-        *,
-        session_id: str | None = None,
-        trajectory_id: str | None = None,
-        drain: bool = False,
-        include_steps: bool = False,
-    ) -> bytes:
-        """``read`` as its JSON body, serialised before anything is drained (a drain is all or nothing)."""
-        parts = await self._read_parts(session_id, trajectory_id, drain, include_steps)
-        body = b"".join(parts)
-        parts.clear()
-        await self._after_read(drain and session_id is None and trajectory_id is None)
-        return body
-
     async def read_reply(
         self,
         *,
@@ -255,7 +240,8 @@ class Runtime:
         drain: bool = False,
         include_steps: bool = False,
     ) -> AsyncIterator[bytes]:
-        """:meth:`read_body` in parts (``st.encode_parts``), to be sent one by one and each let go of once sent.
+        """``read`` as its JSON body in parts (``st.encode_parts``), to be sent one by one and each let go of
+        once sent; all are serialised before anything is drained (a drain is all or nothing).
 
         The read (and a drain's deletion) is done when this returns; after a drain of the
         whole store, the memory it freed goes back to the system once the last part is sent.

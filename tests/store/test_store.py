@@ -158,7 +158,7 @@ async def test_a_drain_that_cannot_be_serialised_deletes_nothing(
 
         monkeypatch.setattr(st, "encode_parts", broken)
         with pytest.raises(ValueError):
-            await runtime.read_body(drain=True, include_steps=True)
+            await runtime.read_reply(drain=True, include_steps=True)
         monkeypatch.undo()
         assert len(CONVERTER.unstructure(await runtime.read(session_id="a", include_steps=True))["steps"]) == 1
 
