@@ -25,6 +25,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
+from ..config import ProxyConfig
 from ..errors import BadRequest, ProxyError, StorageFull
 from ..protocols.anthropic import AnthropicFormat, parse_messages_body
 from ..protocols.format import TurnFormat
@@ -91,15 +92,21 @@ class _App(QuartTrio):
         return Response("", headers={"Allow": ", ".join(sorted(methods))})
 
 
-def create_app(runtime: Runtime) -> QuartTrio:
-    """The HTTP app serving ``runtime``."""
+def admission_for(config: ProxyConfig) -> Admission:
+    """The admission step of a proxy with ``config``: its access policy, its body limits, its error dialect."""
+    return Admission(auth.AccessPolicy.from_config(config), max_body=MAX_BODY_BYTES, body_timeout=600.0,
+                     reshape=reshape_error if config.server.api_dialect == "dressage" else None)
+
+
+def create_app(runtime: Runtime, admission: Admission | None = None) -> QuartTrio:
+    """The HTTP app serving ``runtime``; ``admission``: the step it asks (``admission_for`` its config when not
+    given; a worker of ``--workers N`` passes the one its router and fan-out ask too)."""
     app = _App("actorproxy")
     # Long generations stream for minutes: Quart's 60 s response timeout would cut them.
     app.config["RESPONSE_TIMEOUT"] = None
-    policy = auth.AccessPolicy.from_config(runtime.config)
+    admission = admission or admission_for(runtime.config)
+    policy = admission.policy
     dressage = runtime.config.server.api_dialect == "dressage"
-    admission = Admission(policy, max_body=MAX_BODY_BYTES, body_timeout=600.0,
-                          reshape=reshape_error if dressage else None)
     # Quart reads the bodies of its own routes within the same limits.
     app.config["BODY_TIMEOUT"] = admission.body_timeout
     app.config["MAX_CONTENT_LENGTH"] = admission.max_body

@@ -34,13 +34,12 @@ from typing import Any
 import trio
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from ..errors import Unauthorized
 from ..schema import jsonio
-from ..server.admission import RequestHeaders, announced_length
-from ..server.auth import AccessPolicy, route_kind
+from ..server.admission import Admission, RequestHeaders
 from ..server.drain import ASGIApp, Message, Receive, Send
-from ..server.replies import error_reply
 from .merge import merge_history, merge_json, merge_metrics
-from .routing import FANOUT_ROUTES, MAX_BODY, body_session, is_gateway
+from .routing import FANOUT_ROUTES, body_session, default_admission, is_gateway
 
 log = logging.getLogger("actorproxy.workers")
 
@@ -125,9 +124,10 @@ def _dechunk(index: int, data: bytes) -> bytes:
 class FanOut:
     """ASGI middleware of a worker's public app: control routes answered for every worker (see the module doc)."""
 
-    def __init__(self, app: ASGIApp, workers: int, directory: str, policy: AccessPolicy | None = None) -> None:
+    def __init__(self, app: ASGIApp, workers: int, directory: str, admission: Admission | None = None) -> None:
         self.app, self.workers, self.directory = app, workers, directory
-        self.policy = policy or AccessPolicy()
+        #: The app's own admission step: a request it refuses is answered by this worker's app, as one process does.
+        self.admission = admission or default_admission()
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -141,25 +141,33 @@ class FanOut:
                 "not_served_with_workers", "invalid_request_error"))
             return
         method = FANOUT_ROUTES.get(path)
-        headers = RequestHeaders(scope["headers"])
-        if method != scope["method"] or not (route_kind(path) == "public" or self.policy.is_admin(headers)):
+        if method is None or method != scope["method"] or not self.admitted(scope):
             await self.app(scope, receive, send)  # answered as the single process answers it, before any body
             return
         if method == "GET":
             await self.fan_out(scope, receive, send)  # a GET's body: the server drops it after the answer
             return
-        if announced_length(headers) > MAX_BODY:
-            await self.app(scope, receive, send)  # 413, from the header
-            return
-        body = await _read_body(receive, MAX_BODY)
+        body = await _read_body(receive, self.admission.max_body)
         if body is None:
-            failed = error_reply(RequestEntityTooLarge(), anthropic_shape=False, method="POST", path=path)
+            failed = self.admission.refusal(RequestEntityTooLarge(), method="POST", path=path)
             await _reply(send, failed.status, jsonio.dumps(failed.data), close=True)
             return
         if path == "/trajectory/read" and body_session(body) is not None:  # one session: its owner routed it here
             await self.app(scope, _replay(body, receive), send)
             return
         await self.fan_out(scope, receive, send, body)
+
+    def admitted(self, scope: Any) -> bool:
+        """Whether the app's admission step lets the request in, its announced body within the limit (else the
+        worker's own app refuses it: 401, 413)."""
+        headers = RequestHeaders(scope["headers"])
+        client = scope.get("client")
+        try:
+            self.admission.admit(scope["path"], headers, client[0] if client else None)
+            self.admission.check_length(headers)
+        except (Unauthorized, RequestEntityTooLarge):
+            return False
+        return True
 
     async def fan_out(self, scope: Any, receive: Receive, send: Send, body: bytes = b"") -> None:
         """Ask every worker, merge their answers (see the module doc)."""

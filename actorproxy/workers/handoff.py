@@ -34,17 +34,15 @@ from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 import trio
-from werkzeug.exceptions import RequestTimeout
+from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
 from ..errors import BadRequest, Overloaded, Unauthorized
 from ..http import h1
 from ..http.cycle import body_arrives, request_path
 from ..http.sockets import send_rest
 from ..schema import jsonio
-from ..server.admission import RequestHeaders
-from ..server.auth import AccessPolicy, route_kind
-from ..server.replies import error_reply, is_anthropic_route
-from .routing import MAX_BODY, NEED_BODY, body_session, head_session, owner
+from ..server.admission import Admission, RequestHeaders
+from .routing import MAX_BODY, NEED_BODY, body_session, default_admission, head_session, owner
 
 if TYPE_CHECKING:
     from ..http.server import Handoff, HTTPServer, ServerConnection
@@ -80,9 +78,10 @@ def remove_stale(path: str) -> None:
 class Router:
     """The :class:`~actorproxy.http.server.HTTPServer` router of worker ``index`` of ``workers``."""
 
-    def __init__(self, index: int, workers: int, directory: str, policy: AccessPolicy | None = None) -> None:
+    def __init__(self, index: int, workers: int, directory: str, admission: Admission | None = None) -> None:
         self.index, self.workers, self.directory = index, workers, directory
-        self.policy = policy or AccessPolicy()
+        #: The app's own admission step: a request it refuses is served where it landed, and refused there.
+        self.admission = admission or default_admission()
         self.handed_off = 0  # connections sent to their owner
         self.refused = 0  # requests answered 503 because their owner was down
 
@@ -93,7 +92,7 @@ class Router:
             log.exception("could not route %s %r: answered 400", request.method, request.target[:200])
             error = BadRequest(f"this request could not be routed to its worker ({type(exc).__name__})",
                                code="unroutable_request")
-            return partial(_answer, error, request_path(request.target)[0])
+            return partial(self.answer, error, request_path(request.target)[0])
 
     async def route(self, connection: ServerConnection, request: h1.RequestHead) -> Handoff | None:
         """The hand-off to the worker that owns the request's session; ``None``: served here."""
@@ -102,16 +101,18 @@ class Router:
         session = head_session(path, headers)
         continued = False
         if session == NEED_BODY:
-            session = self.key_session(path, headers)
+            session = self.key_session(path, headers, connection)
         if session == NEED_BODY:
-            if request.length > MAX_BODY:
+            try:
+                self.admission.check_size(request.length)
+            except RequestEntityTooLarge:
                 return None  # the app answers 413, from the header
             if request.expect_continue:  # the client waits for this before it sends the body we need
                 request.expect_continue, continued = False, True
                 await connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             body = await _whole_body(connection, request)
             if body is _SLOW:
-                return partial(_answer, RequestTimeout(), path)
+                return partial(self.answer, RequestTimeout(), path)
             session = None if body is None else body_session(body, path, headers)
         if session is None:
             return None
@@ -120,16 +121,16 @@ class Router:
             return None
         return partial(self._send, worker, _rebuild(request, continued), path)
 
-    def key_session(self, path: str, headers: RequestHeaders) -> str | None | Literal["body"]:
+    def key_session(self, path: str, headers: RequestHeaders,
+                    connection: ServerConnection | None = None) -> str | None | Literal["body"]:
         """Before a body is read: the session an agent's key confines it to, else ``NEED_BODY``; ``None`` when the
-        app refuses the caller (it does so here, without the body, as the single process does)."""
-        policy = self.policy
-        if route_kind(path) != "agent":
-            return NEED_BODY if policy.is_admin(headers) else None
+        app's admission step refuses the caller (the app refuses it here, without the body, as one process does)."""
+        client = connection.client if connection is not None else None
         try:
-            return policy.agent_session(headers) or NEED_BODY
+            admitted = self.admission.admit(path, headers, client[0] if client else None)
         except Unauthorized:
             return None
+        return admitted.confined or NEED_BODY
 
     async def _send(self, worker: int, head: bytes, path: str, sock: trio.socket.SocketType, rest: bytes) -> None:
         """Send ``sock`` and the bytes not served yet to ``worker``; a 503 on the connection if it cannot take it."""
@@ -142,9 +143,19 @@ class Router:
             refusal = Overloaded(f"the worker that serves this session (worker {worker}) is restarting; retry",
                                  code="worker_unavailable")
             refusal.retry_after = 1
-            await _answer(refusal, path, sock, rest)
+            await self.answer(refusal, path, sock, rest)
             return
         self.handed_off += 1
+
+    async def answer(self, error: Exception, path: str, sock: trio.socket.SocketType, rest: bytes) -> None:
+        """Answer ``error`` on the client's socket as the app's admission step words it (``connection: close``);
+        then the connection closes."""
+        failed = self.admission.refusal(error, method="", path=path)
+        body = jsonio.dumps(failed.data)
+        head = [h1.status_line(failed.status), b"content-type: application/json\r\n", b"connection: close\r\n",
+                b"content-length: %d\r\n" % len(body)]
+        head += [f"{name.lower()}: {value}\r\n".encode("latin-1") for name, value in failed.headers]
+        await _send_all(sock, b"".join(head) + b"\r\n" + body)
 
 
 async def offer(path: str, fd: int, data: bytes) -> None:
@@ -327,16 +338,6 @@ def _rebuild(request: h1.RequestHead, continued: bool) -> bytes:
     lines += [name + b": " + value for name, value in request.headers
               if not (continued and name == _DROPPED_WHEN_CONTINUED)]
     return b"\r\n".join(lines) + b"\r\n\r\n"
-
-
-async def _answer(error: Exception, path: str, sock: trio.socket.SocketType, rest: bytes) -> None:
-    """Answer ``error`` on the client's socket in the caller's format (``connection: close``); then it closes."""
-    failed = error_reply(error, anthropic_shape=is_anthropic_route(path), method="", path=path)
-    body = jsonio.dumps(failed.data)
-    head = [h1.status_line(failed.status), b"content-type: application/json\r\n", b"connection: close\r\n",
-            b"content-length: %d\r\n" % len(body)]
-    head += [f"{name.lower()}: {value}\r\n".encode("latin-1") for name, value in failed.headers]
-    await _send_all(sock, b"".join(head) + b"\r\n" + body)
 
 
 async def _send_all(sock: trio.socket.SocketType, data: bytes) -> None:

@@ -25,8 +25,9 @@ import msgspec
 
 from ..errors import BadRequest
 from ..protocols.responses_format import CONVERSATION_HEADERS
+from ..server.admission import Admission
 from ..server.app import MAX_BODY_BYTES
-from ..server.auth import Headers
+from ..server.auth import AccessPolicy, Headers
 from ..server.identity import named_session, url_mount
 
 #: Model routes (any mount: ``/``, ``/sess/<id>/``, ``/<trajectory_uid>/<prompt_uid>/``): a turn of a session.
@@ -57,6 +58,11 @@ class _Ids(msgspec.Struct):
 
 
 _IDS = msgspec.json.Decoder(_Ids)
+
+
+def default_admission() -> Admission:
+    """The admission step of an app with no credentials set (the app's own is passed in production)."""
+    return Admission(AccessPolicy(), max_body=MAX_BODY, body_timeout=600.0)
 
 
 def owner_key(session_id: str) -> str:

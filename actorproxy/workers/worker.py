@@ -29,8 +29,7 @@ from ..runtime.in_flight import InFlight
 from ..runtime.runtime import Runtime, open_runtime
 from ..schema import jsonio
 from ..serve import KEEP_ALIVE, RunningProxy, asgi_of, bind_host, connection_limits, drain_then_stop
-from ..server.app import create_app
-from ..server.auth import AccessPolicy
+from ..server.app import admission_for, create_app
 from ..server.http_server import HTTPServer
 from ..tokenization.tokenizer import ChatTokenizer
 from .fanout import FanOut, WorkerUnavailable, ask, control_path
@@ -66,14 +65,14 @@ async def serve_worker(
     workers = config.server.workers
     async with open_runtime(worker_config(config, index), tokenizer=tokenizer) as runtime:
         await take_rollout_state(runtime, index, workers, directory)
-        app = asgi_of(create_app(runtime))
+        admission = admission_for(runtime.config)  # the one step the app, the router and the fan-out ask
+        app = asgi_of(create_app(runtime, admission))
         tracker = InFlight()  # the requests in flight of both servers
         stop = trio.Event()
         limits = connection_limits(config)
         private = HTTPServer(app, keep_alive_timeout=KEEP_ALIVE, tracker=tracker, limits=limits)
-        policy = AccessPolicy.from_config(config)  # the app's own rules, checked before a body is read
-        public = HTTPServer(FanOut(app, workers, directory, policy), keep_alive_timeout=KEEP_ALIVE,
-                            router=Router(index, workers, directory, policy), tracker=tracker, limits=limits)
+        public = HTTPServer(FanOut(app, workers, directory, admission), keep_alive_timeout=KEEP_ALIVE,
+                            router=Router(index, workers, directory, admission), tracker=tracker, limits=limits)
         control = control_path(directory, index)
         remove_stale(control)
         unix = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
