@@ -20,8 +20,9 @@ Sans-IO: it reads what it is given and raises or returns; it never touches a soc
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 import attrs
 from werkzeug.exceptions import RequestEntityTooLarge
@@ -33,6 +34,15 @@ from .replies import ErrorReply, error_reply, is_anthropic_route
 
 #: Turns an error reply into another dialect's shape (``--api-dialect dressage``).
 Reshape = Callable[[Exception, ErrorReply], ErrorReply]
+
+
+class Unmatched(enum.Enum):
+    """:meth:`Admission.admit`'s ``url_session`` when the caller has not matched the path's mount."""
+
+    UNMATCHED = enum.auto()
+
+
+UNMATCHED: Final = Unmatched.UNMATCHED
 
 
 class RequestHeaders:
@@ -71,11 +81,14 @@ class Admission:
     body_timeout: float
     reshape: Reshape | None = None
 
-    def admit(self, path: str, headers: Headers, remote: str | None, *, query_token: str | None = None) -> Admitted:
+    def admit(self, path: str, headers: Headers, remote: str | None, *, query_token: str | None = None,
+              url_session: str | None | Unmatched = UNMATCHED) -> Admitted:
         """Let the request for ``path`` in, or raise :class:`~actorproxy.errors.Unauthorized`.
 
         ``remote`` is the client's address; ``query_token`` the ``?token=`` of the URL, which
         only the dashboard's page (``/ui``) takes (a browser opening it cannot send a header).
+        ``url_session``: the session the path's mount names, when the caller matched it already
+        (the lane's route match: :func:`.identity.url_mount`); by default it is matched here.
         """
         policy = self.policy
         confined = None
@@ -84,11 +97,14 @@ class Admission:
             policy.check_admin({"authorization": f"Bearer {query_token}"} if query_token and path == "/ui" else headers)
         elif kind == "agent":
             confined = policy.agent_session(headers)
-            mount = url_mount(path, AGENT_SUFFIXES) if confined is not None else None
-            if mount is not None and mount[1] is not None:
-                # A key opens its own session's URLs only, every route under them (the turns check the
-                # session again, as they also read it from headers and body).
-                check_scope(confined, mount[1])
+            if confined is not None:
+                if url_session is UNMATCHED:
+                    mount = url_mount(path, AGENT_SUFFIXES)
+                    url_session = None if mount is None else mount[1]
+                if url_session is not None:
+                    # A key opens its own session's URLs only, every route under them (the turns check the
+                    # session again, as they also read it from headers and body).
+                    check_scope(confined, url_session)
         return Admitted(confined, policy.client_of(headers, confined, remote))
 
     def check_length(self, headers: Headers) -> None:

@@ -166,7 +166,8 @@ class _Turn:
 
     async def request(self) -> bytes:
         """Admit the caller, then read the body (the Quart app's hook and checks, in their order)."""
-        self.confined, self.client = self.lane.admission.admit(self.path, self.headers, self.remote)
+        self.confined, self.client = self.lane.admission.admit(self.path, self.headers, self.remote,
+                                                               url_session=self.found.url_session)
         return await self.read_body()
 
     async def fail(self, error: Exception) -> None:
