@@ -1,10 +1,10 @@
-"""The engine client's CPU per SGLang stream event, without I/O: de-chunking, SSE, JSON, the parser.
+"""The engine client's CPU per SGLang stream event, without I/O: de-chunking and the stream decoder.
 
     python benchmarks/engine_events.py [--rounds 5] [--turns 2000]
 
 Two shapes of a 16-token generation, as ``engine_stub.py`` writes them (chunked SSE with
-logprobs), each read the way ``StreamedGeneration`` reads it (the body decoder, the SSE
-splitter, ``SGLangStreamParser.decode`` and ``feed``, merged deltas):
+logprobs), each read the way ``StreamedGeneration`` reads it (the body decoder de-chunking
+into the stream decoder's buffer, ``SGLangStreamParser.read``, merged deltas):
 
 * ``cumulative, one read``: SGLang's default shape, every event arriving in one read (a
   non-streaming turn against a zero-delay engine);
@@ -33,7 +33,6 @@ from actorproxy.engines.deltas import take_merged
 from actorproxy.engines.sglang.protocol import SGLangStreamParser
 from actorproxy.http.client import HTTP11Client
 from actorproxy.http.h1 import BodyDecoder
-from actorproxy.http.sse import SSEParser
 
 IDS = [9707, 0, 358, 1079, 1667, 311, 1492, 498, 3351, 13, 2585, 646, 358, 7789, 30, 151645]
 
@@ -55,16 +54,15 @@ INCREMENTAL = [chunked([orjson.dumps({"text": "", "output_ids": [IDS[n - 1]],
 
 
 def read(pieces: list[bytes]) -> list[GenerationEvent]:
-    body, sse = BodyDecoder(keep_alive=True, chunked=True), SSEParser()
+    body = BodyDecoder(keep_alive=True, chunked=True)
     parser = SGLangStreamParser(stop_token_ids=[IDS[-1]])
     pending: deque[GenerationEvent] = deque()
     out: list[GenerationEvent] = []
     for piece in pieces:
-        body.decode(bytearray(piece), sse.buffer)
-        for event in sse.split():
-            data = event.data.strip()
-            if data != b"[DONE]":
-                pending.extend(parser.feed(parser.decode(data)))
+        body.decode(bytearray(piece), parser.buffer)
+        events: list[GenerationEvent] = []
+        parser.read(events)
+        pending.extend(events)
         while pending:
             out.append(take_merged(pending))
     return out

@@ -12,13 +12,13 @@ structures the answer of such an info call.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Collection
+from typing import Generic, TypeVar
 
 from ..errors import BadRequest
 from ..schema.converter import structure
 from .aborts import AbortBatcher
-from .base import GenerateRequest, GenerationEvent
+from .base import GenerateRequest
 from .connection import EngineConnection, EngineOptions, request_json
 from .deltas import DEFAULT_VERSION
 from .shared_wire import ModelCard, ModelList
@@ -65,10 +65,8 @@ V = TypeVar("V", bound=VersionedConnection)
 class VersionedGeneration(EngineGeneration[P, V]):
     """A generation on a :class:`VersionedConnection`: each event's version becomes the backend's newest."""
 
-    def _feed(self, payload: Mapping[str, Any]) -> list[GenerationEvent]:
-        events = super()._feed(payload)
+    def _after_read(self) -> None:
         self._backend.last_version = self._parser.version
-        return events
 
 
 def read_tolerantly(answer: object, cls: type[T]) -> T:

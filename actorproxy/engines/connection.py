@@ -20,7 +20,6 @@ import numpy as np
 import orjson
 
 from ..http.client import HTTP11Client
-from ..http.sse import SSEEvent
 from .base import BackendError
 from .errors import check_status, discard, mapped_errors
 from .ids_json import IdsJSON
@@ -71,11 +70,11 @@ class BodyResponse(Protocol):
 class EngineResponse(BodyResponse, Protocol):
     """A streamed HTTP response (an :class:`~actorproxy.http.client.Response`, or a test's stand-in).
 
-    Reading events fails with :class:`~actorproxy.http.errors.TransportError`.
+    Reading fails with :class:`~actorproxy.http.errors.TransportError`.
     """
 
-    async def receive_events(self) -> list[SSEEvent] | None:
-        """The next server-sent events (at least one); ``None`` at the end of the body."""
+    async def receive_into(self, out: bytearray) -> bool:
+        """Append the body bytes that have arrived to ``out`` (waiting for some); ``False`` at the body's end."""
         ...
 
     def cut(self) -> None:

@@ -1,49 +1,33 @@
 """The streamed-generation driver every HTTP engine client shares.
 
 :class:`StreamedGeneration` is one streamed generation as a
-:class:`~actorproxy.engines.base.Generation`. A subclass builds the request, turns each
-JSON event into generation events (its engine's sans-IO parser) and knows how to ask
-its engine to abort; this class does the I/O: reading and parsing the stream, the
-acknowledged abort, reading the stream to its end so the connection is reused, and the
-shielded, bounded cleanup when the caller leaves the block early.
+:class:`~actorproxy.engines.base.Generation`. A subclass builds the request and knows how
+to ask its engine to abort; its engine's sans-IO stream decoder
+(:class:`~.stream_events.StreamDecoder`) turns the body's bytes into generation events.
+This class does the I/O: each read's bytes de-chunked into the decoder's buffer and decoded
+in one pass, the acknowledged abort, reading the stream to its end so the connection is
+reused, and the shielded, bounded cleanup when the caller leaves the block early.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
-import orjson
 import trio
 
 from ..http.client import Response
 from ..http.errors import TransportError
-from ..http.sse import SSEEvent
 from .base import AbortBatch, BackendError, GenerateFinish, GenerationEvent
 from .connection import EngineHTTP, EngineResponse
 from .deltas import take_merged
 from .errors import backend_error, mapped_errors
+from .stream_events import StreamDecoder
 
 _DRAIN_LIMIT = 64 * 1024
 
-
-class StreamParser(Protocol):
-    """An engine's sans-IO stream reader (each engine's ``protocol.py`` has one)."""
-
-    #: The weight version of the latest event.
-    version: str
-
-    def feed(self, payload: Mapping[str, Any]) -> list[GenerationEvent]:
-        """Events for one JSON payload of the stream."""
-        ...
-
-    def end(self, done: bool) -> list[GenerationEvent]:
-        """Events at end of stream (``done``: ``[DONE]`` seen); raise if no finish is due."""
-        ...
-
-
-P = TypeVar("P", bound=StreamParser)
+P = TypeVar("P", bound=StreamDecoder)
 
 
 class StreamedGeneration(Generic[P]):
@@ -58,6 +42,7 @@ class StreamedGeneration(Generic[P]):
     def __init__(self, client: EngineHTTP, rid: str, parser: P, *, abort_grace: float) -> None:
         self.rid = rid
         self._parser = parser
+        parser.what = self.what
         self._client = client
         self._grace = abort_grace
         self._response: EngineResponse | None = None
@@ -67,28 +52,14 @@ class StreamedGeneration(Generic[P]):
         self._finish_queued = False
         self._abort_requested = False
         self._resend_abort = False
-        self._payloads = 0
         self._cut: str | None = None  # why the stream is cut locally (no engine acknowledgement)
         self._error: BackendError | None = None  # raised once the events before it are delivered
-        self._tail: list[SSEEvent] = []  # events read after the finish, in the same chunk
 
     # -- engine-specific --------------------------------------------------
 
     async def _open(self) -> EngineResponse:
         """Send the request; return the (checked) streaming response."""
         raise NotImplementedError
-
-    def _decode(self, data: bytes) -> Any:
-        """One event's JSON (an engine's reader may decode less of it: SGLang's cumulative events)."""
-        return orjson.loads(data)
-
-    def _feed(self, payload: Mapping[str, Any]) -> list[GenerationEvent]:
-        """Events for one JSON payload of the stream."""
-        return self._parser.feed(payload)
-
-    def _end(self, done: bool) -> list[GenerationEvent]:
-        """Events at end of stream (``done``: ``[DONE]`` seen); raise if no finish is due."""
-        return self._parser.end(done)
 
     async def _send_abort(self) -> bool:
         """Ask the engine to stop this request; ``False`` when it cannot acknowledge."""
@@ -97,14 +68,6 @@ class StreamedGeneration(Generic[P]):
     def _local_finish(self, message: str) -> GenerateFinish:
         """The finish to report when the stream is cut without the engine's own."""
         return GenerateFinish("abort", weight_version=self._parser.version, message=message)
-
-    def _handle_all(self, events: list[SSEEvent]) -> None:
-        """Handle the events read together (those after the finish are kept for the drain)."""
-        for event in events:
-            if self._finish_queued:
-                self._tail.append(event)
-            else:
-                self._handle(event)
 
     def _tail_ok(self, payload: Mapping[str, Any]) -> bool:
         """Whether a payload after the finish may be read past to reuse the connection.
@@ -141,7 +104,7 @@ class StreamedGeneration(Generic[P]):
             # The usual end of a short generation: its finish and the body's end came in the reads
             # already done, the connection is back in its pool, and nothing is left to wait for
             # (what _drain and _close_response would do here takes no await).
-            self._response, self._tail, self._body_ended = None, [], True
+            self._response, self._body_ended = None, True
             return
         # Runs on cancellation too: shielded, and bounded so a dead engine cannot hang us.
         with trio.CancelScope(shield=True), trio.move_on_after(self._grace):
@@ -180,7 +143,7 @@ class StreamedGeneration(Generic[P]):
             return None
         if not (self._entered and self._response is not None):
             return self.abort  # sent as the generation opens
-        self._abort_requested = True
+        self._abort_requested = self._parser.abort_requested = True
         return self._start_abort(batch)
 
     def _start_abort(self, batch: AbortBatch | None) -> Callable[[], Awaitable[None]] | None:
@@ -200,7 +163,7 @@ class StreamedGeneration(Generic[P]):
         if self._finish_queued or self._abort_requested:
             await trio.lowlevel.checkpoint()
             return
-        self._abort_requested = True
+        self._abort_requested = self._parser.abort_requested = True
         if self._entered and self._response is not None:
             await self._request_abort()
         else:
@@ -221,7 +184,7 @@ class StreamedGeneration(Generic[P]):
             return  # the engine's finish came first: nothing is left to stop
         if not acknowledged:
             self._cut_stream("aborted; the stream was closed")
-        elif self._payloads == 0:
+        elif self._parser.payloads == 0:
             # The engine may not have registered the request yet, making the abort a
             # no-op: send it again once the first event proves the request exists.
             self._resend_abort = True
@@ -233,23 +196,29 @@ class StreamedGeneration(Generic[P]):
             self._response.cut()  # a read waiting on it fails, and the loop reports the local finish
 
     async def _read(self) -> None:
-        assert self._response is not None
+        response, parser = self._response, self._parser
+        assert response is not None
         try:
-            events = await self._response.receive_events()
+            more = await response.receive_into(parser.buffer)
         except TransportError as exc:
             if self._cut is not None:
                 return  # _cut_stream: the loop reports the local finish
             raise backend_error(self.what, exc) from exc
-        if events is None:
+        if not more:
             self._body_ended = True
-            if not self._finish_queued:
-                self._queue_end(done=False)
-            return
-        self._handle_all(events)
-        if self._resend_abort and self._payloads and not self._finish_queued:
+        out: list[GenerationEvent] = []
+        try:
+            parser.read(out, at_end=not more)
+        finally:
+            self._queue(out)  # the events before a failure are delivered first
+            self._after_read()
+        if self._resend_abort and parser.payloads and not self._finish_queued:
             self._resend_abort = False
             with trio.move_on_after(self._grace):
                 await self._send_abort()
+
+    def _after_read(self) -> None:
+        """What a subclass keeps of the events just read (the decoder's state is up to date)."""
 
     async def _drain(self) -> None:
         """Read what follows the finish (``[DONE]``, a usage chunk, the end of the
@@ -259,53 +228,25 @@ class StreamedGeneration(Generic[P]):
         then open a new one. Stops short (the connection is then closed) on a payload
         :meth:`_tail_ok` refuses, past ``_DRAIN_LIMIT`` bytes, or on any error.
         """
+        parser = self._parser
         read = 0
-        events: list[SSEEvent] | None
-        events, self._tail = self._tail, []
         while True:
-            for event in events:
-                data = event.data.strip()
-                if data == b"[DONE]":
-                    continue
-                try:
-                    payload = orjson.loads(data)
-                except ValueError:
-                    return
+            tail, parser.tail = parser.tail, []
+            for payload in tail:
                 if not isinstance(payload, Mapping) or not self._tail_ok(payload):
                     return
             if self._body_ended or self._response is None:
                 return
             try:
-                events = await self._response.receive_events()
-            except TransportError:
+                more = await self._response.receive_into(parser.buffer)
+                read += len(parser.buffer)
+                parser.read([], at_end=not more)
+            except (TransportError, BackendError):
                 return
-            if events is None:
+            if not more:
                 self._body_ended = True
+            elif read > _DRAIN_LIMIT:
                 return
-            read += sum(len(event.data) for event in events)
-            if read > _DRAIN_LIMIT:
-                return
-
-    def _queue_end(self, done: bool) -> None:
-        self._queue(self._end(done))
-        if not self._finish_queued:
-            raise BackendError(f"{self.what}: the stream ended without a finish event")
-
-    def _handle(self, event: SSEEvent) -> None:
-        data = event.data.strip()
-        if data == b"[DONE]":
-            self._queue_end(done=True)
-            return
-        try:
-            payload = self._decode(data)
-        except ValueError as exc:
-            raise BackendError(f"{self.what}: malformed stream event: {data[:200]!r}") from exc
-        if event.event == "error" and not (isinstance(payload, Mapping) and "error" in payload):
-            payload = {"error": payload}
-        if type(payload) is not dict and not isinstance(payload, Mapping):
-            raise BackendError(f"{self.what}: unexpected stream event: {data[:200]!r}")
-        self._payloads += 1
-        self._queue(self._feed(payload))
 
     def _queue(self, events: list[GenerationEvent]) -> None:
         for event in events:

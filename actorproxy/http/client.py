@@ -55,7 +55,8 @@ class _Unused(Exception):
 class Response:
     """A streamed response: ``status_code``, ``reason_phrase``, ``headers`` (lower-case names).
 
-    Read the body with :meth:`receive` (bytes), :meth:`receive_events` (server-sent
+    Read the body with :meth:`receive` (bytes), :meth:`receive_into` (bytes appended to a
+    buffer of the reader's: an engine's stream decoder), :meth:`receive_events` (server-sent
     events), :meth:`aiter_bytes` or :meth:`aread`; then :meth:`aclose`. The connection
     goes back to the pool as soon as the body's end is read.
     """
@@ -80,7 +81,7 @@ class Response:
     async def receive(self) -> bytes | None:
         """The next piece of the body (all that has arrived); ``None`` at its end."""
         out = bytearray()
-        await self._fill(out)
+        await self.receive_into(out)
         return bytes(out) if out else None
 
     async def receive_events(self) -> list[SSEEvent] | None:
@@ -89,7 +90,7 @@ class Response:
         if sse is None:
             sse = self._sse = SSEParser()
         while True:
-            if not await self._fill(sse.buffer):
+            if not await self.receive_into(sse.buffer):
                 return sse.close() or None
             events = sse.split()
             if events:
@@ -98,8 +99,9 @@ class Response:
                 self._drop()
                 raise ProtocolError(f"a server-sent event larger than {MAX_EVENT >> 20} MiB")
 
-    async def _fill(self, out: bytearray) -> bool:
-        """Append body bytes to ``out`` (reading once if none are buffered); ``False`` at the end."""
+    async def receive_into(self, out: bytearray) -> bool:
+        """Append the body's bytes that have arrived to ``out``, de-chunked (reading once if none are
+        buffered); ``False`` at the body's end (nothing appended)."""
         conn = self._conn
         if conn is None:
             return False
@@ -137,7 +139,7 @@ class Response:
 
     async def aread(self) -> bytes:
         out = bytearray()
-        while await self._fill(out):
+        while await self.receive_into(out):
             pass
         return bytes(out)
 

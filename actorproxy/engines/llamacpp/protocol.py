@@ -19,6 +19,7 @@ import attrs
 from ...schema.converter import TokenIds, at_least
 from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams, TokenDelta
 from ..errors import error_message, stream_error_status
+from ..stream_events import StreamDecoder
 
 COMPLETION_PATH = "/completion"
 #: Our finish reason -> llama.cpp's ``stop_type`` (read back by :class:`LlamaCppStreamParser`).
@@ -137,10 +138,13 @@ def _entry_logprob(entry: object, token: int) -> float:
     return math.nan  # the sampled token is not among the reported ones
 
 
-class LlamaCppStreamParser:
+class LlamaCppStreamParser(StreamDecoder):
     """Sans-IO reader of one ``/completion`` stream, enforcing stop ids and the limit."""
 
+    what = "llama.cpp"
+
     def __init__(self, *, stop_token_ids: tuple[int, ...], max_new_tokens: int, prompt_len: int, version: str) -> None:
+        super().__init__()
         self.ids: list[int] = []
         self.version = version
         self._stops = frozenset(stop_token_ids)

@@ -24,14 +24,12 @@ import trio
 
 from ...http.client import HTTP11Client
 from ...http.oneshot import OneShot
-from ...http.sse import SSEEvent
 from ...schema.converter import CONVERTER, TokenIds
 from ..base import (
     ROUTING_HEADER,
     AbortBatch,
     BackendError,
     GenerateRequest,
-    GenerationEvent,
     ModelInfo,
     SamplingParams,
     new_rid,
@@ -49,7 +47,6 @@ from ..connection import (
 from ..errors import check_status
 from ..shared_wire import UpdateWeightVersionReqInput, WeightVersionOutput
 from . import protocol
-from .cumulative import look
 
 log = logging.getLogger(__name__)
 
@@ -74,43 +71,6 @@ class SGLangGeneration(VersionedGeneration[protocol.SGLangStreamParser, "SGLangB
         response = await post_stream(self._client, url, body, headers)
         await check_status(response, self.what)
         return response
-
-    def _decode(self, data: bytes) -> Any:
-        return self._parser.decode(data)
-
-    def _handle_all(self, events: list[SSEEvent]) -> None:
-        """Cumulative events read together: one the next repeats is not decoded (``cumulative.look``).
-
-        A proxy reads several events at once when it is behind its engine (a pause's
-        backlog, a busy loop) or the engine is fast (a short reply arrives whole): each
-        would cost a decode for tokens the next one repeats (with the same version: a run
-        of such events is read as its last). Only once the stream is known to be cumulative
-        (from its second event); the last event is always read.
-        """
-        last = len(events) - 1
-        while last > 0 and (events[last].event != "message" or events[last].data.strip() == b"[DONE]"):
-            last -= 1
-        if last < 2:
-            super()._handle_all(events)
-            return
-        parser = self._parser
-        ordinary, version = look(events[0].data)
-        for i, event in enumerate(events):
-            if self._finish_queued:
-                self._tail.append(event)
-                continue
-            if i < last:
-                skip = ordinary and parser.cumulative and event.event == "message"
-                ordinary, next_version = look(events[i + 1].data)
-                skip = skip and version is not None and version == next_version
-                version = next_version
-                if skip:
-                    continue
-            self._handle(event)
-
-    def _feed(self, payload: Mapping[str, Any]) -> list[GenerationEvent]:
-        self._parser.abort_requested = self._abort_requested
-        return super()._feed(payload)
 
     def _start_abort(self, batch: AbortBatch | None) -> Callable[[], Awaitable[None]] | None:
         if not self._backend.sends_aborts_now(batch):

@@ -1,17 +1,20 @@
-"""SGLang's cumulative stream, read in O(new tokens) objects per event: the repeated prefix is cut as bytes.
+"""SGLang's cumulative stream, read in O(new tokens) per event: the repeated prefix is skipped by its length.
 
 By default every ``/generate`` event repeats all the output so far: ``output_ids``,
-``meta_info.output_token_logprobs`` (and, in older builds, the whole ``text``). Decoding
+``meta_info.output_token_logprobs`` (and ``text``, which the reader never uses). Decoding
 each event whole builds a Python int and a logprob entry for every earlier token again:
 O(n) objects per event, O(n²) per generation (~0.5 ms per event at 2,000 tokens). SGLang
 writes its events with orjson, so an event's arrays begin with the exact bytes of the
-previous event's arrays: :class:`PrefixCutter` checks that they do (a byte comparison,
-at memory speed) and cuts them out before the JSON is decoded, along with a cumulative
-``text``, which the reader never uses. Only the new tokens are then decoded.
+previous event's arrays. :class:`PrefixCutter` remembers how long those were and where
+the arrays begin, and builds the event to decode from the new elements and the small
+fields around them (the ``meta_info`` keys): the prefix is neither compared nor copied,
+and ``text`` is left out.
 
-Nothing is assumed that is not checked: an event whose arrays do not begin with the
-previous bytes (an incremental stream, an abort event carrying only the last token,
-another serializer) is decoded whole, and the parser checks the counts either way.
+What is checked instead, in O(1): each array holds, at the remembered length, the end of
+an element followed by a comma or its close, and ``output_ids`` ends its old part with
+the last id read before. An event that fails (an incremental stream, an abort event
+carrying only the last token, another serializer) is decoded whole, and the reader checks
+the counts either way (a logprob entry that does not name its token is an error).
 Patterns are matched with their quotes, which cannot occur unescaped inside a JSON string.
 """
 
@@ -19,21 +22,24 @@ from __future__ import annotations
 
 _IDS = b',"output_ids":['
 _LOGPROBS = b'"output_token_logprobs":['
-_TEXT = b'{"text":"'
 _OPEN = b'"finish_reason":null'
 _VERSION = b'"weight_version":'
 _SPANS = b'"weight_versions"'
 _ERROR = b'"error"'
+#: Where the arrays are searched for, before where they were in the previous event (its text may shrink).
+_SLACK = 256
 
 
 class PrefixCutter:
     """Cuts the arrays' previous content out of each raw event (see module docstring)."""
 
-    __slots__ = ("_ids", "_logprobs", "tokens")
+    __slots__ = ("_at", "_ids", "_last", "_logprobs", "tokens")
 
     def __init__(self) -> None:
-        self._ids = b""  # the previous event's output_ids, as bytes between the brackets
-        self._logprobs = b""  # and its output_token_logprobs
+        self._at = 0  # where the previous event's output_ids began
+        self._ids = 0  # the length of its content (between the brackets), and of output_token_logprobs'
+        self._logprobs = 0
+        self._last = b""  # its last id, as written
         #: Tokens the remembered arrays hold (set by the reader once it decoded the event).
         self.tokens = 0
 
@@ -42,44 +48,47 @@ class PrefixCutter:
 
         ``use=False`` (a stream not known to be cumulative yet) only remembers the arrays.
         """
-        i = raw.find(_IDS)
+        i = raw.find(_IDS, max(0, self._at - _SLACK))
+        if i < 0 and self._at > _SLACK:
+            i = raw.find(_IDS)
         if i < 0:
-            self._ids = self._logprobs = b""
-            return raw, 0
-        i += len(_IDS)
+            return self._forget(raw)
+        a = i + len(_IDS)
         old_ids, old_lps, tokens = self._ids, self._logprobs, self.tokens
-        # The ends are searched for after the old content, when it is there: O(new bytes).
-        ids_old = _extends(raw, i, old_ids)
-        ids_end = raw.find(b"]", i + len(old_ids) if ids_old else i)
-        j = raw.find(_LOGPROBS, ids_end)
-        if ids_end < 0 or j < 0:
-            self._ids = self._logprobs = b""
-            return raw, 0
-        j += len(_LOGPROBS)
-        lps_old = _extends(raw, j, old_lps)
-        if raw.startswith(b"]", j):
-            lps_end = j
+        cut = use and tokens > 0 and old_ids > 0 and old_lps > 0 and self._extends_ids(raw, a + old_ids)
+        ids_end = raw.find(b"]", a + old_ids if cut else a)
+        j = raw.find(_LOGPROBS, ids_end) if ids_end >= 0 else -1
+        if j < 0:
+            return self._forget(raw)
+        b = j + len(_LOGPROBS)
+        end = b + old_lps
+        cut = cut and raw[end - 1 : end] == b"]" and raw[end : end + 1] in (b",", b"]")
+        if raw.startswith(b"]", b):
+            lps_end = b
         else:
-            lps_end = raw.find(b"]]", j + len(old_lps) - 1 if lps_old else j) + 1
+            lps_end = raw.find(b"]]", end - 1 if cut else b) + 1
         if lps_end <= 0:
-            self._ids = self._logprobs = b""
+            return self._forget(raw)
+        self._at, self._ids, self._logprobs = i, ids_end - a, lps_end - b
+        if ids_end > a:
+            self._last = raw[raw.rfind(b",", a, ids_end) + 1 or a : ids_end]
+        if not cut:
             return raw, 0
-        self._ids, self._logprobs = raw[i:ids_end], raw[j:lps_end]
-        if not (use and tokens and ids_old and lps_old):
-            return raw, 0
-        ids_cut = i + len(old_ids) + (raw[i + len(old_ids)] == 44)  # and its comma
-        lps_cut = j + len(old_lps) + (raw[j + len(old_lps)] == 44)
-        text_end = i - len(_IDS) - 1  # the closing quote of a first key "text"
-        if raw.startswith(_TEXT) and raw[text_end] == 34 and text_end > len(_TEXT):
-            head = raw[: len(_TEXT)] + raw[text_end:i]
-        else:
-            head = raw[:i]
-        return b"".join((head, raw[ids_cut:j], raw[lps_cut:])), tokens
+        # The new elements (after the old ones and their comma) and the fields between and after the arrays.
+        new_ids = raw[a + old_ids + 1 : ids_end] if ids_end > a + old_ids else b""
+        new_lps = raw[end + 1 : lps_end] if lps_end > end else b""
+        return b"".join((b'{"text":"","output_ids":[', new_ids, raw[ids_end:b], new_lps, raw[lps_end:])), tokens
 
+    def _extends_ids(self, raw: bytes, at: int) -> bool:
+        """``raw`` ends the old ``output_ids`` content at ``at`` with the last id read before."""
+        last = self._last
+        return raw[at : at + 1] in (b",", b"]") and raw.startswith(last, at - len(last)) and raw[
+            at - len(last) - 1 : at - len(last)] in (b",", b"[")
 
-def _extends(raw: bytes, at: int, prefix: bytes) -> bool:
-    """``raw`` holds ``prefix`` at ``at``, followed by the next element or the array's end."""
-    return bool(prefix) and raw.startswith(prefix, at) and raw[at + len(prefix) : at + len(prefix) + 1] in (b",", b"]")
+    def _forget(self, raw: bytes) -> tuple[bytes, int]:
+        self._ids = self._logprobs = 0
+        self._last = b""
+        return raw, 0
 
 
 def look(raw: bytes) -> tuple[bool, bytes | None]:

@@ -32,7 +32,8 @@ from ..base import (
 )
 from ..deltas import DEFAULT_VERSION, parse_spans, token_deltas, version_at
 from ..errors import http_status, stream_error_status
-from .cumulative import PrefixCutter
+from ..stream_events import StreamDecoder
+from .cumulative import PrefixCutter, look
 
 GENERATE_PATH = "/generate"
 ABORT_PATH = "/abort_request"
@@ -220,13 +221,20 @@ class ParseFunctionCallOutput:
     calls: list[ToolCallItem]
 
 
-class SGLangStreamParser:
-    """Sans-IO reader of one SGLang ``/generate`` stream (cumulative or incremental)."""
+class SGLangStreamParser(StreamDecoder):
+    """Sans-IO reader of one SGLang ``/generate`` stream (cumulative or incremental).
+
+    An incremental stream's events of one read are decoded together; a cumulative one's
+    each alone, without the prefix the previous event had (:mod:`.cumulative`), and one
+    that the next event read with it repeats is not decoded at all (:meth:`take_events`).
+    """
+
+    what = "SGLang"
 
     def __init__(self, *, stop_token_ids: Sequence[int] = (), version: str = DEFAULT_VERSION) -> None:
+        super().__init__()
         self.ids: list[int] = []  # every output token delivered so far
         self.version = version  # the last version seen
-        self.abort_requested = False
         self._stops = frozenset(stop_token_ids)
         self._incremental: bool | None = None
         self._cutter = PrefixCutter()
@@ -272,6 +280,35 @@ class SGLangStreamParser:
 
     def end(self, done: bool) -> list[GenerationEvent]:
         raise BackendError("SGLang: the stream ended without a finish_reason")
+
+    def batched(self) -> bool:
+        return self._incremental is True  # a cumulative event is cut alone; the shape is known from the second
+
+    def take_events(self, datas: list[tuple[str, bytes]], out: list[GenerationEvent]) -> None:
+        """Cumulative events read together: one the next repeats is not decoded (``cumulative.look``).
+
+        A proxy reads several events at once when it is behind its engine (a pause's
+        backlog, a busy loop) or the engine is fast (a short reply arrives whole): each
+        would cost a decode for tokens the next one repeats (with the same version: a run
+        of such events is read as its last). Only once the stream is known to be cumulative
+        (from its second event); the last event is always read.
+        """
+        last = len(datas) - 1
+        while last > 0 and (datas[last][0] != "message" or datas[last][1].strip() == b"[DONE]"):
+            last -= 1
+        if last < 2:
+            super().take_events(datas, out)
+            return
+        ordinary, version = look(datas[0][1])
+        for i, (name, data) in enumerate(datas):
+            if i < last and not self.finished:
+                skip = ordinary and self.cumulative and name == "message"
+                ordinary, next_version = look(datas[i + 1][1])
+                skip = skip and version is not None and version == next_version
+                version = next_version
+                if skip:
+                    continue
+            self.take_one(name, data, out)
 
     def decode(self, raw: bytes) -> Any:
         """One event's JSON; a cumulative event without the tokens already read (:mod:`.cumulative`)."""

@@ -26,6 +26,7 @@ from ...schema.converter import TokenIds, at_least
 from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams, WeightVersionSpan
 from ..deltas import DEFAULT_VERSION, parse_spans, token_deltas, version_at
 from ..errors import error_message, stream_error_status
+from ..stream_events import StreamDecoder
 
 Api = Literal["generate", "completions"]
 GENERATE_PATH = "/inference/v1/generate"
@@ -245,10 +246,13 @@ def read_logprobs(raw: object) -> tuple[list[float | None], list[int | None]]:
     return [], []
 
 
-class VLLMStreamParser:
+class VLLMStreamParser(StreamDecoder):
     """Sans-IO reader of one vLLM stream (generate or completions chunks)."""
 
+    what = "vLLM"
+
     def __init__(self, *, version: str = DEFAULT_VERSION, routed_experts: bool = False) -> None:
+        super().__init__()
         self.ids: list[int] = []
         self.version = version
         self.request_id: str | None = None

@@ -1,0 +1,203 @@
+"""An engine's streamed body, from bytes to generation events in one pass over what a read brought (sans-IO).
+
+The body is de-chunked straight into :attr:`StreamDecoder.buffer`
+(``http/client.py: Response.receive_into``). :meth:`StreamDecoder.read` then takes every
+server-sent event complete in it and turns them into :class:`~.base.TokenDelta` and
+:class:`~.base.GenerateFinish` events: each engine's reader (a subclass, in its
+``protocol.py``) says what one event's JSON means (``feed``) and what the stream's end
+means (``end``).
+
+The events of one read are decoded together. When they all have the shape every engine
+writes (one ``data:`` line each, ``\\n`` line ends; a JSON text holds no raw line break,
+so the shape is checked by counting line breaks), their JSON is decoded in one
+``orjson.loads``: a lone event straight from the buffer (no copy), several as one array
+made by one ``replace`` of the separators. Any other shape (comments, ``event:`` names,
+several ``data:`` lines, ``\\r\\n``) goes through :class:`~actorproxy.http.sse.SSEParser`,
+an event at a time, from then on. ``[DONE]`` ends the stream (``end(True)``); events after
+the finish are kept in :attr:`StreamDecoder.tail` (the generation reads past them to reuse
+the connection, or hangs up).
+
+A malformed event is a :class:`~.base.BackendError` naming it, raised by :meth:`read`
+after the events before it are handed out (``out``), never a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from ..http.sse import SSEParser
+from .base import BackendError, GenerateFinish, GenerationEvent
+
+_DONE = b"[DONE]"
+_SEPARATOR = b"\n\ndata: "
+
+
+class StreamDecoder:
+    """Sans-IO reader of one engine stream: body bytes in :attr:`buffer`, generation events out.
+
+    Subclasses implement :meth:`feed` (one event's JSON) and :meth:`end`; ``what`` names
+    the engine in errors.
+    """
+
+    what = "engine"
+    #: The weight version of the latest event.
+    version: str
+
+    def __init__(self) -> None:
+        #: Body bytes received and not read yet (de-chunked into it by the HTTP client).
+        self.buffer = bytearray()
+        #: A finish was handed out: what follows goes to :attr:`tail`.
+        self.finished = False
+        #: ``[DONE]`` was read.
+        self.done = False
+        #: Events' JSON read after the finish (for the drain to judge).
+        self.tail: list[Any] = []
+        #: Events read (their JSON decoded), the finish's included.
+        self.payloads = 0
+        #: The engine was asked to stop this generation (an abort's finish is then not a failure).
+        self.abort_requested = False
+        self._sse: SSEParser | None = None  # once an event is not of the common shape: every event through it
+
+    # -- engine-specific ----------------------------------------------------
+
+    def feed(self, payload: Mapping[str, Any]) -> list[GenerationEvent]:
+        """Events for one event's JSON."""
+        raise NotImplementedError
+
+    def end(self, done: bool) -> list[GenerationEvent]:
+        """Events at the stream's end (``done``: ``[DONE]`` read); a finish, or nothing if none is due."""
+        raise NotImplementedError
+
+    def decode(self, data: bytes) -> Any:
+        """One event's JSON (an engine's reader may decode less of it: SGLang's cumulative events)."""
+        return orjson.loads(data)
+
+    def batched(self) -> bool:
+        """Whether the events of one read may be decoded together (else one :meth:`decode` each)."""
+        return True
+
+    def take_events(self, datas: list[tuple[str, bytes]], out: list[GenerationEvent]) -> None:
+        """Read events given one by one (name, data): :meth:`decode` and :meth:`feed` each."""
+        for name, data in datas:
+            self.take_one(name, data, out)
+
+    # -- reading ------------------------------------------------------------
+
+    def read(self, out: list[GenerationEvent], *, at_end: bool = False) -> None:
+        """Append to ``out`` the events of every server-sent event complete in :attr:`buffer` (removed from it).
+
+        ``at_end``: the body ended; a last event without its blank line counts, and a stream
+        that ended without a finish is given :meth:`end` (``BackendError`` if none is due).
+        """
+        buf = self.buffer
+        sse = self._sse
+        if sse is None and self.batched():
+            end = buf.rfind(b"\n\n") + 2
+            if end >= 2:
+                count = buf.count(_SEPARATOR, 0, end) + 1
+                if buf.startswith(b"data: ") and buf.count(b"\n", 0, end) == 2 * count and buf.find(b"\r", 0, end) < 0:
+                    self._take_batch(end, count, out)
+                    if not at_end:
+                        return
+                    if not buf.strip():
+                        self._close(out)
+                        return
+                else:
+                    sse = self._sse = self._parser()  # another shape: every event through the parser
+            elif not at_end and buf.find(b"\r") < 0:
+                return  # no event complete yet
+            else:
+                sse = self._sse = self._parser()
+        if sse is None:
+            sse = self._parser()  # (a fresh one: its state is the buffer's, which starts at an event)
+        events = sse.close() if at_end else sse.split()
+        if events:
+            self.take_events([(event.event, event.data) for event in events], out)
+        if at_end:
+            self._close(out)
+
+    def take_one(self, name: str, data: bytes, out: list[GenerationEvent]) -> None:
+        """Read one server-sent event (``name``, its ``data``)."""
+        if self.done:
+            return
+        data = data.strip()
+        if data == _DONE:
+            self._end(True, out)
+            return
+        try:
+            payload = self.decode(data)
+        except ValueError as exc:
+            raise BackendError(f"{self.what}: malformed stream event: {data[:200]!r}") from exc
+        if name == "error" and not (isinstance(payload, Mapping) and "error" in payload):
+            payload = {"error": payload}
+        self._take(payload, data, out)
+
+    def _take_batch(self, end: int, count: int, out: list[GenerationEvent]) -> None:
+        """The ``count`` common-shape events in ``buffer[:end]``: one JSON decode for them all."""
+        buf = self.buffer
+        if buf.startswith(b"data: [DONE]\n"):
+            stop, done = 0, True
+        else:
+            at = buf.find(b"\ndata: [DONE]\n", 0, end)  # (no JSON text holds a raw line break)
+            done = at >= 0
+            stop = at + 1 if done else end  # the events before [DONE]
+            if done:
+                count = buf.count(_SEPARATOR, 0, stop) + 1
+        try:
+            if stop == 0:
+                payloads: list[Any] = []
+            elif count == 1:
+                with memoryview(buf) as view:
+                    payloads = [orjson.loads(view[6 : stop - 2])]  # decoded where it lies
+            else:
+                buf[5], buf[stop - 2] = 0x5B, 0x5D  # "data:[{...}\n\ndata: {...}]\n": one JSON array
+                payloads = orjson.loads(buf[5 : stop - 1].replace(_SEPARATOR, b","))
+        except ValueError:
+            # One of them is malformed: each alone, so the events before it are read and it is named.
+            buf[5], buf[stop - 2] = 0x20, 0x0A
+            datas = bytes(buf[:stop]).split(b"\n\n")
+            del buf[:end]
+            self.take_events([("message", data[6:]) for data in datas if data], out)
+        else:
+            del buf[:end]
+            for payload in payloads:
+                self._take(payload, b"", out)
+        if done:
+            self._end(True, out)
+
+    def _take(self, payload: Any, data: bytes, out: list[GenerationEvent]) -> None:
+        if self.finished:
+            self.tail.append(payload)
+            return
+        if type(payload) is not dict and not isinstance(payload, Mapping):
+            shown = data or orjson.dumps(payload)
+            raise BackendError(f"{self.what}: unexpected stream event: {shown[:200]!r}")
+        self.payloads += 1
+        self._hand_out(self.feed(payload), out)
+
+    def _hand_out(self, events: list[GenerationEvent], out: list[GenerationEvent]) -> None:
+        for event in events:
+            out.append(event)
+            if type(event) is GenerateFinish:
+                self.finished = True
+                return
+
+    def _end(self, done: bool, out: list[GenerationEvent]) -> None:
+        if done:
+            self.done = True
+        if not self.finished:
+            self._hand_out(self.end(done), out)
+            if not self.finished:
+                raise BackendError(f"{self.what}: the stream ended without a finish event")
+
+    def _close(self, out: list[GenerationEvent]) -> None:
+        if not self.done:
+            self._end(False, out)
+
+    def _parser(self) -> SSEParser:
+        sse = SSEParser()
+        sse.buffer = self.buffer
+        return sse

@@ -1,0 +1,204 @@
+"""The engine stream decoders (``engines/stream_events.py`` and each engine's reader): bytes in, events out.
+
+Streams are written as each engine writes them (orjson, one ``data:`` line an event,
+a blank line after it), in SGLang's incremental and cumulative shapes, vLLM's
+``/v1/completions`` chunks and llama.cpp's ``/completion`` events. Whatever points the
+bytes are split at (one read or many, an event cut anywhere), the decoder gives the same
+events: the engine's tokens, logprobs and finish, exactly. A malformed event or an
+engine's error mid-stream is a ``BackendError`` saying so, raised after the events before
+it are handed out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actorproxy.engines.base import BackendError, GenerateFinish, GenerationEvent, TokenDelta
+from actorproxy.engines.llamacpp.protocol import LlamaCppStreamParser
+from actorproxy.engines.sglang.protocol import SGLangStreamParser
+from actorproxy.engines.stream_events import StreamDecoder
+from actorproxy.engines.vllm.protocol import VLLMStreamParser
+
+SHAPES = ["sglang-incremental", "sglang-cumulative", "vllm", "llamacpp"]
+EOT = 151645
+
+
+def sse(payload: object) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def written(shape: str, groups: list[list[int]]) -> tuple[bytes, list[int], list[float]]:
+    """A stream of ``shape`` sending the tokens ``groups`` (an event each), then EOT; its ids and logprobs."""
+    ids: list[int] = []
+    lps: list[float] = []
+    out = []
+    for n, group in enumerate([*groups, [EOT]]):
+        last = n == len(groups)
+        new_lps = [-(len(lps) + i + 1) / 8 for i in range(len(group))]
+        ids += group
+        lps += new_lps
+        if shape.startswith("sglang"):
+            cumulative = shape == "sglang-cumulative"
+            shown, shown_lps = (ids, lps) if cumulative else (group, new_lps)
+            meta = {"id": "r", "finish_reason": {"type": "stop", "matched": EOT} if last else None,
+                    "prompt_tokens": 3, "weight_version": "v1", "completion_tokens": len(ids), "cached_tokens": 0,
+                    "output_token_logprobs": [[lp, t, None] for t, lp in zip(shown, shown_lps, strict=True)]}
+            out.append(sse({"text": " so" * len(shown), "output_ids": list(shown), "meta_info": meta}))
+        elif shape == "vllm":
+            choice = {"index": 0, "text": " so" * len(group), "token_ids": group,
+                      "logprobs": {"tokens": [f"token_id:{t}" for t in group], "token_logprobs": new_lps},
+                      "finish_reason": "stop" if last else None, "stop_reason": None}
+            out.append(sse({"id": "cmpl-r", "object": "text_completion", "choices": [choice]}))
+        else:
+            probs = [{"id": t, "token": " so", "logprob": lp} for t, lp in zip(group, new_lps, strict=True)]
+            out.append(sse({"index": 0, "content": " so" * len(group), "tokens": group, "stop": False,
+                            "completion_probabilities": probs}))
+    if shape == "vllm":
+        out.append(sse({"id": "cmpl-r", "object": "text_completion", "choices": [],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": len(ids)}}))
+        out.append(b"data: [DONE]\n\n")
+    elif shape == "llamacpp":
+        out.append(sse({"index": 0, "content": "", "tokens": [], "stop": True, "stop_type": "eos",
+                        "timings": {"cache_n": 0}}))
+    elif shape.startswith("sglang"):
+        out.append(b"data: [DONE]\n\n")
+    return b"".join(out), ids, lps
+
+
+def decoder(shape: str) -> StreamDecoder:
+    if shape.startswith("sglang"):
+        return SGLangStreamParser(stop_token_ids=[EOT])
+    if shape == "vllm":
+        return VLLMStreamParser()
+    return LlamaCppStreamParser(stop_token_ids=(), max_new_tokens=10_000, prompt_len=3, version="v1")
+
+
+def read(shape: str, pieces: list[bytes]) -> list[GenerationEvent]:
+    """Every event of the stream given in ``pieces`` (each as one read brought it)."""
+    dec = decoder(shape)
+    out: list[GenerationEvent] = []
+    for piece in pieces:
+        dec.buffer += piece
+        dec.read(out)
+    dec.read(out, at_end=True)
+    return out
+
+
+def flat(events: list[GenerationEvent]) -> tuple[list[int], list[float], list[GenerateFinish]]:
+    deltas = [e for e in events if isinstance(e, TokenDelta)]
+    return ([t for d in deltas for t in d.token_ids], [lp for d in deltas for lp in d.logprobs],
+            [e for e in events if isinstance(e, GenerateFinish)])
+
+
+def cut(raw: bytes, points: list[int]) -> list[bytes]:
+    at = sorted({p % (len(raw) + 1) for p in points})
+    return [raw[a:b] for a, b in zip([0, *at], [*at, len(raw)], strict=True)]
+
+
+_groups = st.lists(st.lists(st.integers(0, 150_000), min_size=0, max_size=4), min_size=0, max_size=8)
+
+
+@settings(max_examples=150, derandomize=True, database=None, deadline=None)
+@given(st.sampled_from(SHAPES), _groups, st.lists(st.integers(0, 1 << 20), max_size=12))
+def test_the_same_bytes_split_anywhere_give_the_same_events(shape: str, groups: list[list[int]],
+                                                             points: list[int]) -> None:
+    groups = [g for g in groups if g or shape.startswith("sglang")]  # (an empty event is SGLang's alone)
+    raw, ids, lps = written(shape, groups)
+    whole = read(shape, [raw])
+    for pieces in (cut(raw, points), [raw[i : i + 1] for i in range(len(raw))]):  # (and a read per byte)
+        split = read(shape, pieces)
+        if shape == "sglang-cumulative":  # cumulative events read together are read as the last: fewer deltas
+            assert flat(split) == flat(whole)
+        else:
+            assert split == whole
+    got_ids, got_lps, finishes = flat(whole)
+    assert (got_ids, got_lps) == (ids, lps)
+    assert len(finishes) == 1 and finishes[0].reason == "stop"
+    assert finishes[0].matched_stop == EOT
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_events_read_together_are_the_events_read_one_by_one(shape: str) -> None:
+    raw, ids, _ = written(shape, [[5], [6, 7], [8]])
+    events = raw.split(b"\n\n")
+    one_by_one = read(shape, [e + b"\n\n" for e in events if e])
+    assert flat(read(shape, [raw])) == flat(one_by_one) and flat(one_by_one)[0] == ids
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_other_sse_shapes_read_the_same(shape: str) -> None:
+    # Comments, \r\n line ends, a data field without its space: read through the general parser, the same events.
+    raw, _, _ = written(shape, [[5], [6, 7]])
+    other = b": keep-alive\r\n\r\n" + raw.replace(b"\n", b"\r\n").replace(b"data: ", b"data:")
+    assert flat(read(shape, cut(other, [7, 50, 51, 120]))) == flat(read(shape, [raw]))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_malformed_event_mid_stream_is_an_engine_error_after_the_events_before_it(shape: str) -> None:
+    raw, _, _ = written(shape, [[5], [6]])
+    first, second, *_ = raw.split(b"\n\n")
+    dec = decoder(shape)
+    dec.buffer += first + b"\n\n" + second + b"\n\ndata: {\"output_ids\": [7,\n\n"
+    out: list[GenerationEvent] = []
+    with pytest.raises(BackendError, match="malformed stream event"):
+        dec.read(out)
+    assert flat(out)[0] == [5, 6]
+
+
+@pytest.mark.parametrize("payload", [[1, 2], "text", 3])
+def test_an_event_that_is_not_an_object_is_an_engine_error(payload: Any) -> None:
+    dec = decoder("vllm")
+    dec.buffer += sse(payload) + sse(payload)
+    with pytest.raises(BackendError, match="unexpected stream event"):
+        dec.read([])
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_engines_error_mid_stream_is_an_engine_error_with_its_message(shape: str) -> None:
+    raw, _, _ = written(shape, [[5]])
+    dec = decoder(shape)
+    dec.buffer += raw.split(b"\n\n")[0] + b"\n\n" + sse({"error": {"message": "out of memory", "code": 500}})
+    out: list[GenerationEvent] = []
+    with pytest.raises(BackendError, match="out of memory"):
+        dec.read(out)
+    assert flat(out)[0] == [5]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_stream_cut_before_its_finish_is_an_engine_error(shape: str) -> None:
+    raw, _, _ = written(shape, [[5], [6]])
+    dec = decoder(shape)
+    dec.buffer += raw.split(b"\n\n")[0] + b"\n\n"
+    out: list[GenerationEvent] = []
+    dec.read(out)
+    with pytest.raises(BackendError, match="without a finish"):
+        dec.read(out, at_end=True)
+    assert flat(out)[0] == [5]
+
+
+@pytest.mark.parametrize("shape", ["sglang-incremental", "vllm"])
+def test_done_without_a_finish_is_an_engine_error(shape: str) -> None:
+    dec = SGLangStreamParser() if shape.startswith("sglang") else VLLMStreamParser()
+    dec.buffer += b"data: [DONE]\n\n"
+    if shape == "vllm":  # vLLM's [DONE] without a finish reason: an abort saying so
+        out: list[GenerationEvent] = []
+        dec.read(out)
+        assert isinstance(out[0], GenerateFinish) and out[0].reason == "abort"
+        return
+    with pytest.raises(BackendError, match="without a finish"):
+        dec.read([])
+
+
+def test_events_after_the_finish_are_kept_for_the_drain() -> None:
+    raw, _, _ = written("llamacpp", [[5]])
+    dec = LlamaCppStreamParser(stop_token_ids=(5,), max_new_tokens=100, prompt_len=3, version="v1")
+    dec.buffer += raw
+    out: list[GenerationEvent] = []
+    dec.read(out)
+    assert flat(out)[2][0].reason == "stop"  # the client's own stop, at token 5
+    assert [p["stop"] for p in dec.tail] == [False, True]  # the EOT event and llama.cpp's final one
