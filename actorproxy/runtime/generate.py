@@ -125,6 +125,8 @@ class TurnGeneration:
         self._experts: list[str] = []
         self._forced = False  # a pause's abort was not honoured in time and the stream was cut
         self._drain_limit = 0.0  # the agent left: when its drain is cut, however much still comes
+        #: What is left of this attempt's abort call, if a task reads it: the scope the attempt cancels as it ends.
+        self._rest_scope: trio.CancelScope | None = None
 
     def _new_parser(self) -> OutputParser:
         request, fmt = self.prepared.request, self._format
@@ -327,16 +329,17 @@ class TurnGeneration:
                 async with self._backend.open_generation(request) as generation:
                     # A pause's abort is sent in the pause's own call (no task, no nursery per attempt);
                     # what is left of it, if anything, runs in the session's side nursery, in a scope
-                    # this attempt cancels as it ends.
-                    watch = trio.CancelScope()
-                    handle.on_abort(lambda: self._abort_asked(handle, generation, stream, watch))
+                    # this attempt cancels as it ends (made only then: most attempts are never aborted).
+                    handle.on_abort(lambda: self._abort_asked(handle, generation, stream))
                     try:
-                        finish = await self._stream(generation, handle, stream, watch)
+                        finish = await self._stream(generation, handle, stream)
                     except BackendError as exc:
                         failed = exc  # raised below, outside the generation's block
                     finally:
                         handle.on_abort(None)
-                        watch.cancel()
+                        if self._rest_scope is not None:
+                            self._rest_scope.cancel()
+                            self._rest_scope = None
             if stream.cancelled_caught and self.client_gone:
                 log.warning("session %s: the agent left and its aborted stream did not end (%g s without a token, "
                             "or %g s in all); cutting it: tokens the engine sent after step %d's %d are lost",
@@ -360,9 +363,8 @@ class TurnGeneration:
             raise TurnFailure(EngineError(step.error), "error")
         return finish
 
-    async def _stream(
-        self, generation: Generation, handle: GenerationHandle, drain: trio.CancelScope, watch: trio.CancelScope
-    ) -> GenerateFinish | None:
+    async def _stream(self, generation: Generation, handle: GenerationHandle, drain: trio.CancelScope
+                      ) -> GenerateFinish | None:
         """Read the engine's events into the step and the agent's channel; the finish, if one came."""
         finish: GenerateFinish | None = None
         async for event in generation:
@@ -383,7 +385,7 @@ class TurnGeneration:
                     else:
                         await self._agent.deliver(delta)
                 except GONE:
-                    self._agent_left(generation, handle, drain, watch)
+                    self._agent_left(generation, handle, drain)
                     continue
             if self.parser.stopped:
                 # A stop sequence: leaving the block stops the engine; every
@@ -391,9 +393,7 @@ class TurnGeneration:
                 return GenerateFinish("stop", weight_version=event.weight_version)
         return finish
 
-    def _agent_left(
-        self, generation: Generation, handle: GenerationHandle, drain: trio.CancelScope, watch: trio.CancelScope
-    ) -> None:
+    def _agent_left(self, generation: Generation, handle: GenerationHandle, drain: trio.CancelScope) -> None:
         """The agent left: abort at a token boundary and read on to the engine's abort finish.
 
         Every token the engine generated is recorded, those it sends while the abort call
@@ -406,13 +406,9 @@ class TurnGeneration:
         now = trio.current_time()
         self._drain_limit = now + ABORT_LIMIT
         drain.deadline = min(drain.deadline, now + ABORT_DRAIN_SECONDS)
-        rest = generation.abort_soon(None)
-        if rest is not None:
-            self._side.start_soon(self._abort_rest, handle, rest, watch)
+        self._finish_abort(handle, generation.abort_soon(None))
 
-    def _abort_asked(
-        self, handle: GenerationHandle, generation: Generation, stream: trio.CancelScope, watch: trio.CancelScope
-    ) -> None:
+    def _abort_asked(self, handle: GenerationHandle, generation: Generation, stream: trio.CancelScope) -> None:
         """Perform the controller's abort request (a pause), in the pause's own call: the turn stops its own stream.
 
         The engine is asked to stop at the next token boundary (the call sent now where
@@ -426,9 +422,14 @@ class TurnGeneration:
         if self.client_gone:
             return  # aborted when the agent left, and read on within the drain's own bound
         handle.bound_abort(stream)
-        rest = generation.abort_soon(handle.abort_batch)
+        self._finish_abort(handle, generation.abort_soon(handle.abort_batch))
+
+    def _finish_abort(self, handle: GenerationHandle, rest: Callable[[], Awaitable[None]] | None) -> None:
+        """What is left of an abort begun now, if anything: read in the side nursery until the attempt ends."""
         if rest is not None:
-            self._side.start_soon(self._abort_rest, handle, rest, watch)
+            if self._rest_scope is None:
+                self._rest_scope = trio.CancelScope()
+            self._side.start_soon(self._abort_rest, handle, rest, self._rest_scope)
 
     @staticmethod
     async def _abort_rest(
