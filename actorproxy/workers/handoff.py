@@ -217,9 +217,11 @@ async def serve_handoffs(
                         stream, _ = listener.accept()
                     except (BlockingIOError, InterruptedError):
                         break
-                    except OSError as exc:  # out of descriptors: what is queued waits for the next pass
-                        log.warning("could not take a connection handed over: %s", exc)
-                        await trio.sleep(_QUEUE_FULL_RETRY)
+                    except OSError as exc:  # out of descriptors: logged as the server's own accept failures are
+                        server.policy.accept_failed(trio.current_time(), os.strerror(exc.errno or 0))
+                        server.close_idle()
+                        with trio.move_on_after(0.1):  # until a connection closes, or a while
+                            await server.released.park()
                         break
                     incoming = _Incoming(stream)
                     if not incoming.read_now(server):
@@ -270,6 +272,8 @@ class _Incoming:
                     await trio.lowlevel.wait_readable(self.stream)
                     if self.read_now(server):
                         return
+            log.warning("a connection handed over came without the rest of its bytes within %g s (%d received): "
+                        "it is closed", HANDOFF_TIMEOUT, sum(map(len, self.pieces)))
         finally:
             self.close()
 

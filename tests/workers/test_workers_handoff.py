@@ -15,6 +15,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from _asgi import request_body
@@ -22,7 +23,7 @@ from _asgi import request_body
 from actorproxy.http import h1
 from actorproxy.http.server import Handoff, ServerConnection
 from actorproxy.server.http_server import HTTPServer
-from actorproxy.workers.handoff import Router, handoff_path, serve_handoffs
+from actorproxy.workers.handoff import HANDOFF_TIMEOUT, Router, handoff_path, serve_handoffs
 
 
 def _app(name: bytes) -> Any:
@@ -84,6 +85,8 @@ async def test_a_router_moves_the_connection_to_another_server_with_the_bytes_re
 
 class _Adopting:
     """Stands for the owner's HTTP server: records what it adopts (the bytes, and what its socket receives)."""
+
+    policy = None
 
     def __init__(self, expected: int) -> None:
         self.adopted: list[tuple[bytes, bytes]] = []
@@ -168,3 +171,27 @@ async def test_a_handoff_to_a_full_queue_waits_for_room_instead_of_refusing_the_
         for probe in queued:
             probe.close()
         client.close()
+
+
+async def test_a_handoff_whose_bytes_stop_coming_is_closed_and_logged(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture) -> None:
+    """A sender that stops midway (it was cancelled, it died) does not hold the client's socket: after
+    ``HANDOFF_TIMEOUT`` the socket is closed, and the log says so."""
+    server = _Adopting(1)
+    path = handoff_path(str(tmp_path), 1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_handoffs, str(tmp_path), 1, server)
+        ours, client = socket.socketpair()
+        with ours, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+            peer.connect(path)
+            peer.sendmsg([b"POST / HTTP/1.1\r\ncontent-length: 9\r\n\r\nhalf"],
+                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [ours.fileno()]))])
+            ours.close()
+            await trio.sleep(HANDOFF_TIMEOUT + 1)
+        client.setblocking(False)
+        await trio.lowlevel.wait_readable(client)
+        assert client.recv(10) == b""  # the owner closed its copy: the client sees the end
+        client.close()
+        assert server.adopted == []
+        assert "came without the rest of its bytes within 10 s (42 received)" in caplog.text
+        nursery.cancel_scope.cancel()
