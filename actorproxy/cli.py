@@ -18,6 +18,7 @@ from .config import ProxyConfig
 from .errors import StartupError
 from .logs import configure_logging
 from .reward_worker import RayRewardWorker
+from .runtime import freed_memory
 from .serve import RunningProxy, serve_until_signal
 from .server.auth import exposure_problem
 from .settings_cli import add_settings_arguments, build_config, settings_from_namespace
@@ -304,6 +305,7 @@ def banner(config: ProxyConfig, running: RunningProxy) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    freed_memory.limit_heaps()  # before any thread (the tokenizer's too) makes a heap of its own
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.command == "sim":

@@ -29,6 +29,7 @@ from tito_scaling import InstantEngine
 
 from actorproxy.config import ProxyConfig
 from actorproxy.protocols.openai_chat import OpenAIChatFormat
+from actorproxy.runtime import freed_memory
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.server.turns import serve_turn
 from actorproxy.tokenization import load_tokenizer
@@ -92,6 +93,7 @@ async def run(args: argparse.Namespace, data_dir: str) -> list[tuple[int, float]
 
 
 def main(args: argparse.Namespace) -> None:
+    freed_memory.limit_heaps()  # as the command line does first
     with open("/proc/loadavg") as f:
         print(f"load average {' '.join(f.read().split()[:3])}; {args.turns} turns, a drain every "
               f"{args.drain_every}, store {args.store}, c={args.concurrency}")

@@ -357,6 +357,7 @@ async def open_runtime(
 
     ``offload`` runs the sessions' CPU work (default: worker threads, inline under a MockClock).
     """
+    freed_memory.limit_heaps()  # before the threads it starts make heaps of their own
     offload = offload or Offload.for_current_run()
     tok = tokenizer or load_tokenizer(config.engines.tokenizer_path)
     engine = backend or make_backend(config, tok)
