@@ -188,7 +188,12 @@ def completion_json(
 
 
 class ChunkWriter:
-    """Builds the SSE frames of one streamed completion (same id, created, model on every chunk)."""
+    """Builds the SSE frames of one streamed completion (same id, created, model on every chunk).
+
+    A text delta's frame is written as bytes directly: the chunk's fixed head and tail are
+    encoded once, and only the text is encoded per delta (the same bytes the chunk's JSON
+    value would give: ``tests/protocols/test_openai_chunks.py``).
+    """
 
     def __init__(
         self, *, completion_id: str, model: str, include_usage: bool = False, tokenizer: Any = None
@@ -202,6 +207,12 @@ class ChunkWriter:
             "created": int(time.time()),
             "model": model,
         }
+        head = dumps(self._base)[:-1] + b',"choices":[{"index":0,"delta":{"'
+        tail = b'},"finish_reason":null,"logprobs":null}]}\n\n'
+        #: A content (a reasoning) delta's frame: these, then the text's JSON string, then ``_tail``.
+        self._content = b"data: " + head + b'content":'
+        self._reasoning = b"data: " + head + b'reasoning_content":'
+        self._tail = tail
 
     def _frame(self, payload: dict[str, Any]) -> bytes:
         return b"data: " + dumps({**self._base, **payload}) + b"\n\n"
@@ -221,11 +232,16 @@ class ChunkWriter:
         return b": keep-alive\n\n"
 
     def delta(self, delta: OutputDelta) -> bytes:
+        if not delta.tool_calls:  # text only (nearly every delta): the frames' bytes at once
+            if not delta.reasoning:
+                return self._content + dumps(delta.content) + self._tail if delta.content else b""
+            if not delta.content:
+                return self._reasoning + dumps(delta.reasoning) + self._tail
         frames = []
         if delta.reasoning:
-            frames.append(self._choice({"reasoning_content": delta.reasoning}))
+            frames.append(self._reasoning + dumps(delta.reasoning) + self._tail)
         if delta.content:
-            frames.append(self._choice({"content": delta.content}))
+            frames.append(self._content + dumps(delta.content) + self._tail)
         for piece in delta.tool_calls:
             call: dict[str, Any] = {"index": piece.index}
             if piece.id is not None:
