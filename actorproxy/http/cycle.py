@@ -13,7 +13,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -52,6 +52,11 @@ BODY_EXTENSION = "actorproxy.body_now"
 #: server policy's ``slow_body_error``). The turn lane answers it in the caller's format and counts it; an app that
 #: does not ask gets the server's own 408 (the policy's ``slow_body_response``).
 SLOW_BODY_EXTENSION = "actorproxy.body_too_slow"
+#: The scope extension that writes a piece of the response body from any task, at once when the socket takes it
+#: (``scope["extensions"][...](body)``: ``None`` once written, else an awaitable that writes the rest): no ASGI
+#: message, no task switch. Only for a response whose head is out, while no ``send`` of the app's runs: the turn
+#: lane lets the session's task write a streamed reply's deltas so (``runtime/turn_stream.py: Relay``).
+SEND_NOW_EXTENSION = "actorproxy.send_now"
 
 
 class Date:
@@ -90,7 +95,7 @@ class Cycle:
             "client": connection.client,
             "server": connection.local,
             "extensions": {DISCONNECT_EXTENSION: self.add_disconnect_callback, BODY_EXTENSION: self.body_now,
-                           SLOW_BODY_EXTENSION: self.too_slow},
+                           SLOW_BODY_EXTENSION: self.too_slow, SEND_NOW_EXTENSION: self.send_now},
         }
         self.on_disconnect: list[Callable[[], None]] = []
         self.body = h1.BodyDecoder.of_request(request)
@@ -306,6 +311,20 @@ class Cycle:
             if not whole:
                 self.connection.closed = True
         await self.connection.write(out)
+
+
+    def send_now(self, body: bytes) -> Awaitable[None] | None:
+        """Write ``body`` as the next piece of the response under way (:data:`SEND_NOW_EXTENSION`).
+
+        ``None`` when the socket took it all (or there is nothing to write it to: the response
+        ended, the client is gone, as :meth:`send` drops it); else the awaitable that writes
+        the rest, waiting for the socket, which the caller awaits before it writes anything
+        else. Another write waiting for the socket goes first (the connection's write lock).
+        """
+        framing = self.framing
+        if framing is None or self.complete or not body:
+            return None
+        return self.connection.write_now(framing.piece(body))
 
 
 async def _acquire(lock: trio.Lock) -> None:

@@ -401,6 +401,33 @@ class ServerConnection:
         finally:
             lock.release()
 
+    def write_now(self, data: bytes) -> Awaitable[None] | None:
+        """Send ``data`` at once if the socket takes it all (``None``); else the awaitable that sends the rest.
+
+        A write of any task, in no cancel scope of the connection's: it is not counted
+        against ``_WRITES_PER_ROUND`` (its task waits for its own next thing right after).
+        """
+        if self.closed:
+            return None
+        if not self.write_lock.locked():
+            try:
+                sent = sent_now(self.sock, [data])
+            except OSError:  # the client is gone (a reset, a broken pipe)
+                self.closed = True
+                return None
+            if sent == len(data):
+                return None
+            self.write_lock.acquire_nowait()  # now: no other write may come between the two parts
+            return self._write_rest(data, sent)
+        return self.write(data)  # after the write that waits for the socket
+
+    async def _write_rest(self, data: bytes, sent: int) -> None:
+        """The rest of a write :meth:`write_now` began (it holds the write lock for it)."""
+        try:
+            await self._send(data, sent)
+        finally:
+            self.write_lock.release()
+
     async def _send(self, data: bytes, sent: int) -> None:
         """Send ``data[sent:]``, waiting for the socket as needed (the caller holds the write lock)."""
         self.writes = 0

@@ -6,6 +6,11 @@ are merged and handed over with the result, and the time its first piece was sam
 travels on ``TurnDone`` (time to first token): the agent's task is woken once, for the
 result; it is not told the turn started either. Either way the deltas concatenate to
 the same text.
+
+A streaming agent's delta is written by this task itself when the ingress has opened the
+turn's :class:`~actorproxy.runtime.turn_stream.Relay` (it waits, with everything before
+written): no event, no task switch. Any event sent through the channel shuts the relay
+first, so nothing overtakes what the ingress still has to write.
 """
 
 from __future__ import annotations
@@ -16,14 +21,17 @@ import trio
 
 from ..core.parser import OutputDelta
 from ..core.turn_events import TurnAccepted, TurnDelta, TurnEvent
+from .turn_stream import Relay
 
 
 class AgentChannel:
     """Hands a turn's events to the agent's channel; sending raises ``GONE`` once the agent left."""
 
-    def __init__(self, events: trio.MemorySendChannel[TurnEvent], *, streaming: bool) -> None:
+    def __init__(self, events: trio.MemorySendChannel[TurnEvent], *, streaming: bool,
+                 relay: Relay | None = None) -> None:
         self.events = events
         self.streaming = streaming
+        self.relay = relay if streaming else None
         self.shown = False  # a visible delta reached the agent (or, not streaming, was produced for it)
         #: Non-streaming: the deltas, merged, handed over with the result.
         self.held: OutputDelta | None = None
@@ -31,7 +39,13 @@ class AgentChannel:
         self.first_at: float | None = None
 
     async def hand_over(self, event: TurnEvent) -> None:
-        """``send_nowait`` queues without a scheduler round; only a full channel (a slow reader) is waited for."""
+        """``send_nowait`` queues without a scheduler round; only a full channel (a slow reader) is waited for.
+
+        The relay is shut first: the ingress writes this event before any later delta.
+        """
+        relay = self.relay
+        if relay is not None:
+            relay.take = None
         try:
             self.events.send_nowait(event)
         except trio.WouldBlock:
@@ -49,7 +63,14 @@ class AgentChannel:
         if self.streaming:
             if self.held is not None:
                 delta = merged(self.take_held(), delta)
-            await self.hand_over(TurnDelta(delta))
+            relay = self.relay
+            take = relay.take if relay is not None else None
+            if take is None:
+                await self.hand_over(TurnDelta(delta))
+            else:  # the ingress waits with everything written: this task writes the delta itself
+                rest = take(delta)
+                if rest is not None:
+                    await rest
             self.shown = True
         else:
             self.hold(delta)

@@ -54,6 +54,7 @@ from .agent_channel import AgentChannel
 from .controller import ABORT_BOUND, ABORT_LIMIT, GenerationController, GenerationHandle, Permit, Waiting
 from .output import OutputFormat, parse_remotely, tool_call_id
 from .turn_end import GONE, TurnFailure, engine_error, gone, tell
+from .turn_stream import Relay
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class TurnGeneration:
         controller: GenerationController,
         events: trio.MemorySendChannel[TurnEvent],
         settings: GenerationSettings,
+        relay: Relay | None = None,
         output_format: OutputFormat,
         side: trio.Nursery,
         check_permit: Callable[[Permit], None] = lambda permit: None,
@@ -116,7 +118,7 @@ class TurnGeneration:
         self._backend = backend
         self._controller = controller
         self._events = events
-        self._agent = AgentChannel(events, streaming=prepared.request.stream)
+        self._agent = AgentChannel(events, streaming=prepared.request.stream, relay=relay)
         self._settings = settings
         self._side = side  # where a pause's abort task runs (the session actor's nursery)
         self._check_permit = check_permit

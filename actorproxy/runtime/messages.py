@@ -14,6 +14,7 @@ from ..core.turn_events import TurnEvent
 from ..schema.records import StepSummary
 from .actor import Reply
 from .submitted_steps import SubmitSteps
+from .turn_stream import Relay
 
 # -- session mailbox messages -------------------------------------------------
 
@@ -23,6 +24,8 @@ class RunTurn:
     request: ChatRequest
     identity: Identity
     events: trio.MemorySendChannel[TurnEvent]
+    #: Where a streamed delta is written from the session's task while the ingress waits (``runtime/turn_stream.py``).
+    relay: Relay | None = None
 
 
 @attrs.frozen

@@ -59,7 +59,7 @@ from .offload import Offload
 from .output import OutputFormat
 from .replies import FinalizeResult, PauseAck, PauseState, ReadResult, ResumeAck
 from .session import SessionActor, SessionServices
-from .turn_stream import TurnStream
+from .turn_stream import Relay, TurnStream
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,7 @@ class Runtime:
         self.check_admission()
         for attempt in range(4):
             send, recv = trio.open_memory_channel[TurnEvent](_TURN_EVENT_BUFFER)
+            relay = Relay() if request.stream else None
             session_id = identity.session_id
             # The session's mailbox (its actor spawned if none is live) comes off the registry directly,
             # not through the registry's mailbox; a retry asks, so that it comes after whatever the
@@ -130,9 +131,9 @@ class Runtime:
                 mailbox = await ask(self.registry, lambda r: Lookup(session_id, True, r, client))  # noqa: B023
             try:  # queued without a scheduler round when the mailbox has room (the receive below waits anyway)
                 try:
-                    mailbox.send_nowait(RunTurn(request, identity, send))
+                    mailbox.send_nowait(RunTurn(request, identity, send, relay))
                 except trio.WouldBlock:
-                    await mailbox.send(RunTurn(request, identity, send))
+                    await mailbox.send(RunTurn(request, identity, send, relay))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 recv.close()
                 continue  # the session retired between lookup and send: ask again
@@ -150,7 +151,7 @@ class Runtime:
                     identity = attrs.evolve(identity, session_id=first.session_id)  # a sub-agent's turn
                 continue  # the session was retiring: its successor takes the turn
             self.turns.started()
-            return TurnStream(first, recv, self.turns.finished)
+            return TurnStream(first, recv, self.turns.finished, relay)
         raise Overloaded(f"session {identity.session_id!r} is restarting; retry")
 
     async def finalize(

@@ -364,6 +364,7 @@ class SessionActor:
             backend=self._backend,
             controller=self._controller,
             events=events,
+            relay=msg.relay,
             settings=self._generation_settings,
             output_format=self._format,
             side=self._side,

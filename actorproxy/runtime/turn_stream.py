@@ -1,13 +1,42 @@
-"""What the ingress holds while a turn runs: the turn's events, and closing them to say the agent left."""
+"""What the ingress holds while a turn runs: the turn's events, and closing them to say the agent left.
+
+A streamed reply's deltas need not travel as events: while the ingress waits for its next
+event with everything before it written, it opens a :class:`Relay`, and the session's task
+writes each delta's frame to the agent's connection itself (no message, no task switch per
+token). Every other event (the end of the turn, a failure) and every delta the relay is not
+open for go through the channel, in order.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 
 import trio
 
+from ..core.parser import OutputDelta
 from ..core.turn_events import TurnDelta, TurnDone, TurnEvent, TurnMoved
-from ..telemetry import note_first_token, note_turn
+from ..telemetry import CURRENT, note_first_token, note_turn
+
+#: Takes a streamed delta in the session's task and writes it to the agent: ``None`` once written (or dropped,
+#: the connection being gone), else an awaitable the session's task awaits to write the rest (the agent reads
+#: slowly: back-pressure, bounded by the socket's buffer).
+Take = Callable[[OutputDelta], Awaitable[None] | None]
+
+
+class Relay:
+    """Shared by a turn's two ends: ``take`` is set only while the ingress waits with nothing unwritten.
+
+    The session's end (:class:`~actorproxy.runtime.agent_channel.AgentChannel`) gives a
+    delta to ``take`` when it is set, and shuts it (``take = None``) before it sends any
+    event through the channel, so a delta never overtakes an event the ingress has not
+    written yet; the ingress (:class:`TurnStream`) sets it again when it next waits.
+    """
+
+    __slots__ = ("take",)
+
+    def __init__(self) -> None:
+        self.take: Take | None = None
 
 
 class TurnStream:
@@ -18,10 +47,34 @@ class TurnStream:
         first: TurnEvent,
         channel: trio.MemoryReceiveChannel[TurnEvent],
         on_close: Callable[[], None] | None = None,
+        relay: Relay | None = None,
     ) -> None:
         self._first: TurnEvent | None = first
         self._channel = channel
         self._on_close = on_close
+        self._relay = relay
+        self._take: Take | None = None  # what the relay is opened with while this stream waits
+
+    def relay_to(self, take: Take) -> bool:
+        """Let the session's task give streamed deltas to ``take`` while this stream waits; whether it can.
+
+        The first delta so taken is noted as the request's first token (time to first
+        token), as a received one is.
+        """
+        if self._relay is None:
+            return False
+        info = CURRENT.get()
+
+        def first(delta: OutputDelta) -> Awaitable[None] | None:
+            if info is not None and info.first_token_at is None:
+                info.first_token_at = time.perf_counter()
+            self._take = take
+            if self._relay is not None and self._relay.take is first:
+                self._relay.take = take
+            return take(delta)
+
+        self._take = first
+        return True
 
     @property
     def first(self) -> TurnEvent:
@@ -36,7 +89,15 @@ class TurnStream:
         try:
             return _noted(self._channel.receive_nowait())
         except trio.WouldBlock:
+            pass
+        relay = self._relay
+        if relay is None or self._take is None:
             return _noted(await self._channel.receive())
+        relay.take = self._take  # everything before is written: the session's task may write the deltas now
+        try:
+            return _noted(await self._channel.receive())
+        finally:
+            relay.take = None
 
     def receive_nowait(self) -> TurnEvent:
         """The next event if one is ready; :class:`trio.WouldBlock` if none is (a streamed reply joins them)."""
@@ -55,6 +116,9 @@ class TurnStream:
             raise StopAsyncIteration from None
 
     def close(self) -> None:
+        if self._relay is not None:
+            self._relay.take = None
+        self._take = None
         self._channel.close()
         if self._on_close is not None:
             on_close, self._on_close = self._on_close, None

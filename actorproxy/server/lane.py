@@ -27,7 +27,7 @@ import trio
 from werkzeug.exceptions import RequestTimeout
 
 from ..errors import release
-from ..http.cycle import BODY_EXTENSION, DISCONNECT_EXTENSION, SLOW_BODY_EXTENSION
+from ..http.cycle import BODY_EXTENSION, DISCONNECT_EXTENSION, SEND_NOW_EXTENSION, SLOW_BODY_EXTENSION
 from ..protocols.format import Headers
 from ..schema import jsonio
 from ..telemetry import CURRENT, RequestInfo
@@ -118,6 +118,7 @@ class _Turn:
         self.on_disconnect: Callable[[Callable[[], None]], None] | None = extensions.get(DISCONNECT_EXTENSION)
         self.body_now: Callable[[], bytes | None] | None = extensions.get(BODY_EXTENSION)
         self.too_slow: Callable[[], Exception | None] | None = extensions.get(SLOW_BODY_EXTENSION)
+        self.send_now: Callable[[bytes], Awaitable[None] | None] | None = extensions.get(SEND_NOW_EXTENSION)
 
     async def serve(self) -> None:
         token = CURRENT.set(self.info)
@@ -228,7 +229,9 @@ class _Turn:
     async def stream(self, reply: SSEReply) -> None:
         """An SSE reply, chunk by chunk, with its heartbeat after each ``interval`` of silence.
 
-        Counted and logged when it ends, however it ends.
+        Under the own server the deltas that come while no chunk is pending are written by
+        the session's task itself (:meth:`SSEReply.relay`). Counted and logged when it ends,
+        however it ends.
         """
         self.info.status = 200
         send = self.send
@@ -237,6 +240,8 @@ class _Turn:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [*_SSE_HEADERS, *_warning(self.info)] if self.info.warning else _SSE_HEADERS})
             self.last_sent = trio.current_time()
+            if self.send_now is not None:
+                reply.relay(self.send_now)
             ended = False
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.heartbeats, reply)
@@ -259,7 +264,7 @@ class _Turn:
         sent meanwhile only moves ``last_sent`` (no timer per chunk).
         """
         while True:
-            due = self.last_sent + reply.interval
+            due = max(self.last_sent, reply.last_write) + reply.interval
             if trio.current_time() < due:
                 await trio.sleep_until(due)
                 continue

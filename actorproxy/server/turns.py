@@ -10,12 +10,13 @@ weight update: the lane sends them). Nothing here knows the HTTP server: the tur
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias, TypeVar
 
 import attrs
 import trio
 
+from ..core.parser import OutputDelta
 from ..core.requests import merge_consecutive_messages
 from ..core.template_probe import probe_template
 from ..core.turn_events import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed
@@ -118,6 +119,11 @@ class SSEReply:
     the generation is paused for a weight update); whoever writes the chunks sends it
     after ``interval`` seconds with nothing sent (the turn lane does, from a task of the
     reply's own). Waiting here with a timeout instead cost a cancel scope per token.
+
+    Given the server's direct write (:meth:`relay`), the deltas that come while the writer
+    waits for the next chunk do not come as chunks at all: the session's task renders each
+    one's frame and writes it itself (``runtime/turn_stream.py: Relay``); the chunks are then
+    what the relay was shut for (the first frames, the end, a delta behind another event).
     """
 
     def __init__(
@@ -133,6 +139,23 @@ class SSEReply:
         self.interval = heartbeat
         self._frames = [writer.start(accepted)]
         self._ended = False
+        #: When the session's task last wrote a frame itself (``trio.current_time``; 0: never).
+        self.last_write = 0.0
+
+    def relay(self, send_now: Callable[[bytes], Awaitable[None] | None]) -> bool:
+        """Let the session's task write each delta's frame with ``send_now`` while no chunk is pending; whether it can.
+
+        ``send_now(frame)`` writes a piece of the body at once (``None``) or returns what
+        writes the rest (see ``http/cycle.py: SEND_NOW_EXTENSION``).
+        """
+        render = self.writer.delta
+        clock = trio.lowlevel.current_clock()
+
+        def take(delta: OutputDelta) -> Awaitable[None] | None:
+            self.last_write = clock.current_time()
+            return send_now(render(delta))
+
+        return self.events.relay_to(take)
 
     def heartbeat(self) -> bytes:
         return self.writer.heartbeat()
