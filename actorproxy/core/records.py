@@ -13,6 +13,7 @@ label stays on each step as ``weight_version``.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from array import array
@@ -39,6 +40,7 @@ def sub_agent_of(session_id: str) -> tuple[str, str] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
+@functools.lru_cache(maxsize=64)  # read for every delta of a stream, nearly always the same label
 def version_number(label: str | int | None) -> int:
     """The integer form of an engine weight-version label (trailing digits, else 0)."""
     if label is None:

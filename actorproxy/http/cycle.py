@@ -53,9 +53,10 @@ BODY_EXTENSION = "actorproxy.body_now"
 #: does not ask gets the server's own 408 (the policy's ``slow_body_response``).
 SLOW_BODY_EXTENSION = "actorproxy.body_too_slow"
 #: The scope extension that writes a piece of the response body from any task, at once when the socket takes it
-#: (``scope["extensions"][...](body)``: ``None`` once written, else an awaitable that writes the rest): no ASGI
-#: message, no task switch. Only for a response whose head is out, while no ``send`` of the app's runs: the turn
-#: lane lets the session's task write a streamed reply's deltas so (``runtime/turn_stream.py: Relay``).
+#: (``scope["extensions"][...](body)``: ``None`` once written, else an awaitable that writes the rest;
+#: ``trio.BrokenResourceError`` once the client is gone): no ASGI message, no task switch. Only for a response
+#: whose head is out, while no ``send`` of the app's runs: the turn lane lets the session's task write a streamed
+#: reply's deltas so (``runtime/turn_stream.py: Relay``).
 SEND_NOW_EXTENSION = "actorproxy.send_now"
 
 
@@ -316,10 +317,10 @@ class Cycle:
     def send_now(self, body: bytes) -> Awaitable[None] | None:
         """Write ``body`` as the next piece of the response under way (:data:`SEND_NOW_EXTENSION`).
 
-        ``None`` when the socket took it all (or there is nothing to write it to: the response
-        ended, the client is gone, as :meth:`send` drops it); else the awaitable that writes
-        the rest, waiting for the socket, which the caller awaits before it writes anything
-        else. Another write waiting for the socket goes first (the connection's write lock).
+        ``None`` when the socket took it all (or the response has ended); else the awaitable
+        that writes the rest, waiting for the socket, which the caller awaits before it writes
+        anything else. Another write waiting for the socket goes first (the connection's write
+        lock). A closed connection (the client gone) raises :class:`trio.BrokenResourceError`.
         """
         framing = self.framing
         if framing is None or self.complete or not body:

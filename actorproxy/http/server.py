@@ -406,15 +406,20 @@ class ServerConnection:
 
         A write of any task, in no cancel scope of the connection's: it is not counted
         against ``_WRITES_PER_ROUND`` (its task waits for its own next thing right after).
+        Unlike :meth:`write`, a connection that is closed (the client gone, or a write cut
+        short) raises :class:`trio.BrokenResourceError`: the writing task is not the
+        request's, and nothing else would tell it.
         """
         if self.closed:
-            return None
+            raise trio.BrokenResourceError("the client is gone")
         if not self.write_lock.locked():
             try:
-                sent = sent_now(self.sock, [data])
+                sent = self.sock.send(data)  # (``sent_now`` without its list: one frame, one call)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
             except OSError:  # the client is gone (a reset, a broken pipe)
                 self.closed = True
-                return None
+                raise trio.BrokenResourceError("the client is gone") from None
             if sent == len(data):
                 return None
             self.write_lock.acquire_nowait()  # now: no other write may come between the two parts

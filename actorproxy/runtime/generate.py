@@ -46,7 +46,6 @@ from ..engines.base import (
     GenerateRequest,
     Generation,
     SamplingParams,
-    TokenDelta,
 )
 from ..errors import Conflict, EngineError, Overloaded, ProxyError
 from ..tokenization.tokenizer import ChatTokenizer
@@ -373,7 +372,7 @@ class TurnGeneration:
             if isinstance(event, GenerateFinish):
                 finish = event
                 continue
-            self._record(event)
+            record_delta(self.step, event)
             handle.add_tokens(len(event.token_ids))
             delta = self.parser.feed(event.token_ids)
             if self.client_gone:
@@ -443,9 +442,6 @@ class TurnGeneration:
                 await rest()
             except BackendError as exc:
                 log.warning("abort of a generation of session %s failed: %s", handle.session_id, exc)
-
-    def _record(self, event: TokenDelta) -> None:
-        record_delta(self.step, event)
 
     def _apply_finish(self, finish: GenerateFinish, start: int) -> None:
         apply_finish(self.step, finish, start, self._experts)

@@ -18,9 +18,9 @@ from ..core.parser import OutputDelta
 from ..core.turn_events import TurnDelta, TurnDone, TurnEvent, TurnMoved
 from ..telemetry import CURRENT, note_first_token, note_turn
 
-#: Takes a streamed delta in the session's task and writes it to the agent: ``None`` once written (or dropped,
-#: the connection being gone), else an awaitable the session's task awaits to write the rest (the agent reads
-#: slowly: back-pressure, bounded by the socket's buffer).
+#: Takes a streamed delta in the session's task and writes it to the agent: ``None`` once written, else an
+#: awaitable the session's task awaits to write the rest (the agent reads slowly: back-pressure, bounded by the
+#: socket's buffer); ``trio.BrokenResourceError`` when the agent's connection is gone (as a closed channel).
 Take = Callable[[OutputDelta], Awaitable[None] | None]
 
 

@@ -4,6 +4,7 @@ a toy ASGI app over real loopback sockets."""
 from __future__ import annotations
 
 import socket
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,7 +17,7 @@ from _asgi import request_body
 
 from actorproxy.http import server as floor
 from actorproxy.http import server as http_server
-from actorproxy.http.cycle import BODY_AT_ONCE, BODY_EXTENSION
+from actorproxy.http.cycle import BODY_AT_ONCE, BODY_EXTENSION, SEND_NOW_EXTENSION
 from actorproxy.server.http_server import HTTPServer
 from actorproxy.server.limits import ConnectionLimits
 
@@ -446,3 +447,43 @@ async def test_a_request_sent_with_its_connection_reaches_the_app_in_the_round_i
     assert answer.startswith(b"HTTP/1.1 200")
     # The round the listener wakes in (the accept), then the connection task's first step: 5 before.
     assert seen == [2], f"the app ran {seen[0]} rounds after the listener woke"
+
+
+async def test_send_now_writes_a_piece_of_the_body_from_another_task_and_raises_once_the_client_is_gone() -> None:
+    """The ``actorproxy.send_now`` extension: a body piece framed as a chunk and written at once, from a task that is
+    not the request's; a closed connection raises instead of dropping the piece unseen."""
+    pieces: list[Any] = []
+    written, gone, done = trio.Event(), trio.Event(), trio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        send_now = scope["extensions"][SEND_NOW_EXTENSION]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"head;", "more_body": True})
+
+        async def other_task() -> None:
+            pieces.append(send_now(b"piece;"))
+            written.set()
+            await gone.wait()
+            try:
+                send_now(b"late;")
+            except trio.BrokenResourceError as error:
+                pieces.append(error)
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other_task)
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+    async with serving(app) as port:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        await written.wait()
+        data = await read_until(stream, b"piece;")
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await stream.aclose()  # a reset: the client is gone
+        with trio.fail_after(10):
+            await done.wait()
+    assert data.endswith(b"5\r\nhead;\r\n6\r\npiece;\r\n")
+    assert pieces[0] is None and isinstance(pieces[1], trio.BrokenResourceError)
