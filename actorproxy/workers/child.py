@@ -22,6 +22,7 @@ import trio
 from ..config import ProxyConfig
 from ..errors import StartupError
 from ..logs import configure_logging
+from ..runtime import freed_memory
 from ..serve import RunningProxy, serve_until_signal
 from ..startup import load_tokenizer_checked, startup_failure
 from ..tokenization.tokenizer import ChatTokenizer
@@ -51,6 +52,7 @@ async def _watch_supervisor(life_fd: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    freed_memory.limit_heaps()  # before any thread (the tokenizer's too) makes a heap of its own
     directory, index, ready_fd, life_fd = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     with open(os.path.join(directory, "config.pickle"), "rb") as file:
         config: ProxyConfig = pickle.load(file)
