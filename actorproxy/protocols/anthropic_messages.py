@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from ..schema.converter import CONVERTER, structure
+from ..schema.converter import structure
 from ..schema.jsonio import MAX_DEPTH, nesting
 from ..tokenization.message_fields import FrozenMessage
 from . import memo as shared
@@ -115,7 +115,7 @@ def _from_memo(raw: bytes, memo: AnthropicMemo) -> MessagesBody | None:
 
 
 def _system(system: Any) -> tuple[FrozenMessage, ...]:
-    typed = CONVERTER.structure(system, str | list[Block] | None)  # type: ignore[arg-type]
+    typed = structure(system, str | list[Block] | None, where="system")  # type: ignore[arg-type]
     check_kinds(typed, SYSTEM_KINDS, SYSTEM_PLACE, "system")
     return tuple(FrozenMessage(m) for m in system_messages(typed))
 

@@ -25,7 +25,12 @@ Built by :func:`make_converter` (never cattrs' global converter):
   :mod:`actorproxy.schema.records`.
 
 :func:`structure` turns cattrs' validation errors into our :class:`BadRequest`
-naming the first bad field's path (``messages[1].name``).
+naming the first bad field's path (``messages[1].name``). It structures with a
+twin converter built by the same rules without cattrs' detailed validation (no
+error collected per field and per item: an accepted body costs less), and only a
+body that twin refuses is structured again by :data:`CONVERTER`, whose error tree
+names the culprit: what is accepted, and every error's words, are the detailed
+converter's.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from cattrs.errors import (
 )
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
-from ..errors import BadRequest
+from ..errors import BadRequest, release
 from .records import register_record_hooks
 
 T = TypeVar("T")
@@ -167,9 +172,12 @@ def _object(value: Any, _: Any) -> dict[str, Any]:
     return value
 
 
-def make_converter() -> cattrs.Converter:
-    """A converter with the edge's rules (see the module docstring)."""
-    converter = cattrs.Converter(forbid_extra_keys=False)
+def make_converter(*, detailed: bool = True) -> cattrs.Converter:
+    """A converter with the edge's rules (see the module docstring).
+
+    ``detailed=False``: without cattrs' detailed validation (an error is the first one raised, with no path).
+    """
+    converter = cattrs.Converter(forbid_extra_keys=False, detailed_validation=detailed)
     converter.register_structure_hook(str, _str)
     converter.register_structure_hook(int, _int)
     converter.register_structure_hook(float, _float)
@@ -276,12 +284,21 @@ def _text_or_list(converter: cattrs.Converter, type_: Any) -> Any:
 
 #: The converter of the edge.
 CONVERTER = make_converter()
+#: The same rules without detailed validation: what :func:`structure` tries first.
+_QUICK = make_converter(detailed=False)
 
 
 def structure(value: Any, cls: type[T], *, where: str = "") -> T:
-    """``value`` as ``cls``; :class:`BadRequest` naming the first bad field (prefixed by ``where``)."""
+    """``value`` as ``cls``; :class:`BadRequest` naming the first bad field (prefixed by ``where``).
+
+    Structured without detailed validation first; a refused value again with it, to name the culprit.
+    """
     if attrs.has(cls) and not isinstance(value, dict):
         raise BadRequest(f"{where or 'the request body'} must be a JSON object", param=where or None)
+    try:
+        return _QUICK.structure(value, cls)
+    except Exception as quick:  # whatever it refuses, the detailed run decides and words
+        release(quick)  # its traceback holds the value
     try:
         return CONVERTER.structure(value, cls)
     except (cattrs.BaseValidationError, FieldError, TypeError, ValueError, KeyError) as exc:
