@@ -63,7 +63,7 @@ class AnthropicFormat(TurnFormat[AnthropicCall]):
 
     def parse(self, body: Any) -> AnthropicCall:
         if isinstance(body, MessagesBody):
-            return parse_messages_body(body.value, messages=body.messages, tools=body.tools)
+            return parse_messages_body(body.options, messages=body.messages, tools=body.tools)
         return parse_messages_body(body)
 
     def new_id(self) -> str:

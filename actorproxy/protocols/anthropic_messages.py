@@ -30,15 +30,21 @@ from typing import Any
 import attrs
 
 from ..schema.converter import structure
-from ..schema.jsonio import MAX_DEPTH, nesting
+from ..schema.jsonio import MAX_DEPTH
 from ..tokenization.message_fields import FrozenMessage
 from . import memo as shared
 from .anthropic_request import clears_at_next_user, convert_content, convert_tools, system_messages
-from .anthropic_types import SYSTEM_KINDS, SYSTEM_PLACE, AnthropicMessage, AnthropicTool, Block, check_kinds
-from .memo import MEMO_BYTES, MessageMemo
+from .anthropic_types import (
+    SYSTEM_KINDS,
+    SYSTEM_PLACE,
+    AnthropicMessage,
+    AnthropicTool,
+    Block,
+    MessagesOptions,
+    check_kinds,
+)
+from .memo import FIELD_MEMO_BYTES, MEMO_BYTES, MessageMemo
 
-#: Raw JSON bytes of ``system`` and ``tools`` fields kept (they repeat every turn; a few per agent).
-FIELD_MEMO_BYTES = 16 << 20
 #: The fields converted through a memo; the others are parsed as they come.
 _CONVERTED = ("messages", "system", "tools")
 
@@ -56,8 +62,8 @@ class Converted:
 class MessagesBody:
     """A Messages body read from bytes whose messages, system prompt and tools all convert."""
 
-    #: The body's fields but ``messages``, ``system`` and ``tools``, as orjson parses them.
-    value: dict[str, Any]
+    #: The body's fields but ``messages``, ``system`` and ``tools``, typed (the memo's shared object while they repeat).
+    options: MessagesOptions
     #: The conversation as OpenAI messages (``system`` first): the memo's shared objects.
     messages: list[FrozenMessage]
     #: The tools as OpenAI function tools (a list of its own; the tools themselves are shared).
@@ -71,6 +77,7 @@ class AnthropicMemo:
         self.messages: MessageMemo[Converted] = MessageMemo(max_bytes)
         self.system: MessageMemo[tuple[FrozenMessage, ...]] = MessageMemo(field_bytes)
         self.tools: MessageMemo[tuple[dict[str, Any], ...]] = MessageMemo(field_bytes)
+        self.options: MessageMemo[MessagesOptions] = MessageMemo(field_bytes)
 
 
 def load_messages_body(raw: bytes, memo: AnthropicMemo) -> Any:
@@ -87,8 +94,8 @@ def _from_memo(raw: bytes, memo: AnthropicMemo) -> MessagesBody | None:
     if split is None:
         return None
     top, texts = split
-    value = shared.others(top, _CONVERTED)
-    depth = nesting(value, MAX_DEPTH)
+    fields = [(name, bytes(part)) for name, part in top.items() if name not in _CONVERTED]
+    options, depth = shared.options(memo.options, fields, _options)
     system: tuple[FrozenMessage, ...] = ()
     if "system" in top:
         system, system_depth = shared.field(memo.system, bytes(top["system"]), _system)
@@ -111,7 +118,11 @@ def _from_memo(raw: bytes, memo: AnthropicMemo) -> MessagesBody | None:
     for entry, cleared in zip(entries, user_later, strict=True):
         if not (entry.clears and cleared):
             messages.extend(entry.messages)
-    return MessagesBody(value, messages, list(tools))
+    return MessagesBody(options, messages, list(tools))
+
+
+def _options(value: dict[str, Any]) -> MessagesOptions:
+    return structure(value, MessagesOptions)
 
 
 def _system(system: Any) -> tuple[FrozenMessage, ...]:

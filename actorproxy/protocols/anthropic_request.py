@@ -151,14 +151,15 @@ def parse_messages_body(
     ``count_only`` is for ``/v1/messages/count_tokens``, where ``max_tokens``
     is not sent. Unknown fields are ignored. ``messages`` and ``tools``, when
     given, are the body's conversation and tools converted already
-    (``anthropic_messages``): the body is then its other fields (:class:`MessagesOptions`).
+    (``anthropic_messages``): the body is then its other fields, typed already
+    (:class:`MessagesOptions`) or their JSON value.
     """
     options: MessagesOptions
     if messages is None:
         typed = structure(body, MessagesRequest)
         options, messages, tools = typed, convert_messages(typed.system, typed.messages), convert_tools(typed.tools)
     else:
-        options = structure(body, MessagesOptions)
+        options = body if isinstance(body, MessagesOptions) else structure(body, MessagesOptions)
     if not count_only and options.max_tokens is None:
         raise BadRequest("'max_tokens' is required: an integer of at least 1", param="max_tokens")
     thinking = None if options.thinking is None else options.thinking.type != "disabled"

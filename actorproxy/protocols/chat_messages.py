@@ -33,14 +33,14 @@ from typing import Any
 import attrs
 import msgspec
 import numpy as np
-import orjson
 
-from ..schema.jsonio import MAX_DEPTH, nesting
+from ..schema.converter import structure
+from ..schema.jsonio import MAX_DEPTH
 from ..schema.prefixes import Kept
 from ..tokenization.message_fields import FrozenMessage
 from . import memo as shared
-from .memo import BODY_PREFIX_BYTES, MessageMemo
-from .openai_types import ChatMessage
+from .memo import BODY_PREFIX_BYTES, FIELD_MEMO_BYTES, MEMO_BYTES, MessageMemo
+from .openai_types import ChatMessage, ChatOptions
 
 # -- one message checked against the typed schema (``openai_types.ChatMessage``) -------------------------
 
@@ -61,16 +61,38 @@ def _check(message: Any) -> FrozenMessage:
 
 
 @attrs.frozen
-class ChatBody:
-    """A chat-completions body read from bytes whose messages are all known good."""
+class ChatFields:
+    """A chat body's fields but ``messages``, typed: what an agent sends the same every turn."""
 
-    #: The body's fields but ``messages``, as orjson parses them.
-    value: dict[str, Any]
+    options: ChatOptions
+    #: The tools as sent (the template renders them so; ``options.tools`` is their verdict).
+    tools: tuple[Any, ...]
+
+
+def _fields(value: dict[str, Any]) -> ChatFields:
+    """The fields but ``messages`` structured by the one converter (raises where it refuses them)."""
+    return ChatFields(structure(value, ChatOptions), tuple(value.get("tools") or ()))
+
+
+class ChatMemo(MessageMemo[FrozenMessage]):
+    """The messages recent turns sent, checked; and the other fields they came with, typed."""
+
+    def __init__(self, max_bytes: int = MEMO_BYTES, field_bytes: int = FIELD_MEMO_BYTES) -> None:
+        super().__init__(max_bytes)
+        self.options: MessageMemo[ChatFields] = MessageMemo(field_bytes)
+
+
+@attrs.frozen
+class ChatBody:
+    """A chat-completions body read from bytes: its fields typed, its messages all known good."""
+
+    #: The body's fields but ``messages``, typed (the memo's shared object while they repeat).
+    fields: ChatFields
     #: Its messages, checked and with ``developer`` read as ``system``: the memo's shared objects.
     messages: list[FrozenMessage]
 
 
-def load_chat_body(raw: bytes, memo: MessageMemo[FrozenMessage]) -> Any:
+def load_chat_body(raw: bytes, memo: ChatMemo) -> Any:
     """A request body: a :class:`ChatBody` when every message is known good, else its JSON value.
 
     Raises what :func:`~actorproxy.schema.jsonio.load_body` raises (empty, not JSON,
@@ -80,7 +102,7 @@ def load_chat_body(raw: bytes, memo: MessageMemo[FrozenMessage]) -> Any:
     return shared.load(raw, lambda raw: _from_memo(raw, memo))
 
 
-def _from_memo(raw: bytes, memo: MessageMemo[FrozenMessage]) -> ChatBody | None:
+def _from_memo(raw: bytes, memo: ChatMemo) -> ChatBody | None:
     """The body with its messages from the memo, or ``None`` where the ordinary way must decide."""
     kept = memo.bodies.find(raw)
     if kept is not None:
@@ -91,14 +113,14 @@ def _from_memo(raw: bytes, memo: MessageMemo[FrozenMessage]) -> ChatBody | None:
     if split is None:
         return None
     top, texts = split
-    value = shared.others(top, ("messages",))
-    checked = _checked(texts, memo, value, 0)
+    fields = [(name, bytes(part)) for name, part in top.items() if name != "messages"]
+    checked = _checked(texts, memo, fields, 0)
     if checked is None:
         return None
-    messages, depth = checked
+    typed, messages, depth = checked
     if len(raw) >= BODY_PREFIX_BYTES:
         _keep(raw, top, texts[-1], messages, depth, memo)
-    return ChatBody(value, list(messages))
+    return ChatBody(typed, list(messages))
 
 
 @attrs.frozen
@@ -116,7 +138,7 @@ class _Seen:
 _RESUME = b'{"messages":[0'
 
 
-def _after(raw: bytes, kept: Kept[_Seen], memo: MessageMemo[FrozenMessage]) -> ChatBody | None:
+def _after(raw: bytes, kept: Kept[_Seen], memo: ChatMemo) -> ChatBody | None:
     """The body read from the end of a kept one: its top-level fields after those messages and its new messages.
 
     The bytes up to ``len(kept)`` are those of a body read before, up to the end of its last
@@ -136,34 +158,35 @@ def _after(raw: bytes, kept: Kept[_Seen], memo: MessageMemo[FrozenMessage]) -> C
     base = _address(tail)
     if _address(top["messages"]) - base != len(_RESUME) - 2:
         return None  # a second "messages" after the array: the last one counts, read the body whole
-    value = {key: orjson.loads(part) for key, part in seen.head}
-    value.update(shared.others(top, ("messages",)))
-    checked = _checked(texts[1:], memo, value, seen.depth)
+    fields = dict(seen.head)  # a field named again after the array takes its place with its new value
+    fields.update((name, bytes(part)) for name, part in top.items() if name != "messages")
+    checked = _checked(texts[1:], memo, list(fields.items()), seen.depth)
     if checked is None:
         return None
-    new, depth = checked
+    typed, new, depth = checked
     messages = seen.messages + new
     end = len(kept) + _address(texts[-1]) - base + len(texts[-1]) - len(_RESUME)
     memo.bodies.drop(kept)  # the session has moved on: this body replaces it
     memo.bodies.keep(raw, end, _Seen(seen.head, messages, depth))
-    return ChatBody(value, list(messages))
+    return ChatBody(typed, list(messages))
 
 
 def _checked(
-    texts: list[msgspec.Raw], memo: MessageMemo[FrozenMessage], value: dict[str, Any], depth: int
-) -> tuple[list[FrozenMessage], int] | None:
-    """Messages from their JSON texts, from the memo or parsed and checked; ``None`` past the nesting bound.
+    texts: list[msgspec.Raw], memo: ChatMemo, fields: list[tuple[str, bytes]], depth: int
+) -> tuple[ChatFields, list[FrozenMessage], int] | None:
+    """The other fields typed and the messages checked, each from the memo when its text was seen.
 
-    ``value``: the body's other fields (the nesting bound covers them); ``depth``: the
-    deepest message already read. Also the deepest message's nesting. Raises where a
-    new message is refused (the full check names the culprit).
+    ``fields``: the body's other fields (name, JSON text); ``depth``: the deepest message
+    already read. ``None`` past the nesting bound. Also the deepest message's nesting.
+    Raises where a field or a new message is refused (the full check names the culprit).
     """
+    typed, around = shared.options(memo.options, fields, _fields)
     messages, level = shared.items(memo, list(map(bytes, texts)), _check)
     depth = max(depth, level)
-    # The nesting bound: the body's other fields, and its messages array (two levels down).
-    if max(nesting(value, MAX_DEPTH), 2 + depth) > MAX_DEPTH:
+    # The nesting bound: the body's other fields (the object they are in counted), and its messages array.
+    if max(around, 2 + depth) > MAX_DEPTH:
         return None
-    return messages, depth
+    return typed, messages, depth
 
 
 def _address(buffer: Any) -> int:
@@ -173,7 +196,7 @@ def _address(buffer: Any) -> int:
 
 def _keep(
     raw: bytes, top: dict[str, msgspec.Raw], last: msgspec.Raw, messages: list[FrozenMessage], depth: int,
-    memo: MessageMemo[FrozenMessage],
+    memo: ChatMemo,
 ) -> None:
     """Keep ``raw`` up to the end of its ``last`` message, unless a field is named both before and after the array."""
     base = _address(raw)

@@ -37,6 +37,8 @@ MEMO_BYTES = 64 << 20
 #: What an entry weighs beyond its text and the strings parsed from it: the key's and the value's
 #: object headers, the checked object (a dict of a few fields), the entry's tuple and its slot.
 ENTRY_BYTES = 640
+#: What the memos of a body's other fields keep (``system``, ``tools``, the options: the same every turn of an agent).
+FIELD_MEMO_BYTES = 16 << 20
 #: Bodies shorter than this are read whole every time (a 4 KB body costs a few µs).
 BODY_PREFIX_BYTES = 4096
 
@@ -160,3 +162,14 @@ def field(memo: MessageMemo[T], key: bytes, convert: Callable[[Any], T]) -> tupl
     """A top-level field converted (from the memo when its text was seen), with its nesting."""
     (converted,), depth = items(memo, [key], convert)
     return converted, depth
+
+
+def options(memo: MessageMemo[T], fields: Iterable[tuple[str, bytes]], convert: Callable[[Any], T]) -> tuple[T, int]:
+    """Top-level fields (name, JSON text) as one object converted, from the memo when the same text was seen.
+
+    ``convert`` gets the object of those fields, as orjson parses it; also its nesting
+    (the object's own level included). An agent sends the same model, sampling and
+    tools every turn: they are typed once, and the same typed object serves each turn.
+    """
+    key = b"{" + b",".join([orjson.dumps(name) + b":" + text for name, text in fields]) + b"}"
+    return field(memo, key, convert)

@@ -17,10 +17,8 @@ from ..core.turn_events import TurnAccepted, TurnDone
 from ..errors import BadRequest, ProxyError
 from ..schema.converter import structure
 from ..schema.jsonio import dumps
-from ..tokenization.message_fields import FrozenMessage
-from .chat_messages import ChatBody, load_chat_body
+from .chat_messages import ChatBody, ChatMemo, load_chat_body
 from .format import ReplyInfo, TurnFormat
-from .memo import MessageMemo
 from .openai_types import ChatCompletionBody, ChatOptions
 
 
@@ -55,15 +53,16 @@ def parse_chat_body(body: Any, *, usage_by_default: bool = False) -> OpenAIChatC
     (read from bytes by :func:`load_chat_body`) has its messages checked already.
     """
     call: ChatOptions
-    if isinstance(body, ChatBody):  # its messages were checked one by one against the same classes
-        call = structure(body.value, ChatOptions)
+    if isinstance(body, ChatBody):  # typed from its bytes: the fields by the converter, each message checked
+        call = body.fields.options
         messages: list[dict[str, Any]] = list(body.messages)
-        body = body.value
+        sent_tools: Sequence[Any] = body.fields.tools
     else:
         call = structure(body, ChatCompletionBody)
         # The typed messages are the verdict; the template gets each message as sent (fields we do not know
         # included), but for the role: templates know "system", not OpenAI's newer "developer".
         messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in body["messages"]]
+        sent_tools = body.get("tools") or ()
     max_tokens = call.max_completion_tokens if call.max_completion_tokens is not None else call.max_tokens
     if max_tokens is not None and max_tokens < 1:
         raise BadRequest("'max_tokens' must be at least 1", param="max_tokens")
@@ -76,7 +75,7 @@ def parse_chat_body(body: Any, *, usage_by_default: bool = False) -> OpenAIChatC
     if call.top_logprobs is not None and not call.logprobs:
         raise BadRequest("'logprobs' must be true when 'top_logprobs' is set", param="top_logprobs")
     # tool_choice "none": the model is offered no tools (the prompt does not list them).
-    tools = [] if call.tool_choice == "none" else list(body.get("tools") or [])
+    tools = [] if call.tool_choice == "none" else list(sent_tools)
     stream = bool(call.stream)
     request = ChatRequest(
         messages=messages,
@@ -276,7 +275,7 @@ class OpenAIChatFormat(TurnFormat[OpenAIChatCall]):
         #: A stream without ``stream_options.include_usage`` ends with a usage chunk (Dressage's default).
         self._usage_by_default = usage_by_default
         #: The messages recent turns sent, checked: a history is not checked again every turn.
-        self._memo: MessageMemo[FrozenMessage] = MessageMemo()
+        self._memo = ChatMemo()
 
     def load(self, raw: bytes) -> Any:
         return load_chat_body(raw, self._memo)

@@ -272,12 +272,17 @@ def _text_or_list(converter: cattrs.Converter, type_: Any) -> Any:
     optional = type(None) in typing.get_args(type_)
     expected = "a string or an array of objects"
 
+    hook: Any = None  # the list's own hook, looked up once (at first use: the item class may be this one's)
+
     def structure_text_or_list(value: Any, _: Any) -> Any:
+        nonlocal hook
         if isinstance(value, str) or (value is None and optional):
             return value
         if not isinstance(value, list):
             raise _type_error(value, expected)
-        return converter.structure(value, items)
+        if hook is None:
+            hook = converter.get_structure_hook(items)
+        return hook(value, items)
 
     return structure_text_or_list
 

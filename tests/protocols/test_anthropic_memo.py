@@ -62,7 +62,10 @@ def test_a_repeated_history_is_the_same_converted_objects_every_turn() -> None:
     assert len(second.messages) == len(first.messages) + 2
     assert all(type(m) is FrozenMessage for m in second.messages)
     assert all(a is b for a, b in zip(first.tools, second.tools, strict=True))
+    assert second.options is first.options  # the model, max_tokens, ...: typed once while they repeat
     assert fmt.parse(second).request == parse_messages_body(orjson.loads(_raw(later))).request
+    changed = fmt.load(_raw(later, temperature=0.5))
+    assert isinstance(changed, MessagesBody) and changed.options.temperature == 0.5
 
 
 @pytest.mark.parametrize("edit", ["text", "tool_input", "tool_result", "reorder", "delete", "system", "tools",

@@ -19,7 +19,7 @@ import pytest
 from _util import nested, start_reasons
 
 from actorproxy.errors import BadRequest
-from actorproxy.protocols.chat_messages import ChatBody, _check, load_chat_body
+from actorproxy.protocols.chat_messages import ChatBody, ChatMemo, _check, load_chat_body
 from actorproxy.protocols.memo import MessageMemo
 from actorproxy.protocols.openai_chat import OpenAIChatFormat, parse_chat_body
 from actorproxy.schema.jsonio import MAX_DEPTH, load_body
@@ -40,14 +40,14 @@ def _raw(messages: list[dict[str, Any]], **fields: Any) -> bytes:
     return orjson.dumps({"model": "m", "messages": messages, **fields})
 
 
-def _loaded(memo: MessageMemo, messages: list[dict[str, Any]]) -> ChatBody:
+def _loaded(memo: ChatMemo, messages: list[dict[str, Any]]) -> ChatBody:
     body = load_chat_body(_raw(messages), memo)
     assert isinstance(body, ChatBody)
     return body
 
 
 def test_a_repeated_message_is_the_same_checked_object_every_turn() -> None:
-    memo = MessageMemo()
+    memo = ChatMemo()
     first = _loaded(memo, HISTORY)
     second = _loaded(memo, [*HISTORY, {"role": "user", "content": "more"}])
     assert all(a is b for a, b in zip(first.messages, second.messages, strict=False))
@@ -58,9 +58,21 @@ def test_a_repeated_message_is_the_same_checked_object_every_turn() -> None:
     assert parse_chat_body(second).request == plain.request
 
 
+def test_the_fields_around_the_messages_are_typed_once_while_they_repeat() -> None:
+    memo = ChatMemo()
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    first = load_chat_body(_raw(HISTORY, tools=tools, temperature=0.5), memo)
+    second = load_chat_body(_raw([*HISTORY, {"role": "user", "content": "more"}], tools=tools, temperature=0.5), memo)
+    assert isinstance(first, ChatBody) and isinstance(second, ChatBody)
+    assert second.fields is first.fields  # the same typed options: not structured again
+    assert second.fields.options.temperature == 0.5 and second.fields.tools == tuple(tools)
+    other = load_chat_body(_raw(HISTORY, tools=tools, temperature=0.25), memo)
+    assert isinstance(other, ChatBody) and other.fields.options.temperature == 0.25
+
+
 @pytest.mark.parametrize("edit", ["content", "tool_call", "tool_call_id", "reorder", "delete", "spacing"])
 def test_an_old_message_edited_moved_or_deleted_is_never_its_cached_self(edit: str) -> None:
-    memo = MessageMemo()
+    memo = ChatMemo()
     before = _loaded(memo, HISTORY).messages
     messages = json.loads(json.dumps(HISTORY))
     if edit == "content":
@@ -149,7 +161,7 @@ def test_the_nesting_bound_is_the_same_with_a_cached_history(depth: int, where: 
 
 
 def test_a_duplicate_messages_key_reads_the_last_one_as_json_does() -> None:
-    memo = MessageMemo()
+    memo = ChatMemo()
     _loaded(memo, HISTORY)
     raw = _raw(HISTORY)[:-1] + b',"messages":[{"role":"user","content":"last"}]}'
     body = load_chat_body(raw, memo)
@@ -157,7 +169,7 @@ def test_a_duplicate_messages_key_reads_the_last_one_as_json_does() -> None:
 
 
 def test_the_memo_is_bounded() -> None:
-    memo = MessageMemo(max_bytes=1000)
+    memo = ChatMemo(max_bytes=1000)
     for i in range(100):
         _loaded(memo, [{"role": "user", "content": f"message {i} " + "x" * 40}])
     assert len(memo) < 50
@@ -229,7 +241,7 @@ def test_message_cut_trusts_identity_only_for_frozen_messages(tokenizer: Any) ->
     mine["content"] = "bye"  # an in-process agent edits its own dict in place, and sends the same object again
     again = cut.cut(history)
     assert again[1] == {"role": "user", "content": "bye"} and first[1]["content"] == "hi"
-    frozen = _loaded(MessageMemo(), [{"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}}])
+    frozen = _loaded(ChatMemo(), [{"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}}])
     once = cut.cut(frozen.messages)
     assert once == [{"role": "user", "content": "hi"}]  # the field no template reads is cut...
     assert cut.cut(list(frozen.messages))[0] is once[0]  # ...once: the same frozen message is not cut again
