@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from array import array
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -22,7 +22,7 @@ import orjson
 from ..http.client import HTTP11Client
 from .base import BackendError
 from .errors import check_status, discard, mapped_errors
-from .ids_json import IdsJSON
+from .ids_json import MIN_IDS, IdsJSON
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,68 @@ _IDS_JSON = IdsJSON()
 _MARK = orjson.Fragment(b"\0")
 
 
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+#: Body templates an engine keeps (one per sampling setting seen; all dropped when full).
+_MAX_TEMPLATES = 256
+
+
+class BodyTemplate:
+    """A request body's JSON, written once with holes: a request's bytes are its pieces and the holes' JSON.
+
+    An engine's generation bodies differ, turn to turn, only in the prompt's ids and the
+    request id (a session's turns sample alike): the rest is written once per sampling
+    setting (each engine's ``protocol.py`` keeps its templates) and a request's body is
+    one join of the pieces with the ids' JSON (a long prompt's through :mod:`.ids_json`)
+    and the strings'. No body value is made per request.
+    """
+
+    __slots__ = ("holes", "_pieces")
+
+    def __init__(self, body: Mapping[str, Any], holes: Collection[str]) -> None:
+        #: The holes' keys, in the order :meth:`fill` takes their values (the body's).
+        self.holes = tuple(key for key in body if key in holes)
+        marked = {key: _MARK if key in holes else value for key, value in body.items()}
+        self._pieces = orjson.dumps(marked).split(b"\0")
+
+    @staticmethod
+    def kept(templates: dict[Any, BodyTemplate], key: object, make: Callable[[], Mapping[str, Any]],
+             holes: Collection[str]) -> BodyTemplate:
+        """The template of ``key`` in ``templates`` (an engine's, bounded), written from ``make()`` the first time.
+
+        Settings that cannot be a key (a list where a tuple is typed) get a template of their own, not kept.
+        """
+        try:
+            template = templates.get(key)
+        except TypeError:
+            return BodyTemplate(make(), holes)
+        if template is None:
+            if len(templates) >= _MAX_TEMPLATES:
+                templates.clear()
+            template = templates[key] = BodyTemplate(make(), holes)
+        return template
+
+    def fill(self, *values: array[int] | str) -> bytes:
+        """The body with each hole's value, in the holes' order in the body: token ids (``array('i')``) or a string."""
+        pieces = self._pieces
+        parts: list[bytes] = [pieces[0]]
+        spliced: list[bytes] = []  # the pieces around long prompts, which IdsJSON writes (and keeps)
+        longs: list[array[int]] = []
+        for value, after in zip(values, pieces[1:], strict=True):
+            if isinstance(value, str) or not isinstance(value, array):  # (ids given as a list: written as one)
+                parts.append(orjson.dumps(value))
+            elif len(value) < MIN_IDS or not _IDS_JSON.takes(value):
+                parts.append(orjson.dumps(np.frombuffer(value, dtype=value.typecode), option=_NUMPY))
+            else:
+                spliced.append(b"".join(parts))
+                longs.append(value)
+                parts = []
+            parts.append(after)
+        if not longs:
+            return b"".join(parts)
+        spliced.append(b"".join(parts))
+        return _IDS_JSON.splice(spliced, longs)
+
+
 #: The header of a request with a :func:`json_body` body.
 _JSON = {"content-type": "application/json"}
 
@@ -209,8 +271,10 @@ async def request_json(client: HTTP11Client, method: str, url: str, what: str, *
 async def post_stream(
     client: EngineHTTP, url: str, body: object, headers: Mapping[str, str] | None = None
 ) -> EngineResponse:
-    """POST a :func:`json_body` body; the streamed response."""
-    return await client.stream("POST", url, json_body(body), {**_JSON, **headers} if headers else _JSON)
+    """POST a JSON body (bytes as they are, e.g. a :class:`BodyTemplate`'s; else :func:`json_body`'s); the streamed
+    response."""
+    data = body if type(body) is bytes else json_body(body)
+    return await client.stream("POST", url, data, {**_JSON, **headers} if headers else _JSON)
 
 
 async def post_quietly(client: EngineHTTP, url: str, body: object, what: str) -> int | None:

@@ -15,7 +15,9 @@ import pytest
 
 from actorproxy.engines.base import GenerateRequest, SamplingParams
 from actorproxy.engines.connection import json_body
+from actorproxy.engines.llamacpp import protocol as llamacpp_protocol
 from actorproxy.engines.sglang import protocol
+from actorproxy.engines.vllm import protocol as vllm_protocol
 from actorproxy.http import h1
 from actorproxy.http.errors import ProtocolError
 from actorproxy.http.h1 import BodyDecoder
@@ -95,8 +97,7 @@ def test_a_generate_body_is_the_converters_body_of_its_request() -> None:
             rid=request.rid, input_ids=TokenIds(request.input_ids), stream=True,
             sampling_params=protocol.SGLangSamplingParams.of(sampling), return_logprob=True, logprob_start_len=-1,
             top_logprobs_num=0, return_routed_experts=routed))
-        body = protocol.generate_body(request, routed)
-        assert list(body) == list(expected) and json_body(body) == json_body(expected)
+        assert protocol.generate_bytes(request, routed) == json_body(expected)
 
 
 def test_sampling_settings_that_cannot_be_a_key_still_give_the_converters_body() -> None:
@@ -106,4 +107,30 @@ def test_sampling_settings_that_cannot_be_a_key_still_give_the_converters_body()
         rid=request.rid, input_ids=TokenIds(request.input_ids), stream=True,
         sampling_params=protocol.SGLangSamplingParams.of(sampling), return_logprob=True, logprob_start_len=-1,
         top_logprobs_num=0))
-    assert json_body(protocol.generate_body(request, False)) == json_body(expected)
+    assert protocol.generate_bytes(request, False) == json_body(expected)
+
+
+@pytest.mark.parametrize("engine", ["vllm-generate", "vllm-completions", "llamacpp"])
+def test_every_engines_request_bytes_are_the_converters_body_of_its_request(engine: str) -> None:
+    rnd = random.Random(7)
+    for n in range(300):
+        sampling = SamplingParams(
+            max_new_tokens=rnd.randint(1, 50), temperature=rnd.choice([0.0, 0.7]), top_k=rnd.choice([-1, 20]),
+            stop_token_ids=tuple(rnd.sample(range(100), rnd.randint(0, 2))), seed=rnd.choice([None, 3]))
+        size = 5000 if n % 50 == 0 else rnd.randint(0, 5)  # now and then a long prompt, written through IdsJSON
+        request = GenerateRequest(array("i", [rnd.randint(0, 150_000) for _ in range(size)]), sampling)
+        if engine == "vllm-generate":
+            got = vllm_protocol.generate_tokens_bytes(request)
+            expected: object = vllm_protocol.GenerateTokensRequest(
+                token_ids=TokenIds(request.input_ids), request_id=request.rid, stream=True,
+                stream_options=vllm_protocol.StreamOptions(include_usage=True),
+                sampling_params=vllm_protocol.SamplingFields.of(sampling))
+        elif engine == "vllm-completions":
+            model = rnd.choice([None, "m"])
+            got = vllm_protocol.completion_bytes(request, model)
+            expected = vllm_protocol.CompletionRequest.of_tokens(request.input_ids, sampling, rid=request.rid,
+                                                                 model=model)
+        else:
+            got = llamacpp_protocol.completion_bytes(request)
+            expected = llamacpp_protocol.CompletionRequest.of(request.input_ids, sampling)
+        assert got == json_body(CONVERTER.unstructure(expected))

@@ -26,13 +26,12 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
-from ...schema.converter import CONVERTER
 from ..base import BackendError, GenerateFinish, GenerateRequest, ModelInfo
 from ..client_base import EngineGeneration, first_model_card
 from ..connection import EngineConnection, EngineResponse, post_stream, request_json
 from ..deltas import DEFAULT_VERSION
 from ..errors import check_status
-from .protocol import COMPLETION_PATH, CompletionRequest, LlamaCppStreamParser
+from .protocol import COMPLETION_PATH, LlamaCppStreamParser, completion_bytes
 
 
 class LlamaCppGeneration(EngineGeneration[LlamaCppStreamParser, "LlamaCppBackend"]):
@@ -51,7 +50,7 @@ class LlamaCppGeneration(EngineGeneration[LlamaCppStreamParser, "LlamaCppBackend
         super().__init__(backend, request, parser)
 
     async def _open(self) -> EngineResponse:
-        body = CONVERTER.unstructure(CompletionRequest.of(self._request.input_ids, self._request.sampling))
+        body = completion_bytes(self._request)
         response = await post_stream(self._client, self._backend.url(COMPLETION_PATH), body)
         await check_status(response, self.what)
         return response

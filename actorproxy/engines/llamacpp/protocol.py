@@ -12,14 +12,18 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ...schema.converter import TokenIds, at_least
+from ...schema.converter import CONVERTER, TokenIds, at_least
 from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams, TokenDelta
+from ..connection import BodyTemplate
 from ..errors import error_message, stream_error_status
 from ..stream_events import StreamDecoder
+
+if TYPE_CHECKING:
+    from ..base import GenerateRequest
 
 COMPLETION_PATH = "/completion"
 #: Our finish reason -> llama.cpp's ``stop_type`` (read back by :class:`LlamaCppStreamParser`).
@@ -118,6 +122,18 @@ class CompletionResult:
     tokens_cached: int = 0
     timings: CompletionTimings
     completion_probabilities: list[dict[str, Any]] | None = None
+
+
+def completion_bytes(request: GenerateRequest) -> bytes:
+    """The streamed ``/completion`` body of ``request`` as JSON bytes (:meth:`CompletionRequest.of`'s, from the
+    template written once for its sampling settings)."""
+    sampling = request.sampling
+    template = BodyTemplate.kept(
+        _TEMPLATES, sampling, lambda: CONVERTER.unstructure(CompletionRequest.of(array("i"), sampling)), ("prompt",))
+    return template.fill(request.input_ids)
+
+
+_TEMPLATES: dict[SamplingParams, BodyTemplate] = {}
 
 
 def _entry_logprob(entry: object, token: int) -> float:

@@ -65,7 +65,7 @@ class SGLangGeneration(VersionedGeneration[protocol.SGLangStreamParser, "SGLangB
     async def _open(self) -> EngineResponse:
         self._backend.running.add(self.rid)
         req = self._request
-        body = protocol.generate_body(req, req.return_routed_experts and self._backend.options.routed_experts)
+        body = protocol.generate_bytes(req, req.return_routed_experts and self._backend.options.routed_experts)
         headers = {ROUTING_HEADER: req.routing_key} if req.routing_key else {}
         url = self._backend.url(protocol.GENERATE_PATH)
         response = await post_stream(self._client, url, body, headers)

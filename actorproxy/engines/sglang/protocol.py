@@ -30,6 +30,7 @@ from ..base import (
     TokenDelta,
     WeightVersionSpan,
 )
+from ..connection import BodyTemplate
 from ..deltas import DEFAULT_VERSION, parse_spans, token_deltas, version_at
 from ..errors import http_status, stream_error_status
 from ..stream_events import StreamDecoder
@@ -96,23 +97,14 @@ class GenerateReqInput:
     return_routed_experts: bool = False
 
 
-def generate_body(request: GenerateRequest, routed_experts: bool) -> dict[str, Any]:
-    """The streamed ``/generate`` body of ``request``, unstructured: what ``CONVERTER.unstructure`` gives
-    for its :class:`GenerateReqInput`, from a copy of the one made for its sampling settings before.
+def generate_bytes(request: GenerateRequest, routed_experts: bool) -> bytes:
+    """The streamed ``/generate`` body of ``request`` as JSON bytes: what the converter writes for its
+    :class:`GenerateReqInput`, from the template written once for its sampling settings.
 
-    A session's turns sample alike: only the ids and the rid differ, and they are put in
-    the copy where the converter put them (``input_ids`` as the converter writes them).
-    The copy shares the template's ``sampling_params``: a body is serialized, never changed.
+    A session's turns sample alike: only the ids and the rid differ (:class:`BodyTemplate`).
     """
-    key = (request.sampling, routed_experts)
-    try:
-        template, keep = _TEMPLATES.get(key), True
-    except TypeError:  # settings that cannot be a key (a list where a tuple is typed): made for this request
-        template, keep = None, False
-    if template is None:
-        if len(_TEMPLATES) >= _MAX_TEMPLATES:
-            _TEMPLATES.clear()
-        template = CONVERTER.unstructure(GenerateReqInput(
+    def body() -> Any:
+        return CONVERTER.unstructure(GenerateReqInput(
             rid="",
             stream=True,
             sampling_params=SGLangSamplingParams.of(request.sampling),
@@ -121,16 +113,12 @@ def generate_body(request: GenerateRequest, routed_experts: bool) -> dict[str, A
             top_logprobs_num=0,
             return_routed_experts=routed_experts,
         ))
-        if keep:
-            _TEMPLATES[key] = template
-    body = template.copy()
-    body["input_ids"], body["rid"] = _unstructure_ids(TokenIds(request.input_ids)), request.rid
-    return body
+
+    template = BodyTemplate.kept(_TEMPLATES, (request.sampling, routed_experts), body, ("input_ids", "rid"))
+    return template.fill(request.input_ids, request.rid)  # (GenerateReqInput's order)
 
 
-_TEMPLATES: dict[tuple[SamplingParams, bool], dict[str, Any]] = {}
-_MAX_TEMPLATES = 256
-_unstructure_ids = CONVERTER.get_unstructure_hook(TokenIds)
+_TEMPLATES: dict[tuple[SamplingParams, bool], BodyTemplate] = {}
 
 
 @attrs.frozen

@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 from array import array
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
 
 from ...schema.converter import CONVERTER, TokenIds
 from ..base import ROUTING_HEADER, BackendError, GenerateRequest, ModelInfo, SamplingParams, new_rid
@@ -65,7 +64,7 @@ class VLLMGeneration(VersionedGeneration[protocol.VLLMStreamParser, "VLLMBackend
         backend = self._backend
         api = self._api = await backend.detect_api()
         if api != "completions":
-            response = await self._post(protocol.GENERATE_PATH, self._generate_body())
+            response = await self._post(protocol.GENERATE_PATH, protocol.generate_tokens_bytes(self._request))
             status = response.status_code
             if status not in protocol.ROUTE_ABSENT or backend.options.api == "generate":
                 await check_status(response, self.what)
@@ -76,34 +75,17 @@ class VLLMGeneration(VersionedGeneration[protocol.VLLMStreamParser, "VLLMBackend
             listed = " although /openapi.json lists it" if api == "generate" else ""
             backend.settle("completions", f"{protocol.GENERATE_PATH} answered {status}{listed}")
             self._api = "completions"
-        body = await self._completions_body()
+        body = protocol.completion_bytes(self._request, await self._backend.served_model())
         response = await self._post("/v1/completions", body)
         await check_status(response, self.what)
         return response
 
-    async def _post(self, path: str, body: Mapping[str, Any]) -> EngineResponse:
+    async def _post(self, path: str, body: bytes) -> EngineResponse:
         # X-Request-Id fixes the engine's request id even where the body field is unknown.
         headers = {"X-Request-Id": self.rid}
         if self._request.routing_key:
             headers[ROUTING_HEADER] = self._request.routing_key
         return await post_stream(self._client, self._backend.url(path), body, headers)
-
-    def _generate_body(self) -> dict[str, Any]:
-        req = self._request
-        body = protocol.GenerateTokensRequest(
-            token_ids=TokenIds(req.input_ids),
-            request_id=req.rid,
-            stream=True,
-            stream_options=protocol.StreamOptions(include_usage=True),
-            sampling_params=protocol.SamplingFields.of(req.sampling),
-        )
-        return CONVERTER.unstructure(body)  # type: ignore[no-any-return]
-
-    async def _completions_body(self) -> dict[str, Any]:
-        req = self._request
-        model = await self._backend.served_model()
-        body = protocol.CompletionRequest.of_tokens(req.input_ids, req.sampling, rid=req.rid, model=model)
-        return CONVERTER.unstructure(body)  # type: ignore[no-any-return]
 
     async def _send_abort(self) -> bool:
         # The engine's ids: the API prefixes ours ("generate-tokens-" / "cmpl-" + "-0").

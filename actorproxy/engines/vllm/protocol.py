@@ -18,15 +18,19 @@ import struct
 import sys
 from array import array
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import attrs
 
-from ...schema.converter import TokenIds, at_least
+from ...schema.converter import CONVERTER, TokenIds, at_least
 from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams, WeightVersionSpan
+from ..connection import BodyTemplate
 from ..deltas import DEFAULT_VERSION, parse_spans, token_deltas, version_at
 from ..errors import error_message, stream_error_status
 from ..stream_events import StreamDecoder
+
+if TYPE_CHECKING:
+    from ..base import GenerateRequest
 
 Api = Literal["generate", "completions"]
 GENERATE_PATH = "/inference/v1/generate"
@@ -155,6 +159,32 @@ class CompletionRequest(SamplingFields):
             stream=stream,
             stream_options=StreamOptions(include_usage=True) if stream else None,
         )
+
+
+def generate_tokens_bytes(request: GenerateRequest) -> bytes:
+    """The streamed ``/inference/v1/generate`` body of ``request`` as JSON bytes (from its sampling's template)."""
+    return _template("generate", request.sampling, None).fill(request.input_ids, request.rid)  # (the body's order)
+
+
+def completion_bytes(request: GenerateRequest, model: str | None) -> bytes:
+    """The streamed ``/v1/completions`` body of ``request`` as JSON bytes (:meth:`CompletionRequest.of_tokens`'s)."""
+    return _template("completions", request.sampling, model).fill(request.input_ids, request.rid)
+
+
+def _template(api: Api, sampling: SamplingParams, model: str | None) -> BodyTemplate:
+    """The body template of ``api`` for ``sampling`` (and ``model``), written once."""
+    def body() -> Any:
+        if api == "generate":
+            return CONVERTER.unstructure(GenerateTokensRequest(
+                token_ids=TokenIds(array("i")), request_id="", stream=True,
+                stream_options=StreamOptions(include_usage=True), sampling_params=SamplingFields.of(sampling)))
+        return CONVERTER.unstructure(CompletionRequest.of_tokens(array("i"), sampling, rid="", model=model))
+
+    holes = ("token_ids" if api == "generate" else "prompt", "request_id")
+    return BodyTemplate.kept(_TEMPLATES, (api, sampling, model), body, holes)
+
+
+_TEMPLATES: dict[tuple[Api, SamplingParams, str | None], BodyTemplate] = {}
 
 
 @attrs.frozen
