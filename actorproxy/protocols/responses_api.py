@@ -241,20 +241,21 @@ def convert_tools(tools: list[Any] | None, typed: list[Tool] | None) -> tuple[li
 
 
 def parse_responses_body(
-    body: Any, *, messages: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None
+    body: Any, *, messages: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None,
+    options: ResponsesOptions | None = None,
 ) -> ResponsesCall:
     """Validate a Responses body; raise :class:`BadRequest` naming the bad field. Unknown fields are ignored.
 
     The body is structured by the one converter into :class:`ResponsesRequest`. ``messages`` and
     ``tools``, when given, are the body's ``input`` and ``tools`` converted already
-    (``responses_memo``): the body is then structured as its other fields (:class:`ResponsesOptions`).
+    (``responses_memo``): the body is then structured as its other fields (:class:`ResponsesOptions`),
+    unless ``options`` gives them typed already.
     """
-    options: ResponsesOptions
     if messages is None:
         typed = structure(body, ResponsesRequest)
         options, messages = typed, convert_input(typed.input)
         tools = convert_tools(body.get("tools"), typed.tools)[0]
-    else:
+    elif options is None:
         options = structure(body, ResponsesOptions)
     text = _text(options.instructions)
     if text:

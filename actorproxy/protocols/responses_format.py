@@ -77,7 +77,8 @@ class ResponsesFormat(TurnFormat[ResponsesCall]):
 
     def parse(self, body: Any) -> ResponsesCall:
         if isinstance(body, ResponsesBody):
-            call = parse_responses_body(body.value, messages=body.messages, tools=body.tools)
+            call = parse_responses_body(body.value, messages=body.messages, tools=body.tools,
+                                        options=body.fields.options)
         elif isinstance(body, dict):
             # item_reference never converts on the memo's path: such a body arrives here whole.
             body, references = self.issued.resolve(body)

@@ -27,12 +27,12 @@ from typing import Any
 import attrs
 
 from ..schema.converter import structure
-from ..schema.jsonio import MAX_DEPTH, nesting
+from ..schema.jsonio import MAX_DEPTH
 from ..tokenization.message_fields import FrozenMessage
 from . import memo as shared
 from .memo import MEMO_BYTES, MessageMemo
 from .responses_api import assemble_input, assistant_part, convert_tools, item_kind, other_message, turn_end
-from .responses_types import Item, Tool, check_item
+from .responses_types import Item, ResponsesOptions, Tool, check_item
 
 #: Raw JSON bytes of ``tools`` fields kept (they repeat every turn).
 TOOLS_MEMO_BYTES = 16 << 20
@@ -43,15 +43,38 @@ _Item = tuple[Any, Any, bool]
 
 
 @attrs.frozen
+class ResponsesFields:
+    """A Responses body's fields but ``input`` and ``tools``, typed and as orjson parses them (echoed in part)."""
+
+    options: ResponsesOptions
+    #: Shared by every turn that sends the same fields: read, never changed.
+    value: dict[str, Any]
+
+
+def _fields(value: dict[str, Any]) -> ResponsesFields:
+    return ResponsesFields(structure(value, ResponsesOptions), value)
+
+
+@attrs.frozen
 class ResponsesBody:
     """A Responses body read from bytes whose input items and tools all convert."""
 
-    #: The body's fields but ``input``, as orjson parses them (``tools`` as sent: the response echoes it).
-    value: dict[str, Any]
+    #: The body's fields but ``input`` and ``tools`` (the memo's shared object while they repeat).
+    fields: ResponsesFields
+    #: The tools as sent (the response echoes them), when the body has ``tools`` (``has_tools``).
+    sent_tools: Any
     #: The input as chat messages (a list of its own; the non-assistant messages are the memo's shared objects).
     messages: list[dict[str, Any]]
     #: The function tools as chat tools.
     tools: list[dict[str, Any]]
+    has_tools: bool = False
+
+    @property
+    def value(self) -> dict[str, Any]:
+        """The body's fields but ``input``, as orjson parses them (a dict of its own: the shared one is not changed)."""
+        if not self.has_tools:
+            return dict(self.fields.value)
+        return {**self.fields.value, "tools": self.sent_tools}
 
 
 class ResponsesMemo:
@@ -61,6 +84,7 @@ class ResponsesMemo:
                  max_turns: int = MEMO_TURNS) -> None:
         self.items: MessageMemo[_Item] = MessageMemo(max_bytes)
         self.tools: MessageMemo[tuple[Any, tuple[dict[str, Any], ...]]] = MessageMemo(tools_bytes)
+        self.options: MessageMemo[ResponsesFields] = MessageMemo(tools_bytes)
         #: Assistant turns by the bytes of their items (two generations of ``max_turns`` at most).
         self._turns: dict[tuple[bytes, ...], FrozenMessage] = {}
         self._old_turns: dict[tuple[bytes, ...], FrozenMessage] = {}
@@ -94,17 +118,18 @@ def _from_memo(raw: bytes, memo: ResponsesMemo) -> ResponsesBody | None:
     if split is None:
         return None
     top, texts = split
-    value = shared.others(top, ("input", "tools"))
-    depth = nesting(value, MAX_DEPTH)
+    fields = [(name, bytes(part)) for name, part in top.items() if name not in ("input", "tools")]
+    typed, depth = shared.options(memo.options, fields, _fields)
     tools: tuple[dict[str, Any], ...] = ()
+    sent_tools = None
     if "tools" in top:
-        (value["tools"], tools), tools_depth = shared.field(memo.tools, bytes(top["tools"]), _tools)
+        (sent_tools, tools), tools_depth = shared.field(memo.tools, bytes(top["tools"]), _tools)
         depth = max(depth, 1 + tools_depth)
     keys = list(map(bytes, texts))
     parts, items_depth = shared.items(memo.items, keys, _convert)
     if max(depth, 2 + items_depth) > MAX_DEPTH:
         return None
-    return ResponsesBody(value, _assemble(parts, keys, memo), list(tools))
+    return ResponsesBody(typed, sent_tools, _assemble(parts, keys, memo), list(tools), "tools" in top)
 
 
 def _tools(tools: Any) -> tuple[Any, tuple[dict[str, Any], ...]]:

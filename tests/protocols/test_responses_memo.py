@@ -58,6 +58,17 @@ def test_a_repeated_input_is_the_same_converted_objects_every_turn() -> None:
     assert isinstance(ResponsesFormat().load(_raw(later)), ResponsesBody)
 
 
+def test_the_fields_around_the_input_are_typed_once_while_they_repeat() -> None:
+    fmt = ResponsesFormat()
+    first = fmt.load(_raw(HISTORY))
+    second = fmt.load(_raw([*HISTORY, {"type": "message", "role": "user", "content": "more"}]))
+    assert isinstance(first, ResponsesBody) and isinstance(second, ResponsesBody)
+    assert second.fields is first.fields  # the same typed options: not structured again
+    assert second.value == {k: v for k, v in orjson.loads(_raw(HISTORY)).items() if k != "input"}
+    changed = fmt.load(_raw(HISTORY, temperature=0.5))
+    assert isinstance(changed, ResponsesBody) and changed.fields.options.temperature == 0.5
+
+
 @pytest.mark.parametrize("edit", ["text", "arguments", "output", "reorder", "delete", "tools", "spacing"])
 def test_an_old_item_edited_moved_or_deleted_is_never_its_cached_self(edit: str) -> None:
     fmt = ResponsesFormat()
