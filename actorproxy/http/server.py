@@ -34,7 +34,7 @@ import os
 import select
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import trio
 
@@ -518,6 +518,25 @@ class HTTPServer:
 
     async def _accept(self, listener: socket.socket, nursery: trio.Nursery) -> None:
         """Accept connections for as long as the server runs, each served in a task of its own."""
+
+        def take(sock: socket.socket) -> None:
+            probe_only = self.admit()
+            if probe_only is None:  # past the headroom too: closed at once
+                sock.close()
+                return
+            connection = self.connection(sock, b"", probe_only)
+            if connection is not None:
+                connection.read_arrived()
+                nursery.start_soon(self.serve_one, connection)
+
+        await self.accept_from(listener, take)
+
+    async def accept_from(self, listener: socket.socket, take: Callable[[socket.socket], None]) -> NoReturn:
+        """Hand ``take`` every connection ``listener`` accepts, all those waiting in one pass of the loop.
+
+        Out of descriptors (or memory), the failure is logged (rate-limited), the connection idle
+        the longest is closed, and accepting waits until a connection closes or a while passes.
+        """
         while True:
             await trio.lowlevel.wait_readable(listener)
             while True:
@@ -535,14 +554,7 @@ class HTTPServer:
                     with trio.move_on_after(0.1):  # until a connection closes, or a while
                         await self.released.park()
                     break
-                probe_only = self.admit()
-                if probe_only is None:  # past the headroom too: closed at once
-                    sock.close()
-                    continue
-                connection = self.connection(sock, b"", probe_only)
-                if connection is not None:
-                    connection.read_arrived()
-                    nursery.start_soon(self.serve_one, connection)
+                take(sock)
 
     def admit(self) -> bool | None:
         """Whether a new connection is served (``False``), only for a health probe (``True``) or closed (``None``).

@@ -210,22 +210,13 @@ async def serve_handoffs(
         listener.setblocking(False)
         async with trio.open_nursery() as nursery:
             task_status.started()
-            while True:
-                await trio.lowlevel.wait_readable(listener)
-                while True:
-                    try:
-                        stream, _ = listener.accept()
-                    except (BlockingIOError, InterruptedError):
-                        break
-                    except OSError as exc:  # out of descriptors: logged as the server's own accept failures are
-                        server.policy.accept_failed(trio.current_time(), os.strerror(exc.errno or 0))
-                        server.close_idle()
-                        with trio.move_on_after(0.1):  # until a connection closes, or a while
-                            await server.released.park()
-                        break
-                    incoming = _Incoming(stream)
-                    if not incoming.read_now(server):
-                        nursery.start_soon(incoming.finish, server)
+
+            def take(stream: socket.socket) -> None:
+                incoming = _Incoming(stream)
+                if not incoming.read_now(server):
+                    nursery.start_soon(incoming.finish, server)
+
+            await server.accept_from(listener, take)
     finally:
         trio.lowlevel.notify_closing(listener)
         listener.close()

@@ -87,6 +87,7 @@ class _Adopting:
     """Stands for the owner's HTTP server: records what it adopts (the bytes, and what its socket receives)."""
 
     policy = None
+    accept_from = HTTPServer.accept_from  # the server's own accept loop (its failure paths unused here)
 
     def __init__(self, expected: int) -> None:
         self.adopted: list[tuple[bytes, bytes]] = []
