@@ -1,12 +1,16 @@
-"""Abort calls: coalesced per engine where the engine takes several ids, else each sent at once.
+"""Abort calls: coalesced per engine where the engine takes several ids, else pipelined on a few connections.
 
 A pause asks every generation in flight to stop, each from its own task. Sent one by
 one, a thousand aborts are a thousand HTTP calls to the engine while it streams; an
 :class:`AbortBatcher` sends the ones asked in the same round as one call (vLLM takes
 a list of ids; SGLang, when allowed, one ``abort_all``). Each caller still gets the
 answer for its own request: the acknowledgement stays per request. Where each abort is
-a call of its own (SGLang's ``/abort_request`` takes one rid), :class:`~actorproxy.http.oneshot.OneShot`
-opens its connection and sends it in the task that asks, without a scheduling round.
+a call of its own (SGLang's ``/abort_request`` takes one rid), the pause's calls to one
+engine share at most ``ABORT_CONNECTIONS`` connections of their own (:class:`AbortLanes`,
+over :class:`~actorproxy.http.oneshot.Pipeline`): opened in the task that asks, without
+a scheduling round, and written together, HTTP/1.1-pipelined, once the pause has asked
+them all; an abort asked alone goes on a connection of its own
+(:class:`~actorproxy.http.oneshot.OneShot`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 import trio
+
+from ..http.oneshot import Origin, Pipeline
+from .base import AbortBatch
+
+#: The connections a pause's one-rid abort calls to one engine share, at most. The engine
+#: answers the calls on one connection in order (uvicorn starts the next once the last is
+#: answered), so a connection's share waits for the calls before it: 32 keep that queue
+#: short (1,000 aborts: 32 a connection) where a thousand connections would each be
+#: accepted, parsed and closed by the engine while it streams.
+ABORT_CONNECTIONS = 32
 
 
 class _Batch:
@@ -59,3 +73,36 @@ class AbortBatcher:
                 self._open = None
             batch.done.set()
         return all(i in batch.acknowledged for i in ids)
+
+
+class AbortLanes:
+    """A pause's one-rid abort calls to one engine, on at most ``ABORT_CONNECTIONS`` connections of their own.
+
+    The first calls each open a connection (:class:`~actorproxy.http.oneshot.Pipeline`,
+    opened at once); the later ones join them in turn. The calls are written together when
+    the pause has asked them all (``batch.close()``), one system call a connection; each
+    caller awaits its own answer (:meth:`add`'s result). Connections of their own: an
+    abort never waits behind a generation's stream or the engine client's pool.
+    """
+
+    def __init__(self, origin: Origin, path: str, timeout: float, batch: AbortBatch) -> None:
+        self._origin, self._path, self._timeout = origin, path, timeout
+        self._pipelines: list[Pipeline] = []
+        self._asked = 0
+        batch.on_close(self.flush)
+
+    def add(self, body: bytes) -> Callable[[], Awaitable[int | None]]:
+        """Queue ``POST path`` with ``body``; what awaits its answer's status (``None``: no answer)."""
+        if len(self._pipelines) < ABORT_CONNECTIONS:
+            pipeline = self._origin.pipeline(self._timeout)
+            self._pipelines.append(pipeline)
+        else:
+            pipeline = self._pipelines[self._asked % ABORT_CONNECTIONS]
+        self._asked += 1
+        index = pipeline.add(self._origin.request(self._path, body))
+        return lambda: pipeline.status(index)
+
+    def flush(self) -> None:
+        """Write every connection's calls (what a socket does not take now is sent as its answers are read)."""
+        for pipeline in self._pipelines:
+            pipeline.flush()

@@ -117,13 +117,26 @@ class ModelInfo:
 
 
 class AbortBatch:
-    """The aborts one pause asks for: while it asks (:attr:`open`), an engine may send them as one call."""
+    """The aborts one pause asks for: while it asks (:attr:`open`), an engine may send them as one call,
+    or hold them back to write them together when the pause has asked them all (:meth:`close`)."""
 
     def __init__(self) -> None:
         #: The pause is asking (one synchronous pass): every abort asked meanwhile is in the batch.
         self.open = True
         #: Per engine client, what it keeps of the batch (its one call and who joined it).
         self.shared: dict[object, Any] = {}
+        self._on_close: list[Callable[[], None]] = []
+
+    def on_close(self, send: Callable[[], None]) -> None:
+        """Call ``send`` (an engine's aborts held back while the pause asks) when the batch closes."""
+        self._on_close.append(send)
+
+    def close(self) -> None:
+        """The pause has asked every generation: what the engines held back goes out now."""
+        self.open = False
+        sends, self._on_close = self._on_close, []
+        for send in sends:
+            send()
 
 
 class Generation(Protocol):

@@ -1,8 +1,10 @@
-"""One request on a connection of its own, sent in the task that makes it (:class:`OneShot`).
+"""Requests on a connection of their own, sent in the task that makes them (:class:`OneShot`, :class:`Pipeline`).
 
 A pause asks hundreds of generations to stop at once, each abort a call of its own
 (SGLang's ``/abort_request`` takes one id): opened and written without a scheduling
-round, they reach the server in the round that asks for them.
+round, they reach the server in the round that asks for them. A :class:`Pipeline`
+carries several of them on one connection, written together (HTTP/1.1 pipelining: the
+server answers them in order), so a thousand aborts need a few connections, not a thousand.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import attrs
 import trio
 
 from .errors import ProtocolError, TransportError
-from .h1 import MAX_RESPONSE_HEAD, head_end, parse_response, request_head
-from .sockets import received, send_rest, sent_now
+from .h1 import MAX_RESPONSE_HEAD, BodyDecoder, head_end, parse_response, request_head
+from .sockets import received, sent_now
 
 _READ_SIZE = 4096
 
@@ -37,9 +39,167 @@ class Origin:
 
     def post(self, path: str, body: bytes, timeout: float) -> OneShot:
         """``POST path`` with a JSON ``body``, on a connection of its own, sent now (see :class:`OneShot`)."""
-        head = request_head("POST", self.prefix + path, self.fixed, body,
-                            {"content-type": "application/json", "connection": "close"})
-        return OneShot(self.family, self.address, bytes(head) + body, timeout)
+        return OneShot(self, self.request(path, body, close=True), timeout)
+
+    def pipeline(self, timeout: float) -> Pipeline:
+        """A connection of its own for several requests (:meth:`request`), opened now (see :class:`Pipeline`)."""
+        return Pipeline(self, timeout)
+
+    def request(self, path: str, body: bytes, *, close: bool = False) -> bytes:
+        """The bytes of ``POST path`` with a JSON ``body`` (``connection: close`` with ``close``)."""
+        fields = {"content-type": "application/json"}
+        if close:
+            fields["connection"] = "close"
+        return bytes(request_head("POST", self.prefix + path, self.fixed, body, fields)) + body
+
+
+class Pipeline:
+    """Requests on one connection of its own, written back to back; each caller reads its own answer.
+
+    The connection is opened as the pipeline is made, without a scheduling round (on
+    loopback a connect completes within its system call). :meth:`add` queues a request,
+    :meth:`flush` writes what is queued in one system call (what the socket does not take
+    at once is sent before the answers are read), and :meth:`status` awaits the answer
+    to one of them: the server answers pipelined requests in order, and whichever caller
+    waits reads for the others too (one that leaves hands the reading on). Each request
+    has one caller. Nothing is kept: the connection is closed once every answer is read,
+    or every caller has left (or had its answer), or the server closed it.
+    """
+
+    def __init__(self, origin: Origin, timeout: float) -> None:
+        self._timeout = timeout
+        self._unsent = bytearray()
+        self._requests = 0
+        self._answers: list[int] = []  # the statuses read, in order
+        self._ended = False  # no more answers: the server closed, or the connection failed
+        self._reading = False  # a caller is reading (for everyone)
+        self._waiting: dict[int, trio.Event] = {}  # the other callers, by request index: set when theirs is read
+        self._left = 0  # callers of :meth:`status` that returned (or left)
+        self._buf, self._status = bytearray(), 0  # the answer being read
+        self._framing: BodyDecoder | None = None
+        self._sock = sock = socket.socket(origin.family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            error = sock.connect_ex(origin.address)
+            if error not in (0, errno.EINPROGRESS):
+                raise OSError(error, os.strerror(error))
+        except OSError:
+            self._ended = True
+
+    @property
+    def requests(self) -> int:
+        """Requests added."""
+        return self._requests
+
+    def add(self, request: bytes) -> int:
+        """Queue ``request`` (sent by :meth:`flush`, or before the answers are read); its index for :meth:`status`."""
+        self._unsent += request
+        self._requests += 1
+        return self._requests - 1
+
+    def flush(self) -> None:
+        """Write what is queued, as far as the socket takes it now (none yet: still connecting, or full)."""
+        if self._unsent and not self._ended:
+            try:
+                del self._unsent[:sent_now(self._sock, [self._unsent])]
+            except OSError:
+                self._ended = True
+
+    async def status(self, index: int) -> int | None:
+        """The answer's status to request ``index``; ``None`` if the server could not be reached or did not
+        answer it (in time, or before closing)."""
+        try:
+            while index >= len(self._answers) and not self._ended:
+                if self._reading:
+                    event = self._waiting[index] = trio.Event()
+                    try:
+                        await event.wait()
+                    finally:
+                        del self._waiting[index]
+                        if not self._reading:
+                            self._wake()  # (woken to read on, and left instead: another reads)
+                    continue
+                self._reading = True
+                try:
+                    await self._read_until(index)
+                finally:
+                    self._reading = False
+                    self._wake()
+            if index < len(self._answers):
+                return self._answers[index]
+            await trio.lowlevel.checkpoint()
+            return None
+        finally:
+            # One caller a request: once each has its answer or has left, nobody reads the connection.
+            self._left += 1
+            if self._left >= self._requests or len(self._answers) >= self._requests:
+                self.close()
+
+    def _wake(self) -> None:
+        """No caller reads: the first still waiting for its answer reads on (all of them, at the end)."""
+        if self._ended:
+            for event in self._waiting.values():
+                event.set()
+            return
+        first = min((i for i in self._waiting if i >= len(self._answers)), default=None)
+        if first is not None:
+            self._waiting[first].set()
+
+    def close(self) -> None:
+        """Close the connection (the requests sent stay sent)."""
+        self._ended = True
+        if self._sock.fileno() >= 0:
+            trio.lowlevel.notify_closing(self._sock)
+            self._sock.close()
+
+    async def _read_until(self, index: int) -> None:
+        """Read answers until the one to request ``index`` (or the end), bounded by the timeout."""
+        try:
+            with trio.move_on_after(self._timeout) as scope:
+                while self._unsent:  # (a failed connect fails the send)
+                    await trio.lowlevel.wait_writable(self._sock)
+                    del self._unsent[:sent_now(self._sock, [self._unsent])]
+                while index >= len(self._answers) and not self._ended:
+                    await self._read()
+            if scope.cancelled_caught:
+                self._ended = True
+        except (OSError, TransportError):
+            self._ended = True
+
+    async def _read(self) -> None:
+        """One read's answers (the server closing ends them: an answer whose body runs to the end is whole)."""
+        buf = self._buf
+        data = await received(self._sock, _READ_SIZE)
+        if not data:
+            if self._framing is not None:
+                self._framing.eof()
+                self._answer()
+            self._ended = True
+            return
+        buf += data
+        body = bytearray()
+        while buf or self._framing is not None:
+            framing = self._framing
+            if framing is None:  # the head (after any 1xx answers)
+                end = head_end(buf)
+                if end < 0:
+                    if len(buf) > MAX_RESPONSE_HEAD:
+                        raise ProtocolError(f"the response head is larger than {MAX_RESPONSE_HEAD // 1024} KiB")
+                    return
+                self._status, _, _, self._framing = parse_response(buf, end, "POST")
+                continue
+            framing.decode(buf, body)
+            body.clear()
+            if not framing.done:
+                return
+            self._answer()
+
+    def _answer(self) -> None:
+        event = self._waiting.get(len(self._answers))
+        if event is not None:
+            event.set()
+        self._answers.append(self._status)
+        self._framing = None
 
 
 class OneShot:
@@ -53,66 +213,15 @@ class OneShot:
     connection is closed once the answer is read (or the caller leaves).
     """
 
-    def __init__(self, family: socket.AddressFamily, address: tuple[str, int], request: bytes,
-                 timeout: float) -> None:
-        self._timeout = timeout
-        self._out = memoryview(request)
-        self._failed = False
-        self._sock = sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setblocking(False)
-            error = sock.connect_ex(address)
-            if error not in (0, errno.EINPROGRESS):
-                raise OSError(error, os.strerror(error))
-            self._send()
-        except OSError:
-            self._failed = True
-
-    def _send(self) -> None:
-        self._out = self._out[sent_now(self._sock, [self._out]):]  # none yet: still connecting, or the socket is full
+    def __init__(self, origin: Origin, request: bytes, timeout: float) -> None:
+        self._pipeline = Pipeline(origin, timeout)
+        self._pipeline.add(request)
+        self._pipeline.flush()
 
     async def status(self) -> int | None:
         """The answer's status; ``None`` if the server could not be reached or did not answer in time."""
-        sock = self._sock
-        try:
-            if self._failed:
-                await trio.lowlevel.checkpoint()
-                return None
-            with trio.move_on_after(self._timeout):
-                await send_rest(sock, [self._out], 0)  # (a failed connect fails the send)
-                return await self._read()
-            return None
-        except (OSError, TransportError):
-            return None
-        finally:
-            self.close()
+        return await self._pipeline.status(0)
 
     def close(self) -> None:
         """Close the connection (the request, if sent, stays sent)."""
-        if self._sock.fileno() >= 0:
-            trio.lowlevel.notify_closing(self._sock)
-            self._sock.close()
-
-    async def _read(self) -> int | None:
-        sock, buf, body = self._sock, bytearray(), bytearray()
-        status, framing = 0, None
-        while True:
-            data = await received(sock, _READ_SIZE)
-            if not data:  # the server closed: an answer whose body runs to the end is whole
-                if framing is not None:
-                    framing.eof()
-                    return status
-                return None
-            buf += data
-            while framing is None:  # the head (after any 1xx answers)
-                end = head_end(buf)
-                if end < 0:
-                    if len(buf) > MAX_RESPONSE_HEAD:
-                        raise ProtocolError(f"the response head is larger than {MAX_RESPONSE_HEAD // 1024} KiB")
-                    break
-                status, _, _, framing = parse_response(buf, end, "POST")
-            if framing is not None:
-                framing.decode(buf, body)
-                body.clear()
-                if framing.done:
-                    return status
+        self._pipeline.close()

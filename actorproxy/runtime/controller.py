@@ -200,9 +200,11 @@ class GenerationController:
             pending = _PendingPause(reply, set() if mode == "keep" else set(self._in_flight))
             if mode == "abort":
                 batch = AbortBatch()
-                for handle in list(self._in_flight.values()):
-                    handle.request_abort(batch)  # the turn aborts its own generation, now
-                batch.open = False
+                try:
+                    for handle in list(self._in_flight.values()):
+                        handle.request_abort(batch)  # the turn aborts its own generation, now
+                finally:
+                    batch.close()  # the aborts an engine held back for the batch go out together
         self._pending.append(pending)
         self._settle()
         with answered:

@@ -20,8 +20,9 @@ import trio.testing
 from _asgi import open_client, open_sim_server
 
 from actorproxy import ProxyConfig
+from actorproxy.engines import aborts
 from actorproxy.engines.aborts import AbortBatcher
-from actorproxy.engines.base import Backend
+from actorproxy.engines.base import AbortBatch, Backend
 from actorproxy.engines.connection import EngineOptions
 from actorproxy.engines.pool import EnginePool
 from actorproxy.engines.sglang.client import SGLangBackend
@@ -111,6 +112,17 @@ async def test_pause_aborts_every_stream_and_records_exactly_what_the_engine_mad
     await _pause_with_streams_in_flight(tokenizer, kind, streams=8, abort_delay=0.0, abort_calls=calls, **proxy)
 
 
+async def test_a_pauses_aborts_pipelined_on_a_few_connections_stop_every_stream_with_its_own_finish(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    # 8 streams, 3 connections: the simulated engine's server answers each connection's calls in order.
+    monkeypatch.setattr(aborts, "ABORT_CONNECTIONS", 3)
+    await _pause_with_streams_in_flight(tokenizer, "sglang", streams=8, abort_delay=0.0, abort_calls=8)
+    # A slow engine answers a connection's calls one after another: 3 deep, 3 times the delay.
+    took = await _pause_with_streams_in_flight(tokenizer, "sglang", streams=8, abort_delay=0.5, abort_calls=8)
+    assert took == pytest.approx(1.5)
+
+
 async def test_a_slow_abort_answer_is_waited_for_not_turned_into_a_hang_up(
     tokenizer: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -153,14 +165,18 @@ async def test_the_abort_batcher_sends_a_round_once_and_survives_a_cancelled_sen
     assert results == {rid: rid != "b" for rid in others}  # each caller gets its own request's answer
 
 
-
-async def test_aborts_asked_at_once_each_go_on_a_connection_of_their_own_and_get_their_own_answer() -> None:
-    """A pause's SGLang aborts: one call per rid (SGLang takes one), each sent by the asking task, none awaited."""
+def _listening_engine() -> tuple[socket.socket, SGLangBackend]:
+    """A listening socket on port 0 that accepts nothing by itself, and an SGLang client of it."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
     listener.setblocking(False)
-    backend = SGLangBackend(f"http://127.0.0.1:{listener.getsockname()[1]}")
+    return listener, SGLangBackend(f"http://127.0.0.1:{listener.getsockname()[1]}")
+
+
+async def test_aborts_asked_at_once_each_go_on_a_connection_of_their_own_and_get_their_own_answer() -> None:
+    """A pause's SGLang aborts: one call per rid (SGLang takes one), each sent by the asking task, none awaited."""
+    listener, backend = _listening_engine()
     results: dict[str, bool] = {}
     scopes = {rid: trio.CancelScope() for rid in ("r0", "r1", "r2", "r3")}
     requests: list[tuple[socket.socket, bytes]] = []
@@ -212,4 +228,88 @@ async def test_an_abort_asked_at_once_of_an_unreachable_engine_is_not_acknowledg
         assert await backend.abort_now("a") is False  # refused: the caller cuts its stream
         assert backend.control.opened == 0  # type: ignore[attr-defined]  # (not through the pool)
     finally:
+        await backend.aclose()
+
+
+class _Asked:
+    """What a pause's abort needs of a generation: its rid, and where its answer goes."""
+
+    def __init__(self, rid: str, answers: dict[str, bool]) -> None:
+        self.rid, self._answers = rid, answers
+
+    def abort_answered(self, acknowledged: bool) -> None:
+        self._answers[self.rid] = acknowledged
+
+
+def _requests(raw: bytes) -> list[str]:
+    """The rids of the abort calls pipelined in ``raw`` (each a head, then its JSON body)."""
+    rids = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"POST /abort_request HTTP/1.1\r\n") and b"connection: close" not in head
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        rids.append(orjson.loads(rest[:length])["rid"])
+        raw = rest[length:]
+    return rids
+
+
+async def test_a_pauses_aborts_share_a_few_connections_pipelined_each_caller_with_its_own_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SGLang takes one rid a call: a pause's calls go pipelined on at most ABORT_CONNECTIONS connections,
+    written once the pause has asked them all; a caller that leaves hands the reading on; a call whose
+    connection closed unanswered is sent again on its own."""
+    monkeypatch.setattr(aborts, "ABORT_CONNECTIONS", 2, raising=False)
+    listener, backend = _listening_engine()
+    answers: dict[str, bool] = {}
+    rids = [f"r{i}" for i in range(5)]
+    batch = AbortBatch()
+    rests = {rid: backend.start_abort(_Asked(rid, answers), batch) for rid in rids}  # type: ignore[arg-type]
+    scopes = {rid: trio.CancelScope() for rid in rids}
+    accepted: list[socket.socket] = []
+
+    def accept() -> list[socket.socket]:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except BlockingIOError:
+                return accepted
+            accepted.append(conn)
+            conn.setblocking(False)
+
+    async def wait(rid: str) -> None:
+        rest = rests[rid]
+        assert rest is not None
+        with scopes[rid]:
+            await rest()
+
+    try:
+        [a, b] = accept()  # two connections for five calls, opened as they were asked
+        with pytest.raises(BlockingIOError):
+            a.recv(10)  # nothing written while the pause asks
+        batch.close()
+        assert _requests(a.recv(65536)) == ["r0", "r2", "r4"]  # all written at once, back to back
+        assert _requests(b.recv(65536)) == ["r1", "r3"]
+        async with trio.open_nursery() as nursery:
+            for rid in rids:
+                nursery.start_soon(wait, rid)
+            await trio.testing.wait_all_tasks_blocked()
+            scopes["r0"].cancel()  # the first caller (reading for the others) leaves: they read on
+            await trio.testing.wait_all_tasks_blocked()
+            a.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
+                      b"HTTP/1.1 404 Not Found\r\ncontent-length: 3\r\n\r\nno!"
+                      b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n")
+            b.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            b.close()  # r3 unanswered: sent again on a connection of its own
+            await trio.testing.wait_all_tasks_blocked()
+            [again] = accept()[2:]
+            assert _requests(again.recv(65536).replace(b"connection: close", b"x: y")) == ["r3"]
+            again.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+        assert answers == {"r1": True, "r2": False, "r3": True, "r4": True}  # each its own answer
+        assert a.recv(10) == b""  # every answer read: the connection closed
+        assert backend.abort_calls == 6
+    finally:
+        for conn in accepted:
+            conn.close()
+        listener.close()
         await backend.aclose()

@@ -25,6 +25,7 @@ import trio
 from ...http.client import HTTP11Client
 from ...http.oneshot import OneShot
 from ...schema.converter import CONVERTER, TokenIds
+from ..aborts import AbortLanes
 from ..base import (
     ROUTING_HEADER,
     AbortBatch,
@@ -140,11 +141,16 @@ class SGLangBackend(VersionedConnection):
     ) -> Callable[[], Awaitable[None]] | None:
         """Send ``generation``'s abort now (:meth:`sends_aborts_now`); reading the answer is left (or ``None``).
 
-        Each goes on a connection of its own (:class:`OneShot`), or, with
-        ``options.abort_all``, the pause's first sends one ``abort_all`` for all of its
-        batch: everything this proxy runs on the engine, since a pause asks every
-        generation in flight (a generation still opening sends its own as it opens).
+        A pause's (an open ``batch``) share a few connections of their own, pipelined,
+        written together when the pause has asked them all (:class:`AbortLanes`); one
+        asked alone goes on a connection of its own (:class:`OneShot`). An abort whose
+        connection failed or closed before answering it is sent once more on its own.
+        With ``options.abort_all``, the pause's first sends one ``abort_all`` for all of
+        its batch instead: everything this proxy runs on the engine, since a pause asks
+        every generation in flight (a generation still opening sends its own as it opens).
         """
+        if not self.options.abort_all and batch is not None and batch.open:
+            return self._pipelined_abort(generation, batch)
         if self.options.abort_all:
             assert batch is not None
             joined: list[SGLangGeneration] | None = batch.shared.get(self)
@@ -161,6 +167,24 @@ class SGLangBackend(VersionedConnection):
             acknowledged = _acknowledged(await call.status())
             for each in joined:
                 each.abort_answered(acknowledged)
+
+        return answer
+
+    def _pipelined_abort(self, generation: SGLangGeneration, batch: AbortBatch) -> Callable[[], Awaitable[None]]:
+        """``generation``'s abort on the pause's shared connections (:meth:`start_abort`)."""
+        assert self._origin is not None and isinstance(self.control, HTTP11Client)
+        lanes: AbortLanes | None = batch.shared.get(self)
+        if lanes is None:
+            lanes = batch.shared[self] = AbortLanes(self._origin, protocol.ABORT_PATH, self.control.read_timeout, batch)
+        self.abort_calls += 1
+        abort = protocol.AbortReq(generation.rid)
+        status = lanes.add(json_body(CONVERTER.unstructure(abort)))
+
+        async def answer() -> None:
+            got = await status()
+            if got is None:  # the shared connection failed or closed first: once more, on its own
+                got = await self._one_shot(abort).status()
+            generation.abort_answered(_acknowledged(got))
 
         return answer
 
