@@ -474,12 +474,13 @@ class TrajectoryStore:
 RECENT_SEGMENTS = 20
 
 
-#: The fields of a stored segment (:func:`segment_fields`) the dashboard shows, besides its session.
-_SUMMARY_FIELDS = ("trajectory_id", "instance_id", "start_reason", "boundary_reason", "num_tokens",
+#: The fields of a stored segment (:func:`segment_fields`) the dashboard shows after its id and session.
+_SUMMARY_FIELDS = ("instance_id", "start_reason", "boundary_reason", "num_tokens",
                    "num_trained_tokens", "reward", "created_at")
 
 
 def _summary(segment: Segment) -> dict[str, Any]:
     """What the dashboard shows of a stored segment (no arrays): its session is its parent trajectory."""
     fields = segment_fields(segment)
-    return {"session_id": segment.parent_traj_id, **{name: fields[name] for name in _SUMMARY_FIELDS}}
+    return {"trajectory_id": segment.trajectory_id, "session_id": segment.parent_traj_id,
+            **{name: fields[name] for name in _SUMMARY_FIELDS}}
