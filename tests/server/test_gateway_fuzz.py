@@ -87,5 +87,8 @@ def test_generated_bad_gateway_requests_never_5xx(live_proxy: str) -> None:
                 assert isinstance(error["message"], str) and error["type"] and error["code"], error
 
         one()
-        assert seen.get(200, 0) > 20 and seen.get(400, 0) > 100, seen  # the cases reached the routes
+        # The cases reached the routes. Hypothesis's derandomized draw still depends on the tests run
+        # before it in the process: 22 of the 400 cases succeed alone, 18 after the Dressage and
+        # SGLang contract tests (a different draw, not a different answer).
+        assert seen.get(200, 0) >= 10 and seen.get(400, 0) > 100, sorted(seen.items())
         assert http.get("/health").status_code == 200
