@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any, TypeVar
 
@@ -234,23 +234,26 @@ def parse_blueprint(state: SimState) -> Blueprint:
         state.parse_requests.append((path, raw))
         return structure(raw, kind)
 
-    @bp.post("/parse_function_call")
-    async def parse_function_call_route() -> Response:
-        body = await _read("/parse_function_call", ParseFunctionCallReq)
+    def post(path: str, kind: type[T], answer: Callable[[T], object]) -> None:
+        """A parse route: its body structured as ``kind``, answered with ``answer(body)`` unless a failure is
+        injected (a bad parser name is a 400 first: ``answer`` raises it and leaves the fault armed)."""
+
+        async def route() -> Response:
+            output = answer(await _read(path, kind))
+            if (failure := _failed()) is not None:
+                return failure
+            return json_response(CONVERTER.unstructure(output))
+
+        bp.add_url_rule(path, path.strip("/"), route, methods=["POST"])
+
+    def function_calls(body: ParseFunctionCallReq) -> ParseFunctionCallOutput:
         parser = check_tool_call_parser(body.tool_call_parser)
-        if (failure := _failed()) is not None:
-            return failure
         tools = [CONVERTER.unstructure(tool) for tool in body.tools or ()]
-        normal_text, calls = parse_function_call(body.text, tools, parser)
-        return json_response(CONVERTER.unstructure(ParseFunctionCallOutput(normal_text, calls)))
+        return ParseFunctionCallOutput(*parse_function_call(body.text, tools, parser))
 
-    @bp.post("/separate_reasoning")
-    async def separate_reasoning_route() -> Response:
-        body = await _read("/separate_reasoning", SeparateReasoningReqInput)
-        parser = check_reasoning_parser(body.reasoning_parser)
-        if (failure := _failed()) is not None:
-            return failure
-        reasoning_text, rest = separate_reasoning(body.text, parser)
-        return json_response(CONVERTER.unstructure(SeparateReasoningOutput(reasoning_text, rest)))
+    def reasoning(body: SeparateReasoningReqInput) -> SeparateReasoningOutput:
+        return SeparateReasoningOutput(*separate_reasoning(body.text, check_reasoning_parser(body.reasoning_parser)))
 
+    post("/parse_function_call", ParseFunctionCallReq, function_calls)
+    post("/separate_reasoning", SeparateReasoningReqInput, reasoning)
     return bp
