@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import attrs
@@ -153,19 +154,13 @@ class SessionActor:
 
     async def _handle_alone(self, msg: SessionMessage) -> bool:
         """Handle one message; on an unexpected error fail this session alone (returns ``False``)."""
-        if isinstance(msg, RunTurn):
-            with msg.events:  # closed only once the turn's outcome, or its failure, is sent
-                try:
-                    await self._run_turn(msg)
-                except Exception as exc:
-                    await self._fail(exc, msg)
-                    return False
-            return True
-        try:
-            await self._handle(msg)
-        except Exception as exc:
-            await self._fail(exc, msg)
-            return False
+        # A turn's event channel is closed only once the turn's outcome, or its failure, is sent.
+        with msg.events if isinstance(msg, RunTurn) else nullcontext():
+            try:
+                await (self._run_turn(msg) if isinstance(msg, RunTurn) else self._handle(msg))
+            except Exception as exc:
+                await self._fail(exc, msg)
+                return False
         return True
 
     async def _fail(self, exc: Exception, msg: SessionMessage) -> None:
