@@ -80,24 +80,33 @@ class GenerationSettings:
         )
 
 
+@attrs.frozen
+class GenerationServices:
+    """What every generation of a runtime runs with: a session's turns and the token-in generations alike."""
+
+    tokenizer: ChatTokenizer
+    backend: Backend
+    controller: GenerationController
+    settings: GenerationSettings
+    #: How outputs are parsed.
+    output_format: OutputFormat
+
+
 class TurnGeneration:
     """Runs the generation of one step until it finished, failed, or the agent left."""
 
     def __init__(
         self,
         prepared: Prepared,
+        services: GenerationServices,
         *,
-        tokenizer: ChatTokenizer,
-        backend: Backend,
-        controller: GenerationController,
         events: trio.MemorySendChannel[TurnEvent],
-        settings: GenerationSettings,
         relay: Relay | None = None,
-        output_format: OutputFormat,
         side: trio.Nursery,
         check_permit: Callable[[Permit], None] = lambda permit: None,
     ) -> None:
         self.prepared = prepared
+        tokenizer = services.tokenizer
         self.step = step = prepared.step
         self._tok = tokenizer
         self._input_ids = prepared.input_ids
@@ -108,17 +117,17 @@ class TurnGeneration:
             stop_token_ids=tokenizer.stop_token_ids,
             seed=prepared.request.seed,
         )
-        self._format = output_format
+        self._format = services.output_format
         self._reasoning_open = reasoning_opened_by_prompt(tokenizer, prepared.input_ids[-8:])
         # Not a bound method: the parser keeps it, and a cycle through this turn would leave the
         # turn (its parser, detokenizer, channels) to the cycle collector instead of freeing it at once.
         self._call_id = partial(tool_call_id, step.session_id, step.index)
         self.parser = self._new_parser()
-        self._backend = backend
-        self._controller = controller
+        self._backend = services.backend
+        self._controller = services.controller
         self._events = events
         self._agent = AgentChannel(events, streaming=prepared.request.stream, relay=relay)
-        self._settings = settings
+        self._settings = services.settings
         self._side = side  # where a pause's abort task runs (the session actor's nursery)
         self._check_permit = check_permit
         self.client_gone = False

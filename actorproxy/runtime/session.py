@@ -41,7 +41,7 @@ from . import store as store_msgs
 from . import submitted_steps
 from .actor import ActorGone, answer, answer_error, ask
 from .controller import GenerationController, Permit
-from .generate import GenerationSettings, TurnGeneration
+from .generate import GenerationServices, GenerationSettings, TurnGeneration
 from .messages import (
     DescribeSession,
     Evict,
@@ -112,11 +112,10 @@ class SessionActor:
         self._backend = services.backend
         self._store = services.store
         self._registry = services.registry
-        self._controller = services.controller
-        self._format = services.output_format
         self._offload = services.offload
         self._journal = services.journal
-        self._generation_settings = GenerationSettings.of(config)
+        self._generation = GenerationServices(services.tokenizer, services.backend, services.controller,
+                                              GenerationSettings.of(config), services.output_format)
         self._first_permit: Permit | None = None
         #: Rewards and metadata of steps submitted with /submit_steps, written onto their segments at close.
         self.submitted: dict[int, Annotation] = {}
@@ -353,18 +352,8 @@ class SessionActor:
             await self._store.send(store_msgs.Put(self.session_id, tuple(closed)))
         if self._config.trajectory.recompute_logprobs:  # off: rebuilt replies are trained on 0.0, flagged
             await recompute_logprobs(self._backend, prepared.step, prepared.input_ids)
-        turn = TurnGeneration(
-            prepared,
-            tokenizer=self._tok,
-            backend=self._backend,
-            controller=self._controller,
-            events=events,
-            relay=msg.relay,
-            settings=self._generation_settings,
-            output_format=self._format,
-            side=self._side,
-            check_permit=self._check_version,
-        )
+        turn = TurnGeneration(prepared, self._generation, events=events, relay=msg.relay, side=self._side,
+                              check_permit=self._check_version)
         result = await turn.run()
         self.state.commit(result)
         if result.completed:  # journaled: the step survives a crash once its batch commits (within 50 ms)
@@ -378,7 +367,7 @@ class SessionActor:
 
         With it, ``--max-partial-rollout-preempts N`` bounds the versions a session's tokens span to N+1.
         """
-        if self._generation_settings.partial_rollout:
+        if self._generation.settings.partial_rollout:
             self._check_version_span(permit)
             return
         if self._first_permit is None:

@@ -30,7 +30,7 @@ from ..core.turn_events import TurnEvent, TurnFailed
 from ..errors import ContextOverflow, EngineError, ProxyError
 from . import store as store_msgs
 from .actor import ask
-from .generate import GenerationSettings, TurnGeneration
+from .generate import GenerationServices, GenerationSettings, TurnGeneration
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -95,16 +95,9 @@ async def generate_tokens(runtime: Runtime, prompt_ids: array[int], sampling: To
         async with trio.open_nursery() as nursery:
             nursery.start_soon(drain)
             async with send:
-                turn = TurnGeneration(
-                    prepared,
-                    tokenizer=runtime.tokenizer,
-                    backend=runtime.backend,
-                    controller=runtime.controller,
-                    events=send,
-                    settings=GenerationSettings.of(config),
-                    output_format=runtime.output_format,
-                    side=nursery,
-                )
+                services = GenerationServices(runtime.tokenizer, runtime.backend, runtime.controller,
+                                              GenerationSettings.of(config), runtime.output_format)
+                turn = TurnGeneration(prepared, services, events=send, side=nursery)
                 result = await turn.run()
     finally:
         runtime.turns.finished()
