@@ -41,18 +41,12 @@ log = logging.getLogger(__name__)
 MAX_UNCLAIMED = 100_000
 
 
-@attrs.frozen
-class TokenSampling:
-    """What a token-in generation may set (the gateway's ``sampling_params``)."""
-
-    max_new_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-
-
-async def generate_tokens(runtime: Runtime, prompt_ids: array[int], sampling: TokenSampling) -> Step:
+async def generate_tokens(runtime: Runtime, prompt_ids: array[int], *, max_new_tokens: int | None = None,
+                          temperature: float | None = None, top_p: float | None = None,
+                          seed: int | None = None) -> Step:
     """Generate from exactly ``prompt_ids``; the step holds the sampled ids, logprobs and versions.
+
+    The sampling values are what the agent set (the gateway's ``sampling_params``); ``None`` takes the default.
 
     Refused like a turn (400 ``context_overflow`` over ``--max-prompt-tokens`` or the
     context window; 503 while shutting down; 507 when the store is full); an engine
@@ -68,18 +62,19 @@ async def generate_tokens(runtime: Runtime, prompt_ids: array[int], sampling: To
     if prompt_len >= runtime.context_window:
         raise ContextOverflow(f"prompt is {prompt_len} tokens; the context window is {runtime.context_window}",
                               param="prompt_ids")
-    max_new = sampling.max_new_tokens or limits.default_max_tokens
+    max_new = max_new_tokens or limits.default_max_tokens
     if limits.dynamic_max_tokens:
         max_new = min(max_new, runtime.context_window - prompt_len)
     owner = f"generate-{uuid.uuid4().hex}"
     step = Step(index=0, session_id=owner, segment_index=0, turn_id=None, instance_id=None, new_messages=[],
                 message_count=0, prompt_len=prompt_len, fragment_ids=int_array(prompt_ids), max_new_tokens=max_new)
-    temperature = limits.rollout_temperature
-    if temperature is None:
-        temperature = 1.0 if sampling.temperature is None else sampling.temperature
-    request = ChatRequest(messages=[], seed=sampling.seed)
+    if limits.rollout_temperature is not None:
+        temperature = limits.rollout_temperature
+    elif temperature is None:
+        temperature = 1.0
+    request = ChatRequest(messages=[], seed=seed)
     # No session, so no conversation lane: only a session's commit reads it, and this step is never committed.
-    prepared = Prepared(step, int_array(prompt_ids), [], temperature, 1.0 if sampling.top_p is None else sampling.top_p,
+    prepared = Prepared(step, int_array(prompt_ids), [], temperature, 1.0 if top_p is None else top_p,
                         [], request, cast(Any, None))
     send, receive = trio.open_memory_channel[TurnEvent](16)
     failure: list[ProxyError] = []

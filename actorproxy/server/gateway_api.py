@@ -76,7 +76,7 @@ from ..runtime.messages import Lookup
 from ..runtime.runtime import Runtime
 from ..runtime.store import encode_body
 from ..runtime.submitted_steps import StepStored, SubmitResult, SubmitSteps, SubmittedStep
-from ..runtime.token_in import TokenInGenerations, TokenSampling, generate_tokens, store_unclaimed
+from ..runtime.token_in import TokenInGenerations, generate_tokens, store_unclaimed
 from ..schema import jsonio
 from ..schema.converter import CONVERTER, structure
 from .auth import AccessPolicy
@@ -493,8 +493,8 @@ async def generate_tokens_in(runtime: Runtime, gateway: Gateway, body: TokenGene
         raise BadRequest("'prompt_ids' must hold at least one token id", param="prompt_ids")
     _token_ids(body.prompt_ids, "prompt_ids")
     await store_unclaimed(runtime, gateway.generations, gateway.generations.expired())
-    step = await generate_tokens(runtime, array("i", body.prompt_ids), TokenSampling(
-        params.max_tokens, params.temperature, params.top_p, params.seed))
+    step = await generate_tokens(runtime, array("i", body.prompt_ids), max_new_tokens=params.max_tokens,
+                                 temperature=params.temperature, top_p=params.top_p, seed=params.seed)
     gateway.generations.add(step)
     reason = step.finish_reason or "stop"
     return orjson.dumps(CONVERTER.unstructure(TokenGenerateResult(
