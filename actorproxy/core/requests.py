@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -35,6 +36,13 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     #: The agent reads the reply as a stream (it may already have seen part of it).
     stream: bool = False
+
+
+def offered_tools(sent: Iterable[dict[str, Any]] | None, choice_none: bool) -> list[dict[str, Any]]:
+    """The tools a turn's prompt lists (a new list): those the agent sent, or none at all when its tool choice
+    is "none" (chat's and Responses' ``"none"``, Anthropic's ``{"type": "none"}``): as OpenAI means it, the
+    model is offered no tools, so the prompt does not list them."""
+    return [] if choice_none or sent is None else list(sent)
 
 
 #: Roles whose consecutive messages ``--merge-consecutive-messages`` joins (never the assistant's: sampled text).

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from ..core.requests import ChatRequest
+from ..core.requests import ChatRequest, offered_tools
 from ..errors import BadRequest
 from ..schema.converter import structure
 from .anthropic_types import (
@@ -163,11 +163,9 @@ def parse_messages_body(
     if not count_only and options.max_tokens is None:
         raise BadRequest("'max_tokens' is required: an integer of at least 1", param="max_tokens")
     thinking = None if options.thinking is None else options.thinking.type != "disabled"
-    if options.tool_choice is not None and options.tool_choice.type == "none":
-        tools = []  # as on chat: the model is offered no tools (the prompt does not list them)
     request = ChatRequest(
         messages=messages,
-        tools=tools or [],
+        tools=offered_tools(tools, options.tool_choice is not None and options.tool_choice.type == "none"),
         max_tokens=options.max_tokens,
         temperature=options.temperature,
         top_p=options.top_p,

@@ -12,7 +12,7 @@ import attrs
 from ..core.ids import uuid4_hex
 from ..core.messages import output_as_message
 from ..core.parser import OutputDelta
-from ..core.requests import ChatRequest
+from ..core.requests import ChatRequest, offered_tools
 from ..core.turn_events import TurnAccepted, TurnDone
 from ..errors import BadRequest, ProxyError
 from ..schema.converter import structure
@@ -74,12 +74,10 @@ def parse_chat_body(body: Any, *, usage_by_default: bool = False) -> OpenAIChatC
     stop = [call.stop] if isinstance(call.stop, str) else list(call.stop or [])
     if call.top_logprobs is not None and not call.logprobs:
         raise BadRequest("'logprobs' must be true when 'top_logprobs' is set", param="top_logprobs")
-    # tool_choice "none": the model is offered no tools (the prompt does not list them).
-    tools = [] if call.tool_choice == "none" else list(sent_tools)
     stream = bool(call.stream)
     request = ChatRequest(
         messages=messages,
-        tools=tools,
+        tools=offered_tools(sent_tools, call.tool_choice == "none"),
         max_tokens=max_tokens,
         temperature=call.temperature,
         top_p=call.top_p,

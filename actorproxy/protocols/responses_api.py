@@ -31,7 +31,7 @@ from typing import Any, cast
 
 import attrs
 
-from ..core.requests import ChatRequest
+from ..core.requests import ChatRequest, offered_tools
 from ..errors import BadRequest
 from ..schema.converter import structure
 from .responses_types import (
@@ -260,12 +260,10 @@ def parse_responses_body(
     text = _text(options.instructions)
     if text:
         messages.insert(0, {"role": "system", "content": text})
-    if options.tool_choice == "none":
-        tools = []  # as on chat: the model is offered no tools (the prompt does not list them)
     effort = None if options.reasoning is None else options.reasoning.effort
     request = ChatRequest(
         messages=messages,
-        tools=tools or [],
+        tools=offered_tools(tools, options.tool_choice == "none"),
         max_tokens=options.max_output_tokens,
         temperature=options.temperature,
         top_p=options.top_p,
