@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from _asgi import request_body
 from _children import die_with_parent
 from _proxyproc import ProxyProcess
 
@@ -39,8 +40,7 @@ class Held:
         self.holding = 0
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        while (await receive()).get("more_body"):
-            pass
+        await request_body(receive)
         if scope["path"] == "/hold":
             self.holding += 1
             await self.release.wait()

@@ -236,6 +236,12 @@ async def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(autojum
         assert trio.current_time() - start == pytest.approx(5)
 
 
+async def _start_plain_reply(receive: Any, send: Any) -> None:
+    """What the streaming apps below do first: read the request to its end, start a 200 text/plain reply."""
+    await request_body(receive)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+
+
 class Firehose:
     """Streams ``pieces`` chunks of 64 KiB as fast as the server takes them; counts what it handed over."""
 
@@ -244,9 +250,7 @@ class Firehose:
         self.sent = 0
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        while (await receive()).get("more_body"):
-            pass
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await _start_plain_reply(receive, send)
         for _ in range(self.pieces):
             await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
             self.sent += 1
@@ -282,9 +286,7 @@ class CutShort:
         self.cut = trio.Event()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        while (await receive()).get("more_body"):
-            pass
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await _start_plain_reply(receive, send)
         while not self.cut.is_set():
             with trio.move_on_after(1) as waited:  # a client that does not read: the write waits, then is cut
                 await send({"type": "http.response.body", "body": b"x" * (1 << 20), "more_body": True})
@@ -344,9 +346,7 @@ class TwoWriters:
         self.first_waits = trio.Event()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        while (await receive()).get("more_body"):
-            pass
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await _start_plain_reply(receive, send)
 
         async def first() -> None:
             await send({"type": "http.response.body", "body": b"a" * (8 << 20), "more_body": True})
