@@ -61,6 +61,13 @@ async def served() -> AsyncIterator[tuple[Echo, int]]:
         yield app, port
 
 
+@pytest.fixture
+async def stream(served: tuple[Echo, int]) -> AsyncIterator[trio.SocketStream]:
+    """A connection to the served :class:`Echo` app."""
+    async with await trio.open_tcp_stream("127.0.0.1", served[1]) as stream:
+        yield stream
+
+
 @asynccontextmanager
 async def serving(app: Any) -> AsyncIterator[int]:
     """``app`` served by the proxy's server (5 s keep-alive) on a free loopback port: the port, until the block ends."""
@@ -89,50 +96,38 @@ async def read_until(stream: trio.SocketStream, marker: bytes, count: int = 1) -
     return data
 
 
-async def test_pipelined_requests_on_one_connection_are_answered_in_order(served: tuple[Echo, int]) -> None:
-    _, port = served
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(b"POST /a%20b?x=1 HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc"
-                              b"GET /two HTTP/1.1\r\nHost: h\r\n\r\n")
-        data = await read_until(stream, b"HTTP/1.1 200", 2)
-        while not data.endswith(b"GET /two  "):
-            data += await stream.receive_some(65536)
+async def test_pipelined_requests_on_one_connection_are_answered_in_order(stream: trio.SocketStream) -> None:
+    await stream.send_all(b"POST /a%20b?x=1 HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc"
+                          b"GET /two HTTP/1.1\r\nHost: h\r\n\r\n")
+    data = await read_until(stream, b"HTTP/1.1 200", 2)
+    while not data.endswith(b"GET /two  "):
+        data += await stream.receive_some(65536)
     assert data.count(b"HTTP/1.1 200") == 2
     assert b"POST /a b x=1 abc" in data and data.endswith(b"GET /two  ")
     assert b"date: " in data
 
 
-async def test_an_absolute_form_target_is_served_as_its_path(served: tuple[Echo, int]) -> None:
+async def test_an_absolute_form_target_is_served_as_its_path(stream: trio.SocketStream) -> None:
     """RFC 9112 3.2.2: a server must accept ``http://host/path?query`` and serve ``/path``."""
-    _, port = served
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(b"GET http://h:9/a%20b?x=1 HTTP/1.1\r\nHost: h\r\n\r\n"
-                              b"GET HTTPS://h HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
-        with trio.fail_after(10):
-            data = await read_until(stream, b"never")  # the second reply closes the connection
+    await stream.send_all(b"GET http://h:9/a%20b?x=1 HTTP/1.1\r\nHost: h\r\n\r\n"
+                          b"GET HTTPS://h HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+    with trio.fail_after(10):
+        data = await read_until(stream, b"never")  # the second reply closes the connection
     assert b"GET /a b x=1 " in data and data.endswith(b"GET /  ")
 
 
-async def test_expect_100_continue(served: tuple[Echo, int]) -> None:
-    _, port = served
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(b"POST /c HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
-        assert (await read_until(stream, b"\r\n\r\n")).startswith(b"HTTP/1.1 100 ")
-        await stream.send_all(b"hi")
-        assert (await read_until(stream, b"POST /c  hi")).endswith(b"POST /c  hi")
+async def test_expect_100_continue(stream: trio.SocketStream) -> None:
+    await stream.send_all(b"POST /c HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+    assert (await read_until(stream, b"\r\n\r\n")).startswith(b"HTTP/1.1 100 ")
+    await stream.send_all(b"hi")
+    assert (await read_until(stream, b"POST /c  hi")).endswith(b"POST /c  hi")
 
 
-async def test_a_chunked_request_body(served: tuple[Echo, int]) -> None:
-    _, port = served
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(b"POST /c HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
-        await trio.testing.wait_all_tasks_blocked()
-        await stream.send_all(b"2\r\nde\r\n0\r\n\r\n")
-        assert (await read_until(stream, b"abcde")).endswith(b"POST /c  abcde")
+async def test_a_chunked_request_body(stream: trio.SocketStream) -> None:
+    await stream.send_all(b"POST /c HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+    await trio.testing.wait_all_tasks_blocked()
+    await stream.send_all(b"2\r\nde\r\n0\r\n\r\n")
+    assert (await read_until(stream, b"abcde")).endswith(b"POST /c  abcde")
 
 
 @pytest.mark.parametrize(("request_bytes", "status"), [
@@ -141,13 +136,10 @@ async def test_a_chunked_request_body(served: tuple[Echo, int]) -> None:
     (b"GET /fail HTTP/1.1\r\nHost: h\r\n\r\n", b"500"),  # the app fails before answering
 ])
 async def test_a_request_that_cannot_be_served_gets_an_error_and_the_connection_closes(
-    served: tuple[Echo, int], request_bytes: bytes, status: bytes
+    stream: trio.SocketStream, request_bytes: bytes, status: bytes
 ) -> None:
-    _, port = served
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(request_bytes)
-        data = await read_until(stream, b"never")  # until the server closes the connection
+    await stream.send_all(request_bytes)
+    data = await read_until(stream, b"never")  # until the server closes the connection
     assert data.startswith(b"HTTP/1.1 " + status + b" ") and b"connection: close" in data
 
 
