@@ -33,6 +33,7 @@ from quart_trio import QuartTrio
 from .config import ProxyConfig
 from .engines.base import Backend
 from .errors import StartupError
+from .runtime import collector
 from .runtime.in_flight import InFlight
 from .runtime.runtime import Runtime, open_runtime
 from .server.app import create_app
@@ -193,6 +194,7 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
+    collector.hold_in_pauses()  # an abort pause holds the young collection (runtime/collector.py)
 
 
 class _TuneGCOnStart:

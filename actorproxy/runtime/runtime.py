@@ -25,8 +25,8 @@ from ..engines.sglang.parse import SGLangParseClient
 from ..errors import BadRequest, EngineError, NotFound, Overloaded, ShutdownError, ShuttingDown
 from ..tokenization.detokenize import byte_table
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
+from . import collector, freed_memory
 from . import controller as ctl
-from . import freed_memory
 from . import registry as reg
 from . import store as st
 from .actor import ActorGone, ask
@@ -300,7 +300,11 @@ class Runtime:
                 ack = attrs.evolve(ack, engines=await forward_to_engines(self.backend, "freeze"))
             self.last_pause_seconds = trio.current_time() - started
             return ack
-        ack = await self.controller.pause(mode)
+        if mode == "abort":
+            with collector.held():  # no young collection while the streams read their abort finish
+                ack = await self.controller.pause(mode)
+        else:
+            ack = await self.controller.pause(mode)
         self.last_pause_seconds = trio.current_time() - started
         if self.config.preemption.engine_pause and mode == "abort":
             # Only an abort pause is forwarded: engines have no "let running requests finish"
