@@ -10,12 +10,14 @@ engine share at most ``ABORT_CONNECTIONS`` connections of their own (:class:`Abo
 over :class:`~actorproxy.http.oneshot.Pipeline`): opened in the task that asks, without
 a scheduling round, and written together, HTTP/1.1-pipelined, once the pause has asked
 them all; an abort asked alone goes on a connection of its own
-(:class:`~actorproxy.http.oneshot.OneShot`).
+(:class:`~actorproxy.http.oneshot.OneShot`). A pause's answers are read a connection at a
+time by the pause itself (``AbortBatch.rest``), not by a task per generation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from functools import partial
 
 import trio
 
@@ -80,29 +82,47 @@ class AbortLanes:
 
     The first calls each open a connection (:class:`~actorproxy.http.oneshot.Pipeline`,
     opened at once); the later ones join them in turn. The calls are written together when
-    the pause has asked them all (``batch.close()``), one system call a connection; each
-    caller awaits its own answer (:meth:`add`'s result). Connections of their own: an
-    abort never waits behind a generation's stream or the engine client's pool.
+    the pause has asked them all (``batch.close()``), one system call a connection. Each
+    connection's answers are read by one task, in order, which hands each to its caller's
+    ``answered``: the batch's ``rest``, run by the pause while it waits, so the pause's
+    pass starts no task per generation and a thousand answers wake 32 tasks, not a
+    thousand. Connections of their own: an abort never waits behind a generation's stream
+    or the engine client's pool.
     """
 
     def __init__(self, origin: Origin, path: str, timeout: float, batch: AbortBatch) -> None:
         self._origin, self._path, self._timeout = origin, path, timeout
-        self._pipelines: list[Pipeline] = []
+        self._pipelines: list[tuple[Pipeline, list[Answered]]] = []
         self._asked = 0
+        self._batch = batch
         batch.on_close(self.flush)
 
-    def add(self, body: bytes) -> Callable[[], Awaitable[int | None]]:
-        """Queue ``POST path`` with ``body``; what awaits its answer's status (``None``: no answer)."""
+    def add(self, body: bytes, answered: Answered) -> None:
+        """Queue ``POST path`` with ``body``; ``answered`` gets its answer's status (``None``: no answer)."""
         if len(self._pipelines) < ABORT_CONNECTIONS:
-            pipeline = self._origin.pipeline(self._timeout)
-            self._pipelines.append(pipeline)
+            lane: tuple[Pipeline, list[Answered]] = (self._origin.pipeline(self._timeout), [])
+            self._pipelines.append(lane)
+            self._batch.rest.append(partial(_read_answers, *lane))
         else:
-            pipeline = self._pipelines[self._asked % ABORT_CONNECTIONS]
+            lane = self._pipelines[self._asked % ABORT_CONNECTIONS]
         self._asked += 1
-        index = pipeline.add(self._origin.request(self._path, body))
-        return lambda: pipeline.status(index)
+        lane[0].add(self._origin.request(self._path, body))
+        lane[1].append(answered)
 
     def flush(self) -> None:
         """Write every connection's calls (what a socket does not take now is sent as its answers are read)."""
-        for pipeline in self._pipelines:
+        for pipeline, _ in self._pipelines:
             pipeline.flush()
+
+
+#: Where an abort call's answer goes: its status, or ``None`` when the connection ended unanswered.
+Answered = Callable[[int | None], Awaitable[None]]
+
+
+async def _read_answers(pipeline: Pipeline, answered: list[Answered]) -> None:
+    """One connection's answers, in order, each to its caller; the connection is closed however this ends."""
+    try:
+        for index, each in enumerate(answered):
+            await each(await pipeline.status(index))
+    finally:
+        pipeline.close()

@@ -125,6 +125,9 @@ class AbortBatch:
         self.open = True
         #: Per engine client, what it keeps of the batch (its one call and who joined it).
         self.shared: dict[object, Any] = {}
+        #: What is left of the batch's calls (reading their answers): awaited by the pause while it waits for
+        #: its generations, a task a connection, not one a generation (cancelled once they all ended).
+        self.rest: list[Callable[[], Awaitable[None]]] = []
         self._on_close: list[Callable[[], None]] = []
 
     def on_close(self, send: Callable[[], None]) -> None:

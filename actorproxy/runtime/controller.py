@@ -27,14 +27,14 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
 import outcome
 import trio
 
-from ..engines.base import AbortBatch
+from ..engines.base import AbortBatch, BackendError
 from .actor import Reply, answer
 from .replies import PauseAck, PauseState, ResumeAck
 from .replies import PauseMode as PauseMode
@@ -128,6 +128,14 @@ class _PendingPause:
     partial_tokens: int = 0
 
 
+async def _read_rest(rest: Callable[[], Awaitable[None]]) -> None:
+    """What is left of a pause's abort calls; a failed one is logged (the streams' bounds still cut them)."""
+    try:
+        await rest()
+    except BackendError as exc:
+        log.warning("a pause's abort calls failed: %s", exc)
+
+
 class GenerationController:
     """Owns running/paused, the weight version and epoch, and the generations in flight."""
 
@@ -188,6 +196,7 @@ class GenerationController:
         (the runtime asks them): the answer comes at once, nothing aborted.
         """
         escalate = self.paused and self.mode in ("wait", "keep") and mode == "abort"
+        batch_made: AbortBatch | None = None
         reply, answered = trio.open_memory_channel[outcome.Outcome[Any]](1)
         if self.paused and not escalate:
             # Idempotent: already paused, nothing new to stop.
@@ -199,7 +208,7 @@ class GenerationController:
             self.mode = mode
             pending = _PendingPause(reply, set() if mode == "keep" else set(self._in_flight))
             if mode == "abort":
-                batch = AbortBatch()
+                batch = batch_made = AbortBatch()
                 try:
                     for handle in list(self._in_flight.values()):
                         handle.request_abort(batch)  # the turn aborts its own generation, now
@@ -208,7 +217,16 @@ class GenerationController:
         self._pending.append(pending)
         self._settle()
         with answered:
-            result = await answered.receive()
+            if batch_made is None or not batch_made.rest:
+                result = await answered.receive()
+            else:
+                # The rest of the abort calls (reading their answers, a task a connection) runs while the
+                # pause waits; once every generation ended, nothing in the answers matters any more.
+                async with trio.open_nursery() as nursery:
+                    for rest in batch_made.rest:
+                        nursery.start_soon(_read_rest, rest)
+                    result = await answered.receive()
+                    nursery.cancel_scope.cancel()
         ack: PauseAck = result.unwrap()
         return ack
 

@@ -143,20 +143,22 @@ class SGLangBackend(VersionedConnection):
 
         A pause's (an open ``batch``) share a few connections of their own, pipelined,
         written together when the pause has asked them all (:class:`AbortLanes`); one
-        asked alone goes on a connection of its own (:class:`OneShot`). An abort whose
+        asked alone goes on a connection of its own (:class:`OneShot`). The pause reads the answers of
+        its pipelined calls (``batch.rest``): nothing is left for the generation's task. An abort whose
         connection failed or closed before answering it is sent once more on its own.
         With ``options.abort_all``, the pause's first sends one ``abort_all`` for all of
         its batch instead: everything this proxy runs on the engine, since a pause asks
         every generation in flight (a generation still opening sends its own as it opens).
         """
         if not self.options.abort_all and batch is not None and batch.open:
-            return self._pipelined_abort(generation, batch)
+            self._pipelined_abort(generation, batch)
+            return None
         if self.options.abort_all:
             assert batch is not None
             joined: list[SGLangGeneration] | None = batch.shared.get(self)
             if joined is not None:
                 joined.append(generation)
-                return None  # the batch's call is sent; its answer is read for everyone
+                return None  # the batch's call is sent; the pause reads its answer for everyone
             joined = batch.shared[self] = [generation]
             abort = protocol.AbortReq("", abort_all=True)
         else:
@@ -168,25 +170,27 @@ class SGLangBackend(VersionedConnection):
             for each in joined:
                 each.abort_answered(acknowledged)
 
+        if batch is not None and self.options.abort_all:
+            batch.rest.append(answer)  # read by the pause for everyone who joined, however their attempts end
+            return None
         return answer
 
-    def _pipelined_abort(self, generation: SGLangGeneration, batch: AbortBatch) -> Callable[[], Awaitable[None]]:
-        """``generation``'s abort on the pause's shared connections (:meth:`start_abort`)."""
+    def _pipelined_abort(self, generation: SGLangGeneration, batch: AbortBatch) -> None:
+        """``generation``'s abort on the pause's shared connections (:meth:`start_abort`); its answer is read by
+        the pause (``batch.rest``), nothing is left to the turn."""
         assert self._origin is not None and isinstance(self.control, HTTP11Client)
         lanes: AbortLanes | None = batch.shared.get(self)
         if lanes is None:
             lanes = batch.shared[self] = AbortLanes(self._origin, protocol.ABORT_PATH, self.control.read_timeout, batch)
         self.abort_calls += 1
         abort = protocol.AbortReq(generation.rid)
-        status = lanes.add(json_body(CONVERTER.unstructure(abort)))
 
-        async def answer() -> None:
-            got = await status()
+        async def answered(got: int | None) -> None:
             if got is None:  # the shared connection failed or closed first: once more, on its own
                 got = await self._one_shot(abort).status()
             generation.abort_answered(_acknowledged(got))
 
-        return answer
+        lanes.add(json_body(CONVERTER.unstructure(abort)), answered)
 
     def _one_shot(self, abort: protocol.AbortReq) -> OneShot:
         """``abort`` on a connection of its own, sent now (``_origin`` is known)."""
