@@ -116,8 +116,26 @@ class Permit:
     weight_version: str
 
 
-#: Where a turn asking while paused gets its :class:`Permit` (one value, sent at resume).
-Waiting = trio.MemoryReceiveChannel[outcome.Outcome[Any]]
+@attrs.define(eq=False)
+class Waiting:
+    """Where a turn asking while paused gets its :class:`Permit` (given at resume).
+
+    An event, not a reply channel: every stream a pause aborts asks again as it ends (1,000
+    at once), and a memory channel costs ~9 µs to make against ~0.2 µs.
+    """
+
+    _given: trio.Event = attrs.field(factory=trio.Event)
+    _permit: Permit | None = None
+
+    def give(self, permit: Permit) -> None:
+        self._permit = permit
+        self._given.set()
+
+    async def wait(self) -> Permit:
+        """The permit, once given (a checkpoint: cancellable)."""
+        await self._given.wait()
+        assert self._permit is not None
+        return self._permit
 
 
 @attrs.define(eq=False)
@@ -145,7 +163,7 @@ class GenerationController:
         self.weight_version = weight_version
         self.epoch = epoch
         self._in_flight: dict[int, GenerationHandle] = {}
-        self._waiting: dict[int, tuple[GenerationHandle, Reply]] = {}
+        self._waiting: dict[int, tuple[GenerationHandle, Waiting]] = {}
         self._pending: list[_PendingPause] = []
         self._pauses = 0
         self._resumes = 0
@@ -161,9 +179,8 @@ class GenerationController:
         """
         if not self.paused:
             return self._admit(handle)
-        reply, answered = trio.open_memory_channel[outcome.Outcome[Any]](1)
-        self._waiting[handle.id] = (handle, reply)
-        return answered
+        waiting = self._waiting[handle.id] = (handle, Waiting())
+        return waiting[1]
 
     def withdraw(self, handle: GenerationHandle) -> None:
         """A turn stopped waiting for permission (its bound ran out or it was cancelled)."""
@@ -259,8 +276,8 @@ class GenerationController:
         self._settle()
         woken = len(self._waiting)
         waiting, self._waiting = self._waiting, {}
-        for handle, reply in waiting.values():
-            answer(reply, self._admit(handle))
+        for handle, turn in waiting.values():
+            turn.give(self._admit(handle))
         return ResumeAck(resumed=was_paused, woken=woken, weight_version=self.weight_version, epoch=self.epoch)
 
     def state(self) -> PauseState:

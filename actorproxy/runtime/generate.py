@@ -265,10 +265,10 @@ class TurnGeneration:
             try:
                 ended = await self._after_preemption(finish, start)
             except BaseException:
-                self._withdraw(handle, asked)
+                self._withdraw(handle)
                 raise
             if ended is not None:
-                self._withdraw(handle, asked)
+                self._withdraw(handle)
                 self.finish = ended
                 return ended
             if self._settings.partial_rollout:
@@ -286,9 +286,7 @@ class TurnGeneration:
         await self._discard(start)
         return None
 
-    def _withdraw(self, handle: GenerationHandle, asked: Permit | Waiting) -> None:
-        if not isinstance(asked, Permit):
-            asked.close()
+    def _withdraw(self, handle: GenerationHandle) -> None:
         self._controller.withdraw(handle)
 
     # -- permission -------------------------------------------------------------
@@ -299,8 +297,8 @@ class TurnGeneration:
             return asked
         permit: Permit | None = None
         try:
-            with asked, trio.move_on_after(self._settings.pause_wait_timeout):
-                permit = (await asked.receive()).unwrap()
+            with trio.move_on_after(self._settings.pause_wait_timeout):
+                permit = await asked.wait()
         finally:
             if permit is None:  # gave up or cancelled; it may have been admitted just then
                 self._controller.withdraw(handle)
