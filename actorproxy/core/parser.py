@@ -81,6 +81,9 @@ class _Everything:
         return True
 
 
+_NOTHING = OutputDelta()
+
+
 class _Out:
     """What one call of feed/finish produces."""
 
@@ -172,6 +175,17 @@ class OutputParser:
     # -- feeding ------------------------------------------------------------
 
     def feed(self, token_ids: Iterable[int]) -> OutputDelta:
+        if type(token_ids) is tuple and len(token_ids) == 1 and token_ids[0] not in self._specials:
+            # A streamed token alone, plain text in reasoning or content without stop sequences or a call
+            # that may still open (the case of nearly every token): what the loop below makes of it, directly.
+            mode = self._mode
+            if self._stop is None and not self._bare_open and (mode == "content" or mode == "reasoning"):
+                text = self._detok.feed(token_ids)
+                if not text:
+                    return _NOTHING
+                if mode == "content":
+                    return OutputDelta("", self._content.push(text))
+                return OutputDelta(self._reasoning.push(text))
         out = _Out()
         specials = self._specials
         run: list[int] = []  # ordinary tokens in a row: detokenized and routed together (same text, fewer calls)

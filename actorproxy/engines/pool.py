@@ -287,13 +287,16 @@ class _PoolGeneration:
     def __aiter__(self) -> _PoolGeneration:
         return self
 
-    async def __anext__(self) -> GenerationEvent:
+    def __anext__(self) -> Awaitable[GenerationEvent]:
+        """Once a token came, the engine's own next event: no frame of this wrapper's per streamed token."""
+        if self._started:
+            assert self._iterator is not None
+            return self._iterator.__anext__()
+        return self._next_before_a_token()
+
+    async def _next_before_a_token(self) -> GenerationEvent:
         while True:
             assert self._iterator is not None and self._engine is not None
-            if self._started:
-                event = await self._iterator.__anext__()
-                self._engine.served = True
-                return event
             try:
                 event = await self._iterator.__anext__()
                 self._engine.served = True

@@ -164,7 +164,11 @@ class StreamDecoder:
         else:
             del buf[:end]
             for payload in payloads:
-                self._take(payload, b"", out)
+                if type(payload) is dict and not self.finished:  # (the common event: _take's checks, in line)
+                    self.payloads += 1
+                    self._hand_out(self.feed(payload), out)
+                else:
+                    self._take(payload, b"", out)
         if done:
             self._end(True, out)
 

@@ -121,8 +121,9 @@ class StreamedGeneration(Generic[P]):
         if not self._entered:
             raise RuntimeError("enter the generation with `async with` before iterating")
         while True:
-            if self._pending:
-                return take_merged(self._pending)
+            pending = self._pending
+            if pending:
+                return pending.popleft() if len(pending) == 1 else take_merged(pending)
             if self._error is not None:
                 raise self._error
             if self._finish_queued:
@@ -131,11 +132,29 @@ class StreamedGeneration(Generic[P]):
                 await self._close_response()
                 self._queue([self._local_finish(self._cut)])
                 continue
+            response, parser = self._response, self._parser
+            assert response is not None
+            try:  # the read, in this coroutine (one a streamed token)
+                more = await response.receive_into(parser.buffer)
+            except TransportError as exc:
+                if self._cut is None:  # else _cut_stream: the loop reports the local finish
+                    error = backend_error(self.what, exc)
+                    error.__cause__ = exc
+                    self._error = error  # raised once the events before it are delivered
+                continue
             try:
-                await self._read()
+                self._decode(more)
             except BackendError as exc:
                 # Tokens that arrived before the failure are still delivered first.
                 self._error = exc
+                continue
+            if self._resend_abort and parser.payloads and not self._finish_queued:
+                self._resend_abort = False
+                try:
+                    with trio.move_on_after(self._grace):
+                        await self._send_abort()
+                except BackendError as exc:
+                    self._error = exc
 
     def abort_soon(self, batch: AbortBatch | None = None) -> Callable[[], Awaitable[None]] | None:
         """:meth:`abort`, begun now (see ``Generation.abort_soon``); the engine's own part is :meth:`_start_abort`."""
@@ -195,15 +214,9 @@ class StreamedGeneration(Generic[P]):
         if self._response is not None:
             self._response.cut()  # a read waiting on it fails, and the loop reports the local finish
 
-    async def _read(self) -> None:
-        response, parser = self._response, self._parser
-        assert response is not None
-        try:
-            more = await response.receive_into(parser.buffer)
-        except TransportError as exc:
-            if self._cut is not None:
-                return  # _cut_stream: the loop reports the local finish
-            raise backend_error(self.what, exc) from exc
+    def _decode(self, more: bool) -> None:
+        """The events of the bytes a read brought (``more``: the body goes on), queued."""
+        parser = self._parser
         if not more:
             self._body_ended = True
         out: list[GenerationEvent] = []
@@ -212,10 +225,6 @@ class StreamedGeneration(Generic[P]):
         finally:
             self._queue(out)  # the events before a failure are delivered first
             self._after_read()
-        if self._resend_abort and parser.payloads and not self._finish_queued:
-            self._resend_abort = False
-            with trio.move_on_after(self._grace):
-                await self._send_abort()
 
     def _after_read(self) -> None:
         """What a subclass keeps of the events just read (the decoder's state is up to date)."""

@@ -112,18 +112,19 @@ class Response:
         before = len(out)
         try:
             while True:
-                try:
-                    body.decode(conn.buf, out)
-                except ProtocolError as exc:
-                    if len(out) == before:
-                        raise
-                    self._fault = exc  # the bytes before the fault first: it is raised at the next read
-                    return True
-                if body.done:
-                    self._end()
-                    return len(out) > before
-                if len(out) > before:
-                    return True
+                if conn.buf or body.done:  # (an empty buffer decodes to nothing: a streamed event's read starts here)
+                    try:
+                        body.decode(conn.buf, out)
+                    except ProtocolError as exc:
+                        if len(out) == before:
+                            raise
+                        self._fault = exc  # the bytes before the fault first: it is raised at the next read
+                        return True
+                    if body.done:
+                        self._end()
+                        return len(out) > before
+                    if len(out) > before:
+                        return True
                 if not await self._client._io.fill(conn):
                     body.eof()  # the end of an until-close body, else a ProtocolError
         except BaseException:

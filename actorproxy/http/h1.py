@@ -323,6 +323,8 @@ class BodyDecoder:
                 state = self._state
                 if state == _SIZE:
                     pos = whole_chunks(buf, pos, out)
+                    if pos == len(buf):  # every chunk was whole (a streamed event): nothing left to look at
+                        return
                     m = _CHUNK_LINE.match(buf, pos)
                     if m is None:
                         if len(buf) - pos > MAX_CHUNK_LINE or buf.find(b"\n", pos) >= 0:
@@ -399,7 +401,7 @@ def whole_chunks(buf: bytearray, pos: int, out: bytearray) -> int:
     """
     match, n = _CHUNK_LINE.match, len(buf)
     with memoryview(buf) as view:
-        while (m := match(buf, pos)) is not None:
+        while pos < n and (m := match(buf, pos)) is not None:
             start = m.end()
             stop = start + int(m[1], 16)
             if stop == start or n < stop + 2 or buf[stop] != 13 or buf[stop + 1] != 10:

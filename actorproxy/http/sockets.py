@@ -16,13 +16,15 @@ first: one ``recv`` per arrival, not a failed one before every wait. TLS connect
 
 A read waits at most ``read_timeout``. Rather than a cancel scope per read (which
 costs more than the read itself at thousands of streamed tokens a second), the
-waiting connections are listed in :class:`ReadDeadlines`, and one sleeping task
-closes those whose deadline passed (within a quarter of the timeout, at most a
-second late); the closed read then fails with :class:`ReadTimeout`.
+waiting connections are listed in :class:`ReadDeadlines` with the tick of its clock
+they began waiting at (no clock read per wait), and one sleeping task, ticking every
+quarter of the timeout (at most every second), closes those that waited the whole
+timeout (at most two ticks late); the closed read then fails with :class:`ReadTimeout`.
 """
 
 from __future__ import annotations
 
+import math
 import select
 import socket
 from collections.abc import Sequence
@@ -68,15 +70,24 @@ class ClientConnection:
 
 
 class ReadDeadlines:
-    """The connections waiting for bytes, with their deadlines; one task closes the late ones."""
+    """The connections waiting for bytes, with the tick they began at; one task closes the late ones.
+
+    The task ticks every ``period`` (a quarter of the timeout, at most a second) while
+    any connection waits; a connection that has waited the timeout (at most two ticks
+    more) is closed.
+    """
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._waiting: dict[ClientConnection, float] = {}
+        self.period = min(1.0, timeout / 4)
+        #: Ticks a wait may span: one more than the timeout holds, as a wait may begin just before a tick.
+        self.ticks = math.ceil(timeout / self.period) + 1 if self.period > 0 else 1
+        self._tick = 0
+        self._waiting: dict[ClientConnection, int] = {}
         self._watching = False
 
     def arm(self, conn: ClientConnection) -> None:
-        self._waiting[conn] = trio.current_time() + self.timeout
+        self._waiting[conn] = self._tick
         if not self._watching:
             self._watching = True
             trio.lowlevel.spawn_system_task(self._watch, name="actorproxy.http read deadlines")
@@ -87,9 +98,10 @@ class ReadDeadlines:
     async def _watch(self) -> None:
         try:
             while self._waiting:
-                await trio.sleep(min(1.0, self.timeout / 4))
-                now = trio.current_time()
-                for conn in [c for c, deadline in self._waiting.items() if deadline <= now]:
+                await trio.sleep(self.period)
+                self._tick += 1
+                oldest = self._tick - self.ticks
+                for conn in [c for c, began in self._waiting.items() if began <= oldest]:
                     del self._waiting[conn]
                     conn.expired = True
                     conn.close()
@@ -111,27 +123,27 @@ class SocketIO:
         sock = conn.sock
         if sock is None:
             return await self._fill_stream(conn)
-        if conn.drained:  # nothing was left: a recv now would find nothing
-            return await self._wait(conn, sock)
-        try:
-            n = sock.recv_into(self._recv)
-        except BlockingIOError:
-            return await self._wait(conn, sock)
-        except OSError as exc:
-            raise TransportError(f"the server dropped the connection: {exc!r}") from exc
-        conn.drained = n < _READ_SIZE
-        conn.buf += self._view[:n]  # before any await: another task may read into the buffer then
-        if conn.eager:  # two reads in a row without waiting: let the other tasks run
-            conn.eager = False
-            await trio.lowlevel.checkpoint()
-        else:
-            conn.eager = True
-            await trio.lowlevel.checkpoint_if_cancelled()
-        return n
-
-    async def _wait(self, conn: ClientConnection, sock: socket.socket) -> int:
+        if not conn.drained:  # (after a read that took less than the buffer, a recv now would find nothing)
+            try:
+                n = sock.recv_into(self._recv)
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise TransportError(f"the server dropped the connection: {exc!r}") from exc
+            else:
+                conn.drained = n < _READ_SIZE
+                conn.buf += self._view[:n]  # before any await: another task may read into the buffer then
+                if conn.eager:  # two reads in a row without waiting: let the other tasks run
+                    conn.eager = False
+                    await trio.lowlevel.checkpoint()
+                else:
+                    conn.eager = True
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                return n
+        # The wait, in this coroutine (one a streamed token, with the recv after it).
         conn.eager = False
-        self._deadlines.arm(conn)
+        deadlines = self._deadlines
+        deadlines.arm(conn)
         try:
             while True:
                 try:
@@ -147,7 +159,7 @@ class SocketIO:
                 conn.buf += self._view[:n]
                 return n
         finally:
-            self._deadlines.disarm(conn)
+            deadlines.disarm(conn)
 
     async def _fill_stream(self, conn: ClientConnection) -> int:
         with trio.move_on_after(self.read_timeout) as scope:

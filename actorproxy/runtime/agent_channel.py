@@ -16,6 +16,7 @@ first, so nothing overtakes what the ingress still has to write.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 
 import trio
 
@@ -58,22 +59,31 @@ class AgentChannel:
         else:
             self._check_there()
 
-    async def deliver(self, delta: OutputDelta) -> None:
-        """Hand a delta over (or hold it, see the module); whether the agent is still there is read meanwhile."""
-        if self.streaming:
-            if self.held is not None:
-                delta = merged(self.take_held(), delta)
-            relay = self.relay
-            take = relay.take if relay is not None else None
-            if take is None:
-                await self.hand_over(TurnDelta(delta))
-            else:  # the ingress waits with everything written: this task writes the delta itself
-                rest = take(delta)
-                if rest is not None:
-                    await rest
-            self.shown = True
-        else:
+    def deliver(self, delta: OutputDelta) -> Awaitable[None] | None:
+        """Hand a delta over (or hold it, see the module); whether the agent is still there is read meanwhile.
+
+        ``None`` once it is written (or held); else the awaitable that hands it over or
+        writes the rest, to await before anything else is delivered. A delta written by the
+        relay at once takes no coroutine of its own (one a streamed token).
+        """
+        if not self.streaming:
             self.hold(delta)
+            return None
+        if self.held is not None:
+            delta = merged(self.take_held(), delta)
+        relay = self.relay
+        take = relay.take if relay is not None else None
+        if take is None:
+            return self._shown_after(self.hand_over(TurnDelta(delta)))
+        rest = take(delta)  # the ingress waits with everything written: this task writes the delta itself
+        if rest is not None:
+            return self._shown_after(rest)
+        self.shown = True
+        return None
+
+    async def _shown_after(self, handing: Awaitable[None]) -> None:
+        await handing
+        self.shown = True
 
     def hold(self, delta: OutputDelta) -> None:
         """Keep ``delta`` for the next hand-over: a non-streaming agent's result, or a streaming agent's next delta.

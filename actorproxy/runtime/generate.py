@@ -391,7 +391,9 @@ class TurnGeneration:
                     if handle.abort_requested:
                         self._agent.hold(delta)  # a pause waits for this stream's end: the agent's copy waits
                     else:
-                        await self._agent.deliver(delta)
+                        handing = self._agent.deliver(delta)
+                        if handing is not None:
+                            await handing
                 except GONE:
                     self._agent_left(generation, handle, drain)
                     continue

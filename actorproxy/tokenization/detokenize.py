@@ -18,7 +18,7 @@ from __future__ import annotations
 import codecs
 import functools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -49,10 +49,9 @@ class IncrementalDetokenizer:
         self._impl: _ByteLevel | _Windowed = (
             _ByteLevel(table) if table is not None else _Windowed(tokenizer)
         )
-
-    def feed(self, token_ids: Sequence[int]) -> str:
-        """Text completed by ``token_ids`` (may be empty while a character is split)."""
-        return self._impl.feed(token_ids)
+        #: Text completed by ``token_ids`` (may be empty while a character is split): the implementation's own
+        #: method (no call of this class's per streamed token).
+        self.feed: Callable[[Sequence[int]], str] = self._impl.feed
 
     def flush(self) -> str:
         """Text still held back, with U+FFFD for bytes that never formed a character.
@@ -78,7 +77,11 @@ class _ByteLevel:
     def feed(self, token_ids: Sequence[int]) -> str:
         table, size = self._table, len(self._table)
         # Ids outside the vocabulary decode to nothing, as in `tokenizer.decode`.
-        data = b"".join(table[i] for i in token_ids if 0 <= i < size)
+        if len(token_ids) == 1:  # a streamed token alone: no generator
+            i = token_ids[0]
+            data = table[i] if 0 <= i < size else b""
+        else:
+            data = b"".join(table[i] for i in token_ids if 0 <= i < size)
         return self._decoder.decode(data)
 
     def flush(self) -> str:

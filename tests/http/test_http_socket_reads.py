@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import socket
+from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
+from actorproxy.http.errors import ReadTimeout
 from actorproxy.http.sockets import ClientConnection, SocketIO
 
 
@@ -56,6 +59,32 @@ async def test_a_drained_socket_is_waited_on_before_the_next_recv() -> None:
         assert await io.fill(conn) == len(b"data: 4\n\n")
         peer.close()
         assert await io.fill(conn) == 0  # the end
+    finally:
+        conn.close()
+        peer.close()
+
+
+async def test_a_read_waits_at_most_the_timeout_and_at_most_two_ticks_more(autojump_clock: Any) -> None:
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    raw = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+    conn = ClientConnection(raw, raw)
+    io = SocketIO(read_timeout=8)  # its deadlines tick every second
+    try:
+        conn.drained = True  # (each read waits first, as a streamed event's)
+
+        async def send_after(seconds: float) -> None:
+            await trio.sleep(seconds)
+            peer.send(b"x")
+
+        for _ in range(3):  # bytes within the timeout, wait after wait: read, however long the waits add up to
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send_after, 7.9)
+                assert await io.fill(conn) == 1
+        start = trio.current_time()
+        with pytest.raises(ReadTimeout):
+            await io.fill(conn)
+        assert 8 <= trio.current_time() - start <= 10
     finally:
         conn.close()
         peer.close()

@@ -250,7 +250,11 @@ class SGLangStreamParser(StreamDecoder):
         cut, self._cut = self._cut, 0
         self._cutter.tokens = cut + len(ids)
         completion = meta.get("completion_tokens")
-        skip = self._skip(ids, cut, completion)
+        if self._incremental and not cut:  # the common event: new tokens only, unless it repeats (see _skip)
+            sent = len(self.ids)
+            skip = len(ids) if isinstance(completion, int) and completion == sent and len(ids) <= sent else 0
+        else:
+            skip = self._skip(ids, cut, completion)
         new_ids = ids[skip:] if skip else ids
         new_entries = entries[skip:] if skip and isinstance(entries, list) else entries
         if self._incremental is not False and type(completion) is int and completion < len(self.ids) + len(new_ids):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import base64
-import math
 import struct
 import sys
 from array import array
@@ -23,7 +22,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import attrs
 
 from ...schema.converter import CONVERTER, TokenIds, at_least
-from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams, WeightVersionSpan
+from ..base import (
+    BackendError,
+    FinishReason,
+    GenerateFinish,
+    GenerationEvent,
+    SamplingParams,
+    TokenDelta,
+    WeightVersionSpan,
+)
 from ..connection import BodyTemplate
 from ..deltas import DEFAULT_VERSION, parse_spans, token_deltas, version_at
 from ..errors import error_message, stream_error_status
@@ -327,7 +334,7 @@ class VLLMStreamParser(StreamDecoder):
             ids = named
         if not isinstance(ids, list):
             raise BackendError(f"vLLM: token_ids is not a list: {ids!r}")
-        if len(logprobs) != len(ids) or any(v is None for v in logprobs):
+        if len(logprobs) != len(ids) or None in logprobs:
             raise BackendError(f"vLLM: {len(ids)} tokens but logprobs {logprobs!r:.200}")
         for token, tid in zip(ids, named, strict=False):
             if tid is not None and tid != token:
@@ -335,13 +342,18 @@ class VLLMStreamParser(StreamDecoder):
         version = choice.get("weight_version")
         if isinstance(version, str):
             self.version = version
-        spans = parse_spans(choice.get("weight_versions"))
+        raw_spans = choice.get("weight_versions")
+        spans = parse_spans(raw_spans) if raw_spans else ()
+        ints = [int(t) for t in ids]
+        floats = [float(v) for v in logprobs if v is not None]  # (none is None: checked above)
         if spans:
             self._spans = spans
             self.version = spans[-1].version
-        stamps = [version_at(spans, len(self.ids) + i) or self.version for i in range(len(ids))]
-        events = token_deltas([int(t) for t in ids], [math.nan if v is None else float(v) for v in logprobs], stamps)
-        self.ids.extend(int(t) for t in ids)
+            stamps = [version_at(spans, len(self.ids) + i) or self.version for i in range(len(ids))]
+            events = token_deltas(ints, floats, stamps)
+        else:  # every token of the event sampled by its version (a streamed chunk): one delta, or none
+            events = [TokenDelta(tuple(ints), tuple(floats), self.version)] if ints else []
+        self.ids += ints
         experts = choice.get("routed_experts")
         if isinstance(experts, str) and self._experts_wanted:
             self._experts = npy_to_int32_b64(experts)
