@@ -55,6 +55,7 @@ async def run(args: argparse.Namespace, data_dir: str) -> list[tuple[int, float]
     fmt = OpenAIChatFormat(tok)
     points: list[tuple[int, float]] = []
     async with open_runtime(config, backend=InstantEngine([ids]), tokenizer=tok) as runtime:
+        runtime.after_drain.append(fmt.age)  # as the app does for each route
         done = 0
         next_session = 0
 

@@ -61,6 +61,9 @@ class AnthropicFormat(TurnFormat[AnthropicCall]):
     def load(self, raw: bytes) -> Any:
         return load_messages_body(raw, self._memo)
 
+    def age(self) -> None:
+        self._memo.age()
+
     def parse(self, body: Any) -> AnthropicCall:
         if isinstance(body, MessagesBody):
             return parse_messages_body(body.options, messages=body.messages, tools=body.tools)

@@ -79,6 +79,11 @@ class AnthropicMemo:
         self.tools: MessageMemo[tuple[dict[str, Any], ...]] = MessageMemo(field_bytes)
         self.options: MessageMemo[MessagesOptions] = MessageMemo(field_bytes)
 
+    def age(self) -> None:
+        """Drop what no turn used since the last drain (:meth:`MessageMemo.age`)."""
+        for memo in (self.messages, self.system, self.tools, self.options):
+            memo.age()
+
 
 def load_messages_body(raw: bytes, memo: AnthropicMemo) -> Any:
     """A request body: a :class:`MessagesBody` when everything in it converts, else its JSON value.

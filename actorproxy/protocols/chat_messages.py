@@ -81,6 +81,10 @@ class ChatMemo(MessageMemo[FrozenMessage]):
         super().__init__(max_bytes)
         self.options: MessageMemo[ChatFields] = MessageMemo(field_bytes)
 
+    def age(self) -> None:
+        super().age()
+        self.options.age()
+
 
 @attrs.frozen
 class ChatBody:

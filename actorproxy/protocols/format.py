@@ -81,6 +81,10 @@ class TurnFormat(Generic[C]):
         """A request's body as :meth:`parse` takes it: by default its JSON value (400 when empty or not JSON)."""
         return load_body(raw)
 
+    def age(self) -> None:
+        """After a drain of the whole store: what :meth:`load` keeps of recent bodies drops what no turn used
+        since the last drain (``Runtime.after_drain``)."""
+
     def parse(self, body: Any) -> C:
         """The call a body (:meth:`load`) asks for; :class:`~actorproxy.errors.BadRequest` naming the bad field."""
         raise NotImplementedError

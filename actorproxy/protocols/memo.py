@@ -101,6 +101,17 @@ class MessageMemo(Generic[T]):
         self._young[key] = entry
         self._bytes += size
 
+    def age(self) -> None:
+        """Drop what no lookup used since the last call (or turnover): the young generation becomes the old one.
+
+        Called after each drain of the whole store (``Runtime.after_drain``): the messages of
+        sessions finalized and drained before it go, where they stayed until the memo reached
+        its bound, each drain's entries pinning the allocator's arenas (issue 33). A session
+        still running finds its messages again (promoted at its next turn); one idle over two
+        drains has them parsed again once.
+        """
+        self._old, self._young, self._bytes = self._young, {}, 0
+
     def __len__(self) -> int:
         return len(self._young) + len(self._old)
 

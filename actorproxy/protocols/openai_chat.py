@@ -278,6 +278,9 @@ class OpenAIChatFormat(TurnFormat[OpenAIChatCall]):
     def load(self, raw: bytes) -> Any:
         return load_chat_body(raw, self._memo)
 
+    def age(self) -> None:
+        self._memo.age()
+
     def _logprobs_tokenizer(self, call: OpenAIChatCall) -> Any:
         return self._tokenizer if call.logprobs else None
 

@@ -75,6 +75,9 @@ class ResponsesFormat(TurnFormat[ResponsesCall]):
     def load(self, raw: bytes) -> Any:
         return load_responses_body(raw, self._memo)
 
+    def age(self) -> None:
+        self._memo.age()
+
     def parse(self, body: Any) -> ResponsesCall:
         if isinstance(body, ResponsesBody):
             call = parse_responses_body(body.value, messages=body.messages, tools=body.tools,

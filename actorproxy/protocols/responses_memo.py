@@ -90,6 +90,12 @@ class ResponsesMemo:
         self._old_turns: dict[tuple[bytes, ...], FrozenMessage] = {}
         self._max_turns = max_turns
 
+    def age(self) -> None:
+        """Drop what no turn used since the last drain (:meth:`MessageMemo.age`)."""
+        for memo in (self.items, self.tools, self.options):
+            memo.age()
+        self._old_turns, self._turns = self._turns, {}
+
     def turn(self, key: tuple[bytes, ...], parts: list[_Item]) -> FrozenMessage:
         """The assistant message of ``parts`` (one turn's items, ``key`` their bytes): the memo's when known."""
         message = self._turns.get(key)

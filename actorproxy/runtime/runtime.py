@@ -94,6 +94,9 @@ class Runtime:
     output_format: OutputFormat = attrs.field(factory=OutputFormat)
     #: Called at shutdown before the sessions are flushed, while the store still takes data.
     before_close: list[Callable[[], Awaitable[None]]] = attrs.field(factory=list)
+    #: Called after each drain of the whole store, before what it freed goes back to the system: the
+    #: routes' body memos drop what no turn used since the last drain (the drained sessions' messages).
+    after_drain: list[Callable[[], None]] = attrs.field(factory=list)
 
     def check_admission(self) -> None:
         """Raise the refusal a new turn would get now (shutting down: 503; store full or failing: 507)."""
@@ -266,8 +269,11 @@ class Runtime:
         await self._after_read(drained_all)
 
     async def _after_read(self, drained_all: bool) -> None:
-        """After a drain of the whole store, the memory it freed is given back to the system."""
+        """After a drain of the whole store, the caches let go (``after_drain``) and the memory freed is given
+        back to the system."""
         if drained_all:
+            for forget in self.after_drain:
+                forget()
             await trio.to_thread.run_sync(freed_memory.give_back)
 
     async def store_stats(self) -> dict[str, Any]:

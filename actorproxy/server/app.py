@@ -150,6 +150,7 @@ def create_app(runtime: Runtime, admission: Admission | None = None) -> QuartTri
 
         lane.mount(suffix, handler)
         mount(suffix, served_by_the_lane, "POST")
+        runtime.after_drain.append(fmt.age)  # its memo lets the drained sessions' messages go
 
     async def count_tokens(url_session: str | None = None, url_instance: str | None = None) -> Response:
         """The prompt length the next turn would have if it started a segment (a fresh render)."""

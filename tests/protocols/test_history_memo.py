@@ -40,8 +40,8 @@ def _raw(messages: list[dict[str, Any]], **fields: Any) -> bytes:
     return orjson.dumps({"model": "m", "messages": messages, **fields})
 
 
-def _loaded(memo: ChatMemo, messages: list[dict[str, Any]]) -> ChatBody:
-    body = load_chat_body(_raw(messages), memo)
+def _loaded(memo: ChatMemo, messages: list[dict[str, Any]], **fields: Any) -> ChatBody:
+    body = load_chat_body(_raw(messages, **fields), memo)
     assert isinstance(body, ChatBody)
     return body
 
@@ -175,6 +175,22 @@ def test_the_memo_is_bounded() -> None:
     assert len(memo) < 50
     again = _loaded(memo, [{"role": "user", "content": "message 0 " + "x" * 40}])  # evicted: checked again
     assert again.messages == [{"role": "user", "content": "message 0 " + "x" * 40}]
+
+
+def test_aging_drops_what_no_lookup_used_since_the_last_age() -> None:
+    """Issue 33: the memo kept every finalized session's messages until it reached its bound (64 MiB): RSS
+    grew with each drain (memory_drains.py: one entry a session, ~1 MiB of pinned allocator arenas a drain).
+    Aged at each drain, it keeps what the turns since the last drain used, and nothing older."""
+    memo = ChatMemo()
+    done = {"role": "user", "content": "the first message of a session finalized and drained"}
+    live = {"role": "user", "content": "the first message of a session still running"}
+    _loaded(memo, [done])
+    _loaded(memo, [live], tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    memo.age()
+    again = _loaded(memo, [live])  # a turn of the live session after the drain: it stays
+    memo.age()
+    assert len(memo) == 1 and len(memo.options) == 1  # the drained session's message and the old tools are gone
+    assert _loaded(memo, [live]).messages[0] is again.messages[0]
 
 
 @pytest.mark.parametrize("text_bytes", [20, 2000])

@@ -16,6 +16,9 @@ from _util import run_turn
 from actorproxy.config import ProxyConfig
 from actorproxy.core.records import Segment
 from actorproxy.errors import StorageFull
+from actorproxy.protocols.anthropic_messages import AnthropicMemo
+from actorproxy.protocols.chat_messages import ChatMemo
+from actorproxy.protocols.responses_memo import ResponsesMemo
 from actorproxy.runtime import freed_memory, store_messages
 from actorproxy.runtime import store as st
 from actorproxy.runtime.replies import FinalizeResult
@@ -226,6 +229,25 @@ async def test_a_whole_store_drain_gives_memory_back_once_its_reply_is_sent(
             drained = await http.post("/trajectory/read", json={"include_steps": True, "drain": True})
             assert drained.status_code == 200 and len(drained.content) > 5 * store_messages.PART_BYTES
     assert given_back_at == [len(drained.content)]
+
+
+async def test_a_whole_store_drain_ages_the_body_memos_of_every_route(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33: the body memos kept every drained session's messages until they reached their bound, and RSS
+    grew drain after drain. After a drain of the whole store (only then) each route's memo is aged."""
+    aged: list[str] = []
+    for memo in (ChatMemo, AnthropicMemo, ResponsesMemo):
+        monkeypatch.setattr(memo, "age", lambda self: aged.append(type(self).__name__))
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
+        for i in range(2):
+            await run_turn(sim.runtime, f"s{i}", HI)
+            await sim.runtime.finalize(f"s{i}")
+        assert (await http.post("/trajectory/read", json={"session_id": "s0", "drain": True})).status_code == 200
+        assert (await http.post("/trajectory/read", json={"drain": False})).status_code == 200
+        assert aged == []
+        assert (await http.post("/trajectory/read", json={"drain": True})).status_code == 200
+    assert sorted(aged) == ["AnthropicMemo", "ChatMemo", "ResponsesMemo"]
 
 
 def _segment(i: int, tokens: int) -> Segment:
