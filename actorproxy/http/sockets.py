@@ -61,12 +61,24 @@ class ClientConnection:
         self.raw.socket.close()
 
     def stale(self) -> bool:
-        """An idle connection the server has closed (or wrote to unasked) is readable."""
+        """An idle connection the server has closed (or wrote to unasked) is readable.
+
+        A peek, not ``select``: ``select`` refuses a descriptor past 1024 (``ValueError``), and a
+        proxy serving hundreds of streams holds such descriptors; each of its idle engine
+        connections would count as closed, and every turn would open a connection of its own.
+        """
+        sock = self.sock
         try:
-            readable, _, _ = select.select([self.raw.socket.fileno()], [], [], 0)
+            if sock is None:  # TLS: the raw socket asked through poll (no descriptor bound either)
+                poller = select.poll()
+                poller.register(self.raw.socket.fileno(), select.POLLIN)
+                return bool(poller.poll(0))
+            sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False  # nothing to read: open and quiet
         except (OSError, ValueError):
             return True
-        return bool(readable)
+        return True  # bytes nobody asked for, or the server's end of file
 
 
 class ReadDeadlines:

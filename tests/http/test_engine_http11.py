@@ -6,6 +6,8 @@ response and records what it saw (connections accepted, requests, when a client 
 
 from __future__ import annotations
 
+import os
+import resource
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -217,3 +219,27 @@ async def test_a_one_shot_answer_with_an_endless_head_is_refused_at_the_heads_bo
         assert origin is not None
         with trio.fail_after(5):
             assert await origin.post("/abort_request", b"{}", 600.0).status() is None
+
+
+async def test_a_connection_whose_descriptor_is_past_1024_is_kept() -> None:
+    """A proxy serving hundreds of streams holds descriptors past 1024 (it lifts ``ulimit -n``): an idle engine
+    connection there is reused like any other, not taken for one the engine closed and opened anew each turn."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("this machine allows no descriptor past 1100")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200) if hard == resource.RLIM_INFINITY else hard, hard))
+    filler = []
+    try:
+        async with serving(lambda n, _: sized(b"ok")) as server:
+            while not filler or filler[-1] < 1100:  # the lowest free descriptors taken: the client's is past them
+                filler.append(os.open(os.devnull, os.O_RDONLY))
+            client = HTTP11Client(server.url)
+            for _ in range(5):
+                response = await client.stream("POST", server.url + "/generate", b"{}")
+                assert await response.aread() == b"ok"
+            assert client.opened == 1 and server.accepted == 1
+            await client.aclose()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
