@@ -21,6 +21,7 @@ from actorproxy.engines.base import BackendError
 from actorproxy.engines.errors import mapped_errors
 from actorproxy.http.client import HTTP11Client
 from actorproxy.http.errors import ConnectError, ReadTimeout
+from actorproxy.http.sockets import ClientConnection
 
 CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
 
@@ -243,3 +244,15 @@ async def test_a_connection_whose_descriptor_is_past_1024_is_kept() -> None:
         for fd in filler:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_an_idle_tls_connection_is_checked_on_its_raw_socket() -> None:
+    """A TLS connection (its stream is not the raw socket's) counts as closed once the server's end of file is
+    there, and as open while it is quiet."""
+    mine, theirs = trio.socket.socketpair()
+    tls = trio.StapledStream(trio.testing.MemorySendStream(), trio.testing.MemoryReceiveStream())
+    connection = ClientConnection(tls, trio.SocketStream(mine))
+    assert connection.sock is None and not connection.stale()
+    theirs.close()
+    assert connection.stale()
+    connection.close()
