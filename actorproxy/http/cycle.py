@@ -20,6 +20,7 @@ from urllib.parse import unquote
 import trio
 
 from . import h1
+from .state import CLIENT, ERROR, SEND_BODY, SEND_RESPONSE, SERVER
 
 if TYPE_CHECKING:
     from .server import ServerConnection
@@ -99,17 +100,18 @@ class Cycle:
                            SLOW_BODY_EXTENSION: self.too_slow, SEND_NOW_EXTENSION: self.send_now},
         }
         self.on_disconnect: list[Callable[[], None]] = []
-        self.body = h1.BodyDecoder.of_request(request)
+        self.body = body = h1.BodyDecoder.of_request(request)
+        # Where the request and its response stand (the body's end, the response's start and end, keep-alive,
+        # a body that broke: ``ERROR`` on the client's side) is the connection's ``state``; the flags here are ASGI's.
+        self.state = state = connection.state
+        state.request(request.keep_alive, body.done, request.expect_continue)
         self.read_lock: trio.Lock | None = None  # made by the first ``receive`` (the turn lane takes ``body_now``)
         self.body_given = False  # the app has the body's last message
-        self.bad_body = False  # the body's framing was broken: answer 400 if the app did not answer
-        self.slow_body = False  # the body came slower than the server's minimum rate: answer 408 (the same)
+        self.slow_body = False  # the body came slower than the server's minimum rate: answer 408, not 400
         self.started = trio.current_time()  # for the body's rate (``body_due``)
         self.mark = connection.received - len(connection.buffer)  # ``connection.received`` before the body
-        self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None
+        self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None  # ``http.response.start``'s, until a body
         self.framing: h1.ResponseFraming | None = None
-        self.complete = False
-        self.close = False  # the response says the connection ends
 
     async def run(self) -> None:
         server = self.connection.server
@@ -127,14 +129,15 @@ class Cycle:
             # is dropped with the app's call: the request's objects go by reference counting, not at a collection.
             self.scope.pop("extensions", None)
             self.on_disconnect = []
-        if self.framing is None:
-            await self.error_response(408 if self.slow_body else 400 if self.bad_body else 500)
-        elif not self.complete:
-            self.connection.closed = True  # a reply cut short: the client must not reuse the connection
+        state = self.state
+        if state.server == SEND_RESPONSE:
+            await self.error_response(408 if self.slow_body else 400 if state.client == ERROR else 500)
+        elif state.server == SEND_BODY:  # a reply cut short: the client must not reuse the connection
+            state.fail(SERVER)
+            self.connection.closed = True
 
     async def error_response(self, status: int) -> None:
-        self.complete = self.close = True
-        self.framing = h1.ResponseFraming(self.request, status, [])
+        self.state.response(False, ended=True)
         if status == 408:
             await self.connection.write(self.timeout_response())
             return
@@ -164,7 +167,7 @@ class Cycle:
 
     async def _receive(self) -> Message:
         connection = self.connection
-        if connection.closed or self.bad_body or self.slow_body:
+        if connection.closed or self.state.client == ERROR:
             # A checkpoint: an app that keeps asking (a drain loop) must not hold the event loop forever.
             await trio.lowlevel.checkpoint()
             return DISCONNECT
@@ -180,21 +183,26 @@ class Cycle:
                 else:
                     data = None  # a body up to BODY_AT_ONCE is given whole: one message, not one per read
                 if data is not None:
-                    self.body_given = body.done
+                    if body.done:
+                        self.body_given = True
+                        if self.state.client == SEND_BODY:  # (a bodiless request's ended with its head)
+                            self.state.request_end()
                     if len(connection.buffer) <= MAX_PIPELINED:
                         connection.room.unpark_all()
                     return {"type": "http.request", "body": data, "more_body": not body.done}
                 if connection.eof:
                     break
-                if self.request.expect_continue and self.framing is None:
-                    self.request.expect_continue = False
+                if self.state.expect_continue:  # (no response has started)
+                    self.state.expect_continue = False
                     await connection.write(CONTINUE)
                 if not await self.more_body():  # too slow: the client gets a 408 unless the app answers
                     self.slow_body = True
+                    self.state.fail(CLIENT)
                     return DISCONNECT
         except h1.ProtocolError:  # the client is still there: it gets a 400 unless the app answers
-            self.bad_body = True
+            self.state.fail(CLIENT)
             return DISCONNECT
+        self.state.fail(CLIENT)  # the body was cut short by the client's end
         connection.closed = True
         return DISCONNECT
 
@@ -210,9 +218,9 @@ class Cycle:
 
     async def discard_rest(self) -> bool:
         """After the response: read and drop the rest of the body (its rate bounded); whether it all came."""
-        body, connection = self.body, self.connection
-        if self.bad_body or self.slow_body:
-            return False
+        body, connection, state = self.body, self.connection, self.state
+        if state.client != SEND_BODY:
+            return state.client != ERROR
         try:
             while not body.done:
                 if body.read(connection.buffer) is not None:
@@ -221,7 +229,9 @@ class Cycle:
                 if connection.eof or connection.closed or not await self.more_body():
                     return False
         except h1.ProtocolError:
+            state.fail(CLIENT)
             return False
+        state.request_end()
         return True
 
     def leaves_body(self) -> bool:
@@ -229,7 +239,7 @@ class Cycle:
         body = self.body
         if self.body_given or body.done:
             return False
-        if self.request.expect_continue:  # no 100 Continue went out: the client may never send it
+        if self.state.expect_continue:  # no 100 Continue went out: the client may never send it
             return True
         return body.chunked or body.remaining - len(self.connection.buffer) > BODY_DISCARD
 
@@ -256,12 +266,13 @@ class Cycle:
     def body_now(self) -> bytes | None:
         """The whole body if it has all arrived (then received: the next ``receive`` waits for the disconnect)."""
         body, buffer = self.body, self.connection.buffer
-        if self.body_given or self.bad_body or body.chunked or (self.read_lock is not None and self.read_lock.locked()):
+        if self.body_given or body.chunked or (self.read_lock is not None and self.read_lock.locked()):
             return None
         if body.done:
             data = b""
         elif len(buffer) >= body.remaining:
             data = body.read(buffer) or b""
+            self.state.request_end()
             if len(buffer) <= MAX_PIPELINED:
                 self.connection.room.unpark_all()
         else:
@@ -291,25 +302,32 @@ class Cycle:
         if kind == "http.response.start":
             self.head = (int(message["status"]), list(message.get("headers", ())))
             return
-        if kind != "http.response.body" or self.complete or self.head is None:
+        state = self.state
+        if kind != "http.response.body" or self.head is None:
             return
         out = b""
         framing = self.framing
-        if framing is None:
+        if state.server != SEND_BODY:
+            if state.server != SEND_RESPONSE:  # the response has ended (or broke)
+                return
             status, headers = self.head
             framing = h1.ResponseFraming(self.request, status, headers)
             if self.leaves_body() or self.slow_body:  # a 413 from the head, a 408: the rest is not read, it ends
                 framing.close = True
             out = framing.head(status, headers, Date.now())
-            self.framing, self.close = framing, framing.close
+            self.framing = framing
+            state.response(not framing.close)
+        assert framing is not None  # (made with the response's start)
         body = message.get("body", b"")
         if body:
             out += framing.piece(body)
         if not message.get("more_body", False):
             end, whole = framing.end()
             out += end
-            self.complete = whole
-            if not whole:
+            if whole:
+                state.response_end()
+            else:  # shorter than its content-length: nothing more goes out, the connection ends
+                state.fail(SERVER)
                 self.connection.closed = True
         await self.connection.write(out)
 
@@ -323,7 +341,7 @@ class Cycle:
         lock). A closed connection (the client gone) raises :class:`trio.BrokenResourceError`.
         """
         framing = self.framing
-        if framing is None or self.complete or not body:
+        if framing is None or self.state.server != SEND_BODY or not body:
             return None
         return self.connection.write_now(framing.piece(body))
 

@@ -41,6 +41,7 @@ import trio
 from . import h1
 from .cycle import BODY_AT_ONCE, CONTINUE, MAX_PIPELINED, Cycle, Date
 from .sockets import send_rest, sent_now
+from .state import DONE, SEND_BODY, ConnectionState
 
 log = logging.getLogger("actorproxy.http")
 
@@ -144,11 +145,13 @@ class ServerConnection:
         self.server, self.sock = server, sock
         self.buffer = bytearray(data)  # bytes read and not yet taken (an adopted connection's come with it)
         self.received = len(data)  # bytes read from the client so far (a body's rate is measured on it)
-        self.linger = False  # the client may still be sending: close gently (``close_gently``)
+        self.state = ConnectionState()  # where the exchange under way stands (HTTP/1.1, sans-IO): see ``.state``
         self.probe_only = False  # taken past --max-connections: a health probe is served, anything else 503
         self.handoff: Handoff | None = None  # set by the server's router: the connection goes elsewhere
+        # The transport, which the protocol state does not see (the reader reads ahead of what is parsed):
         self.eof = False  # the client sent its last byte (or the socket failed)
         self.gone = False  # the client is gone (not only done sending): a request in flight is then cancelled
+        self.closed = False  # nothing more is written: the client went away, a write failed, or a reply broke
         self.arrived = trio.lowlevel.ParkingLot()  # tasks waiting for bytes (or the EOF)
         self.serving = trio.lowlevel.ParkingLot()  # the reader after an EOF, until the request that came with it runs
         self.room = trio.lowlevel.ParkingLot()  # the reader, while the buffer is full
@@ -156,7 +159,6 @@ class ServerConnection:
         self.want = 0  # bytes of a body the router waits for before the request is served (``gathering``)
         self.write_lock = trio.Lock()
         self.writes = 0  # writes since the last scheduling round one of them took
-        self.closed = False  # the client went away (or the socket failed)
         self.idle_since: float | None = None  # waiting for a request since (``trio.current_time``)
         self.timed_out = False  # idle longer than the keep-alive timeout: close
         self.scope = trio.CancelScope()  # the connection's: cancelled when a client gone means its request must end
@@ -174,7 +176,7 @@ class ServerConnection:
                     nursery.cancel_scope.cancel()
             if self.handoff is not None:  # the reader has stopped: every byte read is in the buffer
                 await self.handoff(trio.socket.from_stdlib_socket(self.sock), bytes(self.buffer))
-            elif self.linger and not (self.eof or self.closed):
+            elif self.state.request_unread and not (self.eof or self.closed):  # the client may still be sending
                 await self.close_gently()
         finally:
             server.connections.discard(self)
@@ -183,6 +185,7 @@ class ServerConnection:
             server.released.unpark_all()
 
     async def serve(self) -> None:
+        state = self.state
         while True:
             request = await self.next_request()
             if request is None:
@@ -190,8 +193,8 @@ class ServerConnection:
             if self.probe_only:
                 request.keep_alive = False  # one request, then the connection makes room
                 if not self.server.policy.is_probe(request):
+                    state.request(False, not request.chunked and not request.length)  # a body is left unread
                     await self.write(self.server.policy.overloaded(Date.now()))
-                    self.linger = True
                     return
             if self.server.router is not None:
                 self.handoff = await self.server.router(self, request)
@@ -204,11 +207,11 @@ class ServerConnection:
                 await cycle.run()  # in this task: no task to spawn and join per request
             finally:
                 self.cycle = None
-            if cycle.complete and request.keep_alive and not (cycle.body.done or cycle.close or self.closed):
+            if state.server == DONE and state.client == SEND_BODY and not self.closed:
                 await cycle.discard_rest()  # answered before its body came: the rest is read (and dropped) now
-            if not (cycle.complete and cycle.body.done and request.keep_alive) or cycle.close or self.closed:
-                self.linger = not cycle.body.done
+            if not state.reusable or self.closed:
                 return  # unread body, a close asked for, or a broken reply: the connection cannot go on
+            state.next_cycle()
 
     async def close_gently(self) -> None:
         """End a connection whose client may still be sending its body: our side first, then what comes is dropped.
@@ -316,7 +319,7 @@ class ServerConnection:
             return  # (no epoll, not Linux: an EOF is a hang-up, as it always was there)
         with _EPOLL() as watch:
             watch.register(self.sock.fileno(), 0)
-            if cycle.framing is None and not self.write_lock.locked():
+            if not self.state.response_started and not self.write_lock.locked():
                 await self.write(CONTINUE)
             try:
                 await trio.lowlevel.wait_readable(watch.fileno())
