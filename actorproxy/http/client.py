@@ -75,6 +75,7 @@ class Response:
         self._body = body
         self._sse: SSEParser | None = None
         self._fault: ProtocolError | None = None  # found after bytes still to deliver
+        conn.state.response(body.keep_alive, ended=body.done)
         if body.done:
             self._end()
 
@@ -121,6 +122,7 @@ class Response:
                         self._fault = exc  # the bytes before the fault first: it is raised at the next read
                         return True
                     if body.done:
+                        conn.state.response_end()
                         self._end()
                         return len(out) > before
                     if len(out) > before:
@@ -152,7 +154,7 @@ class Response:
     def _end(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            self._client._release(conn, self._body.keep_alive)
+            self._client._release(conn)
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -250,6 +252,7 @@ class HTTP11Client:
     async def _exchange(self, conn: ClientConnection, method: str, head: bytearray, body: bytes | None) -> Response:
         unanswered = conn.reused  # nothing received yet on a kept connection: a failure retries
         try:
+            conn.state.request(True, True)  # (its body goes with the head, whole)
             try:
                 await self._io.send(conn, head, body or b"")
             except TransportError as exc:
@@ -332,10 +335,13 @@ class HTTP11Client:
             raise
         return trio.SocketStream(sock)
 
-    def _release(self, conn: ClientConnection, keep_alive: bool) -> None:
-        if not keep_alive or conn.buf:
-            conn.close()  # Connection: close, an HTTP/1.0 server, or bytes beyond the response
+    def _release(self, conn: ClientConnection) -> None:
+        """A connection whose response ended: back to the pool if the exchange left it reusable, else closed."""
+        state = conn.state
+        if not state.reusable or conn.buf:
+            conn.close()  # Connection: close, an HTTP/1.0 server, a body to the end, or bytes beyond the response
             return
+        state.next_cycle()
         conn.reused = True
         conn.idle_since = trio.current_time()
         self._idle.append(conn)

@@ -32,15 +32,16 @@ from collections.abc import Sequence
 import trio
 
 from .errors import ReadTimeout, TransportError
+from .state import ConnectionState
 
 _READ_SIZE = 256 * 1024
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError)
 
 
 class ClientConnection:
-    """One keep-alive connection to a server: its stream, raw socket and unparsed bytes."""
+    """One keep-alive connection to a server: its stream, raw socket, unparsed bytes and protocol ``state``."""
 
-    __slots__ = ("stream", "raw", "sock", "buf", "idle_since", "reused", "eager", "drained", "expired")
+    __slots__ = ("stream", "raw", "sock", "buf", "state", "idle_since", "reused", "eager", "drained", "expired")
 
     def __init__(self, stream: trio.abc.Stream, raw: trio.SocketStream) -> None:
         self.stream = stream
@@ -49,6 +50,7 @@ class ClientConnection:
         sock = getattr(raw.socket, "_sock", None) if stream is raw else None
         self.sock: socket.socket | None = sock if isinstance(sock, socket.socket) else None
         self.buf = bytearray()  # bytes received and not parsed yet
+        self.state = ConnectionState()  # where the exchange under way stands (``.state``): reusable when it ended
         self.idle_since = 0.0
         self.reused = False  # has served a request before (so the server may have closed it meanwhile)
         self.eager = False  # the last read found its bytes waiting (the next such read yields)
