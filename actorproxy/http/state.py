@@ -122,25 +122,22 @@ class ConnectionState:
 
     def fail(self, role: str) -> None:
         """``role``'s message broke (its framing, its length, its peer): the connection cannot go on."""
-        self.keep_alive = False
-        if role == CLIENT:
-            self.client = ERROR
-        else:
-            self.server = ERROR
-        self.close_after()
+        self._leave(role, ERROR)
 
     def closed(self, role: str) -> None:
         """``role``'s side closed: between messages it is ``CLOSED``; within one, its message broke."""
-        if (self.client if role == CLIENT else self.server) in _MAY_CLOSE:
-            self.keep_alive = False
-            if role == CLIENT:
-                self.client = CLOSED
-            else:
-                self.server = CLOSED
-            self.close_after()
-            return
-        self.fail(role)
-        raise ProtocolError(f"the {role} closed in the middle of its message")
+        if (self.client if role == CLIENT else self.server) not in _MAY_CLOSE:
+            self.fail(role)
+            raise ProtocolError(f"the {role} closed in the middle of its message")
+        self._leave(role, CLOSED)
+
+    def _leave(self, role: str, state: str) -> None:
+        """``role``'s side is ``state`` for good; keep-alive ends (a ``DONE`` other side is ``MUST_CLOSE``)."""
+        if role == CLIENT:
+            self.client = state
+        else:
+            self.server = state
+        self.close_after()
 
     def next_cycle(self) -> None:
         """Both messages are whole and keep-alive holds: the connection is ready for the next exchange."""
