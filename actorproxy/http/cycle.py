@@ -270,7 +270,7 @@ class Cycle:
             return None
         if body.done:
             data = b""
-        elif len(buffer) >= body.remaining:
+        elif len(buffer) >= body.remaining and self.state.client == SEND_BODY:  # (not after a 408 for it)
             data = body.read(buffer) or b""
             self.state.request_end()
             if len(buffer) <= MAX_PIPELINED:

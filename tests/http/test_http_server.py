@@ -479,3 +479,25 @@ async def test_send_now_writes_a_piece_of_the_body_from_another_task_and_raises_
             await done.wait()
     assert data.endswith(b"5\r\nhead;\r\n6\r\npiece;\r\n")
     assert pieces[0] is None and isinstance(pieces[1], trio.BrokenResourceError)
+
+
+async def test_a_body_given_up_as_too_slow_is_not_handed_over_when_it_comes_after_all(autojump_clock: Any) -> None:
+    """Once a body's 408 is decided (its side of the exchange broke), ``body_now`` gives nothing, even if it arrived."""
+    seen: list[Any] = []
+    arrived = trio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append((await receive())["type"])  # the body stops: after the grace, a disconnect
+        await arrived.wait()
+        seen.append(scope["extensions"][BODY_EXTENSION]())
+
+    async with connected(app) as stream:
+        await stream.send_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n\r\nab")
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(ConnectionLimits().body_grace + 1)
+        await stream.send_all(b"cd")
+        await trio.testing.wait_all_tasks_blocked()
+        arrived.set()
+        answer = await stream.receive_some(4096)
+    assert seen == ["http.disconnect", None]
+    assert answer.startswith(b"HTTP/1.1 408 ")
