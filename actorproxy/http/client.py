@@ -75,7 +75,7 @@ class Response:
         self._body = body
         self._sse: SSEParser | None = None
         self._fault: ProtocolError | None = None  # found after bytes still to deliver
-        conn.state.response(body.keep_alive, ended=body.done)
+        conn.state.response(body.keep_alive, body.done)
         if body.done:
             self._end()
 
@@ -337,11 +337,9 @@ class HTTP11Client:
 
     def _release(self, conn: ClientConnection) -> None:
         """A connection whose response ended: back to the pool if the exchange left it reusable, else closed."""
-        state = conn.state
-        if not state.reusable or conn.buf:
+        if conn.buf or not conn.state.next_cycle():
             conn.close()  # Connection: close, an HTTP/1.0 server, a body to the end, or bytes beyond the response
             return
-        state.next_cycle()
         conn.reused = True
         conn.idle_since = trio.current_time()
         self._idle.append(conn)

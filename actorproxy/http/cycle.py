@@ -137,7 +137,7 @@ class Cycle:
             self.connection.closed = True
 
     async def error_response(self, status: int) -> None:
-        self.state.response(False, ended=True)
+        self.state.response(False, True)
         if status == 408:
             await self.connection.write(self.timeout_response())
             return
@@ -307,7 +307,8 @@ class Cycle:
             return
         out = b""
         framing = self.framing
-        if state.server != SEND_BODY:
+        starts = state.server != SEND_BODY
+        if starts:
             if state.server != SEND_RESPONSE:  # the response has ended (or broke)
                 return
             status, headers = self.head
@@ -316,17 +317,21 @@ class Cycle:
                 framing.close = True
             out = framing.head(status, headers, Date.now())
             self.framing = framing
-            state.response(not framing.close)
-        assert framing is not None  # (made with the response's start)
+        assert framing is not None  # (made as the response starts)
         body = message.get("body", b"")
         if body:
             out += framing.piece(body)
-        if not message.get("more_body", False):
+        if message.get("more_body", False):
+            if starts:
+                state.response(not framing.close)
+        else:
             end, whole = framing.end()
             out += end
-            if whole:
+            if starts:  # the whole response in one message (the common case): one transition
+                state.response(not framing.close, whole)
+            elif whole:
                 state.response_end()
-            else:  # shorter than its content-length: nothing more goes out, the connection ends
+            if not whole:  # shorter than its content-length: nothing more goes out, the connection ends
                 state.fail(SERVER)
                 self.connection.closed = True
         await self.connection.write(out)

@@ -209,9 +209,8 @@ class ServerConnection:
                 self.cycle = None
             if state.server == DONE and state.client == SEND_BODY and not self.closed:
                 await cycle.discard_rest()  # answered before its body came: the rest is read (and dropped) now
-            if not state.reusable or self.closed:
+            if self.closed or not state.next_cycle():
                 return  # unread body, a close asked for, or a broken reply: the connection cannot go on
-            state.next_cycle()
 
     async def close_gently(self) -> None:
         """End a connection whose client may still be sending its body: our side first, then what comes is dropped.

@@ -17,7 +17,7 @@ instead, and one ``DONE`` turns ``MUST_CLOSE`` when keep-alive ends later. A sid
 message broke (a bad chunk, a truncated body, a reply cut short) is ``ERROR``; one whose
 peer closed (or that closed) when nothing was under way is ``CLOSED``. When both are
 ``DONE`` the exchange is over and the connection may carry the next one
-(:meth:`ConnectionState.next_cycle`: both ``IDLE`` again).
+(:meth:`ConnectionState.next_cycle` makes both ``IDLE`` again; it refuses otherwise).
 
 An event a state does not allow is a :class:`~.errors.ProtocolError` (a second request
 head before the response, a response with no request, a body's end twice): the I/O class
@@ -93,7 +93,7 @@ class ConnectionState:
 
     # -- the response (server side) --------------------------------------------------------------------------------
 
-    def response(self, keep_alive: bool, *, ended: bool = False) -> None:
+    def response(self, keep_alive: bool, ended: bool = False) -> None:
         """A final (not 1xx) response head went out or came in (``ended``: its body went with it whole)."""
         if self.server != SEND_RESPONSE:
             raise ProtocolError(f"a response head while the connection is {self!r}")
@@ -139,11 +139,13 @@ class ConnectionState:
             self.server = state
         self.close_after()
 
-    def next_cycle(self) -> None:
-        """Both messages are whole and keep-alive holds: the connection is ready for the next exchange."""
+    def next_cycle(self) -> bool:
+        """Whether the connection carries another exchange: when both messages are whole and keep-alive holds
+        (``reusable``), both sides are ``IDLE`` again and it does; else nothing changes and it does not."""
         if self.client != DONE or self.server != DONE:
-            raise ProtocolError(f"no next exchange while the connection is {self!r}")
+            return False
         self.client = self.server = IDLE
+        return True
 
     # -- the answers -----------------------------------------------------------------------------------------------
 

@@ -31,15 +31,19 @@ STEPS: dict[str, Step] = {
     "request end": lambda s: s.request_end(),
     "response": lambda s: s.response(True),
     "response, close": lambda s: s.response(False),
-    "response, whole": lambda s: s.response(True, ended=True),
+    "response, whole": lambda s: s.response(True, True),
     "response end": lambda s: s.response_end(),
     "close after": lambda s: s.close_after(),
     "client fails": lambda s: s.fail(CLIENT),
     "server fails": lambda s: s.fail(SERVER),
     "client closes": lambda s: s.closed(CLIENT),
     "server closes": lambda s: s.closed(SERVER),
-    "next cycle": lambda s: s.next_cycle(),
+    "next cycle": lambda s: _next_cycle(s),
 }
+
+
+def _next_cycle(state: ConnectionState) -> None:
+    assert state.next_cycle()
 
 #: (steps from a new connection, client state, server state, keep-alive, reusable)
 LEGAL = [
@@ -80,23 +84,28 @@ ILLEGAL = [
     ([], "request end"),
     ([], "response"),
     ([], "response end"),
-    ([], "next cycle"),
     (["request"], "request"),  # a second head before the first exchange ended
     (["request, no body"], "request end"),  # a bodiless request has no end to come
     (["request", "request end"], "request end"),
     (["request, no body"], "response end"),  # no response head yet
-    (["request, no body"], "next cycle"),
     (["request, no body", "response"], "response"),
-    (["request, no body", "response"], "next cycle"),
     (["request, no body", "response, whole"], "response end"),
     (["request, no body", "response, whole"], "request"),  # pipelined: only after the next cycle
-    (["request", "response, whole"], "next cycle"),  # the request's body has not ended
-    (["request, close, no body", "response, whole"], "next cycle"),  # must close
     (["request", "client fails"], "request end"),
-    (["request", "client fails", "response, whole"], "next cycle"),
     (["request, no body", "response", "server fails"], "response end"),
     (["client closes"], "request"),
-    (["request, no body", "response, whole", "server closes"], "next cycle"),
+]
+
+#: Steps after which the connection carries no next exchange (``next_cycle`` refuses, and nothing moves).
+NO_NEXT_CYCLE = [
+    [],
+    ["request, no body"],
+    ["request, no body", "response"],
+    ["request", "response, whole"],  # the request's body has not ended
+    ["request, close, no body", "response, whole"],  # must close
+    ["request", "client fails", "response, whole"],
+    ["request, no body", "response, whole", "server closes"],
+    ["request, no body", "response, whole", "next cycle"],  # (already begun)
 ]
 
 
@@ -121,6 +130,14 @@ def test_illegal_transitions_raise_the_codecs_protocol_error(steps: list[str], s
     with pytest.raises(ProtocolError):
         STEPS[step](state)
     assert (state.client, state.server) == before  # nothing moved
+
+
+@pytest.mark.parametrize("steps", NO_NEXT_CYCLE, ids=[" / ".join(steps) or "new" for steps in NO_NEXT_CYCLE])
+def test_no_next_exchange_unless_both_messages_are_whole_and_kept_alive(steps: list[str]) -> None:
+    state = run(steps)
+    before = (state.client, state.server, state.keep_alive)
+    assert not state.reusable and not state.next_cycle()
+    assert (state.client, state.server, state.keep_alive) == before
 
 
 @pytest.mark.parametrize("role", [CLIENT, SERVER])
