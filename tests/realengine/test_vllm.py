@@ -300,6 +300,9 @@ def test_pause_and_resume_with_a_new_version(
             assert not reader.is_alive()
         if kind == "dev":
             assert http.get(f"{engine.url}/weight_info").json() == {"weight_version": version}
+        # An abort that reached vLLM after the reply's last token counts as aborted in the answer, and
+        # the step is whole, never preempted.
+        engine_finished_first(http, proxy, sessions, [], "pause's abort", timing(first, answered))
         for session, out in zip(sessions, outs, strict=True):
             assert not [piece for piece in out if piece.startswith("ERROR")], out
             read = read_session(http, proxy, session)
