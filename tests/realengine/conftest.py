@@ -108,6 +108,10 @@ def vllm_proxies(
             proxies[kind] = start_proxy(
                 logs / f"{kind}.log", "--backend", "vllm", "--backend-url", server.url, "--partial-rollout",
                 "--engine-pause", "--engine-max-concurrency", "4",
+                # While one server samples, every process here can wait seconds for a core (docs/engines/vllm.md:
+                # up to 4.7 s measured), the other server's API too: a 5 s health check then finds an idle engine
+                # "down" and its next turns are refused. 15 s between checks (and as the check's timeout).
+                "--engine-health-interval", "15",
             )
         yield proxies
     finally:

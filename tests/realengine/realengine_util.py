@@ -154,21 +154,30 @@ def stream_until(proxy: Process, session: str, body: dict[str, Any], deltas: int
                  out: list[str], *, hang_up: bool = False) -> None:
     """Stream a turn in a thread: ``started`` is set after ``deltas`` pieces of text (then hang up if asked).
 
-    A piece is content or reasoning: the random model's reply may stay inside ``<think>``."""
-    with httpx.Client(timeout=300) as http, http.stream(
-        "POST", f"{proxy.url}/v1/chat/completions", json=body, headers={"X-Session-Id": session}
-    ) as got:
-        for line in got.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                out.append(f"ERROR {event}")
-            for choice in event["choices"]:
-                delta = choice["delta"]
-                out.append(delta.get("content") or delta.get("reasoning_content") or "")
-            if sum(1 for piece in out if piece) >= deltas:
-                started.set()
-                if hang_up:
+    A piece is content or reasoning: the random model's reply may stay inside ``<think>``. An error
+    event ends the stream: it is kept in ``out`` as ``ERROR {...}`` (see :func:`stream_errors`)."""
+    try:
+        with httpx.Client(timeout=300) as http, http.stream(
+            "POST", f"{proxy.url}/v1/chat/completions", json=body, headers={"X-Session-Id": session}
+        ) as got:
+            for line in got.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    out.append(f"ERROR {event}")
                     return
-    started.set()
+                for choice in event["choices"]:
+                    delta = choice["delta"]
+                    out.append(delta.get("content") or delta.get("reasoning_content") or "")
+                if sum(1 for piece in out if piece) >= deltas:
+                    started.set()
+                    if hang_up:
+                        return
+    finally:
+        started.set()  # also when the stream failed: the test goes on and reports it
+
+
+def stream_errors(outs: list[list[str]]) -> list[str]:
+    """The error events the streams of :func:`stream_until` ended with."""
+    return [piece for out in outs for piece in out if piece.startswith("ERROR ")]

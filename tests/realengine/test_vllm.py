@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 import pytest
-from realengine_util import Process, read_session, session_id, start_proxy, stop, stream_until
+from realengine_util import Process, read_session, session_id, start_proxy, stop, stream_errors, stream_until
 from realengine_util import chat as proxy_chat
 from vllm_util import MAX_MODEL_LEN, launch_vllm, stop_vllm, wait_vllm
 
@@ -247,6 +247,7 @@ def test_client_disconnect_keeps_what_vllm_produced(
         seen: list[str] = []
         start = time.monotonic()
         stream_until(proxy, session, body, FIRST, threading.Event(), seen, hang_up=True)
+        assert not stream_errors([seen]), seen
         first = since(start)
         read = read_session(http, proxy, session)
         step = read["steps"][0]
@@ -277,6 +278,7 @@ def test_pause_and_resume_with_a_new_version(
     with httpx.Client(timeout=300) as http:
         try:
             assert all(event.wait(300) for event in started)
+            assert not stream_errors(outs), stream_errors(outs)
             first = since(start)
             paused = http.post(f"{proxy.url}/v1/rollout/pause", json={"mode": "abort"}).json()
             answered = since(start)
@@ -345,6 +347,7 @@ def test_keep_pause_freezes_generations_in_vllm(
             reader.start()
         try:
             assert all(event.wait(300) for event in started)
+            assert not stream_errors(outs), stream_errors(outs)
             first = since(start)
             paused = http.post(f"{proxy.url}/v1/rollout/pause", json={"mode": "keep"}).json()
             answered = since(start)
@@ -550,6 +553,7 @@ def test_wait_pause_lets_generations_finish(
     with httpx.Client(timeout=300) as http:
         try:
             assert started[0].wait(300)
+            assert not stream_errors(outs), stream_errors(outs)
             paused = http.post(f"{proxy.url}/v1/rollout/pause", json={"mode": "wait"}).json()
             state = http.get(f"{proxy.url}/v1/rollout/pause_state").json()
         finally:
