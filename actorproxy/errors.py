@@ -18,6 +18,8 @@ class ProxyError(Exception):
     default_code: ClassVar[str] = "invalid_request"
     #: OpenAI's ``error.type`` for this kind of error.
     openai_type: ClassVar[str] = "invalid_request_error"
+    #: The ``Retry-After`` seconds this kind of error says unless its raiser sets another.
+    default_retry_after: ClassVar[float | None] = None
 
     def __init_subclass__(
         cls, *, status: int | None = None, code: str | None = None, openai_type: str | None = None, **kwargs: Any
@@ -37,7 +39,7 @@ class ProxyError(Exception):
         self.code = code or self.default_code
         self.param = param
         #: Seconds a client should wait before retrying (sent as ``Retry-After``).
-        self.retry_after: float | None = None
+        self.retry_after: float | None = self.default_retry_after
 
     def to_openai(self) -> dict[str, object]:
         return {
@@ -79,7 +81,9 @@ class Conflict(ProxyError, status=409, code="conflict"):
 
 
 class Overloaded(ProxyError, status=503, code="overloaded", openai_type="server_error"):
-    """Too many sessions or a full queue; the caller should retry later."""
+    """Too many sessions or a full queue; the caller should retry later (``Retry-After: 1`` unless set)."""
+
+    default_retry_after = 1.0
 
 
 class TooManySessions(Overloaded, status=429, code="too_many_sessions", openai_type="rate_limit_error"):

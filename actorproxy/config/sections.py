@@ -136,7 +136,8 @@ class EngineSettings:
     )
     engine_health_interval: float = setting(5.0, positive=True, help="seconds between health checks of every engine")
     engine_connect_timeout: float = setting(
-        10.0, positive=True, help="seconds to connect to an engine before the turn fails over or gets 502"
+        10.0, positive=True,
+        help="seconds to connect to an engine before the turn fails over or gets 503 engine_unavailable",
     )
     engine_read_timeout: float = setting(
         600.0, positive=True, help="seconds without a byte from a streaming engine before the turn gets 504"

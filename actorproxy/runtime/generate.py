@@ -134,6 +134,8 @@ class TurnGeneration:
         self.finish: GenerateFinish | None = None
         self._experts: list[str] = []
         self._forced = False  # a pause's abort was not honoured in time and the stream was cut
+        #: The agent was told the turn started: the engine took its first generation (see :meth:`_attempt`).
+        self._accepted = False
         self._drain_limit = 0.0  # the agent left: when its drain is cut, however much still comes
         #: What is left of this attempt's abort call, if a task reads it: the scope the attempt cancels as it ends.
         self._rest_scope: trio.CancelScope | None = None
@@ -237,15 +239,6 @@ class TurnGeneration:
                 except ProxyError as exc:
                     self._controller.end(handle, aborted=False)
                     raise TurnFailure(exc, "rejected") from None
-                try:
-                    # Once generation is permitted: a turn that waits out a pause and gives up is a
-                    # plain 503 with Retry-After, before any stream has started.
-                    await self._agent.accept(TurnAccepted(step.index, step.prompt_len))
-                except GONE:
-                    self._controller.end(handle, aborted=False)
-                    self.client_gone = True
-                    self.finish = GenerateFinish("abort")
-                    return self.finish
             budget = self._sampling.max_new_tokens - len(step.output_ids)
             start = len(step.output_ids)
             interrupted = False
@@ -335,6 +328,15 @@ class TurnGeneration:
             # (GenerationHandle.bound_abort), or the agent gone (the drain's bound).
             with trio.CancelScope() as stream:
                 async with self._backend.open_generation(request) as generation:
+                    if not self._accepted:
+                        # Told only once the engine took the generation: a turn refused before (a pause
+                        # waited out, no healthy engine, a connection refused, the engine's own error
+                        # status) is a plain status with its error, streamed or not: no stream has started.
+                        self._accepted = True
+                        try:
+                            await self._agent.accept(TurnAccepted(step.index, step.prompt_len))
+                        except GONE:
+                            self._agent_left(generation, handle, stream)  # read on to the engine's abort finish
                     # A pause's abort is sent in the pause's own call (no task, no nursery per attempt);
                     # what is left of it, if anything, runs in the session's side nursery, in a scope
                     # this attempt cancels as it ends (made only then: most attempts are never aborted).

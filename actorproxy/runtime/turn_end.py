@@ -24,15 +24,26 @@ class TurnFailure(Exception):
         self.status = status
 
 
+#: ``Retry-After`` of a turn no engine could take (the default interval of the pool's health checks).
+ENGINE_RETRY_AFTER = 5
+
+
 def engine_error(exc: BackendError) -> ProxyError:
-    """The agent-facing error for an engine failure (502, 504 on timeouts, 400 if the engine refused the input)."""
+    """The agent-facing error for an engine failure.
+
+    503 ``engine_unavailable`` with ``Retry-After`` when no engine could take the turn (none
+    healthy, none reachable, or it said it is overloaded); 504 on timeouts, 400 if the engine
+    refused the input, else 502.
+    """
     message = f"inference engine failed: {exc}"
+    if exc.status == 503 or exc.unreachable:
+        error = Overloaded(message, code="engine_unavailable")
+        error.retry_after = ENGINE_RETRY_AFTER
+        return error
     if exc.status == 504:
         return EngineTimeout(message)
     if exc.status == 400:
         return BadRequest(f"the inference engine rejected the request: {exc}", code="engine_rejected")
-    if exc.status == 503:
-        return Overloaded(message, code="engine_unavailable")
     return EngineError(message)
 
 
