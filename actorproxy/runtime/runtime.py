@@ -23,6 +23,7 @@ from ..engines.base import Backend, BackendError, ModelInfo
 from ..engines.engine_check import check_engine_tokenizer
 from ..engines.sglang.parse import SGLangParseClient
 from ..errors import BadRequest, EngineError, NotFound, Overloaded, ShutdownError, ShuttingDown
+from ..store.base import ReadQuery
 from ..tokenization.detokenize import byte_table
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
 from . import collector, freed_memory
@@ -230,35 +231,20 @@ class Runtime:
         include_steps: bool = False,
     ) -> ReadResult:
         """The stored segments (of a session, or one segment, or all), and their steps if asked for."""
-        result: ReadResult = await ask(
-            self.store, lambda r: st.Read(session_id, trajectory_id, drain, include_steps, r)
-        )
-        await self._after_read(drain and session_id is None and trajectory_id is None)
+        query = ReadQuery(session_id, trajectory_id, drain, include_steps)
+        result: ReadResult = await ask(self.store, lambda r: st.Read(query, r))
+        await self._after_read(query.drains_all)
         return result
 
-    async def read_reply(
-        self,
-        *,
-        session_id: str | None = None,
-        trajectory_id: str | None = None,
-        drain: bool = False,
-        include_steps: bool = False,
-    ) -> AsyncIterator[bytes]:
-        """``read`` as its JSON body in parts (``st.encode_parts``), to be sent one by one and each let go of
+    async def read_reply(self, query: ReadQuery) -> AsyncIterator[bytes]:
+        """:meth:`read` as its JSON body in parts (``st.encode_parts``), to be sent one by one and each let go of
         once sent; all are serialised before anything is drained (a drain is all or nothing).
 
         The read (and a drain's deletion) is done when this returns; after a drain of the
         whole store, the memory it freed goes back to the system once the last part is sent.
         """
-        parts = await self._read_parts(session_id, trajectory_id, drain, include_steps)
-        return self._sent_one_by_one(parts, drain and session_id is None and trajectory_id is None)
-
-    async def _read_parts(self, session_id: str | None, trajectory_id: str | None, drain: bool,
-                          include_steps: bool) -> list[bytes]:
-        parts: list[bytes] = await ask(
-            self.store, lambda r: st.Read(session_id, trajectory_id, drain, include_steps, r, encode=True)
-        )
-        return parts
+        parts: list[bytes] = await ask(self.store, lambda r: st.Read(query, r, encode=True))
+        return self._sent_one_by_one(parts, query.drains_all)
 
     async def _sent_one_by_one(self, parts: list[bytes], drained_all: bool) -> AsyncIterator[bytes]:
         """A body's parts, each let go of as soon as it is sent (a drain's reply is never held whole)."""

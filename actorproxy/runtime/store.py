@@ -263,7 +263,7 @@ class TrajectoryStore:
         for i, (reply, result) in self._answers.items():
             if i < self._done:
                 answer_outcome(reply, result)
-        wrote = any(isinstance(m, Put | Journal) or (isinstance(m, Read) and m.drain) for m in committed)
+        wrote = any(isinstance(m, Put | Journal) or (isinstance(m, Read) and m.query.drain) for m in committed)
         if not self._read_failed() and wrote and not rest and not self._pending:
             self._disk_works()
         for msg in rest:  # failed: the writes are kept in memory, the questions answered without the disk
@@ -297,9 +297,8 @@ class TrajectoryStore:
                     pass
                 case Read() as msg:
                     backend.commit()  # what came before is durable, and never applied twice
-                    query = ReadQuery(msg.session_id, msg.trajectory_id, msg.drain, msg.include_steps)
                     finish = (self._encode or encode_parts) if msg.encode else keep
-                    self._answers[i] = (msg.reply, self._read(query, finish))
+                    self._answers[i] = (msg.reply, self._read(msg.query, finish))
                     self._done = i + 1  # a drain commits (or rolls back) on its own
                 case Knows() as msg:
                     self._answers[i] = (msg.reply, capture(backend.knows, msg.session_id))
@@ -371,18 +370,17 @@ class TrajectoryStore:
                 answer_outcome(msg.reply, await self.call(capture, self.backend.knows, msg.session_id))
             case Stats():
                 answer(msg.reply, await self.call(self._stats))
-            case Read() if msg.session_id is not None and any(
-                    session_key(m.session_id) == session_key(msg.session_id) for m in self._pending):
+            case Read() if msg.query.session_id is not None and any(
+                    session_key(m.session_id) == session_key(msg.query.session_id) for m in self._pending):
                 answer_error(msg.reply, self._failed_error())  # part of it is not in the file yet
             case Read():
                 # What the file holds: a trainer's drain is the way out of a full disk (it frees room), so it
                 # runs while the store is failed; the writes kept in memory are tried again right after it.
-                query = ReadQuery(msg.session_id, msg.trajectory_id, msg.drain, msg.include_steps)
                 finish = (self._encode or encode_parts) if msg.encode else keep
-                result = await self.call(self._read, query, finish)
+                result = await self.call(self._read, msg.query, finish)
                 failed = self._read_failed()
                 answer_outcome(msg.reply, result)
-                if msg.drain and not failed and await self._retry_pending():
+                if msg.query.drain and not failed and await self._retry_pending():
                     self._disk_works()
 
     def _failed_error(self) -> StorageFull:

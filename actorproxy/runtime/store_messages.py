@@ -23,6 +23,7 @@ from ..core.records import Segment, Step
 from ..errors import StorageFull
 from ..schema.converter import CONVERTER
 from ..schema.records import ReadResult, segment_json, step_json, stored_step_json
+from ..store.base import ReadQuery
 from .actor import ActorGone, Reply, answer, answer_error
 
 T = TypeVar("T")
@@ -61,10 +62,7 @@ class Wake:
 
 @attrs.frozen
 class Read:
-    session_id: str | None
-    trajectory_id: str | None
-    drain: bool
-    include_steps: bool
+    query: ReadQuery
     reply: Reply
     #: Answer with the JSON body (bytes), serialised before anything is drained.
     encode: bool = False

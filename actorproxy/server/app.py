@@ -35,6 +35,7 @@ from ..protocols.trainer import DiscardBody, FinalizeBody, ReadBody
 from ..runtime.runtime import Runtime
 from ..schema import jsonio
 from ..schema.converter import CONVERTER, structure
+from ..store.base import ReadQuery
 from ..trajectory_file import write_trajectory_file
 from . import auth
 from .admission import Admission
@@ -229,10 +230,8 @@ def create_app(runtime: Runtime, admission: Admission | None = None) -> QuartTri
         if body.instance_id is not None or body.max_groups is not None or body.segment_view is not None:
             raise BadRequest("'instance_id', 'max_groups' and 'segment_view' are the Dressage dialect's read "
                              "fields (--api-dialect dressage)", param="instance_id")
-        reply = await runtime.read_reply(  # serialised before a drain deletes anything
-            session_id=body.session_id, trajectory_id=body.trajectory_id,
-            drain=body.drain, include_steps=body.include_steps,
-        )
+        # serialised before a drain deletes anything
+        reply = await runtime.read_reply(ReadQuery(body.session_id, body.trajectory_id, body.drain, body.include_steps))
         return Response(reply, status=200, mimetype="application/json")
 
     @app.get("/trajectory/stats")

@@ -42,10 +42,17 @@ def step_tokens(step: Step) -> int:
 
 @attrs.frozen
 class ReadQuery:
-    session_id: str | None
-    trajectory_id: str | None
-    drain: bool
-    include_steps: bool
+    """What a read asks for: a session's segments, one segment, or all (neither named); drained or not."""
+
+    session_id: str | None = None
+    trajectory_id: str | None = None
+    drain: bool = False
+    include_steps: bool = False
+
+    @property
+    def drains_all(self) -> bool:
+        """A drain of the whole store (neither a session nor a segment named)."""
+        return self.drain and self.session_id is None and self.trajectory_id is None
 
     def missing(self) -> NotFound:
         if self.session_id is not None:

@@ -27,6 +27,7 @@ from actorproxy.schema.converter import CONVERTER
 from actorproxy.schema.records import ReadResult
 from actorproxy.server.app import create_app
 from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.store.base import ReadQuery
 from actorproxy.store.sqlite import DB_FILE
 from actorproxy.testing import open_simulated_proxy
 
@@ -161,7 +162,7 @@ async def test_a_drain_that_cannot_be_serialised_deletes_nothing(
 
         monkeypatch.setattr(st, "encode_parts", broken)
         with pytest.raises(ValueError):
-            await runtime.read_reply(drain=True, include_steps=True)
+            await runtime.read_reply(ReadQuery(drain=True, include_steps=True))
         monkeypatch.undo()
         assert len(CONVERTER.unstructure(await runtime.read(session_id="a", include_steps=True))["steps"]) == 1
 
