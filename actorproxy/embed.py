@@ -42,6 +42,7 @@ import attrs
 import httpx
 import trio
 
+from .closing import Closing
 from .config import ProxyConfig
 from .serve import RunningProxy, serve_proxy
 from .server.auth import AccessPolicy
@@ -71,7 +72,7 @@ class SessionAccess:
     api_key: str | None
 
 
-class EmbeddedProxy:
+class EmbeddedProxy(Closing):
     """A running embedded proxy. Build it with :func:`start_proxy`."""
 
     def __init__(self, config: ProxyConfig, *, startup_timeout: float = 300.0) -> None:
@@ -140,18 +141,6 @@ class EmbeddedProxy:
         import asyncio
 
         await asyncio.get_running_loop().run_in_executor(None, self.close)
-
-    def __enter__(self) -> EmbeddedProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> EmbeddedProxy:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     # -- what trials need ----------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from ..closing import Closing
 from ..core.parser import OutputDelta
 from ..core.turn_events import TurnDelta, TurnDone, TurnEvent, TurnMoved
 from ..telemetry import CURRENT, note_first_token, note_turn
@@ -39,7 +40,7 @@ class Relay:
         self.take: Take | None = None
 
 
-class TurnStream:
+class TurnStream(Closing):
     """The events of one turn: iterate it; close it (``with``) when done."""
 
     def __init__(
@@ -123,18 +124,6 @@ class TurnStream:
         if self._on_close is not None:
             on_close, self._on_close = self._on_close, None
             on_close()
-
-    def __enter__(self) -> TurnStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> TurnStream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _noted(event: TurnEvent) -> TurnEvent:
