@@ -24,6 +24,7 @@ from actorproxy.core.turn_events import TurnAccepted, TurnDelta, TurnDone, TurnF
 from actorproxy.engines.base import GenerateRequest, Generation, ModelInfo
 from actorproxy.errors import BadRequest
 from actorproxy.runtime.runtime import Runtime, open_runtime
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import SimConfig, SimEngine
 
 WEATHER_TOOL = {
@@ -138,6 +139,16 @@ async def recording_runtime(
     backend = RecordingBackend(engine)
     async with open_runtime(ProxyConfig.of(port=0, **config), backend=backend, tokenizer=tokenizer) as runtime:
         yield runtime, engine, backend
+
+
+async def finalized(
+    runtime: Runtime, session: str
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Finalize ``session``: the finalize reply, and the segments and steps stored under the session (its child
+    sessions' too), as JSON values."""
+    summary = CONVERTER.unstructure(await runtime.finalize(session))
+    payload = CONVERTER.unstructure(await runtime.read(session_id=session, include_steps=True))
+    return summary, payload["data"], payload["steps"]
 
 
 @attrs.frozen

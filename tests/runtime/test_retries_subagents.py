@@ -6,7 +6,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from _util import WEATHER_TOOL, RecordingBackend, check_segment_invariants, recording_runtime, reserialise, run_turn
+from _util import (
+    WEATHER_TOOL,
+    RecordingBackend,
+    check_segment_invariants,
+    finalized,
+    recording_runtime,
+    reserialise,
+    run_turn,
+)
 
 from actorproxy.runtime.runtime import Runtime
 from actorproxy.schema.converter import CONVERTER
@@ -27,12 +35,6 @@ async def rig(tokenizer: Any) -> AsyncIterator[tuple[Runtime, SimEngine, Recordi
         yield value
 
 
-async def _read(runtime: Runtime, session: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    await runtime.finalize(session)
-    payload = CONVERTER.unstructure(await runtime.read(session_id=session, include_steps=True))
-    return payload["data"], payload["steps"]
-
-
 async def test_same_turn_id_replaces_the_earlier_generation(rig: Any) -> None:
     runtime, engine, backend = rig
     engine.script("First answer.", "Retried answer.", "Next answer.", routing_key="r")
@@ -42,7 +44,7 @@ async def test_same_turn_id_replaces_the_earlier_generation(rig: Any) -> None:
     assert first.message["content"] == "First answer." and retry.message["content"] == "Retried answer."
     messages = [*messages, retry.message, {"role": "user", "content": "Go on."}]
     await run_turn(runtime, "r", messages, turn_id="t2")
-    segments, steps = await _read(runtime, "r")
+    _, segments, steps = await finalized(runtime, "r")
     assert [s["status"] for s in steps] == ["superseded", "completed", "completed"]
     assert steps[0]["superseded_by"] == 1 and steps[1]["retry_of"] == 0
     assert steps[0]["in_segment"] is False
@@ -67,7 +69,7 @@ async def test_identical_message_list_is_a_retry_of_a_later_turn(rig: Any) -> No
     assert again.message["content"] == "Two again."
     messages = [*messages, again.message, {"role": "user", "content": "Last."}]
     await run_turn(runtime, "s", messages)
-    segments, steps = await _read(runtime, "s")
+    _, segments, steps = await finalized(runtime, "s")
     assert [s["status"] for s in steps] == ["completed", "superseded", "completed", "completed"]
     assert len(segments) == 1 and segments[0]["step_indices"] == [0, 2, 3]
     check_segment_invariants(segments[0], steps, backend.prompts)
@@ -79,7 +81,7 @@ async def test_a_changed_request_is_not_a_retry(rig: Any) -> None:
     await run_turn(runtime, "c", [SYSTEM, TASK])
     edited = {"role": "user", "content": "Fix the failing test in helpers.py."}
     await run_turn(runtime, "c", [SYSTEM, edited])
-    segments, steps = await _read(runtime, "c")
+    _, segments, steps = await finalized(runtime, "c")
     assert [s["status"] for s in steps] == ["completed", "completed"]
     assert [s["start_reason"] for s in segments] == ["session_start", "history_rewrite"]
 
@@ -91,7 +93,7 @@ async def test_retry_of_the_first_turn_keeps_the_segment_reason(rig: Any) -> Non
     other = {"role": "user", "content": "Different task."}
     await run_turn(runtime, "f", [SYSTEM, other])  # history_rewrite: a new segment
     await run_turn(runtime, "f", [SYSTEM, other])  # its only turn retried
-    segments, steps = await _read(runtime, "f")
+    _, segments, steps = await finalized(runtime, "f")
     assert [s["start_reason"] for s in segments] == ["session_start", "history_rewrite"]
     assert segments[1]["step_indices"] == [2]
     assert steps[1]["status"] == "superseded"
@@ -118,7 +120,7 @@ async def test_sub_agent_turns_go_to_a_child_session(rig: Any) -> None:
     call = reply.message["tool_calls"][0]
     main = [*main, reply.message, {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
     await run_turn(runtime, "cc", main, tools=[WEATHER_TOOL])
-    segments, steps = await _read(runtime, "cc")
+    _, segments, steps = await finalized(runtime, "cc")
     by_session: dict[str, list[dict[str, Any]]] = {}
     for segment in segments:
         by_session.setdefault(segment["trajectory_id"].rpartition("#")[0], []).append(segment)
@@ -144,7 +146,7 @@ async def test_a_changed_system_prompt_over_the_same_conversation_stays(rig: Any
     one = await run_turn(runtime, "sc", [SYSTEM, TASK])
     changed = {"role": "system", "content": "You are the main coding agent. Today is Friday."}
     await run_turn(runtime, "sc", [changed, TASK, one.message, {"role": "user", "content": "More."}])
-    segments, steps = await _read(runtime, "sc")
+    _, segments, steps = await finalized(runtime, "sc")
     assert {s["session_id"] for s in steps} == {"sc"}
     assert [s["start_reason"] for s in segments] == ["session_start", "system_changed"]
 
@@ -158,7 +160,7 @@ async def test_sub_agent_modes(tokenizer: Any, mode: str) -> None:
         engine.script("Sub.", routing_key="m/sub-1" if mode == "log" else "m")
         await run_turn(runtime, "m", [SYSTEM, TASK], tools=[WEATHER_TOOL])
         await run_turn(runtime, "m", [SUB_SYSTEM, {"role": "user", "content": "Search."}], tools=[WEATHER_TOOL])
-        segments, steps = await _read(runtime, "m")
+        _, segments, steps = await finalized(runtime, "m")
         if mode == "log":
             assert [s["session_id"] for s in steps] == ["m", "m/sub-1"]
             assert [s["trajectory_id"] for s in segments] == ["m#0"]  # the child's steps only

@@ -14,10 +14,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from _util import WEATHER_TOOL, RecordingBackend, check_segment_invariants, recording_runtime, run_turn
+from _util import WEATHER_TOOL, RecordingBackend, check_segment_invariants, finalized, recording_runtime, run_turn
 
 from actorproxy.runtime.runtime import Runtime
-from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import SimConfig, SimEngine
 
 TITLE = [{"role": "system", "content": "You are a title generator. Output only a title."},
@@ -40,14 +39,6 @@ async def rig(tokenizer: Any) -> AsyncIterator[tuple[Runtime, SimEngine, Recordi
         yield value
 
 
-async def _finalized(runtime: Runtime, session: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    summary = CONVERTER.unstructure(await runtime.finalize(session))
-    payload = CONVERTER.unstructure(await runtime.read(session_id=session, include_steps=True))
-    segments, steps = payload["data"], payload["steps"]
-    assert summary["segments"] == len([s for s in segments if s["trajectory_id"].rpartition("#")[0] == session])
-    return segments, steps
-
-
 def _each_step_once(segments: list[dict[str, Any]], steps: list[dict[str, Any]], backend: RecordingBackend) -> None:
     """Every completed step is in exactly one segment (unless kept as a step only); none lost or counted twice."""
     placed = Counter((seg["trajectory_id"].rpartition("#")[0], i) for seg in segments for i in seg["step_indices"])
@@ -68,6 +59,13 @@ async def _agent_loop(runtime: Runtime, session: str, turns: int) -> None:
         if turn < turns - 1:
             call = reply.message["tool_calls"][0]
             messages += [reply.message, {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+
+
+async def _finalized(runtime: Runtime, session: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """:func:`finalized`, checking that the finalize reply counts the segments the store holds of the session."""
+    summary, segments, steps = await finalized(runtime, session)
+    assert summary["segments"] == len([s for s in segments if s["trajectory_id"].rpartition("#")[0] == session])
+    return segments, steps
 
 
 async def test_a_title_call_first_is_a_side_call(rig: Any) -> None:
