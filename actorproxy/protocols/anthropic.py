@@ -46,23 +46,16 @@ from .anthropic_request import AnthropicCall as AnthropicCall
 from .anthropic_request import convert_messages as convert_messages
 from .anthropic_request import convert_tools as convert_tools
 from .anthropic_request import parse_messages_body as parse_messages_body
-from .format import ReplyInfo, TurnFormat
+from .format import MemoFormat, ReplyInfo
 
 
-class AnthropicFormat(TurnFormat[AnthropicCall]):
+class AnthropicFormat(MemoFormat[AnthropicCall, AnthropicMemo]):
     """``/v1/messages``."""
 
     errors = "anthropic"
 
     def __init__(self) -> None:
-        #: What recent turns' messages converted to: a history is not converted again every turn.
-        self._memo = AnthropicMemo()
-
-    def load(self, raw: bytes) -> Any:
-        return load_messages_body(raw, self._memo)
-
-    def age(self) -> None:
-        self._memo.age()
+        super().__init__(AnthropicMemo(), load_messages_body)
 
     def parse(self, body: Any) -> AnthropicCall:
         if isinstance(body, MessagesBody):

@@ -9,6 +9,7 @@ and makes a :class:`StreamWriter` for its SSE frames. The route does the rest
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import attrs
@@ -113,3 +114,27 @@ class TurnFormat(Generic[C]):
     def writer(self, call: C, reply: ReplyInfo) -> StreamWriter:
         """A writer for the streamed reply's frames."""
         raise NotImplementedError
+
+
+class Memo(Protocol):
+    """What a format keeps of recent bodies (:mod:`.memo`), as far as the format itself handles it."""
+
+    def age(self) -> None: ...
+
+
+M = TypeVar("M", bound=Memo)
+
+
+class MemoFormat(TurnFormat[C], Generic[C, M]):
+    """A protocol whose bodies load through a memo of recent histories (chat, Anthropic, Responses):
+    a history is not converted again every turn."""
+
+    def __init__(self, memo: M, load: Callable[[bytes, M], Any]) -> None:
+        self._memo = memo
+        self._load = load
+
+    def load(self, raw: bytes) -> Any:
+        return self._load(raw, self._memo)
+
+    def age(self) -> None:
+        self._memo.age()

@@ -18,7 +18,7 @@ from ..errors import BadRequest, ProxyError
 from ..schema.converter import structure
 from ..schema.jsonio import dumps
 from .chat_messages import ChatBody, ChatMemo, load_chat_body
-from .format import ReplyInfo, TurnFormat
+from .format import MemoFormat, ReplyInfo
 from .openai_types import ChatCompletionBody, ChatOptions
 
 
@@ -262,24 +262,17 @@ class ChunkWriter:
         return b"data: " + dumps(error.to_openai()) + b"\n\ndata: [DONE]\n\n"
 
 
-class OpenAIChatFormat(TurnFormat[OpenAIChatCall]):
+class OpenAIChatFormat(MemoFormat[OpenAIChatCall, ChatMemo]):
     """``/v1/chat/completions``."""
 
     errors = "openai"
 
     def __init__(self, tokenizer: Any = None, *, usage_by_default: bool = False) -> None:
+        super().__init__(ChatMemo(), load_chat_body)
         #: Turns the sampled ids into tokens when a call asks for logprobs.
         self._tokenizer = tokenizer
         #: A stream without ``stream_options.include_usage`` ends with a usage chunk (Dressage's default).
         self._usage_by_default = usage_by_default
-        #: The messages recent turns sent, checked: a history is not checked again every turn.
-        self._memo = ChatMemo()
-
-    def load(self, raw: bytes) -> Any:
-        return load_chat_body(raw, self._memo)
-
-    def age(self) -> None:
-        self._memo.age()
 
     def _logprobs_tokenizer(self, call: OpenAIChatCall) -> Any:
         return self._tokenizer if call.logprobs else None

@@ -20,7 +20,7 @@ from ..core.parser import OutputDelta
 from ..core.requests import ChatRequest, Identity
 from ..core.turn_events import TurnAccepted, TurnDone
 from ..errors import BadRequest, ProxyError
-from .format import BodyIdentity, Headers, ReplyInfo, TurnFormat
+from .format import BodyIdentity, Headers, MemoFormat, ReplyInfo
 from .responses_api import IssuedItems, ResponseHistory, ResponsesCall, parse_responses_body
 from .responses_events import ResponseEventWriter, new_response_id, response_json
 from .responses_memo import ResponsesBody, ResponsesMemo, load_responses_body
@@ -58,25 +58,18 @@ class _Writer:
         return self._inner.error(error)
 
 
-class ResponsesFormat(TurnFormat[ResponsesCall]):
+class ResponsesFormat(MemoFormat[ResponsesCall, ResponsesMemo]):
     """``/v1/responses``, with the stored conversations ``previous_response_id`` names."""
 
     errors = "openai"
 
     def __init__(self, tokenizer: Any = None) -> None:
+        super().__init__(ResponsesMemo(), load_responses_body)
         #: Spells the sampled tokens when a call asks for ``message.output_text.logprobs``.
         self._tokenizer = tokenizer
         self.history = ResponseHistory()
         #: Output items of stored responses, for ``item_reference`` input items.
         self.issued = IssuedItems()
-        #: What recent turns' input items converted to: a history is not converted again every turn.
-        self._memo = ResponsesMemo()
-
-    def load(self, raw: bytes) -> Any:
-        return load_responses_body(raw, self._memo)
-
-    def age(self) -> None:
-        self._memo.age()
 
     def parse(self, body: Any) -> ResponsesCall:
         if isinstance(body, ResponsesBody):
