@@ -32,6 +32,7 @@ from actorproxy.protocols.openai_chat import OpenAIChatFormat
 from actorproxy.runtime import freed_memory
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.server.turns import serve_turn
+from actorproxy.store.base import ReadQuery
 from actorproxy.tokenization import load_tokenizer
 
 REPLY = "The answer is forty-two: six times seven, as anyone with a calculator can check."
@@ -82,7 +83,7 @@ async def run(args: argparse.Namespace, data_dir: str) -> list[tuple[int, float]
                 async with trio.open_nursery() as nursery:
                     for _ in range(args.concurrency):
                         nursery.start_soon(session)
-            reply = await runtime.read_reply(drain=True, include_steps=True)
+            reply = await runtime.read_reply(ReadQuery(drain=True, include_steps=True))
             async for _ in reply:  # as /trajectory/read sends it: each part let go of once sent
                 pass
             stats = await runtime.store_stats()
