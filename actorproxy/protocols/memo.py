@@ -108,9 +108,10 @@ class MessageMemo(Generic[T]):
         sessions finalized and drained before it go, where they stayed until the memo reached
         its bound, each drain's entries pinning the allocator's arenas (issue 33). A session
         still running finds its messages again (promoted at its next turn); one idle over two
-        drains has them parsed again once.
+        drains has them parsed again once. The kept bodies (:attr:`bodies`) age alike.
         """
         self._old, self._young, self._bytes = self._young, {}, 0
+        self.bodies.age()
 
     def __len__(self) -> int:
         return len(self._young) + len(self._old)

@@ -84,8 +84,9 @@ class SessionRegistry:
         self._evicting: set[str] = set()
         #: Retired sessions' counters (one int each, :func:`_packed`), two generations: a returning session
         #: continues its numbering. ``known``: sessions the store holds (or recovered after a crash) too.
-        self._retired: dict[str, int] = {sid: _packed(counters) for sid, counters in (known or {}).items()}
+        self._retired: dict[str, int] = {}
         self._retired_before: dict[str, int] = {}
+        self._know(known or {})
         self._closing = False
         self._spawned = 0
         self._evicted = 0
@@ -252,6 +253,23 @@ class SessionRegistry:
             self._evicted += 1
         self._evicting.discard(msg.session_id)
         self._remember(msg.session_id, msg.counters)
+
+    def _know(self, known: dict[str, SessionCounters]) -> None:
+        """Take the counters of the sessions the store holds at start (oldest first), as retired ones.
+
+        The newest :data:`_RETIRED_MEMORY` of them at most, in the two generations (the newest half
+        the young one): the memory is bounded from the start, not from the first retirement on.
+        """
+        half = _RETIRED_MEMORY // 2
+        items = list(known.items())
+        if len(items) > _RETIRED_MEMORY:
+            log.warning("the store holds %d sessions; the step and segment numbering of the oldest %d is not "
+                        "kept (the last %d are): such a session, if it comes back, starts again at step 0",
+                        len(items), len(items) - _RETIRED_MEMORY, _RETIRED_MEMORY)
+            items = items[-_RETIRED_MEMORY:]
+        split = max(0, len(items) - half)
+        self._retired_before = {sid: _packed(counters) for sid, counters in items[:split]}
+        self._retired = {sid: _packed(counters) for sid, counters in items[split:]}
 
     def _remember(self, session_id: str, counters: SessionCounters) -> None:
         """Keep a retired session's counters: an int in a plain dict (about 70 bytes beside its id, where an

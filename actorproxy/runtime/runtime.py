@@ -96,7 +96,8 @@ class Runtime:
     #: Called at shutdown before the sessions are flushed, while the store still takes data.
     before_close: list[Callable[[], Awaitable[None]]] = attrs.field(factory=list)
     #: Called after each drain of the whole store, before what it freed goes back to the system: the
-    #: routes' body memos drop what no turn used since the last drain (the drained sessions' messages).
+    #: routes' body memos (their messages and kept bodies) and the tokenizer's prompt cache drop what no
+    #: turn used since the last drain (the drained sessions' conversations).
     after_drain: list[Callable[[], None]] = attrs.field(factory=list)
 
     def check_admission(self) -> None:
@@ -394,9 +395,11 @@ async def open_runtime(
         known = {sid: SessionCounters(step, segment) for sid, (step, segment) in recovered.items()}
         registry = reg.SessionRegistry(factory, max_sessions=config.limits.max_sessions, known=known,
                                        max_sessions_per_client=config.limits.max_sessions_per_client)
+        del recovered, known  # the registry keeps what it remembers; this frame lives as long as the runtime
         registry_box = await nursery.start(registry.run)
         runtime = Runtime(config, tok, engine, window, store_box, registry_box, controller, store.gauge,
                           sessions=registry, output_format=output_format)
+        runtime.after_drain.append(tok.age_prompts)  # its prompts are the drained sessions' conversations
         try:
             yield runtime
         finally:

@@ -28,20 +28,26 @@ PER_KEY = 64
 class Kept(Generic[T]):
     """One kept string (``length`` bytes of ``raw``, referenced, not copied) and its value."""
 
-    __slots__ = ("prefix", "value", "key", "size")
+    __slots__ = ("prefix", "value", "key", "size", "serial")
 
-    def __init__(self, prefix: memoryview, value: T, key: tuple[int, bytes], size: int) -> None:
+    def __init__(self, prefix: memoryview, value: T, key: tuple[int, bytes], size: int, serial: int) -> None:
         self.prefix = prefix
         self.value = value
         self.key = key
         self.size = size
+        #: The how-manyth string kept (the oldest kept have the lowest): :meth:`Prefixes.age` reads it.
+        self.serial = serial
 
     def __len__(self) -> int:
         return len(self.prefix)
 
 
 class Prefixes(Generic[T]):
-    """Kept byte strings with a value each, at most ``max_bytes`` of them (the oldest dropped first)."""
+    """Kept byte strings with a value each, at most ``max_bytes`` of them (the oldest dropped first).
+
+    :meth:`age` drops the strings kept before its previous call (the young generation becomes the
+    old one, as in ``MessageMemo.age``): a session that runs keeps its longer string every turn.
+    """
 
     def __init__(self, *, min_bytes: int, window: int, max_bytes: int) -> None:
         assert window <= min_bytes
@@ -51,6 +57,8 @@ class Prefixes(Generic[T]):
         self._bytes = 0
         self._kept: OrderedDict[int, Kept[T]] = OrderedDict()  # by id(), oldest first
         self._index: dict[tuple[int, bytes], list[Kept[T]]] = {}
+        self._serial = 0  # strings kept so far
+        self._young_from = 0  # the serial of the first string kept since the last age
 
     def find(self, raw: bytes) -> Kept[T] | None:
         """A kept string ``raw`` starts with (the most recent filed under the longest level), or ``None``."""
@@ -76,7 +84,8 @@ class Prefixes(Generic[T]):
         level = length.bit_length() - 1
         end = 1 << level
         key = (level, raw[end - self._window : end])
-        kept = Kept(memoryview(raw)[:length], value, key, len(raw) + size)
+        kept = Kept(memoryview(raw)[:length], value, key, len(raw) + size, self._serial)
+        self._serial += 1
         bucket = self._index.setdefault(key, [])
         if len(bucket) >= PER_KEY:
             self.drop(bucket[0])
@@ -95,6 +104,16 @@ class Prefixes(Generic[T]):
         if not bucket:
             del self._index[kept.key]
         self._bytes -= kept.size
+
+    def age(self) -> None:
+        """Forget the strings kept before the previous call (none since is dropped: they are the old ones now)."""
+        kept = self._kept
+        while kept:
+            oldest = next(iter(kept.values()))
+            if oldest.serial >= self._young_from:
+                break
+            self.drop(oldest)
+        self._young_from = self._serial
 
     def __len__(self) -> int:
         return len(self._kept)

@@ -479,7 +479,7 @@ class SQLiteStore:
             self._counts.counters["recovered_sessions"] += 1
             self._counts.counters["recovered_segments"] += len(segments)
             self._counts.counters["recovered_steps"] += len(steps)
-            next_step, next_segment = nexts.get(session_id, (0, 0))
+            next_step, next_segment = nexts.pop(session_id, (0, 0))  # (put last: the newest)
             nexts[session_id] = (max(next_step, max(s.index for s in steps) + 1),
                                  max(next_segment, max(s.segment_index for s in steps) + 1))
         self._db.execute("DELETE FROM journal")
@@ -489,14 +489,19 @@ class SQLiteStore:
         return nexts
 
     def _stored_numbering(self) -> Recovered:
-        """Per session in the store: the next step and segment index (a returning session never reuses an id)."""
+        """Per session in the store: the next step and segment index (a returning session never reuses an id).
+
+        Oldest first, by what was stored last of each (steps, then segments): the registry keeps the newest
+        when there are more than it remembers.
+        """
         nexts: Recovered = {}
-        for session_id, step in self._db.execute("SELECT session_id, MAX(step_index) FROM steps GROUP BY session_id"):
+        for session_id, step in self._db.execute(
+                "SELECT session_id, MAX(step_index) FROM steps GROUP BY session_id ORDER BY MAX(seq)"):
             nexts[session_id] = (int(step) + 1, 0)
-        for (trajectory_id,) in self._db.execute("SELECT trajectory_id FROM segments"):
+        for (trajectory_id,) in self._db.execute("SELECT trajectory_id FROM segments ORDER BY seq"):
             session_id, _, index = trajectory_id.rpartition("#")
             if index.isdigit():
-                step, segment = nexts.get(session_id, (0, 0))
+                step, segment = nexts.pop(session_id, (0, 0))
                 nexts[session_id] = (step, max(segment, int(index) + 1))
         return nexts
 

@@ -25,7 +25,9 @@ rules out pre-tokenizers that treat a text's start differently, such as a
 Metaspace ``prepend_scheme="first"``). Ids are handed out as new arrays.
 
 Bounded by the bytes of the prefixes kept, text and ids (two generations of 32 MB,
-as the message memo): what is not used for a while is dropped. Prompts are tokenized
+as the message memo): what is not used for a while is dropped, and what no prompt
+used between two drains of the whole store (:meth:`PromptCache.age`, called through
+``Runtime.after_drain``): a prompt holds a session's whole conversation. Prompts are tokenized
 in offload threads: the generations and counts are read and written under a lock,
 held for lookups and insertions only (the tokenizing itself runs outside it).
 """
@@ -88,6 +90,11 @@ class PromptCache:
             ids.extend(self._encode(text[len(found[0]):]))
         self._remember(text, ids, cuts)
         return ids
+
+    def age(self) -> None:
+        """Drop what no prompt used since the last call (or turnover): the young generation becomes the old one."""
+        with self._lock:
+            self._old, self._young, self._bytes = self._young, {}, 0
 
     def _cuts(self, text: str) -> list[int]:
         """Where the cut token occurs (after the start): the first and last few places."""

@@ -139,6 +139,11 @@ class ChatTokenizer:
         cache = self._prompt_cache
         return self.encode(text) if cache is None else cache.encode(text)
 
+    def age_prompts(self) -> None:
+        """Let the prompt cache drop what no prompt used since the last call (:meth:`PromptCache.age`)."""
+        if self._prompt_cache is not None:
+            self._prompt_cache.age()
+
     def _make_prompt_cache(self) -> PromptCache | None:
         if self._encode_batch is None:
             return None

@@ -76,3 +76,29 @@ async def test_the_last_half_of_the_bound_is_always_remembered(monkeypatch: pyte
         nursery.cancel_scope.cancel()
     remembered = [i for i in range(5000) if spawned[f"s{i}"] == SessionCounters(i, 1)]
     assert 500 <= len(remembered) <= 1000 and remembered == list(range(5000 - len(remembered), 5000))
+
+
+async def test_the_stores_sessions_given_at_start_are_bounded_too(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sessions a store holds at start (``known``, oldest first) came in whole, however many: 5,000
+    here were all remembered until the first retirement, five times the bound. Now the newest of them,
+    as many as the bound, and a warning that says how many are not."""
+    monkeypatch.setattr(reg, "_RETIRED_MEMORY", 1000)
+    spawned: dict[str, SessionCounters] = {}
+
+    def factory(session_id: str, counters: SessionCounters) -> Any:
+        spawned[session_id] = counters
+        return _Stub(session_id)
+
+    known = {f"s{i}": SessionCounters(i + 1, 1) for i in range(5000)}
+    with caplog.at_level("WARNING", logger=reg.__name__):
+        registry = reg.SessionRegistry(factory, max_sessions=10_000, known=known)
+    assert "5000 sessions" in caplog.text and "4000" in caplog.text
+    async with trio.open_nursery() as nursery:
+        mailbox = await nursery.start(registry.run)
+        for i in range(5000):
+            await ask(mailbox, lambda r: Lookup(f"s{i}", True, r))  # noqa: B023
+        nursery.cancel_scope.cancel()
+    remembered = [i for i in range(5000) if spawned[f"s{i}"] == SessionCounters(i + 1, 1)]
+    assert remembered == list(range(4000, 5000))

@@ -28,3 +28,19 @@ def test_prefixes_stay_within_their_bytes_and_their_bucket() -> None:
         kept.keep(i.to_bytes(1, "big") * 104, 104, i)
     assert len(kept) == 3 and kept.find(bytes([9]) * 200).value == 9  # type: ignore[union-attr]
     assert kept.find(bytes([0]) * 200) is None
+
+
+def test_prefixes_age_drops_what_was_kept_before_the_previous_age() -> None:
+    """After a drain of the whole store the bodies kept for sessions that left must go (as the message memo's
+    entries do), not stay until the byte bound pushes them out."""
+    kept: Prefixes[str] = Prefixes(min_bytes=64, window=8, max_bytes=1 << 20)
+    gone, stays = bytes(range(100)), bytes(range(100, 200))
+    kept.keep(gone, len(gone), "gone")
+    kept.age()
+    assert kept.find(gone) is not None  # kept since the age before: it lives one more
+    kept.keep(stays, len(stays), "stays")
+    kept.age()
+    assert kept.find(gone) is None and len(kept) == 1
+    assert kept.find(stays + b"more").value == "stays"  # type: ignore[union-attr]
+    kept.age()
+    assert len(kept) == 0

@@ -24,12 +24,14 @@ from actorproxy.runtime import store as st
 from actorproxy.runtime.replies import FinalizeResult
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.schema.converter import CONVERTER
+from actorproxy.schema.prefixes import Prefixes
 from actorproxy.schema.records import ReadResult
 from actorproxy.server.app import create_app
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.store.base import ReadQuery
-from actorproxy.store.sqlite import DB_FILE
+from actorproxy.store.sqlite import DB_FILE, SQLiteStore
 from actorproxy.testing import open_simulated_proxy
+from actorproxy.tokenization.prompt_cache import PromptCache
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -89,6 +91,21 @@ async def test_sqlite_keeps_data_across_restarts_and_not_in_memory(tmp_path: Pat
         await runtime.finalize("a")
         ids = [s["trajectory_id"] for s in CONVERTER.unstructure(await runtime.read(session_id="a"))["data"]]
         assert ids == ["a#0", "a#1"]
+
+
+async def test_the_sessions_a_store_holds_come_back_oldest_first(tmp_path: Path, tokenizer: Any) -> None:
+    """The registry keeps the numbering of the newest sessions the store holds when they are more than it
+    remembers: the store names them oldest first (they came in the order of their ids before)."""
+    config = _config("sqlite", tmp_path)
+    async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
+        for session in ("zeta", "alpha", "mid"):
+            await run_turn(runtime, session, HI)
+            await runtime.finalize(session)
+    store = SQLiteStore(config.store.data_dir)
+    try:
+        assert list(store.recover()) == ["zeta", "alpha", "mid"]
+    finally:
+        store.close()
 
 
 def _crash_copy(data_dir: str, to: Path) -> str:
@@ -249,6 +266,25 @@ async def test_a_whole_store_drain_ages_the_body_memos_of_every_route(
         assert aged == []
         assert (await http.post("/trajectory/read", json={"drain": True})).status_code == 200
     assert sorted(aged) == ["AnthropicMemo", "ChatMemo", "ResponsesMemo"]
+
+
+async def test_a_whole_store_drain_ages_the_body_prefixes_and_the_prompt_cache(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memos' kept bodies and the tokenizer's prompt cache hold whole conversations, a session's data:
+    they were only bounded by their bytes. After a drain of the whole store (only then) they age too."""
+    aged: list[str] = []
+    monkeypatch.setattr(Prefixes, "age", lambda self: aged.append("bodies"), raising=False)
+    monkeypatch.setattr(PromptCache, "age", lambda self: aged.append("prompts"), raising=False)
+    long_system = {"role": "system", "content": "Follow the rules of the repository. " * 60}
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
+        for i in range(2):
+            await run_turn(sim.runtime, f"s{i}", [long_system, *HI])  # a prompt the cache keeps
+            await sim.runtime.finalize(f"s{i}")
+        assert (await http.post("/trajectory/read", json={"session_id": "s0", "drain": True})).status_code == 200
+        assert aged == []
+        assert (await http.post("/trajectory/read", json={"drain": True})).status_code == 200
+    assert aged.count("prompts") == 1 and aged.count("bodies") >= 3  # one memo a route at least
 
 
 def _segment(i: int, tokens: int) -> Segment:

@@ -171,3 +171,19 @@ def test_threads_writing_at_once_keep_the_byte_count_true() -> None:
                 assert cache.hits + cache.misses == len(texts)
     finally:
         sys.setswitchinterval(switch)
+
+
+def test_the_cache_ages_as_the_message_memo() -> None:
+    """Its prompts (whole conversations) are a session's data: what no prompt used since the previous age
+    goes at the next (``Runtime.after_drain``), instead of staying until the byte bound."""
+    cache = pc.PromptCache(_toy_encode, "<s>", 1000)
+    old, used = ("<s>system\n" + c * 2000 + "<s>user\nq" for c in "ab")
+    cache.encode(old)
+    cache.age()
+    cache.encode(used)
+    cache.encode(old)  # found, a hit (the one age before keeps it)
+    assert (cache.hits, cache.misses) == (1, 2)
+    cache.age()
+    cache.age()  # nothing used since the previous one: all gone
+    cache.encode(old)
+    assert (cache.hits, cache.misses) == (1, 3)
