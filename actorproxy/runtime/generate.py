@@ -246,7 +246,9 @@ class TurnGeneration:
                 finish = await self._attempt(prompt, budget, handle)
                 interrupted = finish.reason == "abort" and handle.abort_requested
             finally:
-                self._controller.end(handle, aborted=handle.abort_requested)
+                # Aborted: cut by the engine (or at the proxy's bound) after a pause asked; one the engine
+                # finished before the abort reached it is not (its step is whole, never preempted).
+                self._controller.end(handle, aborted=interrupted)
             self._apply_finish(finish, start)
             if self.client_gone or not interrupted:
                 self.finish = finish

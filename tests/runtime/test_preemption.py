@@ -294,6 +294,33 @@ async def test_an_engine_that_ignores_the_abort_is_cut_by_the_turn_itself(
         assert step["preemptions"] == 1
 
 
+async def test_a_generation_the_engine_finished_before_its_abort_is_not_counted_aborted(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pause's ``aborted`` counted every generation whose abort was asked, also one the engine finished
+    whole before the abort reached it (vLLM did, on the real-engine tier): its step is whole, never
+    preempted, yet the answer said 1. Now only a generation the engine (or the proxy, at its bound) cut."""
+    from actorproxy.sim.generation import SimGeneration
+
+    def too_late(self: SimGeneration, batch: object = None) -> None:
+        pass  # the abort arrives after the engine sampled the reply's last token
+
+    monkeypatch.setattr(SimGeneration, "abort_soon", too_late)
+    async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=1.0),
+                                    partial_rollout=True) as sim:
+        ids = _ids(tokenizer, "one two three four five")
+        sim.engine.script(ids, routing_key="whole")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sim.chat, "whole", USER)
+            await sim.wait_for_tokens("whole", 3)
+            ack = await sim.pause()
+            assert (ack["aborted"], ack["partial_tokens"]) == (0, 0)
+            assert (await sim.pause_state())["aborted_total"] == 0
+            await sim.resume()
+        [step] = await _steps(sim, "whole")
+        assert step["output_ids"] == ids and step["preemptions"] == 0 and step["status"] == "completed"
+
+
 async def test_a_paused_stream_sends_its_agent_nothing_but_its_tokens(
     tokenizer: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
