@@ -19,6 +19,7 @@ import trio
 from .errors import ProtocolError, TransportError
 from .h1 import MAX_RESPONSE_HEAD, BodyDecoder, head_end, parse_response, request_head
 from .sockets import received, sent_now
+from .state import SEND_BODY, SERVER, ConnectionState
 
 _READ_SIZE = 4096
 
@@ -54,16 +55,17 @@ class Origin:
 
 
 class Pipeline:
-    """Requests on one connection of its own, written back to back; each caller reads its own answer.
+    """Requests on one connection of its own, written back to back; their answers read in order by one reader.
 
     The connection is opened as the pipeline is made, without a scheduling round (on
     loopback a connect completes within its system call). :meth:`add` queues a request,
     :meth:`flush` writes what is queued in one system call (what the socket does not take
-    at once is sent before the answers are read), and :meth:`status` awaits the answer
-    to one of them: the server answers pipelined requests in order, and whichever caller
-    waits reads for the others too (one that leaves hands the reading on). Each request
-    has one caller. Nothing is kept: the connection is closed once every answer is read,
-    or every caller has left (or had its answer), or the server closed it.
+    at once is sent before the answers are read), and :meth:`status` awaits the answer to
+    the next request in turn: the server answers pipelined requests in order. Where the
+    connection stands is its :class:`~.state.ConnectionState`, the exchange whose answer is
+    being read: an answer that says ``connection: close``, the server's end of file, a
+    broken answer or the timeout end it, and the requests still unanswered get ``None``.
+    Nothing is kept: the reader closes the connection when it is done (:meth:`close`).
     """
 
     def __init__(self, origin: Origin, timeout: float) -> None:
@@ -71,12 +73,9 @@ class Pipeline:
         self._unsent = bytearray()
         self._requests = 0
         self._answers: list[int] = []  # the statuses read, in order
-        self._ended = False  # no more answers: the server closed, or the connection failed
-        self._reading = False  # a caller is reading (for everyone)
-        self._waiting: dict[int, trio.Event] = {}  # the other callers, by request index: set when theirs is read
-        self._left = 0  # callers of :meth:`status` that returned (or left)
+        self.state = ConnectionState()  # the exchange whose answer is read (the requests went out whole before)
         self._buf, self._status = bytearray(), 0  # the answer being read
-        self._framing: BodyDecoder | None = None
+        self._framing: BodyDecoder | None = None  # its body's (while ``state.server`` is ``SEND_BODY``)
         self._sock = sock = socket.socket(origin.family, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
@@ -84,12 +83,18 @@ class Pipeline:
             if error not in (0, errno.EINPROGRESS):
                 raise OSError(error, os.strerror(error))
         except OSError:
-            self._ended = True
+            self.state.fail(SERVER)
 
     @property
     def requests(self) -> int:
         """Requests added."""
         return self._requests
+
+    @property
+    def ended(self) -> bool:
+        """No more answers come: the server closed, said it closes, or the connection failed or was closed."""
+        state = self.state
+        return not state.keep_alive and state.server != SEND_BODY
 
     def add(self, request: bytes) -> int:
         """Queue ``request`` (sent by :meth:`flush`, or before the answers are read); its index for :meth:`status`."""
@@ -99,55 +104,26 @@ class Pipeline:
 
     def flush(self) -> None:
         """Write what is queued, as far as the socket takes it now (none yet: still connecting, or full)."""
-        if self._unsent and not self._ended:
+        if self._unsent and not self.ended:
             try:
                 del self._unsent[:sent_now(self._sock, [self._unsent])]
             except OSError:
-                self._ended = True
+                self.state.fail(SERVER)
 
     async def status(self, index: int) -> int | None:
         """The answer's status to request ``index``; ``None`` if the server could not be reached or did not
-        answer it (in time, or before closing)."""
-        try:
-            while index >= len(self._answers) and not self._ended:
-                if self._reading:
-                    event = self._waiting[index] = trio.Event()
-                    try:
-                        await event.wait()
-                    finally:
-                        del self._waiting[index]
-                        if not self._reading:
-                            self._wake()  # (woken to read on, and left instead: another reads)
-                    continue
-                self._reading = True
-                try:
-                    await self._read_until(index)
-                finally:
-                    self._reading = False
-                    self._wake()
-            if index < len(self._answers):
-                return self._answers[index]
-            await trio.lowlevel.checkpoint()
-            return None
-        finally:
-            # One caller a request: once each has its answer or has left, nobody reads the connection.
-            self._left += 1
-            if self._left >= self._requests or len(self._answers) >= self._requests:
-                self.close()
-
-    def _wake(self) -> None:
-        """No caller reads: the first still waiting for its answer reads on (all of them, at the end)."""
-        if self._ended:
-            for event in self._waiting.values():
-                event.set()
-            return
-        first = min((i for i in self._waiting if i >= len(self._answers)), default=None)
-        if first is not None:
-            self._waiting[first].set()
+        answer it (in time, or before closing). One reader, asking for the requests in order."""
+        if index >= len(self._answers) and not self.ended:
+            await self._read_until(index)
+        if index < len(self._answers):
+            return self._answers[index]
+        await trio.lowlevel.checkpoint()
+        return None
 
     def close(self) -> None:
-        """Close the connection (the requests sent stay sent)."""
-        self._ended = True
+        """Close the connection (the requests sent stay sent); the answers not read are ``None``."""
+        if not self.ended:
+            self.state.fail(SERVER)
         if self._sock.fileno() >= 0:
             trio.lowlevel.notify_closing(self._sock)
             self._sock.close()
@@ -159,26 +135,26 @@ class Pipeline:
                 while self._unsent:  # (a failed connect fails the send)
                     await trio.lowlevel.wait_writable(self._sock)
                     del self._unsent[:sent_now(self._sock, [self._unsent])]
-                while index >= len(self._answers) and not self._ended:
+                while index >= len(self._answers) and not self.ended:
                     await self._read()
             if scope.cancelled_caught:
-                self._ended = True
+                self.state.fail(SERVER)
         except (OSError, TransportError):
-            self._ended = True
+            self.state.fail(SERVER)
 
     async def _read(self) -> None:
         """One read's answers (the server closing ends them: an answer whose body runs to the end is whole)."""
-        buf = self._buf
+        buf, state = self._buf, self.state
         data = await received(self._sock, _READ_SIZE)
         if not data:
             if self._framing is not None:
-                self._framing.eof()
+                self._framing.eof()  # whole if it runs to the end, else a ProtocolError
                 self._answer()
-            self._ended = True
+            state.closed(SERVER)
             return
         buf += data
         body = bytearray()
-        while buf or self._framing is not None:
+        while (buf or self._framing is not None) and not self.ended:
             framing = self._framing
             if framing is None:  # the head (after any 1xx answers)
                 end = head_end(buf)
@@ -186,8 +162,12 @@ class Pipeline:
                     if len(buf) > MAX_RESPONSE_HEAD:
                         raise ProtocolError(f"the response head is larger than {MAX_RESPONSE_HEAD // 1024} KiB")
                     return
-                self._status, _, _, self._framing = parse_response(buf, end, "POST")
-                continue
+                self._status, _, _, framing = parse_response(buf, end, "POST")
+                if framing is None:
+                    continue  # a 1xx answer: the answer itself follows
+                state.request(True, True)  # the request this answers went out whole
+                state.response(framing.keep_alive)
+                self._framing = framing
             framing.decode(buf, body)
             body.clear()
             if not framing.done:
@@ -195,11 +175,11 @@ class Pipeline:
             self._answer()
 
     def _answer(self) -> None:
-        event = self._waiting.get(len(self._answers))
-        if event is not None:
-            event.set()
+        """The answer being read is whole: its status kept, the next exchange begins (unless this one ended it)."""
+        self.state.response_end()
         self._answers.append(self._status)
         self._framing = None
+        self.state.next_cycle()
 
 
 class OneShot:
@@ -219,8 +199,14 @@ class OneShot:
         self._pipeline.flush()
 
     async def status(self) -> int | None:
-        """The answer's status; ``None`` if the server could not be reached or did not answer in time."""
-        return await self._pipeline.status(0)
+        """The answer's status; ``None`` if the server could not be reached or did not answer in time.
+
+        The connection is closed once it returns (or the caller leaves).
+        """
+        try:
+            return await self._pipeline.status(0)
+        finally:
+            self._pipeline.close()
 
     def close(self) -> None:
         """Close the connection (the request, if sent, stays sent)."""

@@ -23,8 +23,9 @@ An event a state does not allow is a :class:`~.errors.ProtocolError` (a second r
 head before the response, a response with no request, a body's end twice): the I/O class
 has a bug or the peer broke HTTP, and either way the connection ends.
 
-What it does not model: pipelining several requests on one client connection
-(:class:`~.oneshot.Pipeline` counts its answers instead), protocol switches (``101`` is
+What it does not model: several requests under way on one client connection at once
+(:class:`~.oneshot.Pipeline` writes its requests ahead and records each exchange as its
+answer is read: the request as gone out whole, then the answer), protocol switches (``101`` is
 refused by the codec), and the transport (an EOF read ahead of the bytes still buffered,
 a peer gone, a write that failed: the I/O classes know those).
 """

@@ -222,6 +222,23 @@ async def test_a_one_shot_answer_with_an_endless_head_is_refused_at_the_heads_bo
             assert await origin.post("/abort_request", b"{}", 600.0).status() is None
 
 
+async def test_a_pipeline_whose_answer_closes_the_connection_ends_the_others_unanswered() -> None:
+    """Pipelined calls are answered in order; an answer that says ``connection: close`` is the last on that
+    connection (RFC 9112 9.6): the calls behind it are unanswered at once, not after the timeout, even if the
+    server leaves the connection open."""
+    answers = {1: sized(b"{}"), 2: sized(b"{}", b"Connection: close")}
+    async with serving(lambda n, request: answers.get(n)) as server:
+        origin = HTTP11Client(server.url).one_shot_origin()
+        assert origin is not None
+        pipeline = origin.pipeline(600.0)
+        for _ in range(4):
+            pipeline.add(origin.request("/abort_request", b"{}"))
+        pipeline.flush()
+        with trio.fail_after(5):
+            assert [await pipeline.status(i) for i in range(4)] == [200, 200, None, None]
+        pipeline.close()
+
+
 async def test_a_connection_whose_descriptor_is_past_1024_is_kept() -> None:
     """A proxy serving hundreds of streams holds descriptors past 1024 (it lifts ``ulimit -n``): an idle engine
     connection there is reused like any other, not taken for one the engine closed and opened anew each turn."""
