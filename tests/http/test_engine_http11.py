@@ -273,3 +273,19 @@ async def test_an_idle_tls_connection_is_checked_on_its_raw_socket() -> None:
     theirs.close()
     assert connection.stale()
     connection.close()
+    assert connection.stale()  # closed here: no descriptor to ask
+
+
+async def test_an_idle_plain_connection_is_stale_once_the_server_wrote_or_closed() -> None:
+    for ending in ("wrote", "closed"):
+        mine, theirs = trio.socket.socketpair()
+        raw = trio.SocketStream(mine)
+        connection = ClientConnection(raw, raw)
+        assert connection.sock is not None and not connection.stale()
+        if ending == "wrote":
+            await theirs.send(b"HTTP/1.1 408 Request Timeout\r\n\r\n")  # unasked
+        else:
+            theirs.close()
+        assert connection.stale(), ending
+        connection.close()
+        theirs.close()
