@@ -24,7 +24,12 @@ class TurnDelta:
 
 @attrs.frozen
 class TurnIds:
-    """The exact ids of a turn: what the engine was given and what it sampled (handed over, not shared)."""
+    """The exact ids of a turn: what the engine was given and what it sampled.
+
+    The finished step's arrays themselves, not copies: once a turn's result is made nothing writes to them
+    (a turn's tokens are appended, re-versioned or discarded only while it generates; later turns, the
+    commit and the store read them). A reader must not change them either.
+    """
 
     prompt_ids: array[int]
     output_ids: array[int]

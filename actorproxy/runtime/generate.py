@@ -204,12 +204,8 @@ class TurnGeneration:
             tool_call_parse_error=step.tool_call_parse_error,
             stop_sequence=parser.stop_sequence,
             session_id=step.session_id,
-            ids=TurnIds(
-                prompt_ids=self._input_ids,
-                output_ids=array("i", step.output_ids),
-                output_logprobs=array("f", step.output_logprobs),
-                output_versions=array("i", step.output_versions),
-            ),
+            # The step's own arrays: every write to them (record_delta, apply_finish, discard_attempt) is done.
+            ids=TurnIds(self._input_ids, step.output_ids, step.output_logprobs, step.output_versions),
             first_token_at=self._agent.first_at,
         )
         try:

@@ -20,6 +20,7 @@ from _util import run_turn
 from actorproxy.config import ProxyConfig
 from actorproxy.core import tito
 from actorproxy.core.messages import AssistantOutput, output_as_message
+from actorproxy.core.records import Step
 from actorproxy.core.requests import ChatRequest, Identity
 from actorproxy.core.session_state import Planned, Prepared, SessionState, TurnResult
 from actorproxy.core.template_probe import probe_template
@@ -215,3 +216,34 @@ async def test_a_finished_turn_is_freed_by_reference_counting(
             gc.garbage.clear()
             gc.enable()
     assert left == [], left
+
+
+async def test_a_turns_ids_are_handed_over_as_the_step_holds_them(
+    tokenizer: ChatTokenizer, autojump_clock: trio.testing.MockClock
+) -> None:
+    """``TurnDone.ids`` holds the finished step's arrays themselves (no copy a turn), and nothing changes them
+    afterwards: the session's later turns, its commit and its finalize leave them as the engine gave them."""
+    engine = SimEngine(tokenizer, SimConfig(seed=1))
+    engine.script("one two three four", routing_key="s")
+    engine.script("five six", routing_key="s")
+    async with open_runtime(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+        first = await run_turn(runtime, "s", messages, max_tokens=8)
+        assert first.done is not None and first.done.ids is not None
+        ids = first.done.ids
+        seen = (ids.prompt_ids.tolist(), ids.output_ids.tolist(), ids.output_logprobs.tolist(),
+                ids.output_versions.tolist())
+        messages += [first.message, {"role": "user", "content": "more"}]
+        assert (await run_turn(runtime, "s", messages, max_tokens=8)).done is not None
+        await runtime.finalize("s")
+        result = await runtime.read(session_id="s", include_steps=True)
+    assert result.steps is not None
+    step = result.steps[0]
+    assert isinstance(step, Step)
+    assert (ids.output_ids, ids.output_logprobs, ids.output_versions) == (
+        step.output_ids, step.output_logprobs, step.output_versions)
+    assert ids.output_ids is step.output_ids and ids.output_logprobs is step.output_logprobs
+    assert ids.output_versions is step.output_versions
+    assert (ids.prompt_ids.tolist(), ids.output_ids.tolist(), ids.output_logprobs.tolist(),
+            ids.output_versions.tolist()) == seen
+    assert seen[1] and ids.prompt_ids.tolist() == step.fragment_ids.tolist()
