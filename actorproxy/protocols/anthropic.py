@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.turn_events import TurnDone
+from ..schema.jsonio import dumps
 from .anthropic_messages import AnthropicMemo, MessagesBody, load_messages_body
 from .anthropic_reply import EventWriter as EventWriter
 from .anthropic_reply import content_blocks as content_blocks
@@ -65,9 +66,9 @@ class AnthropicFormat(MemoFormat[AnthropicCall, AnthropicMemo]):
     def new_id(self) -> str:
         return new_message_id()
 
-    def render(self, call: AnthropicCall, reply: ReplyInfo, done: TurnDone) -> Any:
-        return message_json(done, message_id=reply.id, model=reply.model, session_id=reply.session_id,
-                            thinking=call.thinking_shown)
+    def render(self, call: AnthropicCall, reply: ReplyInfo, done: TurnDone) -> bytes:
+        return dumps(message_json(done, message_id=reply.id, model=reply.model, session_id=reply.session_id,
+                                  thinking=call.thinking_shown))
 
     def writer(self, call: AnthropicCall, reply: ReplyInfo) -> EventWriter:
         return EventWriter(message_id=reply.id, model=reply.model, thinking=call.thinking_shown)

@@ -107,8 +107,8 @@ class TurnFormat(Generic[C]):
     def completed(self, call: C, identity: Identity, reply: ReplyInfo, done: TurnDone) -> None:
         """Called once the turn finished, before its reply is written."""
 
-    def render(self, call: C, reply: ReplyInfo, done: TurnDone) -> Any:
-        """The JSON value of the non-streamed reply."""
+    def render(self, call: C, reply: ReplyInfo, done: TurnDone) -> bytes:
+        """The non-streamed reply's JSON bytes."""
         raise NotImplementedError
 
     def writer(self, call: C, reply: ReplyInfo) -> StreamWriter:

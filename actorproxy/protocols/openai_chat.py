@@ -10,7 +10,6 @@ from typing import Any
 import attrs
 
 from ..core.ids import uuid4_hex
-from ..core.messages import output_as_message
 from ..core.parser import OutputDelta
 from ..core.requests import ChatRequest, offered_tools
 from ..core.turn_events import TurnAccepted, TurnDone
@@ -102,12 +101,10 @@ def new_completion_id() -> str:
     return "chatcmpl-" + uuid4_hex()
 
 
-def _usage(done: TurnDone) -> dict[str, int]:
-    return {
-        "prompt_tokens": done.prompt_tokens,
-        "completion_tokens": done.completion_tokens,
-        "total_tokens": done.prompt_tokens + done.completion_tokens,
-    }
+def _usage(done: TurnDone) -> bytes:
+    """The ``usage`` object's JSON."""
+    return b'{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}' % (
+        done.prompt_tokens, done.completion_tokens, done.prompt_tokens + done.completion_tokens)
 
 
 @cache
@@ -159,37 +156,45 @@ def choice_logprobs(tokenizer: Any, done: TurnDone) -> dict[str, Any]:
     return {"content": sampled_logprobs(tokenizer, done), "refusal": None}
 
 
-def completion_json(
+def _head(kind: bytes, completion_id: str, model: str) -> bytes:
+    """A reply object's JSON up to its ``model`` (``id``, ``object``, ``created``, ``model``), left open."""
+    return (b'{"id":' + dumps(completion_id) + b',"object":"' + kind + b'","created":%d,"model":' % int(time.time())
+            + dumps(model))
+
+
+def completion_bytes(
     done: TurnDone, *, completion_id: str, model: str, session_id: str, logprobs: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    return {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": output_as_message(done.output),
-                "finish_reason": done.finish_reason,
-                "logprobs": logprobs,
-            }
-        ],
-        "usage": _usage(done),
-        "actorproxy": {
-            "session_id": done.session_id or session_id,
-            "step_index": done.step_index,
-            "tool_call_parse_error": done.tool_call_parse_error,
-        },
-    }
+) -> bytes:
+    """The ``chat.completion`` reply's JSON bytes, written directly: no JSON value is built (the bytes its value
+    would give: ``tests/protocols/test_openai_completion.py``). Only ``logprobs``, when asked for, is a value."""
+    output = done.output
+    calls = output.tool_calls
+    parts = [_head(b"chat.completion", completion_id, model),
+             b',"choices":[{"index":0,"message":{"role":"assistant","content":',
+             dumps(output.content if (output.content or not calls) else None)]
+    if output.reasoning:
+        parts += (b',"reasoning_content":', dumps(output.reasoning))
+    if calls:
+        parts.append(b',"tool_calls":[')
+        for i, call in enumerate(calls):
+            parts += (b',{"id":' if i else b'{"id":', dumps(call.id), b',"type":"function","function":{"name":',
+                      dumps(call.name), b',"arguments":', dumps(call.arguments), b"}}")
+        parts.append(b"]")
+    parts += (b'},"finish_reason":', dumps(done.finish_reason), b',"logprobs":',
+              b"null" if logprobs is None else dumps(logprobs), b'}],"usage":', _usage(done),
+              b',"actorproxy":{"session_id":', dumps(done.session_id or session_id),
+              b',"step_index":%d,"tool_call_parse_error":%s}}'
+              % (done.step_index, b"true" if done.tool_call_parse_error else b"false"))
+    return b"".join(parts)
 
 
 class ChunkWriter:
     """Builds the SSE frames of one streamed completion (same id, created, model on every chunk).
 
-    A text delta's frame is written as bytes directly: the chunk's fixed head and tail are
-    encoded once, and only the text is encoded per delta (the same bytes the chunk's JSON
-    value would give: ``tests/protocols/test_openai_chunks.py``).
+    Every frame is written as bytes directly, around the strings it carries: the chunk's fixed head
+    (id, object, created, model) is encoded once a reply, and no chunk's JSON value is built (the
+    same bytes it would give: ``tests/protocols/test_openai_chunks.py``). Only ``logprobs``, when
+    asked for, is a value (on the finish chunk).
     """
 
     def __init__(
@@ -198,31 +203,17 @@ class ChunkWriter:
         self._include_usage = include_usage
         #: Set when the call asked for logprobs: they go out on the finish chunk.
         self._tokenizer = tokenizer
-        self._base = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": model,
-        }
-        head = dumps(self._base)[:-1] + b',"choices":[{"index":0,"delta":{"'
-        tail = b'},"finish_reason":null,"logprobs":null}]}\n\n'
+        #: Every frame begins with this: the chunk's head, left open.
+        self._open = b"data: " + _head(b"chat.completion.chunk", completion_id, model)
+        #: A frame with a choice: these, then its delta's members, then ``_tail`` (or its finish).
+        self._choice = self._open + b',"choices":[{"index":0,"delta":{'
+        self._tail = b'},"finish_reason":null,"logprobs":null}]}\n\n'
         #: A content (a reasoning) delta's frame: these, then the text's JSON string, then ``_tail``.
-        self._content = b"data: " + head + b'content":'
-        self._reasoning = b"data: " + head + b'reasoning_content":'
-        self._tail = tail
-
-    def _frame(self, payload: dict[str, Any]) -> bytes:
-        return b"data: " + dumps({**self._base, **payload}) + b"\n\n"
-
-    def _choice(
-        self, delta: dict[str, Any], finish_reason: str | None = None, logprobs: dict[str, Any] | None = None
-    ) -> bytes:
-        return self._frame(
-            {"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}]}
-        )
+        self._content = self._choice + b'"content":'
+        self._reasoning = self._choice + b'"reasoning_content":'
 
     def start(self, accepted: TurnAccepted | None = None) -> bytes:
-        return self._choice({"role": "assistant", "content": ""})
+        return self._choice + b'"role":"assistant","content":""' + self._tail
 
     def heartbeat(self) -> bytes:
         """An SSE comment: clients ignore it, but idle-timeout proxies and agents see the connection alive."""
@@ -240,21 +231,22 @@ class ChunkWriter:
         if delta.content:
             frames.append(self._content + dumps(delta.content) + self._tail)
         for piece in delta.tool_calls:
-            call: dict[str, Any] = {"index": piece.index}
+            frames.append(self._choice + b'"tool_calls":[{"index":%d' % piece.index)
             if piece.id is not None:
-                call.update(id=piece.id, type="function", function={"name": piece.name, "arguments": piece.arguments})
+                frames += (b',"id":', dumps(piece.id), b',"type":"function","function":{"name":', dumps(piece.name),
+                           b',"arguments":', dumps(piece.arguments), b"}}]", self._tail)
             else:
-                call["function"] = {"arguments": piece.arguments}
-            frames.append(self._choice({"tool_calls": [call]}))
+                frames += (b',"function":{"arguments":', dumps(piece.arguments), b"}}]", self._tail)
         return b"".join(frames)
 
     def finish(self, done: TurnDone) -> bytes:
         # Deltas are parsed text, not tokens: the sampled tokens' logprobs all come with the last chunk
         # (clients append every chunk's logprobs.content, so the sum is the same).
-        logprobs = None if self._tokenizer is None else choice_logprobs(self._tokenizer, done)
-        frames = [self._choice({}, done.finish_reason, logprobs)]
+        logprobs = b"null" if self._tokenizer is None else dumps(choice_logprobs(self._tokenizer, done))
+        frames = [self._choice, b'},"finish_reason":', dumps(done.finish_reason), b',"logprobs":', logprobs,
+                  b"}]}\n\n"]
         if self._include_usage:
-            frames.append(self._frame({"choices": [], "usage": _usage(done)}))
+            frames += (self._open, b',"choices":[],"usage":', _usage(done), b"}\n\n")
         frames.append(b"data: [DONE]\n\n")
         return b"".join(frames)
 
@@ -286,11 +278,11 @@ class OpenAIChatFormat(MemoFormat[OpenAIChatCall, ChatMemo]):
     def new_id(self) -> str:
         return new_completion_id()
 
-    def render(self, call: OpenAIChatCall, reply: ReplyInfo, done: TurnDone) -> Any:
+    def render(self, call: OpenAIChatCall, reply: ReplyInfo, done: TurnDone) -> bytes:
         tokenizer = self._logprobs_tokenizer(call)
         logprobs = None if tokenizer is None else choice_logprobs(tokenizer, done)
-        return completion_json(done, completion_id=reply.id, model=reply.model, session_id=reply.session_id,
-                               logprobs=logprobs)
+        return completion_bytes(done, completion_id=reply.id, model=reply.model, session_id=reply.session_id,
+                                logprobs=logprobs)
 
     def writer(self, call: OpenAIChatCall, reply: ReplyInfo) -> ChunkWriter:
         return ChunkWriter(completion_id=reply.id, model=reply.model, include_usage=call.include_usage,

@@ -20,6 +20,7 @@ from ..core.parser import OutputDelta
 from ..core.requests import ChatRequest, Identity
 from ..core.turn_events import TurnAccepted, TurnDone
 from ..errors import BadRequest, ProxyError
+from ..schema.jsonio import dumps
 from .format import BodyIdentity, Headers, MemoFormat, ReplyInfo
 from .responses_api import IssuedItems, ResponseHistory, ResponsesCall, parse_responses_body
 from .responses_events import ResponseEventWriter, new_response_id, response_json
@@ -110,12 +111,12 @@ class ResponsesFormat(MemoFormat[ResponsesCall, ResponsesMemo]):
             added = [*call.own_messages(), output_as_message(done.output)]
             self.history.add(identity.session_id, reply.id, call.previous_response_id, added)
 
-    def render(self, call: ResponsesCall, reply: ReplyInfo, done: TurnDone) -> Any:
+    def render(self, call: ResponsesCall, reply: ReplyInfo, done: TurnDone) -> bytes:
         body = response_json(call, done, response_id=reply.id, model=reply.model,
                              tokenizer=self._logprobs_tokenizer(call))
         if call.store:
             self.issued.add(reply.session_id, body["output"])
-        return body
+        return dumps(body)
 
     def writer(self, call: ResponsesCall, reply: ReplyInfo) -> _Writer:
         issued = partial(self.issued.add, reply.session_id) if call.store else None

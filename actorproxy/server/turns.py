@@ -24,7 +24,7 @@ from ..errors import BadRequest, EngineError
 from ..protocols.format import Headers, ReplyInfo, StreamWriter, TurnCall, TurnFormat
 from ..runtime.runtime import Runtime
 from ..runtime.turn_stream import TurnStream
-from ..schema.jsonio import dumps, loads
+from ..schema.jsonio import loads
 from ..telemetry import note_warning
 from .dressage_api import check_expected_version
 from .identity import resolve_identity
@@ -71,7 +71,7 @@ async def serve_turn(
     if not call.stream:
         done = await turn_result(events)
         fmt.completed(call, identity, reply, done)
-        return dumps(fmt.render(call, reply, done))
+        return fmt.render(call, reply, done)
     accepted = await turn_accepted(events)
 
     def on_done(done: TurnDone) -> None:
