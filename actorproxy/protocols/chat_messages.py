@@ -28,12 +28,15 @@ accepted before, and every error is the one the full check gives, word for word.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import msgspec
 import numpy as np
 
+from ..core.requests import ChatRequest, offered_tools
+from ..errors import BadRequest
 from ..schema.converter import structure
 from ..schema.jsonio import MAX_DEPTH
 from ..schema.prefixes import Kept
@@ -60,6 +63,33 @@ def _check(message: Any) -> FrozenMessage:
     return frozen
 
 
+def chat_request(options: ChatOptions, messages: list[dict[str, Any]], sent_tools: Sequence[Any]) -> ChatRequest:
+    """The request a chat body's typed fields ask for, with these messages; :class:`BadRequest` naming a field
+    the converter takes but the call refuses (the rules across fields)."""
+    max_tokens = options.max_completion_tokens if options.max_completion_tokens is not None else options.max_tokens
+    if max_tokens is not None and max_tokens < 1:
+        raise BadRequest("'max_tokens' must be at least 1", param="max_tokens")
+    thinking = (options.chat_template_kwargs or {}).get("enable_thinking", options.enable_thinking)
+    if thinking is None and options.reasoning_effort is not None:
+        thinking = options.reasoning_effort != "none"
+    if thinking is not None and not isinstance(thinking, bool):
+        raise BadRequest("'enable_thinking' must be a boolean", param="chat_template_kwargs.enable_thinking")
+    stop = [options.stop] if isinstance(options.stop, str) else list(options.stop or [])
+    if options.top_logprobs is not None and not options.logprobs:
+        raise BadRequest("'logprobs' must be true when 'top_logprobs' is set", param="top_logprobs")
+    return ChatRequest(
+        messages=messages,
+        tools=offered_tools(sent_tools, options.tool_choice == "none"),
+        max_tokens=max_tokens,
+        temperature=options.temperature,
+        top_p=options.top_p,
+        seed=options.seed,
+        enable_thinking=thinking,
+        stop=tuple(stop),
+        stream=bool(options.stream),
+    )
+
+
 @attrs.frozen
 class ChatFields:
     """A chat body's fields but ``messages``, typed: what an agent sends the same every turn."""
@@ -67,11 +97,15 @@ class ChatFields:
     options: ChatOptions
     #: The tools as sent (the template renders them so; ``options.tools`` is their verdict).
     tools: tuple[Any, ...]
+    #: The request these fields ask for, with no messages: each turn's request is this one holding its
+    #: body's messages (the tools and settings by reference, made once while the fields repeat).
+    request: ChatRequest
 
 
 def _fields(value: dict[str, Any]) -> ChatFields:
     """The fields but ``messages`` structured by the one converter (raises where it refuses them)."""
-    return ChatFields(structure(value, ChatOptions), tuple(value.get("tools") or ()))
+    options, tools = structure(value, ChatOptions), tuple(value.get("tools") or ())
+    return ChatFields(options, tools, chat_request(options, [], tools))
 
 
 class ChatMemo(MessageMemo[FrozenMessage]):
@@ -92,8 +126,9 @@ class ChatBody:
 
     #: The body's fields but ``messages``, typed (the memo's shared object while they repeat).
     fields: ChatFields
-    #: Its messages, checked and with ``developer`` read as ``system``: the memo's shared objects.
-    messages: list[FrozenMessage]
+    #: Its messages (a list of its own), checked and with ``developer`` read as ``system``: the memo's shared
+    #: :class:`FrozenMessage` objects.
+    messages: list[dict[str, Any]]
 
 
 def load_chat_body(raw: bytes, memo: ChatMemo) -> Any:

@@ -11,12 +11,12 @@ import attrs
 
 from ..core.ids import uuid4_hex
 from ..core.parser import OutputDelta
-from ..core.requests import ChatRequest, offered_tools
+from ..core.requests import ChatRequest
 from ..core.turn_events import TurnAccepted, TurnDone
 from ..errors import BadRequest, ProxyError
 from ..schema.converter import structure
 from ..schema.jsonio import dumps
-from .chat_messages import ChatBody, ChatMemo, load_chat_body
+from .chat_messages import ChatBody, ChatMemo, chat_request, load_chat_body
 from .format import MemoFormat, ReplyInfo
 from .openai_types import ChatCompletionBody, ChatOptions
 
@@ -49,46 +49,26 @@ def parse_chat_body(body: Any, *, usage_by_default: bool = False) -> OpenAIChatC
 
     Unknown fields are tolerated (OpenAI clients send many we do not use); see
     docs/endpoints.md for what each known field does here. A :class:`ChatBody`
-    (read from bytes by :func:`load_chat_body`) has its messages checked already.
+    (read from bytes by :func:`load_chat_body`) has its messages checked and its
+    request made already: the call holds it with the body's messages, by reference.
     """
     call: ChatOptions
     if isinstance(body, ChatBody):  # typed from its bytes: the fields by the converter, each message checked
         call = body.fields.options
-        messages: list[dict[str, Any]] = list(body.messages)
-        sent_tools: Sequence[Any] = body.fields.tools
+        made = body.fields.request  # (built directly: attrs.evolve costs more than the whole of it)
+        request = ChatRequest(messages=body.messages, tools=made.tools, max_tokens=made.max_tokens,
+                              temperature=made.temperature, top_p=made.top_p, seed=made.seed,
+                              enable_thinking=made.enable_thinking, stop=made.stop, stream=made.stream)
     else:
         call = structure(body, ChatCompletionBody)
         # The typed messages are the verdict; the template gets each message as sent (fields we do not know
         # included), but for the role: templates know "system", not OpenAI's newer "developer".
         messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in body["messages"]]
-        sent_tools = body.get("tools") or ()
-    max_tokens = call.max_completion_tokens if call.max_completion_tokens is not None else call.max_tokens
-    if max_tokens is not None and max_tokens < 1:
-        raise BadRequest("'max_tokens' must be at least 1", param="max_tokens")
-    thinking = (call.chat_template_kwargs or {}).get("enable_thinking", call.enable_thinking)
-    if thinking is None and call.reasoning_effort is not None:
-        thinking = call.reasoning_effort != "none"
-    if thinking is not None and not isinstance(thinking, bool):
-        raise BadRequest("'enable_thinking' must be a boolean", param="chat_template_kwargs.enable_thinking")
-    stop = [call.stop] if isinstance(call.stop, str) else list(call.stop or [])
-    if call.top_logprobs is not None and not call.logprobs:
-        raise BadRequest("'logprobs' must be true when 'top_logprobs' is set", param="top_logprobs")
-    stream = bool(call.stream)
-    request = ChatRequest(
-        messages=messages,
-        tools=offered_tools(sent_tools, call.tool_choice == "none"),
-        max_tokens=max_tokens,
-        temperature=call.temperature,
-        top_p=call.top_p,
-        seed=call.seed,
-        enable_thinking=thinking,
-        stop=tuple(stop),
-        stream=stream,
-    )
+        request = chat_request(call, messages, body.get("tools") or ())
     return OpenAIChatCall(
         request=request,
         model=call.model or "",
-        stream=stream,
+        stream=request.stream,
         include_usage=_include_usage(call.stream_options, usage_by_default),
         session_id=call.session_id,
         instance_id=call.instance_id,

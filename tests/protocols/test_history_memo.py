@@ -263,3 +263,20 @@ def test_message_cut_trusts_identity_only_for_frozen_messages(tokenizer: Any) ->
     assert cut.cut(list(frozen.messages))[0] is once[0]  # ...once: the same frozen message is not cut again
 
 
+
+
+def test_a_turns_request_holds_its_typed_body_by_reference() -> None:
+    """The request a turn runs is no copy: it holds the typed body's messages, and the tools and settings its
+    fields were typed to once while they repeat; it equals the request the whole body's full check gives."""
+    memo = ChatMemo()
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    fields = {"tools": tools, "max_completion_tokens": 7, "stop": "END", "temperature": 0.5, "top_p": 0.9, "seed": 3,
+              "chat_template_kwargs": {"enable_thinking": False}, "stream": True}
+    first = _loaded(memo, HISTORY, **fields)
+    more = [*HISTORY, {"role": "user", "content": "more"}]
+    second = _loaded(memo, more, **fields)
+    one, two = parse_chat_body(first).request, parse_chat_body(second).request
+    assert one.messages is first.messages and two.messages is second.messages
+    assert two.tools is one.tools and two.stop is one.stop
+    assert two == parse_chat_body(orjson.loads(_raw(more, **fields))).request
+    assert (two.max_tokens, two.stop, two.enable_thinking, two.stream, two.tools) == (7, ("END",), False, True, tools)
