@@ -204,7 +204,8 @@ class TurnGeneration:
             tool_call_parse_error=step.tool_call_parse_error,
             stop_sequence=parser.stop_sequence,
             session_id=step.session_id,
-            # The step's own arrays: every write to them (record_delta, apply_finish, discard_attempt) is done.
+            # The step's own arrays, not copies: every write to them (the attempts' tokens, the engine's version
+            # spans, a discarded attempt: core/attempts.py) is done by now.
             ids=TurnIds(self._input_ids, step.output_ids, step.output_logprobs, step.output_versions),
             first_token_at=self._agent.first_at,
         )
