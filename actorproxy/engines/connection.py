@@ -164,6 +164,13 @@ def json_body(body: object) -> bytes:
 
 
 _IDS_JSON = IdsJSON()
+
+
+def age_prompt_json() -> None:
+    """Let the prompts' JSON kept for engine requests drop what no request used since the last call
+    (:meth:`IdsJSON.age`; ``Runtime.after_drain`` calls it)."""
+    _IDS_JSON.age()
+
 #: Where a long token array's JSON goes: a NUL byte, which orjson writes nowhere else.
 _MARK = orjson.Fragment(b"\0")
 

@@ -35,6 +35,11 @@ class IdsJSON:
         # Filed by the 8 ids before a power-of-two offset.
         self._kept: Prefixes[memoryview] = Prefixes(min_bytes=4 * MIN_IDS, window=32, max_bytes=max_bytes)
 
+    def age(self) -> None:
+        """Drop the prompts kept before the previous call (``Prefixes.age``): a prompt is a session's whole
+        conversation, and a drained session's need not wait for the byte bound to go."""
+        self._kept.age()
+
     @staticmethod
     def takes(ids: array[int]) -> bool:
         """Whether ``ids`` is long enough to be kept (shorter arrays: orjson over a numpy view, as before)."""

@@ -20,6 +20,7 @@ from ..config import ProxyConfig
 from ..core.template_probe import probe_template
 from ..core.turn_events import TurnEvent, TurnMoved
 from ..engines.base import Backend, BackendError, ModelInfo
+from ..engines.connection import age_prompt_json
 from ..engines.engine_check import check_engine_tokenizer
 from ..engines.sglang.parse import SGLangParseClient
 from ..errors import BadRequest, EngineError, NotFound, Overloaded, ShutdownError, ShuttingDown
@@ -400,6 +401,7 @@ async def open_runtime(
         runtime = Runtime(config, tok, engine, window, store_box, registry_box, controller, store.gauge,
                           sessions=registry, output_format=output_format)
         runtime.after_drain.append(tok.age_prompts)  # its prompts are the drained sessions' conversations
+        runtime.after_drain.append(age_prompt_json)  # so are the engine requests' kept prompts
         try:
             yield runtime
         finally:

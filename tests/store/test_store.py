@@ -15,6 +15,7 @@ from _util import run_turn
 
 from actorproxy.config import ProxyConfig
 from actorproxy.core.records import Segment
+from actorproxy.engines.ids_json import IdsJSON
 from actorproxy.errors import StorageFull
 from actorproxy.protocols.anthropic_messages import AnthropicMemo
 from actorproxy.protocols.chat_messages import ChatMemo
@@ -268,7 +269,7 @@ async def test_a_whole_store_drain_ages_the_body_memos_of_every_route(
     assert sorted(aged) == ["AnthropicMemo", "ChatMemo", "ResponsesMemo"]
 
 
-async def test_a_whole_store_drain_ages_the_body_prefixes_and_the_prompt_cache(
+async def test_a_whole_store_drain_ages_the_body_prefixes_and_the_prompt_caches(
     tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The memos' kept bodies and the tokenizer's prompt cache hold whole conversations, a session's data:
@@ -276,6 +277,7 @@ async def test_a_whole_store_drain_ages_the_body_prefixes_and_the_prompt_cache(
     aged: list[str] = []
     monkeypatch.setattr(Prefixes, "age", lambda self: aged.append("bodies"), raising=False)
     monkeypatch.setattr(PromptCache, "age", lambda self: aged.append("prompts"), raising=False)
+    monkeypatch.setattr(IdsJSON, "age", lambda self: aged.append("engine prompts"), raising=False)
     long_system = {"role": "system", "content": "Follow the rules of the repository. " * 60}
     async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
         for i in range(2):
@@ -285,6 +287,7 @@ async def test_a_whole_store_drain_ages_the_body_prefixes_and_the_prompt_cache(
         assert aged == []
         assert (await http.post("/trajectory/read", json={"drain": True})).status_code == 200
     assert aged.count("prompts") == 1 and aged.count("bodies") >= 3  # one memo a route at least
+    assert aged.count("engine prompts") == 1  # the prompts' JSON kept for the engine requests (engines/ids_json.py)
 
 
 def _segment(i: int, tokens: int) -> Segment:
