@@ -1,4 +1,4 @@
-"""What a generation attempt writes onto its step (sans-IO): token deltas, the engine's finish, a discarded attempt.
+"""What a generation attempt writes onto its step (sans-IO): sampled tokens, the engine's finish, a discarded attempt.
 
 A turn may take several attempts (a pause interrupts one): ``start`` is where
 the attempt's tokens begin in the step's output.
@@ -6,27 +6,37 @@ the attempt's tokens begin in the step's output.
 
 from __future__ import annotations
 
+import functools
 import time
 from array import array
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .records import Step, version_number
 
 if TYPE_CHECKING:  # the engine interface's event types, for annotations only: core/ does not import engines/
-    from ..engines.base import GenerateFinish, TokenDelta
+    from ..engines.base import GenerateFinish
 
 
-def record_delta(step: Step, event: TokenDelta) -> None:
-    """Append a delta's ids, logprobs and weight versions to the step."""
+def record_tokens(step: Step, ids: Sequence[int], logprobs: Sequence[float], version: str) -> None:
+    """Append sampled tokens to the step: their ids, logprobs and the weight version that sampled them.
+
+    What every token delta writes, whether it came as a ``TokenDelta`` or was relayed straight
+    from the engine's read (``runtime/generate.py: TurnGeneration.take``).
+    """
     if step.first_token_at is None:
         step.first_token_at = time.time()
-    step.output_ids.extend(event.token_ids)
-    step.output_logprobs.extend(event.logprobs)
-    number = version_number(event.weight_version)
-    step.output_versions.extend([number] * len(event.token_ids))
-    step.weight_version = event.weight_version
-    if event.weight_version:
-        step.version_labels[number] = event.weight_version
+    step.output_ids.extend(ids)
+    step.output_logprobs.extend(logprobs)
+    number = _number(version)
+    step.output_versions.extend([number] * len(ids) if len(ids) != 1 else (number,))
+    step.weight_version = version
+    if version:
+        step.version_labels[number] = version
+
+
+#: A label's number (``version_number``), remembered for the few labels a run of the proxy sees.
+_number = functools.lru_cache(maxsize=256)(version_number)
 
 
 def apply_finish(step: Step, finish: GenerateFinish, start: int, experts: list[str]) -> None:

@@ -174,8 +174,8 @@ class OutputParser:
 
     # -- feeding ------------------------------------------------------------
 
-    def feed(self, token_ids: Iterable[int]) -> OutputDelta:
-        if type(token_ids) is tuple and len(token_ids) == 1 and token_ids[0] not in self._specials:
+    def feed(self, token_ids: Sequence[int]) -> OutputDelta:
+        if len(token_ids) == 1 and token_ids[0] not in self._specials:
             # A streamed token alone, plain text in reasoning or content without stop sequences or a call
             # that may still open (the case of nearly every token): what the loop below makes of it, directly.
             mode = self._mode

@@ -142,8 +142,21 @@ class AbortBatch:
             send()
 
 
+#: Takes tokens relayed straight from the engine's read (``Generation.relay``): their ids, logprobs and
+#: the weight version that sampled them all. It answers whether to go on, or an awaitable of that to
+#: await before anything more is read (the agent reads slowly: back-pressure).
+TokenSink = Callable[[list[int], list[float], str], bool | Awaitable[bool]]
+
+
 class Generation(Protocol):
-    """A running generation: iterate it for events, abort it for a clean stop."""
+    """A running generation: iterate it for events, abort it for a clean stop.
+
+    A generation over a stream may also offer ``relay(take: TokenSink) -> Awaitable[None] | None``:
+    while only plain tokens come (one weight version, nothing else pending), each read's tokens
+    go to ``take`` directly, without a :class:`TokenDelta` or an iteration each; the awaitable
+    returns when anything else comes (iterate on for it), or when ``take`` answered ``False``.
+    ``None``: nothing to relay now (iterate).
+    """
 
     rid: str
 

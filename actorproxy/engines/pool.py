@@ -29,7 +29,17 @@ from typing import Any
 import attrs
 import trio
 
-from .base import AbortBatch, Backend, BackendError, GenerateRequest, Generation, GenerationEvent, ModelInfo, TokenDelta
+from .base import (
+    AbortBatch,
+    Backend,
+    BackendError,
+    GenerateRequest,
+    Generation,
+    GenerationEvent,
+    ModelInfo,
+    TokenDelta,
+    TokenSink,
+)
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +303,13 @@ class _PoolGeneration:
             assert self._iterator is not None
             return self._iterator.__anext__()
         return self._next_before_a_token()
+
+    def relay(self, take: TokenSink) -> Awaitable[None] | None:
+        """Once a token came (the generation stays on its engine), the engine's own relay, if it has one."""
+        if not self._started:
+            return None
+        relay = getattr(self._generation, "relay", None)
+        return relay(take) if relay is not None else None
 
     async def _next_before_a_token(self) -> GenerationEvent:
         while True:

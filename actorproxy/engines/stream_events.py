@@ -19,6 +19,14 @@ the connection, or hangs up).
 
 A malformed event is a :class:`~.base.BackendError` naming it, raised by :meth:`read`
 after the events before it are handed out (``out``), never a crash.
+
+While :attr:`StreamDecoder.relaying`, the plain tokens of a read (every token stamped with
+the event's version, :meth:`StreamDecoder.tokens`) are not made into events: they are kept
+as one run (``run_ids``, ``run_logprobs``, ``run_version``) that the generation hands to its
+taker directly when nothing else came (``engines/streaming.py: StreamedGeneration.relay``).
+Any event handed out after them takes the run, as a :class:`~.base.TokenDelta`, first
+(:meth:`StreamDecoder.run_into`), so the order is the stream's either way; the run of a read
+is what the events of that read would merge to (``engines/deltas.py: take_merged``).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from typing import Any
 import orjson
 
 from ..http.sse import SSEParser
-from .base import BackendError, GenerateFinish, GenerationEvent
+from .base import BackendError, GenerateFinish, GenerationEvent, TokenDelta
 
 _DONE = b"[DONE]"
 _SEPARATOR = b"\n\ndata: "
@@ -60,6 +68,12 @@ class StreamDecoder:
         #: The engine was asked to stop this generation (an abort's finish is then not a failure).
         self.abort_requested = False
         self._sse: SSEParser | None = None  # once an event is not of the common shape: every event through it
+        #: Plain tokens are kept in the read's run instead of handed out as events (see the module).
+        self.relaying = False
+        #: The run's version (``None``: no run), ids and logprobs.
+        self.run_version: str | None = None
+        self.run_ids: list[int] = []
+        self.run_logprobs: list[float] = []
 
     # -- engine-specific ----------------------------------------------------
 
@@ -83,6 +97,28 @@ class StreamDecoder:
         """Read events given one by one (name, data): :meth:`decode` and :meth:`feed` each."""
         for name, data in datas:
             self.take_one(name, data, out)
+
+    def tokens(self, ids: list[int], logprobs: list[float]) -> list[GenerationEvent]:
+        """The events of new tokens all sampled by :attr:`version`: one :class:`TokenDelta`, none for no
+        tokens; while :attr:`relaying`, none either: they join the read's run (see the module)."""
+        if not ids:
+            return []
+        version = self.version
+        if self.relaying:
+            if self.run_version is None:
+                self.run_ids, self.run_logprobs, self.run_version = ids, logprobs, version
+                return []
+            if self.run_version == version:
+                self.run_ids += ids
+                self.run_logprobs += logprobs
+                return []
+        return [TokenDelta(tuple(ids), tuple(logprobs), version)]  # (_hand_out puts a run of another version first)
+
+    def run_into(self, out: list[GenerationEvent]) -> None:
+        """Append the read's run, if any, to ``out`` as a :class:`TokenDelta` (no run is left)."""
+        if self.run_version is not None:
+            out.append(TokenDelta(tuple(self.run_ids), tuple(self.run_logprobs), self.run_version))
+            self.run_version = None
 
     # -- reading ------------------------------------------------------------
 
@@ -183,6 +219,8 @@ class StreamDecoder:
         self._hand_out(self.feed(payload), out)
 
     def _hand_out(self, events: list[GenerationEvent], out: list[GenerationEvent]) -> None:
+        if events and self.run_version is not None:
+            self.run_into(out)  # the run's tokens came before these events
         for event in events:
             out.append(event)
             if type(event) is GenerateFinish:

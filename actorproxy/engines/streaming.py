@@ -5,7 +5,8 @@
 to ask its engine to abort; its engine's sans-IO stream decoder
 (:class:`~.stream_events.StreamDecoder`) turns the body's bytes into generation events.
 This class does the I/O: each read's bytes de-chunked into the decoder's buffer and decoded
-in one pass, the acknowledged abort, reading the stream to its end so the connection is
+in one pass (while only plain tokens come, handed to the caller's taker straight from the
+read: :meth:`StreamedGeneration.relay`), the acknowledged abort, reading the stream to its end so the connection is
 reused, and the shielded, bounded cleanup when the caller leaves the block early.
 """
 
@@ -19,7 +20,7 @@ import trio
 
 from ..http.client import Response
 from ..http.errors import TransportError
-from .base import AbortBatch, BackendError, GenerateFinish, GenerationEvent
+from .base import AbortBatch, BackendError, GenerateFinish, GenerationEvent, TokenSink
 from .connection import EngineHTTP, EngineResponse
 from .deltas import take_merged
 from .errors import backend_error, mapped_errors
@@ -137,10 +138,7 @@ class StreamedGeneration(Generic[P]):
             try:  # the read, in this coroutine (one a streamed token)
                 more = await response.receive_into(parser.buffer)
             except TransportError as exc:
-                if self._cut is None:  # else _cut_stream: the loop reports the local finish
-                    error = backend_error(self.what, exc)
-                    error.__cause__ = exc
-                    self._error = error  # raised once the events before it are delivered
+                self._failed(exc)
                 continue
             try:
                 self._decode(more)
@@ -155,6 +153,51 @@ class StreamedGeneration(Generic[P]):
                         await self._send_abort()
                 except BackendError as exc:
                     self._error = exc
+
+    def relay(self, take: TokenSink) -> Awaitable[None] | None:
+        """Give each read's plain tokens to ``take`` straight from the read (see ``Generation.relay``).
+
+        ``None`` when something must be iterated first (an event pending, an error, the
+        finish, a cut stream, an abort to send again).
+        """
+        if self._pending or not self._relayable():
+            return None
+        return self._relay(take)
+
+    def _relayable(self) -> bool:
+        return (self._error is None and not self._finish_queued and self._cut is None and not self._resend_abort
+                and self._response is not None)
+
+    async def _relay(self, take: TokenSink) -> None:
+        """The loop of :meth:`relay`: read, decode, and hand the read's run of tokens to ``take``.
+
+        A read that brought anything but plain tokens of one version leaves its events
+        queued (the run of tokens before them first) and returns: :meth:`__anext__` goes on.
+        """
+        response, parser, pending = self._response, self._parser, self._pending
+        assert response is not None
+        while True:
+            try:
+                more = await response.receive_into(parser.buffer)
+            except TransportError as exc:
+                self._failed(exc)
+                return
+            parser.relaying = True
+            try:
+                self._decode(more)
+            except BackendError as exc:
+                self._error = exc  # raised by __anext__ once the tokens before it are delivered
+                return
+            finally:
+                parser.relaying = False
+            if parser.run_version is not None:  # (nothing else came: else _decode queued the run too)
+                ids, logprobs, version = parser.run_ids, parser.run_logprobs, parser.run_version
+                parser.run_version = None
+                go = take(ids, logprobs, version)
+                if go is not True and (isinstance(go, bool) or not await go):
+                    return
+            if pending or not self._relayable():
+                return
 
     def abort_soon(self, batch: AbortBatch | None = None) -> Callable[[], Awaitable[None]] | None:
         """:meth:`abort`, begun now (see ``Generation.abort_soon``); the engine's own part is :meth:`_start_abort`."""
@@ -214,15 +257,30 @@ class StreamedGeneration(Generic[P]):
         if self._response is not None:
             self._response.cut()  # a read waiting on it fails, and the loop reports the local finish
 
+    def _failed(self, exc: TransportError) -> None:
+        """A read failed: the error is raised once the events before it are delivered."""
+        if self._cut is None:  # else _cut_stream: the loop reports the local finish
+            error = backend_error(self.what, exc)
+            error.__cause__ = exc
+            self._error = error
+
     def _decode(self, more: bool) -> None:
-        """The events of the bytes a read brought (``more``: the body goes on), queued."""
+        """The events of the bytes a read brought (``more``: the body goes on), queued.
+
+        While relaying, a read of plain tokens only leaves them in the decoder's run (for
+        :meth:`_relay` to hand over); with any event, or a failure, the run is queued too.
+        """
         parser = self._parser
         if not more:
             self._body_ended = True
         out: list[GenerationEvent] = []
+        failed = True
         try:
             parser.read(out, at_end=not more)
+            failed = False
         finally:
+            if out or failed:
+                parser.run_into(out)  # (after the events: any earlier run went before them)
             self._queue(out)  # the events before a failure are delivered first
             self._after_read()
 

@@ -27,14 +27,14 @@ from __future__ import annotations
 import logging
 import time
 from array import array
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 
 import attrs
 import trio
 
 from ..config import ProxyConfig
-from ..core.attempts import apply_finish, discard_attempt, record_delta
+from ..core.attempts import apply_finish, discard_attempt, record_tokens
 from ..core.parser import OutputParser
 from ..core.session_state import Prepared, TurnResult
 from ..core.tito import reasoning_opened_by_prompt
@@ -139,6 +139,10 @@ class TurnGeneration:
         self._drain_limit = 0.0  # the agent left: when its drain is cut, however much still comes
         #: What is left of this attempt's abort call, if a task reads it: the scope the attempt cancels as it ends.
         self._rest_scope: trio.CancelScope | None = None
+        #: The attempt being read: its generation, its handle and the scope that cuts its stream.
+        self._live: tuple[Generation, GenerationHandle, trio.CancelScope]
+        #: The finish of a reply a stop sequence ended (the attempt's stream is left there).
+        self._stop: GenerateFinish | None = None
 
     def _new_parser(self) -> OutputParser:
         request, fmt = self.prepared.request, self._format
@@ -374,35 +378,72 @@ class TurnGeneration:
 
     async def _stream(self, generation: Generation, handle: GenerationHandle, drain: trio.CancelScope
                       ) -> GenerateFinish | None:
-        """Read the engine's events into the step and the agent's channel; the finish, if one came."""
+        """Read the engine's events into the step and the agent's channel; the finish, if one came.
+
+        Each token delta goes to :meth:`take`; once the generation can relay (``Generation.relay``),
+        the tokens of each read go to it straight from the read, until anything else comes.
+        """
+        self._live = (generation, handle, drain)
+        self._stop = None
+        relay = getattr(generation, "relay", None)
         finish: GenerateFinish | None = None
         async for event in generation:
             if isinstance(event, GenerateFinish):
                 finish = event
                 continue
-            record_delta(self.step, event)
-            handle.add_tokens(len(event.token_ids))
-            delta = self.parser.feed(event.token_ids)
-            if self.client_gone:
-                # Still coming: what the engine generated before it heard the abort. Read on.
-                drain.deadline = min(self._drain_limit, trio.current_time() + ABORT_DRAIN_SECONDS)
-                continue
-            if delta:
-                try:
-                    if handle.abort_requested:
-                        self._agent.hold(delta)  # a pause waits for this stream's end: the agent's copy waits
-                    else:
-                        handing = self._agent.deliver(delta)
-                        if handing is not None:
-                            await handing
-                except GONE:
-                    self._agent_left(generation, handle, drain)
-                    continue
-            if self.parser.stopped:
-                # A stop sequence: leaving the block stops the engine; every
-                # token sampled so far stays recorded on the step.
-                return GenerateFinish("stop", weight_version=event.weight_version)
+            go = self.take(event.token_ids, event.logprobs, event.weight_version)
+            if go is not True and (isinstance(go, bool) or not await go):
+                return self._stop
+            if relay is not None and (relaying := relay(self.take)) is not None:
+                await relaying
+                if self._stop is not None:
+                    return self._stop
         return finish
+
+    def take(self, ids: Sequence[int], logprobs: Sequence[float], version: str) -> bool | Awaitable[bool]:
+        """Tokens the engine sampled: onto the step, through the parser, the delta to the agent (``TokenSink``).
+
+        ``True`` to read on; ``False`` once a stop sequence ended the reply (``_stop`` is then its
+        finish: leaving the block stops the engine, and every token sampled so far stays recorded);
+        else the awaitable that writes the rest of the delta, of the same answer.
+        """
+        record_tokens(self.step, ids, logprobs, version)
+        generation, handle, drain = self._live
+        handle.add_tokens(len(ids))
+        parser = self.parser
+        delta = parser.feed(ids)
+        if self.client_gone:
+            # Still coming: what the engine generated before it heard the abort. Read on.
+            drain.deadline = min(self._drain_limit, trio.current_time() + ABORT_DRAIN_SECONDS)
+            return True
+        if delta:
+            try:
+                if handle.abort_requested:
+                    self._agent.hold(delta)  # a pause waits for this stream's end: the agent's copy waits
+                else:
+                    handing = self._agent.deliver(delta)
+                    if handing is not None:
+                        return self._delivered(handing, version)
+            except GONE:
+                self._agent_left(generation, handle, drain)
+                return True
+        if parser.stopped:
+            self._stop = GenerateFinish("stop", weight_version=version)
+            return False
+        return True
+
+    async def _delivered(self, handing: Awaitable[None], version: str) -> bool:
+        """:meth:`take`'s answer once the delta it began to write is written."""
+        try:
+            await handing
+        except GONE:
+            generation, handle, drain = self._live
+            self._agent_left(generation, handle, drain)
+            return True
+        if self.parser.stopped:
+            self._stop = GenerateFinish("stop", weight_version=version)
+            return False
+        return True
 
     def _agent_left(self, generation: Generation, handle: GenerationHandle, drain: trio.CancelScope) -> None:
         """The agent left: abort at a token boundary and read on to the engine's abort finish.

@@ -115,13 +115,13 @@ async def test_a_streamed_turns_deltas_reach_the_agent_with_no_event_each(
 def recorded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The tokens of each engine event a session read and recorded."""
     counts: list[int] = []
-    record = generate.record_delta
+    record = generate.record_tokens
 
-    def counted(step: Any, event: Any) -> None:
-        counts.append(len(event.token_ids))
-        record(step, event)
+    def counted(step: Any, ids: Any, logprobs: Any, version: str) -> None:
+        counts.append(len(ids))
+        record(step, ids, logprobs, version)
 
-    monkeypatch.setattr(generate, "record_delta", counted)
+    monkeypatch.setattr(generate, "record_tokens", counted)
     return counts
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ...schema.converter import CONVERTER, TokenIds, at_least
-from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams, TokenDelta
+from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams
 from ..connection import BodyTemplate
 from ..errors import error_message, stream_error_status
 from ..stream_events import StreamDecoder
@@ -203,7 +203,7 @@ class LlamaCppStreamParser(StreamDecoder):
 
     def _out(self, ids: list[int], logprobs: list[float]) -> list[GenerationEvent]:
         self.ids.extend(ids)
-        return [TokenDelta(tuple(ids), tuple(logprobs), self.version)] if ids else []
+        return self.tokens(ids, logprobs)
 
     def _finish(self, payload: Mapping[str, Any]) -> GenerateFinish:
         kind = payload.get("stop_type")

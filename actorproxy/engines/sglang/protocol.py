@@ -27,7 +27,6 @@ from ..base import (
     GenerateRequest,
     GenerationEvent,
     SamplingParams,
-    TokenDelta,
     WeightVersionSpan,
 )
 from ..connection import BodyTemplate
@@ -382,7 +381,7 @@ class SGLangStreamParser(StreamDecoder):
     ) -> list[GenerationEvent]:
         if not spans:  # every token stamped with the event's version: one delta (or none)
             self.ids += ids
-            return [TokenDelta(tuple(ids), tuple(logprobs), self.version)] if ids else []
+            return self.tokens(ids, logprobs)
         stamps = [version_at(spans, len(self.ids) + i) or self.version for i in range(len(ids))]
         self.ids.extend(ids)
         return token_deltas(ids, logprobs, stamps)

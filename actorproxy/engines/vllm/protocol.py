@@ -28,7 +28,6 @@ from ..base import (
     GenerateFinish,
     GenerationEvent,
     SamplingParams,
-    TokenDelta,
     WeightVersionSpan,
 )
 from ..connection import BodyTemplate
@@ -352,7 +351,7 @@ class VLLMStreamParser(StreamDecoder):
             stamps = [version_at(spans, len(self.ids) + i) or self.version for i in range(len(ids))]
             events = token_deltas(ints, floats, stamps)
         else:  # every token of the event sampled by its version (a streamed chunk): one delta, or none
-            events = [TokenDelta(tuple(ints), tuple(floats), self.version)] if ints else []
+            events = self.tokens(ints, floats)
         self.ids += ints
         experts = choice.get("routed_experts")
         if isinstance(experts, str) and self._experts_wanted:
