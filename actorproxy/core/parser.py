@@ -24,7 +24,7 @@ that streams may already have seen the start of such a call (see docs/parsers.md
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -37,6 +37,7 @@ from .tool_parsers import BlockParser, CallPiece, ToolCallFormat, format_spec, t
 from .tool_parsers.harmony import Header, JsonArgumentsParser, harmony_ids, read_header
 
 __all__ = [
+    "NOTHING",
     "OutputDelta",
     "OutputParser",
     "ReasoningFormat",
@@ -63,8 +64,13 @@ class ToolCallDelta:
     arguments: str = ""
 
 
-@attrs.frozen
-class OutputDelta:
+class OutputDelta(NamedTuple):
+    """What a piece of the output adds: reasoning text, content text, pieces of tool calls.
+
+    A named tuple (one is made per streamed token: built by ``tuple.__new__``, without the
+    attribute writes of a frozen attrs class).
+    """
+
     reasoning: str = ""
     content: str = ""
     tool_calls: tuple[ToolCallDelta, ...] = ()
@@ -81,7 +87,8 @@ class _Everything:
         return True
 
 
-_NOTHING = OutputDelta()
+#: The delta that says nothing: every empty delta :meth:`OutputParser.feed` and ``finish`` return is this one.
+NOTHING = OutputDelta()
 
 
 class _Out:
@@ -93,7 +100,10 @@ class _Out:
         self.calls: list[ToolCallDelta] = []
 
     def delta(self) -> OutputDelta:
-        return OutputDelta("".join(self.reasoning), "".join(self.content), tuple(self.calls))
+        reasoning, content = "".join(self.reasoning), "".join(self.content)
+        if reasoning or content or self.calls:
+            return OutputDelta(reasoning, content, tuple(self.calls))
+        return NOTHING
 
 
 class OutputParser:
@@ -147,6 +157,8 @@ class OutputParser:
         self.tool_call_parse_error = False
         self._skip = tokenizer.special_ids
         self._stop = StopMatcher(stop) if stop else None
+        #: A ``stop`` sequence appeared in the content: the caller should end the generation.
+        self.stopped = False
         self._header: str | None = ""  # harmony: the header being read (None: in a body or between messages)
         #: Ids that may change the mode or be dropped; any other id is plain text in every mode. Harmony reads
         #: every token on its own (its headers are text).
@@ -159,18 +171,16 @@ class OutputParser:
         """The ``stop`` sequence that ended the reply, if one did."""
         return self._stop.matched if self._stop is not None else None
 
-    @property
-    def stopped(self) -> bool:
-        """A ``stop`` sequence appeared in the content: the caller should end the generation."""
-        return self._stop is not None and self._stop.hit
-
     def _push_content(self, text: str) -> str:
         # Stop sequences match the raw text. A reply cut by one keeps the whitespace before it
         # (OpenAI returns the text up to the stop sequence as it was sampled); only its start is stripped.
         if self._stop is None:
             return self._content.push(text)
         emitted = self._content.push(self._stop.push(text))
-        return emitted + self._content.release() if self._stop.hit else emitted
+        if self._stop.hit:
+            self.stopped = True
+            return emitted + self._content.release()
+        return emitted
 
     # -- feeding ------------------------------------------------------------
 
@@ -181,11 +191,13 @@ class OutputParser:
             mode = self._mode
             if self._stop is None and not self._bare_open and (mode == "content" or mode == "reasoning"):
                 text = self._detok.feed(token_ids)
-                if not text:
-                    return _NOTHING
-                if mode == "content":
-                    return OutputDelta("", self._content.push(text))
-                return OutputDelta(self._reasoning.push(text))
+                if text:
+                    if mode == "content":
+                        if text := self._content.push(text):
+                            return OutputDelta("", text)
+                    elif text := self._reasoning.push(text):
+                        return OutputDelta(text)
+                return NOTHING
         out = _Out()
         specials = self._specials
         run: list[int] = []  # ordinary tokens in a row: detokenized and routed together (same text, fewer calls)
@@ -258,6 +270,7 @@ class OutputParser:
             self._route(text, out)
         if self._stop is not None:
             out.content.append(self._content.push(self._stop.flush()))
+            self.stopped = self._stop.hit
         return out.delta()
 
     # -- results ------------------------------------------------------------

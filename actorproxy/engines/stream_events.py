@@ -68,6 +68,8 @@ class StreamDecoder:
         #: The engine was asked to stop this generation (an abort's finish is then not a failure).
         self.abort_requested = False
         self._sse: SSEParser | None = None  # once an event is not of the common shape: every event through it
+        #: Whether the events of one read may be decoded together (else one :meth:`decode` each).
+        self.batched = True
         #: Plain tokens are kept in the read's run instead of handed out as events (see the module).
         self.relaying = False
         #: The run's version (``None``: no run), ids and logprobs.
@@ -88,10 +90,6 @@ class StreamDecoder:
     def decode(self, data: bytes) -> Any:
         """One event's JSON (an engine's reader may decode less of it: SGLang's cumulative events)."""
         return orjson.loads(data)
-
-    def batched(self) -> bool:
-        """Whether the events of one read may be decoded together (else one :meth:`decode` each)."""
-        return True
 
     def take_events(self, datas: list[tuple[str, bytes]], out: list[GenerationEvent]) -> None:
         """Read events given one by one (name, data): :meth:`decode` and :meth:`feed` each."""
@@ -130,11 +128,18 @@ class StreamDecoder:
         """
         buf = self.buffer
         sse = self._sse
-        if sse is None and self.batched():
-            end = buf.rfind(b"\n\n") + 2
+        if sse is None and self.batched:
+            n = len(buf)
+            # The common read: one event alone in the buffer (its only line break is the blank line's first).
+            lone = n > 8 and buf.find(b"\n") == n - 2 and buf[n - 1] == 10
+            if lone:
+                end, count = n, 1
+            else:
+                end = buf.rfind(b"\n\n") + 2
+                count = buf.count(_SEPARATOR, 0, end) + 1 if end >= 2 else 0
             if end >= 2:
-                count = buf.count(_SEPARATOR, 0, end) + 1
-                if buf.startswith(b"data: ") and buf.count(b"\n", 0, end) == 2 * count and buf.find(b"\r", 0, end) < 0:
+                if (buf.startswith(b"data: ") and (lone or buf.count(b"\n", 0, end) == 2 * count)
+                        and buf.find(b"\r", 0, end) < 0):
                     self._take_batch(end, count, out)
                     if not at_end:
                         return
@@ -202,7 +207,8 @@ class StreamDecoder:
             for payload in payloads:
                 if type(payload) is dict and not self.finished:  # (the common event: _take's checks, in line)
                     self.payloads += 1
-                    self._hand_out(self.feed(payload), out)
+                    if events := self.feed(payload):  # (none while relaying plain tokens)
+                        self._hand_out(events, out)
                 else:
                     self._take(payload, b"", out)
         if done:
@@ -216,7 +222,8 @@ class StreamDecoder:
             shown = data or orjson.dumps(payload)
             raise BackendError(f"{self.what}: unexpected stream event: {shown[:200]!r}")
         self.payloads += 1
-        self._hand_out(self.feed(payload), out)
+        if events := self.feed(payload):
+            self._hand_out(events, out)
 
     def _hand_out(self, events: list[GenerationEvent], out: list[GenerationEvent]) -> None:
         if events and self.run_version is not None:

@@ -157,16 +157,10 @@ class StreamedGeneration(Generic[P]):
     def relay(self, take: TokenSink) -> Awaitable[None] | None:
         """Give each read's plain tokens to ``take`` straight from the read (see ``Generation.relay``).
 
-        ``None`` when something must be iterated first (an event pending, an error, the
-        finish, a cut stream, an abort to send again).
+        It returns at once when something must be iterated first (an event pending, an
+        error, the finish, a cut stream, an abort to send again).
         """
-        if self._pending or not self._relayable():
-            return None
-        return self._relay(take)
-
-    def _relayable(self) -> bool:
-        return (self._error is None and not self._finish_queued and self._cut is None and not self._resend_abort
-                and self._response is not None)
+        return self._relay(take) if self._response is not None else None
 
     async def _relay(self, take: TokenSink) -> None:
         """The loop of :meth:`relay`: read, decode, and hand the read's run of tokens to ``take``.
@@ -176,7 +170,8 @@ class StreamedGeneration(Generic[P]):
         """
         response, parser, pending = self._response, self._parser, self._pending
         assert response is not None
-        while True:
+        while not (pending or self._error is not None or self._finish_queued or self._cut is not None
+                   or self._resend_abort):
             try:
                 more = await response.receive_into(parser.buffer)
             except TransportError as exc:
@@ -196,8 +191,6 @@ class StreamedGeneration(Generic[P]):
                 go = take(ids, logprobs, version)
                 if go is not True and (isinstance(go, bool) or not await go):
                     return
-            if pending or not self._relayable():
-                return
 
     def abort_soon(self, batch: AbortBatch | None = None) -> Callable[[], Awaitable[None]] | None:
         """:meth:`abort`, begun now (see ``Generation.abort_soon``); the engine's own part is :meth:`_start_abort`."""
@@ -281,7 +274,8 @@ class StreamedGeneration(Generic[P]):
         finally:
             if out or failed:
                 parser.run_into(out)  # (after the events: any earlier run went before them)
-            self._queue(out)  # the events before a failure are delivered first
+            if out:
+                self._queue(out)  # the events before a failure are delivered first
             self._after_read()
 
     def _after_read(self) -> None:

@@ -35,7 +35,7 @@ import trio
 
 from ..config import ProxyConfig
 from ..core.attempts import apply_finish, discard_attempt, record_tokens
-from ..core.parser import OutputParser
+from ..core.parser import NOTHING, OutputParser
 from ..core.session_state import Prepared, TurnResult
 from ..core.tito import reasoning_opened_by_prompt
 from ..core.turn_events import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed, TurnIds
@@ -416,7 +416,7 @@ class TurnGeneration:
             # Still coming: what the engine generated before it heard the abort. Read on.
             drain.deadline = min(self._drain_limit, trio.current_time() + ABORT_DRAIN_SECONDS)
             return True
-        if delta:
+        if delta is not NOTHING:  # (every empty delta is NOTHING)
             try:
                 if handle.abort_requested:
                     self._agent.hold(delta)  # a pause waits for this stream's end: the agent's copy waits

@@ -72,20 +72,27 @@ class _ByteLevel:
 
     def __init__(self, table: tuple[bytes, ...]) -> None:
         self._table = table
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._size = len(table)
+        self._held = b""  # the bytes of a character not complete yet
 
     def feed(self, token_ids: Sequence[int]) -> str:
-        table, size = self._table, len(self._table)
+        table, size = self._table, self._size
         # Ids outside the vocabulary decode to nothing, as in `tokenizer.decode`.
         if len(token_ids) == 1:  # a streamed token alone: no generator
             i = token_ids[0]
             data = table[i] if 0 <= i < size else b""
         else:
             data = b"".join(table[i] for i in token_ids if 0 <= i < size)
-        return self._decoder.decode(data)
+        if self._held:
+            data = self._held + data
+        # What codecs' incremental UTF-8 decoder does, without its Python-level method a token.
+        text, used = codecs.utf_8_decode(data, "replace", False)
+        self._held = data[used:]
+        return text
 
     def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)
+        data, self._held = self._held, b""
+        return codecs.utf_8_decode(data, "replace", True)[0]
 
 
 class _Windowed:

@@ -224,6 +224,7 @@ class SGLangStreamParser(StreamDecoder):
         self.version = version  # the last version seen
         self._stops = frozenset(stop_token_ids)
         self._incremental: bool | None = None
+        self.batched = False  # a cumulative event is cut alone; incremental events are batched once the shape is known
         self._cutter = PrefixCutter()
         self._cut = 0  # tokens cut from the event being decoded
 
@@ -263,7 +264,12 @@ class SGLangStreamParser(StreamDecoder):
             self.version = version
         raw_spans = meta.get("weight_versions")
         spans = parse_spans(raw_spans) if raw_spans else ()
-        events = self._deltas(new_ids, self._logprobs(new_ids, new_entries), spans)
+        logprobs = self._logprobs(new_ids, new_entries)
+        if spans:
+            events = self._deltas(new_ids, logprobs, spans)
+        else:  # every token stamped with the event's version: one delta (or none)
+            self.ids += new_ids
+            events = self.tokens(new_ids, logprobs)
         finish = meta.get("finish_reason")
         if finish is not None:
             events.append(self._finish(finish, meta, spans))
@@ -271,9 +277,6 @@ class SGLangStreamParser(StreamDecoder):
 
     def end(self, done: bool) -> list[GenerationEvent]:
         raise BackendError("SGLang: the stream ended without a finish_reason")
-
-    def batched(self) -> bool:
-        return self._incremental is True  # a cumulative event is cut alone; the shape is known from the second
 
     def take_events(self, datas: list[tuple[str, bytes]], out: list[GenerationEvent]) -> None:
         """Cumulative events read together: one the next repeats is not decoded (``cumulative.look``).
@@ -357,6 +360,7 @@ class SGLangStreamParser(StreamDecoder):
             # No count to go by and the event starts with all earlier tokens: the
             # server default (cumulative), decided again at the next event.
             return False
+        self.batched = self._incremental
         return self._incremental
 
     @staticmethod
@@ -379,9 +383,7 @@ class SGLangStreamParser(StreamDecoder):
     def _deltas(
         self, ids: list[int], logprobs: list[float], spans: tuple[WeightVersionSpan, ...]
     ) -> list[GenerationEvent]:
-        if not spans:  # every token stamped with the event's version: one delta (or none)
-            self.ids += ids
-            return self.tokens(ids, logprobs)
+        """One :class:`TokenDelta` per run of tokens the event's spans stamp alike."""
         stamps = [version_at(spans, len(self.ids) + i) or self.version for i in range(len(ids))]
         self.ids.extend(ids)
         return token_deltas(ids, logprobs, stamps)
