@@ -147,7 +147,7 @@ class ServerConnection:
         self.received = len(data)  # bytes read from the client so far (a body's rate is measured on it)
         self.state = ConnectionState()  # where the exchange under way stands (HTTP/1.1, sans-IO): see ``.state``
         self.probe_only = False  # taken past --max-connections: a health probe is served, anything else 503
-        self.handoff: Handoff | None = None  # set by the server's router: the connection goes elsewhere
+        self.moved = False  # handed to another server by the router: the reader reads nothing more
         # The transport, which the protocol state does not see (the reader reads ahead of what is parsed):
         self.eof = False  # the client sent its last byte (or the socket failed)
         self.gone = False  # the client is gone (not only done sending): a request in flight is then cancelled
@@ -174,9 +174,7 @@ class ServerConnection:
                     nursery.start_soon(self.read)
                     await self.serve()
                     nursery.cancel_scope.cancel()
-            if self.handoff is not None:  # the reader has stopped: every byte read is in the buffer
-                await self.handoff(trio.socket.from_stdlib_socket(self.sock), bytes(self.buffer))
-            elif self.state.request_unread and not (self.eof or self.closed):  # the client may still be sending
+            if not self.moved and self.state.request_unread and not (self.eof or self.closed):  # may still be sending
                 await self.close_gently()
         finally:
             server.connections.discard(self)
@@ -197,8 +195,9 @@ class ServerConnection:
                     await self.write(self.server.policy.overloaded(Date.now()))
                     return
             if self.server.router is not None:
-                self.handoff = await self.server.router(self, request)
-                if self.handoff is not None:
+                handoff = await self.server.router(self, request)
+                if handoff is not None:
+                    await self.hand_off(handoff)
                     return
             cycle = self.cycle = Cycle(self, request)
             if self.eof:
@@ -211,6 +210,17 @@ class ServerConnection:
                 await cycle.discard_rest()  # answered before its body came: the rest is read (and dropped) now
             if self.closed or not state.next_cycle():
                 return  # unread body, a close asked for, or a broken reply: the connection cannot go on
+
+    async def hand_off(self, handoff: Handoff) -> None:
+        """Give the connection to ``handoff`` in this step, with every byte read and not served.
+
+        Not after the reader has stopped: stopping it takes a scheduling round of a busy loop, and
+        the request (a new session's first turn) would wait for it. The reader is parked (this task
+        runs), so the buffer holds all it read; from here on it reads nothing (``moved``), and what
+        the client sends next is the new server's.
+        """
+        self.moved = True
+        await handoff(trio.socket.from_stdlib_socket(self.sock), bytes(self.buffer))
 
     async def close_gently(self) -> None:
         """End a connection whose client may still be sending its body: our side first, then what comes is dropped.
@@ -269,6 +279,8 @@ class ServerConnection:
                 continue
             # Wait first, then read: one recv per arrival (the wait is the checkpoint).
             await trio.lowlevel.wait_readable(sock)
+            if self.moved:  # handed over meanwhile: what arrived is the new server's
+                return
             try:
                 data: bytes | None = sock.recv(min(max(_MAX_RECV, self.gathering() - len(self.buffer)), BODY_AT_ONCE))
             except (BlockingIOError, InterruptedError):

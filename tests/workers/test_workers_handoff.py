@@ -35,6 +35,25 @@ def _app(name: bytes) -> Any:
     return app
 
 
+def _adopted_by(other: HTTPServer, head: bytes) -> Handoff:
+    """A hand-off to ``other`` in this process: a copy of the socket, adopted with ``head`` and the bytes not served."""
+
+    async def handoff(sock: trio.socket.SocketType, rest: bytes) -> None:
+        copy = trio.socket.from_stdlib_socket(socket.socket(fileno=os.dup(sock.fileno())))
+        other.adopt(copy, head + rest)
+
+    return handoff
+
+
+async def _serve_both(nursery: trio.Nursery, here: HTTPServer, other: HTTPServer, stop: trio.Event) -> int:
+    """Start both servers on ports of their own until ``stop``; ``here``'s port."""
+    url = await nursery.start(lambda task_status: here.serve("127.0.0.1", 0, shutdown_trigger=stop.wait,
+                                                              task_status=task_status))
+    await nursery.start(lambda task_status: other.serve("127.0.0.1", 0, shutdown_trigger=stop.wait,
+                                                        task_status=task_status))
+    return int(url.rsplit(":", 1)[1])
+
+
 async def _exchange(stream: trio.SocketStream, request: bytes, *markers: bytes) -> bytes:
     """Send ``request``; what comes back until every marker has."""
     await stream.send_all(request)
@@ -54,21 +73,12 @@ async def test_a_router_moves_the_connection_to_another_server_with_the_bytes_re
         routed.append(request.target)
         head = request.method + b" " + request.target + b" HTTP/1.1\r\n" + b"".join(
             name + b": " + value + b"\r\n" for name, value in request.headers) + b"\r\n"
-
-        async def handoff(sock: trio.socket.SocketType, rest: bytes) -> None:
-            copy = trio.socket.from_stdlib_socket(socket.socket(fileno=os.dup(sock.fileno())))
-            other.adopt(copy, head + rest)
-
-        return handoff
+        return _adopted_by(other, head)
 
     here = HTTPServer(_app(b"here"), router=router)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
-        url = await nursery.start(lambda task_status: here.serve("127.0.0.1", 0, shutdown_trigger=stop.wait,
-                                                                  task_status=task_status))
-        await nursery.start(lambda task_status: other.serve("127.0.0.1", 0, shutdown_trigger=stop.wait,
-                                                            task_status=task_status))
-        port = int(url.rsplit(":", 1)[1])
+        port = await _serve_both(nursery, here, other, stop)
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         first = await _exchange(stream, b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi", b"0\r\n\r\n")
         assert b"here /a hi" in first
@@ -195,4 +205,44 @@ async def test_a_handoff_whose_bytes_stop_coming_is_closed_and_logged(
         client.close()
         assert server.adopted == []
         assert "came without the rest of its bytes within 10 s (42 received)" in caplog.text
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_is_handed_over_in_the_step_its_router_decides_not_after_its_reader_stops() -> None:
+    """The hand-off must not wait a scheduling round of a busy sender (its reader's cancellation) before the owner
+    has the connection: a new session's first turn waits for it. Bytes the client sends after it are the owner's."""
+    other = HTTPServer(_app(b"other"))
+    rounds = 0
+    decided_at: list[int] = []
+    handed_at: list[int] = []
+
+    async def busy_loop() -> None:  # counts the sender's scheduling rounds
+        nonlocal rounds
+        while True:
+            rounds += 1
+            await trio.lowlevel.checkpoint()
+
+    async def router(connection: ServerConnection, request: h1.RequestHead) -> Handoff | None:
+        decided_at.append(rounds)
+        move = _adopted_by(other, request.method + b" " + request.target + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+
+        async def handoff(sock: trio.socket.SocketType, rest: bytes) -> None:
+            handed_at.append(rounds)
+            await move(sock, rest)
+
+        return handoff
+
+    here = HTTPServer(_app(b"here"), router=router)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        stream = await trio.open_tcp_stream("127.0.0.1", await _serve_both(nursery, here, other, stop))
+        nursery.start_soon(busy_loop)
+        with trio.fail_after(10):
+            first = await _exchange(stream, b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n", b"other /a")
+        assert b"here" not in first
+        assert handed_at == decided_at
+        second = await _exchange(stream, b"GET /b HTTP/1.1\r\nhost: x\r\n\r\n", b"other /b")
+        assert b"here" not in second
+        await stream.aclose()
+        stop.set()
         nursery.cancel_scope.cancel()
