@@ -4,8 +4,8 @@
 same object every turn. What the three memo formats share (reuse, typing again
 what changed, the full check's errors, aging, the bound) is tested once for all
 of them in ``test_memo_formats.py``; here is what is chat's own: a duplicate
-``messages`` key, what the memo weighs, the cut of frozen messages, the request
-holding the typed body, and an edited old message being a history rewrite over HTTP.
+``messages`` key, what the memo weighs, the cut of frozen messages, and the
+request holding the typed body.
 """
 
 from __future__ import annotations
@@ -14,15 +14,12 @@ import json
 import tracemalloc
 from typing import Any
 
-import httpx
 import orjson
 import pytest
-from _util import start_reasons
 
 from actorproxy.protocols.chat_messages import ChatBody, ChatMemo, _check, load_chat_body
 from actorproxy.protocols.memo import MessageMemo
 from actorproxy.protocols.openai_chat import parse_chat_body
-from actorproxy.serve import RunningProxy
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
 HISTORY: list[dict[str, Any]] = [
@@ -71,41 +68,6 @@ def test_the_memo_weighs_at_most_twice_its_budget_in_memory(text_bytes: int) -> 
     finally:
         tracemalloc.stop()
     assert kept <= 2.2 * budget, f"{kept / budget:.1f}x the budget"
-
-
-# -- over HTTP: a rewritten history still splits the segment ---------------------------------------------
-
-
-async def _turn(http: httpx.AsyncClient, session: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    response = await http.post("/v1/chat/completions", json={"model": "m", "messages": messages, "max_tokens": 12},
-                               headers={"X-Session-Id": session})
-    assert response.status_code == 200, response.text
-    message = response.json()["choices"][0]["message"]
-    return {"role": "assistant", "content": message["content"] or ""}
-
-
-@pytest.mark.parametrize("edit", [None, "content", "tool_call", "our_reply", "reorder", "delete"])
-async def test_an_edited_old_message_is_still_a_history_rewrite(
-    http: httpx.AsyncClient, proxy: RunningProxy, edit: str | None
-) -> None:
-    session = f"edit-{edit}"
-    messages = json.loads(json.dumps(HISTORY))
-    for turn in range(4):
-        if turn == 3 and edit is not None:
-            if edit == "content":
-                messages[1]["content"] = "Read b.py."
-            elif edit == "tool_call":
-                messages[2]["tool_calls"][0]["function"]["arguments"] = '{"path": "b.py"}'
-            elif edit == "our_reply":
-                messages[5]["content"] += " (edited)"
-            elif edit == "reorder":
-                messages[1], messages[3] = messages[3], messages[1]
-            elif edit == "delete":
-                del messages[4]
-        messages.append(await _turn(http, session, messages))
-        messages.append({"role": "user", "content": f"next {turn}"})
-    expected = ["session_start"] if edit is None else ["session_start", "history_rewrite"]
-    assert await start_reasons(http, session) == expected
 
 
 def test_message_cut_trusts_identity_only_for_frozen_messages(tokenizer: Any) -> None:

@@ -7,7 +7,8 @@ for the three formats read through it: chat, Anthropic Messages, Responses (issu
   messages and options), an item or field that changed is typed again, never its
   cached self;
 - a bad item, a bad field or a body nested too deep gets the full check's error;
-- aging drops what no turn used since the last age, and the memo is bounded.
+- aging drops what no turn used since the last age, and the memo is bounded;
+- over HTTP, an old item edited, moved or deleted still splits the segment.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import httpx
 import hypothesis.strategies as st
 import orjson
 import pytest
-from _util import broken, decision, nested
+from _util import broken, decision, nested, start_reasons
 from hypothesis import HealthCheck, event, given, settings
 from test_anthropic_memo import HISTORY as ANTHROPIC_HISTORY
 from test_anthropic_memo import SYSTEM as ANTHROPIC_SYSTEM
@@ -40,6 +42,7 @@ from actorproxy.protocols.responses_api import parse_responses_body
 from actorproxy.protocols.responses_format import ResponsesFormat
 from actorproxy.protocols.responses_memo import ResponsesBody, ResponsesMemo, load_responses_body
 from actorproxy.schema.jsonio import MAX_DEPTH, load_body
+from actorproxy.serve import RunningProxy
 from actorproxy.tokenization.message_fields import FrozenMessage
 
 
@@ -84,6 +87,50 @@ def _in_new_item(item: dict[str, Any]) -> Deep:
 
 def _in_last_item(around: dict[str, Any], items: list[Any], depth: int) -> None:
     items[-1] = {**items[-1], "extra": nested(depth)}
+
+
+#: A change an agent makes to its conversation (its items, the fields around them) before it sends it again.
+Rewrite = Callable[[list[Any], dict[str, Any]], None]
+
+
+def _edited(*path: Any) -> Rewrite:
+    def rewrite(items: list[Any], around: dict[str, Any]) -> None:
+        assert _edit(items, path, 0)
+    return rewrite
+
+
+def _swapped(i: int, j: int) -> Rewrite:
+    def rewrite(items: list[Any], around: dict[str, Any]) -> None:
+        items[i], items[j] = items[j], items[i]
+    return rewrite
+
+
+def _deleted(start: int, stop: int) -> Rewrite:
+    def rewrite(items: list[Any], around: dict[str, Any]) -> None:
+        del items[start:stop]
+    return rewrite
+
+
+def _set(field: str, value: Any) -> Rewrite:
+    def rewrite(items: list[Any], around: dict[str, Any]) -> None:
+        around[field] = value
+    return rewrite
+
+
+@attrs.frozen
+class Http:
+    """A format's route, for an agent's turns over HTTP."""
+
+    path: str
+    #: The header the session is named by.
+    header: str
+    #: The fields around the items, and the items of the first turn.
+    around: dict[str, Any]
+    start: list[dict[str, Any]]
+    #: The item an agent sends back of the reply's JSON.
+    reply: Callable[[Any], dict[str, Any]]
+    #: Rewrites of the history at the fourth turn, and why the segment after it starts.
+    rewrites: dict[str, tuple[Rewrite, str]]
 
 
 @attrs.frozen
@@ -131,6 +178,8 @@ class Case:
     load: Callable[[bytes, Any], Any]
     sizes: Callable[[Any], tuple[int, ...]]
     bounds: tuple[int, ...]
+    #: The format over HTTP.
+    http: Http
     #: How many of the messages a body comes to lead it and are made anew every turn (the Responses
     #: ``instructions``).
     fresh: int = 0
@@ -211,7 +260,13 @@ CASES = {
                   "name": "f", "parameters": deep}}]), 4),
               "other": (_in_field("metadata", lambda deep: deep), 1)},
         small_memo=lambda: ChatMemo(max_bytes=1000), load=load_chat_body,
-        sizes=lambda memo: (len(memo), len(memo.options)), bounds=(50, 50)),
+        sizes=lambda memo: (len(memo), len(memo.options)), bounds=(50, 50),
+        http=Http("/v1/chat/completions", "X-Session-Id", {"model": "m", "max_tokens": 12}, CHAT_HISTORY,
+                  lambda reply: {"role": "assistant", "content": reply["choices"][0]["message"]["content"] or ""},
+                  {"content": (_edited(1, "content"), "history_rewrite"),
+                   "tool_call": (_edited(2, "tool_calls", 0, "function", "arguments"), "history_rewrite"),
+                   "our_reply": (_edited(5, "content"), "history_rewrite"),
+                   "reorder": (_swapped(1, 3), "history_rewrite"), "delete": (_deleted(4, 5), "history_rewrite")})),
     "anthropic": Case(
         AnthropicFormat, parse_messages_body, MessagesBody,
         {"model": "m", "max_tokens": 64, "system": ANTHROPIC_SYSTEM, "tools": ANTHROPIC_TOOLS},
@@ -236,7 +291,17 @@ CASES = {
               "other": (_in_field("metadata", lambda deep: deep), 1)},
         small_memo=lambda: AnthropicMemo(max_bytes=1000, field_bytes=1000), load=load_messages_body,
         sizes=lambda memo: (len(memo.messages), len(memo.system), len(memo.tools), len(memo.options)),
-        bounds=(50, 50, 50, 50), more=_clear_at),
+        bounds=(50, 50, 50, 50), more=_clear_at,
+        http=Http("/v1/messages", "X-Session-Id",
+                  {"model": "m", "max_tokens": 12, "system": ANTHROPIC_SYSTEM, "tools": ANTHROPIC_TOOLS},
+                  ANTHROPIC_HISTORY,
+                  lambda reply: {"role": "assistant", "content": [{"type": "text", "text": "".join(
+                      block["text"] for block in reply["content"] if block["type"] == "text")}]},
+                  {"text": (_edited(0, "content", 0, "text"), "history_rewrite"),
+                   "tool_input": (_edited(1, "content", 2, "input", "path"), "history_rewrite"),
+                   "our_reply": (_edited(3, "content", 0, "text"), "history_rewrite"),
+                   "system": (_set("system", "Another system prompt."), "system_changed"),
+                   "delete": (_deleted(2, 4), "history_rewrite")})),
     "responses": Case(
         ResponsesFormat, parse_responses_body, ResponsesBody,
         {"model": "m", "instructions": "You are Codex.", "tools": RESPONSES_TOOLS, "store": False},
@@ -257,7 +322,15 @@ CASES = {
         small_memo=lambda: ResponsesMemo(max_bytes=1000, tools_bytes=1000, max_turns=10), load=load_responses_body,
         sizes=lambda memo: (len(memo.items), len(memo.tools), len(memo.options),
                             len(memo._turns) + len(memo._old_turns)),
-        bounds=(50, 50, 50, 21), fresh=1),
+        bounds=(50, 50, 50, 21), fresh=1,
+        http=Http("/v1/responses", "session-id",
+                  {"model": "m", "max_output_tokens": 12, "instructions": "You are Codex.", "store": False},
+                  RESPONSES_HISTORY[:2],
+                  lambda reply: {"type": "message", "role": "assistant", "content": next(
+                      item for item in reply["output"] if item["type"] == "message")["content"]},
+                  {"text": (_edited(1, "content", 0, "text"), "history_rewrite"),
+                   "our_reply": (_edited(2, "content", 0, "text"), "history_rewrite"),
+                   "delete": (_deleted(2, 4), "history_rewrite")})),
 }
 
 
@@ -514,3 +587,25 @@ def test_the_memo_is_bounded(name: str) -> None:
     raw = orjson.dumps({**case.around, case.items: [case.message("user", "message 0 " + "x" * 40)]})
     again = case.load(raw, memo)  # evicted: typed again
     assert case.format().parse(again).request == case.parse(orjson.loads(raw)).request
+
+
+# -- over HTTP: a rewritten history still splits the segment ---------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "rewrite"), [(name, rewrite) for name, case in sorted(CASES.items())
+                                               for rewrite in [None, *case.http.rewrites]])
+async def test_an_edited_old_item_is_still_a_history_rewrite(
+    http: httpx.AsyncClient, proxy: RunningProxy, name: str, rewrite: str | None
+) -> None:
+    route = CASES[name].http
+    session = f"{name}-edit-{rewrite}"
+    around, items = _copy(route.around), _copy(route.start)
+    for turn in range(4):
+        if turn == 3 and rewrite is not None:
+            route.rewrites[rewrite][0](items, around)
+        response = await http.post(route.path, json={**around, CASES[name].items: items},
+                                   headers={route.header: session})
+        assert response.status_code == 200, response.text
+        items += [route.reply(response.json()), CASES[name].message("user", f"next {turn}")]
+    expected = ["session_start"] if rewrite is None else ["session_start", route.rewrites[rewrite][1]]
+    assert await start_reasons(http, session) == expected

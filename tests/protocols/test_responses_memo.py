@@ -10,17 +10,12 @@ Responses API's own.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import httpx
 import orjson
-import pytest
-from _util import start_reasons
 
 from actorproxy.protocols.responses_format import ResponsesFormat
 from actorproxy.protocols.responses_memo import ResponsesBody
-from actorproxy.serve import RunningProxy
 
 TOOLS = [{"type": "function", "name": "shell", "description": "Run a command",
           "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
@@ -49,31 +44,3 @@ def test_the_value_is_the_fields_around_the_input_as_sent() -> None:
     body = fmt.load(_raw([*HISTORY, {"type": "message", "role": "user", "content": "more"}]))
     assert isinstance(body, ResponsesBody)
     assert body.value == {k: v for k, v in orjson.loads(_raw(HISTORY)).items() if k != "input"}
-
-
-# -- over HTTP: a rewritten history still splits the segment ---------------------------------------------
-
-
-@pytest.mark.parametrize("edit", [None, "text", "our_reply", "delete"])
-async def test_an_edited_old_item_is_still_a_history_rewrite(
-    http: httpx.AsyncClient, proxy: RunningProxy, edit: str | None
-) -> None:
-    session = f"responses-edit-{edit}"
-    items = json.loads(json.dumps(HISTORY[:2]))
-    for turn in range(4):
-        if turn == 3 and edit is not None:
-            if edit == "text":
-                items[1]["content"][0]["text"] = "List the dirs."
-            elif edit == "our_reply":
-                items[2]["content"][0]["text"] += " (edited)"
-            elif edit == "delete":
-                del items[2:4]
-        body = {"model": "m", "max_output_tokens": 12, "instructions": "You are Codex.", "input": items,
-                "store": False}
-        response = await http.post("/v1/responses", json=body, headers={"session-id": session})
-        assert response.status_code == 200, response.text
-        output = [item for item in response.json()["output"] if item["type"] == "message"]
-        items.append({"type": "message", "role": "assistant", "content": output[0]["content"]})
-        items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"n{turn}"}]})
-    expected = ["session_start"] if edit is None else ["session_start", "history_rewrite"]
-    assert await start_reasons(http, session) == expected
