@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
 WEATHER_TOOL: dict[str, Any] = {
@@ -40,98 +42,76 @@ TOOLS_POSTAMBLE = (
 )
 
 
-def test_user_turn_with_generation_prompt(tokenizer: ChatTokenizer) -> None:
-    text = tokenizer.render([{"role": "user", "content": "Hi there"}])
-    assert text == "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
+def case(name: str, messages: list[dict[str, Any]], expected: str, **render: Any) -> Any:
+    """One conversation, how it is rendered (``tokenizer.render``'s keywords) and the official template's text."""
+    return pytest.param(messages, render, expected, id=name)
 
 
-def test_without_generation_prompt(tokenizer: ChatTokenizer) -> None:
-    text = tokenizer.render([{"role": "user", "content": "Hi"}], add_generation_prompt=False)
-    assert text == "<|im_start|>user\nHi<|im_end|>\n"
-
-
-def test_system_and_user(tokenizer: ChatTokenizer) -> None:
-    text = tokenizer.render(
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    )
-    assert text == (
+RENDERINGS = [
+    case("user_turn_with_generation_prompt", [{"role": "user", "content": "Hi there"}],
+         "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"),
+    case("without_generation_prompt", [{"role": "user", "content": "Hi"}],
+         "<|im_start|>user\nHi<|im_end|>\n", add_generation_prompt=False),
+    case(
+        "system_and_user",
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
         "<|im_start|>system\nBe brief.<|im_end|>\n"
         "<|im_start|>user\nHi<|im_end|>\n"
-        "<|im_start|>assistant\n"
-    )
-
-
-def test_later_system_message_renders_in_place(tokenizer: ChatTokenizer) -> None:
-    text = tokenizer.render(
+        "<|im_start|>assistant\n",
+    ),
+    case(
+        "later_system_message_renders_in_place",
         [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Note."}],
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>system\nNote.<|im_end|>\n",
         add_generation_prompt=False,
-    )
-    assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>system\nNote.<|im_end|>\n"
-
-
-def test_thinking_disabled(tokenizer: ChatTokenizer) -> None:
-    messages = [{"role": "user", "content": "Hi"}]
-    assert tokenizer.render(messages, enable_thinking=False) == (
-        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-    )
-    # Enabled is the default: no empty think block.
-    assert tokenizer.render(messages, enable_thinking=True) == tokenizer.render(messages)
-
-
-def test_tools_without_system(tokenizer: ChatTokenizer) -> None:
-    text = tokenizer.render([{"role": "user", "content": "Weather?"}], tools=[WEATHER_TOOL])
-    assert text == (
+    ),
+    case(
+        "tools_without_system",
+        [{"role": "user", "content": "Weather?"}],
         "<|im_start|>system\n"
         + TOOLS_PREAMBLE
         + "\n"
         + WEATHER_TOOL_JSON
         + TOOLS_POSTAMBLE
-        + "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
-    )
-
-
-def test_tools_with_system(tokenizer: ChatTokenizer) -> None:
-    second = {"type": "function", "function": {"name": "noop", "parameters": {}}}
-    text = tokenizer.render(
+        + "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n",
+        tools=[WEATHER_TOOL],
+    ),
+    case(
+        "tools_with_system",
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}],
-        tools=[WEATHER_TOOL, second],
-    )
-    assert text == (
         "<|im_start|>system\nBe brief.\n\n"
         + TOOLS_PREAMBLE
         + "\n"
         + WEATHER_TOOL_JSON
         + '\n{"type": "function", "function": {"name": "noop", "parameters": {}}}'
         + TOOLS_POSTAMBLE
-        + "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
-    )
-
-
-def test_tool_calls_and_merged_tool_results(tokenizer: ChatTokenizer) -> None:
-    messages = [
-        {"role": "user", "content": "Weather in Paris and Oslo?"},
-        {
-            "role": "assistant",
-            "content": "Checking.",
-            "tool_calls": [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
-                },
-                {
-                    "id": "call_2",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": {"city": "Oslo", "n": [1, 2]}},
-                },
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
-        {"role": "tool", "tool_call_id": "call_2", "content": "9C"},
-        {"role": "assistant", "content": "Paris 18C, Oslo 9C."},
-    ]
-    text = tokenizer.render(messages, add_generation_prompt=False)
-    assert text == (
+        + "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n",
+        tools=[WEATHER_TOOL, {"type": "function", "function": {"name": "noop", "parameters": {}}}],
+    ),
+    case(
+        "tool_calls_and_merged_tool_results",
+        [
+            {"role": "user", "content": "Weather in Paris and Oslo?"},
+            {
+                "role": "assistant",
+                "content": "Checking.",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                    },
+                    {
+                        "id": "call_2",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Oslo", "n": [1, 2]}},
+                    },
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+            {"role": "tool", "tool_call_id": "call_2", "content": "9C"},
+            {"role": "assistant", "content": "Paris 18C, Oslo 9C."},
+        ],
         "<|im_start|>user\nWeather in Paris and Oslo?<|im_end|>\n"
         # Content, then each call on its own line.
         "<|im_start|>assistant\nChecking.\n"
@@ -143,45 +123,38 @@ def test_tool_calls_and_merged_tool_results(tokenizer: ChatTokenizer) -> None:
         "<|im_start|>user\n<tool_response>\n18C\n</tool_response>\n"
         "<tool_response>\n9C\n</tool_response><|im_end|>\n"
         # The last message is after the last query, so it gets a (here empty) think block.
-        "<|im_start|>assistant\n<think>\n\n</think>\n\nParis 18C, Oslo 9C.<|im_end|>\n"
-    )
-
-
-def test_tool_call_without_content_and_without_function_wrapper(
-    tokenizer: ChatTokenizer,
-) -> None:
-    messages = [
-        {"role": "user", "content": "Go"},
-        {"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": {}}]},
-        {"role": "tool", "content": "done"},
-    ]
-    text = tokenizer.render(messages)
-    assert text == (
+        "<|im_start|>assistant\n<think>\n\n</think>\n\nParis 18C, Oslo 9C.<|im_end|>\n",
+        add_generation_prompt=False,
+    ),
+    case(
+        "tool_call_without_content_and_without_function_wrapper",
+        [
+            {"role": "user", "content": "Go"},
+            {"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": {}}]},
+            {"role": "tool", "content": "done"},
+        ],
         "<|im_start|>user\nGo<|im_end|>\n"
         # No content: no newline before the first call, and no reasoning, so no think block.
         '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
         "<|im_end|>\n"
         "<|im_start|>user\n<tool_response>\ndone\n</tool_response><|im_end|>\n"
-        "<|im_start|>assistant\n"
-    )
-
-
-def test_reasoning_dropped_before_last_query_kept_after(tokenizer: ChatTokenizer) -> None:
-    messages = [
-        {"role": "user", "content": "First?"},
-        {"role": "assistant", "content": "One.", "reasoning_content": "old thoughts"},
-        {"role": "user", "content": "Second?"},
-        {
-            "role": "assistant",
-            "content": "",
-            "reasoning_content": "\nneed a tool\n",
-            "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}],
-        },
-        {"role": "tool", "content": "42"},
-        {"role": "assistant", "content": "\nIt is 42.", "reasoning_content": "got it"},
-    ]
-    text = tokenizer.render(messages, add_generation_prompt=False)
-    assert text == (
+        "<|im_start|>assistant\n",
+    ),
+    case(
+        "reasoning_dropped_before_last_query_kept_after",
+        [
+            {"role": "user", "content": "First?"},
+            {"role": "assistant", "content": "One.", "reasoning_content": "old thoughts"},
+            {"role": "user", "content": "Second?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "\nneed a tool\n",
+                "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            {"role": "tool", "content": "42"},
+            {"role": "assistant", "content": "\nIt is 42.", "reasoning_content": "got it"},
+        ],
         "<|im_start|>user\nFirst?<|im_end|>\n"
         # Before the last user query: reasoning is dropped.
         "<|im_start|>assistant\nOne.<|im_end|>\n"
@@ -191,38 +164,52 @@ def test_reasoning_dropped_before_last_query_kept_after(tokenizer: ChatTokenizer
         '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>\n'
         "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
         # Content is left-stripped of newlines after the think block.
-        "<|im_start|>assistant\n<think>\ngot it\n</think>\n\nIt is 42.<|im_end|>\n"
-    )
-
-
-def test_tool_response_written_as_user_text_is_not_a_query(tokenizer: ChatTokenizer) -> None:
-    messages = [
-        {"role": "user", "content": "Go"},
-        {"role": "assistant", "content": "Calling.", "reasoning_content": "plan"},
-        {"role": "user", "content": "<tool_response>\nok\n</tool_response>"},
-    ]
-    text = tokenizer.render(messages, add_generation_prompt=False)
-    assert text == (
+        "<|im_start|>assistant\n<think>\ngot it\n</think>\n\nIt is 42.<|im_end|>\n",
+        add_generation_prompt=False,
+    ),
+    case(
+        "tool_response_written_as_user_text_is_not_a_query",
+        [
+            {"role": "user", "content": "Go"},
+            {"role": "assistant", "content": "Calling.", "reasoning_content": "plan"},
+            {"role": "user", "content": "<tool_response>\nok\n</tool_response>"},
+        ],
         "<|im_start|>user\nGo<|im_end|>\n"
         "<|im_start|>assistant\n<think>\nplan\n</think>\n\nCalling.<|im_end|>\n"
-        "<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n"
-    )
-
-
-def test_reasoning_embedded_in_content_is_split(tokenizer: ChatTokenizer) -> None:
-    messages = [
-        {"role": "user", "content": "Q1"},
-        {"role": "assistant", "content": "<think>\nold\n</think>\n\nA1"},
-        {"role": "user", "content": "Q2"},
-        {"role": "assistant", "content": "<think>\nnew\n</think>\n\nA2"},
-    ]
-    text = tokenizer.render(messages, add_generation_prompt=False)
-    assert text == (
+        "<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n",
+        add_generation_prompt=False,
+    ),
+    case(
+        "reasoning_embedded_in_content_is_split",
+        [
+            {"role": "user", "content": "Q1"},
+            {"role": "assistant", "content": "<think>\nold\n</think>\n\nA1"},
+            {"role": "user", "content": "Q2"},
+            {"role": "assistant", "content": "<think>\nnew\n</think>\n\nA2"},
+        ],
         "<|im_start|>user\nQ1<|im_end|>\n"
         "<|im_start|>assistant\nA1<|im_end|>\n"
         "<|im_start|>user\nQ2<|im_end|>\n"
-        "<|im_start|>assistant\n<think>\nnew\n</think>\n\nA2<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nnew\n</think>\n\nA2<|im_end|>\n",
+        add_generation_prompt=False,
+    ),
+]
+
+
+@pytest.mark.parametrize(("messages", "render", "expected"), RENDERINGS)
+def test_renders_the_official_text(
+    tokenizer: ChatTokenizer, messages: list[dict[str, Any]], render: dict[str, Any], expected: str
+) -> None:
+    assert tokenizer.render(messages, **render) == expected
+
+
+def test_thinking_disabled(tokenizer: ChatTokenizer) -> None:
+    messages = [{"role": "user", "content": "Hi"}]
+    assert tokenizer.render(messages, enable_thinking=False) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     )
+    # Enabled is the default: no empty think block.
+    assert tokenizer.render(messages, enable_thinking=True) == tokenizer.render(messages)
 
 
 def test_empty_reasoning_content_leaves_think_in_content(tokenizer: ChatTokenizer) -> None:
