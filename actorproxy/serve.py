@@ -33,8 +33,8 @@ from quart_trio import QuartTrio
 from .config import ProxyConfig
 from .engines.base import Backend
 from .errors import StartupError
+from .http.in_flight import InFlight
 from .runtime import collector
-from .runtime.in_flight import InFlight
 from .runtime.runtime import Runtime, open_runtime
 from .server.app import create_app
 from .server.drain import ASGIApp

@@ -163,22 +163,24 @@ async def open_app_client(
 async def open_sim_client(
     engine: SimEngine, settings: SimServerSettings | None = None
 ) -> AsyncIterator[tuple[RunningSim, httpx.AsyncClient]]:
-    """The simulated engine's HTTP app (started as a server starts it) and an in-process client for it."""
+    """The simulated engine's HTTP app (with its fault timer, as a server runs it) and an in-process client for it."""
     app = create_sim_app(engine, settings=settings or SimServerSettings(port=0))
     state = sim_state(app)
-    async with app.test_app():  # runs the app's startup (the fault timer) and shutdown
-        async with open_client(app, base_url="http://sim") as client:
-            yield RunningSim("http://sim", engine, state.faults, state), client
+    async with trio.open_nursery() as nursery, open_client(app, base_url="http://sim") as client:
+        nursery.start_soon(state.faults.run_timer)
+        yield RunningSim("http://sim", engine, state.faults, state), client
+        nursery.cancel_scope.cancel()
 
 
 @asynccontextmanager
 async def open_sim_server(engine: SimEngine, settings: SimServerSettings | None = None) -> AsyncIterator[RunningSim]:
-    """The simulated engine's HTTP app (started as a server starts it), served over real HTTP on port 0 by the
-    proxy's own server floor in the test's Trio run (under MockClock too): the engine clients reach it as a real
-    engine, through their own connections."""
+    """The simulated engine's HTTP app (with its fault timer), served over real HTTP on port 0 by the proxy's own
+    server floor in the test's Trio run (under MockClock too): the engine clients reach it as a real engine, through
+    their own connections."""
     app = create_sim_app(engine, settings=settings or SimServerSettings(port=0))
     state = sim_state(app)
-    async with app.test_app(), trio.open_nursery() as nursery:  # the app's startup (the fault timer) and shutdown
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(state.faults.run_timer)
         server = HTTPServer(app, policy=ServerPolicy(ConnectionLimits()), half_close=False)
         url = await nursery.start(partial(server.serve, "127.0.0.1", 0, shutdown_trigger=trio.sleep_forever))
         yield RunningSim(url, engine, state.faults, state)

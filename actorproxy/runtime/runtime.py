@@ -24,6 +24,7 @@ from ..engines.connection import age_prompt_json
 from ..engines.engine_check import check_engine_tokenizer
 from ..engines.sglang.parse import SGLangParseClient
 from ..errors import BadRequest, EngineError, NotFound, Overloaded, ShutdownError, ShuttingDown
+from ..http.in_flight import InFlight
 from ..store.base import ReadQuery
 from ..tokenization.detokenize import byte_table
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
@@ -42,7 +43,6 @@ from .backends import (
     wait_for_engine,
 )
 from .controller import PauseMode
-from .in_flight import InFlight
 from .messages import (
     Census,
     ChatRequest,

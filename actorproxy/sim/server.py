@@ -16,18 +16,18 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ..engines.shared_wire import ModelCard, ModelList, UpdateWeightVersionReqInput
 from ..errors import BadRequest
+from ..http.in_flight import InFlight
+from ..http.server import ASGIApp, HTTPServer, ServerPolicy
 from ..schema.converter import CONVERTER
 from ..serving import served
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
@@ -68,18 +68,16 @@ def sim_state(app: QuartTrio) -> SimState:
 
 
 def create_sim_app(engine: SimEngine, *, settings: SimServerSettings) -> QuartTrio:
-    """The HTTP app serving ``engine``; its state is :func:`sim_state` (app)."""
+    """The HTTP app serving ``engine``; its state is :func:`sim_state` (app).
+
+    Whoever serves it runs the state's fault timer (``state.faults.run_timer``) meanwhile.
+    """
     state = SimState(engine, settings)
     app = QuartTrio("actorproxy-sim")
     app.extensions[_STATE_KEY] = state
     app.config["RESPONSE_TIMEOUT"] = None  # streams last as long as generations do
     app.config["BODY_TIMEOUT"] = 600
     app.config["MAX_CONTENT_LENGTH"] = 256 * 1024 * 1024
-    app.config["BACKGROUND_TASK_SHUTDOWN_TIMEOUT"] = None  # cancel the fault timer at once on shutdown
-
-    @app.before_serving
-    async def _start_fault_timer() -> None:
-        app.nursery.start_soon(state.faults.run_timer)
 
     @app.errorhandler(BadField)
     async def _bad(error: BadField) -> Response:
@@ -174,24 +172,26 @@ class _NoInjectedDrops(logging.Filter):
         return not isinstance(error, DropConnection)
 
 
-def _server_log() -> logging.Logger:
-    server_log = logging.getLogger("actorproxy.sim.http")
+def _quiet_drops() -> None:
+    """The HTTP server logs an app that fails mid-response (``actorproxy.http``): not the drops the sim injects."""
+    server_log = logging.getLogger("actorproxy.http")
     if not any(isinstance(f, _NoInjectedDrops) for f in server_log.filters):
         server_log.addFilter(_NoInjectedDrops())
-    return server_log
 
 
-def _hypercorn_config(settings: SimServerSettings) -> HypercornConfig:
-    hc = HypercornConfig()
-    # Rollouts open hundreds of connections at once; hypercorn's default backlog (100) resets them.
-    hc.backlog = 4096
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    hc.bind = [f"{host}:{settings.port}"]
-    hc.accesslog = None
-    hc.errorlog = _server_log()
-    hc.graceful_timeout = settings.shutdown_grace
-    hc.keep_alive_timeout = 75
-    return hc
+@attrs.frozen
+class _Limits:
+    """What a client may hold of the simulated server: a body has ``BODY_TIMEOUT`` seconds, connections no bound."""
+
+    body_grace: float = 600.0
+    body_min_rate: float = 1.0
+    max_connections: int | None = None
+
+
+#: Rollouts open hundreds of connections at once; a small listen backlog would reset them.
+_BACKLOG = 4096
+#: An idle keep-alive connection is closed after this many seconds.
+_KEEP_ALIVE = 75.0
 
 
 async def serve_sim(
@@ -205,7 +205,11 @@ async def serve_sim(
     """Serve until ``shutdown_trigger`` returns (or forever), then abort what runs and stop.
 
     Without ``engine`` one is built from ``settings`` and ``tokenizer`` (default:
-    the tokenizer at ``settings.tokenizer_path``, else the built-in qwen3).
+    the tokenizer at ``settings.tokenizer_path``, else the built-in qwen3). Served by the
+    project's own HTTP server (:mod:`actorproxy.http.server`), as uvicorn serves the real
+    engines: a client's EOF is a hang-up. Stopping aborts every generation, gives the
+    responses in flight up to ``shutdown_grace`` seconds to end (a stream's abort event
+    and its end), then closes every connection.
     """
     if engine is None:
         if tokenizer is None:
@@ -213,21 +217,30 @@ async def serve_sim(
         engine = SimEngine(tokenizer, settings.engine_config())
     app = create_sim_app(engine, settings=settings)
     state = sim_state(app)
+    requests = InFlight()
+    server = HTTPServer(cast(ASGIApp, app.asgi_app), policy=ServerPolicy(_Limits()), keep_alive_timeout=_KEEP_ALIVE,
+                        tracker=requests, half_close=False)
+    stop = trio.Event()
+    _quiet_drops()
 
-    async def trigger() -> None:
+    async def drain() -> None:
         await (shutdown_trigger or trio.sleep_forever)()
         state.closing = True
         state.gate.open()  # requests held by a pause fail fast instead of hanging the shutdown
         state.faults.clear()
         state.abort_matching(lambda names: True)
+        with trio.move_on_after(settings.shutdown_grace):
+            await requests.wait_idle()
+        stop.set()
 
-    class _Status:
-        def started(self, binds: list[str] | None = None) -> None:
-            url = (binds or [f"http://{settings.host}:{settings.port}"])[0]
-            assert engine is not None
+    async with trio.open_nursery() as background:
+        background.start_soon(state.faults.run_timer)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain)
+            url = await nursery.start(partial(server.serve, settings.host.strip("[]"), settings.port,
+                                              backlog=_BACKLOG, shutdown_trigger=stop.wait))
             task_status.started(RunningSim(url, engine, state.faults, state))
-
-    await serve(app, _hypercorn_config(settings), shutdown_trigger=trigger, task_status=_Status())
+        background.cancel_scope.cancel()
 
 
 @asynccontextmanager

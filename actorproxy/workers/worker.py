@@ -25,7 +25,7 @@ from functools import partial
 import trio
 
 from ..config import ProxyConfig
-from ..runtime.in_flight import InFlight
+from ..http.in_flight import InFlight
 from ..runtime.runtime import Runtime, open_runtime
 from ..schema import jsonio
 from ..serve import KEEP_ALIVE, RunningProxy, asgi_of, bind_host, connection_limits, drain_then_stop

@@ -20,6 +20,7 @@ import orjson
 import pytest
 from _util import SIM_ENGINES
 from test_engine_path import TOOL_REPLY, stack
+from trio.testing import MockClock
 
 from actorproxy.engines.base import GenerateFinish, GenerationEvent, TokenDelta
 from actorproxy.engines.deltas import take_merged
@@ -69,7 +70,7 @@ async def _turns(tokenizer: Any, kind: str, settings: dict[str, Any]) -> tuple[l
 
 @pytest.mark.parametrize(("kind", "settings"), SIM_ENGINES)
 async def test_relayed_tokens_record_and_stream_what_their_events_do(
-    tokenizer: Any, kind: str, settings: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    tokenizer: Any, kind: str, settings: dict[str, Any], monkeypatch: pytest.MonkeyPatch, autojump_clock: MockClock
 ) -> None:
     relayed: list[int] = []
     relay = StreamedGeneration._relay

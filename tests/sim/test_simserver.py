@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 import struct
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -19,7 +20,7 @@ from trio.testing import MockClock
 
 from actorproxy.cli import build_parser, sim_settings_from_args
 from actorproxy.sim import SimConfig, SimEngine
-from actorproxy.sim.server import RunningSim, SimServerSettings, served_engine
+from actorproxy.sim.server import RunningSim, SimServerSettings, open_sim_server, served_engine
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
 LONG = list(range(1000, 1400))  # a scripted output long enough to interrupt
@@ -563,3 +564,37 @@ async def test_reply_tokens_and_stream_interval(
         lines = [json.loads(b[6:]) for b in response.text.split("\n\n") if b.startswith("data: ")]
         assert "".join(line["content"] for line in lines).split() == ["so"] * 5
         assert len(lines) == 6 and lines[-1]["stop_type"] == "limit"
+
+
+async def test_served_over_a_real_socket_drops_and_shuts_down_whole(
+    tokenizer: ChatTokenizer, prompt: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """What ``actorproxy sim`` serves (:func:`open_sim_server`, a real port): an injected drop closes the
+    connection mid-body and logs no error; a shutdown with a stream in flight aborts it, and the stream still
+    ends whole (its abort event, then ``[DONE]``) before the server stops."""
+    engine = SimEngine(tokenizer, SimConfig(token_interval=INTERVAL, weight_version="default"))
+    engine.script(LONG, LONG)
+    frames: list[Any] = []
+    body = {"rid": "d" * 32, "input_ids": prompt, "stream": True, "sampling_params": {"max_new_tokens": 400}}
+    async with httpx.AsyncClient(timeout=30) as http, trio.open_nursery() as nursery:
+        async with open_sim_server(SimServerSettings(port=0), engine=engine) as running:
+            running.faults.drop_next_stream(after_tokens=3)
+            with pytest.raises(httpx.RemoteProtocolError):
+                async for frame in stream_events(http, running.url + "/generate", body):
+                    frames.append(frame)
+            assert len(frames) == 3 and running.state.records["d" * 32].status == "dropped"
+            frames.clear()
+            two = trio.Event()
+
+            async def consume() -> None:
+                async for frame in stream_events(http, running.url + "/generate", body | {"rid": "e" * 32}):
+                    frames.append(frame)
+                    if len(frames) == 2:
+                        two.set()
+
+            nursery.start_soon(consume)
+            await two.wait()
+        assert running.state.records["e" * 32].status == "aborted"
+    assert frames[-1] == "[DONE]" and frames[-2]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(frames) < len(LONG)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -233,3 +233,16 @@ def test_the_check_finds_a_cycle(tmp_path: Path) -> None:
     assert graph["pkg.a"] == {"pkg.sub"}
     assert graph["pkg.sub.b"] == {"pkg.a"}  # the import inside late() does not count
     assert import_cycles(graph) == [["pkg.a", "pkg.sub", "pkg.sub.b"]]
+
+
+def test_no_module_serves_http_through_hypercorn() -> None:
+    """The project serves HTTP on its own server (``actorproxy.http.server``; docs/decisions.md), the simulated
+    engine too: hypercorn is only quart-trio's dependency."""
+    users = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(name.split(".")[0] == "hypercorn" for name in names):
+                users.append(str(path.relative_to(PACKAGE)))
+    assert users == []
