@@ -40,9 +40,13 @@ def new_rid() -> str:
     return uuid4_hex()
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class SamplingParams:
-    """Sampling settings sent to the engine explicitly (never a server default)."""
+    """Sampling settings sent to the engine explicitly (never a server default).
+
+    A runtime makes one per setting its turns ask for (``runtime/generate.py: Samplings``), and
+    each engine keys its body's template on it: its hash is computed once.
+    """
 
     max_new_tokens: int
     temperature: float = 1.0

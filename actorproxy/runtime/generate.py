@@ -80,6 +80,38 @@ class GenerationSettings:
         )
 
 
+#: Sampling settings a runtime keeps (one per setting seen; all dropped when full).
+_MAX_SAMPLINGS = 256
+
+
+class Samplings:
+    """The sampling settings turns ask for, each one :class:`SamplingParams` while it repeats.
+
+    A runtime's turns mostly sample alike: the same budget (``max_tokens``, while the
+    context window has room for it), temperature, top-p and seed, and always the
+    tokenizer's stop ids. So a turn's settings are looked up, not made: every turn that
+    samples alike hands the engine the same object, which is also the key of the engine
+    body's template (``engines/connection.py: BodyTemplate``), found by identity.
+    """
+
+    __slots__ = ("_stop", "_kept")
+
+    def __init__(self, stop_token_ids: tuple[int, ...]) -> None:
+        self._stop = stop_token_ids
+        self._kept: dict[tuple[int, float, float, int | None], SamplingParams] = {}
+
+    def of(self, max_new_tokens: int, temperature: float, top_p: float, seed: int | None) -> SamplingParams:
+        """The settings of a turn: kept ones when a turn asked for these before."""
+        key = (max_new_tokens, temperature, top_p, seed)
+        sampling = self._kept.get(key)
+        if sampling is None:
+            if len(self._kept) >= _MAX_SAMPLINGS:
+                self._kept.clear()
+            sampling = self._kept[key] = SamplingParams(max_new_tokens, temperature, top_p,
+                                                        stop_token_ids=self._stop, seed=seed)
+        return sampling
+
+
 @attrs.frozen
 class GenerationServices:
     """What every generation of a runtime runs with: a session's turns and the token-in generations alike."""
@@ -90,6 +122,9 @@ class GenerationServices:
     settings: GenerationSettings
     #: How outputs are parsed.
     output_format: OutputFormat
+    #: The sampling settings turns ask for (a runtime's sessions share one).
+    samplings: Samplings = attrs.field(
+        default=attrs.Factory(lambda self: Samplings(self.tokenizer.stop_token_ids), takes_self=True))
 
 
 class TurnGeneration:
@@ -110,13 +145,8 @@ class TurnGeneration:
         self.step = step = prepared.step
         self._tok = tokenizer
         self._input_ids = prepared.input_ids
-        self._sampling = SamplingParams(
-            max_new_tokens=step.max_new_tokens,
-            temperature=prepared.temperature,
-            top_p=prepared.top_p,
-            stop_token_ids=tokenizer.stop_token_ids,
-            seed=prepared.request.seed,
-        )
+        self._sampling = services.samplings.of(step.max_new_tokens, prepared.temperature, prepared.top_p,
+                                               prepared.request.seed)
         self._format = services.output_format
         self._reasoning_open = reasoning_opened_by_prompt(tokenizer, prepared.input_ids[-8:])
         # Not a bound method: the parser keeps it, and a cycle through this turn would leave the

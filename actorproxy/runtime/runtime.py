@@ -43,6 +43,7 @@ from .backends import (
     wait_for_engine,
 )
 from .controller import PauseMode
+from .generate import Samplings
 from .messages import (
     Census,
     ChatRequest,
@@ -386,11 +387,12 @@ async def open_runtime(
         store_box = await nursery.start(store.run)
         controller = ctl.GenerationController(weight_version=info.weight_version)
         registry_box: trio.MemorySendChannel[RegistryMessage] | None = None
+        samplings = Samplings(tok.stop_token_ids)  # every session's turns: one object per sampling setting
 
         def factory(session_id: str, counters: SessionCounters) -> SessionActor:
             assert registry_box is not None
             services = SessionServices(config, tok, engine, store_box, registry_box, controller, window,
-                                       output_format, offload, journal=store.journal)
+                                       output_format, offload, journal=store.journal, samplings=samplings)
             return SessionActor(session_id, services, counters)
 
         known = {sid: SessionCounters(step, segment) for sid, (step, segment) in recovered.items()}

@@ -41,7 +41,7 @@ from . import store as store_msgs
 from . import submitted_steps
 from .actor import ActorGone, answer, answer_error, ask
 from .controller import GenerationController, Permit
-from .generate import GenerationServices, GenerationSettings, TurnGeneration
+from .generate import GenerationServices, GenerationSettings, Samplings, TurnGeneration
 from .messages import (
     DescribeSession,
     Evict,
@@ -89,6 +89,9 @@ class SessionServices:
     offload: Offload = attrs.field(factory=Offload.inline)
     #: Journals a completed step (``TrajectoryStore.journal``: a method call, no message per turn).
     journal: Callable[[str, Step], None] | None = None
+    #: The sampling settings turns ask for, one object per setting while it repeats (every session's).
+    samplings: Samplings = attrs.field(
+        default=attrs.Factory(lambda self: Samplings(self.tokenizer.stop_token_ids), takes_self=True))
 
 
 class SessionActor:
@@ -115,7 +118,8 @@ class SessionActor:
         self._offload = services.offload
         self._journal = services.journal
         self._generation = GenerationServices(services.tokenizer, services.backend, services.controller,
-                                              GenerationSettings.of(config), services.output_format)
+                                              GenerationSettings.of(config), services.output_format,
+                                              services.samplings)
         self._first_permit: Permit | None = None
         #: Rewards and metadata of steps submitted with /submit_steps, written onto their segments at close.
         self.submitted: dict[int, Annotation] = {}

@@ -11,11 +11,13 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+import attrs
 import trio
 import trio.testing
-from _util import run_turn
+from _util import WrappingBackend, run_turn
 
 from actorproxy.config import ProxyConfig
 from actorproxy.core import tito
@@ -25,6 +27,7 @@ from actorproxy.core.requests import ChatRequest, Identity
 from actorproxy.core.session_state import Planned, Prepared, SessionState, TurnResult
 from actorproxy.core.template_probe import probe_template
 from actorproxy.core.turn_events import TurnDelta, TurnDone
+from actorproxy.engines.base import GenerateRequest, Generation
 from actorproxy.runtime.offload import Offload
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.runtime.turn_cost import INLINE_CHARS, may_be_small, small_turn
@@ -247,3 +250,31 @@ async def test_a_turns_ids_are_handed_over_as_the_step_holds_them(
     assert (ids.prompt_ids.tolist(), ids.output_ids.tolist(), ids.output_logprobs.tolist(),
             ids.output_versions.tolist()) == seen
     assert seen[1] and ids.prompt_ids.tolist() == step.fragment_ids.tolist()
+
+
+async def test_turns_that_sample_alike_share_one_sampling_setting(
+    tokenizer: ChatTokenizer, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A turn's ``SamplingParams`` is made once per setting: the turns of every session that sample alike hand
+    the engine the same object (the key of its body's template), and a turn whose budget differs (its own
+    ``max_tokens``, or the context window's room) gets its own, with that budget."""
+    seen: list[GenerateRequest] = []
+
+    @attrs.define
+    class Seeing(WrappingBackend):
+        def open_generation(self, request: GenerateRequest) -> AbstractAsyncContextManager[Generation]:
+            seen.append(request)
+            return self.inner.open_generation(request)
+
+    backend = Seeing(SimEngine(tokenizer, SimConfig(seed=1, max_model_len=400)))
+    async with open_runtime(ProxyConfig.of(port=0), backend=backend, tokenizer=tokenizer) as runtime:
+        for session in ("a", "a", "b"):
+            assert (await run_turn(runtime, session, [{"role": "user", "content": "hi"}], max_tokens=8)).done
+        assert (await run_turn(runtime, "c", [{"role": "user", "content": "hi"}], max_tokens=9)).done
+        long = [{"role": "user", "content": "word " * 300}]
+        assert (await run_turn(runtime, "d", long, max_tokens=200)).done
+    first, again, other, nine, windowed = (request.sampling for request in seen)
+    assert again is first and other is first
+    assert first.max_new_tokens == 8 and nine.max_new_tokens == 9 and nine is not first
+    assert windowed.max_new_tokens == 400 - len(seen[-1].input_ids) < 200
+    assert first.stop_token_ids == tokenizer.stop_token_ids
