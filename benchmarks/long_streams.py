@@ -3,34 +3,51 @@
     python benchmarks/long_streams.py                       # short default: 16 streams x 2,000 tokens
     python benchmarks/long_streams.py --tokens 2000 16000 --streams 16 256 1000 --interval 0.01 0.02 \\
         --burst 1 8 --shape sglang-incremental sglang-cumulative vllm llamacpp
+    PATH=$PATH:/tmp/litellm/bin python benchmarks/long_streams.py --streams 16 --interval 0.01 \\
+        --targets actorproxy litellm --litellm-timeout 60    # LiteLLM's proxy beside the engine and actorproxy
 
 Three processes per row, so that no one's CPU is another's: the engine (``actorproxy sim
 --reply-tokens T --token-interval I --stream-interval B``: every reply is ``T`` tokens of the
 word `` so`` then the end-of-turn token, a token every ``I`` seconds per stream, streamed in
 bursts of ``B``), the proxy (``actorproxy run --backend ...`` in front of it) and the ``N``
 streaming clients (this script with ``--clients``, plain asyncio sockets, one connection each).
-A row runs the clients twice: against the engine's own streaming API (``direct``: SGLang's
+A row runs the clients against the engine's own streaming API (``direct``: SGLang's
 ``/generate``, vLLM's ``/v1/completions``, llama.cpp's ``/completion``, each asked for the
-sampled ids and logprobs as the proxy asks for them) and through the proxy
-(``/v1/chat/completions``, ``stream: true``). LiteLLM is measured beside them only when it is
-installed (``--litellm``; it is not a dependency).
+sampled ids and logprobs as the proxy asks for them), then against each of ``--targets``:
+``actorproxy`` (``/v1/chat/completions``, ``stream: true``) and ``litellm``, LiteLLM's proxy
+(one worker, started as ``overhead.py`` starts it), only when the ``litellm`` command is on
+``PATH`` (it is not a dependency: docs/performance.md says how to install it beside the
+project); without it the LiteLLM rows are skipped with a printed line.
+
+The engine stand-in paces its replies on its engine-native routes only (it has no chat
+endpoint), so LiteLLM relays the one of them that is OpenAI's API: vLLM's streamed
+``/v1/completions`` with a token-id prompt. Its clients send LiteLLM's ``/v1/completions``
+(model ``text-completion-openai/sim``) the direct vLLM clients' body; LiteLLM forwards it,
+``logprobs`` and ``return_token_ids`` included, to the stand-in's ``/v1/completions`` and relays
+each event as an OpenAI ``text_completion`` chunk of the text alone (it drops the logprobs and
+token ids it received). So LiteLLM's row is a pass-through of the
+same paced events, with no chat template, tokenization or recording: less work per token than
+the proxy does, whatever the row's ``--shape``. LiteLLM saturates far below the proxy (a
+fraction of 256 paced streams): ``--litellm-timeout`` bounds its runs on their own.
 
 The clients count tokens by counting the word in the text they receive (exact: the word is
 one token in the built-in qwen3 vocabulary). Per row:
 
 - ``tok/s``: tokens received per second, from the first token of any stream to the last;
 - ``done``: streams that received all ``T`` tokens and the end of the stream;
-- ``proxy µs/tok``: the proxy process's CPU time (user + system, every thread, from
-  ``/proc``: far less sensitive to a loaded machine than wall time) while every stream is
-  streaming, per token received meanwhile; ``proxy %``, ``engine %``, ``clients %``: the CPU
-  each process used in that window (an engine or clients near 100 % is the bottleneck, not
-  the proxy);
+- ``proxy µs/tok``: the CPU time of the row's proxy (actorproxy or LiteLLM: the process and its
+  live child processes, user + system, every thread, from ``/proc``: far less sensitive to a
+  loaded machine than wall time) while every stream is streaming, per token received
+  meanwhile; ``proxy %``, ``engine %``, ``clients %``: the CPU each process used in that
+  window (an engine or clients near 100 % is the bottleneck, not the proxy);
 - ``delay p50/p99``: how late each token arrives behind its stream's own pace, in ms: token
   ``n`` of a stream is due ``(ceil(n/B) - 1) * B * I`` after the stream's first token (the
   first burst sets the origin, so time to first token is not counted). The direct row is the
   engine's and the clients' own lateness; the proxy row minus it is what the hop adds.
 
-Runs are bounded: a row ends when every stream ended or after ``--timeout`` seconds.
+Runs are bounded: a row ends when every stream ended or after ``--timeout`` seconds
+(``--litellm-timeout`` for LiteLLM's) of waiting for every stream's first token and as many
+again for the streams to end.
 """
 
 from __future__ import annotations
@@ -45,9 +62,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from load_client import cpu_seconds
+from load_client import tree_cpu_seconds
 from overhead import loadavg
-from processes import proxy, sim_engine
+from processes import LITELLM_KEY, litellm_installed, litellm_proxy, proxy, sim_engine
 
 SHAPES = {  # shape: (proxy --backend, extra sim flags, the engine's own streaming API)
     "sglang-incremental": ("sglang", ["--incremental-streaming-output"], "sglang"),
@@ -56,6 +73,7 @@ SHAPES = {  # shape: (proxy --backend, extra sim flags, the engine's own streami
     "llamacpp": ("llamacpp", [], "llamacpp"),
 }
 PROMPT = list(range(1000, 1032))  # the direct clients' token-id prompt
+LITELLM_MODEL = "text-completion-openai/sim"  # LiteLLM's OpenAI text-completion provider: the sim's /v1/completions
 
 
 def words(data: bytes) -> int:
@@ -64,11 +82,11 @@ def words(data: bytes) -> int:
 
 
 def run_clients(target: str, url: str, args: argparse.Namespace, streams: int, tokens: int, interval: float,
-                burst: int, watch: dict[str, int]) -> dict[str, Any]:
+                burst: int, watch: dict[str, int], timeout: float | None = None) -> dict[str, Any]:
     """Run the clients' process against ``url``; the CPU of ``watch`` while every stream streams."""
     command = [sys.executable, str(Path(__file__)), "--clients", url, "--target", target, "--streams", str(streams),
                "--tokens", str(tokens), "--interval", str(interval), "--burst", str(burst),
-               "--timeout", str(args.timeout)]
+               "--timeout", str(args.timeout if timeout is None else timeout)]
     clients = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     pids = watch | {"clients": clients.pid}
     try:
@@ -76,9 +94,9 @@ def run_clients(target: str, url: str, args: argparse.Namespace, streams: int, t
         line = clients.stdout.readline()  # every stream has its first token
         if not line.startswith("STREAMING"):
             raise RuntimeError(f"the clients did not get their streams going: {line!r}")
-        cpu0, t0, tok0 = {k: cpu_seconds(p) for k, p in pids.items()}, time.monotonic(), int(line.split()[1])
+        cpu0, t0, tok0 = {k: tree_cpu_seconds(p) for k, p in pids.items()}, time.monotonic(), int(line.split()[1])
         line = clients.stdout.readline()  # the last stream ended (or the timeout)
-        cpu1, t1 = {k: cpu_seconds(p) for k, p in pids.items()}, time.monotonic()
+        cpu1, t1 = {k: tree_cpu_seconds(p) for k, p in pids.items()}, time.monotonic()
         if not line.startswith("ENDING"):
             raise RuntimeError(f"the clients ended badly: {line!r}")
         tok1 = int(line.split()[1])
@@ -109,11 +127,17 @@ def one_row(args: argparse.Namespace, shape: str, tokens: int, streams: int, int
         if not args.no_direct:
             r = run_clients(direct, engine.url, args, streams, tokens, interval, burst, {"engine": engine.pid})
             rows.append({"via": "direct"} | r)
-        with proxy(backend, engine.url, "--max-sessions", capacity, "--engine-max-concurrency", capacity,
-                   *args.proxy_flag) as server:
-            r = run_clients("chat", server.url, args, streams, tokens, interval, burst,
-                            {"proxy": server.pid, "engine": engine.pid})
-            rows.append({"via": "actorproxy"} | r)
+        if "actorproxy" in args.targets:
+            with proxy(backend, engine.url, "--max-sessions", capacity, "--engine-max-concurrency", capacity,
+                       *args.proxy_flag) as server:
+                r = run_clients("chat", server.url, args, streams, tokens, interval, burst,
+                                {"proxy": server.pid, "engine": engine.pid})
+                rows.append({"via": "actorproxy"} | r)
+        if "litellm" in args.targets:
+            with litellm_proxy(engine.url + "/v1", LITELLM_MODEL) as server:
+                r = run_clients("litellm", server.url, args, streams, tokens, interval, burst,
+                                {"proxy": server.pid, "engine": engine.pid}, args.litellm_timeout)
+                rows.append({"via": "litellm"} | r)
     return rows
 
 
@@ -126,15 +150,17 @@ def _request(target: str, host: str, i: int, tokens: int) -> bytes:
         body: dict[str, Any] = {"messages": [{"role": "user", "content": f"Story {i}, please."}], "stream": True,
                                 "max_tokens": tokens + 1}
     else:
-        extra = ""
+        extra = f"Authorization: Bearer {LITELLM_KEY}\r\n" if target == "litellm" else ""
         # Each asks for what the proxy asks of that engine: the sampled ids and their logprobs.
         if target.startswith("sglang"):
             path = "/generate"
             body = {"input_ids": PROMPT, "stream": True, "return_logprob": True,
                     "sampling_params": {"max_new_tokens": tokens + 1}}
-        elif target == "vllm":
+        elif target in ("vllm", "litellm"):  # LiteLLM: the same body, to be forwarded to vLLM's route
             path, body = "/v1/completions", {"prompt": PROMPT, "stream": True, "max_tokens": tokens + 1,
                                              "logprobs": 0, "return_token_ids": True}
+            if target == "litellm":
+                body["model"] = LITELLM_MODEL
         else:
             path, body = "/completion", {"prompt": PROMPT, "stream": True, "n_predict": tokens + 1,
                                          "n_probs": 1, "return_tokens": True}
@@ -145,8 +171,8 @@ def _request(target: str, host: str, i: int, tokens: int) -> bytes:
 
 def _text(target: str, event: bytes) -> str:
     data = json.loads(event)
-    if target == "vllm":
-        return str(data["choices"][0]["text"]) if data.get("choices") else ""
+    if target in ("vllm", "litellm"):  # (LiteLLM's last event has a finish_reason and no text)
+        return str(data["choices"][0].get("text") or "") if data.get("choices") else ""
     return str(data.get("content" if target == "llamacpp" else "text") or "")
 
 
@@ -253,6 +279,8 @@ async def clients_main(args: argparse.Namespace) -> None:
 
 def main(args: argparse.Namespace) -> None:
     print(f"load average before: {loadavg()}", flush=True)
+    if "litellm" in args.targets and not litellm_installed():
+        args.targets.remove("litellm")
     head = (f"{'shape':<18} {'tokens':>6} {'streams':>7} {'interval':>8} {'burst':>5} {'via':<10} {'tok/s':>8} "
             f"{'done':>9} {'proxy µs/tok':>12} {'delay p50':>9} {'p99 ms':>8} {'proxy %':>7} {'engine %':>8} "
             f"{'clients %':>9}")
@@ -286,12 +314,19 @@ if __name__ == "__main__":
     parser.add_argument("--burst", type=int, nargs="+", default=[1], help="tokens per streamed event")
     parser.add_argument("--shape", nargs="+", default=["sglang-incremental"], choices=sorted(SHAPES))
     parser.add_argument("--no-direct", action="store_true", help="skip the engine-direct baseline")
+    parser.add_argument("--targets", nargs="+", default=["actorproxy"], choices=["actorproxy", "litellm"],
+                        help="besides the direct engine (default: actorproxy; litellm when the `litellm` command "
+                             "is on PATH, else skipped with a printed line)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take at most")
+    parser.add_argument("--litellm-timeout", type=float, default=None,
+                        help="seconds a LiteLLM run may take at most (default: --timeout)")
     parser.add_argument("--proxy-flag", action="append", default=[], help="an extra `actorproxy run` argument")
     parser.add_argument("--json", help="also write every row's figures to this file")
     parser.add_argument("--clients", metavar="URL", help=argparse.SUPPRESS)  # the clients' process
     parser.add_argument("--target", default="chat", help=argparse.SUPPRESS)
     parsed = parser.parse_args()
+    if parsed.litellm_timeout is None:
+        parsed.litellm_timeout = parsed.timeout
     if parsed.clients:
         asyncio.run(clients_main(parsed))
     else:

@@ -45,16 +45,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from typing import Any
 
-from processes import HERE, Server, engine_stub, free_port, post_json, proxy, running, vllm_engine, wait_ready
+from processes import (
+    HERE,
+    LITELLM_KEY,
+    Server,
+    engine_stub,
+    litellm_installed,
+    litellm_proxy,
+    post_json,
+    proxy,
+    vllm_engine,
+)
 
 from actorproxy.tokenization import load_tokenizer
 
@@ -71,23 +79,6 @@ def canned(text: str, tokens: int | None = None) -> dict[str, Any]:
     ids.append(tok.eot_token_id)
     pieces = [tok.decode([i]) for i in ids]
     return {"ids": ids, "pieces": pieces}
-
-
-LITELLM_KEY = "sk-actorproxy-benchmark"
-
-
-@contextmanager
-def litellm_proxy(engine_url: str) -> Iterator[Server]:
-    """LiteLLM's proxy in front of the stub's OpenAI endpoint (``litellm`` must be on PATH)."""
-    port = free_port()
-    command = ["litellm", "--model", "openai/stub", "--api_base", engine_url + "/v1", "--port", str(port),
-               "--num_workers", "1"]
-    # Recent LiteLLM refuses to start without a master key; the load client then sends it.
-    env = {**os.environ, "OPENAI_API_KEY": "sk-stub", "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": LITELLM_KEY}
-    with running(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as process:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url + "/health/liveliness", process)
-        yield Server(url, process.pid)
 
 
 def run_client(url: str, *flags: str) -> dict[str, Any]:
@@ -244,11 +235,8 @@ def main(args: argparse.Namespace) -> None:
                 targets[name] = stack.enter_context(
                     proxy("sglang", stub.url, "--max-sessions", "1000000", "--max-steps-per-session", "1000",
                           "--workers", str(workers), *args.proxy_flag))
-        if "litellm" in args.targets:
-            if shutil.which("litellm") is None:
-                print("litellm: not installed (pip install 'litellm[proxy]'), skipped", flush=True)
-            else:
-                targets["litellm"] = stack.enter_context(litellm_proxy(stub.url))
+        if "litellm" in args.targets and litellm_installed():
+            targets["litellm"] = stack.enter_context(litellm_proxy(stub.url + "/v1", "openai/stub"))
         if args.concurrency:
             report["throughput"] = throughput_table(args, stub, targets)
         first_proxy = next((server for name, server in targets.items() if name not in ("direct", "litellm")), None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -120,6 +121,35 @@ def proxy(backend: str, engine_url: str, *flags: str) -> Iterator[Server]:
             url = f"http://127.0.0.1:{port}"
             wait_ready(url + "/health", process)
             yield Server(url, process.pid)
+
+
+#: The master key LiteLLM's proxy is started with (recent LiteLLM refuses to start without one).
+LITELLM_KEY = "sk-actorproxy-benchmark"
+
+
+def litellm_installed() -> bool:
+    """Whether LiteLLM's proxy (the ``litellm`` command) is on ``PATH``; if not, says its rows are skipped."""
+    if shutil.which("litellm") is not None:
+        return True
+    print("litellm: not installed (pip install 'litellm[proxy]'), skipped", flush=True)
+    return False
+
+
+@contextmanager
+def litellm_proxy(api_base: str, model: str) -> Iterator[Server]:
+    """LiteLLM's proxy serving ``model`` (LiteLLM's ``provider/name``) from ``api_base``, one worker.
+
+    Clients name ``model`` and send ``Authorization: Bearer`` :data:`LITELLM_KEY`. LiteLLM is
+    told to read its model cost map from its own package rather than fetch it at start-up.
+    """
+    port = free_port()
+    command = ["litellm", "--model", model, "--api_base", api_base, "--port", str(port), "--num_workers", "1"]
+    env = {**os.environ, "OPENAI_API_KEY": "sk-stub", "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": LITELLM_KEY,
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    with running(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as process:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url + "/health/liveliness", process)
+        yield Server(url, process.pid)
 
 
 REPO = HERE.parent
