@@ -169,8 +169,14 @@ def _request(target: str, host: str, i: int, tokens: int) -> bytes:
             f"Connection: close\r\nContent-Length: {len(raw)}\r\n\r\n").encode() + raw
 
 
+class StreamFailed(Exception):
+    """A stream's error event (LiteLLM's, the proxy's, the engine's): the stream ends there."""
+
+
 def _text(target: str, event: bytes) -> str:
     data = json.loads(event)
+    if "error" in data:
+        raise StreamFailed(json.dumps(data["error"])[:300])
     if target in ("vllm", "litellm"):  # (LiteLLM's last event has a finish_reason and no text)
         return str(data["choices"][0].get("text") or "") if data.get("choices") else ""
     return str(data.get("content" if target == "llamacpp" else "text") or "")
@@ -217,40 +223,44 @@ async def clients_main(args: argparse.Namespace) -> None:
         origin = 0.0
         tail = b""
         ended = False
-        while data := await reader.read(1 << 20):
-            now = time.monotonic()
-            seen = tail + data
-            if args.target != "chat":  # an engine's events also name the tokens in their logprobs: read the text
-                end = seen.rfind(b"\n\n")
-                # (an event may follow the response head or a chunk-size line: from its "data: {")
-                texts = [_text(args.target, event[event.find(b"data: {") + 6:])
-                         for event in seen[:max(end, 0)].split(b"\n\n") if b"data: {" in event]
-                tail = seen[end + 2:] if end >= 0 else seen
-                if cumulative:  # the whole text so far in every event: the last one counts
-                    new = texts[-1].count("so") - received[i] if texts else 0
+        try:
+            while data := await reader.read(1 << 20):
+                now = time.monotonic()
+                seen = tail + data
+                if args.target != "chat":  # an engine's events also name the tokens in their logprobs: read the text
+                    end = seen.rfind(b"\n\n")
+                    # (an event may follow the response head or a chunk-size line: from its "data: {")
+                    texts = [_text(args.target, event[event.find(b"data: {") + 6:])
+                             for event in seen[:max(end, 0)].split(b"\n\n") if b"data: {" in event]
+                    tail = seen[end + 2:] if end >= 0 else seen
+                    if cumulative:  # the whole text so far in every event: the last one counts
+                        new = texts[-1].count("so") - received[i] if texts else 0
+                    else:
+                        new = sum(text.count("so") for text in texts)
                 else:
-                    new = sum(text.count("so") for text in texts)
-            else:
-                new = words(seen) - words(tail)
-                tail = seen[-8:]
-            if b"[DONE]" in seen or b'"stop":true' in seen:
-                ended = True  # (llama.cpp ends with its "stop": true event, no [DONE])
-            if new > 0:
-                if not received[i]:
-                    origin = now
-                    first_any = first_any or now
-                    started += 1
-                    if started == streams:
-                        all_started.set()
-                # Token n is due (ceil(n / burst) - 1) * pace after the first one: count the new
-                # tokens' lateness, each against its own due time.
-                for n in range(received[i] + 1, received[i] + new + 1):
-                    delays.add(now - origin - (math.ceil(n / burst) - 1) * pace, 1)
-                received[i] += new
-                last_any = now
-            if ended and not cumulative or ended and b"[DONE]" in seen:
-                break
-        writer.close()
+                    if b'data: {"error"' in seen:
+                        raise StreamFailed(seen[seen.find(b'data: {"error"') + 6:][:300].decode(errors="replace"))
+                    new = words(seen) - words(tail)
+                    tail = seen[-8:]
+                if b"[DONE]" in seen or b'"stop":true' in seen:
+                    ended = True  # (llama.cpp ends with its "stop": true event, no [DONE])
+                if new > 0:
+                    if not received[i]:
+                        origin = now
+                        first_any = first_any or now
+                        started += 1
+                        if started == streams:
+                            all_started.set()
+                    # Token n is due (ceil(n / burst) - 1) * pace after the first one: count the new
+                    # tokens' lateness, each against its own due time.
+                    for n in range(received[i] + 1, received[i] + new + 1):
+                        delays.add(now - origin - (math.ceil(n / burst) - 1) * pace, 1)
+                    received[i] += new
+                    last_any = now
+                if ended and not cumulative or ended and b"[DONE]" in seen:
+                    break
+        finally:
+            writer.close()
         if received[i] == tokens and ended:
             completed += 1
 
@@ -269,6 +279,7 @@ async def clients_main(args: argparse.Namespace) -> None:
     total = sum(received)
     print(json.dumps({
         "tokens": total, "completed": completed, "streams": streams, "errors": len(errors),
+        "first_error": f"{type(errors[0]).__name__}: {errors[0]}" if errors else None,
         "tok_per_s": total / max(last_any - first_any, 1e-9),
         "delay_p50_ms": delays.percentile(0.5), "delay_p99_ms": delays.percentile(0.99),
     }), flush=True)
@@ -300,6 +311,8 @@ def main(args: argparse.Namespace) -> None:
                                   f"{us:>12} {r['delay_p50_ms']:>9.1f} {r['delay_p99_ms']:>8.1f} "
                                   f"{r.get('proxy_cpu_pct', 0):>7.0f} {r['engine_cpu_pct']:>8.0f} "
                                   f"{r['clients_cpu_pct']:>9.0f}", flush=True)
+                            if r["first_error"]:
+                                print(f"    {r['errors']} errors, the first: {r['first_error']}", flush=True)
     print(f"load average after: {loadavg()}", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

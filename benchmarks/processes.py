@@ -140,12 +140,14 @@ def litellm_proxy(api_base: str, model: str) -> Iterator[Server]:
     """LiteLLM's proxy serving ``model`` (LiteLLM's ``provider/name``) from ``api_base``, one worker.
 
     Clients name ``model`` and send ``Authorization: Bearer`` :data:`LITELLM_KEY`. LiteLLM is
-    told to read its model cost map from its own package rather than fetch it at start-up.
+    told to read its model cost map from its own package rather than fetch it at start-up, and
+    not to cut a stream whose last 100 chunks are the same text (its guard against a looping
+    model, ``REPEATED_STREAMING_CHUNK_LIMIT``: the benchmarks' paced replies repeat one word).
     """
     port = free_port()
     command = ["litellm", "--model", model, "--api_base", api_base, "--port", str(port), "--num_workers", "1"]
     env = {**os.environ, "OPENAI_API_KEY": "sk-stub", "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": LITELLM_KEY,
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "REPEATED_STREAMING_CHUNK_LIMIT": str(1 << 62)}
     with running(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as process:
         url = f"http://127.0.0.1:{port}"
         wait_ready(url + "/health/liveliness", process)
