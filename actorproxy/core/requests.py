@@ -38,6 +38,15 @@ class ChatRequest:
     stream: bool = False
 
 
+def holding(made: ChatRequest, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+            ) -> ChatRequest:
+    """A turn's request: ``made`` (what a body's fields ask for, made once while they repeat) holding the turn's
+    messages, and ``tools`` when given, by reference (built directly: ``attrs.evolve`` costs more than all of it)."""
+    return ChatRequest(messages=messages, tools=made.tools if tools is None else tools, max_tokens=made.max_tokens,
+                       temperature=made.temperature, top_p=made.top_p, seed=made.seed,
+                       enable_thinking=made.enable_thinking, stop=made.stop, stream=made.stream)
+
+
 def offered_tools(sent: Iterable[dict[str, Any]] | None, choice_none: bool) -> list[dict[str, Any]]:
     """The tools a turn's prompt lists (a new list): those the agent sent, or none at all when its tool choice
     is "none" (chat's and Responses' ``"none"``, Anthropic's ``{"type": "none"}``): as OpenAI means it, the

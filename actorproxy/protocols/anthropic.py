@@ -32,13 +32,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.turn_events import TurnDone
-from ..schema.jsonio import dumps
 from .anthropic_messages import AnthropicMemo, MessagesBody, load_messages_body
 from .anthropic_reply import EventWriter as EventWriter
-from .anthropic_reply import content_blocks as content_blocks
 from .anthropic_reply import error_json as error_json
 from .anthropic_reply import error_type as error_type
-from .anthropic_reply import message_json as message_json
+from .anthropic_reply import message_bytes as message_bytes
 from .anthropic_reply import new_message_id as new_message_id
 from .anthropic_reply import proxy_error_json as proxy_error_json
 from .anthropic_reply import stop_reason as stop_reason
@@ -60,15 +58,15 @@ class AnthropicFormat(MemoFormat[AnthropicCall, AnthropicMemo]):
 
     def parse(self, body: Any) -> AnthropicCall:
         if isinstance(body, MessagesBody):
-            return parse_messages_body(body.options, messages=body.messages, tools=body.tools)
+            return parse_messages_body(body.fields.options, made=body.request)
         return parse_messages_body(body)
 
     def new_id(self) -> str:
         return new_message_id()
 
     def render(self, call: AnthropicCall, reply: ReplyInfo, done: TurnDone) -> bytes:
-        return dumps(message_json(done, message_id=reply.id, model=reply.model, session_id=reply.session_id,
-                                  thinking=call.thinking_shown))
+        return message_bytes(done, message_id=reply.id, model=reply.model, session_id=reply.session_id,
+                             thinking=call.thinking_shown)
 
     def writer(self, call: AnthropicCall, reply: ReplyInfo) -> EventWriter:
         return EventWriter(message_id=reply.id, model=reply.model, thinking=call.thinking_shown)

@@ -29,11 +29,19 @@ from typing import Any
 
 import attrs
 
+from ..core.requests import ChatRequest, holding
 from ..schema.converter import structure
 from ..schema.jsonio import MAX_DEPTH
 from ..tokenization.message_fields import FrozenMessage
 from . import memo as shared
-from .anthropic_request import clears_at_next_user, convert_content, convert_tools, system_messages
+from .anthropic_request import (
+    clears_at_next_user,
+    convert_content,
+    convert_tools,
+    messages_request,
+    offers_tools,
+    system_messages,
+)
 from .anthropic_types import (
     SYSTEM_KINDS,
     SYSTEM_PLACE,
@@ -59,15 +67,34 @@ class Converted:
 
 
 @attrs.frozen
+class MessagesFields:
+    """A Messages body's fields but ``messages``, ``system`` and ``tools``, typed: what an agent sends the same
+    every turn."""
+
+    options: MessagesOptions
+    #: The request these fields ask for, with no messages and no tools: each turn's request is this one holding
+    #: its body's messages and tools (the settings by reference, made once while the fields repeat).
+    request: ChatRequest
+    #: The prompt lists the body's tools (its tool choice is not ``none``).
+    offers_tools: bool
+
+
+@attrs.frozen
 class MessagesBody:
     """A Messages body read from bytes whose messages, system prompt and tools all convert."""
 
     #: The body's fields but ``messages``, ``system`` and ``tools``, typed (the memo's shared object while they repeat).
-    options: MessagesOptions
-    #: The conversation as OpenAI messages (``system`` first): the memo's shared objects.
-    messages: list[FrozenMessage]
-    #: The tools as OpenAI function tools (a list of its own; the tools themselves are shared).
+    fields: MessagesFields
+    #: The conversation as OpenAI messages (``system`` first): the memo's shared :class:`FrozenMessage` objects.
+    messages: list[dict[str, Any]]
+    #: The tools the prompt lists, as OpenAI function tools: the memo's shared list while the body's ``tools``
+    #: repeat (read, never changed), or none (no ``tools``, or a tool choice of ``none``).
     tools: list[dict[str, Any]]
+
+    @property
+    def request(self) -> ChatRequest:
+        """The turn's request: the fields' request holding this body's messages and tools, by reference."""
+        return holding(self.fields.request, self.messages, self.tools)
 
 
 class AnthropicMemo:
@@ -76,8 +103,8 @@ class AnthropicMemo:
     def __init__(self, max_bytes: int = MEMO_BYTES, field_bytes: int = FIELD_MEMO_BYTES) -> None:
         self.messages: MessageMemo[Converted] = MessageMemo(max_bytes)
         self.system: MessageMemo[tuple[FrozenMessage, ...]] = MessageMemo(field_bytes)
-        self.tools: MessageMemo[tuple[dict[str, Any], ...]] = MessageMemo(field_bytes)
-        self.options: MessageMemo[MessagesOptions] = MessageMemo(field_bytes)
+        self.tools: MessageMemo[list[dict[str, Any]]] = MessageMemo(field_bytes)
+        self.options: MessageMemo[MessagesFields] = MessageMemo(field_bytes)
 
     def age(self) -> None:
         """Drop what no turn used since the last drain (:meth:`MessageMemo.age`)."""
@@ -105,7 +132,7 @@ def _from_memo(raw: bytes, memo: AnthropicMemo) -> MessagesBody | None:
     if "system" in top:
         system, system_depth = shared.field(memo.system, bytes(top["system"]), _system)
         depth = max(depth, 1 + system_depth)
-    tools: tuple[dict[str, Any], ...] = ()
+    tools: list[dict[str, Any]] = _NO_TOOLS
     if "tools" in top:
         tools, tools_depth = shared.field(memo.tools, bytes(top["tools"]), _tools)
         depth = max(depth, 1 + tools_depth)
@@ -114,7 +141,7 @@ def _from_memo(raw: bytes, memo: AnthropicMemo) -> MessagesBody | None:
         return None
     if entries[-1].role == "assistant":
         return None  # prefill: the full check names it
-    messages = list(system)
+    messages: list[dict[str, Any]] = list(system)
     user_later = [False] * len(entries)
     seen_user = False
     for i in range(len(entries) - 1, -1, -1):
@@ -123,11 +150,16 @@ def _from_memo(raw: bytes, memo: AnthropicMemo) -> MessagesBody | None:
     for entry, cleared in zip(entries, user_later, strict=True):
         if not (entry.clears and cleared):
             messages.extend(entry.messages)
-    return MessagesBody(options, messages, list(tools))
+    return MessagesBody(options, messages, tools if options.offers_tools else options.request.tools)
 
 
-def _options(value: dict[str, Any]) -> MessagesOptions:
-    return structure(value, MessagesOptions)
+#: The tools of a body without ``tools`` (read, never changed).
+_NO_TOOLS: list[dict[str, Any]] = []
+
+
+def _options(value: dict[str, Any]) -> MessagesFields:
+    options = structure(value, MessagesOptions)
+    return MessagesFields(options, messages_request(options, [], []), offers_tools(options))
 
 
 def _system(system: Any) -> tuple[FrozenMessage, ...]:
@@ -136,8 +168,8 @@ def _system(system: Any) -> tuple[FrozenMessage, ...]:
     return tuple(FrozenMessage(m) for m in system_messages(typed))
 
 
-def _tools(tools: Any) -> tuple[dict[str, Any], ...]:
-    return tuple(convert_tools(structure(tools, list[AnthropicTool], where="tools")))
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    return convert_tools(structure(tools, list[AnthropicTool], where="tools"))
 
 
 def _convert(message: Any) -> Converted:

@@ -27,16 +27,18 @@ def _tool_input(call: ToolCall) -> Any:
     return call.parsed if isinstance(call.parsed, dict) else json.loads(call.arguments)
 
 
-def content_blocks(output: AssistantOutput, *, thinking: bool = True) -> list[dict[str, Any]]:
-    """The reply's blocks; ``thinking`` false leaves the reasoning out (the request did not enable it)."""
-    blocks: list[dict[str, Any]] = []
+def _blocks(output: AssistantOutput, thinking: bool) -> list[bytes]:
+    """The reply's content blocks' JSON; ``thinking`` false leaves the reasoning out (the request did not enable
+    it)."""
+    blocks: list[bytes] = []
     if output.reasoning and thinking:
-        blocks.append({"type": "thinking", "thinking": output.reasoning,
-                       "signature": thinking_signature(output.reasoning)})
+        blocks.append(b'{"type":"thinking","thinking":' + dumps(output.reasoning) + b',"signature":'
+                      + dumps(thinking_signature(output.reasoning)) + b"}")
     if output.content:
-        blocks.append({"type": "text", "text": output.content})
+        blocks.append(b'{"type":"text","text":' + dumps(output.content) + b"}")
     for call in output.tool_calls:
-        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _tool_input(call)})
+        blocks.append(b'{"type":"tool_use","id":' + dumps(call.id) + b',"name":' + dumps(call.name) + b',"input":'
+                      + dumps(_tool_input(call)) + b"}")
     return blocks
 
 
@@ -51,27 +53,26 @@ def stop_reason(done: TurnDone) -> tuple[str, str | None]:
     return "end_turn", None
 
 
-def _usage(done: TurnDone) -> dict[str, int]:
-    return {"input_tokens": done.prompt_tokens, "output_tokens": done.completion_tokens}
+def _usage(done: TurnDone) -> bytes:
+    """The ``usage`` object's JSON."""
+    return b'{"input_tokens":%d,"output_tokens":%d}' % (done.prompt_tokens, done.completion_tokens)
 
 
-def message_json(
-    done: TurnDone, *, message_id: str, model: str, session_id: str, thinking: bool = True
-) -> dict[str, Any]:
+def message_bytes(done: TurnDone, *, message_id: str, model: str, session_id: str, thinking: bool = True) -> bytes:
+    """The ``message`` reply's JSON bytes, written directly around the strings it carries: no JSON value is
+    built (the bytes its value would give: ``tests/protocols/test_anthropic_reply.py``). Only a tool call's
+    input is a value, the one its arguments were read to."""
     reason, sequence = stop_reason(done)
-    return {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": content_blocks(done.output, thinking=thinking),
-        "stop_reason": reason,
-        "stop_sequence": sequence,
-        "usage": _usage(done),
+    return b"".join((
+        b'{"id":', dumps(message_id), b',"type":"message","role":"assistant","model":', dumps(model),
+        b',"content":[', b",".join(_blocks(done.output, thinking)), b'],"stop_reason":', dumps(reason),
+        b',"stop_sequence":', dumps(sequence),
+        b',"usage":', _usage(done),
         # Our extra object, as on the OpenAI route (clients ignore unknown fields).
-        "actorproxy": {"session_id": done.session_id or session_id, "step_index": done.step_index,
-                       "tool_call_parse_error": done.tool_call_parse_error},
-    }
+        b',"actorproxy":{"session_id":', dumps(done.session_id or session_id),
+        b',"step_index":%d,"tool_call_parse_error":%s}}'
+        % (done.step_index, b"true" if done.tool_call_parse_error else b"false"),
+    ))
 
 
 _ERROR_TYPES = {
@@ -102,6 +103,9 @@ class EventWriter:
 
     Content blocks get consecutive indexes, and each is closed before the next
     opens; a thinking block gets its ``signature_delta`` just before it closes.
+    Every frame is written as bytes directly, around the strings it carries: no
+    event's JSON value is built (the same bytes it would give:
+    ``tests/protocols/test_anthropic_reply.py``), as chat's chunks are.
     """
 
     def __init__(self, *, message_id: str, model: str, thinking: bool = True) -> None:
@@ -115,20 +119,18 @@ class EventWriter:
         self._calls: dict[int, int] = {}
 
     @staticmethod
-    def _event(name: str, data: dict[str, Any]) -> bytes:
-        return b"event: " + name.encode() + b"\ndata: " + dumps({"type": name, **data}) + b"\n\n"
+    def _event(name: bytes, members: bytes = b"") -> bytes:
+        """The frame of event ``name`` whose data holds ``members`` (JSON text, each after a comma) after its type."""
+        return b"event: " + name + b'\ndata: {"type":"' + name + b'"' + members + b"}\n\n"
 
     def start(self, accepted: TurnAccepted) -> bytes:
-        input_tokens = accepted.prompt_tokens
-        message: dict[str, Any] = {
-            "id": self._message_id, "type": "message", "role": "assistant", "model": self._model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
-        }
-        return self._event("message_start", {"message": message})
+        return self._event(b"message_start", b',"message":{"id":' + dumps(self._message_id)
+                           + b',"type":"message","role":"assistant","model":' + dumps(self._model)
+                           + b',"content":[],"stop_reason":null,"stop_sequence":null,'
+                           b'"usage":{"input_tokens":%d,"output_tokens":0}}' % accepted.prompt_tokens)
 
     def heartbeat(self) -> bytes:
-        return self._event("ping", {})
+        return self._event(b"ping")
 
     def _close(self) -> list[bytes]:
         if self._open is None:
@@ -136,50 +138,53 @@ class EventWriter:
         frames = []
         if self._open == "thinking":
             signature = thinking_signature("".join(self._thinking))
-            frames.append(self._delta({"type": "signature_delta", "signature": signature}))
-        frames.append(self._event("content_block_stop", {"index": self._index}))
+            frames.append(self._delta(b'"type":"signature_delta","signature":' + dumps(signature)))
+        frames.append(self._event(b"content_block_stop", b',"index":%d' % self._index))
         self._open = None
         return frames
 
-    def _begin(self, kind: str, block: dict[str, Any]) -> list[bytes]:
+    def _begin(self, kind: str, block: bytes) -> list[bytes]:
+        """Close the open block and open one of ``kind``: ``block`` is its ``content_block``'s JSON."""
         frames = self._close()
         self._index += 1
         self._open = kind
         self._thinking = []
-        frames.append(self._event("content_block_start", {"index": self._index, "content_block": block}))
+        frames.append(self._event(b"content_block_start", b',"index":%d,"content_block":%s' % (self._index, block)))
         return frames
 
-    def _delta(self, delta: dict[str, Any], index: int | None = None) -> bytes:
-        return self._event("content_block_delta", {"index": self._index if index is None else index, "delta": delta})
+    def _delta(self, delta: bytes, index: int | None = None) -> bytes:
+        """A ``content_block_delta`` frame whose delta object holds ``delta`` (its members' JSON text)."""
+        return self._event(b"content_block_delta", b',"index":%d,"delta":{%s}' % (
+            self._index if index is None else index, delta))
 
     def delta(self, delta: OutputDelta) -> bytes:
         frames: list[bytes] = []
         if delta.reasoning and self._show_thinking:
             if self._open != "thinking":
-                frames += self._begin("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+                frames += self._begin("thinking", b'{"type":"thinking","thinking":"","signature":""}')
             self._thinking.append(delta.reasoning)
-            frames.append(self._delta({"type": "thinking_delta", "thinking": delta.reasoning}))
+            frames.append(self._delta(b'"type":"thinking_delta","thinking":' + dumps(delta.reasoning)))
         if delta.content:
             if self._open != "text":
-                frames += self._begin("text", {"type": "text", "text": ""})
-            frames.append(self._delta({"type": "text_delta", "text": delta.content}))
+                frames += self._begin("text", b'{"type":"text","text":""}')
+            frames.append(self._delta(b'"type":"text_delta","text":' + dumps(delta.content)))
         for piece in delta.tool_calls:
             if piece.id is not None:
-                frames += self._begin(
-                    "tool_use", {"type": "tool_use", "id": piece.id, "name": piece.name or "", "input": {}}
-                )
+                frames += self._begin("tool_use", b'{"type":"tool_use","id":' + dumps(piece.id) + b',"name":'
+                                      + dumps(piece.name or "") + b',"input":{}}')
                 self._calls[piece.index] = self._index
             if piece.arguments:
                 # Pieces of a call arrive in order, right after its first one.
                 index = self._calls.get(piece.index, self._index)
-                frames.append(self._delta({"type": "input_json_delta", "partial_json": piece.arguments}, index))
+                frames.append(self._delta(b'"type":"input_json_delta","partial_json":' + dumps(piece.arguments),
+                                          index))
         return b"".join(frames)
 
     def finish(self, done: TurnDone) -> bytes:
         reason, sequence = stop_reason(done)
-        delta = {"stop_reason": reason, "stop_sequence": sequence}
-        frames = [*self._close(), self._event("message_delta", {"delta": delta, "usage": _usage(done)})]
-        return b"".join([*frames, self._event("message_stop", {})])
+        members = (b',"delta":{"stop_reason":' + dumps(reason) + b',"stop_sequence":' + dumps(sequence)
+                   + b'},"usage":' + _usage(done))
+        return b"".join([*self._close(), self._event(b"message_delta", members), self._event(b"message_stop")])
 
     def error(self, error: ProxyError) -> bytes:
         body = proxy_error_json(error)

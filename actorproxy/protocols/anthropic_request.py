@@ -138,41 +138,46 @@ def convert_tools(tools: list[AnthropicTool] | None) -> list[dict[str, Any]]:
     return converted
 
 
-def parse_messages_body(
-    body: Any,
-    *,
-    count_only: bool = False,
-    messages: list[Any] | None = None,
-    tools: list[dict[str, Any]] | None = None,
-) -> AnthropicCall:
+def offers_tools(options: MessagesOptions) -> bool:
+    """Whether the prompt lists the body's tools: not when its tool choice is ``{"type": "none"}``."""
+    return options.tool_choice is None or options.tool_choice.type != "none"
+
+
+def messages_request(
+    options: MessagesOptions, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> ChatRequest:
+    """The request a Messages body's typed fields ask for, with these messages and (converted) tools."""
+    return ChatRequest(
+        messages=messages,
+        tools=offered_tools(tools, not offers_tools(options)),
+        max_tokens=options.max_tokens,
+        temperature=options.temperature,
+        top_p=options.top_p,
+        enable_thinking=None if options.thinking is None else options.thinking.type != "disabled",
+        stop=tuple(options.stop_sequences or ()),
+        stream=bool(options.stream),
+    )
+
+
+def parse_messages_body(body: Any, *, count_only: bool = False, made: ChatRequest | None = None) -> AnthropicCall:
     """Validate a Messages body; raise :class:`BadRequest` naming the bad field.
 
     The body is structured by the one converter into :class:`MessagesRequest`;
     ``count_only`` is for ``/v1/messages/count_tokens``, where ``max_tokens``
-    is not sent. Unknown fields are ignored. ``messages`` and ``tools``, when
-    given, are the body's conversation and tools converted already
-    (``anthropic_messages``): the body is then its other fields, typed already
-    (:class:`MessagesOptions`) or their JSON value.
+    is not sent. Unknown fields are ignored. ``made``, when given, is the
+    request the body asks for, made already from what its parts were converted
+    to (``anthropic_messages``): the body is then its other fields, typed
+    already (:class:`MessagesOptions`).
     """
     options: MessagesOptions
-    if messages is None:
+    if made is None:
         typed = structure(body, MessagesRequest)
-        options, messages, tools = typed, convert_messages(typed.system, typed.messages), convert_tools(typed.tools)
+        options = typed
+        made = messages_request(typed, convert_messages(typed.system, typed.messages), convert_tools(typed.tools))
     else:
-        options = body if isinstance(body, MessagesOptions) else structure(body, MessagesOptions)
+        options = body
     if not count_only and options.max_tokens is None:
         raise BadRequest("'max_tokens' is required: an integer of at least 1", param="max_tokens")
-    thinking = None if options.thinking is None else options.thinking.type != "disabled"
-    request = ChatRequest(
-        messages=messages,
-        tools=offered_tools(tools, options.tool_choice is not None and options.tool_choice.type == "none"),
-        max_tokens=options.max_tokens,
-        temperature=options.temperature,
-        top_p=options.top_p,
-        enable_thinking=thinking,
-        stop=tuple(options.stop_sequences or ()),
-        stream=bool(options.stream),
-    )
-    return AnthropicCall(request=request, model=options.model, stream=bool(options.stream),
-                         thinking_shown=bool(thinking), session_id=options.session_id,
+    return AnthropicCall(request=made, model=options.model, stream=made.stream,
+                         thinking_shown=bool(made.enable_thinking), session_id=options.session_id,
                          instance_id=options.instance_id, turn_id=options.turn_id)

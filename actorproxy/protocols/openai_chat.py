@@ -11,7 +11,7 @@ import attrs
 
 from ..core.ids import uuid4_hex
 from ..core.parser import OutputDelta
-from ..core.requests import ChatRequest
+from ..core.requests import ChatRequest, holding
 from ..core.turn_events import TurnAccepted, TurnDone
 from ..errors import BadRequest, ProxyError
 from ..schema.converter import structure
@@ -55,10 +55,7 @@ def parse_chat_body(body: Any, *, usage_by_default: bool = False) -> OpenAIChatC
     call: ChatOptions
     if isinstance(body, ChatBody):  # typed from its bytes: the fields by the converter, each message checked
         call = body.fields.options
-        made = body.fields.request  # (built directly: attrs.evolve costs more than the whole of it)
-        request = ChatRequest(messages=body.messages, tools=made.tools, max_tokens=made.max_tokens,
-                              temperature=made.temperature, top_p=made.top_p, seed=made.seed,
-                              enable_thinking=made.enable_thinking, stop=made.stop, stream=made.stream)
+        request = holding(body.fields.request, body.messages)
     else:
         call = structure(body, ChatCompletionBody)
         # The typed messages are the verdict; the template gets each message as sent (fields we do not know

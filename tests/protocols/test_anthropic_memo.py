@@ -54,3 +54,22 @@ def test_a_cleared_system_message_is_decided_by_the_body_it_is_in() -> None:
         call = decision(fmt.load, fmt.parse, raw)
         assert call == decision(load_body, parse_messages_body, raw)
         assert ({"role": "system", "content": "Remember the tests."} in call.request.messages) == (name == "kept")
+
+
+def test_a_turns_request_holds_its_typed_body_by_reference() -> None:
+    """As chat's: the request a turn runs holds the body's converted messages, and the tools and settings its
+    fields were converted to once while they repeat (not a copy a turn); it equals the full check's request."""
+    fmt = AnthropicFormat()
+    fields = {"stop_sequences": ["END"], "temperature": 0.5, "top_p": 0.9, "stream": True,
+              "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    more = [*HISTORY, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "More."}]
+    first, second = fmt.load(_raw(HISTORY, **fields)), fmt.load(_raw(more, **fields))
+    assert isinstance(first, MessagesBody) and isinstance(second, MessagesBody)
+    one, two = fmt.parse(first), fmt.parse(second)
+    assert one.request.messages is first.messages and two.request.messages is second.messages
+    assert two.request.tools is one.request.tools and two.request.stop is one.request.stop
+    assert two == parse_messages_body(orjson.loads(_raw(more, **fields)))
+    assert (two.request.max_tokens, two.request.stop, two.request.enable_thinking, two.thinking_shown) == (
+        64, ("END",), True, True)
+    changed = fmt.parse(fmt.load(_raw(more, **{**fields, "tool_choice": {"type": "none"}})))
+    assert changed.request.tools == [] and changed.request.messages == two.request.messages

@@ -275,7 +275,7 @@ CASES = {
          "is_error", "clear_at", "system", "messages", "model", "max_tokens", "tools", "input_schema",
          "description", "stream", "temperature", "extra"],
         ["user", "assistant", "system", "text", "tool_use", "tool_result", "thinking", "next_user_message"],
-        message=_chat_message, typed=lambda body: body.options, apart=frozenset({"messages", "system", "tools"}),
+        message=_chat_message, typed=lambda body: body.fields, apart=frozenset({"messages", "system", "tools"}),
         tools=lambda body: body.tools,
         edits=[(0, "content", 0, "text"), (1, "content", 2, "input", "path"),
                (2, "content", 0, "content", 0, "text")],
