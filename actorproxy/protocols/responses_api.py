@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import base64
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import attrs
@@ -240,48 +240,70 @@ def convert_tools(tools: list[Any] | None, typed: list[Tool] | None) -> tuple[li
     return converted, skipped
 
 
-def parse_responses_body(
-    body: Any, *, messages: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None,
-    options: ResponsesOptions | None = None,
-) -> ResponsesCall:
-    """Validate a Responses body; raise :class:`BadRequest` naming the bad field. Unknown fields are ignored.
-
-    The body is structured by the one converter into :class:`ResponsesRequest`. ``messages`` and
-    ``tools``, when given, are the body's ``input`` and ``tools`` converted already
-    (``responses_memo``): the body is then structured as its other fields (:class:`ResponsesOptions`),
-    unless ``options`` gives them typed already.
-    """
-    if messages is None:
-        typed = structure(body, ResponsesRequest)
-        options, messages = typed, convert_input(typed.input)
-        tools = convert_tools(body.get("tools"), typed.tools)[0]
-    elif options is None:
-        options = structure(body, ResponsesOptions)
+def instructions_message(options: ResponsesOptions) -> dict[str, Any] | None:
+    """The system message ``instructions`` make (none when absent or empty)."""
     text = _text(options.instructions)
-    if text:
-        messages.insert(0, {"role": "system", "content": text})
+    return {"role": "system", "content": text} if text else None
+
+
+def offers_tools(options: ResponsesOptions) -> bool:
+    """Whether the prompt lists the body's function tools: not when its tool choice is ``"none"``."""
+    return bool(options.tool_choice != "none")
+
+
+def responses_request(
+    options: ResponsesOptions, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> ChatRequest:
+    """The request a Responses body's typed fields ask for, with these messages and (converted) tools."""
     effort = None if options.reasoning is None else options.reasoning.effort
-    request = ChatRequest(
+    return ChatRequest(
         messages=messages,
-        tools=offered_tools(tools, options.tool_choice == "none"),
+        tools=offered_tools(tools, not offers_tools(options)),
         max_tokens=options.max_output_tokens,
         temperature=options.temperature,
         top_p=options.top_p,
         enable_thinking=None if effort is None else effort != "none",
         stream=bool(options.stream),
     )
-    store = options.store is not False
+
+
+def echoed(body: Mapping[str, Any], options: ResponsesOptions) -> dict[str, Any]:
+    """The fields the response object echoes, as ``body`` (the request's JSON value, ``input`` aside) sent them."""
     echo = {key: body.get(key) for key in ("instructions", "metadata", "reasoning", "text", "truncation")}
     echo.update(tools=body.get("tools") or [], tool_choice=body.get("tool_choice") or "auto",
                 parallel_tool_calls=body.get("parallel_tool_calls", True), max_output_tokens=options.max_output_tokens,
                 temperature=body.get("temperature"), top_p=body.get("top_p"),
-                previous_response_id=options.previous_response_id or None, store=store)
+                previous_response_id=options.previous_response_id or None, store=options.store is not False)
+    return echo
+
+
+def parse_responses_body(
+    body: Any, *, made: ChatRequest | None = None, echo: dict[str, Any] | None = None
+) -> ResponsesCall:
+    """Validate a Responses body; raise :class:`BadRequest` naming the bad field. Unknown fields are ignored.
+
+    The body is structured by the one converter into :class:`ResponsesRequest`. ``made`` and
+    ``echo``, when given, are the request the body asks for and the fields its response echoes,
+    made already from what its parts were converted to (``responses_memo``): the body is then its
+    other fields, typed already (:class:`ResponsesOptions`).
+    """
+    options: ResponsesOptions
+    if made is None or echo is None:
+        typed = structure(body, ResponsesRequest)
+        options, messages = typed, convert_input(typed.input)
+        system = instructions_message(typed)
+        if system is not None:
+            messages.insert(0, system)
+        made = responses_request(typed, messages, convert_tools(body.get("tools"), typed.tools)[0])
+        echo = echoed(body, typed)
+    else:
+        options = body
     include = options.include or []
     return ResponsesCall(
-        request=request, model=str(options.model or ""), stream=bool(options.stream),
-        previous_response_id=echo["previous_response_id"], store=store,
+        request=made, model=str(options.model or ""), stream=made.stream,
+        previous_response_id=echo["previous_response_id"], store=echo["store"],
         include_encrypted="reasoning.encrypted_content" in include, echo=echo,
-        session_id=options.session_id or None, has_instructions=bool(text),
+        session_id=options.session_id or None, has_instructions=bool(_text(options.instructions)),
         logprobs="message.output_text.logprobs" in include,
     )
 

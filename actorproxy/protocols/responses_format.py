@@ -74,8 +74,7 @@ class ResponsesFormat(MemoFormat[ResponsesCall, ResponsesMemo]):
 
     def parse(self, body: Any) -> ResponsesCall:
         if isinstance(body, ResponsesBody):
-            call = parse_responses_body(body.value, messages=body.messages, tools=body.tools,
-                                        options=body.fields.options)
+            call = parse_responses_body(body.fields.options, made=body.request, echo=body.echo)
         elif isinstance(body, dict):
             # item_reference never converts on the memo's path: such a body arrives here whole.
             body, references = self.issued.resolve(body)

@@ -26,12 +26,24 @@ from typing import Any
 
 import attrs
 
+from ..core.requests import ChatRequest, holding
 from ..schema.converter import structure
 from ..schema.jsonio import MAX_DEPTH
 from ..tokenization.message_fields import FrozenMessage
 from . import memo as shared
 from .memo import MEMO_BYTES, MessageMemo
-from .responses_api import assemble_input, assistant_part, convert_tools, item_kind, other_message, turn_end
+from .responses_api import (
+    assemble_input,
+    assistant_part,
+    convert_tools,
+    echoed,
+    instructions_message,
+    item_kind,
+    offers_tools,
+    other_message,
+    responses_request,
+    turn_end,
+)
 from .responses_types import Item, ResponsesOptions, Tool, check_item
 
 #: Raw JSON bytes of ``tools`` fields kept (they repeat every turn).
@@ -44,15 +56,26 @@ _Item = tuple[Any, Any, bool]
 
 @attrs.frozen
 class ResponsesFields:
-    """A Responses body's fields but ``input`` and ``tools``, typed and as orjson parses them (echoed in part)."""
+    """A Responses body's fields but ``input`` and ``tools``, typed: what an agent sends the same every turn."""
 
     options: ResponsesOptions
-    #: Shared by every turn that sends the same fields: read, never changed.
-    value: dict[str, Any]
+    #: The fields the response echoes, as sent (``tools``: none). Shared by every turn that sends the same
+    #: fields: read, never changed.
+    echo: dict[str, Any]
+    #: The request these fields ask for, with no messages and no tools: each turn's request is this one holding
+    #: its body's messages and tools (the settings by reference, made once while the fields repeat).
+    request: ChatRequest
+    #: The system message ``instructions`` make, the first of every turn's messages (none without them).
+    instructions: FrozenMessage | None
+    #: The prompt lists the body's function tools (its tool choice is not ``"none"``).
+    offers_tools: bool
 
 
 def _fields(value: dict[str, Any]) -> ResponsesFields:
-    return ResponsesFields(structure(value, ResponsesOptions), value)
+    options = structure(value, ResponsesOptions)
+    system = instructions_message(options)
+    return ResponsesFields(options, echoed(value, options), responses_request(options, [], []),
+                           None if system is None else FrozenMessage(system), offers_tools(options))
 
 
 @attrs.frozen
@@ -63,18 +86,26 @@ class ResponsesBody:
     fields: ResponsesFields
     #: The tools as sent (the response echoes them), when the body has ``tools`` (``has_tools``).
     sent_tools: Any
-    #: The input as chat messages (a list of its own; the non-assistant messages are the memo's shared objects).
+    #: The ``instructions``' system message, then the input as chat messages (a list of its own; but for
+    #: assistant turns first seen, the memo's shared objects).
     messages: list[dict[str, Any]]
-    #: The function tools as chat tools.
+    #: The function tools as chat tools: the memo's shared list while the body's ``tools`` repeat (read, never
+    #: changed).
     tools: list[dict[str, Any]]
     has_tools: bool = False
 
     @property
-    def value(self) -> dict[str, Any]:
-        """The body's fields but ``input``, as orjson parses them (a dict of its own: the shared one is not changed)."""
+    def request(self) -> ChatRequest:
+        """The turn's request: the fields' request holding this body's messages and tools, by reference."""
+        fields = self.fields
+        return holding(fields.request, self.messages, self.tools if fields.offers_tools else fields.request.tools)
+
+    @property
+    def echo(self) -> dict[str, Any]:
+        """The fields the response echoes: the fields' own, with the tools as sent when the body has them."""
         if not self.has_tools:
-            return dict(self.fields.value)
-        return {**self.fields.value, "tools": self.sent_tools}
+            return self.fields.echo
+        return {**self.fields.echo, "tools": self.sent_tools or []}
 
 
 class ResponsesMemo:
@@ -83,7 +114,7 @@ class ResponsesMemo:
     def __init__(self, max_bytes: int = MEMO_BYTES, tools_bytes: int = TOOLS_MEMO_BYTES,
                  max_turns: int = MEMO_TURNS) -> None:
         self.items: MessageMemo[_Item] = MessageMemo(max_bytes)
-        self.tools: MessageMemo[tuple[Any, tuple[dict[str, Any], ...]]] = MessageMemo(tools_bytes)
+        self.tools: MessageMemo[tuple[Any, list[dict[str, Any]]]] = MessageMemo(tools_bytes)
         self.options: MessageMemo[ResponsesFields] = MessageMemo(tools_bytes)
         #: Assistant turns by the bytes of their items (two generations of ``max_turns`` at most).
         self._turns: dict[tuple[bytes, ...], FrozenMessage] = {}
@@ -126,7 +157,7 @@ def _from_memo(raw: bytes, memo: ResponsesMemo) -> ResponsesBody | None:
     top, texts = split
     fields = [(name, bytes(part)) for name, part in top.items() if name not in ("input", "tools")]
     typed, depth = shared.options(memo.options, fields, _fields)
-    tools: tuple[dict[str, Any], ...] = ()
+    tools: list[dict[str, Any]] = _NO_TOOLS
     sent_tools = None
     if "tools" in top:
         (sent_tools, tools), tools_depth = shared.field(memo.tools, bytes(top["tools"]), _tools)
@@ -135,17 +166,23 @@ def _from_memo(raw: bytes, memo: ResponsesMemo) -> ResponsesBody | None:
     parts, items_depth = shared.items(memo.items, keys, _convert)
     if max(depth, 2 + items_depth) > MAX_DEPTH:
         return None
-    return ResponsesBody(typed, sent_tools, _assemble(parts, keys, memo), list(tools), "tools" in top)
+    head: list[dict[str, Any]] = [] if typed.instructions is None else [typed.instructions]
+    return ResponsesBody(typed, sent_tools, _assemble(parts, keys, memo, head), tools, "tools" in top)
 
 
-def _tools(tools: Any) -> tuple[Any, tuple[dict[str, Any], ...]]:
+#: The tools of a body without ``tools`` (read, never changed).
+_NO_TOOLS: list[dict[str, Any]] = []
+
+
+def _tools(tools: Any) -> tuple[Any, list[dict[str, Any]]]:
     """The tools as sent (the response echoes them) and as chat tools."""
-    return tools, tuple(convert_tools(tools, structure(tools, list[Tool], where="tools"))[0])
+    return tools, convert_tools(tools, structure(tools, list[Tool], where="tools"))[0]
 
 
-def _assemble(parts: list[_Item], keys: list[bytes], memo: ResponsesMemo) -> list[dict[str, Any]]:
-    """``assemble_input(parts)``, each assistant turn from the memo when its items were seen together."""
-    messages: list[dict[str, Any]] = []
+def _assemble(parts: list[_Item], keys: list[bytes], memo: ResponsesMemo,
+              messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` then ``assemble_input(parts)``, each assistant turn from the memo when its items were seen
+    together."""
     at = 0
     while at < len(parts):
         if not parts[at][2]:

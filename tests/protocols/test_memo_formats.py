@@ -180,8 +180,7 @@ class Case:
     bounds: tuple[int, ...]
     #: The format over HTTP.
     http: Http
-    #: How many of the messages a body comes to lead it and are made anew every turn (the Responses
-    #: ``instructions``).
+    #: How many of the messages a body comes to lead it and are made anew every turn.
     fresh: int = 0
     #: Anything else a body may have in its items.
     more: Callable[[st.DrawFn, list[Any]], None] = _no_more
@@ -322,7 +321,7 @@ CASES = {
         small_memo=lambda: ResponsesMemo(max_bytes=1000, tools_bytes=1000, max_turns=10), load=load_responses_body,
         sizes=lambda memo: (len(memo.items), len(memo.tools), len(memo.options),
                             len(memo._turns) + len(memo._old_turns)),
-        bounds=(50, 50, 50, 21), fresh=1,
+        bounds=(50, 50, 50, 21),
         http=Http("/v1/responses", "session-id",
                   {"model": "m", "max_output_tokens": 12, "instructions": "You are Codex.", "store": False},
                   RESPONSES_HISTORY[:2],

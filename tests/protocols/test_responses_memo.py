@@ -36,11 +36,38 @@ def _raw(items: list[dict[str, Any]], **fields: Any) -> bytes:
                          "store": False, **fields})
 
 
-def test_the_value_is_the_fields_around_the_input_as_sent() -> None:
+def test_the_echo_is_the_fields_around_the_input_as_sent() -> None:
     """What the response echoes of the request: its fields but ``input`` as orjson parses them, from the typed
-    fields the memo shares while they repeat."""
+    fields the memo shares while they repeat (the same dict every turn without ``tools``)."""
     fmt = ResponsesFormat()
     fmt.load(_raw(HISTORY))
-    body = fmt.load(_raw([*HISTORY, {"type": "message", "role": "user", "content": "more"}]))
+    more = [*HISTORY, {"type": "message", "role": "user", "content": "more"}]
+    body = fmt.load(_raw(more))
     assert isinstance(body, ResponsesBody)
-    assert body.value == {k: v for k, v in orjson.loads(_raw(HISTORY)).items() if k != "input"}
+    sent = orjson.loads(_raw(HISTORY))
+    assert body.echo["tools"] == TOOLS and body.echo["instructions"] == sent["instructions"]
+    assert body.echo == fmt.parse(orjson.loads(_raw(more))).echo
+    bare = [orjson.dumps({"model": "m", "input": items, "store": False}) for items in (HISTORY, more)]
+    one, two = (fmt.load(raw) for raw in bare)
+    assert isinstance(one, ResponsesBody) and isinstance(two, ResponsesBody) and one.echo is two.echo
+
+
+def test_a_turns_request_holds_its_typed_body_by_reference() -> None:
+    """As chat's: the request a turn runs holds the input's converted messages after the ``instructions``'
+    system message, and the tools and settings its fields were converted to once while they repeat (not a copy
+    a turn); the call equals the full conversion's, the echoed fields included."""
+    fmt = ResponsesFormat()
+    fields = {"temperature": 0.5, "top_p": 0.9, "max_output_tokens": 64, "reasoning": {"effort": "low"},
+              "stream": True, "metadata": {"k": "v"}}
+    more = [*HISTORY, {"type": "message", "role": "user", "content": "more"}]
+    first, second = fmt.load(_raw(HISTORY, **fields)), fmt.load(_raw(more, **fields))
+    assert isinstance(first, ResponsesBody) and isinstance(second, ResponsesBody)
+    one, two = fmt.parse(first), fmt.parse(second)
+    assert two.request.tools is one.request.tools and two.request.messages[0] is one.request.messages[0]
+    assert two.request.messages[0] == {"role": "system", "content": "You are Codex."} and two.has_instructions
+    assert two == fmt.parse(orjson.loads(_raw(more, **fields)))
+    assert (two.request.max_tokens, two.request.temperature, two.request.enable_thinking) == (64, 0.5, True)
+    none = fmt.parse(fmt.load(_raw(more, **fields, tool_choice="none")))
+    assert none.request.tools == [] and none.echo["tools"] == TOOLS and none.echo["tool_choice"] == "none"
+    bare = fmt.parse(fmt.load(orjson.dumps({"model": "m", "input": more, "store": False})))
+    assert bare == fmt.parse({"model": "m", "input": more, "store": False}) and not bare.has_instructions
