@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -116,7 +116,7 @@ class _Completion:
         return data
 
 
-async def _stream(call: _Completion, drop_after: int | None) -> AsyncIterator[bytes]:
+async def _stream(call: _Completion, drop_after: int | None) -> AsyncGenerator[bytes, None]:
     ids: list[int] = []
     lps: list[float] = []
     try:

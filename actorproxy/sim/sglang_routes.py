@@ -8,7 +8,7 @@ SGLang's ``/generate`` answers a ``ValueError``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from http import HTTPStatus
 from typing import Any
@@ -160,7 +160,7 @@ async def _input_logprobs(state: SimState, req: GenerateRequest, options: _Optio
 
 async def _stream(
     state: SimState, req: GenerateRequest, writer: _Writer, drop_after: int | None
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     try:
         gen = run_generation(state, req, protocol="sglang", stream=True, drop_after=drop_after)
         async with aclosing(gen) as chunks:
@@ -168,7 +168,7 @@ async def _stream(
                 yield wire.sse(writer.event(chunk))
     except BackendError as exc:
         yield wire.sse({"error": {"message": str(exc)}})
-    yield wire.sse("[DONE]")
+    yield wire.DONE
 
 
 def sglang_blueprint(state: SimState) -> Blueprint:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -225,7 +225,9 @@ async def _prompt_logprobs(state: SimState, call: _Call) -> list[Any] | None:
     ]
 
 
-async def _stream(state: SimState, call: _Call, drop_after: int | None, *, completions: bool) -> AsyncIterator[bytes]:
+async def _stream(
+    state: SimState, call: _Call, drop_after: int | None, *, completions: bool
+) -> AsyncGenerator[bytes, None]:
     writer, created = _Writer(state, call), int(time.time())
     names = (call.response_id,)
     try:
@@ -241,7 +243,7 @@ async def _stream(state: SimState, call: _Call, drop_after: int | None, *, compl
     except BackendError as exc:
         error = {"message": str(exc), "type": "InternalServerError", "param": None, "code": exc.status}
         yield wire.sse({"error": error})
-    yield wire.sse("[DONE]")
+    yield wire.DONE
 
 
 async def _answer(state: SimState, *, completions: bool) -> Response:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import trio
 from _asgi import open_sim_client
+from _asgi import open_sim_server as open_real_sim
 from trio.testing import MockClock
 
 from actorproxy.cli import build_parser, sim_settings_from_args
@@ -598,3 +599,26 @@ async def test_served_over_a_real_socket_drops_and_shuts_down_whole(
     assert frames[-1] == "[DONE]" and frames[-2]["meta_info"]["finish_reason"]["type"] == "abort"
     assert len(frames) < len(LONG)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/completion"])
+async def test_a_stream_answers_its_head_at_once_over_a_socket(
+    tokenizer: ChatTokenizer, prompt: list[int], path: str, autojump_clock: MockClock
+) -> None:
+    """Served over a socket, a streamed generation's head goes out when the stream starts, as the engines'
+    servers send it, not with its first token (due only after a long prefill here); the events follow on
+    their schedule, written straight to the socket."""
+    engine = SimEngine(tokenizer, SimConfig(token_interval=INTERVAL, prefill_latency=10.0, weight_version="default"))
+    engine.script([5, 6, 7])
+    body = {"input_ids": prompt, "prompt": prompt, "stream": True, "max_tokens": 10, "return_token_ids": True}
+    async with open_real_sim(engine) as running, httpx.AsyncClient(base_url=running.url, timeout=60) as http:
+        start = trio.current_time()
+        async with http.stream("POST", path, json=body) as response:
+            assert response.status_code == 200 and trio.current_time() - start < 1.0
+            text = (await response.aread()).decode()
+        assert trio.current_time() - start == pytest.approx(10.0 + 3 * INTERVAL)
+    frames = [json.loads(b[6:]) for b in text.split("\n\n") if b.startswith("data: {")]
+    if path == "/generate":  # SGLang's events are cumulative
+        assert [f["output_ids"] for f in frames] == [[5], [5, 6], [5, 6, 7]]
+    else:
+        assert [i for f in frames for i in (f["tokens"] if "tokens" in f else f["choices"][0]["token_ids"])] == [5, 6, 7]
