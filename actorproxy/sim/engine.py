@@ -39,7 +39,7 @@ from ..engines.base import (
     ModelInfo,
 )
 from ..tokenization.tokenizer import ChatTokenizer
-from .clock import PauseClock
+from .clock import Pacer, PauseClock
 from .config import SimConfig
 from .generation import SimGeneration
 from .outputs import Plan, ScriptedOutput, SimRequestStats
@@ -68,6 +68,7 @@ class SimEngine:
         self._eos = frozenset(() if config.ignore_eos else tokenizer.stop_token_ids)
         self._filler = list(tokenizer.encode(" so"))  # one token in the usual vocabularies
         self.clock = PauseClock()
+        self.pacer = Pacer()  # wakes each generation when its next token is due
         self._prompt_key = self._derived_key(b"prompt-logprobs")
         self.route_key = self._derived_key(b"routed-experts")
 

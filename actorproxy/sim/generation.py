@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..engines.base import FinishReason, GenerateFinish, GenerateRequest, GenerationEvent, TokenDelta
+from .clock import Wake
 from .outputs import Plan, SimRequestStats
 from .policy import routed_experts
 
@@ -47,7 +48,7 @@ class SimGeneration:
         self._abort_early = False
         self._aborted = False
         self._cancelled = False
-        self._wake = trio.Event()
+        self._sleeping: Wake | None = None  # while waiting for the next token's time
 
     def _due(self, index: int) -> float:
         return self._first + (index + 1) * self._engine.config.token_interval
@@ -85,8 +86,8 @@ class SimGeneration:
 
     def kick(self) -> None:
         """Wake a sleeping ``__anext__`` so it re-reads the (resumed) clock."""
-        wake, self._wake = self._wake, trio.Event()
-        wake.set()
+        if self._sleeping is not None:
+            self._sleeping.wake()
 
     @property
     def final_ready(self) -> bool:
@@ -125,9 +126,12 @@ class SimGeneration:
             if trio.current_time() >= due_at:
                 await trio.lowlevel.checkpoint()
                 break
-            # Sleep until due, but wake at once on abort or resume.
-            with trio.move_on_at(due_at):
-                await self._wake.wait()
+            # Sleep until due (the engine's pacer), but wake at once on abort or resume.
+            self._sleeping = wake = Wake(trio.lowlevel.current_task())
+            try:
+                await self._engine.pacer.sleep(due_at, wake)
+            finally:
+                self._sleeping = None
         if n < len(plan.ids):
             self._next += 1
             version = self._engine.version_at(self._engine.clock.wall(target))
@@ -184,7 +188,7 @@ class SimGeneration:
         if now < self._finish_time and now < self._stop_at:
             self._stop_at = now
             self._aborted = True
-            self._wake.set()
+            self.kick()
 
     def stats(self) -> SimRequestStats:
         try:

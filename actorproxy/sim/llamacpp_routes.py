@@ -64,7 +64,7 @@ class _Completion:
     def piece(self, token_id: int) -> str:
         if token_id in self.state.engine.tokenizer.special_ids:
             return ""  # control tokens render empty, as llama.cpp's token_to_piece does by default
-        return self.state.engine.tokenizer.decode([token_id])
+        return self.state.engine.tokenizer.token_text(token_id)
 
     def probability(self, token_id: int, logprob: float) -> dict[str, Any]:
         text = self.piece(token_id)

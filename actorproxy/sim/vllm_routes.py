@@ -134,7 +134,7 @@ class _Writer:
     def _token_str(self, token_id: int) -> str:
         if self.call.tokens_as_ids:
             return f"token_id:{token_id}"
-        return self.state.engine.tokenizer.decode([token_id])
+        return self.state.engine.tokenizer.token_text(token_id)
 
     def tokens_logprobs(self, ids: tuple[int, ...], lps: tuple[float, ...]) -> dict[str, Any] | None:
         if self.call.logprobs is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import random
 import struct
 from array import array
@@ -24,6 +25,7 @@ from actorproxy.engines.base import (
     TokenDelta,
 )
 from actorproxy.sim import ScriptedOutput, SimConfig, SimEngine
+from actorproxy.sim.clock import Pacer, Wake
 from actorproxy.sim.policy import policy_text, read_prompt, sample_value, token_logprob
 from actorproxy.tokenization.tokenizer import ChatTokenizer
 
@@ -861,3 +863,33 @@ async def test_final_ready_after_the_last_token(tokenizer: ChatTokenizer, autoju
         t = trio.current_time()
         assert isinstance(await gen.__anext__(), GenerateFinish) and trio.current_time() == t
         assert not gen.final_ready
+
+
+async def test_the_pacer_wakes_each_wait_at_its_deadline_or_when_woken(autojump_clock: MockClock) -> None:
+    """One timer for every wait: each returns at its deadline, or at once when woken (twice is once); a wait
+    with no deadline only when woken; a cancelled wait is never woken again when its deadline comes."""
+    pacer = Pacer()
+    start = trio.current_time()
+    woke: dict[str, float] = {}
+    wakes: dict[str, Wake] = {}
+
+    async def sleeper(name: str, deadline: float) -> None:
+        wakes[name] = wake = Wake(trio.lowlevel.current_task())
+        await pacer.sleep(deadline, wake)
+        woke[name] = trio.current_time() - start
+
+    async def cancelled() -> None:
+        with trio.move_on_after(0.5):
+            await sleeper("cancelled", start + 1)
+
+    async with trio.open_nursery() as nursery:
+        for name, deadline in (("b", start + 2), ("a", start + 1), ("never", math.inf), ("early", start + 5)):
+            nursery.start_soon(sleeper, name, deadline)
+        nursery.start_soon(cancelled)
+        await trio.testing.wait_all_tasks_blocked()
+        wakes["early"].wake()
+        wakes["early"].wake()
+        await trio.sleep(3)
+        wakes["never"].wake()
+    assert woke == {"early": 0, "a": 1, "b": 2, "never": 3}
+    await trio.sleep(3)  # the early wait's deadline passes: nothing left to wake

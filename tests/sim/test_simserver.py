@@ -621,4 +621,5 @@ async def test_a_stream_answers_its_head_at_once_over_a_socket(
     if path == "/generate":  # SGLang's events are cumulative
         assert [f["output_ids"] for f in frames] == [[5], [5, 6], [5, 6, 7]]
     else:
-        assert [i for f in frames for i in (f["tokens"] if "tokens" in f else f["choices"][0]["token_ids"])] == [5, 6, 7]
+        ids = [i for f in frames for i in (f["tokens"] if "tokens" in f else f["choices"][0]["token_ids"])]
+        assert ids == [5, 6, 7]
