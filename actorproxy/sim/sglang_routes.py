@@ -32,6 +32,7 @@ from ..engines.sglang.protocol import (
 from ..engines.shared_wire import WeightVersionOutput
 from ..errors import BadRequest
 from ..same_named import build_from
+from ..schema import jsonio
 from ..schema.converter import CONVERTER
 from . import wire
 from .state import Chunk, SimState, check_sampling, collect, run_generation
@@ -97,6 +98,9 @@ class _Writer:
         self.lps: list[float] = []
         self.versions: list[str] = []
         self.input_lps = prompt_lps
+        # A cumulative stream's growing lists, kept as their JSON (``encoded``): every id, every logprob entry.
+        self.ids_json = bytearray()
+        self.lps_json = bytearray()
 
     def _trimmed(self, ids: list[int], finish: GenerateFinish | None) -> list[int]:
         # SGLang drops a matched stop token from the text (not from output_ids) unless no_stop_trim.
@@ -144,10 +148,42 @@ class _Writer:
         meta = self.meta(chunk.finish, version, 0)
         return {"text": self.text.text, "output_ids": list(self.ids), "meta_info": meta}
 
+    def encoded(self, chunk: Chunk) -> bytes:
+        """``chunk``'s server-sent event: :meth:`event` as JSON, but a cumulative event's growing lists (every
+        id so far, every logprob entry so far) are kept encoded and appended to, not built and encoded again
+        for every event (which made an event of a 2,000-token reply cost as much as its whole history)."""
+        if self.state.settings.incremental_streaming_output or self.options.top_logprobs_num > 0:
+            return wire.sse(self.event(chunk))
+        start = len(self.ids)
+        self.ids += chunk.token_ids
+        self.lps += chunk.logprobs
+        self.versions += chunk.versions
+        self.text.push(self._trimmed(list(chunk.token_ids), chunk.finish), final=chunk.finish is not None)
+        version = chunk.finish.weight_version if chunk.finish is not None else \
+            chunk.versions[-1] if chunk.versions else self.state.engine.weight_version
+        meta = self.meta(chunk.finish, version, len(self.ids))  # no logprob entries: they are appended below
+        _extend(self.ids_json, jsonio.dumps(chunk.token_ids))
+        meta_json = jsonio.dumps(meta)
+        if self.options.return_logprob:
+            pairs = zip(self.lps[start:], self.ids[start:], strict=True)
+            _extend(self.lps_json, jsonio.dumps([[lp, i, None] for lp, i in pairs]))
+            meta_json = meta_json.replace(b'"output_token_logprobs":[]',
+                                          b'"output_token_logprobs":[' + self.lps_json + b"]", 1)
+        return (b'data: {"text":' + jsonio.dumps(self.text.text) + b',"output_ids":[' + self.ids_json
+                + b'],"meta_info":' + meta_json + b"}\n\n")
+
     def whole(self, ids: list[int], lps: list[float], versions: list[str], finish: GenerateFinish) -> dict[str, Any]:
         self.ids, self.lps, self.versions = ids, lps, versions
         text = wire.decode_text(self.state.engine.tokenizer, self._trimmed(ids, finish), self.skip)
         return {"text": text, "output_ids": ids, "meta_info": self.meta(finish, finish.weight_version, 0)}
+
+
+def _extend(encoded: bytearray, array_json: bytes) -> None:
+    """Append the items of a JSON array (``array_json``) to the items kept in ``encoded``."""
+    if len(array_json) > 2:
+        if encoded:
+            encoded += b","
+        encoded += array_json[1:-1]
 
 
 async def _input_logprobs(state: SimState, req: GenerateRequest, options: _Options) -> list[Any]:
@@ -165,7 +201,7 @@ async def _stream(
         gen = run_generation(state, req, protocol="sglang", stream=True, drop_after=drop_after)
         async with aclosing(gen) as chunks:
             async for chunk in chunks:
-                yield wire.sse(writer.event(chunk))
+                yield writer.encoded(chunk)
     except BackendError as exc:
         yield wire.sse({"error": {"message": str(exc)}})
     yield wire.DONE

@@ -126,6 +126,9 @@ async def test_sglang_cumulative_and_incremental_streams_agree(
         else:
             for before, after in zip(frames, frames[1:], strict=False):
                 assert after["output_ids"][: len(before["output_ids"])] == before["output_ids"]
+            for frame in frames:  # every event holds every id and logprob entry so far
+                entries, n = frame["meta_info"]["output_token_logprobs"], len(frame["output_ids"])
+                assert entries == [[lp, i, None] for lp, i in zip(stats.logprobs[:n], stats.token_ids[:n], strict=True)]
             ids, text = frames[-1]["output_ids"], frames[-1]["text"]
             lps = [e[0] for e in frames[-1]["meta_info"]["output_token_logprobs"]]
         assert len(frames) == len(ids)  # one event per token, the finish rides on the last
