@@ -30,7 +30,7 @@ from .lanes import Conversations, Lane, conversation_key, one_shot
 from .messages import tools_key
 from .prompt_plan import plan_prompt
 from .records import Segment, Step, float_array, sub_agent_of
-from .requests import ChatRequest, Identity
+from .requests import ChatRequest, Identity, holding
 from .template_probe import probe_template
 from .tito import Fresh, OpenSegment, TurnPlan, plan_turn
 
@@ -77,7 +77,7 @@ class Prepared:
     top_p: float
     #: Segments this turn closed (a boundary): they go to the store before generating.
     closed: list[Segment]
-    #: The request, with its own shallow copy of the message list.
+    #: The request as planned: its messages are the cut list, the session's own (not the caller's).
     request: ChatRequest
     #: The conversation the turn belongs to.
     lane: Lane
@@ -154,8 +154,10 @@ class SessionState:
         A :class:`Planned` turn must be handed to :meth:`render` next (a retried
         turn has been taken back out of the segment meanwhile).
         """
-        # Fields nothing reads are not rendered, matched or kept (issue 11 #6: they cost memory, not tokens).
-        request = attrs.evolve(request, messages=self.message_cut.cut(request.messages))
+        # Fields nothing reads are not rendered, matched or kept (issue 11 #6: they cost memory, not tokens). The
+        # cut list is the session's own (a new one each turn, never changed after): the turn keeps it as it is,
+        # and a caller in this process may go on appending to its own list.
+        request = holding(request, self.message_cut.cut(request.messages))
         child = self._talks.route(request.messages)
         if child is not None:
             return Moved(child)
@@ -367,10 +369,8 @@ class SessionState:
             if temperature is None:
                 temperature = self._config.limits.default_temperature
         top_p = 1.0 if request.top_p is None else request.top_p
-        # A shallow copy of the message list: a caller in this process may go on appending to its own.
-        kept = attrs.evolve(request, messages=list(request.messages))
         return Prepared(
-            step, planned.input_ids, planned.new_messages, temperature, top_p, closed, kept, self._talks.active
+            step, planned.input_ids, planned.new_messages, temperature, top_p, closed, request, self._talks.active
         )
 
     def _open_segment(self, reason: str, key: str) -> tuple[str, list[Segment]]:

@@ -278,3 +278,19 @@ async def test_turns_that_sample_alike_share_one_sampling_setting(
     assert first.max_new_tokens == 8 and nine.max_new_tokens == 9 and nine is not first
     assert windowed.max_new_tokens == 400 - len(seen[-1].input_ids) < 200
     assert first.stop_token_ids == tokenizer.stop_token_ids
+
+
+def test_a_prepared_turn_holds_the_cut_messages_by_reference(tokenizer: ChatTokenizer) -> None:
+    """The request a prepared turn keeps is the planned one: the cut list, the session's own, is not copied
+    again; the caller's list is not held, so what it appends later changes nothing of the turn's."""
+    state = _state(tokenizer)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    request = ChatRequest(messages=messages, tools=[], max_tokens=5)
+    planned = state.plan(request, Identity("s"))
+    assert isinstance(planned, Planned)
+    assert planned.request.messages is not messages and planned.request.tools is request.tools
+    prepared = state.render(planned)
+    assert isinstance(prepared, Prepared)
+    assert prepared.request.messages is planned.request.messages
+    messages.append({"role": "user", "content": "more"})
+    assert prepared.request == ChatRequest(messages=[{"role": "user", "content": "hi"}], tools=[], max_tokens=5)
