@@ -40,12 +40,13 @@ from .messages import (
     SessionMessage,
     SessionRetired,
 )
+from .retired import RetiredCounters
 from .session import SESSION_MAILBOX, SessionActor
 
 log = logging.getLogger(__name__)
 
 #: How many retired sessions' counters are remembered at most (so a returning session keeps numbering): the
-#: last half of this many always, in two generations (``SessionRegistry._retire``).
+#: last half of this many always, in two generations (:class:`~actorproxy.runtime.retired.RetiredCounters`).
 _RETIRED_MEMORY = 100_000
 #: A retired session's counters as one int: ``next_step << _STEP_SHIFT | next_segment``.
 _STEP_SHIFT = 32
@@ -82,10 +83,9 @@ class SessionRegistry:
         self._live: OrderedDict[str, _Live] = OrderedDict()
         #: Sessions asked to retire to make room (``Evict``) that have not retired yet.
         self._evicting: set[str] = set()
-        #: Retired sessions' counters (one int each, :func:`_packed`), two generations: a returning session
-        #: continues its numbering. ``known``: sessions the store holds (or recovered after a crash) too.
-        self._retired: dict[str, int] = {}
-        self._retired_before: dict[str, int] = {}
+        #: Retired sessions' counters (one int each, :func:`_packed`), off the small-object heap: a returning
+        #: session continues its numbering. ``known``: sessions the store holds (or recovered after a crash) too.
+        self._retired = RetiredCounters(_RETIRED_MEMORY)
         self._know(known or {})
         self._closing = False
         self._spawned = 0
@@ -252,7 +252,7 @@ class SessionRegistry:
                 self._release(live.client)
             self._evicted += 1
         self._evicting.discard(msg.session_id)
-        self._remember(msg.session_id, msg.counters)
+        self._retired.remember(msg.session_id, _packed(msg.counters))
 
     def _know(self, known: dict[str, SessionCounters]) -> None:
         """Take the counters of the sessions the store holds at start (oldest first), as retired ones.
@@ -260,31 +260,17 @@ class SessionRegistry:
         The newest :data:`_RETIRED_MEMORY` of them at most, in the two generations (the newest half
         the young one): the memory is bounded from the start, not from the first retirement on.
         """
-        half = _RETIRED_MEMORY // 2
         items = list(known.items())
         if len(items) > _RETIRED_MEMORY:
             log.warning("the store holds %d sessions; the step and segment numbering of the oldest %d is not "
                         "kept (the last %d are): such a session, if it comes back, starts again at step 0",
                         len(items), len(items) - _RETIRED_MEMORY, _RETIRED_MEMORY)
             items = items[-_RETIRED_MEMORY:]
-        split = max(0, len(items) - half)
-        self._retired_before = {sid: _packed(counters) for sid, counters in items[:split]}
-        self._retired = {sid: _packed(counters) for sid, counters in items[split:]}
-
-    def _remember(self, session_id: str, counters: SessionCounters) -> None:
-        """Keep a retired session's counters: an int in a plain dict (about 70 bytes beside its id, where an
-        ordered map's node and a counters object took 150: issue 33). When the young generation holds half
-        of :data:`_RETIRED_MEMORY` it becomes the old one and the old one is forgotten."""
-        if len(self._retired) >= _RETIRED_MEMORY // 2:
-            self._retired_before, self._retired = self._retired, {}
-        self._retired_before.pop(session_id, None)
-        self._retired[session_id] = _packed(counters)
+        self._retired.load([(sid, _packed(counters)) for sid, counters in items])
 
     def _counters(self, session_id: str) -> SessionCounters:
         """The counters ``session_id`` retired with (forgotten once taken), or zeros for one never seen."""
-        packed = self._retired.pop(session_id, None)
-        if packed is None:
-            packed = self._retired_before.pop(session_id, 0)
+        packed = self._retired.take(session_id)
         return SessionCounters(packed >> _STEP_SHIFT, packed & ((1 << _STEP_SHIFT) - 1))
 
     async def _close_all(self, msg: CloseAll, live: dict[str, _Live]) -> None:

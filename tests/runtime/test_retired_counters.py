@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import sys
 import tracemalloc
 from typing import Any
 
+import hypothesis.strategies as st
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
 
 from actorproxy.runtime import registry as reg
 from actorproxy.runtime.actor import ask
 from actorproxy.runtime.messages import Lookup, SessionCounters, SessionRetired
+from actorproxy.runtime.retired import RetiredCounters
 
 
 class _Stub:
@@ -102,3 +106,65 @@ async def test_the_stores_sessions_given_at_start_are_bounded_too(
         nursery.cancel_scope.cancel()
     remembered = [i for i in range(5000) if spawned[f"s{i}"] == SessionCounters(i + 1, 1)]
     assert remembered == list(range(4000, 5000))
+
+
+async def test_retirements_leave_no_small_objects_behind() -> None:
+    """Issue 33: each retired session's id and packed int stayed on Python's small-object heap (two blocks a
+    session, up to 200,000 of them at the bound), allocated between a turn's short-lived objects: each kept
+    one pins its pool and arena after a drain frees the rest. Now they are kept in fixed tables off that heap."""
+    registry = reg.SessionRegistry(lambda session_id, counters: _Stub(session_id), max_sessions=10)
+    retired = 20_000
+    messages = [SessionRetired(f"session-{i:06d}", object(), SessionCounters(3 + i % 5, 1)) for i in range(retired)]
+    async with trio.open_nursery() as nursery:
+        mailbox = await nursery.start(registry.run)
+        await trio.testing.wait_all_tasks_blocked()
+        before = sys.getallocatedblocks()
+        for msg in messages:
+            await mailbox.send(msg)
+        await trio.testing.wait_all_tasks_blocked()
+        grown = sys.getallocatedblocks() - before  # the messages (and the ids in them) are the test's: held still
+        nursery.cancel_scope.cancel()
+    assert grown < retired // 20, f"{grown} small objects more after {retired} retirements"
+
+
+def _model_remember(young: dict[str, int], old: dict[str, int], half: int, sid: str, packed: int) -> tuple[
+        dict[str, int], dict[str, int]]:
+    """The two dict generations the table replaces (the registry's own code before it), as the model."""
+    if len(young) >= half:
+        old, young = young, {}
+    old.pop(sid, None)
+    young[sid] = packed
+    return young, old
+
+
+@settings(max_examples=300, deadline=None)
+@given(bound=st.integers(1, 24), ops=st.lists(st.tuples(st.booleans(), st.integers(0, 40), st.integers(0, 2**40)),
+                                               max_size=300),
+       known=st.lists(st.integers(0, 40), unique=True, max_size=60))
+def test_the_table_answers_as_two_dict_generations(bound: int, ops: list[tuple[bool, int, int]],
+                                                   known: list[int]) -> None:
+    """Remember, take and overflow in any order (few ids and a small bound: turnovers and probe chains that
+    wrap around, entries moved back when one before them is taken) give what the two dicts gave."""
+    half = bound // 2
+    table = RetiredCounters(bound)
+    given_at_start = [(f"s{k}", k * 7 + 1) for k in known]
+    items = given_at_start[-bound:]
+    table.load(items)
+    split = max(0, len(items) - half)
+    old, young = dict(items[:split]), dict(items[split:])
+    for remember, k, packed in ops:
+        sid = f"s{k}"
+        if remember:
+            table.remember(sid, packed)
+            young, old = _model_remember(young, old, max(1, half), sid, packed)
+        else:
+            expected = young.pop(sid, None)
+            if expected is None:
+                expected = old.pop(sid, 0)
+            assert table.take(sid) == expected
+        assert len(table) == len(young) + len(old)
+    for k in range(41):
+        sid = f"s{k}"
+        expected = young.pop(sid, None)
+        assert table.take(sid) == (old.pop(sid, 0) if expected is None else expected)
+    assert len(table) == 0
