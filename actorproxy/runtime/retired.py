@@ -43,7 +43,8 @@ class _Table:
     """A fixed open-addressing table, 64-bit keys' halves to 64-bit values, in a mapping of its own."""
 
     def __init__(self, slots: int) -> None:
-        self._map = mmap.mmap(-1, slots * _WORDS * 8)  # zeros, touched only where written
+        # Zeros, touched only where written; private: a forked process writes its own copy.
+        self._map = mmap.mmap(-1, slots * _WORDS * 8, flags=mmap.MAP_PRIVATE)
         self._cells = memoryview(self._map).cast("Q")
         self._mask = slots - 1
         self.count = 0

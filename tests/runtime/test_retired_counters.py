@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import tracemalloc
 from typing import Any
@@ -168,3 +169,19 @@ def test_the_table_answers_as_two_dict_generations(bound: int, ops: list[tuple[b
         expected = young.pop(sid, None)
         assert table.take(sid) == (old.pop(sid, 0) if expected is None else expected)
     assert len(table) == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_process_writes_its_own_copy() -> None:
+    """The tables are the process's own: a child forked after them (a trainer embedding the proxy and forking
+    workers) takes and remembers in its copy, not in the parent's (a shared mapping would hand them over)."""
+    table = RetiredCounters(8)
+    table.remember("kept", 5)
+    pid = os.fork()
+    if pid == 0:  # the child: take what the parent keeps, remember something new, and leave at once
+        table.take("kept")
+        table.remember("new", 7)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (table.take("kept"), table.take("new")) == (5, 0)
