@@ -14,7 +14,10 @@ after it back: no tombstones), in anonymous memory mapped for it: nothing per
 session on the heap, and the pages of a table forgotten go back to the system.
 Two generations bound it as the dicts did: when the young table holds half the
 bound it becomes the old one and the old one is forgotten; the newest half of the
-bound is always kept.
+bound is always kept. The cost is fixed: at the registry's bound of 100,000, a
+table is 131,072 cells of 24 bytes, 3 MiB, resident as its pages are written (all
+of them once a few thousand sessions have retired; 6 MiB with the old table),
+where the dicts held ~13 MB on the heap at the bound (ids of 13 characters) and less below it.
 """
 
 from __future__ import annotations
