@@ -1,0 +1,97 @@
+"""Instructions the proxy spends on a relayed streamed token, counted by callgrind (deterministic).
+
+    python benchmarks/relay_instructions.py [--shape sglang-incremental vllm] [--streams 2] [--tokens 200]
+        [--interval 0.1]
+
+The engine (``actorproxy sim``, its own process, not traced) streams ``--tokens`` tokens a
+reply, one every ``--interval`` seconds per stream; the proxy (``actorproxy run``) runs under
+``valgrind --tool=callgrind --instr-atstart=no``; ``long_streams.py``'s clients (their own
+process) open ``--streams`` streaming chat turns through it. The count is switched on
+(``callgrind_control -i on``) once every stream has its first token and off once the last
+one ended, so what is counted is the relaying of tokens only (no start-up, no prompt, no
+turn's end); the figure is the instructions of that window over the tokens the clients
+received in it. Use a slow pace (the default) so the proxy keeps up under valgrind, and
+the same arguments for the runs compared: the proxy is the checkout on ``PYTHONPATH``, so
+old code is measured by running this script with ``PYTHONPATH`` at an old worktree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from long_streams import SHAPES
+from processes import free_port, running, sim_engine, wait_ready
+
+HERE = Path(__file__).parent
+
+
+def counted(out: Path) -> int:
+    """The instructions a callgrind output file counts (its ``totals:`` line)."""
+    text = out.read_text()
+    found = re.search(r"^totals: (\d+)", text, re.M)
+    if found is None:
+        raise RuntimeError(f"no totals in {out}")
+    return int(found.group(1))
+
+
+def one_shape(args: argparse.Namespace, shape: str) -> None:
+    backend, sim_flags, _ = SHAPES[shape]
+    flags = ["--reply-tokens", str(args.tokens), "--token-interval", str(args.interval), "--record-capacity", "1",
+             *sim_flags]
+    with sim_engine(*flags) as engine, tempfile.TemporaryDirectory(prefix="actorproxy-callgrind-") as tmp:
+        out = Path(tmp) / "callgrind.out"
+        port = free_port()
+        command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+                   sys.executable, "-m", "actorproxy", "run", "--port", str(port), "--backend", backend,
+                   "--backend-url", engine.url, "--log-level", "WARNING", "--data-dir", str(Path(tmp) / "data")]
+        with running(command, stderr=subprocess.DEVNULL) as proxy:
+            url = f"http://127.0.0.1:{port}"
+            wait_ready(url + "/health", proxy, timeout=600)
+            clients = subprocess.Popen(
+                [sys.executable, str(HERE / "long_streams.py"), "--clients", url, "--target", "chat",
+                 "--streams", str(args.streams), "--tokens", str(args.tokens), "--interval", str(args.interval),
+                 "--timeout", "600"], stdout=subprocess.PIPE, text=True)
+            try:
+                assert clients.stdout is not None
+                line = clients.stdout.readline()
+                if not line.startswith("STREAMING"):
+                    raise RuntimeError(f"the clients did not get their streams going: {line!r}")
+                subprocess.run(["callgrind_control", "-i", "on", str(proxy.pid)], check=True,
+                               stdout=subprocess.DEVNULL)
+                first = int(line.split()[1])
+                line = clients.stdout.readline()
+                subprocess.run(["callgrind_control", "-i", "off", str(proxy.pid)], check=True,
+                               stdout=subprocess.DEVNULL)
+                if not line.startswith("ENDING"):
+                    raise RuntimeError(f"the clients ended badly: {line!r}")
+                tokens = int(line.split()[1]) - first
+                summary = clients.stdout.readline().strip()
+                clients.wait(60)
+            finally:
+                if clients.poll() is None:
+                    clients.kill()
+                    clients.wait()
+        instructions = counted(out)  # (written as the proxy exits)
+    print(f"{shape:<18} {args.streams} streams x {args.tokens} tokens x {args.interval * 1000:g} ms: "
+          f"{instructions:,} instructions over {tokens} tokens = {instructions / max(tokens, 1):,.0f} a token "
+          f"({summary})", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", nargs="+", default=["sglang-incremental", "vllm"], choices=sorted(SHAPES))
+    parser.add_argument("--streams", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--interval", type=float, default=0.1, help="seconds per token per stream")
+    args = parser.parse_args()
+    for shape in args.shape:
+        one_shape(args, shape)
+
+
+if __name__ == "__main__":
+    main()
