@@ -55,6 +55,8 @@ class StreamedGeneration(Generic[P]):
         self._resend_abort = False
         self._cut: str | None = None  # why the stream is cut locally (no engine acknowledgement)
         self._error: BackendError | None = None  # raised once the events before it are delivered
+        self._take: TokenSink | None = None  # the relay's taker, while it relays
+        self._go: bool | Awaitable[bool] = True  # what the taker answered a relayed read, when not True
 
     # -- engine-specific --------------------------------------------------
 
@@ -163,34 +165,76 @@ class StreamedGeneration(Generic[P]):
         return self._relay(take) if self._response is not None else None
 
     async def _relay(self, take: TokenSink) -> None:
-        """The loop of :meth:`relay`: read, decode, and hand the read's run of tokens to ``take``.
+        """The loop of :meth:`relay`: read, decode, and hand each read's run of tokens to ``take``.
 
-        A read that brought anything but plain tokens of one version leaves its events
-        queued (the run of tokens before them first) and returns: :meth:`__anext__` goes on.
+        On a plain socket the task parks on the run's relay hub (``http/sockets.py: RelayHub``)
+        for the whole run: the hub reads each arrival and calls :meth:`_arrived`, in its own task,
+        which decodes it and hands its tokens on; the task wakes only when anything else comes.
+        Else each read is this task's. A read that brought anything but plain tokens of one version
+        leaves its events queued (the run of tokens before them first) and returns:
+        :meth:`__anext__` goes on. What ``take`` answered other than ``True`` (``False``, or the
+        awaitable of back-pressure) is handled here, in this task.
         """
-        response, parser, pending = self._response, self._parser, self._pending
+        response, parser = self._response, self._parser
         assert response is not None
-        while not (pending or self._error is not None or self._finish_queued or self._cut is not None
-                   or self._resend_abort):
-            try:
-                more = await response.receive_into(parser.buffer)
-            except TransportError as exc:
-                self._failed(exc)
-                return
-            parser.relaying = True
-            try:
-                self._decode(more)
-            except BackendError as exc:
-                self._error = exc  # raised by __anext__ once the tokens before it are delivered
-                return
-            finally:
-                parser.relaying = False
-            if parser.run_version is not None:  # (nothing else came: else _decode queued the run too)
-                ids, logprobs, version = parser.run_ids, parser.run_logprobs, parser.run_version
-                parser.run_version = None
-                go = take(ids, logprobs, version)
+        wire = response if type(response) is Response else None  # (else a test's stand-in: no socket of its own)
+        self._take = take
+        try:
+            while not self._stopped():
+                hub = wire.relay_hub() if wire is not None else None
+                try:
+                    if hub is not None:
+                        assert wire is not None
+                        if await wire.park(hub, self._arrived):  # the server closed the connection
+                            self._relayed(await wire.receive_into(parser.buffer))
+                    else:
+                        self._relayed(await response.receive_into(parser.buffer))
+                except TransportError as exc:
+                    self._failed(exc)
+                    return
+                go, self._go = self._go, True
                 if go is not True and (isinstance(go, bool) or not await go):
                     return
+        finally:
+            self._take = None  # (a reference to the turn: no cycle left behind)
+
+    def _stopped(self) -> bool:
+        """Something must be iterated (an event pending, an error, the finish, a cut stream, an abort to send again)."""
+        return bool(self._pending or self._error is not None or self._finish_queued or self._cut is not None
+                    or self._resend_abort)
+
+    def _arrived(self) -> bool:
+        """The relay hub's call as bytes arrived for the parked :meth:`_relay`: ``True`` to wait on."""
+        response = self._response
+        assert type(response) is Response
+        try:
+            more = response.received_now(self._parser.buffer)
+        except TransportError as exc:
+            self._failed(exc)
+            return False
+        return True if more is None else self._relayed(more)
+
+    def _relayed(self, more: bool) -> bool:
+        """A read's bytes decoded (``more``: the body goes on) and its run of plain tokens taken; ``True`` to
+        read on. What the taker answered other than ``True`` is left in ``_go``."""
+        parser = self._parser
+        parser.relaying = True
+        try:
+            self._decode(more)
+        except BackendError as exc:
+            self._error = exc  # raised by __anext__ once the tokens before it are delivered
+            return False
+        finally:
+            parser.relaying = False
+        if parser.run_version is not None:  # (nothing else came: else _decode queued the run too)
+            ids, logprobs, version = parser.run_ids, parser.run_logprobs, parser.run_version
+            parser.run_version = None
+            assert self._take is not None
+            go = self._take(ids, logprobs, version)
+            if go is not True:
+                self._go = go
+                return False
+        return not self._stopped()
 
     def abort_soon(self, batch: AbortBatch | None = None) -> Callable[[], Awaitable[None]] | None:
         """:meth:`abort`, begun now (see ``Generation.abort_soon``); the engine's own part is :meth:`_start_abort`."""

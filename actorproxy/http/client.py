@@ -27,7 +27,7 @@ import ipaddress
 import socket
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from urllib.parse import urlsplit
 
 import trio
@@ -35,7 +35,7 @@ import trio
 from .errors import ConnectError, ConnectTimeout, ProtocolError, ReadTimeout, TransportError
 from .h1 import MAX_RESPONSE_HEAD, BodyDecoder, head_end, parse_response, request_head
 from .oneshot import Origin
-from .sockets import ClientConnection, SocketIO
+from .sockets import ClientConnection, RelayHub, SocketIO, relay_hub
 from .sse import SSEEvent, SSEParser
 
 __all__ = [
@@ -114,24 +114,71 @@ class Response:
         try:
             while True:
                 if conn.buf or body.done:  # (an empty buffer decodes to nothing: a streamed event's read starts here)
-                    try:
-                        body.decode(conn.buf, out)
-                    except ProtocolError as exc:
-                        if len(out) == before:
-                            raise
-                        self._fault = exc  # the bytes before the fault first: it is raised at the next read
-                        return True
-                    if body.done:
-                        conn.state.response_end()
-                        self._end()
-                        return len(out) > before
-                    if len(out) > before:
-                        return True
+                    got = self._decoded(conn, out, before)
+                    if got is not None:
+                        return got
                 if not await self._client._io.fill(conn):
                     body.eof()  # the end of an until-close body, else a ProtocolError
         except BaseException:
             self._drop()
             raise
+
+    def _decoded(self, conn: ClientConnection, out: bytearray, before: int) -> bool | None:
+        """``conn.buf`` de-chunked onto ``out``: what :meth:`receive_into` answers, ``None`` when nothing came of it."""
+        body = self._body
+        try:
+            body.decode(conn.buf, out)
+        except ProtocolError as exc:
+            if len(out) == before:
+                raise
+            self._fault = exc  # the bytes before the fault first: it is raised at the next read
+            return True
+        if body.done:
+            conn.state.response_end()
+            self._end()
+            return len(out) > before
+        return True if len(out) > before else None
+
+    def relay_hub(self) -> RelayHub | None:
+        """The run's :class:`~.sockets.RelayHub` when this response can be read by it (:meth:`park`), else ``None``."""
+        conn = self._conn
+        if conn is None or conn.sock is None or self._fault is not None:
+            return None
+        return relay_hub()
+
+    async def park(self, hub: RelayHub, arrived: Callable[[], bool]) -> bool:
+        """Wait while ``hub`` reads the body: ``arrived()`` is called in the hub's task as bytes come (to read them
+        with :meth:`received_now`), and returns ``True`` to wait on. Raises what :meth:`receive_into` would of a
+        failed read (the connection is then closed); ``True`` when the server closed the connection (read on
+        with :meth:`receive_into`: it says what that means)."""
+        conn = self._conn
+        assert conn is not None
+        try:
+            return await self._client._io.park(hub, conn, arrived)
+        except BaseException:  # (cancelled too: the body is abandoned, as a cancelled read's)
+            self._drop()
+            raise
+
+    def received_now(self, out: bytearray) -> bool | None:
+        """The body's bytes received by the hub, de-chunked onto ``out`` without waiting (see :meth:`park`).
+
+        ``True``: bytes were appended and the body goes on, or a fault follows them (the parked
+        reader is then woken: its next read raises it); ``False``: the body ended, nothing appended
+        (the reader is woken); ``None``: nothing yet (a part of a chunk), wait on.
+        """
+        conn = self._conn
+        if conn is None:
+            return False
+        try:
+            got = self._decoded(conn, out, len(out))
+        except BaseException:
+            if conn.hub is not None:
+                conn.hub.release(conn)  # (the reader wakes for this failure, not for the close)
+            self._drop()
+            raise
+        if self._fault is not None and conn.hub is not None:
+            conn.hub.release(conn)
+        return got
 
     def cut(self) -> None:
         """Close the connection now (a read waiting on it fails); the body is abandoned."""
@@ -154,6 +201,8 @@ class Response:
     def _end(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
+            if conn.hub is not None:
+                conn.hub.release(conn)  # (its parked reader wakes: the body ended)
             self._client._release(conn)
 
     def _drop(self) -> None:

@@ -157,7 +157,10 @@ class ServerConnection:
         self.room = trio.lowlevel.ParkingLot()  # the reader, while the buffer is full
         self.cycle: Cycle | None = None  # the request being served
         self.want = 0  # bytes of a body the router waits for before the request is served (``gathering``)
-        self.write_lock = trio.Lock()
+        # Not a trio.Lock: a write :meth:`write_now` began may be finished by another task than the one that
+        # began it (a relayed token's frame is written in the relay hub's task, its back-pressure awaited in
+        # the session's), and a Lock may be released only by its owner.
+        self.write_lock = trio.Semaphore(1, max_value=1)
         self.writes = 0  # writes since the last scheduling round one of them took
         self.idle_since: float | None = None  # waiting for a request since (``trio.current_time``)
         self.timed_out = False  # idle longer than the keep-alive timeout: close
@@ -330,7 +333,7 @@ class ServerConnection:
             return  # (no epoll, not Linux: an EOF is a hang-up, as it always was there)
         with _EPOLL() as watch:
             watch.register(self.sock.fileno(), 0)
-            if not self.state.response_started and not self.write_lock.locked():
+            if not self.state.response_started and self.write_lock.value:
                 await self.write(CONTINUE)
             try:
                 await trio.lowlevel.wait_readable(watch.fileno())
@@ -393,7 +396,7 @@ class ServerConnection:
             return
         await trio.lowlevel.checkpoint_if_cancelled()
         lock = self.write_lock
-        if lock.locked():  # another write waits for the socket: this one goes after it
+        if not lock.value:  # another write waits for the socket: this one goes after it
             async with lock:
                 if not self.closed:
                     await self._send(data, 0)
@@ -426,7 +429,7 @@ class ServerConnection:
         """
         if self.closed:
             raise trio.BrokenResourceError("the client is gone")
-        if not self.write_lock.locked():
+        if self.write_lock.value:
             try:
                 sent = self.sock.send(data)  # (``sent_now`` without its list: one frame, one call)
             except (BlockingIOError, InterruptedError):

@@ -20,6 +20,15 @@ waiting connections are listed in :class:`ReadDeadlines` with the tick of its cl
 they began waiting at (no clock read per wait), and one sleeping task, ticking every
 quarter of the timeout (at most every second), closes those that waited the whole
 timeout (at most two ticks late); the closed read then fails with :class:`ReadTimeout`.
+
+A reader that takes many small arrivals in a row (a relayed token stream) may park on the
+run's :class:`RelayHub` instead of waiting for each: its socket joins an ``epoll`` of the
+hub's own once (level-triggered, not re-armed per arrival), and one hub task, woken when
+any of those sockets is readable, receives each one's bytes into its buffer and calls the
+reader's callback with them, in the hub's task: no wait, wake-up or ``epoll_ctl`` per
+arrival. The reader is woken once the callback says so, or the read fails (an error, the
+end of file, its deadline, the connection closed); its cancellation takes the socket out
+of the hub at once (synchronously), so the hub never reads for a reader that left.
 """
 
 from __future__ import annotations
@@ -27,8 +36,9 @@ from __future__ import annotations
 import math
 import select
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import outcome
 import trio
 
 from .errors import ReadTimeout, TransportError
@@ -41,7 +51,8 @@ _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueErr
 class ClientConnection:
     """One keep-alive connection to a server: its stream, raw socket, unparsed bytes and protocol ``state``."""
 
-    __slots__ = ("stream", "raw", "sock", "buf", "state", "idle_since", "reused", "eager", "drained", "expired")
+    __slots__ = ("stream", "raw", "sock", "buf", "state", "idle_since", "reused", "eager", "drained", "expired",
+                 "hub")
 
     def __init__(self, stream: trio.abc.Stream, raw: trio.SocketStream) -> None:
         self.stream = stream
@@ -56,10 +67,14 @@ class ClientConnection:
         self.eager = False  # the last read found its bytes waiting (the next such read yields)
         self.drained = False  # the last read took less than the buffer: the next one waits first
         self.expired = False  # closed by ReadDeadlines
+        self.hub: RelayHub | None = None  # the hub reading it for a parked reader
 
     def close(self) -> None:
         # Synchronous and immediate: no await, so it is safe in any cleanup path. Trio's
-        # close wakes a task waiting on the socket (with ClosedResourceError).
+        # close wakes a task waiting on the socket (with ClosedResourceError); a reader
+        # parked on the hub is woken by the hub, the socket out of its epoll first.
+        if self.hub is not None:
+            self.hub.closing(self)
         self.raw.socket.close()
 
     def stale(self) -> bool:
@@ -119,6 +134,167 @@ class ReadDeadlines:
             self._watching = False
 
 
+class _Parked:
+    """A reader parked on the hub: its task, connection, deadlines and callback."""
+
+    __slots__ = ("task", "conn", "fd", "deadlines", "arrived", "woken")
+
+    def __init__(self, task: trio.lowlevel.Task, conn: ClientConnection, fd: int, deadlines: ReadDeadlines,
+                 arrived: Callable[[], bool]) -> None:
+        self.task = task
+        self.conn = conn
+        self.fd = fd
+        self.deadlines = deadlines
+        self.arrived = arrived
+        self.woken = False
+
+
+class RelayHub:
+    """The run's readers parked while their connections are read for them (see the module).
+
+    One per Trio run (:func:`relay_hub`); its task is a system task, started with the hub.
+    """
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._parked: dict[int, _Parked] = {}
+        self._recv = bytearray(_READ_SIZE)
+        self._view = memoryview(self._recv)
+        trio.lowlevel.spawn_system_task(self._serve, name="actorproxy.http relay hub")
+
+    @property
+    def parked(self) -> int:
+        """Readers parked now."""
+        return len(self._parked)
+
+    async def park(self, conn: ClientConnection, deadlines: ReadDeadlines, arrived: Callable[[], bool]) -> bool:
+        """Wait while the hub reads ``conn``: each arrival's bytes go to ``conn.buf`` and ``arrived()`` is
+        called, in the hub's task; it returns ``True`` to wait on. Returns once it returned ``False``
+        (or the connection left the hub: :meth:`release`); raises as :meth:`SocketIO.fill` does when the
+        read fails (the error, the read deadline, the connection closed). ``True`` at the end of file
+        (nothing received: read it with :meth:`SocketIO.fill`). ``conn.sock`` must be a plain socket.
+        """
+        sock = conn.sock
+        assert sock is not None and conn.hub is None
+        fd = sock.fileno()
+        reader = _Parked(trio.lowlevel.current_task(), conn, fd, deadlines, arrived)
+        try:
+            self._epoll.register(fd, select.EPOLLIN | select.EPOLLET)
+        except OSError as exc:  # (closed meanwhile)
+            await trio.lowlevel.checkpoint()
+            raise TransportError(f"the server dropped the connection: {exc!r}") from exc
+        self._parked[fd] = reader
+        conn.hub = self
+        deadlines.arm(conn)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            reader.woken = True  # (Trio wakes it, with the cancellation)
+            self._leave(reader)  # cancelled: out of the hub now, before anything else runs
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        try:
+            return bool(await trio.lowlevel.wait_task_rescheduled(abort))
+        finally:
+            self._leave(reader)
+
+    def release(self, conn: ClientConnection) -> None:
+        """Take ``conn`` out of the hub (its parked reader is woken once the callback under way returns)."""
+        reader = self._parked.get(conn.sock.fileno()) if conn.sock is not None else None
+        if reader is not None and reader.conn is conn:
+            self._leave(reader)
+
+    def closing(self, conn: ClientConnection) -> None:
+        """``conn`` is being closed (cut, or by its read deadline): its reader wakes with the failed read."""
+        reader = self._parked.get(conn.sock.fileno()) if conn.sock is not None else None
+        if reader is None or reader.conn is not conn:
+            conn.hub = None
+            return
+        failure: TransportError = (ReadTimeout(f"no data from the server in {reader.deadlines.timeout:g} s")
+                                   if conn.expired else TransportError("the connection was closed"))
+        self._wake(reader, outcome.Error(failure))
+
+    def _leave(self, reader: _Parked) -> None:
+        """Out of the epoll and the deadlines (synchronous; once only)."""
+        if self._parked.get(reader.fd) is reader:
+            del self._parked[reader.fd]
+            reader.conn.hub = None
+            reader.deadlines.disarm(reader.conn)
+            try:
+                self._epoll.unregister(reader.fd)
+            except (OSError, ValueError):  # (the socket was closed already: gone from the epoll with it)
+                pass
+
+    def _wake(self, reader: _Parked, result: outcome.Outcome[bool]) -> None:
+        self._leave(reader)
+        if not reader.woken:
+            reader.woken = True
+            trio.lowlevel.reschedule(reader.task, result)
+
+    async def _serve(self) -> None:
+        epoll, parked, view = self._epoll, self._parked, self._view
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(epoll.fileno())
+                for fd, _ in epoll.poll(0):
+                    reader = parked.get(fd)
+                    if reader is not None:
+                        self._arrival(reader, view)
+        finally:
+            for reader in list(parked.values()):
+                self._wake(reader, outcome.Error(TransportError("the relay hub stopped")))
+            epoll.close()
+
+    def _arrival(self, reader: _Parked, view: memoryview) -> None:
+        """A socket became readable: its bytes received, then the reader's callback (its reader woken when done).
+
+        Edge-triggered: the socket is read until a read takes less than the buffer (drained), so
+        no arrival waits for another to be seen; the hub's epoll is not readable again until
+        something new arrives (level-triggered, every poll would make it readable once more:
+        a second, empty wake-up of the hub per arrival).
+        """
+        conn = reader.conn
+        sock = conn.sock
+        assert sock is not None
+        parked = self._parked
+        while True:
+            try:
+                n = sock.recv_into(view)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._wake(reader, outcome.Error(TransportError(f"the server dropped the connection: {exc!r}")))
+                return
+            if not n:  # the end of file: the reader's next read finds it
+                conn.drained = False
+                self._wake(reader, outcome.Value(True))
+                return
+            conn.drained = n < _READ_SIZE
+            conn.buf += view[:n]
+            reader.deadlines.arm(conn)  # (the wait for the next arrival begins)
+            try:
+                more = reader.arrived()
+            except BaseException as exc:  # (a fault of the callback is the reader's, raised in its task)
+                self._wake(reader, outcome.Error(exc))
+                return
+            if not more or parked.get(reader.fd) is not reader:  # (or it left the hub meanwhile)
+                self._wake(reader, outcome.Value(False))
+                return
+            if conn.drained:
+                return
+
+
+_HUB: trio.lowlevel.RunVar[RelayHub | None] = trio.lowlevel.RunVar("actorproxy.http relay hub", default=None)
+
+
+def relay_hub() -> RelayHub | None:
+    """This Trio run's :class:`RelayHub`, started at its first use; ``None`` without ``epoll`` (not Linux)."""
+    hub = _HUB.get()
+    if hub is None and hasattr(select, "epoll"):
+        hub = RelayHub()
+        _HUB.set(hub)
+    return hub
+
+
 class SocketIO:
     """Reads and sends for the connections of one client (they share its receive buffer)."""
 
@@ -170,6 +346,10 @@ class SocketIO:
                 return n
         finally:
             deadlines.disarm(conn)
+
+    async def park(self, hub: RelayHub, conn: ClientConnection, arrived: Callable[[], bool]) -> bool:
+        """Wait for ``conn``'s arrivals on ``hub`` (see :meth:`RelayHub.park`), within this client's read timeout."""
+        return await hub.park(conn, self._deadlines, arrived)
 
     async def _fill_stream(self, conn: ClientConnection) -> int:
         with trio.move_on_after(self.read_timeout) as scope:

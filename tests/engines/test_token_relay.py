@@ -6,19 +6,25 @@ the same scripted turns, one relaying and one with the relay off (every token an
 must leave the same steps (ids, logprobs, weight versions, finish, output) and write the
 same SSE frames to the agent, in every engine's stream shape. Below them, the decoder's run
 of a read is what its events merge to, for random streams cut into random reads (versions
-changing, spans, bursts, a finish).
+changing, spans, bursts, a finish). Last, the relay hub (``http/sockets.py: RelayHub``) that
+reads a relaying stream's socket for its parked task: several streams on it at once (one to
+its finish, one with back-pressure, one stopped, one cancelled mid-run), and a frame it began
+that the agent's full socket leaves for the session's task to finish.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import socket
 from collections import deque
 from typing import Any
 
 import orjson
 import pytest
+import trio
 from _util import SIM_ENGINES
+from test_engine_clients import EOT, SIM_CASES, request, sim_backend
 from test_engine_path import TOOL_REPLY, stack
 from trio.testing import MockClock
 
@@ -26,6 +32,8 @@ from actorproxy.engines.base import GenerateFinish, GenerationEvent, TokenDelta
 from actorproxy.engines.deltas import take_merged
 from actorproxy.engines.sglang.protocol import SGLangStreamParser
 from actorproxy.engines.streaming import StreamedGeneration
+from actorproxy.http.server import ServerConnection
+from actorproxy.http.sockets import relay_hub
 
 REASONED = "<think>\nFirst this, then that.\n</think>\n\nThe answer, with some words: é, 漢字, 🙂 and more words."
 
@@ -178,3 +186,145 @@ def test_a_read_of_plain_tokens_while_relaying_makes_no_event() -> None:
     parser.read(out)
     assert out == []
     assert (parser.run_ids, parser.run_logprobs, parser.run_version) == ([7, 8, 9], [-0.5] * 3, "v1")
+
+
+# -- the relay hub: several streams parked on one hub at once ----------------------------------------------------
+
+#: Each stream's scripted reply: 60 tokens, then the end of the turn.
+HUB_REPLY = [2000 + i for i in range(60)] + [EOT]
+
+
+@pytest.mark.parametrize("case", list(SIM_CASES))
+async def test_streams_relayed_through_one_hub_finish_pause_for_back_pressure_stop_and_leave_when_cancelled(
+    case: str, tokenizer: Any
+) -> None:
+    """Four streams relaying at once on a plain socket each: their tokens are taken in the run's relay hub's task
+    (not the session's), with every stream parked at once. One reads to its finish; one answers ``take`` with
+    back-pressure every 7 tokens (awaited in its own task, then on); one answers ``False`` after 12 (its relay
+    returns); one is cancelled after 10 (from the hub's task, in the middle of a run): it is out of the hub at
+    once and ``take`` never hears of it again. The others lose nothing."""
+    async with sim_backend(tokenizer, case) as (running, backend):
+        running.engine.script(*[HUB_REPLY] * 4)
+        await backend.model_info()
+        hub = relay_hub()
+        assert hub is not None
+        taken: dict[str, list[int]] = {"finish": [], "pressure": [], "stop": [], "cancel": []}
+        in_hub: dict[str, int] = dict.fromkeys(taken, 0)
+        tasks: dict[str, trio.lowlevel.Task] = {}
+        parked_at_once = 0
+        pressure_tasks: list[trio.lowlevel.Task] = []
+        finishes: dict[str, GenerateFinish | None] = {}
+        cancel_scope = trio.CancelScope()
+        parked_after_cancel: list[int] = []
+
+        def taker(name: str) -> Any:
+            def take(ids: list[int], logprobs: list[float], version: str) -> Any:
+                nonlocal parked_at_once
+                assert len(ids) == len(logprobs) and version
+                taken[name] += ids
+                if trio.lowlevel.current_task() is not tasks[name]:
+                    in_hub[name] += len(ids)
+                parked_at_once = max(parked_at_once, hub.parked)
+                if name == "pressure" and len(taken[name]) % 7 == 0:
+                    async def later() -> bool:
+                        pressure_tasks.append(trio.lowlevel.current_task())
+                        await trio.sleep(0.001)
+                        return True
+                    return later()
+                if name == "stop" and len(taken[name]) >= 12:
+                    return False
+                if name == "cancel" and len(taken[name]) >= 10:
+                    before = hub.parked
+                    cancel_scope.cancel()  # (in the hub's task, while this stream's task is parked)
+                    parked_after_cancel.append(before - hub.parked)
+                return True
+            return take
+
+        async def one(name: str) -> None:
+            tasks[name] = trio.lowlevel.current_task()
+            take = taker(name)
+            finish = None
+            async with backend.open_generation(request(max_new_tokens=100)) as generation:
+                async for event in generation:  # as TurnGeneration._stream reads it
+                    if isinstance(event, GenerateFinish):
+                        finish = event
+                        continue
+                    go = take(list(event.token_ids), list(event.logprobs), event.weight_version)
+                    if go is not True and (isinstance(go, bool) or not await go):
+                        break
+                    if (relaying := generation.relay(take)) is not None:
+                        await relaying
+                        if name == "stop" and len(taken[name]) >= 12:
+                            break
+            finishes[name] = finish
+
+        async with trio.open_nursery() as nursery:
+            for name in ("finish", "pressure", "stop"):
+                nursery.start_soon(one, name)
+
+            async def cancelled() -> None:
+                with cancel_scope:
+                    await one("cancel")
+
+            nursery.start_soon(cancelled)
+        for name in ("finish", "pressure"):
+            assert taken[name] == HUB_REPLY
+            finish = finishes[name]
+            assert finish is not None and finish.reason == "stop"
+        assert taken["stop"][:12] == HUB_REPLY[:12] and len(taken["stop"]) < len(HUB_REPLY)
+        assert taken["cancel"] == HUB_REPLY[:len(taken["cancel"])] and 10 <= len(taken["cancel"]) < len(HUB_REPLY)
+        assert "cancel" not in finishes  # cancelled: it never got to the end of its block
+        assert parked_after_cancel[0] == 1  # out of the hub the moment it was cancelled
+        assert len(parked_after_cancel) == 1  # and never given another token
+        assert parked_at_once >= 3  # several streams parked on the one hub at once
+        assert all(in_hub[name] >= len(taken[name]) - 12 for name in taken)  # most tokens taken in the hub's task
+        assert pressure_tasks and all(task is tasks["pressure"] for task in pressure_tasks)
+        assert hub.parked == 0
+
+
+async def test_a_relayed_stream_whose_agent_reads_slowly_waits_in_its_own_task_and_loses_nothing(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent stops reading: a frame the hub began to write (in its task) is finished by the session's task,
+    which waits on the agent's socket (back-pressure); once the agent reads, it gets every token in order."""
+    began: list[trio.lowlevel.Task] = []
+    finished: list[trio.lowlevel.Task] = []
+    full = trio.Event()
+    write_now, write_rest = ServerConnection.write_now, ServerConnection._write_rest
+
+    def counted_now(self: ServerConnection, data: bytes) -> Any:
+        rest = write_now(self, data)
+        if rest is not None:
+            began.append(trio.lowlevel.current_task())
+        return rest
+
+    async def counted_rest(self: ServerConnection, data: bytes, sent: int) -> None:
+        finished.append(trio.lowlevel.current_task())
+        full.set()
+        await write_rest(self, data, sent)
+
+    monkeypatch.setattr(ServerConnection, "write_now", counted_now)
+    monkeypatch.setattr(ServerConnection, "_write_rest", counted_rest)
+    tokens = 3000
+    async with stack(tokenizer, "sglang", incremental_streaming_output=True) as (proxy, [sim], _):
+        sim.engine.script("word " * tokens)
+        host, port = proxy.url.removeprefix("http://").rsplit(":", 1)
+        sock = trio.socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connecting: a small window)
+        await sock.connect((host, int(port)))
+        agent = trio.SocketStream(sock)
+        body = b'{"messages":[{"role":"user","content":"talk"}],"max_tokens":%d,"stream":true}' % (tokens + 10)
+        await agent.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: slow\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        with trio.fail_after(30):
+            await full.wait()  # nothing read yet: the agent's socket is full
+            data = b""
+            while not data.endswith(b"0\r\n\r\n"):  # the chunked body's end
+                chunk = await agent.receive_some(65536)
+                assert chunk, data
+                data += chunk
+        await agent.aclose()
+    text = "".join(choice["delta"].get("content") or "" for line in data.split(b"\n")
+                   if line.strip().startswith(b"data: {") for choice in json.loads(line.strip()[6:])["choices"])
+    assert text.split() == ["word"] * tokens
+    assert began and finished and began[0] is not finished[0]  # begun in the hub's task, ended in the session's
