@@ -23,7 +23,7 @@ timeout (at most two ticks late); the closed read then fails with :class:`ReadTi
 
 A reader that takes many small arrivals in a row (a relayed token stream) may park on the
 run's :class:`RelayHub` instead of waiting for each: its socket joins an ``epoll`` of the
-hub's own once (level-triggered, not re-armed per arrival), and one hub task, woken when
+hub's own once (edge-triggered, not re-armed per arrival), and one hub task, woken when
 any of those sockets is readable, receives each one's bytes into its buffer and calls the
 reader's callback with them, in the hub's task: no wait, wake-up or ``epoll_ctl`` per
 arrival. The reader is woken once the callback says so, or the read fails (an error, the
@@ -197,16 +197,21 @@ class RelayHub:
         finally:
             self._leave(reader)
 
+    def _reader_of(self, conn: ClientConnection) -> _Parked | None:
+        """The reader parked on ``conn``, if any."""
+        reader = self._parked.get(conn.sock.fileno()) if conn.sock is not None else None
+        return reader if reader is not None and reader.conn is conn else None
+
     def release(self, conn: ClientConnection) -> None:
         """Take ``conn`` out of the hub (its parked reader is woken once the callback under way returns)."""
-        reader = self._parked.get(conn.sock.fileno()) if conn.sock is not None else None
-        if reader is not None and reader.conn is conn:
+        reader = self._reader_of(conn)
+        if reader is not None:
             self._leave(reader)
 
     def closing(self, conn: ClientConnection) -> None:
         """``conn`` is being closed (cut, or by its read deadline): its reader wakes with the failed read."""
-        reader = self._parked.get(conn.sock.fileno()) if conn.sock is not None else None
-        if reader is None or reader.conn is not conn:
+        reader = self._reader_of(conn)
+        if reader is None:
             conn.hub = None
             return
         failure: TransportError = (ReadTimeout(f"no data from the server in {reader.deadlines.timeout:g} s")
