@@ -73,10 +73,6 @@ def bind_host(host: str) -> str:
     return primary_ipv4() if host == "auto" else host
 
 
-#: Rollouts open hundreds of connections at once; a small listen backlog would reset them.
-_BACKLOG = 4096
-#: Agents reuse connections between turns; an idle one is closed after this many seconds.
-KEEP_ALIVE = 75.0
 
 
 async def serve_proxy(
@@ -93,15 +89,14 @@ async def serve_proxy(
                            "`actorproxy run --workers N` (docs/workers.md)")
     async with open_runtime(config, backend=backend, tokenizer=tokenizer) as runtime:
         tracker = InFlight()
-        server = HTTPServer(asgi_of(create_app(runtime)), keep_alive_timeout=KEEP_ALIVE, tracker=tracker,
-                            limits=connection_limits(config))
+        server = HTTPServer(asgi_of(create_app(runtime)), tracker=tracker, limits=connection_limits(config))
         stop_http = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(drain_then_stop, runtime, tracker, shutdown_trigger, stop_http)
             # The drain happens before the server is told to stop: by then nothing is in flight that should be
             # waited for, and idle keep-alive connections must not hold the exit.
             url = await nursery.start(partial(server.serve, bind_host(config.server.host).strip("[]"),
-                                              config.server.port, backlog=_BACKLOG, shutdown_trigger=stop_http.wait))
+                                              config.server.port, shutdown_trigger=stop_http.wait))
             task_status.started(RunningProxy(url, runtime))
 
 

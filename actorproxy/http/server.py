@@ -462,6 +462,12 @@ class ServerConnection:
             raise
 
 
+#: Clients reuse connections between requests (agents between turns); an idle one is closed after this many seconds.
+KEEP_ALIVE = 75.0
+#: Rollouts open hundreds of connections at once; a small listen backlog would reset them.
+BACKLOG = 4096
+
+
 class HTTPServer:
     """Serves ``app`` on one listening socket until told to stop (``tracker``: counts its requests in flight).
 
@@ -470,7 +476,7 @@ class HTTPServer:
     the engines it serves) take it.
     """
 
-    def __init__(self, app: ASGIApp, *, policy: ServerPolicy, keep_alive_timeout: float = 75.0,
+    def __init__(self, app: ASGIApp, *, policy: ServerPolicy, keep_alive_timeout: float = KEEP_ALIVE,
                  router: Router | None = None, tracker: Tracker | None = None, half_close: bool = True) -> None:
         self.app = app
         self.half_close = half_close
@@ -489,7 +495,7 @@ class HTTPServer:
         host: str,
         port: int,
         *,
-        backlog: int = 4096,
+        backlog: int = BACKLOG,
         shutdown_trigger: Callable[[], Awaitable[None]],
         task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
         sock: trio.socket.SocketType | None = None,

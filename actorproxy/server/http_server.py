@@ -55,7 +55,7 @@ class ProxyPolicy(server.ServerPolicy):
 class HTTPServer(server.HTTPServer):
     """Serves ``app`` with the proxy's policy (``limits``: its bounds, the defaults when not given)."""
 
-    def __init__(self, app: ASGIApp, *, keep_alive_timeout: float = 75.0, router: Router | None = None,
+    def __init__(self, app: ASGIApp, *, keep_alive_timeout: float = server.KEEP_ALIVE, router: Router | None = None,
                  tracker: Tracker | None = None, limits: ConnectionLimits | None = None) -> None:
         super().__init__(app, policy=ProxyPolicy(limits or ConnectionLimits()), keep_alive_timeout=keep_alive_timeout,
                          router=router, tracker=tracker)

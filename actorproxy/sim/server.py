@@ -189,12 +189,6 @@ class _Limits:
     max_connections: int | None = None
 
 
-#: Rollouts open hundreds of connections at once; a small listen backlog would reset them.
-_BACKLOG = 4096
-#: An idle keep-alive connection is closed after this many seconds.
-_KEEP_ALIVE = 75.0
-
-
 async def serve_sim(
     settings: SimServerSettings,
     *,
@@ -221,7 +215,7 @@ async def serve_sim(
     app = create_sim_app(engine, settings=settings)
     state = sim_state(app)
     requests = InFlight()
-    server = HTTPServer(cast(ASGIApp, app.asgi_app), policy=ServerPolicy(_Limits()), keep_alive_timeout=_KEEP_ALIVE,
+    server = HTTPServer(cast(ASGIApp, app.asgi_app), policy=ServerPolicy(_Limits()),
                         tracker=requests, half_close=False)
     stop = trio.Event()
     _quiet_drops()
@@ -241,7 +235,7 @@ async def serve_sim(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(drain)
             url = await nursery.start(partial(server.serve, settings.host.strip("[]"), settings.port,
-                                              backlog=_BACKLOG, shutdown_trigger=stop.wait))
+                                              shutdown_trigger=stop.wait))
             task_status.started(RunningSim(url, engine, state.faults, state))
         background.cancel_scope.cancel()
 

@@ -28,7 +28,7 @@ from ..config import ProxyConfig
 from ..http.in_flight import InFlight
 from ..runtime.runtime import Runtime, open_runtime
 from ..schema import jsonio
-from ..serve import KEEP_ALIVE, RunningProxy, asgi_of, bind_host, connection_limits, drain_then_stop
+from ..serve import RunningProxy, asgi_of, bind_host, connection_limits, drain_then_stop
 from ..server.app import admission_for, create_app
 from ..server.http_server import HTTPServer
 from ..tokenization.tokenizer import ChatTokenizer
@@ -70,8 +70,8 @@ async def serve_worker(
         tracker = InFlight()  # the requests in flight of both servers
         stop = trio.Event()
         limits = connection_limits(config)
-        private = HTTPServer(app, keep_alive_timeout=KEEP_ALIVE, tracker=tracker, limits=limits)
-        public = HTTPServer(FanOut(app, workers, directory, admission), keep_alive_timeout=KEEP_ALIVE,
+        private = HTTPServer(app, tracker=tracker, limits=limits)
+        public = HTTPServer(FanOut(app, workers, directory, admission),
                             router=Router(index, workers, directory, admission), tracker=tracker, limits=limits)
         control = control_path(directory, index)
         remove_stale(control)
