@@ -132,7 +132,8 @@ class _Writer:
                 meta["routed_experts"] = finish.routed_experts
         return meta
 
-    def event(self, chunk: Chunk) -> dict[str, Any]:
+    def _add(self, chunk: Chunk) -> tuple[int, str, str]:
+        """``chunk`` added to the reply so far: where its tokens start, its text delta and its weight version."""
         start = len(self.ids)
         self.ids += chunk.token_ids
         self.lps += chunk.logprobs
@@ -142,6 +143,10 @@ class _Writer:
         version = chunk.versions[-1] if chunk.versions else self.state.engine.weight_version
         if chunk.finish is not None:
             version = chunk.finish.weight_version
+        return start, delta, version
+
+    def event(self, chunk: Chunk) -> dict[str, Any]:
+        start, delta, version = self._add(chunk)
         if self.state.settings.incremental_streaming_output:
             meta = self.meta(chunk.finish, version, start)
             return {"text": delta, "output_ids": list(chunk.token_ids), "meta_info": meta}
@@ -154,13 +159,7 @@ class _Writer:
         for every event (which made an event of a 2,000-token reply cost as much as its whole history)."""
         if self.state.settings.incremental_streaming_output or self.options.top_logprobs_num > 0:
             return wire.sse(self.event(chunk))
-        start = len(self.ids)
-        self.ids += chunk.token_ids
-        self.lps += chunk.logprobs
-        self.versions += chunk.versions
-        self.text.push(self._trimmed(list(chunk.token_ids), chunk.finish), final=chunk.finish is not None)
-        version = chunk.finish.weight_version if chunk.finish is not None else \
-            chunk.versions[-1] if chunk.versions else self.state.engine.weight_version
+        start, _, version = self._add(chunk)
         meta = self.meta(chunk.finish, version, len(self.ids))  # no logprob entries: they are appended below
         _extend(self.ids_json, jsonio.dumps(chunk.token_ids))
         meta_json = jsonio.dumps(meta)
