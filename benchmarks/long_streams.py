@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from load_client import tree_cpu_seconds
-from overhead import loadavg
+from overhead import end_run, loadavg
 from processes import LITELLM_KEY, litellm_installed, litellm_proxy, proxy, sim_engine
 
 SHAPES = {  # shape: (proxy --backend, extra sim flags, the engine's own streaming API)
@@ -313,10 +313,7 @@ def main(args: argparse.Namespace) -> None:
                                   f"{r['clients_cpu_pct']:>9.0f}", flush=True)
                             if r["first_error"]:
                                 print(f"    {r['errors']} errors, the first: {r['first_error']}", flush=True)
-    print(f"load average after: {loadavg()}", flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(every, f, indent=1)
+    end_run(every, args.json)
 
 
 if __name__ == "__main__":

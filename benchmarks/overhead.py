@@ -115,6 +115,14 @@ def loadavg() -> str:
         return "?"
 
 
+def end_run(report: Any, json_path: str | None) -> None:
+    """A run's last step: the load average after it, and its report written to ``json_path`` when one is given."""
+    print(f"\nload average after: {loadavg()}", flush=True)
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+
+
 def throughput_table(args: argparse.Namespace, stub: Server, targets: dict[str, Server],
                      engine_model: str = "m") -> list[dict[str, Any]]:
     """``stub``: the engine (its CPU is watched; the engine stub's connections are counted too).
@@ -213,10 +221,7 @@ def vllm_main(args: argparse.Namespace) -> None:
                       *args.proxy_flag))
         print(f"engine: vLLM ({args.vllm_flags} flags) at {engine.url}, model {model}", flush=True)
         report["throughput"] = throughput_table(args, engine, targets, engine_model=model)
-    print(f"\nload average after: {loadavg()}", flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
+    end_run(report, args.json)
 
 
 def main(args: argparse.Namespace) -> None:
@@ -242,10 +247,7 @@ def main(args: argparse.Namespace) -> None:
         first_proxy = next((server for name, server in targets.items() if name not in ("direct", "litellm")), None)
         if not args.skip_long and first_proxy is not None:
             report["long_session"] = long_session_table(args, stub, first_proxy)
-    print(f"\nload average after: {loadavg()}", flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
+    end_run(report, args.json)
 
 
 if __name__ == "__main__":

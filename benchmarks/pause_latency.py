@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from load_client import TEXT, cpu_seconds
-from overhead import REPLY, canned, loadavg
+from overhead import REPLY, canned, end_run, loadavg
 from processes import engine_stub, post_json, proxy
 
 
@@ -222,10 +222,7 @@ def main(args: argparse.Namespace) -> None:
         for r in runs:
             if r["engine_still_running"] or r["aborted"] != streams or r["engine_aborted"] != streams:
                 print(f"    a run did not stop every stream by its abort: {r}", flush=True)
-    print(f"load average after: {loadavg()}", flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=1)
+    end_run(results, args.json)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 from load_client import Http, cpu_seconds
-from overhead import REPLY, canned, loadavg
+from overhead import REPLY, canned, end_run, loadavg
 from processes import engine_stub, proxy
 
 # -- the load generator (its own process) ----------------------------------------------------
@@ -280,9 +280,7 @@ def main() -> None:
                       flush=True)
     rows = [median(results) for results in runs.values()]
     print_table(args, rows)
-    print(f"\nload average after: {loadavg()}", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    end_run(rows, args.json)
     if "ray" in stores:
         import ray
 
