@@ -7,7 +7,6 @@ chunks of three and all at once: the final reply is the same, and the streamed p
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -54,168 +53,135 @@ def _parse(family: str, text: str, **kwargs: Any) -> tuple[OutputParser, dict[st
     return results[-1]
 
 
-def _args(reply: dict[str, Any]) -> list[tuple[str, Any]]:
-    return [(c["name"], json.loads(c["arguments"])) for c in reply["calls"]]
-
-
-# -- GLM-4.5 ----------------------------------------------------------------
-
-
-def test_glm45_reasoning_content_and_xml_calls() -> None:
-    text = (
+#: A well-formed reply in each family's format, the parser's options for it, and what it reads: the reasoning,
+#: the content and the calls as (id, name, arguments) (arguments typed by the tool's schema when there is one).
+WELL_FORMED = [
+    pytest.param(
+        "glm45",
         "\n<think>The file first.</think>\nReading it.\n<tool_call>read_file\n<arg_key>path</arg_key>\n"
         "<arg_value>src/main.py</arg_value>\n<arg_key>lines</arg_key>\n<arg_value>10</arg_value>\n</tool_call>"
-        "<tool_call>grep\n<arg_key>pattern</arg_key>\n<arg_value>def \"x\"</arg_value>\n</tool_call>"
-    )
-    parser, reply = _parse("glm45", text, tool_call_format="glm45", reasoning_format="glm45")
-    assert reply["reasoning"] == "The file first."
-    assert reply["content"] == "Reading it."
-    assert _args(reply) == [("read_file", {"path": "src/main.py", "lines": 10}), ("grep", {"pattern": 'def "x"'})]
-    assert reply["calls"][0]["arguments"] == '{"path": "src/main.py", "lines": 10}'
-    assert not parser.tool_call_parse_error
-
-
-def test_glm45_values_without_a_schema_are_json_when_they_parse() -> None:
-    text = (
+        "<tool_call>grep\n<arg_key>pattern</arg_key>\n<arg_value>def \"x\"</arg_value>\n</tool_call>",
+        {"tool_call_format": "glm45", "reasoning_format": "glm45"},
+        ("The file first.", "Reading it.",
+         [("call_0", "read_file", '{"path": "src/main.py", "lines": 10}'),
+          ("call_1", "grep", '{"pattern": "def \\"x\\""}')]),
+        id="glm45-reasoning-content-and-xml-calls",
+    ),
+    pytest.param(
+        "glm45",
         "<tool_call>unknown_tool\n<arg_key>opts</arg_key>\n<arg_value>{\"a\": [1, 2]}</arg_value>\n"
         "<arg_key>n</arg_key>\n<arg_value>3</arg_value>\n<arg_key>s</arg_key>\n<arg_value>hello</arg_value>\n"
-        "</tool_call>"
-    )
-    _, reply = _parse("glm45", text, tool_call_format="glm45")
-    assert _args(reply) == [("unknown_tool", {"opts": {"a": [1, 2]}, "n": 3, "s": "hello"})]
-
-
-def test_glm45_call_without_arguments_and_a_malformed_one() -> None:
-    _, reply = _parse("glm45", "<tool_call>list_files\n</tool_call>", tool_call_format="glm45")
-    assert _args(reply) == [("list_files", {})]
-    broken = "<tool_call>read_file\n<arg_key>path</arg_key>\n<arg_value>a.py\n</tool_call>"
-    parser, reply = _parse("glm45", broken, tool_call_format="glm45")
-    assert parser.tool_call_parse_error and reply["content"] == broken.strip()
-
-
-# -- DeepSeek-V3.1 ------------------------------------------------------------
-
-
-def test_deepseek_v31_thinking_then_chained_calls() -> None:
-    text = (
+        "</tool_call>",
+        {"tool_call_format": "glm45"},
+        ("", "", [("call_0", "unknown_tool", '{"opts": {"a": [1, 2]}, "n": 3, "s": "hello"}')]),
+        id="glm45-values-without-a-schema-are-json-when-they-parse",
+    ),
+    pytest.param(
+        "glm45", "<tool_call>list_files\n</tool_call>", {"tool_call_format": "glm45"},
+        ("", "", [("call_0", "list_files", "{}")]),
+        id="glm45-call-without-arguments",
+    ),
+    pytest.param(
+        "deepseek_v31",
         "Two files.</think>Checking both."
         '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>read_file<｜tool▁sep｜>{"path": "a.py"}<｜tool▁call▁end｜>'
         '<｜tool▁call▁begin｜>read_file<｜tool▁sep｜>{"path": "b.py", "lines": 5}<｜tool▁call▁end｜>'
-        "<｜tool▁calls▁end｜>"
-    )
-    parser, reply = _parse(
-        "deepseek_v31", text, tool_call_format="deepseek_v31", reasoning_format="deepseek_v31", reasoning_open=True
-    )
-    assert (reply["reasoning"], reply["content"]) == ("Two files.", "Checking both.")
-    assert _args(reply) == [("read_file", {"path": "a.py"}), ("read_file", {"path": "b.py", "lines": 5})]
-    assert [c["id"] for c in reply["calls"]] == ["call_0", "call_1"]
-    assert not parser.tool_call_parse_error
-
-
-def test_deepseek_v31_arguments_that_are_not_an_object_return_the_block_as_content() -> None:
-    text = (
-        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>read_file<｜tool▁sep｜>[1, 2]<｜tool▁call▁end｜>"
-        "<｜tool▁calls▁end｜>"
-    )
-    parser, reply = _parse("deepseek_v31", text, tool_call_format="deepseek_v31")
-    assert parser.tool_call_parse_error
-    assert reply["calls"] == [] and reply["content"] == text
-
-
-def test_deepseek_r1_reasoning_starts_without_a_think_tag() -> None:
-    _, reply = _parse("deepseek_v31", "Hmm, 2+2.</think>4", reasoning_format="deepseek_r1")
-    assert (reply["reasoning"], reply["content"]) == ("Hmm, 2+2.", "4")
-
-
-# -- Kimi-K2 ------------------------------------------------------------------
-
-
-def test_kimi_k2_calls_keep_the_model_s_own_ids() -> None:
-    text = (
+        "<｜tool▁calls▁end｜>",
+        {"tool_call_format": "deepseek_v31", "reasoning_format": "deepseek_v31", "reasoning_open": True},
+        ("Two files.", "Checking both.",
+         [("call_0", "read_file", '{"path": "a.py"}'), ("call_1", "read_file", '{"path": "b.py", "lines": 5}')]),
+        id="deepseek_v31-thinking-then-chained-calls",
+    ),
+    pytest.param(
+        "deepseek_v31", "Hmm, 2+2.</think>4", {"reasoning_format": "deepseek_r1"}, ("Hmm, 2+2.", "4", []),
+        id="deepseek_r1-reasoning-starts-without-a-think-tag",
+    ),
+    pytest.param(
+        "kimi_k2",
         "Let me look.<|tool_calls_section_begin|>"
         '<|tool_call_begin|>functions.read_file:0<|tool_call_argument_begin|>{"path": "a.py"}<|tool_call_end|>'
         '<|tool_call_begin|>functions.grep:1<|tool_call_argument_begin|> {"pattern": "TODO"} <|tool_call_end|>'
-        "<|tool_calls_section_end|>"
-    )
-    parser, reply = _parse("kimi_k2", text, tool_call_format="kimi_k2", reasoning_format="kimi_k2")
-    assert reply["content"] == "Let me look."
-    assert _args(reply) == [("read_file", {"path": "a.py"}), ("grep", {"pattern": "TODO"})]
-    assert [c["id"] for c in reply["calls"]] == ["functions.read_file:0", "functions.grep:1"]
-    assert reply["calls"][1]["arguments"] == '{"pattern": "TODO"}'
-    assert not parser.tool_call_parse_error
-
-
-def test_kimi_k2_bad_header_is_content() -> None:
-    text = (
-        "<|tool_calls_section_begin|><|tool_call_begin|>read file<|tool_call_argument_begin|>{}<|tool_call_end|>"
-        "<|tool_calls_section_end|>"
-    )
-    parser, reply = _parse("kimi_k2", text, tool_call_format="kimi_k2")
-    assert parser.tool_call_parse_error and reply["content"] == text
-
-
-# -- Llama 3 JSON ---------------------------------------------------------------
-
-
-def test_llama3_reply_that_is_a_call() -> None:
-    parser, reply = _parse("llama3", '{"name": "read_file", "parameters": {"path": "a.py"}}', tool_call_format="llama3")
-    assert _args(reply) == [("read_file", {"path": "a.py"})]
-    assert reply["calls"][0]["arguments"] == '{"path": "a.py"}'
-    assert reply["content"] == "" and not parser.tool_call_parse_error
-
-
-def test_llama3_python_tag_and_several_calls() -> None:
-    text = (
+        "<|tool_calls_section_end|>",
+        {"tool_call_format": "kimi_k2", "reasoning_format": "kimi_k2"},
+        ("", "Let me look.", [("functions.read_file:0", "read_file", '{"path": "a.py"}'),
+                              ("functions.grep:1", "grep", '{"pattern": "TODO"}')]),
+        id="kimi_k2-calls-keep-the-model-s-own-ids",
+    ),
+    pytest.param(
+        "llama3", '{"name": "read_file", "parameters": {"path": "a.py"}}', {"tool_call_format": "llama3"},
+        ("", "", [("call_0", "read_file", '{"path": "a.py"}')]),
+        id="llama3-reply-that-is-a-call",
+    ),
+    pytest.param(
+        "llama3",
         '<|python_tag|>{"name": "read_file", "parameters": {"path": "a.py"}}; '
-        '{"name": "grep", "arguments": {"pattern": "x"}}'
-    )
-    _, reply = _parse("llama3", text, tool_call_format="llama3")
-    assert _args(reply) == [("read_file", {"path": "a.py"}), ("grep", {"pattern": "x"})]
-
-
-def test_llama3_text_and_json_that_is_not_a_call() -> None:
-    _, reply = _parse("llama3", "The answer is {4}.", tool_call_format="llama3")
-    assert reply == {"reasoning": "", "content": "The answer is {4}.", "calls": []}
-    parser, reply = _parse("llama3", '{"answer": 4}', tool_call_format="llama3")
-    assert reply["content"] == '{"answer": 4}' and reply["calls"] == [] and parser.tool_call_parse_error
-
-
-# -- GPT-OSS harmony ------------------------------------------------------------
-
-
-def test_gpt_oss_analysis_then_a_call() -> None:
-    text = (
+        '{"name": "grep", "arguments": {"pattern": "x"}}',
+        {"tool_call_format": "llama3"},
+        ("", "", [("call_0", "read_file", '{"path": "a.py"}'), ("call_1", "grep", '{"pattern": "x"}')]),
+        id="llama3-python-tag-and-several-calls",
+    ),
+    pytest.param(
+        "llama3", "The answer is {4}.", {"tool_call_format": "llama3"}, ("", "The answer is {4}.", []),
+        id="llama3-text-with-braces",
+    ),
+    pytest.param(
+        "gpt_oss",
         "<|channel|>analysis<|message|>Need the file.<|end|>"
         "<|start|>assistant<|channel|>commentary to=functions.read_file <|constrain|>json<|message|>"
-        '{"path": "a.py"}<|call|>'
-    )
-    parser, reply = _parse("gpt_oss", text, tool_call_format="gpt_oss", reasoning_format="gpt_oss")
-    assert reply["reasoning"] == "Need the file."
-    assert reply["content"] == ""
-    assert _args(reply) == [("read_file", {"path": "a.py"})]
+        '{"path": "a.py"}<|call|>',
+        {"tool_call_format": "gpt_oss", "reasoning_format": "gpt_oss"},
+        ("Need the file.", "", [("call_0", "read_file", '{"path": "a.py"}')]),
+        id="gpt_oss-analysis-then-a-call",
+    ),
+    pytest.param(
+        "gpt_oss",
+        "<|channel|>analysis<|message|>Easy.<|end|>"
+        "<|start|>assistant<|channel|>commentary<|message|>Computing.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>It is 4.<|return|>",
+        {"tool_call_format": "gpt_oss"},
+        ("Easy.", "Computing.It is 4.", []),
+        id="gpt_oss-preamble-and-final-answer",
+    ),
+    pytest.param(
+        "gpt_oss",
+        "<|channel|>analysis<|message|>x<|end|>"
+        '<|start|>assistant to=functions.grep<|channel|>commentary json<|message|>{"pattern": "a"}<|call|>',
+        {"tool_call_format": "gpt_oss"},
+        ("x", "", [("call_0", "grep", '{"pattern": "a"}')]),
+        id="gpt_oss-recipient-in-the-role-part",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("family", "text", "options", "expected"), WELL_FORMED)
+def test_a_well_formed_reply_is_read_as_its_family_writes_it(
+    family: str, text: str, options: dict[str, Any], expected: tuple[str, str, list[tuple[str, str, str]]]
+) -> None:
+    parser, reply = _parse(family, text, **options)
+    calls = [(c["id"], c["name"], c["arguments"]) for c in reply["calls"]]
+    assert (reply["reasoning"], reply["content"], calls) == expected
     assert not parser.tool_call_parse_error
 
 
-def test_gpt_oss_preamble_and_final_answer() -> None:
-    text = (
-        "<|channel|>analysis<|message|>Easy.<|end|>"
-        "<|start|>assistant<|channel|>commentary<|message|>Computing.<|end|>"
-        "<|start|>assistant<|channel|>final<|message|>It is 4.<|return|>"
-    )
-    _, reply = _parse("gpt_oss", text, tool_call_format="gpt_oss")
-    assert (reply["reasoning"], reply["content"], reply["calls"]) == ("Easy.", "Computing.It is 4.", [])
+#: A call the parser cannot read, and the content it is returned as: ``None`` for the text itself.
+MALFORMED = [
+    pytest.param("glm45", "<tool_call>read_file\n<arg_key>path</arg_key>\n<arg_value>a.py\n</tool_call>", None,
+                 id="glm45-unclosed-value"),
+    pytest.param("deepseek_v31", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>read_file<｜tool▁sep｜>[1, 2]"
+                 "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", None, id="deepseek_v31-arguments-that-are-not-an-object"),
+    pytest.param("kimi_k2", "<|tool_calls_section_begin|><|tool_call_begin|>read file<|tool_call_argument_begin|>{}"
+                 "<|tool_call_end|><|tool_calls_section_end|>", None, id="kimi_k2-bad-header"),
+    pytest.param("llama3", '{"answer": 4}', None, id="llama3-json-that-is-not-a-call"),
+    pytest.param("gpt_oss", "<|channel|>commentary to=functions.grep<|message|>not json<|call|>", "not json",
+                 id="gpt_oss-bad-arguments"),
+]  # fmt: skip
 
 
-def test_gpt_oss_recipient_in_the_role_part_and_bad_arguments() -> None:
-    text = (
-        "<|channel|>analysis<|message|>x<|end|>"
-        '<|start|>assistant to=functions.grep<|channel|>commentary json<|message|>{"pattern": "a"}<|call|>'
-    )
-    _, reply = _parse("gpt_oss", text, tool_call_format="gpt_oss")
-    assert _args(reply) == [("grep", {"pattern": "a"})]
-    bad = "<|channel|>commentary to=functions.grep<|message|>not json<|call|>"
-    parser, reply = _parse("gpt_oss", bad, tool_call_format="gpt_oss")
-    assert parser.tool_call_parse_error and reply["content"] == "not json" and reply["calls"] == []
+@pytest.mark.parametrize(("family", "text", "content"), MALFORMED)
+def test_a_call_that_does_not_parse_is_returned_as_content(family: str, text: str, content: str | None) -> None:
+    parser, reply = _parse(family, text, tool_call_format=family)
+    assert parser.tool_call_parse_error
+    assert (reply["content"], reply["calls"]) == (text if content is None else content, [])
 
 
 # -- selection --------------------------------------------------------------------
