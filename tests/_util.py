@@ -16,7 +16,7 @@ import hypothesis.strategies as st
 import pytest
 import trio
 
-from actorproxy import open_proxy
+from actorproxy import ProxyClient, open_proxy
 from actorproxy.config import ProxyConfig
 from actorproxy.core.messages import output_as_message
 from actorproxy.core.requests import ChatRequest, Identity
@@ -149,6 +149,15 @@ async def finalized(
     summary = CONVERTER.unstructure(await runtime.finalize(session))
     payload = CONVERTER.unstructure(await runtime.read(session_id=session, include_steps=True))
     return summary, payload["data"], payload["steps"]
+
+
+async def finalized_at(url: str, session: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Finalize ``session`` through the trainer's routes of the proxy at ``url``: its stored segments and their
+    steps, as the trainer reads them."""
+    async with ProxyClient(url) as client:
+        await client.finalize_session(session)
+        payload = await client.read_trajectory(session_id=session, include_steps=True)
+    return payload["data"], payload["steps"]
 
 
 @attrs.frozen

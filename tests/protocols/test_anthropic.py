@@ -11,9 +11,9 @@ import attrs
 import httpx
 import pytest
 import trio
-from _util import WEATHER_CHAT, WEATHER_TOOL, WEATHER_TOOL_ANTHROPIC, WrappingBackend, hang_up_after
+from _util import WEATHER_CHAT, WEATHER_TOOL, WEATHER_TOOL_ANTHROPIC, WrappingBackend, finalized_at, hang_up_after
 
-from actorproxy import ProxyClient, ProxyConfig, open_proxy
+from actorproxy import ProxyConfig, open_proxy
 from actorproxy.core.messages import AssistantOutput, ToolCall
 from actorproxy.core.parser import OutputDelta, ToolCallDelta
 from actorproxy.core.turn_events import TurnAccepted, TurnDone
@@ -44,15 +44,6 @@ async def in_thread(base_url: str, session: str | None, work: Callable[[Any], An
             client.close()
 
     return await trio.to_thread.run_sync(run)
-
-
-async def finalized(url: str, session: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Finalize ``session`` and read back its one segment and its steps."""
-    async with ProxyClient(url) as client:
-        await client.finalize_session(session)
-        payload = await client.read_trajectory(session_id=session, include_steps=True)
-    assert len(payload["data"]) == 1
-    return payload["data"][0], payload["steps"]
 
 
 def sse_events(text: str) -> list[tuple[str, dict[str, Any]]]:
@@ -113,7 +104,7 @@ async def test_tool_loop_non_streaming(proxy: RunningProxy, engine: SimEngine) -
     assert second.stop_reason == "end_turn"
     assert [b.type for b in second.content] == ["thinking", "text"]
     assert second.content[1].text == ANSWER_TEXT
-    segment, steps = await finalized(proxy.url, "anth-plain")
+    (segment,), steps = await finalized_at(proxy.url, "anth-plain")
     assert segment["num_steps"] == 2 and [s["status"] for s in steps] == ["completed", "completed"]
     assert [s["prompt_tokens"] for s in steps] == [first.usage.input_tokens, second.usage.input_tokens]
     assert [s["completion_tokens"] for s in steps] == [first.usage.output_tokens, second.usage.output_tokens]
@@ -165,7 +156,7 @@ async def test_tool_loop_streaming(proxy: RunningProxy, engine: SimEngine) -> No
     assert len(texts) > 3 and "".join(texts) == ANSWER_TEXT
     assert final.stop_reason == "end_turn" and [b.type for b in final.content] == ["thinking", "text"]
     assert final.content[0].thinking == "Got it." and final.content[1].text == ANSWER_TEXT
-    segment, steps = await finalized(proxy.url, "anth-stream")
+    (segment,), steps = await finalized_at(proxy.url, "anth-stream")
     assert segment["num_steps"] == 2 and [s["status"] for s in steps] == ["completed", "completed"]
     assert steps[1]["completion_tokens"] == final.usage.output_tokens
 
@@ -220,7 +211,9 @@ async def test_anthropic_and_openai_record_the_same_tokens(proxy: RunningProxy, 
     await in_thread(proxy.url, "eq-anthropic", via_anthropic(False))
     await in_thread(proxy.url, "eq-anthropic-stream", via_anthropic(True))
     await trio.to_thread.run_sync(via_openai)
-    segments = {s: (await finalized(proxy.url, s))[0] for s in ("eq-anthropic", "eq-anthropic-stream", "eq-openai")}
+    segments: dict[str, dict[str, Any]] = {}
+    for name in ("eq-anthropic", "eq-anthropic-stream", "eq-openai"):
+        (segments[name],), _ = await finalized_at(proxy.url, name)
     reference = segments["eq-openai"]
     assert reference["num_steps"] == 2 and reference["start_reason"] == "session_start"
     for name in ("eq-anthropic", "eq-anthropic-stream"):
@@ -333,7 +326,7 @@ async def test_bad_input_gets_anthropic_errors_and_loses_nothing(http: httpx.Asy
 
     error = await in_thread(proxy.url, "keep", sdk_error)
     assert error.status_code == 400 and error.body["error"]["type"] == "invalid_request_error"
-    segment, steps = await finalized(proxy.url, "keep")
+    (segment,), steps = await finalized_at(proxy.url, "keep")
     assert [s["status"] for s in steps] == ["completed"] and segment["num_steps"] == 1
 
 
@@ -380,7 +373,7 @@ async def test_count_tokens_matches_the_next_turn(proxy: RunningProxy, engine: S
     counted, used = await in_thread(proxy.url, "count", work)
     assert counted == used > 0
     # Counting is not a turn: the session holds one step.
-    _, steps = await finalized(proxy.url, "count")
+    (_,), steps = await finalized_at(proxy.url, "count")
     assert len(steps) == 1
 
 

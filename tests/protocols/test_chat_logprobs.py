@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 import trio
+from _util import finalized_at
 
-from actorproxy.client import ProxyClient
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
 
@@ -27,13 +27,6 @@ async def engine(tokenizer: Any) -> SimEngine:
 
 def _client(url: str, session: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/sess/{session}/v1", api_key="unused", max_retries=0)
-
-
-async def _steps(url: str, session: str) -> list[dict[str, Any]]:
-    async with ProxyClient(url) as client:
-        await client.finalize_session(session)
-        payload = await client.read_trajectory(session_id=session, include_steps=True)
-    return list(payload["steps"])
 
 
 def _check(content: list[Any], step: dict[str, Any], tokenizer: Any) -> None:
@@ -61,7 +54,7 @@ async def test_json_reply_carries_the_sampled_tokens_logprobs(
     with_lp, without = await trio.to_thread.run_sync(ask)
     assert with_lp.choices[0].message.content == REPLY
     assert without.choices[0].logprobs is None
-    steps = await _steps(proxy.url, "lp")
+    _, steps = await finalized_at(proxy.url, "lp")
     assert with_lp.choices[0].logprobs.refusal is None
     content = with_lp.choices[0].logprobs.content
     _check(content, steps[0], tokenizer)
@@ -81,7 +74,7 @@ async def test_stream_carries_the_same_logprobs(proxy: RunningProxy, engine: Sim
 
     final = await trio.to_thread.run_sync(ask)
     assert final.choices[0].message.content == REPLY
-    steps = await _steps(proxy.url, "lps")
+    _, steps = await finalized_at(proxy.url, "lps")
     _check(final.choices[0].logprobs.content, steps[0], tokenizer)
 
 
@@ -114,7 +107,8 @@ async def test_responses_json_carries_the_sampled_tokens_logprobs(
     [text] = with_lp.output[-1].content
     assert text.text == REPLY
     assert without.output[-1].content[0].logprobs == []
-    _check(text.logprobs, (await _steps(proxy.url, "rlp"))[0], tokenizer)
+    _, steps = await finalized_at(proxy.url, "rlp")
+    _check(text.logprobs, steps[0], tokenizer)
 
 
 async def test_responses_stream_carries_the_same_logprobs(
@@ -132,7 +126,7 @@ async def test_responses_stream_carries_the_same_logprobs(
     events, final = await trio.to_thread.run_sync(ask)
     [text] = final.output[-1].content
     assert text.text == REPLY
-    step = (await _steps(proxy.url, "rlps"))[0]
+    _, (step,) = await finalized_at(proxy.url, "rlps")
     _check(text.logprobs, step, tokenizer)
     [done] = [e for e in events if e.type == "response.output_text.done"]
     _check(done.logprobs, step, tokenizer)

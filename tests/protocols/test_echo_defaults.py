@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import httpx
+from _util import finalized_at
 
 from actorproxy import ProxyClient
 from actorproxy.core.messages import AssistantOutput, ToolCall, echo_tolerance, with_defaults
@@ -95,9 +96,7 @@ async def test_claude_code_edit_echo_keeps_one_segment(proxy: RunningProxy, engi
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "Done."}]}]
         second = await http.post("/v1/messages?beta=true", json=body)
         assert second.status_code == 200, second.text
-    async with ProxyClient(proxy.url) as client:
-        await client.finalize_session("edit")
-        segments = (await client.read_trajectory(session_id="edit", include_steps=True))["data"]
+    segments, _ = await finalized_at(proxy.url, "edit")
     assert [(s["num_steps"], s["start_reason"]) for s in segments] == [(2, "session_start")]
     # What was tolerated is counted: on the segment, in /trajectory/stats and /metrics.
     assert segments[0]["metadata"]["echo_tolerated"] == {"defaults_added": 1}

@@ -8,9 +8,8 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from _util import WEATHER_CHAT, WEATHER_TOOL
+from _util import WEATHER_CHAT, WEATHER_TOOL, finalized_at
 
-from actorproxy import ProxyClient
 from actorproxy.core.messages import AssistantOutput, ToolCall
 from actorproxy.core.parser import OutputDelta, ToolCallDelta
 from actorproxy.core.turn_events import TurnDone
@@ -33,13 +32,6 @@ TOOLS: list[dict[str, Any]] = [{"type": "function", **FUNCTION},  # type: ignore
 def client_for(url: str, session: str) -> Any:
     """A sync client; use it in a ``with`` block (an open keep-alive connection delays the proxy's shutdown)."""
     return openai.OpenAI(base_url=f"{url}/sess/{session}/v1", api_key="unused", max_retries=0)
-
-
-async def finalized(url: str, session: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    async with ProxyClient(url) as client:
-        await client.finalize_session(session)
-        payload = await client.read_trajectory(session_id=session, include_steps=True)
-    return payload["data"], payload["steps"]
 
 
 def sse(text: str) -> list[dict[str, Any]]:
@@ -109,7 +101,7 @@ async def test_responses_and_chat_record_the_same_tokens(proxy: RunningProxy, en
         assert [(i.type, getattr(i, "arguments", None)) for i in got.output] == [
             (i.type, getattr(i, "arguments", None)) for i in want.output]
         assert got.output_text == want.output_text and got.usage.output_tokens == want.usage.output_tokens
-    segments = {s: (await finalized(proxy.url, s))[0] for s in sessions}
+    segments = {s: (await finalized_at(proxy.url, s))[0] for s in sessions}
     reference = segments["eq-chat"]
     assert len(reference) == 1 and reference[0]["num_steps"] == 2
     for session in sessions[1:]:
@@ -150,7 +142,7 @@ async def test_stream_event_sequence(http: httpx.AsyncClient, engine: SimEngine)
         {"type": "function_call_output", "call_id": call["call_id"], "output": "18 °C"}]}
     second = (await http.post("/v1/responses", json=echo, headers={"thread-id": "seq"})).json()
     assert second["output"][-1]["content"][0]["text"] == ANSWER_TEXT
-    segments, steps = await finalized(str(http.base_url), "seq")
+    segments, steps = await finalized_at(str(http.base_url), "seq")
     assert len(segments) == 1 and len(steps) == 2
 
 
@@ -204,7 +196,7 @@ async def test_bad_input_is_a_clear_400(http: httpx.AsyncClient, proxy: RunningP
     other = await http.post("/v1/responses", json={"input": "x", "previous_response_id": first["id"]},
                             headers={"X-Session-Id": "other"})
     assert other.status_code == 400
-    _, steps = await finalized(proxy.url, "bad")
+    _, steps = await finalized_at(proxy.url, "bad")
     assert len(steps) == 2
 
 
@@ -304,7 +296,7 @@ async def test_item_references_resolve_to_the_items_this_proxy_issued(
             stolen = await http.post("/v1/responses", json={**body, "input": second_input},
                                      headers={"X-Session-Id": "thief"})
             assert stolen.status_code == 400 and reasoning["id"] in stolen.json()["error"]["message"]
-        segments, steps = await finalized(str(http.base_url).rstrip("/"), session)
+        segments, steps = await finalized_at(str(http.base_url).rstrip("/"), session)
         # One segment: the referenced items are the echo of what was sampled, not a rewrite.
         assert len(segments) == 1 and segments[0]["num_steps"] == len(steps) == (3 if not stream else 2)
         assert all(s["boundary_reason"] in (None, "session_start") for s in steps)

@@ -9,9 +9,8 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from _util import WEATHER_TOOL, assemble_chat_stream, chat_chunks, hang_up_after
+from _util import WEATHER_TOOL, assemble_chat_stream, chat_chunks, finalized_at, hang_up_after
 
-from actorproxy import ProxyClient
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimEngine
 
@@ -117,12 +116,10 @@ async def test_openai_sdk_both_ways(proxy: RunningProxy, engine: SimEngine) -> N
         text, model_id = await trio.to_thread.run_sync(conversation, stream)
         assert text == "It is 18 °C and sunny in Zürich — enjoy! 🌞"
         assert model_id == "actorproxy"
-    async with ProxyClient(proxy.url) as client:
-        for stream in (False, True):
-            await client.finalize_session(f"sdk-{stream}")
-            payload = await client.read_trajectory(session_id=f"sdk-{stream}", include_steps=True)
-            assert [s["num_steps"] for s in payload["data"]] == [2]
-            assert [s["status"] for s in payload["steps"]] == ["completed", "completed"]
+    for stream in (False, True):
+        segments, steps = await finalized_at(proxy.url, f"sdk-{stream}")
+        assert [s["num_steps"] for s in segments] == [2]
+        assert [s["status"] for s in steps] == ["completed", "completed"]
 
 
 BAD_BODIES: list[tuple[Any, str | None]] = [

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from _util import WEATHER_TOOL, WEATHER_TOOL_ANTHROPIC
+from _util import WEATHER_TOOL, WEATHER_TOOL_ANTHROPIC, finalized_at
 
 from actorproxy import ProxyClient
 from actorproxy.client import ProxyError as ClientError
@@ -26,15 +26,6 @@ MESSAGES = {"model": "m", "max_tokens": 20, "messages": [{"role": "user", "conte
 @pytest.fixture
 async def engine(tokenizer: Any) -> SimEngine:
     return SimEngine(tokenizer, SimConfig(seed=3, token_interval=0.0005))
-
-
-async def finalize(url: str, session: str) -> dict[str, Any]:
-    """Finalize ``session``; returns its one segment with its steps under ``"steps"``."""
-    async with ProxyClient(url) as client:
-        await client.finalize_session(session)
-        payload = await client.read_trajectory(session_id=session, include_steps=True)
-    assert len(payload["data"]) == 1
-    return {**payload["data"][0], "steps": payload["steps"]}
 
 
 async def test_openai_sdk_with_a_session_base_url(proxy: RunningProxy, engine: SimEngine) -> None:
@@ -58,7 +49,7 @@ async def test_openai_sdk_with_a_session_base_url(proxy: RunningProxy, engine: S
 
     text, model = await trio.to_thread.run_sync(agent)
     assert text == ANSWER and model == "actorproxy"
-    segment = await finalize(proxy.url, "oai-url")
+    (segment,), _ = await finalized_at(proxy.url, "oai-url")
     assert segment["num_steps"] == 2 and segment["trajectory_id"] == "oai-url#0"
     async with ProxyClient(proxy.url) as client:
         with pytest.raises(ClientError) as caught:
@@ -88,7 +79,7 @@ async def test_anthropic_sdk_with_a_session_base_url(proxy: RunningProxy, engine
 
     text, counted = await trio.to_thread.run_sync(agent)
     assert text == ANSWER and counted > 0
-    segment = await finalize(proxy.url, "anth-url")
+    (segment,), _ = await finalized_at(proxy.url, "anth-url")
     assert segment["num_steps"] == 2 and segment["trajectory_id"] == "anth-url#0"
 
 
@@ -104,7 +95,7 @@ async def test_claw_style_url_names_session_and_instance(http: httpx.AsyncClient
     models = await http.get("/traj-2/prompt-b/v1/models")
     assert models.json()["data"][0]["id"] == "actorproxy"
     for session, instance in (("traj-1", "prompt-a"), ("traj-2", "prompt-b")):
-        segment = await finalize(proxy.url, session)
+        (segment,), _ = await finalized_at(proxy.url, session)
         assert segment["instance_id"] == instance and segment["num_steps"] == 1
     assert (await http.get("/session/loses")).status_code == 404
 
