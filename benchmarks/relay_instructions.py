@@ -1,7 +1,7 @@
 """Instructions the proxy spends on a relayed streamed token, counted by callgrind (deterministic).
 
     python benchmarks/relay_instructions.py [--shape sglang-incremental vllm] [--streams 2] [--tokens 200]
-        [--interval 0.1]
+        [--interval 0.1] [--keep DIR]
 
 The engine (``actorproxy sim``, its own process, not traced) streams ``--tokens`` tokens a
 reply, one every ``--interval`` seconds per stream; the proxy (``actorproxy run``) runs under
@@ -13,12 +13,15 @@ turn's end); the figure is the instructions of that window over the tokens the c
 received in it. Use a slow pace (the default) so the proxy keeps up under valgrind, and
 the same arguments for the runs compared: the proxy is the checkout on ``PYTHONPATH``, so
 old code is measured by running this script with ``PYTHONPATH`` at an old worktree.
+``--keep DIR`` keeps each shape's callgrind output as ``DIR/callgrind.SHAPE.out``, to read
+per function with ``callgrind_annotate --inclusive=yes``.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,6 +80,9 @@ def one_shape(args: argparse.Namespace, shape: str) -> None:
                     clients.kill()
                     clients.wait()
         instructions = counted(out)  # (written as the proxy exits)
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out, args.keep / f"callgrind.{shape}.out")
     print(f"{shape:<18} {args.streams} streams x {args.tokens} tokens x {args.interval * 1000:g} ms: "
           f"{instructions:,} instructions over {tokens} tokens = {instructions / max(tokens, 1):,.0f} a token "
           f"({summary})", flush=True)
@@ -88,6 +94,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--interval", type=float, default=0.1, help="seconds per token per stream")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="keep each shape's callgrind output file in DIR")
     args = parser.parse_args()
     for shape in args.shape:
         one_shape(args, shape)
