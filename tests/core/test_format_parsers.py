@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from _families import family_tokenizer
+from _streamed import run, streamed
 
 from actorproxy.core.parser import OutputParser, default_tool_call_format
 
@@ -25,29 +26,22 @@ TOOLS = [
 def _parse(family: str, text: str, **kwargs: Any) -> tuple[OutputParser, dict[str, Any]]:
     """Feed ``text`` in three chunkings; all must agree. Returns the last parser and the streamed reply."""
     tok = family_tokenizer(family)
-    ids = [*tok.encode(text), tok.eot_token_id]
+    count = len(tok.encode(text)) + 1  # and the end-of-turn id
     results = []
-    for size in (1, 3, len(ids)):
-        parser = OutputParser(tok, tool_call_id=lambda i: f"call_{i}", tools=TOOLS, **kwargs)
-        reasoning, content, calls = "", "", {}
-        deltas = [parser.feed(ids[at : at + size]) for at in range(0, len(ids), size)] + [parser.finish()]
-        for delta in deltas:
-            reasoning, content = reasoning + delta.reasoning, content + delta.content
-            for piece in delta.tool_calls:
-                if piece.id is not None:
-                    calls[piece.index] = {"id": piece.id, "name": piece.name, "arguments": piece.arguments}
-                else:
-                    calls[piece.index]["arguments"] += piece.arguments
+    for size in (1, 3, count):
+        parser, deltas = run(tok, text, [size] * (count // size), tools=TOOLS, **kwargs)
+        reasoning, content, calls = streamed(deltas)
         out = parser.output
-        streamed = {"reasoning": reasoning, "content": content, "calls": [calls[i] for i in sorted(calls)]}
+        sent = {"reasoning": reasoning, "content": content,
+                "calls": [dict(zip(("id", "name", "arguments"), calls[i], strict=True)) for i in sorted(calls)]}
         final = {
             "reasoning": out.reasoning,
             "content": out.content,
             "calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in out.tool_calls],
         }
         if parser.tool_call_parse_error:  # a client may have seen the start of the failed call (docs/parsers.md)
-            streamed["calls"] = [c for c in streamed["calls"] if c["id"] in {f["id"] for f in final["calls"]}]
-        assert streamed == final, f"chunks of {size}: the streamed pieces differ from the reply"
+            sent["calls"] = [c for c in sent["calls"] if c["id"] in {f["id"] for f in final["calls"]}]
+        assert sent == final, f"chunks of {size}: the streamed pieces differ from the reply"
         results.append((parser, final))
     assert results[0][1] == results[1][1] == results[2][1]
     return results[-1]

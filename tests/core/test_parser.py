@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+from _streamed import run, streamed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,43 +14,14 @@ from actorproxy.core.messages import AssistantOutput, ToolCall, echo_matches, me
 from actorproxy.core.parser import OutputParser
 
 
-def _parser(tokenizer: Any, **kwargs: Any) -> OutputParser:
-    return OutputParser(tokenizer, tool_call_id=lambda i: f"call_{i}", **kwargs)
-
-
 def _run(
     tokenizer: Any, text: str, chunks: list[int] | None = None, **kwargs: Any
-) -> tuple[OutputParser, str, str, list[Any]]:
-    ids = tokenizer.encode(text).tolist() + [tokenizer.eot_token_id]
-    parser = _parser(tokenizer, **kwargs)
-    reasoning, content = "", ""
-    calls: list[Any] = []
-    at = 0
-    sizes = chunks or [1] * len(ids)
-    for size in sizes:
-        delta = parser.feed(ids[at : at + size])
-        at += size
-        reasoning, content = reasoning + delta.reasoning, content + delta.content
-        calls.extend(delta.tool_calls)
-    if at < len(ids):
-        delta = parser.feed(ids[at:])
-        reasoning, content = reasoning + delta.reasoning, content + delta.content
-        calls.extend(delta.tool_calls)
-    tail = parser.finish()
-    calls.extend(tail.tool_calls)
-    return parser, reasoning + tail.reasoning, content + tail.content, calls
-
-
-def _joined(pieces: list[Any]) -> list[tuple[int, str | None, str | None, str]]:
-    """Streamed tool-call pieces joined per call: (index, id, name, arguments)."""
-    calls: dict[int, tuple[int, str | None, str | None, str]] = {}
-    for piece in pieces:
-        if piece.id is not None:
-            calls[piece.index] = (piece.index, piece.id, piece.name, piece.arguments)
-        else:
-            index, cid, name, args = calls[piece.index]
-            calls[piece.index] = (index, cid, name, args + piece.arguments)
-    return [calls[i] for i in sorted(calls)]
+) -> tuple[OutputParser, str, str, list[tuple[int, str | None, str | None, str]]]:
+    """``text`` fed in ``chunks``: the parser, and the reasoning, content and calls (index, id, name, arguments)
+    it streamed."""
+    parser, deltas = run(tokenizer, text, chunks, **kwargs)
+    reasoning, content, calls = streamed(deltas)
+    return parser, reasoning, content, [(i, *calls[i]) for i in sorted(calls)]
 
 
 def test_reasoning_content_and_calls(tokenizer: Any) -> None:
@@ -57,9 +30,8 @@ def test_reasoning_content_and_calls(tokenizer: Any) -> None:
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "nested": {"a": [1, 2]}}}\n</tool_call>\n'
         '<tool_call>\n{"name": "search", "arguments": {"query": "café 🌞"}}\n</tool_call>'
     )
-    parser, reasoning, content, pieces = _run(tokenizer, text)
+    parser, reasoning, content, calls = _run(tokenizer, text)
     out = parser.output
-    calls = _joined(pieces)
     assert reasoning == out.reasoning == "I should check."
     assert content == out.content == "Let me look."
     assert [c[2] for c in calls] == ["get_weather", "search"]
@@ -68,7 +40,9 @@ def test_reasoning_content_and_calls(tokenizer: Any) -> None:
     assert calls[0][3] == out.tool_calls[0].arguments == '{"city": "Zürich", "nested": {"a": [1, 2]}}'
     assert json.loads(calls[0][3]) == {"city": "Zürich", "nested": {"a": [1, 2]}}
     assert out.tool_calls[1].parsed == {"query": "café 🌞"}
-    assert [c[0] for c in calls] == [0, 1] and len(pieces) > 2
+    assert [c[0] for c in calls] == [0, 1]
+    _, deltas = run(tokenizer, text)
+    assert sum(len(d.tool_calls) for d in deltas) > 2  # more pieces than the two calls' announcements
     assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == [c[1:] for c in calls]
     assert not parser.tool_call_parse_error
 
@@ -82,7 +56,7 @@ def test_malformed_call_is_returned_as_content_and_flagged(tokenizer: Any) -> No
     parser, _, content, calls = _run(tokenizer, "<tool_call>\n{\"name\": \"f\", \"arguments\": {oops}\n</tool_call>")
     # The call was announced (name complete, arguments begun) before it failed: a streaming
     # client saw its start; the reply itself has no call, the raw text as content, the flag.
-    assert _joined(calls) == [(0, "call_0", "f", "{oops}")]
+    assert calls == [(0, "call_0", "f", "{oops}")]
     assert parser.output.tool_calls == () and parser.tool_call_parse_error
     assert content == '<tool_call>\n{"name": "f", "arguments": {oops}\n</tool_call>'
     parser, _, content, calls = _run(tokenizer, "<tool_call>\n[\"not\", \"a call\"]\n</tool_call>")
@@ -92,18 +66,39 @@ def test_malformed_call_is_returned_as_content_and_flagged(tokenizer: Any) -> No
     assert content == 'Sure.\n<tool_call>\n{"name": "f", "argu'
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=80))
-def test_chunking_does_not_change_the_result(tokenizer: Any, chunks: list[int]) -> None:
-    text = (
+#: Replies read the same however the engine chunks their ids: text, reasoning, content, calls (id, name, arguments).
+CHUNKED = [
+    pytest.param(
         "<think>\n推理 with emoji 🧪 and spaces   \n</think>\n\n  Answer: naïve façade ✓  \n"
-        '<tool_call>\n{"name": "f", "arguments": {"x": "ü"}}\n</tool_call>'
-    )
+        '<tool_call>\n{"name": "f", "arguments": {"x": "ü"}}\n</tool_call>',
+        "推理 with emoji 🧪 and spaces", "Answer: naïve façade ✓", [("call_0", "f", '{"x": "ü"}')],
+        id="multibyte-text-and-whitespace",
+    ),
+    pytest.param(
+        "<think>\nA plan: call twice.\n</think>\n\nOK 👍\n"
+        '<tool_call>\n{"name": "a", "arguments": {"k": "v\\n\\"q\\"", "emoji": "🧪"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "b", "parameters": {"n": -1.5e3}}\n</tool_call>',
+        "A plan: call twice.", "OK 👍",
+        [("call_0", "a", '{"k": "v\\n\\"q\\"", "emoji": "🧪"}'), ("call_1", "b", '{"n": -1.5e3}')],
+        id="escapes-and-parameters",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "reasoning", "content", "calls"), CHUNKED)
+@settings(max_examples=50, deadline=None)
+@given(chunks=st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=80))
+def test_any_chunking_streams_and_returns_the_same_reply(
+    tokenizer: Any, text: str, reasoning: str, content: str, calls: list[tuple[str, str, str]], chunks: list[int]
+) -> None:
     whole = _run(tokenizer, text, chunks=[10_000])
-    pieces = _run(tokenizer, text, chunks=chunks)
-    assert whole[1:3] == pieces[1:3] == ("推理 with emoji 🧪 and spaces", "Answer: naïve façade ✓")
-    assert _joined(whole[3]) == _joined(pieces[3]) == [(0, "call_0", "f", '{"x": "ü"}')]
-    assert whole[0].output == pieces[0].output
+    parser, *got = _run(tokenizer, text, chunks=chunks)
+    assert whole[1:] == tuple(got) == (reasoning, content, [(i, *call) for i, call in enumerate(calls)])
+    out = parser.output
+    assert out == whole[0].output
+    assert (out.reasoning, out.content, [(c.id, c.name, c.arguments) for c in out.tool_calls]) == (
+        reasoning, content, calls)
+    assert [c.parsed for c in out.tool_calls] == [json.loads(c.arguments) for c in out.tool_calls]
 
 
 def test_echo_matching_by_meaning() -> None:
@@ -178,20 +173,6 @@ def test_text_around_calls_and_stop_sequences_outside_them(tokenizer: Any) -> No
     parser, _, content, calls = _run(tokenizer, text, stop=("STOP",))
     # Stop sequences apply to content only: the argument text never ends the reply.
     assert content == parser.output.content == "First.\n\nBetween.\n\nAfter. "
-    assert [c[2:] for c in _joined(calls)] == [("f", '{"s": "STOP inside"}'), ("g", "{}")]
+    assert [c[2:] for c in calls] == [("f", '{"s": "STOP inside"}'), ("g", "{}")]
     assert parser.stopped and not parser.tool_call_parse_error
 
-
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=80))
-def test_streamed_deltas_equal_the_final_output(tokenizer: Any, chunks: list[int]) -> None:
-    text = (
-        "<think>\nA plan: call twice.\n</think>\n\nOK 👍\n"
-        '<tool_call>\n{"name": "a", "arguments": {"k": "v\\n\\"q\\"", "emoji": "🧪"}}\n</tool_call>\n'
-        '<tool_call>\n{"name": "b", "parameters": {"n": -1.5e3}}\n</tool_call>'
-    )
-    parser, reasoning, content, calls = _run(tokenizer, text, chunks=chunks)
-    out = parser.output
-    assert (reasoning, content) == (out.reasoning, out.content) == ("A plan: call twice.", "OK 👍")
-    assert _joined(calls) == [(i, c.id, c.name, c.arguments) for i, c in enumerate(out.tool_calls)]
-    assert out.tool_calls[1].arguments == '{"n": -1.5e3}' and out.tool_calls[1].parsed == {"n": -1500.0}

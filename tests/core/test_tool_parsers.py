@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from _streamed import assert_stream_matches_output, run, streamed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,45 +37,6 @@ TOOLS = [WEATHER]
 def xml_call(name: str, **params: str) -> str:
     body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
     return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
-
-
-def run(tokenizer: Any, text: str, sizes: list[int] | None = None, **kwargs: Any) -> tuple[OutputParser, list[Any]]:
-    """Feed ``text`` (plus the end-of-turn token) in chunks of ``sizes`` (default: one id at a time)."""
-    ids = tokenizer.encode(text).tolist() + [tokenizer.eot_token_id]
-    parser = OutputParser(tokenizer, tool_call_id=lambda i: f"call_{i}", **kwargs)
-    deltas, at = [], 0
-    for size in sizes or [1] * len(ids):
-        deltas.append(parser.feed(ids[at : at + size]))
-        at += size
-    deltas.append(parser.feed(ids[at:]))
-    deltas.append(parser.finish())
-    return parser, deltas
-
-
-def streamed(deltas: list[Any]) -> tuple[str, str, dict[int, tuple[str | None, str | None, str]]]:
-    """Concatenated reasoning, content and, per call index, (id, name, arguments)."""
-    calls: dict[int, tuple[str | None, str | None, str]] = {}
-    for delta in deltas:
-        for piece in delta.tool_calls:
-            if piece.id is not None:
-                assert piece.index not in calls, "a call is announced once"
-                calls[piece.index] = (piece.id, piece.name, piece.arguments)
-            else:
-                cid, name, args = calls[piece.index]
-                calls[piece.index] = (cid, name, args + piece.arguments)
-    return "".join(d.reasoning for d in deltas), "".join(d.content for d in deltas), calls
-
-
-def assert_stream_matches_output(parser: OutputParser, deltas: list[Any]) -> None:
-    reasoning, content, calls = streamed(deltas)
-    out = parser.output
-    assert (reasoning, content) == (out.reasoning, out.content)
-    final = {int(c.id.removeprefix("call_")): (c.id, c.name, c.arguments) for c in out.tool_calls}
-    if not parser.tool_call_parse_error:
-        assert calls == final
-    for index, call in final.items():
-        assert calls[index] == call
-        assert json.loads(call[2]) == out.tool_calls[[c.id for c in out.tool_calls].index(call[0])].parsed
 
 
 def feed_chars(parser: HermesBlockParser | XmlBlockParser, text: str) -> list[CallPiece]:
