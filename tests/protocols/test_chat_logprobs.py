@@ -4,7 +4,8 @@ and ``include: ["message.output_text.logprobs"]`` on the Responses API (the same
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import httpx
 import openai
@@ -19,14 +20,28 @@ from actorproxy.sim import SimConfig, SimEngine
 REPLY = "Grüße aus Zürich 🌍, das Wetter ist schön."
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 
+T = TypeVar("T")
+
 
 @pytest.fixture
 async def engine(tokenizer: Any) -> SimEngine:
     return SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0))
 
 
-def _client(url: str, session: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/sess/{session}/v1", api_key="unused", max_retries=0)
+async def _asked(
+    proxy: RunningProxy, engine: SimEngine, session: str, ask: Callable[[openai.OpenAI], T], *, turns: int = 1
+) -> tuple[T, list[dict[str, Any]]]:
+    """``ask`` run with an SDK client on ``session``'s URL, whose ``turns`` replies are :data:`REPLY`: what it
+    returned, and the session's recorded steps."""
+    engine.script(*[REPLY] * turns, routing_key=session)
+
+    def in_thread() -> T:
+        with openai.OpenAI(base_url=f"{proxy.url}/sess/{session}/v1", api_key="unused", max_retries=0) as client:
+            return ask(client)
+
+    got = await trio.to_thread.run_sync(in_thread)
+    _, steps = await finalized_at(proxy.url, session)
+    return got, steps
 
 
 def _check(content: list[Any], step: dict[str, Any], tokenizer: Any) -> None:
@@ -43,18 +58,13 @@ def _check(content: list[Any], step: dict[str, Any], tokenizer: Any) -> None:
 async def test_json_reply_carries_the_sampled_tokens_logprobs(
     proxy: RunningProxy, engine: SimEngine, tokenizer: Any
 ) -> None:
-    engine.script(REPLY, REPLY, routing_key="lp")
+    def ask(client: openai.OpenAI) -> tuple[Any, Any]:
+        return (client.chat.completions.create(model="m", messages=MESSAGES, logprobs=True, top_logprobs=3),
+                client.chat.completions.create(model="m", messages=MESSAGES))
 
-    def ask() -> tuple[Any, Any]:
-        with _client(proxy.url, "lp") as client:
-            with_lp = client.chat.completions.create(model="m", messages=MESSAGES, logprobs=True, top_logprobs=3)
-            without = client.chat.completions.create(model="m", messages=MESSAGES)
-        return with_lp, without
-
-    with_lp, without = await trio.to_thread.run_sync(ask)
+    (with_lp, without), steps = await _asked(proxy, engine, "lp", ask, turns=2)
     assert with_lp.choices[0].message.content == REPLY
     assert without.choices[0].logprobs is None
-    _, steps = await finalized_at(proxy.url, "lp")
     assert with_lp.choices[0].logprobs.refusal is None
     content = with_lp.choices[0].logprobs.content
     _check(content, steps[0], tokenizer)
@@ -63,18 +73,14 @@ async def test_json_reply_carries_the_sampled_tokens_logprobs(
 
 
 async def test_stream_carries_the_same_logprobs(proxy: RunningProxy, engine: SimEngine, tokenizer: Any) -> None:
-    engine.script(REPLY, routing_key="lps")
+    def ask(client: openai.OpenAI) -> Any:
+        with client.chat.completions.stream(model="m", messages=MESSAGES, logprobs=True) as stream:
+            for _ in stream:
+                pass
+            return stream.get_final_completion()
 
-    def ask() -> Any:
-        with _client(proxy.url, "lps") as client:
-            with client.chat.completions.stream(model="m", messages=MESSAGES, logprobs=True) as stream:
-                for _ in stream:
-                    pass
-                return stream.get_final_completion()
-
-    final = await trio.to_thread.run_sync(ask)
+    final, steps = await _asked(proxy, engine, "lps", ask)
     assert final.choices[0].message.content == REPLY
-    _, steps = await finalized_at(proxy.url, "lps")
     _check(final.choices[0].logprobs.content, steps[0], tokenizer)
 
 
@@ -94,39 +100,30 @@ INCLUDE = ["message.output_text.logprobs"]
 async def test_responses_json_carries_the_sampled_tokens_logprobs(
     proxy: RunningProxy, engine: SimEngine, tokenizer: Any
 ) -> None:
-    engine.script(REPLY, REPLY, routing_key="rlp")
+    def ask(client: openai.OpenAI) -> tuple[Any, Any]:
+        return (client.responses.create(model="m", input="Say hello.", include=INCLUDE,  # type: ignore[list-item]
+                                        top_logprobs=3, store=False),
+                client.responses.create(model="m", input="Say hello.", store=False))
 
-    def ask() -> tuple[Any, Any]:
-        with _client(proxy.url, "rlp") as client:
-            with_lp = client.responses.create(model="m", input="Say hello.", include=INCLUDE,  # type: ignore[list-item]
-                                              top_logprobs=3, store=False)
-            without = client.responses.create(model="m", input="Say hello.", store=False)
-        return with_lp, without
-
-    with_lp, without = await trio.to_thread.run_sync(ask)
+    (with_lp, without), steps = await _asked(proxy, engine, "rlp", ask, turns=2)
     [text] = with_lp.output[-1].content
     assert text.text == REPLY
     assert without.output[-1].content[0].logprobs == []
-    _, steps = await finalized_at(proxy.url, "rlp")
     _check(text.logprobs, steps[0], tokenizer)
 
 
 async def test_responses_stream_carries_the_same_logprobs(
     proxy: RunningProxy, engine: SimEngine, tokenizer: Any
 ) -> None:
-    engine.script(REPLY, routing_key="rlps")
+    def ask(client: openai.OpenAI) -> tuple[list[Any], Any]:
+        with client.responses.stream(model="m", input="Say hello.", include=INCLUDE,  # type: ignore[list-item]
+                                     store=False) as stream:
+            events = list(stream)
+            return events, stream.get_final_response()
 
-    def ask() -> tuple[list[Any], Any]:
-        with _client(proxy.url, "rlps") as client:
-            with client.responses.stream(model="m", input="Say hello.", include=INCLUDE,  # type: ignore[list-item]
-                                         store=False) as stream:
-                events = list(stream)
-                return events, stream.get_final_response()
-
-    events, final = await trio.to_thread.run_sync(ask)
+    (events, final), (step,) = await _asked(proxy, engine, "rlps", ask)
     [text] = final.output[-1].content
     assert text.text == REPLY
-    _, (step,) = await finalized_at(proxy.url, "rlps")
     _check(text.logprobs, step, tokenizer)
     [done] = [e for e in events if e.type == "response.output_text.done"]
     _check(done.logprobs, step, tokenizer)
