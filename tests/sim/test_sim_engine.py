@@ -513,8 +513,12 @@ async def test_scripted_finish_and_limits(
 # -- aborts and cancellation -------------------------------------------------------
 
 
-async def test_abort_from_another_task_at_exact_time(
-    tokenizer: ChatTokenizer, autojump_clock: MockClock
+@pytest.mark.parametrize(
+    "at",
+    [1.6, 1.5],  # tokens at 0.75, 1.0, 1.25, 1.5, then 1.75: between two tokens, and on one (that token is kept)
+)
+async def test_abort_from_another_task_ends_the_generation_at_once(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock, at: float
 ) -> None:
     engine = SimEngine(tokenizer, TIMED)
     engine.script(list(range(100, 120)))
@@ -523,7 +527,7 @@ async def test_abort_from_another_task_at_exact_time(
         async with trio.open_nursery() as nursery:
 
             async def abort_later() -> None:
-                await trio.sleep(1.6)  # tokens at 0.75, 1.0, 1.25, 1.5; next due 1.75
+                await trio.sleep(at)
                 await gen.abort()
 
             nursery.start_soon(abort_later)
@@ -532,34 +536,11 @@ async def test_abort_from_another_task_at_exact_time(
     assert [e.token_ids[0] for _, e in got[:-1]] == [100, 101, 102, 103]
     t_finish, finish = got[-1]
     assert isinstance(finish, GenerateFinish) and finish.reason == "abort"
-    assert t_finish == 1.6  # woke at once, did not wait for the next token
+    assert t_finish == at  # woke at once, did not wait for the next token
     stats = engine.stats(gen.rid)
     assert stats.token_ids == (100, 101, 102, 103) and stats.finish_reason == "abort"
     assert stats.aborted and not stats.cancelled
     assert engine.running == 0
-
-
-async def test_abort_on_a_token_boundary_keeps_that_token(
-    tokenizer: ChatTokenizer, autojump_clock: MockClock
-) -> None:
-    engine = SimEngine(tokenizer, TIMED)
-    engine.script(list(range(100, 120)))
-    async with engine.open_generation(req(array("i", [1]))) as gen:
-        async with trio.open_nursery() as nursery:
-
-            async def abort_later() -> None:
-                await trio.sleep(1.5)
-                await gen.abort()
-
-            nursery.start_soon(abort_later)
-            events = [e async for e in gen]
-    assert [e.token_ids[0] for e in events[:-1] if isinstance(e, TokenDelta)] == [
-        100,
-        101,
-        102,
-        103,
-    ]
-    assert engine.stats(gen.rid).token_ids == (100, 101, 102, 103)
 
 
 async def test_abort_before_iteration(tokenizer: ChatTokenizer, autojump_clock: MockClock) -> None:
