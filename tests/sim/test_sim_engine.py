@@ -8,6 +8,7 @@ import math
 import random
 import struct
 from array import array
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from actorproxy.engines.base import (
     BackendError,
     GenerateFinish,
     GenerateRequest,
+    Generation,
     SamplingParams,
     TokenDelta,
 )
@@ -108,6 +110,16 @@ async def run(
             else:
                 return deltas, event, trio.current_time()
     raise AssertionError("stream ended without GenerateFinish")
+
+
+async def events_while(gen: Generation, act: Callable[[], Awaitable[None]]) -> list[tuple[float, Any]]:
+    """``gen``'s events with the clock time each arrived, while ``act`` runs in a task of its own."""
+    got: list[tuple[float, Any]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(act)
+        async for event in gen:
+            got.append((trio.current_time(), event))
+    return got
 
 
 def ids_of(deltas: list[tuple[float, TokenDelta]]) -> list[int]:
@@ -522,17 +534,13 @@ async def test_abort_from_another_task_ends_the_generation_at_once(
 ) -> None:
     engine = SimEngine(tokenizer, TIMED)
     engine.script(list(range(100, 120)))
-    got: list[tuple[float, Any]] = []
     async with engine.open_generation(req(array("i", [1]))) as gen:
-        async with trio.open_nursery() as nursery:
 
-            async def abort_later() -> None:
-                await trio.sleep(at)
-                await gen.abort()
+        async def abort_later() -> None:
+            await trio.sleep(at)
+            await gen.abort()
 
-            nursery.start_soon(abort_later)
-            async for event in gen:
-                got.append((trio.current_time(), event))
+        got = await events_while(gen, abort_later)
     assert [e.token_ids[0] for _, e in got[:-1]] == [100, 101, 102, 103]
     t_finish, finish = got[-1]
     assert isinstance(finish, GenerateFinish) and finish.reason == "abort"
@@ -650,15 +658,13 @@ async def test_weight_version_change_mid_stream(
     engine = SimEngine(tokenizer, SimConfig(token_interval=1.0, weight_version="v1"))
     engine.script([1, 2, 3, 4])
     async with engine.open_generation(req(array("i", [1]))) as gen:
-        async with trio.open_nursery() as nursery:
 
-            async def swap() -> None:
-                await trio.sleep(2)  # same instant as token 2: it keeps the old version
-                engine.set_weight_version("v2")
+        async def swap() -> None:
+            await trio.sleep(2)  # same instant as token 2: it keeps the old version
+            engine.set_weight_version("v2")
 
-            nursery.start_soon(swap)
-            events = [e async for e in gen]
-    assert [e.weight_version for e in events] == ["v1", "v1", "v2", "v2", "v2"]
+        got = await events_while(gen, swap)
+    assert [e.weight_version for _, e in got] == ["v1", "v1", "v2", "v2", "v2"]
     assert engine.weight_version == "v2"
     assert (await engine.model_info()).weight_version == "v2"
 
@@ -787,22 +793,18 @@ async def test_pause_shifts_the_schedule_and_new_tokens_get_the_new_version(
 ) -> None:
     engine = SimEngine(tokenizer, SimConfig(token_interval=1.0, weight_version="v1"))
     engine.script([1, 2, 3, 4])
-    got: list[tuple[float, Any]] = []
     async with engine.open_generation(req(array("i", [9]))) as gen:
-        async with trio.open_nursery() as nursery:
 
-            async def update_weights() -> None:
-                await trio.sleep(2)  # token 2 is due now: it comes before the pause
-                engine.pause()
-                assert engine.paused
-                await trio.sleep(10)
-                assert engine.stats(gen.rid).token_ids == (1, 2)
-                engine.set_weight_version("v2")
-                engine.resume()
+        async def update_weights() -> None:
+            await trio.sleep(2)  # token 2 is due now: it comes before the pause
+            engine.pause()
+            assert engine.paused
+            await trio.sleep(10)
+            assert engine.stats(gen.rid).token_ids == (1, 2)
+            engine.set_weight_version("v2")
+            engine.resume()
 
-            nursery.start_soon(update_weights)
-            async for event in gen:
-                got.append((trio.current_time(), event))
+        got = await events_while(gen, update_weights)
     assert [t for t, _ in got] == [1.0, 2.0, 13.0, 14.0, 14.0]
     assert [e.weight_version for _, e in got] == ["v1", "v1", "v2", "v2", "v2"]
     assert not engine.paused
