@@ -34,6 +34,7 @@ import attrs
 from ..core.requests import ChatRequest, offered_tools
 from ..errors import BadRequest
 from ..schema.converter import structure
+from ..schema.jsonio import dumps, loads
 from .responses_types import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -67,6 +68,9 @@ class ResponsesCall:
     include_encrypted: bool
     #: Fields echoed in the response object as the client sent them.
     echo: dict[str, Any]
+    #: Their JSON members, each after a comma, as the response object carries them (:func:`echo_parts`; the
+    #: tools as their text was sent, so not compared: ``echo`` is).
+    echo_json: bytes = attrs.field(eq=False)
     session_id: str | None
     #: ``request.messages`` starts with the system message made of ``instructions``.
     has_instructions: bool = False
@@ -277,15 +281,32 @@ def echoed(body: Mapping[str, Any], options: ResponsesOptions) -> dict[str, Any]
     return echo
 
 
+def echo_parts(echo: Mapping[str, Any]) -> tuple[bytes, bytes]:
+    """The echoed fields' JSON members (each after a comma) before ``tools``, ``"tools":`` last, and after it.
+
+    Made once while the fields repeat (``responses_memo.ResponsesFields``): a response's echo is these around
+    the tools' JSON text.
+    """
+    before: list[bytes] = []
+    after: list[bytes] = []
+    side = before
+    for key, value in echo.items():
+        if key == "tools":
+            side = after
+        else:
+            side.append(b"," + dumps(key) + b":" + dumps(value))
+    return b"".join(before) + b',"tools":', b"".join(after)
+
+
 def parse_responses_body(
-    body: Any, *, made: ChatRequest | None = None, echo: dict[str, Any] | None = None
+    body: Any, *, made: ChatRequest | None = None, echo: dict[str, Any] | None = None, echo_json: bytes = b""
 ) -> ResponsesCall:
     """Validate a Responses body; raise :class:`BadRequest` naming the bad field. Unknown fields are ignored.
 
     The body is structured by the one converter into :class:`ResponsesRequest`. ``made`` and
     ``echo``, when given, are the request the body asks for and the fields its response echoes,
     made already from what its parts were converted to (``responses_memo``): the body is then its
-    other fields, typed already (:class:`ResponsesOptions`).
+    other fields, typed already (:class:`ResponsesOptions`), and ``echo_json`` the echo's JSON members.
     """
     options: ResponsesOptions
     if made is None or echo is None:
@@ -296,19 +317,29 @@ def parse_responses_body(
             messages.insert(0, system)
         made = responses_request(typed, messages, convert_tools(body.get("tools"), typed.tools)[0])
         echo = echoed(body, typed)
+        head, tail = echo_parts(echo)
+        echo_json = head + dumps(echo["tools"]) + tail
     else:
         options = body
     include = options.include or []
     return ResponsesCall(
         request=made, model=str(options.model or ""), stream=made.stream,
         previous_response_id=echo["previous_response_id"], store=echo["store"],
-        include_encrypted="reasoning.encrypted_content" in include, echo=echo,
+        include_encrypted="reasoning.encrypted_content" in include, echo=echo, echo_json=echo_json,
         session_id=options.session_id or None, has_instructions=bool(_text(options.instructions)),
         logprobs="message.output_text.logprobs" in include,
     )
 
 
 # -- the conversation behind previous_response_id --------------------------------------
+
+
+@attrs.frozen
+class Issued:
+    """An output item of a response as the reply sent it: its id and its JSON text."""
+
+    id: str
+    json: bytes
 
 
 @attrs.frozen
@@ -324,17 +355,18 @@ class IssuedItems:
     Item ids are unique (they derive from the response id), so a reference is found
     without its session; the session it belongs to is kept and checked once the turn's
     session is known (:meth:`check`). At most ``capacity`` items are kept (least recently
-    used go first); an unknown or evicted id is a 400 naming it. Items are the reply's
-    own objects, held by reference, not copies.
+    used go first); an unknown or evicted id is a 400 naming it. Items are kept as the
+    reply wrote them, JSON text (held by reference, not copies), and parsed only when a
+    later request names one.
     """
 
     def __init__(self, capacity: int = 1 << 17) -> None:
         self._capacity = capacity
-        self._items: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
 
-    def add(self, session: str, items: Iterable[dict[str, Any]]) -> None:
+    def add(self, session: str, items: Iterable[Issued]) -> None:
         for item in items:
-            self._items[item["id"]] = (session, item)
+            self._items[item.id] = (session, item.json)
         while len(self._items) > self._capacity:
             self._items.popitem(last=False)
 
@@ -361,7 +393,7 @@ class IssuedItems:
                                  code="item_not_found")
             self._items.move_to_end(item_id)
             references.append((item_id, found[0]))
-            resolved.append(found[1])
+            resolved.append(loads(found[1], check=False))
         return {**body, "input": resolved}, tuple(references)
 
     @staticmethod

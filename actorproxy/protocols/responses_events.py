@@ -5,12 +5,19 @@ item's position); a function call's ``call_id`` is the proxy's tool-call id, so
 an echoed call matches the step it came from. Reasoning goes out as
 ``reasoning_text`` content and, when the client asks for
 ``reasoning.encrypted_content``, also as a reversible ``encrypted_content``.
+
+Every reply is written as bytes directly, around the strings it carries, as chat's
+and Anthropic's are: no JSON value of the response, an item or an event is built
+(the bytes the values would give: ``tests/protocols/test_responses_reply.py``). Only
+the logprobs, when asked for, are a value; the echoed request fields come as the
+call's JSON text (``ResponsesCall.echo_json``). The output items are written once
+each, as :class:`Issued` (id and JSON text): a stored response keeps them so, and
+an ``item_reference`` parses the one it names (``responses_api.IssuedItems``).
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import time
 from typing import Any
 
@@ -19,8 +26,9 @@ from ..core.messages import AssistantOutput
 from ..core.parser import OutputDelta
 from ..core.turn_events import TurnDone
 from ..errors import ProxyError
+from ..schema.jsonio import dumps
 from .openai_chat import sampled_logprobs
-from .responses_api import ENCRYPTED_PREFIX, ResponsesCall
+from .responses_api import ENCRYPTED_PREFIX, Issued, ResponsesCall
 
 
 def new_response_id() -> str:
@@ -32,88 +40,109 @@ def encrypt_reasoning(text: str) -> str:
     return ENCRYPTED_PREFIX + base64.b64encode(text.encode()).decode()
 
 
-def _usage(done: TurnDone) -> dict[str, Any]:
-    return {"input_tokens": done.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": done.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": done.prompt_tokens + done.completion_tokens}
+def _usage(done: TurnDone) -> bytes:
+    """The ``usage`` object's JSON."""
+    return (b'{"input_tokens":%d,"input_tokens_details":{"cached_tokens":0},"output_tokens":%d,'
+            b'"output_tokens_details":{"reasoning_tokens":0},"total_tokens":%d}'
+            % (done.prompt_tokens, done.completion_tokens, done.prompt_tokens + done.completion_tokens))
 
 
-def _status(done: TurnDone) -> tuple[str, dict[str, str] | None]:
-    if done.finish_reason == "length":
-        return "incomplete", {"reason": "max_output_tokens"}
-    return "completed", None
+def _status(done: TurnDone) -> bytes:
+    return b"incomplete" if done.finish_reason == "length" else b"completed"
+
+
+#: An item kind's id prefix, and its members between ``type`` and ``status`` while it is in progress.
+_PREFIX = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
+_OPENED = {"reasoning": b',"summary":[],"content":[]', "message": b',"role":"assistant","content":[]'}
 
 
 class _Items:
-    """The output items of one response: ids derived from the response id, in the order opened."""
+    """The output items of one response, as JSON text: ids derived from the response id, in the order opened."""
 
     def __init__(self, response_id: str, *, include_encrypted: bool) -> None:
         self._stem = response_id.removeprefix("resp_")
         self._include_encrypted = include_encrypted
-        self.items: list[dict[str, Any]] = []
-        #: The sampled tokens' logprobs, once known, when the client asked for them (on the message's text).
-        self.logprobs: list[dict[str, Any]] = []
+        #: The items completed, in order.
+        self.done: list[Issued] = []
+        #: The sampled tokens' logprobs' JSON, once known, when the client asked for them (on the message's text).
+        self.logprobs = b"[]"
 
-    def open(self, kind: str, **fields: Any) -> dict[str, Any]:
-        prefix = {"reasoning": "rs", "message": "msg", "function_call": "fc"}[kind]
-        item: dict[str, Any] = {"id": f"{prefix}_{self._stem}_{len(self.items)}", "type": kind}
+    def new_id(self, kind: str) -> str:
+        return f"{_PREFIX[kind]}_{self._stem}_{len(self.done)}"
+
+    @staticmethod
+    def opened(kind: str, item_id: str, call: bytes = b"") -> bytes:
+        """An item in progress: ``call`` is a function call's ``call_id`` and ``name`` members."""
+        members = call + b',"arguments":""' if kind == "function_call" else _OPENED[kind]
+        return (b'{"id":' + dumps(item_id) + b',"type":"' + kind.encode() + b'"' + members
+                + b',"status":"in_progress"}')
+
+    def json(self, kind: str, item_id: str, encoded: bytes, call: bytes = b"", reasoning: str = "") -> bytes:
+        """An item completed with its final text's JSON string ``encoded`` (arguments, for a call); ``reasoning`` is
+        the text itself, for a reasoning item's ``encrypted_content``."""
+        head = b'{"id":' + dumps(item_id) + b',"type":"' + kind.encode() + b'"'
         if kind == "reasoning":
-            item.update(summary=[], content=[])
-        elif kind == "message":
-            item.update(role="assistant", content=[])
-        item.update(fields, status="in_progress")
-        self.items.append(item)
-        return item
-
-    def done(self, item: dict[str, Any], text: str) -> dict[str, Any]:
-        """Fill ``item`` with its final ``text`` (arguments, for a call) and mark it completed."""
-        if item["type"] == "reasoning":
-            item["content"] = [{"type": "reasoning_text", "text": text}]
+            tail = b'"status":"completed"}'
             if self._include_encrypted:
-                item["encrypted_content"] = encrypt_reasoning(text)
-        elif item["type"] == "message":
-            item["content"] = [{"type": "output_text", "text": text, "annotations": [], "logprobs": self.logprobs}]
-        else:
-            item["arguments"] = text
-        item["status"] = "completed"
-        return item
+                tail = b'"status":"completed","encrypted_content":' + dumps(encrypt_reasoning(reasoning)) + b"}"
+            return head + b',"summary":[],"content":[{"type":"reasoning_text","text":' + encoded + b"}]," + tail
+        if kind == "message":
+            return head + b',"role":"assistant","content":[' + self.text_part(encoded) + b'],"status":"completed"}'
+        return head + call + b',"arguments":' + encoded + b',"status":"completed"}'
 
-    def of(self, output: AssistantOutput) -> list[dict[str, Any]]:
+    def complete(self, kind: str, item_id: str, encoded: bytes, call: bytes = b"", reasoning: str = "") -> Issued:
+        """Add the item completed (:meth:`json`)."""
+        issued = Issued(item_id, self.json(kind, item_id, encoded, call, reasoning))
+        self.done.append(issued)
+        return issued
+
+    def text_part(self, text: bytes) -> bytes:
+        """A message's ``output_text`` part with this (encoded) text."""
+        return b'{"type":"output_text","text":' + text + b',"annotations":[],"logprobs":' + self.logprobs + b"}"
+
+    def of(self, output: AssistantOutput) -> list[Issued]:
         """The items of a whole output at once (a non-streamed response)."""
         if output.reasoning:
-            self.done(self.open("reasoning"), output.reasoning)
+            self.complete("reasoning", self.new_id("reasoning"), dumps(output.reasoning), reasoning=output.reasoning)
         if output.content or not output.tool_calls:
-            self.done(self.open("message"), output.content)
+            self.complete("message", self.new_id("message"), dumps(output.content))
         for call in output.tool_calls:
-            self.done(self.open("function_call", call_id=call.id, name=call.name, arguments=""), call.arguments)
-        return self.items
+            members = b',"call_id":' + dumps(call.id) + b',"name":' + dumps(call.name)
+            self.complete("function_call", self.new_id("function_call"), dumps(call.arguments), members)
+        return self.done
 
 
-def response_object(call: ResponsesCall, *, response_id: str, model: str, created_at: int, status: str,
-                    output: list[dict[str, Any]], done: TurnDone | None = None,
-                    error: ProxyError | None = None) -> dict[str, Any]:
-    """The ``response`` object (``status`` in_progress, completed, incomplete or failed)."""
-    incomplete = _status(done)[1] if done is not None else None
-    body: dict[str, Any] = {
-        "id": response_id, "object": "response", "created_at": created_at, "status": status, "model": model,
-        "output": output, "error": None if error is None else {"code": error.code, "message": error.message},
-        "incomplete_details": incomplete, "usage": None if done is None else _usage(done), **call.echo,
-    }
-    if done is not None:
-        body["actorproxy"] = {"step_index": done.step_index, "session_id": done.session_id,
-                              "tool_call_parse_error": done.tool_call_parse_error}
-    return body
+def response_bytes(call: ResponsesCall, *, response_id: str, model: str, created_at: int, status: bytes,
+                   output: list[bytes], done: TurnDone | None = None, error: ProxyError | None = None) -> bytes:
+    """The ``response`` object's JSON (``status`` in_progress, completed, incomplete or failed)."""
+    parts = [b'{"id":', dumps(response_id), b',"object":"response","created_at":%d,"status":"%s","model":'
+             % (created_at, status), dumps(model), b',"output":[', b",".join(output), b'],"error":']
+    if error is None:
+        parts.append(b"null")
+    else:
+        parts += (b'{"code":', dumps(error.code), b',"message":', dumps(error.message), b"}")
+    if done is None:
+        parts += (b',"incomplete_details":null,"usage":null', call.echo_json, b"}")
+    else:
+        parts += (b',"incomplete_details":',
+                  b'{"reason":"max_output_tokens"}' if done.finish_reason == "length" else b"null",
+                  b',"usage":', _usage(done), call.echo_json,
+                  b',"actorproxy":{"step_index":%d,"session_id":' % done.step_index, dumps(done.session_id),
+                  b',"tool_call_parse_error":%s}}' % (b"true" if done.tool_call_parse_error else b"false"))
+    return b"".join(parts)
 
 
-def response_json(call: ResponsesCall, done: TurnDone, *, response_id: str, model: str,
-                  tokenizer: Any = None) -> dict[str, Any]:
-    """The whole response object; ``tokenizer`` (when the call asked for logprobs) spells the sampled tokens."""
+def response_reply(call: ResponsesCall, done: TurnDone, *, response_id: str, model: str,
+                   tokenizer: Any = None) -> tuple[bytes, list[Issued]]:
+    """The whole response object's JSON, and its output items; ``tokenizer`` (when the call asked for logprobs)
+    spells the sampled tokens."""
     made = _Items(response_id, include_encrypted=call.include_encrypted)
     if tokenizer is not None:
-        made.logprobs = sampled_logprobs(tokenizer, done)
+        made.logprobs = dumps(sampled_logprobs(tokenizer, done))
     items = made.of(done.output)
-    return response_object(call, response_id=response_id, model=model, created_at=int(time.time()),
-                           status=_status(done)[0], output=items, done=done)
+    body = response_bytes(call, response_id=response_id, model=model, created_at=int(time.time()),
+                          status=_status(done), output=[item.json for item in items], done=done)
+    return body, items
 
 
 class ResponseEventWriter:
@@ -133,107 +162,135 @@ class ResponseEventWriter:
         self._response_id, self._model, self._created_at = response_id, model, int(time.time())
         self._items = _Items(response_id, include_encrypted=call.include_encrypted)
         self._sequence = 0
-        self._open: dict[str, Any] | None = None
-        self._text: list[str] = []
+        #: The open item: its kind, id, a call's ``call_id`` and ``name`` members and its name's JSON, its JSON
+        #: as added.
+        self._open: tuple[str, str, bytes, bytes, bytes] | None = None
+        #: What every event about the open item carries after its type: ``item_id``, ``output_index``.
+        self._where = b""
+        #: The open item's text so far: each delta's JSON string as its frame carries it (its end's events carry
+        #: them joined, the text's JSON, not the text joined and encoded again).
+        self._text: list[bytes] = []
+        #: A reasoning item's text so far, when its end carries it encrypted too.
+        self._reasoning: list[str] = []
+        #: Where each completed message item is among the items, and its text's JSON (its logprobs come at the end).
+        self._messages: list[tuple[int, bytes]] = []
 
-    def _event(self, kind: str, **data: Any) -> bytes:
-        payload = json.dumps({"type": kind, **data, "sequence_number": self._sequence}, ensure_ascii=False)
+    def _event(self, kind: bytes, members: bytes) -> bytes:
+        """The frame of event ``kind`` whose data holds ``members`` (JSON text, each after a comma)."""
+        frame = (b"event: " + kind + b'\ndata: {"type":"' + kind + b'"' + members
+                 + b',"sequence_number":%d}\n\n' % self._sequence)
         self._sequence += 1
-        return f"event: {kind}\ndata: {payload}\n\n".encode()
+        return frame
 
-    def _response(self, status: str, **kwargs: Any) -> dict[str, Any]:
-        return response_object(self._call, response_id=self._response_id, model=self._model,
-                               created_at=self._created_at, status=status, output=self._items.items, **kwargs)
+    def _response(self, status: bytes, **kwargs: Any) -> bytes:
+        output = [item.json for item in self._items.done]
+        if self._open is not None:
+            output.append(self._open[4])
+        return b',"response":' + response_bytes(self._call, response_id=self._response_id, model=self._model,
+                                                created_at=self._created_at, status=status, output=output, **kwargs)
 
     @property
-    def items(self) -> list[dict[str, Any]]:
-        """The output items opened so far (all of them, once :meth:`finish` has run)."""
-        return self._items.items
+    def items(self) -> list[Issued]:
+        """The output items completed so far (all of them, once :meth:`finish` has run)."""
+        return self._items.done
 
     def start(self) -> bytes:
-        return self._event("response.created", response=self._response("in_progress")) + self._event(
-            "response.in_progress", response=self._response("in_progress"))
-
-    def _where(self) -> dict[str, Any]:
-        assert self._open is not None
-        return {"item_id": self._open["id"], "output_index": len(self._items.items) - 1}
+        return self._event(b"response.created", self._response(b"in_progress")) + self._event(
+            b"response.in_progress", self._response(b"in_progress"))
 
     def _close(self) -> list[bytes]:
-        item = self._open
-        if item is None:
+        if self._open is None:
             return []
-        text, where = "".join(self._text), self._where()
+        kind, item_id, call, name, _ = self._open
+        pieces = self._text
+        encoded = pieces[0] if len(pieces) == 1 else b'"' + b"".join([piece[1:-1] for piece in pieces]) + b'"'
+        where = self._where
         frames = []
-        if item["type"] == "reasoning":
-            frames.append(self._event("response.reasoning_text.done", **where, content_index=0, text=text))
-            frames.append(self._event("response.content_part.done", **where, content_index=0,
-                                      part={"type": "reasoning_text", "text": text}))
-        elif item["type"] == "message":
+        if kind == "reasoning":
+            frames.append(self._event(b"response.reasoning_text.done", where + b',"content_index":0,"text":' + encoded))
+            frames.append(self._event(b"response.content_part.done", where + b',"content_index":0,"part":'
+                                      b'{"type":"reasoning_text","text":' + encoded + b"}"))
+        elif kind == "message":
             logprobs = self._items.logprobs
-            frames.append(self._event("response.output_text.done", **where, content_index=0, text=text,
-                                      logprobs=logprobs))
-            frames.append(self._event("response.content_part.done", **where, content_index=0, part={
-                "type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}))
+            frames.append(self._event(b"response.output_text.done", where + b',"content_index":0,"text":' + encoded
+                                      + b',"logprobs":' + logprobs))
+            frames.append(self._event(b"response.content_part.done", where + b',"content_index":0,"part":'
+                                      + self._items.text_part(encoded)))
+            if self._tokenizer is not None:
+                self._messages.append((len(self._items.done), encoded))
         else:
-            frames.append(self._event("response.function_call_arguments.done", **where, name=item["name"],
-                                      arguments=text))
-        self._items.done(item, text)
-        frames.append(self._event("response.output_item.done", output_index=where["output_index"], item=item))
-        self._open, self._text = None, []
+            frames.append(self._event(b"response.function_call_arguments.done", where + b',"name":' + name
+                                      + b',"arguments":' + encoded))
+        item = self._items.complete(kind, item_id, encoded, call, "".join(self._reasoning))
+        frames.append(self._event(b"response.output_item.done", b',"output_index":%d,"item":' % (
+            len(self._items.done) - 1) + item.json))
+        self._open, self._text, self._reasoning = None, [], []
         return frames
 
-    def _begin(self, kind: str, **fields: Any) -> list[bytes]:
+    def _begin(self, kind: str, call_id: str = "", name: str = "") -> list[bytes]:
         frames = self._close()
-        self._open = self._items.open(kind, **fields)
-        frames.append(self._event("response.output_item.added", output_index=len(self._items.items) - 1,
-                                  item=dict(self._open)))
-        part = {"reasoning": {"type": "reasoning_text", "text": ""},
-                "message": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}.get(kind)
-        if part is not None:
-            frames.append(self._event("response.content_part.added", **self._where(), content_index=0, part=part))
+        item_id = self._items.new_id(kind)
+        index = len(self._items.done)
+        name_json = dumps(name)
+        call = b',"call_id":' + dumps(call_id) + b',"name":' + name_json if kind == "function_call" else b""
+        added = _Items.opened(kind, item_id, call)
+        self._open = (kind, item_id, call, name_json, added)
+        self._where = b',"item_id":' + dumps(item_id) + b',"output_index":%d' % index
+        frames.append(self._event(b"response.output_item.added", b',"output_index":%d,"item":' % index + added))
+        if kind == "reasoning":
+            frames.append(self._event(b"response.content_part.added", self._where + b',"content_index":0,"part":'
+                                      b'{"type":"reasoning_text","text":""}'))
+        elif kind == "message":
+            frames.append(self._event(b"response.content_part.added", self._where + b',"content_index":0,"part":'
+                                      b'{"type":"output_text","text":"","annotations":[],"logprobs":[]}'))
         return frames
 
     def delta(self, delta: OutputDelta) -> bytes:
         frames: list[bytes] = []
         if delta.reasoning:
-            if self._open is None or self._open["type"] != "reasoning":
+            if self._open is None or self._open[0] != "reasoning":
                 frames += self._begin("reasoning")
-            self._text.append(delta.reasoning)
-            frames.append(self._event("response.reasoning_text.delta", **self._where(), content_index=0,
-                                      delta=delta.reasoning))
+            text = dumps(delta.reasoning)
+            self._text.append(text)
+            if self._call.include_encrypted:
+                self._reasoning.append(delta.reasoning)
+            frames.append(self._event(b"response.reasoning_text.delta", self._where + b',"content_index":0,"delta":'
+                                      + text))
         if delta.content:
-            if self._open is None or self._open["type"] != "message":
+            if self._open is None or self._open[0] != "message":
                 frames += self._begin("message")
-            self._text.append(delta.content)
-            frames.append(self._event("response.output_text.delta", **self._where(), content_index=0,
-                                      delta=delta.content, logprobs=[]))
+            text = dumps(delta.content)
+            self._text.append(text)
+            frames.append(self._event(b"response.output_text.delta", self._where + b',"content_index":0,"delta":'
+                                      + text + b',"logprobs":[]'))
         for piece in delta.tool_calls:
             if piece.id is not None:
-                frames += self._begin("function_call", call_id=piece.id, name=piece.name or "", arguments="")
+                frames += self._begin("function_call", piece.id, piece.name or "")
             if piece.arguments:
                 # A call's pieces arrive in order, right after its first one.
-                self._text.append(piece.arguments)
-                frames.append(self._event("response.function_call_arguments.delta", **self._where(),
-                                          delta=piece.arguments))
+                text = dumps(piece.arguments)
+                self._text.append(text)
+                frames.append(self._event(b"response.function_call_arguments.delta", self._where + b',"delta":' + text))
         return b"".join(frames)
 
     def finish(self, done: TurnDone) -> bytes:
         if self._tokenizer is not None:
             # Deltas are parsed text, not tokens: the logprobs come with the text's end, or, when the
             # message ended before (a tool call after it), with the completed response's items.
-            logprobs = self._items.logprobs = sampled_logprobs(self._tokenizer, done)
-            for item in self._items.items:
-                if item["type"] == "message" and item["status"] == "completed":
-                    item["content"][0]["logprobs"] = logprobs
+            self._items.logprobs = dumps(sampled_logprobs(self._tokenizer, done))
+            done_items = self._items.done
+            for at, text in self._messages:
+                item_id = done_items[at].id
+                done_items[at] = Issued(item_id, self._items.json("message", item_id, text))
         frames = self._close()
-        status = _status(done)[0]
-        kind = "response.completed" if status == "completed" else "response.incomplete"
-        frames.append(self._event(kind, response=self._response(status, done=done)))
+        status = _status(done)
+        frames.append(self._event(b"response." + status, self._response(status, done=done)))
         return b"".join(frames)
 
     def error(self, error: ProxyError) -> bytes:
         """A failure after the stream started: an ``error`` event, then ``response.failed``."""
-        frames = [self._event("error", code=error.code, message=error.message, param=error.param)]
+        frames = [self._event(b"error", b',"code":' + dumps(error.code) + b',"message":' + dumps(error.message)
+                              + b',"param":' + dumps(error.param))]
+        frames.append(self._event(b"response.failed", self._response(b"failed", error=error)))
         self._open = None
-        frames.append(self._event("response.failed", response=self._response("failed", error=error)))
         return b"".join(frames)

@@ -20,10 +20,9 @@ from ..core.parser import OutputDelta
 from ..core.requests import ChatRequest, Identity
 from ..core.turn_events import TurnAccepted, TurnDone
 from ..errors import BadRequest, ProxyError
-from ..schema.jsonio import dumps
 from .format import BodyIdentity, Headers, MemoFormat, ReplyInfo
-from .responses_api import IssuedItems, ResponseHistory, ResponsesCall, parse_responses_body
-from .responses_events import ResponseEventWriter, new_response_id, response_json
+from .responses_api import Issued, IssuedItems, ResponseHistory, ResponsesCall, parse_responses_body
+from .responses_events import ResponseEventWriter, new_response_id, response_reply
 from .responses_memo import ResponsesBody, ResponsesMemo, load_responses_body
 
 #: Codex names its conversation with these headers (after the body's ``session_id``).
@@ -36,7 +35,7 @@ class _Writer:
     ``issued``, for a stored response, keeps its output items as streamed (``item_reference``).
     """
 
-    def __init__(self, inner: ResponseEventWriter, issued: Callable[[list[dict[str, Any]]], None] | None) -> None:
+    def __init__(self, inner: ResponseEventWriter, issued: Callable[[list[Issued]], None] | None) -> None:
         self._inner = inner
         self._issued = issued
 
@@ -74,7 +73,8 @@ class ResponsesFormat(MemoFormat[ResponsesCall, ResponsesMemo]):
 
     def parse(self, body: Any) -> ResponsesCall:
         if isinstance(body, ResponsesBody):
-            call = parse_responses_body(body.fields.options, made=body.request, echo=body.echo)
+            call = parse_responses_body(body.fields.options, made=body.request, echo=body.echo,
+                                        echo_json=body.echo_json)
         elif isinstance(body, dict):
             # item_reference never converts on the memo's path: such a body arrives here whole.
             body, references = self.issued.resolve(body)
@@ -111,11 +111,11 @@ class ResponsesFormat(MemoFormat[ResponsesCall, ResponsesMemo]):
             self.history.add(identity.session_id, reply.id, call.previous_response_id, added)
 
     def render(self, call: ResponsesCall, reply: ReplyInfo, done: TurnDone) -> bytes:
-        body = response_json(call, done, response_id=reply.id, model=reply.model,
-                             tokenizer=self._logprobs_tokenizer(call))
+        body, items = response_reply(call, done, response_id=reply.id, model=reply.model,
+                                     tokenizer=self._logprobs_tokenizer(call))
         if call.store:
-            self.issued.add(reply.session_id, body["output"])
-        return dumps(body)
+            self.issued.add(reply.session_id, items)
+        return body
 
     def writer(self, call: ResponsesCall, reply: ReplyInfo) -> _Writer:
         issued = partial(self.issued.add, reply.session_id) if call.store else None

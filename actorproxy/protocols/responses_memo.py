@@ -36,6 +36,7 @@ from .responses_api import (
     assemble_input,
     assistant_part,
     convert_tools,
+    echo_parts,
     echoed,
     instructions_message,
     item_kind,
@@ -62,6 +63,8 @@ class ResponsesFields:
     #: The fields the response echoes, as sent (``tools``: none). Shared by every turn that sends the same
     #: fields: read, never changed.
     echo: dict[str, Any]
+    #: Its JSON members before and after ``tools`` (:func:`~.responses_api.echo_parts`).
+    echo_parts: tuple[bytes, bytes]
     #: The request these fields ask for, with no messages and no tools: each turn's request is this one holding
     #: its body's messages and tools (the settings by reference, made once while the fields repeat).
     request: ChatRequest
@@ -74,7 +77,8 @@ class ResponsesFields:
 def _fields(value: dict[str, Any]) -> ResponsesFields:
     options = structure(value, ResponsesOptions)
     system = instructions_message(options)
-    return ResponsesFields(options, echoed(value, options), responses_request(options, [], []),
+    echo = echoed(value, options)
+    return ResponsesFields(options, echo, echo_parts(echo), responses_request(options, [], []),
                            None if system is None else FrozenMessage(system), offers_tools(options))
 
 
@@ -93,6 +97,8 @@ class ResponsesBody:
     #: changed).
     tools: list[dict[str, Any]]
     has_tools: bool = False
+    #: The ``tools`` field's JSON text as sent (the memo's key, not a copy), when it has tools.
+    sent_tools_json: bytes = b""
 
     @property
     def request(self) -> ChatRequest:
@@ -106,6 +112,12 @@ class ResponsesBody:
         if not self.has_tools:
             return self.fields.echo
         return {**self.fields.echo, "tools": self.sent_tools or []}
+
+    @property
+    def echo_json(self) -> bytes:
+        """The echo's JSON members (:func:`~.responses_api.echo_parts`), the tools as their text was sent."""
+        head, tail = self.fields.echo_parts
+        return head + (self.sent_tools_json if self.has_tools and self.sent_tools else b"[]") + tail
 
 
 class ResponsesMemo:
@@ -158,16 +170,17 @@ def _from_memo(raw: bytes, memo: ResponsesMemo) -> ResponsesBody | None:
     fields = [(name, bytes(part)) for name, part in top.items() if name not in ("input", "tools")]
     typed, depth = shared.options(memo.options, fields, _fields)
     tools: list[dict[str, Any]] = _NO_TOOLS
-    sent_tools = None
+    sent_tools, tools_json = None, b""
     if "tools" in top:
-        (sent_tools, tools), tools_depth = shared.field(memo.tools, bytes(top["tools"]), _tools)
+        tools_json = bytes(top["tools"])
+        (sent_tools, tools), tools_depth = shared.field(memo.tools, tools_json, _tools)
         depth = max(depth, 1 + tools_depth)
     keys = list(map(bytes, texts))
     parts, items_depth = shared.items(memo.items, keys, _convert)
     if max(depth, 2 + items_depth) > MAX_DEPTH:
         return None
     head: list[dict[str, Any]] = [] if typed.instructions is None else [typed.instructions]
-    return ResponsesBody(typed, sent_tools, _assemble(parts, keys, memo, head), tools, "tools" in top)
+    return ResponsesBody(typed, sent_tools, _assemble(parts, keys, memo, head), tools, "tools" in top, tools_json)
 
 
 #: The tools of a body without ``tools`` (read, never changed).
