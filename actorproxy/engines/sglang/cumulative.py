@@ -103,9 +103,11 @@ def look(raw: bytes) -> tuple[bool, bytes | None]:
     versions: nothing before it is skipped). A key cannot be forged from inside a JSON
     string (its quotes would be escaped).
     """
-    if _SPANS in raw:
+    # ``find``, not ``in``: ``bytes in bytes`` first tries the needle as an int (one byte's value), and the
+    # TypeError it formats and drops cost more than the search (~1,900 instructions a test, four an event).
+    if raw.find(_SPANS) >= 0:
         return False, None
-    ordinary = _IDS in raw and _OPEN in raw and _ERROR not in raw
+    ordinary = raw.find(_IDS) >= 0 and raw.find(_OPEN) >= 0 and raw.find(_ERROR) < 0
     i = raw.find(_VERSION)
     if i < 0:
         return ordinary, b""
