@@ -114,6 +114,26 @@ async def test_idle_session_is_evicted_into_the_store(
         assert described.open_segment is not None and described.open_segment.segment_index == 1
 
 
+async def test_the_idle_clock_starts_again_after_each_message(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    config = ProxyConfig.of(port=0, session_ttl=30.0)
+    async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
+        await run_turn(runtime, "idle", [{"role": "user", "content": "hi"}])
+        for _ in range(3):  # a message every 20 s: 60 s in all, never 30 idle
+            await trio.sleep(20.0)
+            await runtime.describe_session("idle")
+        await trio.sleep(29.0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await runtime.census())["active_sessions"] == 1
+        await trio.sleep(2.0)
+        await trio.testing.wait_all_tasks_blocked()
+        census = await runtime.census()
+        assert census["active_sessions"] == 0 and census["sessions_evicted"] == 1
+        [segment] = CONVERTER.unstructure(await runtime.read(session_id="idle"))["data"]
+        assert segment["boundary_reason"] == "idle_evicted"
+
+
 async def test_shutdown_finalizes_open_sessions(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
     engine = _engine(tokenizer)
     engine.script(_ten_tokens(tokenizer), routing_key="y")
