@@ -192,7 +192,9 @@ class SessionRegistry:
         actor = self._factory(session_id, self._counters(session_id))
         # The mailbox is made here and the actor started without waiting for it to run:
         # waiting (``nursery.start``) cost a scheduler round per new session.
-        mailbox, inbox = trio.open_memory_channel[SessionMessage](SESSION_MAILBOX)
+        mailbox: trio.MemorySendChannel[SessionMessage]
+        inbox: trio.MemoryReceiveChannel[SessionMessage]
+        mailbox, inbox = trio.open_memory_channel(SESSION_MAILBOX)  # (not the subscripted call: see start_turn)
         sessions.start_soon(self._supervise, actor, inbox)
         self._live[session_id] = _Live(mailbox, actor.token, client)
         self._held[client] += 1

@@ -125,7 +125,12 @@ class Runtime:
         """
         self.check_admission()
         for attempt in range(4):
-            send, recv = trio.open_memory_channel[TurnEvent](_TURN_EVENT_BUFFER)
+            # Typed by the names, not by ``open_memory_channel[TurnEvent](...)``: calling the subscripted form
+            # builds a generic alias each time and then fails (an AttributeError formatted and dropped) to
+            # stamp ``__orig_class__`` on the tuple it returns.
+            send: trio.MemorySendChannel[TurnEvent]
+            recv: trio.MemoryReceiveChannel[TurnEvent]
+            send, recv = trio.open_memory_channel(_TURN_EVENT_BUFFER)
             relay = Relay() if request.stream else None
             session_id = identity.session_id
             # The session's mailbox (its actor spawned if none is live) comes off the registry directly,

@@ -107,10 +107,13 @@ def _field(env: jinja2.Environment, message: _Message, name: str) -> Any:
     lookup fails, the item is read, and the sandbox finds a plain value safe), without
     the failed lookup and the two calls.
     """
-    try:
-        return message[name]
-    except KeyError:
-        return env.undefined(obj=message, name=name)
+    value = _get(message, name, _ABSENT)  # (not ``message[name]``: a missing field, common, raised a KeyError)
+    return env.undefined(obj=message, name=name) if value is _ABSENT else value
+
+
+_get = dict.get
+#: What :func:`_field` reads for a field the message does not have.
+_ABSENT: Any = object()
 
 
 def _environment(*, trusted: bool) -> jinja2.Environment:
