@@ -1,11 +1,14 @@
 """The runtime's own CPU per short non-streaming turn, without HTTP and without an engine client.
 
     python benchmarks/runtime_turn.py [--turns 3000] [--concurrency 1] [--store sqlite|memory] [--calls]
+                                      [--protocol chat|responses|anthropic]
     python benchmarks/runtime_turn.py --gc-stats --garbage 100 --profile /tmp/turns.prof
 
 The sessions of ``overhead.py``'s load (10 turns each, a system prompt, the reply and a
 short user message appended every turn) run in this process through
-:func:`~actorproxy.server.turns.serve_turn`: the chat body parsed from its JSON bytes, the
+:func:`~actorproxy.server.turns.serve_turn`: the body parsed from its JSON bytes (a chat
+completion's; with ``--protocol``, the same conversation as a Responses body's ``input``,
+stored as the SDK's default is, or an Anthropic Messages body), the
 turn run on the runtime (registry, session actor, planning, rendering and tokenizing,
 the generation, recording, the store's journal), the reply rendered to JSON. The engine
 answers at once from memory with the canned 16-token reply in one token delta
@@ -44,7 +47,10 @@ from load_client import session_start
 from tito_scaling import InstantEngine
 
 from actorproxy.config import ProxyConfig
+from actorproxy.protocols.anthropic import AnthropicFormat
+from actorproxy.protocols.format import TurnFormat
 from actorproxy.protocols.openai_chat import OpenAIChatFormat
+from actorproxy.protocols.responses_format import ResponsesFormat
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.server.turns import serve_turn
 from actorproxy.tokenization import load_tokenizer
@@ -103,7 +109,8 @@ async def run(args: argparse.Namespace, data_dir: str) -> dict[str, float]:
     reply_text = tok.decode(ids[:-1])
     store = {"store_kind": args.store, "data_dir": data_dir}
     config = ProxyConfig.of(port=0, max_sessions=1_000_000, max_steps_per_session=1000, **store)
-    fmt = OpenAIChatFormat(tok)
+    fmt: TurnFormat[Any] = PROTOCOLS[args.protocol][0](tok)
+    body_of, reply_of = PROTOCOLS[args.protocol][1:]
     handoffs = 0
     real_run_sync = trio.to_thread.run_sync
 
@@ -125,13 +132,13 @@ async def run(args: argparse.Namespace, data_dir: str) -> dict[str, float]:
                 messages: list[dict[str, Any]] = session_start(sid)
                 headers = {"X-Session-Id": sid}
                 for turn in range(args.session_turns):
-                    body = json.dumps({"model": "m", "messages": messages, "max_tokens": 64}).encode()
+                    body = json.dumps(body_of(messages)).encode()
                     answer = await serve_turn(runtime, fmt, fmt.load(body), headers, url_session=None,
                                               url_instance=None, confined_to=None)
                     assert isinstance(answer, bytes)
                     if measuring:
                         done += 1
-                    content = json.loads(answer)["choices"][0]["message"]["content"]
+                    content = reply_of(json.loads(answer))
                     assert content == reply_text, content
                     messages.append({"role": "assistant", "content": content})
                     messages.append({"role": "user", "content": f"Question {turn + 1}: and 7 times 8?"})
@@ -192,13 +199,27 @@ async def run(args: argparse.Namespace, data_dir: str) -> dict[str, float]:
     }
 
 
+def _anthropic(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": "m", "system": messages[0]["content"], "messages": messages[1:], "max_tokens": 64}
+
+
+#: Each protocol's format, its body for a conversation, and the reply's text.
+PROTOCOLS: dict[str, tuple[Any, Any, Any]] = {
+    "chat": (OpenAIChatFormat, lambda messages: {"model": "m", "messages": messages, "max_tokens": 64},
+             lambda reply: reply["choices"][0]["message"]["content"]),
+    "responses": (ResponsesFormat, lambda messages: {"model": "m", "input": messages, "max_output_tokens": 64},
+                  lambda reply: reply["output"][-1]["content"][0]["text"]),
+    "anthropic": (lambda tok: AnthropicFormat(), _anthropic, lambda reply: reply["content"][-1]["text"]),
+}
+
+
 def main(args: argparse.Namespace) -> None:
     results = []
     for _ in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="actorproxy-runtime-turn-") as data_dir:
             results.append(trio.run(run, args, data_dir))
     merged = {k: statistics.median(r[k] for r in results) for k in results[0]}
-    print(f"c={args.concurrency} store={args.store} turns={args.turns} (median of {args.repeat})")
+    print(f"{args.protocol} c={args.concurrency} store={args.store} turns={args.turns} (median of {args.repeat})")
     for key, value in merged.items():
         if key != "calls_per_turn" or args.calls:
             print(f"  {key:<22} {value:10.3f}")
@@ -207,6 +228,7 @@ def main(args: argparse.Namespace) -> None:
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", choices=["sqlite", "memory"], default="sqlite")
+    parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="chat", help="the agent format of the body")
     parser.add_argument("--turns", type=int, default=3000, help="turns measured per run (after a warm-up)")
     parser.add_argument("--concurrency", type=int, default=1, help="sessions at a time")
     parser.add_argument("--session-turns", type=int, default=10)
