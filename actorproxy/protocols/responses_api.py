@@ -31,6 +31,7 @@ from typing import Any, cast
 
 import attrs
 
+from ..core.messages import AssistantOutput, output_as_message
 from ..core.requests import ChatRequest, offered_tools
 from ..errors import BadRequest
 from ..schema.converter import structure
@@ -342,11 +343,27 @@ class Issued:
     json: bytes
 
 
-@attrs.frozen
 class _Stored:
-    parent: str | None
-    #: The messages this response added: its input (without instructions) and its output.
-    messages: tuple[dict[str, Any], ...]
+    """A stored response: its parent, and the messages it added: its input (without instructions) and its output.
+
+    The output is kept as the turn gave it and made the assistant message when a later request first continues
+    from this response (:meth:`messages`), not on the path of every stored turn.
+    """
+
+    __slots__ = ("_input", "_messages", "_output", "parent")
+
+    def __init__(self, parent: str | None, input_messages: Iterable[dict[str, Any]], output: AssistantOutput) -> None:
+        self.parent = parent
+        self._input: tuple[dict[str, Any], ...] = tuple(input_messages)
+        self._output: AssistantOutput | None = output
+        self._messages: tuple[dict[str, Any], ...] | None = None
+
+    def messages(self) -> tuple[dict[str, Any], ...]:
+        if self._messages is None:
+            assert self._output is not None
+            self._messages = (*self._input, output_as_message(self._output))
+            self._input, self._output = (), None
+        return self._messages
 
 
 class IssuedItems:
@@ -429,11 +446,13 @@ class ResponseHistory:
                     "from another session, or expired): send the whole conversation as input",
                     param="previous_response_id", code="previous_response_not_found")
             self._entries.move_to_end((session, key))
-            chain.append(entry.messages)
+            chain.append(entry.messages())
             key = entry.parent
         return [message for messages in reversed(chain) for message in messages]
 
-    def add(self, session: str, response_id: str, parent: str | None, messages: Iterable[dict[str, Any]]) -> None:
-        self._entries[(session, response_id)] = _Stored(parent, tuple(messages))
+    def add(self, session: str, response_id: str, parent: str | None, messages: Iterable[dict[str, Any]],
+            output: AssistantOutput) -> None:
+        """Store a response: the input ``messages`` it added (without instructions) and its ``output``."""
+        self._entries[(session, response_id)] = _Stored(parent, messages, output)
         while len(self._entries) > self._capacity:
             self._entries.popitem(last=False)

@@ -15,7 +15,6 @@ from typing import Any
 
 import attrs
 
-from ..core.messages import output_as_message
 from ..core.parser import OutputDelta
 from ..core.requests import ChatRequest, Identity
 from ..core.turn_events import TurnAccepted, TurnDone
@@ -107,8 +106,8 @@ class ResponsesFormat(MemoFormat[ResponsesCall, ResponsesMemo]):
 
     def completed(self, call: ResponsesCall, identity: Identity, reply: ReplyInfo, done: TurnDone) -> None:
         if call.store:
-            added = [*call.own_messages(), output_as_message(done.output)]
-            self.history.add(identity.session_id, reply.id, call.previous_response_id, added)
+            self.history.add(identity.session_id, reply.id, call.previous_response_id, call.own_messages(),
+                             done.output)
 
     def render(self, call: ResponsesCall, reply: ReplyInfo, done: TurnDone) -> bytes:
         body, items = response_reply(call, done, response_id=reply.id, model=reply.model,

@@ -15,11 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actorproxy.core.messages import AssistantOutput, ToolCall
+from actorproxy.core.messages import AssistantOutput, ToolCall, output_as_message
 from actorproxy.core.parser import OutputDelta, ToolCallDelta
+from actorproxy.core.requests import Identity
 from actorproxy.core.turn_events import TurnDone, TurnIds
 from actorproxy.errors import EngineError, ProxyError
-from actorproxy.protocols import responses_events, responses_format
+from actorproxy.protocols import responses_api, responses_events, responses_format
 from actorproxy.protocols.format import ReplyInfo
 from actorproxy.protocols.responses_api import parse_responses_body
 from actorproxy.protocols.responses_events import encrypt_reasoning
@@ -329,3 +330,30 @@ def test_a_stored_responses_items_resolve_as_they_were_sent(stream: bool) -> Non
     references = {"model": "m", "input": [{"type": "item_reference", "id": item["id"]} for item in output]}
     resolved, owners = fmt.issued.resolve(references)
     assert resolved["input"] == output and owners == tuple((item["id"], "s") for item in output)
+
+
+def test_a_stored_responses_output_becomes_a_message_only_when_a_later_request_continues_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``previous_response_id``'s conversation: a stored response keeps its output as the turn gave it, and it is
+    made the assistant message once, when a later request continues from it (not on every stored turn's path)."""
+    made: list[Any] = []
+
+    def counted(output: AssistantOutput) -> dict[str, Any]:
+        made.append(output)
+        return output_as_message(output)
+
+    for module in (responses_api, responses_format):
+        monkeypatch.setattr(module, "output_as_message", counted, raising=False)
+    fmt = ResponsesFormat()
+    call = fmt.parse(fmt.load(dumps({"model": "m", "input": "hi", "instructions": "be brief"})))
+    identity = Identity(session_id="s", client="c")
+    done = _reply()
+    fmt.completed(call, identity, ReplyInfo("resp_1", "m", "s"), done)
+    assert made == []
+    later = fmt.parse(fmt.load(dumps({"model": "m", "input": "and?", "previous_response_id": "resp_1"})))
+    for _ in range(2):
+        messages = fmt.prepare(later, identity).messages
+        assert messages == [{"role": "user", "content": "hi"}, output_as_message(done.output),
+                            {"role": "user", "content": "and?"}]
+    assert made == [done.output]
