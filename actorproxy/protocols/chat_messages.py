@@ -33,16 +33,14 @@ from typing import Any
 
 import attrs
 import msgspec
-import numpy as np
 
 from ..core.requests import ChatRequest, offered_tools
 from ..errors import BadRequest
 from ..schema.converter import structure
 from ..schema.jsonio import MAX_DEPTH
-from ..schema.prefixes import Kept
 from ..tokenization.message_fields import FrozenMessage
 from . import memo as shared
-from .memo import BODY_PREFIX_BYTES, FIELD_MEMO_BYTES, MEMO_BYTES, MessageMemo
+from .memo import FIELD_MEMO_BYTES, MEMO_BYTES, MessageMemo
 from .openai_types import ChatMessage, ChatOptions
 
 # -- one message checked against the typed schema (``openai_types.ChatMessage``) -------------------------
@@ -142,71 +140,22 @@ def load_chat_body(raw: bytes, memo: ChatMemo) -> Any:
 
 
 def _from_memo(raw: bytes, memo: ChatMemo) -> ChatBody | None:
-    """The body with its messages from the memo, or ``None`` where the ordinary way must decide."""
-    kept = memo.bodies.find(raw)
-    if kept is not None:
-        body = _after(raw, kept, memo)
-        if body is not None:
-            return body
-    split = shared.split(raw, "messages")
-    if split is None:
-        return None
-    top, texts = split
-    fields = [(name, bytes(part)) for name, part in top.items() if name != "messages"]
-    checked = _checked(texts, memo, fields, 0)
-    if checked is None:
-        return None
-    typed, messages, depth = checked
-    if len(raw) >= BODY_PREFIX_BYTES:
-        _keep(raw, top, texts[-1], messages, depth, memo)
-    return ChatBody(typed, list(messages))
+    """The body with its messages from the memo, or ``None`` where the ordinary way must decide.
 
-
-@attrs.frozen
-class _Seen:
-    """What a body's bytes up to the end of its last message gave (kept in ``MessageMemo.bodies``)."""
-
-    #: The top-level fields before ``messages``: name and JSON text.
-    head: tuple[tuple[str, bytes], ...]
-    messages: list[FrozenMessage]
-    #: The deepest nesting of a message.
-    depth: int
-
-
-#: What stands for the kept messages in front of a body's new end: ``{"messages":[0`` then the rest of the body.
-_RESUME = b'{"messages":[0'
-
-
-def _after(raw: bytes, kept: Kept[_Seen], memo: ChatMemo) -> ChatBody | None:
-    """The body read from the end of a kept one: its top-level fields after those messages and its new messages.
-
-    The bytes up to ``len(kept)`` are those of a body read before, up to the end of its last
-    message: the parser's state there was "in the messages array, after an element". So
-    ``{"messages":[0`` and the rest of this body read as JSON exactly when the whole body
-    does, with the new messages after the ``0`` and the fields that follow the array.
-    ``None`` (read it whole) for anything else: not JSON, another ``messages`` field after
-    the array. A field named again after the array takes its place with its new value, as
-    in a dict built from the whole body.
+    A long body is read from the end of the kept one it starts with (:func:`.memo.read`): only
+    its new messages are split, copied and checked. It is kept up to its last message: the
+    messages before any point are what they are whatever follows.
     """
-    seen = kept.value
-    tail = _RESUME + raw[len(kept) :]
-    split = shared.split(tail, "messages")
-    if split is None:
+    read = shared.read(raw, "messages", memo.bodies)
+    if read is None:
         return None
-    top, texts = split
-    base = _address(tail)
-    if _address(top["messages"]) - base != len(_RESUME) - 2:
-        return None  # a second "messages" after the array: the last one counts, read the body whole
-    fields = dict(seen.head)  # a field named again after the array takes its place with its new value
-    fields.update((name, bytes(part)) for name, part in top.items() if name != "messages")
-    checked = _checked(texts[1:], memo, list(fields.items()), seen.depth)
+    seen = read.seen
+    checked = _checked(read.texts, memo, list(read.fields.items()), 0 if seen is None else seen.depth)
     if checked is None:
         return None
     typed, new, depth = checked
-    messages = seen.messages + new
-    end = len(kept) + _address(texts[-1]) - base + len(texts[-1]) - len(_RESUME)
-    memo.bodies.drop(kept)  # the session has moved on: this body replaces it
-    memo.bodies.keep(raw, end, _Seen(seen.head, messages, depth))
+    messages = new if seen is None else seen.items + new
+    read.keep(memo.bodies, len(new), messages, depth)
     return ChatBody(typed, list(messages))
 
 
@@ -226,26 +175,3 @@ def _checked(
     if max(around, 2 + depth) > MAX_DEPTH:
         return None
     return typed, messages, depth
-
-
-def _address(buffer: Any) -> int:
-    """Where a buffer's bytes are in memory (msgspec's ``Raw`` parts point into the body they were read from)."""
-    return int(np.frombuffer(buffer, np.uint8).__array_interface__["data"][0])
-
-
-def _keep(
-    raw: bytes, top: dict[str, msgspec.Raw], last: msgspec.Raw, messages: list[FrozenMessage], depth: int,
-    memo: ChatMemo,
-) -> None:
-    """Keep ``raw`` up to the end of its ``last`` message, unless a field is named both before and after the array."""
-    base = _address(raw)
-    at = _address(top["messages"]) - base
-    names = list(top)
-    split = names.index("messages")
-    # A dict keeps a name where it came first, with the value that came last: a name on the wrong side is named twice.
-    if any(_address(top[name]) - base > at for name in names[:split]):
-        return
-    if any(_address(top[name]) - base < at for name in names[split + 1 :]):
-        return
-    head = tuple((name, bytes(top[name])) for name in names[:split])
-    memo.bodies.keep(raw, _address(last) - base + len(last), _Seen(head, messages, depth))

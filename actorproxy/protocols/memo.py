@@ -25,12 +25,14 @@ from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any, Generic, TypeVar
 
+import attrs
 import msgspec
+import numpy as np
 import orjson
 
 from ..errors import release
 from ..schema.jsonio import MAX_DEPTH, load_body, nesting
-from ..schema.prefixes import Prefixes
+from ..schema.prefixes import Kept, Prefixes
 
 #: What the items kept weigh in memory (:func:`weight`; twice that at most while the memo turns over).
 MEMO_BYTES = 64 << 20
@@ -44,6 +46,8 @@ BODY_PREFIX_BYTES = 4096
 
 #: What a memo keeps for an item's text: the checked item, or what it converts to.
 T = TypeVar("T")
+#: What a format keeps for a body's items up to where its prefix is kept (:class:`Seen`).
+V = TypeVar("V")
 
 #: A body's top-level fields, and an array's items, as raw JSON text (msgspec skips over them in C).
 TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -75,9 +79,9 @@ class MessageMemo(Generic[T]):
         self._young: dict[bytes, tuple[T, int]] = {}
         self._old: dict[bytes, tuple[T, int]] = {}
         self._bytes = 0
-        #: Recent bodies up to the end of their messages (the chat body's): a body that starts with
-        #: one has only its new end read.
-        self.bodies: Prefixes[Any] = Prefixes(min_bytes=BODY_PREFIX_BYTES, window=64, max_bytes=max_bytes)
+        #: Recent long bodies up to the end of an item (:func:`read`): a body that starts with one has only
+        #: its new end read.
+        self.bodies: Prefixes[Seen[Any]] = Prefixes(min_bytes=BODY_PREFIX_BYTES, window=64, max_bytes=max_bytes)
 
     def find(self, keys: list[bytes]) -> list[Any]:
         """The entry of each key (``None`` where there is none), in order."""
@@ -185,3 +189,116 @@ def options(memo: MessageMemo[T], fields: Iterable[tuple[str, bytes]], convert: 
     """
     key = b"{" + b",".join([orjson.dumps(name) + b":" + text for name, text in fields]) + b"}"
     return field(memo, key, convert)
+
+
+# -- a long body read from the end of one read before ------------------------------------------------------
+
+
+@attrs.frozen
+class Seen(Generic[V]):
+    """What a body's bytes up to the end of one of its items gave (kept in ``MessageMemo.bodies``)."""
+
+    #: The top-level fields before the array: name and JSON text.
+    head: tuple[tuple[str, bytes], ...]
+    #: What the format made of the items up to there.
+    items: V
+    #: The deepest nesting of an item read with them (those after the kept end included: a bound, never less).
+    depth: int
+
+
+@attrs.define
+class Read(Generic[V]):
+    """A body split at its array: the other fields, and the items not read before (all of them when nothing was)."""
+
+    #: The top-level fields but the array: name and JSON text, as a dict built from the whole body has them.
+    fields: dict[str, bytes]
+    #: The items after the kept part (every item when ``seen`` is ``None``), as raw JSON text.
+    texts: list[msgspec.Raw]
+    #: What the kept part the body starts with gave, or ``None``.
+    seen: Seen[V] | None
+    _raw: bytes
+    #: The fields before the array (``None``: the body is not kept, being short or naming a field twice).
+    _head: tuple[tuple[str, bytes], ...] | None
+    #: Where the buffer ``texts`` point into is in memory, and where in ``raw`` that buffer's start stands.
+    _base: int
+    _shift: int
+    _kept: Kept[Seen[V]] | None
+
+    def keep(self, bodies: Prefixes[Seen[V]], count: int, items: V, depth: int) -> None:
+        """Keep the body up to the end of its ``count``-th new item with what its items up to there gave.
+
+        ``count`` 0 keeps nothing new (a kept part the body starts with stays). The format chooses
+        ``count`` so that the next body can be read on from there as it would be whole (an item that
+        nothing after it changes the reading of). The kept part it extends is dropped: the session
+        has moved on.
+        """
+        if count == 0 or self._head is None:
+            return
+        last = self.texts[count - 1]
+        if self._kept is not None:
+            bodies.drop(self._kept)
+        bodies.keep(self._raw, self._shift + _address(last) - self._base + len(last), Seen(self._head, items, depth))
+
+
+def read(raw: bytes, field: str, bodies: Prefixes[Seen[V]]) -> Read[V] | None:
+    """A body's fields and the items of its array ``field``: only those after a kept part it starts with.
+
+    ``None`` where :func:`split` would give ``None``. A body of :data:`BODY_PREFIX_BYTES` or more may
+    be kept (:meth:`Read.keep`) for the next turn, whose body starts with its bytes.
+    """
+    kept = bodies.find(raw)
+    if kept is not None:
+        after = _after(raw, field, kept)
+        if after is not None:
+            return after
+    parts = split(raw, field)
+    if parts is None:
+        return None
+    top, texts = parts
+    fields = {name: bytes(part) for name, part in top.items() if name != field}
+    base = _address(raw)
+    head = _head(top, field, base) if len(raw) >= BODY_PREFIX_BYTES else None
+    return Read(fields, texts, None, raw, head, base, 0, None)
+
+
+def _after(raw: bytes, field: str, kept: Kept[Seen[V]]) -> Read[V] | None:
+    """The body read from the end of a kept one: its top-level fields after those items and its new items.
+
+    The bytes up to ``len(kept)`` are those of a body read before, up to the end of one of its
+    items: the parser's state there was "in the array, after an element". So ``{"field":[0``
+    and the rest of this body read as JSON exactly when the whole body does, with the new items
+    after the ``0`` and the fields that follow the array. ``None`` (read it whole) for anything
+    else: not JSON, another ``field`` after the array. A field named again after the array takes
+    its place with its new value, as in a dict built from the whole body.
+    """
+    seen = kept.value
+    resume = b'{"' + field.encode() + b'":[0'
+    tail = resume + raw[len(kept) :]
+    parts = split(tail, field)
+    if parts is None:
+        return None
+    top, texts = parts
+    base = _address(tail)
+    if _address(top[field]) - base != len(resume) - 2:
+        return None  # a second array of that name after this one: the last one counts, read the body whole
+    fields = dict(seen.head)
+    fields.update((name, bytes(part)) for name, part in top.items() if name != field)
+    return Read(fields, texts[1:], seen, raw, seen.head, base, len(kept) - len(resume), kept)
+
+
+def _head(top: dict[str, msgspec.Raw], field: str, base: int) -> tuple[tuple[str, bytes], ...] | None:
+    """The fields before the array ``field``, unless a field is named both before and after it."""
+    at = _address(top[field]) - base
+    names = list(top)
+    split = names.index(field)
+    # A dict keeps a name where it came first, with the value that came last: a name on the wrong side is named twice.
+    if any(_address(top[name]) - base > at for name in names[:split]):
+        return None
+    if any(_address(top[name]) - base < at for name in names[split + 1 :]):
+        return None
+    return tuple((name, bytes(top[name])) for name in names[:split])
+
+
+def _address(buffer: Any) -> int:
+    """Where a buffer's bytes are in memory (msgspec's ``Raw`` parts point into the body they were read from)."""
+    return int(np.frombuffer(buffer, np.uint8).__array_interface__["data"][0])

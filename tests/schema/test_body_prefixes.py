@@ -2,7 +2,7 @@
 
 ``load_chat_body`` keeps each long body up to the end of its last message
 (``MessageMemo.bodies``); the next turn's body, whose bytes start with those,
-is read from there on (``chat_messages._after``). These tests make sure that
+is read from there on (``memo.read``). These tests make sure that
 reading gives what reading the body whole gives, for every body: growing
 sessions, sessions that share their start, a field named twice, another
 ``messages`` after the array, broken bytes anywhere after the kept part.
