@@ -101,6 +101,8 @@ class AnthropicMemo:
     """What recent turns' messages, system prompts and tool lists converted to, by their JSON text."""
 
     def __init__(self, max_bytes: int = MEMO_BYTES, field_bytes: int = FIELD_MEMO_BYTES) -> None:
+        #: The messages by their text; its ``bodies``: long bodies up to their last user message, with the
+        #: OpenAI messages they come to (the system prompt's not among them).
         self.messages: MessageMemo[Converted] = MessageMemo(max_bytes)
         self.system: MessageMemo[tuple[FrozenMessage, ...]] = MessageMemo(field_bytes)
         self.tools: MessageMemo[list[dict[str, Any]]] = MessageMemo(field_bytes)
@@ -122,35 +124,42 @@ def load_messages_body(raw: bytes, memo: AnthropicMemo) -> Any:
 
 
 def _from_memo(raw: bytes, memo: AnthropicMemo) -> MessagesBody | None:
-    split = shared.split(raw, "messages")
-    if split is None:
+    """The body from the memo, or ``None`` where the ordinary way must decide.
+
+    A long body is read from the end of the kept one it starts with (:func:`.memo.read`): only its
+    new messages are split, copied and converted. It is kept up to its last user message: whether
+    a ``clear_at`` system message stays is settled for every message before it (a user message
+    follows), so what the messages up to there come to is what they come to whatever follows.
+    """
+    read = shared.read(raw, "messages", memo.messages.bodies)
+    if read is None:
         return None
-    top, texts = split
-    fields = [(name, bytes(part)) for name, part in top.items() if name not in _CONVERTED]
-    options, depth = shared.options(memo.options, fields, _options)
+    top = read.fields
+    options, depth = shared.options(memo.options, [item for item in top.items() if item[0] not in _CONVERTED],
+                                    _options)
     system: tuple[FrozenMessage, ...] = ()
     if "system" in top:
-        system, system_depth = shared.field(memo.system, bytes(top["system"]), _system)
+        system, system_depth = shared.field(memo.system, top["system"], _system)
         depth = max(depth, 1 + system_depth)
     tools: list[dict[str, Any]] = _NO_TOOLS
     if "tools" in top:
-        tools, tools_depth = shared.field(memo.tools, bytes(top["tools"]), _tools)
+        tools, tools_depth = shared.field(memo.tools, top["tools"], _tools)
         depth = max(depth, 1 + tools_depth)
-    entries, messages_depth = shared.items(memo.messages, list(map(bytes, texts)), _convert)
+    entries, messages_depth = shared.items(memo.messages, list(map(bytes, read.texts)), _convert)
+    seen = read.seen
+    kept: list[FrozenMessage] = [] if seen is None else seen.items
+    messages_depth = max(messages_depth, 0 if seen is None else seen.depth)
     if max(depth, 2 + messages_depth) > MAX_DEPTH:
         return None
-    if entries[-1].role == "assistant":
-        return None  # prefill: the full check names it
-    messages: list[dict[str, Any]] = list(system)
-    user_later = [False] * len(entries)
-    seen_user = False
-    for i in range(len(entries) - 1, -1, -1):
-        user_later[i] = seen_user
-        seen_user = seen_user or entries[i].role == "user"
-    for entry, cleared in zip(entries, user_later, strict=True):
-        if not (entry.clears and cleared):
-            messages.extend(entry.messages)
-    return MessagesBody(options, messages, tools if options.offers_tools else options.request.tools)
+    if entries and entries[-1].role == "assistant":
+        return None  # prefill: the full check names it (a kept part ends on a user message)
+    users = [i for i, entry in enumerate(entries) if entry.role == "user"]
+    settled = users[-1] + 1 if users else 0  # the messages up to the last user message, a later user for each
+    if settled:
+        kept = kept + [m for entry in entries[:settled] if not entry.clears for m in entry.messages]
+        read.keep(memo.messages.bodies, settled, kept, messages_depth)
+    rest = [m for entry in entries[settled:] for m in entry.messages]  # no user message after any of them
+    return MessagesBody(options, [*system, *kept, *rest], tools if options.offers_tools else options.request.tools)
 
 
 #: The tools of a body without ``tools`` (read, never changed).

@@ -163,24 +163,42 @@ def load_responses_body(raw: bytes, memo: ResponsesMemo) -> Any:
 
 
 def _from_memo(raw: bytes, memo: ResponsesMemo) -> ResponsesBody | None:
-    split = shared.split(raw, "input")  # a string input is cheap anyway
-    if split is None:
+    """The body from the memo, or ``None`` where the ordinary way must decide.
+
+    A long body is read from the end of the kept one it starts with (:func:`.memo.read`): only its
+    new items are split, copied and converted. It is kept up to its last item that is not part of an
+    assistant turn (a user, system or tool message): an assistant turn groups a run of items into one
+    message, so a kept part must not end inside one; after such an item, what the items up to it come
+    to is what they come to whatever follows.
+    """
+    read = shared.read(raw, "input", memo.items.bodies)  # a string input is cheap anyway
+    if read is None:
         return None
-    top, texts = split
-    fields = [(name, bytes(part)) for name, part in top.items() if name not in ("input", "tools")]
-    typed, depth = shared.options(memo.options, fields, _fields)
+    top = read.fields
+    typed, depth = shared.options(memo.options, [item for item in top.items() if item[0] != "tools"], _fields)
     tools: list[dict[str, Any]] = _NO_TOOLS
     sent_tools, tools_json = None, b""
     if "tools" in top:
-        tools_json = bytes(top["tools"])
+        tools_json = top["tools"]
         (sent_tools, tools), tools_depth = shared.field(memo.tools, tools_json, _tools)
         depth = max(depth, 1 + tools_depth)
-    keys = list(map(bytes, texts))
+    keys = list(map(bytes, read.texts))
     parts, items_depth = shared.items(memo.items, keys, _convert)
+    seen = read.seen
+    kept: list[dict[str, Any]] = [] if seen is None else seen.items
+    items_depth = max(items_depth, 0 if seen is None else seen.depth)
     if max(depth, 2 + items_depth) > MAX_DEPTH:
         return None
-    head: list[dict[str, Any]] = [] if typed.instructions is None else [typed.instructions]
-    return ResponsesBody(typed, sent_tools, _assemble(parts, keys, memo, head), tools, "tools" in top, tools_json)
+    settled = len(parts)
+    while settled and parts[settled - 1][2]:
+        settled -= 1
+    if settled:
+        kept = _assemble(parts[:settled], keys[:settled], memo, list(kept))
+        read.keep(memo.items.bodies, settled, kept, items_depth)
+    messages: list[dict[str, Any]] = [] if typed.instructions is None else [typed.instructions]
+    messages += kept
+    return ResponsesBody(typed, sent_tools, _assemble(parts[settled:], keys[settled:], memo, messages), tools,
+                         "tools" in top, tools_json)
 
 
 #: The tools of a body without ``tools`` (read, never changed).

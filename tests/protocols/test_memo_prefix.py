@@ -1,0 +1,150 @@
+"""A long Anthropic or Responses body that starts with one read before has only its new items read (issue 32).
+
+Chat's case is ``tests/schema/test_body_prefixes.py``; these are the other two formats
+read through the same helper (``memo.read``): a long body is kept up to an item it can
+be continued from (Anthropic: its last user message; Responses: its last item that is
+not part of an assistant turn), and the next turn's body is read from there. Each body
+is decided as the full check decides it, whatever follows the kept part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import hypothesis.strategies as st
+import orjson
+import pytest
+from _util import broken, decision
+from hypothesis import HealthCheck, event, given, settings
+
+from actorproxy.protocols.anthropic import AnthropicFormat, parse_messages_body
+from actorproxy.protocols.format import MemoFormat
+from actorproxy.protocols.memo import BODY_PREFIX_BYTES, MessageMemo
+from actorproxy.protocols.responses_api import parse_responses_body
+from actorproxy.protocols.responses_format import ResponsesFormat
+from actorproxy.schema.jsonio import load_body
+
+OUTPUT = "def f(x):\n    return x + 1\n" * 4
+
+
+def _anthropic_turn(i: int) -> list[dict[str, Any]]:
+    return [{"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "Look.", "signature": "sig"},
+                {"type": "tool_use", "id": f"toolu_{i}", "name": "read", "input": {"path": f"m{i}.py"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": OUTPUT + str(i)}]}]
+
+
+def _responses_turn(i: int) -> list[dict[str, Any]]:
+    return [{"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Look."}]},
+            {"type": "function_call", "name": "read", "call_id": f"call_{i}", "arguments": '{"path": "a.py"}'},
+            {"type": "function_call_output", "call_id": f"call_{i}", "output": OUTPUT + str(i)}]
+
+
+@attrs.frozen
+class Case:
+    format: Callable[[], MemoFormat[Any, Any]]
+    parse: Callable[[Any], Any]
+    #: The memo of the items a body's prefix is kept with.
+    items: Callable[[Any], MessageMemo[Any]]
+    field: str
+    around: dict[str, Any]
+    first: list[dict[str, Any]]
+    turn: Callable[[int], list[dict[str, Any]]]
+    #: Items a next turn may add (good, bad, ending a body wrongly).
+    extra: list[dict[str, Any]]
+
+    def raw(self, items: list[dict[str, Any]], **fields: Any) -> bytes:
+        return orjson.dumps({**self.around, self.field: items, **fields})
+
+    def history(self, turns: int) -> list[dict[str, Any]]:
+        return [*self.first, *(item for i in range(turns) for item in self.turn(i))]
+
+
+CASES = {
+    "anthropic": Case(
+        AnthropicFormat, parse_messages_body, lambda memo: memo.messages, "messages",
+        {"model": "m", "max_tokens": 64, "system": "You are a coding agent.",
+         "tools": [{"name": "read", "input_schema": {"type": "object"}}]},
+        [{"role": "user", "content": "Fix the bug. " + "context " * 500}], _anthropic_turn,
+        [{"role": "user", "content": "go on"}, {"role": "assistant", "content": "ok"},
+         {"role": "system", "content": "note", "clear_at": "next_user_message"},
+         {"role": "user", "content": [{"type": "text"}]}, {"role": "tool", "content": "x"}]),
+    "responses": Case(
+        ResponsesFormat, parse_responses_body, lambda memo: memo.items, "input",
+        {"model": "m", "instructions": "You are Codex.", "store": False,
+         "tools": [{"type": "function", "name": "read", "parameters": {"type": "object"}}]},
+        [{"type": "message", "role": "user", "content": "Fix the bug. " + "context " * 500}], _responses_turn,
+        [{"type": "message", "role": "user", "content": "go on"},
+         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
+         {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+         {"type": "function_call", "name": "read", "call_id": "c9", "arguments": "{}"},
+         {"type": "function_call_output", "call_id": "c9", "output": "x"},
+         {"type": "message", "role": "developer", "content": "careful"},
+         {"type": "function_call", "name": "read"}, {"type": "nope"}]),
+}
+
+
+def _count_split(memo: MessageMemo[Any]) -> list[int]:
+    """How many item texts each body hands the memo (each one copied to bytes and looked up)."""
+    counts: list[int] = []
+    find = memo.find
+
+    def counting(keys: list[bytes]) -> list[Any]:
+        counts.append(len(keys))
+        return find(keys)
+
+    memo.find = counting  # type: ignore[method-assign]
+    return counts
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_long_bodys_next_turn_splits_only_its_new_items(name: str) -> None:
+    case = CASES[name]
+    fmt = case.format()
+    counts = _count_split(case.items(fmt._memo))
+    before: list[Any] = []
+    for turn in range(6):
+        items = case.history(turn)
+        raw = case.raw(items)
+        assert len(raw) > BODY_PREFIX_BYTES
+        body = fmt.load(raw)
+        assert fmt.parse(body) == decision(load_body, case.parse, raw)
+        assert all(a is b for a, b in zip(before, body.messages, strict=False))  # the same objects as last turn
+        before = body.messages
+    assert fmt.parse(fmt.load(raw)) == decision(load_body, case.parse, raw)  # the same body again (a retry)
+    # The first body splits all its items; each next one only its new items; the retry none.
+    assert counts == [1, *[len(case.turn(0))] * 5, 0]
+
+
+@st.composite
+def _next_bodies(draw: st.DrawFn, case: Case) -> tuple[bytes, bytes]:
+    """A long body (maybe ending in extra items), then the next turn's: more items and fields, maybe broken bytes."""
+    items = case.history(draw(st.integers(0, 3)))
+    items += draw(st.lists(st.sampled_from(case.extra), max_size=2))
+    first = case.raw(items)
+    more = draw(st.lists(st.sampled_from(case.extra) | st.sampled_from(case.turn(7)), max_size=4))
+    fields: dict[str, Any] = {}
+    if draw(st.booleans()):
+        fields[draw(st.sampled_from(["model", "tools", "stream", "temperature"]))] = draw(
+            st.sampled_from([None, 1, "x", [], True]))
+    raw = case.raw([*items, *more], **fields)
+    if draw(st.booleans()):  # a field named twice, after the array
+        raw = raw[:-1] + b',"' + draw(st.sampled_from([case.field.encode(), b"model", b"x"])) + b'":1}'
+    return first, broken(draw, raw, max(0, len(first) - 300))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_body_after_a_kept_one_is_decided_as_the_full_check_decides_it(name: str, data: st.DataObject) -> None:
+    case = CASES[name]
+    first, raw = data.draw(_next_bodies(case))
+    fmt = case.format()
+    decision(fmt.load, fmt.parse, first)
+    event("kept part found" if case.items(fmt._memo).bodies.find(raw) is not None else "read whole")
+    fresh = case.format()  # nothing kept: the memo's own path, decided as the full check decides
+    expected = decision(fresh.load, fresh.parse, raw)
+    assert decision(fmt.load, fmt.parse, raw) == expected
