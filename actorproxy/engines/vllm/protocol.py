@@ -282,6 +282,25 @@ def read_logprobs(raw: object) -> tuple[list[float | None], list[int | None]]:
     return [], []
 
 
+def _one_logprob(raw: dict[str, Any], token: int) -> float | None:
+    """The logprob of a chunk's one ``token`` when ``raw`` (its ``logprobs``) holds one plain entry for it, of
+    either shape, that names it or no id (what :func:`read_logprobs` and the checks after it pass); else ``None``.
+
+    A streamed token's common case, read directly: no list of entries, comprehension or ``zip``.
+    """
+    content = raw.get("content")
+    if type(content) is list:  # generate / chat shape
+        if (len(content) == 1 and type(entry := content[0]) is dict and type(value := entry.get("logprob")) is float
+                and type(tid := entry.get("token_id")) is int and tid == token):
+            return value
+    elif content is None and type(values := raw.get("token_logprobs")) is list and len(values) == 1:  # completions
+        tokens = raw.get("tokens")
+        if (type(value := values[0]) is float and type(tokens) is list and len(tokens) == 1
+                and _token_id({"token": tokens[0]}) in (token, None)):
+            return value
+    return None
+
+
 class VLLMStreamParser(StreamDecoder):
     """Sans-IO reader of one vLLM stream (generate or completions chunks)."""
 
@@ -308,10 +327,12 @@ class VLLMStreamParser(StreamDecoder):
         rid = payload.get("request_id", payload.get("id"))
         if isinstance(rid, str):
             self.request_id = rid
-        self._read_usage(payload.get("usage"))
+        usage = payload.get("usage")
+        if usage is not None:  # (a streamed chunk's: none, or null)
+            self._read_usage(usage)
         events: list[GenerationEvent] = []
         for choice in payload.get("choices") or ():
-            if isinstance(choice, Mapping) and choice.get("index", 0) == 0:
+            if (type(choice) is dict or isinstance(choice, Mapping)) and choice.get("index", 0) == 0:
                 events += self._choice(choice)
         return events
 
@@ -325,30 +346,21 @@ class VLLMStreamParser(StreamDecoder):
             self._cached_tokens = details["cached_tokens"]
 
     def _choice(self, choice: Mapping[str, Any]) -> list[GenerationEvent]:
-        logprobs, named = read_logprobs(choice.get("logprobs"))
-        ids = choice.get("token_ids")
-        if ids is None:  # no return_token_ids: the ids named by the logprob entries
-            if any(t is None for t in named):
-                raise BackendError("vLLM: a chunk carries neither token_ids nor token-id logprobs")
-            ids = named
-        if not isinstance(ids, list):
-            raise BackendError(f"vLLM: token_ids is not a list: {ids!r}")
-        if len(logprobs) != len(ids) or None in logprobs:
-            raise BackendError(f"vLLM: {len(ids)} tokens but logprobs {logprobs!r:.200}")
-        for token, tid in zip(ids, named, strict=False):
-            if tid is not None and tid != token:
-                raise BackendError(f"vLLM: logprob entry for {tid} does not match token {token}")
+        raw, ids = choice.get("logprobs"), choice.get("token_ids")
+        if (type(ids) is list and len(ids) == 1 and type(token := ids[0]) is int and type(raw) is dict
+                and (value := _one_logprob(raw, token)) is not None):
+            ints, floats = ids, [value]  # a streamed chunk's one token (what _tokens would make of it)
+        else:
+            ints, floats = self._tokens(raw, ids)
         version = choice.get("weight_version")
         if isinstance(version, str):
             self.version = version
         raw_spans = choice.get("weight_versions")
         spans = parse_spans(raw_spans) if raw_spans else ()
-        ints = [int(t) for t in ids]
-        floats = [float(v) for v in logprobs if v is not None]  # (none is None: checked above)
         if spans:
             self._spans = spans
             self.version = spans[-1].version
-            stamps = [version_at(spans, len(self.ids) + i) or self.version for i in range(len(ids))]
+            stamps = [version_at(spans, len(self.ids) + i) or self.version for i in range(len(ints))]
             events = token_deltas(ints, floats, stamps)
         else:  # every token of the event sampled by its version (a streamed chunk): one delta, or none
             events = self.tokens(ints, floats)
@@ -362,6 +374,23 @@ class VLLMStreamParser(StreamDecoder):
         if isinstance(reason, str):
             self._reason, self._stop_reason = reason, choice.get("stop_reason")
         return events
+
+    @staticmethod
+    def _tokens(raw: object, ids: object) -> tuple[list[int], list[float]]:
+        """A choice's token ids and their logprobs, checked against each other (``raw``: its ``logprobs``)."""
+        logprobs, named = read_logprobs(raw)
+        if ids is None:  # no return_token_ids: the ids named by the logprob entries
+            if any(t is None for t in named):
+                raise BackendError("vLLM: a chunk carries neither token_ids nor token-id logprobs")
+            ids = named
+        if not isinstance(ids, list):
+            raise BackendError(f"vLLM: token_ids is not a list: {ids!r}")
+        if len(logprobs) != len(ids) or None in logprobs:
+            raise BackendError(f"vLLM: {len(ids)} tokens but logprobs {logprobs!r:.200}")
+        for token, tid in zip(ids, named, strict=False):
+            if tid is not None and tid != token:
+                raise BackendError(f"vLLM: logprob entry for {tid} does not match token {token}")
+        return [int(t) for t in ids], [float(v) for v in logprobs if v is not None]  # (none is None: checked above)
 
     def end(self, done: bool) -> list[GenerationEvent]:
         """The finish (held until ``[DONE]`` so the usage chunk is in it)."""
