@@ -90,6 +90,10 @@ class _Everything:
 #: The delta that says nothing: every empty delta :meth:`OutputParser.feed` and ``finish`` return is this one.
 NOTHING = OutputDelta()
 
+#: ``OutputDelta``'s own ``tuple.__new__``, given every field: a streamed token's delta made without the named
+#: tuple's Python-level ``__new__`` (a call and its defaults, ~40% of making one).
+_made = tuple.__new__
+
 
 class _Out:
     """What one call of feed/finish produces."""
@@ -194,9 +198,9 @@ class OutputParser:
                 if text:
                     if mode == "content":
                         if text := self._content.push(text):
-                            return OutputDelta("", text)
+                            return _made(OutputDelta, ("", text, ()))
                     elif text := self._reasoning.push(text):
-                        return OutputDelta(text)
+                        return _made(OutputDelta, (text, "", ()))
                 return NOTHING
         out = _Out()
         specials = self._specials

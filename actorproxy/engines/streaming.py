@@ -179,6 +179,7 @@ class StreamedGeneration(Generic[P]):
         assert response is not None
         wire = response if type(response) is Response else None  # (else a test's stand-in: no socket of its own)
         self._take = take
+        parser.relaying = True  # (for the whole relay: its reads are the only decoding meanwhile)
         try:
             while not self._stopped():
                 hub = wire.relay_hub() if wire is not None else None
@@ -196,6 +197,7 @@ class StreamedGeneration(Generic[P]):
                 if go is not True and (isinstance(go, bool) or not await go):
                     return
         finally:
+            parser.relaying = False
             self._take = None  # (a reference to the turn: no cycle left behind)
 
     def _stopped(self) -> bool:
@@ -218,14 +220,11 @@ class StreamedGeneration(Generic[P]):
         """A read's bytes decoded (``more``: the body goes on) and its run of plain tokens taken; ``True`` to
         read on. What the taker answered other than ``True`` is left in ``_go``."""
         parser = self._parser
-        parser.relaying = True
         try:
             self._decode(more)
         except BackendError as exc:
             self._error = exc  # raised by __anext__ once the tokens before it are delivered
             return False
-        finally:
-            parser.relaying = False
         if parser.run_version is not None:  # (nothing else came: else _decode queued the run too)
             ids, logprobs, version = parser.run_ids, parser.run_logprobs, parser.run_version
             parser.run_version = None

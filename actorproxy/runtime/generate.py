@@ -438,12 +438,13 @@ class TurnGeneration:
         else the awaitable that writes the rest of the delta, of the same answer.
         """
         record_tokens(self.step, ids, logprobs, version)
-        generation, handle, drain = self._live
+        handle = self._live[1]
         handle.add_tokens(len(ids))
         parser = self.parser
         delta = parser.feed(ids)
         if self.client_gone:
             # Still coming: what the engine generated before it heard the abort. Read on.
+            drain = self._live[2]
             drain.deadline = min(self._drain_limit, trio.current_time() + ABORT_DRAIN_SECONDS)
             return True
         if delta is not NOTHING:  # (every empty delta is NOTHING)
@@ -455,7 +456,7 @@ class TurnGeneration:
                     if handing is not None:
                         return self._delivered(handing, version)
             except GONE:
-                self._agent_left(generation, handle, drain)
+                self._agent_left(*self._live)
                 return True
         if parser.stopped:
             self._stop = GenerateFinish("stop", weight_version=version)
