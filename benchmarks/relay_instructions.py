@@ -52,7 +52,9 @@ def one_shape(args: argparse.Namespace, shape: str) -> None:
         command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
                    sys.executable, "-m", "actorproxy", "run", "--port", str(port), "--backend", backend,
                    "--backend-url", engine.url, "--log-level", "WARNING", "--data-dir", str(Path(tmp) / "data")]
-        with running(command, stderr=subprocess.DEVNULL) as proxy:
+        # Run from the temporary directory: ``python -m`` puts its working directory first on ``sys.path``,
+        # so a run from inside a checkout would measure that checkout whatever ``PYTHONPATH`` says.
+        with running(command, stderr=subprocess.DEVNULL, cwd=tmp) as proxy:
             url = f"http://127.0.0.1:{port}"
             wait_ready(url + "/health", proxy, timeout=600)
             clients = subprocess.Popen(
