@@ -173,6 +173,15 @@ class LlamaCppStreamParser(StreamDecoder):
             raise BackendError(f"llama.cpp: {message}", status=stream_error_status(payload["error"], message))
         tokens = payload.get("tokens") or []
         final = payload.get("stop") is True
+        if (not final and type(tokens) is list and len(tokens) == 1 and type(token := tokens[0]) is int
+                and type(probs := payload.get("completion_probabilities")) is list and len(probs) == 1
+                and type(entry := probs[0]) is dict and type(value := entry.get("logprob")) is float
+                and ((named := entry.get("id")) is None or (type(named) is int and named == token))
+                and len(self.ids) + 1 < self._limit and token not in self._stops):
+            # A streamed event's one token, its entry plain and naming it, neither the limit nor a stop id:
+            # what the loop below makes of it, read directly (no generator, zip or ABC checks).
+            self.ids.append(token)
+            return self.tokens(tokens, [value])
         if final and tokens == self.ids:
             tokens = []  # a final event repeating the whole output, not new tokens
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
