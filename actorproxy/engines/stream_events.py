@@ -13,7 +13,10 @@ so the shape is checked by counting line breaks), their JSON is decoded in one
 ``orjson.loads``: a lone event straight from the buffer (no copy), several as one array
 made by one ``replace`` of the separators. Any other shape (comments, ``event:`` names,
 several ``data:`` lines, ``\\r\\n``) goes through :class:`~actorproxy.http.sse.SSEParser`,
-an event at a time, from then on. ``[DONE]`` ends the stream (``end(True)``); events after
+an event at a time, from then on. A reader that decodes each event alone (not
+:attr:`StreamDecoder.batched`: SGLang's cumulative events) is given where each one's JSON
+lies in the buffer (:meth:`StreamDecoder.take_spans`), to decode it there, uncopied.
+``[DONE]`` ends the stream (``end(True)``); events after
 the finish are kept in :attr:`StreamDecoder.tail` (the generation reads past them to reuse
 the connection, or hangs up).
 
@@ -68,7 +71,8 @@ class StreamDecoder:
         #: The engine was asked to stop this generation (an abort's finish is then not a failure).
         self.abort_requested = False
         self._sse: SSEParser | None = None  # once an event is not of the common shape: every event through it
-        #: Whether the events of one read may be decoded together (else one :meth:`decode` each).
+        self._clean = 0  # the buffer's first bytes that hold no line break (scanned by an earlier read)
+        #: Whether the events of one read may be decoded together (else one :meth:`decode_span` each).
         self.batched = True
         #: Plain tokens are kept in the read's run instead of handed out as events (see the module).
         self.relaying = False
@@ -128,19 +132,38 @@ class StreamDecoder:
         """
         buf = self.buffer
         sse = self._sse
-        if sse is None and self.batched:
+        if sse is None:
             n = len(buf)
+            clean = self._clean
+            line_end = buf.find(b"\n", clean)
+            if line_end < 0 and not at_end and buf.find(b"\r", clean) < 0:
+                self._clean = n  # no event complete yet: the next read scans only what it adds (a long event's
+                return  # bytes arrive in several reads)
             # The common read: one event alone in the buffer (its only line break is the blank line's first).
-            lone = n > 8 and buf.find(b"\n") == n - 2 and buf[n - 1] == 10
-            if lone:
+            lone = n > 8 and line_end == n - 2 and buf[n - 1] == 10
+            if not self.batched and line_end >= 0:  # each alone: the shape is checked event by event
+                end = n if lone else buf.rfind(b"\n\n") + 2
+                if end >= 2:
+                    if self._take_each(end, 1 if lone else 0, out):
+                        self._clean = 0
+                        if not at_end:
+                            return
+                    else:
+                        sse = self._sse = self._parser()  # another shape (the events before it were read)
+                    end = -1
+                count = 0
+            elif lone:
                 end, count = n, 1
             else:
                 end = buf.rfind(b"\n\n") + 2
                 count = buf.count(_SEPARATOR, 0, end) + 1 if end >= 2 else 0
-            if end >= 2:
+            if end == -1:
+                pass
+            elif end >= 2:
                 if (buf.startswith(b"data: ") and (lone or buf.count(b"\n", 0, end) == 2 * count)
                         and buf.find(b"\r", 0, end) < 0):
                     self._take_batch(end, count, out)
+                    self._clean = 0
                     if not at_end:
                         return
                     if not buf.strip():
@@ -181,6 +204,8 @@ class StreamDecoder:
         buf = self.buffer
         if buf.startswith(b"data: [DONE]\n"):
             stop, done = 0, True
+        elif count == 1:
+            stop, done = end, False
         else:
             at = buf.find(b"\ndata: [DONE]\n", 0, end)  # (no JSON text holds a raw line break)
             done = at >= 0
@@ -213,6 +238,61 @@ class StreamDecoder:
                     self._take(payload, b"", out)
         if done:
             self._end(True, out)
+
+    def _take_each(self, end: int, count: int, out: list[GenerationEvent]) -> bool:
+        """The events in ``buffer[:end]``, each decoded alone where it lies (a long event is scanned for its
+        line end once and copied never; ``[DONE]`` is an event's start); ``count`` 1: one event, of the
+        common shape. ``False``: an event is not of the common shape (``data:`` line, blank line, ``\\n``
+        line ends): the events before it are read and removed, it and the rest are left in the buffer."""
+        buf = self.buffer
+        spans: list[tuple[int, int]] = []
+        done = common = True
+        at = 0
+        if count == 1 and buf.startswith(b"data: {") and buf[end - 3] != 13:  # (one line break: checked)
+            spans.append((6, end - 2))
+            at = end
+        while at < end:
+            if not buf.startswith(b"data: ", at):
+                common = False
+                break
+            if buf.startswith(b"[DONE]\n\n", at + 6):
+                at = end  # (what follows it is dropped, as after any [DONE])
+                break
+            line_end = buf.find(b"\n", at + 6, end)
+            if line_end < 0 or buf[line_end + 1] != 10 or buf[line_end - 1] == 13:
+                common = False
+                break
+            spans.append((at + 6, line_end))
+            at = line_end + 2
+        else:
+            done = False
+        try:
+            self.take_spans(spans, out)
+        finally:
+            del buf[:at]
+        if done and common:
+            self._end(True, out)
+        return common
+
+    def take_spans(self, spans: list[tuple[int, int]], out: list[GenerationEvent]) -> None:
+        """Read the events whose JSON lies at ``spans`` (start, stop) of :attr:`buffer`, one at a time."""
+        for start, stop in spans:
+            self.take_span(start, stop, out)
+
+    def take_span(self, start: int, stop: int, out: list[GenerationEvent]) -> None:
+        """Read the event whose JSON is ``buffer[start:stop]`` (:meth:`decode_span`, then :meth:`feed`)."""
+        buf = self.buffer
+        try:
+            payload = self.decode_span(buf, start, stop)
+        except ValueError as exc:
+            shown = bytes(buf[start : min(stop, start + 200)])
+            raise BackendError(f"{self.what}: malformed stream event: {shown!r}") from exc
+        self._take(payload, b"", out)
+
+    def decode_span(self, raw: bytes | bytearray, start: int, stop: int) -> Any:
+        """The JSON of ``raw[start:stop]``, decoded where it lies (an engine's reader may decode less of it)."""
+        with memoryview(raw) as view:
+            return orjson.loads(view[start:stop])
 
     def _take(self, payload: Any, data: bytes, out: list[GenerationEvent]) -> None:
         if self.finished:

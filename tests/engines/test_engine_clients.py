@@ -267,9 +267,9 @@ async def test_sglang_cumulative_events_read_together_are_decoded_only_where_nee
         return b"data: " + orjson.dumps({"text": "x" * n, "output_ids": ids[:n], "meta_info": meta}) + b"\n\n"
 
     decoded: list[int] = []
-    decode = SGLangStreamParser.decode
-    monkeypatch.setattr(SGLangStreamParser, "decode",
-                        lambda self, raw: decoded.append(len(raw)) or decode(self, raw))  # type: ignore[func-returns-value]
+    decode = SGLangStreamParser.decode_span
+    monkeypatch.setattr(SGLangStreamParser, "decode_span", lambda self, raw, start, stop: decoded.append(
+        stop - start) or decode(self, raw, start, stop))  # type: ignore[func-returns-value]
     engine = Engine({"/generate": lambda r, b: stream(b"".join(event(n) for n in range(1, 7)) + DONE)})
     deltas, finish = await run(SGLangBackend(await engine.serve(nursery)), request())
     assert flat(deltas) == (ids, lps, versions)  # each token stamped with the version of the event it came in

@@ -17,18 +17,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actorproxy.engines.base import BackendError, GenerateFinish, TokenDelta
+from actorproxy.engines import stream_events
+from actorproxy.engines.base import BackendError, GenerateFinish, GenerationEvent, TokenDelta
+from actorproxy.engines.sglang import protocol
 from actorproxy.engines.sglang.cumulative import PrefixCutter
 from actorproxy.engines.sglang.protocol import SGLangStreamParser
 
 
-def event(ids: list[int], lps: list[float], *, text: str = "", finish: Any = None, count: int | None = None,
-          spaced: bool = False) -> bytes:
-    meta: dict[str, Any] = {
-        "id": "r", "finish_reason": finish, "prompt_tokens": 3, "weight_version": "default",
-        "input_token_logprobs": [], "output_token_logprobs": [[lp, t, None] for t, lp in zip(ids, lps, strict=True)],
-        "completion_tokens": len(ids) if count is None else count, "cached_tokens": 0,
-    }
+def event(ids: list[int], lps: list[float] | None, *, text: str = "", finish: Any = None, count: int | None = None,
+          spaced: bool = False, version: str = "default") -> bytes:
+    """An event as SGLang writes it (``meta_info``'s keys in its order); ``lps=None``: logprobs not asked."""
+    meta: dict[str, Any] = {"id": "r", "finish_reason": finish, "prompt_tokens": 3, "weight_version": version}
+    if lps is not None:
+        meta["input_token_logprobs"] = []
+        meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, lps, strict=True)]
+        meta["output_token_logprobs_length"] = len(ids)
+    meta |= {"completion_tokens": len(ids) if count is None else count, "cached_tokens": 0}
     if count == -1:  # older builds: no count
         del meta["completion_tokens"]
     payload = {"text": text, "output_ids": ids, "meta_info": meta}
@@ -65,13 +69,14 @@ def test_the_cutter_leaves_only_the_new_tokens_to_decode() -> None:
 def test_an_event_that_does_not_repeat_the_prefix_is_decoded_whole() -> None:
     cutter = PrefixCutter()
     first = event([1, 2], [-0.5, -0.5])
-    assert cutter.cut(first) == (first, 0)
+    assert cutter.cut(first) == (None, 0)
     cutter.tokens = 2
     other = event([1, 3], [-0.5, -0.5])
-    assert cutter.cut(other) == (other, 0)
+    assert cutter.cut(other) == (None, 0)
     cutter.tokens = 2
     longer = event([1, 3, 4], [-0.5, -0.5, -0.25], text="abc")
     raw, cut = cutter.cut(longer)
+    assert raw is not None
     assert cut == 2 and orjson.loads(raw)["output_ids"] == [4] and orjson.loads(raw)["text"] == ""
     assert orjson.loads(raw)["meta_info"]["output_token_logprobs"] == [[-0.25, 4, None]]
 
@@ -127,3 +132,110 @@ def test_any_cumulative_stream_reads_exactly_the_engines_tokens(
     got_ids, got_lps, finishes = read(SGLangStreamParser(), raws)
     assert got_ids == ids and got_lps == lps
     assert len(finishes) == 1 and isinstance(finishes[0], GenerateFinish)
+
+
+def sse(raws: list[bytes]) -> bytes:
+    return b"".join(b"data: " + raw + b"\n\n" for raw in raws)
+
+
+def decoded_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every JSON text the SGLang reader decodes from now on; the SSE parser refused."""
+    sizes: list[int] = []
+
+    def loads(data: Any) -> Any:
+        sizes.append(len(data))
+        return orjson.loads(data)
+
+    def no_parser(self: Any) -> Any:
+        if self.buffer:  # (an empty buffer at the body's end is closed by one)
+            raise AssertionError("the common shape went through the SSE parser")
+        return parser(self)
+
+    parser = stream_events.StreamDecoder._parser
+
+    monkeypatch.setattr(protocol, "orjson", type("orjson", (), {"loads": staticmethod(loads)}))
+    monkeypatch.setattr(stream_events.StreamDecoder, "_parser", no_parser)
+    return sizes
+
+
+def read_stream(parser: SGLangStreamParser, reads: list[bytes], *, end: bool = True) -> tuple[
+        list[int], list[float], list[str], list[GenerationEvent]]:
+    """``reads`` through ``parser.read`` (each as one read brought it; ``end``: then the body's end): ids,
+    logprobs, each id's version, finishes."""
+    out: list[GenerationEvent] = []
+    for piece in reads:
+        parser.buffer += piece
+        parser.read(out)
+    if end:
+        parser.read(out, at_end=True)
+    deltas = [e for e in out if isinstance(e, TokenDelta)]
+    return ([t for d in deltas for t in d.token_ids], [lp for d in deltas for lp in d.logprobs],
+            [d.weight_version for d in deltas for _ in d.token_ids], [e for e in out if not isinstance(e, TokenDelta)])
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["a-read-each", "one-read"])
+def test_a_long_cumulative_stream_is_decoded_for_its_new_part_only_where_it_lies(
+    monkeypatch: pytest.MonkeyPatch, together: bool
+) -> None:
+    # 300 tokens, one an event, with unicode and JSON-looking text: after the first two
+    # events (the shape is learned from the second), what is decoded stays small however
+    # long the events grow, and nothing goes through the SSE parser (no copy of the event).
+    sizes = decoded_sizes(monkeypatch)
+    ids = [1000 + i for i in range(300)]
+    lps = [-i / 64 for i in range(300)]
+    texts = ["é\"]],\"output_ids\":[ 日本 " * (n + 1) for n in range(300)]
+    raws = [event(ids[: n + 1], lps[: n + 1], text=texts[n]) for n in range(299)]
+    raws.append(event(ids, lps, text=texts[-1], finish={"type": "length", "length": 300}))
+    events = [sse(raws) + b"data: [DONE]\n\n"] if together else [sse([raw]) for raw in raws] + [b"data: [DONE]\n\n"]
+    got_ids, got_lps, _, finishes = read_stream(SGLangStreamParser(), events)
+    assert (got_ids, got_lps) == (ids, lps)
+    assert [type(f) for f in finishes] == [GenerateFinish]
+    # Read together, the events the last repeats are not decoded at all: each token once.
+    assert len(raws[-1]) > 15_000
+    assert sum(sizes[2:]) < len(raws[-1]) - len(texts[-1]) if together else max(sizes[2:]) < 400
+
+
+def test_without_logprobs_the_ids_alone_are_cut() -> None:
+    cutter = PrefixCutter()
+    assert cutter.cut(event([1, 2], None)) == (None, 0)
+    cutter.tokens = 2
+    raw, cut = cutter.cut(event([1, 2, 3, 4], None, text="abc"))
+    assert cut == 2 and raw is not None
+    assert orjson.loads(raw) == {"text": "", "output_ids": [3, 4], "meta_info": orjson.loads(event([3, 4], None))[
+        "meta_info"] | {"completion_tokens": 4}}
+    cutter.tokens = 4  # logprobs appear: the event is decoded whole (the remembered lengths do not match)
+    assert cutter.cut(event([1, 2, 3, 4, 5], [-1.0] * 5)) == (None, 0)
+
+
+def test_without_logprobs_a_stream_is_an_error_after_its_first_tokens() -> None:
+    # The proxy always asks for logprobs: a stream without them is refused, saying so.
+    with pytest.raises(BackendError, match="logprob entries None"):
+        read_stream(SGLangStreamParser(), [sse([event([1], None), event([1, 2], None)])])
+
+
+def test_a_prefix_that_does_not_match_where_it_lies_is_decoded_whole_and_checked(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes = decoded_sizes(monkeypatch)
+    first = [event([5], [-0.5]), event([5, 6], [-0.5, -0.25]), event([5, 6, 7], [-0.5, -0.25, -1.0])]
+    rewritten = event([5, 16, 7, 8], [-0.5, -0.25, -1.0, -2.0])  # the last id read (7) is where it was
+    other_last = event([5, 6, 17, 8], [-0.5, -0.25, -1.0, -2.0])  # the last id read differs: decoded whole
+    parser = SGLangStreamParser()
+    assert read_stream(parser, [sse(first)], end=False)[0] == [5, 6, 7]
+    with pytest.raises(BackendError, match="does not extend"):
+        read_stream(parser, [sse([other_last])], end=False)
+    assert sizes[-1] == len(other_last)
+    # A rewrite before the boundary is not seen by the O(1) check: the new token alone is read.
+    assert read_stream(SGLangStreamParser(), [sse(first), sse([rewritten])], end=False)[0] == [5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["a-read-each", "one-read"])
+def test_a_weight_version_change_mid_stream_stamps_each_token_with_its_version(together: bool) -> None:
+    ids, lps = [10, 11, 12, 13, 14, 15], [-0.5, -0.25, -1.0, -2.0, -0.75, -0.125]
+    versions = ["v1", "v1", "v1", "v2", "v2", "v3"]
+    raws = [event(ids[: n + 1], lps[: n + 1], version=versions[n], text="ü" * n) for n in range(5)]
+    raws.append(event(ids, lps, version="v3", finish={"type": "stop", "matched": 15}))
+    events = [sse(raws)] if together else [sse([raw]) for raw in raws]
+    got_ids, got_lps, got_versions, finishes = read_stream(SGLangStreamParser(), [*events, b"data: [DONE]\n\n"])
+    assert (got_ids, got_lps, got_versions) == (ids, lps, versions)
+    assert [f.weight_version for f in finishes if isinstance(f, GenerateFinish)] == ["v3"]

@@ -8,7 +8,9 @@ writes its events with orjson, so an event's arrays begin with the exact bytes o
 previous event's arrays. :class:`PrefixCutter` remembers how long those were and where
 the arrays begin, and builds the event to decode from the new elements and the small
 fields around them (the ``meta_info`` keys): the prefix is neither compared nor copied,
-and ``text`` is left out.
+and ``text`` is left out. It reads the event where it lies (``start``/``stop`` in the
+read's buffer): nothing of the event is copied but the new elements and those fields.
+Without logprobs asked (no ``output_token_logprobs`` key), only ``output_ids`` is cut.
 
 What is checked instead, in O(1): each array holds, at the remembered length, the end of
 an element followed by a comma or its close, and ``output_ids`` ends its old part with
@@ -28,6 +30,9 @@ _SPANS = b'"weight_versions"'
 _ERROR = b'"error"'
 #: Where the arrays are searched for, before where they were in the previous event (its text may shrink).
 _SLACK = 256
+_COMMA, _OPEN_BRACKET, _CLOSE = 0x2C, 0x5B, 0x5D
+_NONE = -1  # no output_token_logprobs (logprobs not asked)
+Bytes = bytes | bytearray
 
 
 class PrefixCutter:
@@ -36,63 +41,74 @@ class PrefixCutter:
     __slots__ = ("_at", "_ids", "_last", "_logprobs", "tokens")
 
     def __init__(self) -> None:
-        self._at = 0  # where the previous event's output_ids began
+        self._at = 0  # where the previous event's output_ids began (from the event's start)
         self._ids = 0  # the length of its content (between the brackets), and of output_token_logprobs'
         self._logprobs = 0
         self._last = b""  # its last id, as written
         #: Tokens the remembered arrays hold (set by the reader once it decoded the event).
         self.tokens = 0
 
-    def cut(self, raw: bytes, use: bool = True) -> tuple[bytes, int]:
-        """``raw`` without the tokens the previous event already had, and how many were cut (0: whole).
+    def cut(self, raw: Bytes, start: int = 0, stop: int | None = None, use: bool = True) -> tuple[bytes | None, int]:
+        """The event ``raw[start:stop]`` without the tokens the previous event already had, and how many
+        were cut; ``(None, 0)``: nothing was cut, decode the event whole.
 
         ``use=False`` (a stream not known to be cumulative yet) only remembers the arrays.
         """
-        i = raw.find(_IDS, max(0, self._at - _SLACK))
+        if stop is None:
+            stop = len(raw)
+        i = raw.find(_IDS, max(start, start + self._at - _SLACK), stop)
         if i < 0 and self._at > _SLACK:
-            i = raw.find(_IDS)
+            i = raw.find(_IDS, start, stop)
         if i < 0:
-            return self._forget(raw)
+            return self._forget()
         a = i + len(_IDS)
         old_ids, old_lps, tokens = self._ids, self._logprobs, self.tokens
-        cut = use and tokens > 0 and old_ids > 0 and old_lps > 0 and self._extends_ids(raw, a + old_ids)
-        ids_end = raw.find(b"]", a + old_ids if cut else a)
-        j = raw.find(_LOGPROBS, ids_end) if ids_end >= 0 else -1
-        if j < 0:
-            return self._forget(raw)
-        b = j + len(_LOGPROBS)
-        end = b + old_lps
-        cut = cut and raw[end - 1 : end] == b"]" and raw[end : end + 1] in (b",", b"]")
-        if raw.startswith(b"]", b):
-            lps_end = b
+        cut = False
+        if use and tokens > 0 and old_ids > 0:  # the old content ends at ``at`` with the last id read before
+            at = a + old_ids
+            last = self._last
+            begin = at - len(last)
+            cut = at < stop and raw[at] in (_COMMA, _CLOSE) and raw.startswith(last, begin) and raw[begin - 1] in (
+                _COMMA, _OPEN_BRACKET)
+        ids_end = raw.find(b"]", a + old_ids if cut else a, stop)
+        if ids_end < 0:
+            return self._forget()
+        j = raw.find(_LOGPROBS, ids_end, stop)
+        if j < 0:  # no logprobs: the ids alone
+            b = lps_end = end = stop
+            cut = cut and old_lps == _NONE
+            lps = _NONE
         else:
-            lps_end = raw.find(b"]]", end - 1 if cut else b) + 1
-        if lps_end <= 0:
-            return self._forget(raw)
-        self._at, self._ids, self._logprobs = i, ids_end - a, lps_end - b
+            b = j + len(_LOGPROBS)
+            end = b + old_lps
+            cut = cut and old_lps > 0 and end < stop and raw[end - 1] == _CLOSE and raw[end] in (_COMMA, _CLOSE)
+            if b < stop and raw[b] == _CLOSE:
+                lps_end = b
+            else:
+                lps_end = raw.find(b"]]", end - 1 if cut else b, stop) + 1
+                if lps_end <= 0:
+                    return self._forget()
+            lps = lps_end - b
+        self._at, self._ids, self._logprobs = i - start, ids_end - a, lps
         if ids_end > a:
-            self._last = raw[raw.rfind(b",", a, ids_end) + 1 or a : ids_end]
+            self._last = bytes(raw[(raw.rfind(b",", a, ids_end) + 1 or a) : ids_end])
         if not cut:
-            return raw, 0
+            return None, 0
         # The new elements (after the old ones and their comma) and the fields between and after the arrays.
         new_ids = raw[a + old_ids + 1 : ids_end] if ids_end > a + old_ids else b""
+        if j < 0:
+            return b"".join((b'{"text":"","output_ids":[', new_ids, raw[ids_end:stop])), tokens
         new_lps = raw[end + 1 : lps_end] if lps_end > end else b""
-        return b"".join((b'{"text":"","output_ids":[', new_ids, raw[ids_end:b], new_lps, raw[lps_end:])), tokens
+        return b"".join((b'{"text":"","output_ids":[', new_ids, raw[ids_end:b], new_lps, raw[lps_end:stop])), tokens
 
-    def _extends_ids(self, raw: bytes, at: int) -> bool:
-        """``raw`` ends the old ``output_ids`` content at ``at`` with the last id read before."""
-        last = self._last
-        return raw[at : at + 1] in (b",", b"]") and raw.startswith(last, at - len(last)) and raw[
-            at - len(last) - 1 : at - len(last)] in (b",", b"[")
-
-    def _forget(self, raw: bytes) -> tuple[bytes, int]:
+    def _forget(self) -> tuple[None, int]:
         self._ids = self._logprobs = 0
         self._last = b""
-        return raw, 0
+        return None, 0
 
 
-def look(raw: bytes) -> tuple[bool, bytes | None]:
-    """Whether event ``raw`` may be skipped when its next event has its version, and that version.
+def look(raw: Bytes, start: int = 0, stop: int | None = None) -> tuple[bool, bytes | None]:
+    """Whether event ``raw[start:stop]`` may be skipped when its next event has its version, and that version.
 
     A cumulative event need not be decoded when the next event of the same stream repeats
     it (the reader checks that the next one extends what it decoded before, as for any
@@ -103,17 +119,20 @@ def look(raw: bytes) -> tuple[bool, bytes | None]:
     versions: nothing before it is skipped). A key cannot be forged from inside a JSON
     string (its quotes would be escaped).
     """
+    if stop is None:
+        stop = len(raw)
     # ``find``, not ``in``: ``bytes in bytes`` first tries the needle as an int (one byte's value), and the
     # TypeError it formats and drops cost more than the search (~1,900 instructions a test, four an event).
-    if raw.find(_SPANS) >= 0:
+    if raw.find(_SPANS, start, stop) >= 0:
         return False, None
-    ordinary = raw.find(_IDS) >= 0 and raw.find(_OPEN) >= 0 and raw.find(_ERROR) < 0
-    i = raw.find(_VERSION)
+    ordinary = raw.find(_IDS, start, stop) >= 0 and raw.find(_OPEN, start, stop) >= 0 and raw.find(
+        _ERROR, start, stop) < 0
+    i = raw.find(_VERSION, start, stop)
     if i < 0:
         return ordinary, b""
     i += len(_VERSION)
-    end = raw.find(b",", i)
-    close = raw.find(b"}", i)
+    end = raw.find(b",", i, stop)
+    close = raw.find(b"}", i, stop)
     if end < 0 or 0 <= close < end:
         end = close
-    return ordinary, raw[i:end] if end >= 0 else None
+    return ordinary, bytes(raw[i:end]) if end >= 0 else None

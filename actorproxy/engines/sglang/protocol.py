@@ -12,7 +12,7 @@ incremental events).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -213,7 +213,7 @@ class SGLangStreamParser(StreamDecoder):
 
     An incremental stream's events of one read are decoded together; a cumulative one's
     each alone, without the prefix the previous event had (:mod:`.cumulative`), and one
-    that the next event read with it repeats is not decoded at all (:meth:`take_events`).
+    that the next event read with it repeats is not decoded at all (:meth:`take_spans`).
     """
 
     what = "SGLang"
@@ -279,37 +279,63 @@ class SGLangStreamParser(StreamDecoder):
         raise BackendError("SGLang: the stream ended without a finish_reason")
 
     def take_events(self, datas: list[tuple[str, bytes]], out: list[GenerationEvent]) -> None:
-        """Cumulative events read together: one the next repeats is not decoded (``cumulative.look``).
+        """Events given one by one (another SSE shape): one the next repeats is not decoded (:meth:`_read_all`)."""
+        self._read_all(len(datas), lambda i: look(datas[i][1]) if datas[i][0] == "message" else (False, None),
+                       lambda i: datas[i][0] == "message" and datas[i][1].strip() != b"[DONE]",
+                       lambda i: self.take_one(*datas[i], out))
+
+    def take_spans(self, spans: list[tuple[int, int]], out: list[GenerationEvent]) -> None:
+        """A read's events, each decoded where it lies: one the next repeats is not decoded (:meth:`_read_all`)."""
+        if len(spans) < 3:  # (the common read: one event)
+            for start, stop in spans:
+                self.take_span(start, stop, out)
+            return
+        buf = self.buffer
+        self._read_all(len(spans), lambda i: look(buf, *spans[i]), lambda i: True,
+                       lambda i: self.take_span(*spans[i], out))
+
+    def _read_all(self, n: int, looked: Callable[[int], tuple[bool, bytes | None]], readable: Callable[[int], bool],
+                  take: Callable[[int], None]) -> None:
+        """``take`` each of ``n`` events read together but a cumulative one the next repeats (``cumulative.look``).
 
         A proxy reads several events at once when it is behind its engine (a pause's
         backlog, a busy loop) or the engine is fast (a short reply arrives whole): each
         would cost a decode for tokens the next one repeats (with the same version: a run
         of such events is read as its last). Only once the stream is known to be cumulative
-        (from its second event); the last event is always read.
+        (from its second event); the last event (``readable``: an event, not ``[DONE]``) is
+        always read.
         """
-        last = len(datas) - 1
-        while last > 0 and (datas[last][0] != "message" or datas[last][1].strip() == b"[DONE]"):
+        last = n - 1
+        while last > 0 and not readable(last):
             last -= 1
         if last < 2:
-            super().take_events(datas, out)
+            for i in range(n):
+                take(i)
             return
-        ordinary, version = look(datas[0][1])
-        for i, (name, data) in enumerate(datas):
+        ordinary, version = looked(0)
+        for i in range(n):
             if i < last and not self.finished:
-                skip = ordinary and self.cumulative and name == "message"
-                ordinary, next_version = look(datas[i + 1][1])
+                skip = ordinary and self.cumulative
+                ordinary, next_version = looked(i + 1)
                 skip = skip and version is not None and version == next_version
                 version = next_version
                 if skip:
                     continue
-            self.take_one(name, data, out)
+            take(i)
 
     def decode(self, raw: bytes) -> Any:
-        """One event's JSON; a cumulative event without the tokens already read (:mod:`.cumulative`)."""
-        if self._incremental:  # nothing repeated to cut (known once the second event is read)
-            return orjson.loads(raw)
-        raw, self._cut = self._cutter.cut(raw, use=self._incremental is False)
-        return orjson.loads(raw)
+        """One event's JSON (see :meth:`decode_span`)."""
+        return self.decode_span(raw, 0, len(raw))
+
+    def decode_span(self, raw: bytes | bytearray, start: int, stop: int) -> Any:
+        """The JSON of event ``raw[start:stop]``; a cumulative event's without the tokens already read
+        (:mod:`.cumulative`)."""
+        if not self._incremental:  # (an incremental stream has nothing repeated to cut: known from its second event)
+            cut, self._cut = self._cutter.cut(raw, start, stop, use=self._incremental is False)
+            if cut is not None:
+                return orjson.loads(cut)
+        with memoryview(raw) as view:
+            return orjson.loads(view[start:stop])
 
     def _skip(self, ids: list[int], cut: int, completion: object) -> int:
         """How many of the event's ``ids`` were delivered before (O(1): only the boundary is checked)."""
