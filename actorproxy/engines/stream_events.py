@@ -141,28 +141,21 @@ class StreamDecoder:
                 return  # bytes arrive in several reads)
             # The common read: one event alone in the buffer (its only line break is the blank line's first).
             lone = n > 8 and line_end == n - 2 and buf[n - 1] == 10
-            if not self.batched and line_end >= 0:  # each alone: the shape is checked event by event
-                end = n if lone else buf.rfind(b"\n\n") + 2
-                if end >= 2:
-                    if self._take_each(end, 1 if lone else 0, out):
-                        self._clean = 0
-                        if not at_end:
-                            return
-                    else:
-                        sse = self._sse = self._parser()  # another shape (the events before it were read)
-                    end = -1
-                count = 0
-            elif lone:
+            each = not self.batched and line_end >= 0  # each alone: the shape is checked event by event
+            if lone:
                 end, count = n, 1
             else:
                 end = buf.rfind(b"\n\n") + 2
-                count = buf.count(_SEPARATOR, 0, end) + 1 if end >= 2 else 0
-            if end == -1:
-                pass
-            elif end >= 2:
-                if (buf.startswith(b"data: ") and (lone or buf.count(b"\n", 0, end) == 2 * count)
-                        and buf.find(b"\r", 0, end) < 0):
-                    self._take_batch(end, count, out)
+                count = 0 if each or end < 2 else buf.count(_SEPARATOR, 0, end) + 1
+            if end >= 2:
+                if each:
+                    taken = self._take_each(end, count, out)  # (False: the events before another shape were read)
+                else:
+                    taken = (buf.startswith(b"data: ") and (lone or buf.count(b"\n", 0, end) == 2 * count)
+                             and buf.find(b"\r", 0, end) < 0)
+                    if taken:
+                        self._take_batch(end, count, out)
+                if taken:
                     self._clean = 0
                     if not at_end:
                         return
