@@ -1,20 +1,22 @@
-"""A long Anthropic or Responses body that starts with one read before has only its new items read (issue 32).
+"""A long body that starts with one read before has only its new items read, in every format (issue 32).
 
-Chat's case is ``tests/schema/test_body_prefixes.py``; these are the other two formats
-read through the same helper (``memo.read``): a long body is kept up to an item it can
-be continued from (Anthropic: its last user message; Responses: its last item that is
-not part of an assistant turn), and the next turn's body is read from there. Each body
-is decided as the full check decides it, whatever follows the kept part.
+Chat, Anthropic and Responses bodies are read through the same helper (``memo.read``): a long
+body is kept up to an item it can be continued from (chat: its last message; Anthropic: its
+last user message; Responses: its last item that is not part of an assistant turn), and the
+next turn's body is read from there. Each body is decided as the memo decides it with nothing
+kept, whatever follows the kept part (``test_memo_formats.py``: that is the full check's
+decision). Chat's own cases (a field named twice, sessions sharing their start) are in
+``tests/schema/test_body_prefixes.py``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import hypothesis.strategies as st
-import orjson
 import pytest
 from _util import broken, decision
 from hypothesis import HealthCheck, event, given, settings
@@ -22,11 +24,18 @@ from hypothesis import HealthCheck, event, given, settings
 from actorproxy.protocols.anthropic import AnthropicFormat, parse_messages_body
 from actorproxy.protocols.format import MemoFormat
 from actorproxy.protocols.memo import BODY_PREFIX_BYTES, MessageMemo
+from actorproxy.protocols.openai_chat import OpenAIChatFormat, parse_chat_body
 from actorproxy.protocols.responses_api import parse_responses_body
 from actorproxy.protocols.responses_format import ResponsesFormat
 from actorproxy.schema.jsonio import load_body
 
 OUTPUT = "def f(x):\n    return x + 1\n" * 4
+CHAT_CALL = {"type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
+
+
+def _chat_turn(i: int) -> list[dict[str, Any]]:
+    return [{"role": "assistant", "content": "", "tool_calls": [{**CHAT_CALL, "id": f"call_{i}"}]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": f"line {i} " * 60}]
 
 
 def _anthropic_turn(i: int) -> list[dict[str, Any]]:
@@ -56,14 +65,24 @@ class Case:
     #: Items a next turn may add (good, bad, ending a body wrongly).
     extra: list[dict[str, Any]]
 
-    def raw(self, items: list[dict[str, Any]], **fields: Any) -> bytes:
-        return orjson.dumps({**self.around, self.field: items, **fields})
+    def raw(self, items: list[Any], *, indent: int | None = None, ensure_ascii: bool = False, **fields: Any) -> bytes:
+        """The body's bytes (a lone surrogate in a string written as it is, or escaped with ``ensure_ascii``)."""
+        body = {**self.around, self.field: items, **fields}
+        return json.dumps(body, indent=indent, ensure_ascii=ensure_ascii).encode("utf-8", "surrogatepass")
 
     def history(self, turns: int) -> list[dict[str, Any]]:
         return [*self.first, *(item for i in range(turns) for item in self.turn(i))]
 
 
 CASES = {
+    "chat": Case(
+        OpenAIChatFormat, parse_chat_body, lambda memo: memo, "messages",
+        {"model": "m", "max_tokens": 64,
+         "tools": [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]},
+        [{"role": "system", "content": "You are a coding agent."},
+         {"role": "user", "content": "Read every module. " + "context " * 600}], _chat_turn,
+        [{"role": "user", "content": "more é"}, {"role": "assistant", "content": "ok"}, {"role": "user"},
+         {"role": "tool", "content": "x"}, {"role": "developer", "content": "careful"}]),
     "anthropic": Case(
         AnthropicFormat, parse_messages_body, lambda memo: memo.messages, "messages",
         {"model": "m", "max_tokens": 64, "system": "You are a coding agent.",
@@ -116,23 +135,33 @@ def test_a_long_bodys_next_turn_splits_only_its_new_items(name: str) -> None:
         before = body.messages
     assert fmt.parse(fmt.load(raw)) == decision(load_body, case.parse, raw)  # the same body again (a retry)
     # The first body splits all its items; each next one only its new items; the retry none.
-    assert counts == [1, *[len(case.turn(0))] * 5, 0]
+    assert counts == [len(case.first), *[len(case.turn(0))] * 5, 0]
+
+
+#: Any JSON value, small: an item or a field no format takes (a lone surrogate included).
+_value = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=5) | st.sampled_from(["user", "tool", "\udc80"]),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.sampled_from(["role", "content", "type", "x"]),
+                                                                inner, max_size=2),
+    max_leaves=4,
+)
 
 
 @st.composite
 def _next_bodies(draw: st.DrawFn, case: Case) -> tuple[bytes, bytes]:
-    """A long body (maybe ending in extra items), then the next turn's: more items and fields, maybe broken bytes."""
+    """A long body (maybe ending in extra items), then the next turn's: more items and fields, maybe broken bytes;
+    both written with or without indents and escapes."""
+    style = {"indent": draw(st.sampled_from([None, 1])), "ensure_ascii": draw(st.booleans())}
     items = case.history(draw(st.integers(0, 3)))
     items += draw(st.lists(st.sampled_from(case.extra), max_size=2))
-    first = case.raw(items)
-    more = draw(st.lists(st.sampled_from(case.extra) | st.sampled_from(case.turn(7)), max_size=4))
+    first = case.raw(items, **style)
+    more = draw(st.lists(st.sampled_from(case.extra) | st.sampled_from(case.turn(7)) | _value, max_size=4))
     fields: dict[str, Any] = {}
     if draw(st.booleans()):
-        fields[draw(st.sampled_from(["model", "tools", "stream", "temperature"]))] = draw(
-            st.sampled_from([None, 1, "x", [], True]))
-    raw = case.raw([*items, *more], **fields)
+        fields[draw(st.sampled_from(["model", "tools", "stream", "temperature", "n", case.field]))] = draw(_value)
+    raw = case.raw([*items, *more], **style, **fields)
     if draw(st.booleans()):  # a field named twice, after the array
-        raw = raw[:-1] + b',"' + draw(st.sampled_from([case.field.encode(), b"model", b"x"])) + b'":1}'
+        raw = raw[: raw.rindex(b"}")] + b',"' + draw(st.sampled_from([case.field.encode(), b"model", b"x"])) + b'":1}'
     return first, broken(draw, raw, max(0, len(first) - 300))
 
 

@@ -3,9 +3,11 @@
 ``load_chat_body`` keeps each long body up to the end of its last message
 (``MessageMemo.bodies``); the next turn's body, whose bytes start with those,
 is read from there on (``memo.read``). These tests make sure that
-reading gives what reading the body whole gives, for every body: growing
-sessions, sessions that share their start, a field named twice, another
-``messages`` after the array, broken bytes anywhere after the kept part.
+reading gives what reading the body whole gives: growing sessions, sessions
+that share their start, a field named twice, another ``messages`` after the
+array. That any body after a kept one (broken bytes anywhere after the kept
+part included) is decided as with nothing kept is a property of every format,
+tested for all three in ``tests/protocols/test_memo_prefix.py``.
 """
 
 from __future__ import annotations
@@ -13,11 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import hypothesis.strategies as st
 import orjson
 import pytest
-from _util import broken
-from hypothesis import HealthCheck, event, given, settings
 
 from actorproxy.errors import BadRequest
 from actorproxy.protocols.chat_messages import ChatBody, ChatMemo, load_chat_body
@@ -118,52 +117,3 @@ def test_a_name_given_twice_reads_as_json_does(case: str) -> None:
     assert isinstance(loaded, ChatBody)
     others = {k: v for k, v in orjson.loads(nxt).items() if k != "messages"}
     assert loaded.fields.options == structure(others, ChatOptions)
-
-
-# -- every body after a kept one is decided as the full check decides it ------------------------------------
-
-_value = st.recursive(
-    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=5) | st.sampled_from(["user", "tool", "\udc80"]),
-    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.sampled_from(["role", "content", "x"]), inner,
-                                                                max_size=2),
-    max_leaves=4,
-)
-
-
-@st.composite
-def _next_bodies(draw: st.DrawFn) -> tuple[bytes, bytes]:
-    """A long body, then the next turn's: new messages and fields, maybe broken bytes past the kept part."""
-    options = {"indent": draw(st.sampled_from([None, 1])), "ensure_ascii": draw(st.booleans())}
-    messages = history(draw(st.integers(0, 3)))
-    first = raw_of(messages, **options)
-    new: list[Any] = draw(st.lists(st.sampled_from([{"role": "user", "content": "more é"},
-                                                    {"role": "assistant", "content": "ok"}, {"role": "user"}])
-                                   | _value.map(lambda v: [v]), max_size=3).map(lambda xs: [
-                                       x for item in xs for x in (item if isinstance(item, list) else [item])]))
-    body: dict[str, Any] = {"model": "m", "messages": [*messages, *new], "tools": [TOOL], "max_tokens": 64}
-    if draw(st.booleans()):
-        body[draw(st.sampled_from(["stream", "model", "tools", "n", "messages"]))] = draw(_value)
-    text = json.dumps(body, **options)
-    raw = text.encode("utf-8", "surrogatepass")
-    if draw(st.booleans()):  # a field named twice, after the array
-        raw = raw[: raw.rindex(b"}")] + b', "' + draw(st.sampled_from([b"model", b"messages", b"x"])) + b'": 1}'
-    raw = broken(draw, raw, max(0, len(first) - 300))
-    return first, raw
-
-
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(bodies=_next_bodies())
-def test_a_body_after_a_kept_one_is_decided_as_the_full_check_decides_it(bodies: tuple[bytes, bytes]) -> None:
-    first, raw = bodies
-    fmt = OpenAIChatFormat()
-    fast(fmt, first)
-    event("kept part found" if fmt._memo.bodies.find(raw) is not None else "read whole")
-    expected = whole(raw)
-    unkept = fast(OpenAIChatFormat(), raw)  # the messages memo's own path, nothing kept
-    if unkept != expected:
-        # Known, and not this path's: a top-level field named twice whose first value orjson would refuse
-        # (msgspec skips it, the last one counts) is refused by the full check only, in other words.
-        event("a field named twice hides a bad value")
-        assert isinstance(unkept, tuple) or isinstance(expected, tuple)
-        expected = unkept
-    assert fast(fmt, raw) == expected
