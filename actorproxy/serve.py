@@ -34,12 +34,13 @@ from .config import ProxyConfig
 from .engines.base import Backend
 from .errors import StartupError
 from .http.in_flight import InFlight
+from .http.server import ConnectionLimits
 from .runtime import collector
 from .runtime.runtime import Runtime, open_runtime
 from .server.app import create_app
 from .server.drain import ASGIApp
 from .server.http_server import HTTPServer
-from .server.limits import ConnectionLimits, default_max_connections, raise_open_files_limit
+from .server.limits import default_max_connections, raise_open_files_limit
 from .serving import served
 from .tokenization.tokenizer import ChatTokenizer
 

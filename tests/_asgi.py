@@ -22,10 +22,9 @@ import httpx
 import trio
 
 from actorproxy.config import ProxyConfig
-from actorproxy.http.server import HTTPServer, ServerPolicy
+from actorproxy.http.server import ConnectionLimits, HTTPServer, ServerPolicy
 from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.server.app import create_app
-from actorproxy.server.limits import ConnectionLimits
 from actorproxy.sim import SimEngine
 from actorproxy.sim.server import RunningSim, SimServerSettings, create_sim_app, sim_state
 from actorproxy.tokenization.tokenizer import ChatTokenizer

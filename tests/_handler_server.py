@@ -23,8 +23,7 @@ import trio
 from _asgi import request_body
 
 from actorproxy.http.cycle import DISCONNECT_EXTENSION
-from actorproxy.http.server import HTTPServer, ServerPolicy
-from actorproxy.server.limits import ConnectionLimits
+from actorproxy.http.server import ConnectionLimits, HTTPServer, ServerPolicy
 
 Handler = Callable[[httpx.Request], "httpx.Response | Awaitable[httpx.Response]"]
 

@@ -36,6 +36,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, Protocol
 
+import attrs
 import trio
 
 from . import h1
@@ -67,20 +68,16 @@ _EPOLL = getattr(select, "epoll", None)
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 
-class Limits(Protocol):
-    """What a client may hold of the server: a body's time, connections."""
+@attrs.frozen
+class ConnectionLimits:
+    """What a client may hold of the server: connections, a body's time (docs/security.md, Bounds)."""
 
-    @property
-    def body_grace(self) -> float:
-        """Seconds a body may take before its rate counts."""
-
-    @property
-    def body_min_rate(self) -> float:
-        """Bytes per second a body must then arrive at on average, or the request gets 408."""
-
-    @property
-    def max_connections(self) -> int | None:
-        """Connections served at once; ``None``: no bound."""
+    #: Seconds a body may take before its rate counts (``--body-timeout``).
+    body_grace: float = 10.0
+    #: Bytes per second a body must then arrive at on average, or the request gets 408 (``--body-min-rate``).
+    body_min_rate: float = 4096.0
+    #: Connections served at once (``--max-connections``); ``None``: no bound.
+    max_connections: int | None = None
 
 
 class Tracker(Protocol):
@@ -102,7 +99,7 @@ class ServerPolicy:
 
     headroom = 16
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: ConnectionLimits) -> None:
         self.limits = limits
 
     def is_probe(self, request: h1.RequestHead) -> bool:

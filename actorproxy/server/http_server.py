@@ -12,9 +12,9 @@ import trio
 from werkzeug.exceptions import RequestTimeout
 
 from ..http import h1, server
-from ..http.server import ASGIApp, Router, Tracker
+from ..http.server import ASGIApp, ConnectionLimits, Router, Tracker
 from ..schema import jsonio
-from .limits import HEADROOM, ConnectionLimits, accept_failures, is_probe, overloaded_response, slow_bodies
+from .limits import HEADROOM, accept_failures, is_probe, overloaded_response, slow_bodies
 from .replies import error_reply, is_anthropic_route
 
 

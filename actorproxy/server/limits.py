@@ -24,8 +24,6 @@ from __future__ import annotations
 import logging
 import resource
 
-import attrs
-
 from ..http import h1
 from ..schema import jsonio
 
@@ -39,18 +37,6 @@ RESERVE = 256
 LOG_EVERY = 10.0
 #: The paths a connection taken in the headroom may ask for.
 PROBES = frozenset({b"/health", b"/ready"})
-
-
-@attrs.frozen
-class ConnectionLimits:
-    """What a client may hold of the server: connections, a body's time (docs/security.md, Bounds)."""
-
-    #: Seconds a body may take before its rate counts (``--body-timeout``).
-    body_grace: float = 10.0
-    #: Bytes per second a body must then arrive at on average, or the request gets 408 (``--body-min-rate``).
-    body_min_rate: float = 4096.0
-    #: Connections served at once (``--max-connections``); ``None``: no bound.
-    max_connections: int | None = None
 
 
 def raise_open_files_limit() -> int:

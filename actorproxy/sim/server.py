@@ -27,7 +27,7 @@ from werkzeug.exceptions import HTTPException
 from ..engines.shared_wire import ModelCard, ModelList, UpdateWeightVersionReqInput
 from ..errors import BadRequest
 from ..http.in_flight import InFlight
-from ..http.server import ASGIApp, HTTPServer, ServerPolicy
+from ..http.server import ASGIApp, ConnectionLimits, HTTPServer, ServerPolicy
 from ..schema.converter import CONVERTER
 from ..serving import served
 from ..tokenization.detokenize import byte_table
@@ -180,13 +180,8 @@ def _quiet_drops() -> None:
         server_log.addFilter(_NoInjectedDrops())
 
 
-@attrs.frozen
-class _Limits:
-    """What a client may hold of the simulated server: a body has ``BODY_TIMEOUT`` seconds, connections no bound."""
-
-    body_grace: float = 600.0
-    body_min_rate: float = 1.0
-    max_connections: int | None = None
+#: What a client may hold of the simulated server: a body has the app's ``BODY_TIMEOUT`` (600 s), connections no bound.
+_LIMITS = ConnectionLimits(body_grace=600.0, body_min_rate=1.0)
 
 
 async def serve_sim(
@@ -215,7 +210,7 @@ async def serve_sim(
     app = create_sim_app(engine, settings=settings)
     state = sim_state(app)
     requests = InFlight()
-    server = HTTPServer(cast(ASGIApp, app.asgi_app), policy=ServerPolicy(_Limits()),
+    server = HTTPServer(cast(ASGIApp, app.asgi_app), policy=ServerPolicy(_LIMITS),
                         tracker=requests, half_close=False)
     stop = trio.Event()
     _quiet_drops()

@@ -26,8 +26,9 @@ from _asgi import request_body
 from _children import die_with_parent
 from _proxyproc import ProxyProcess
 
+from actorproxy.http.server import ConnectionLimits
 from actorproxy.server.http_server import HTTPServer
-from actorproxy.server.limits import HEADROOM, LOG_EVERY, ConnectionLimits, raise_open_files_limit
+from actorproxy.server.limits import HEADROOM, LOG_EVERY, raise_open_files_limit
 
 BOUND = 4
 

@@ -16,8 +16,8 @@ import pytest
 import trio
 
 from actorproxy import ProxyConfig, open_proxy
+from actorproxy.http.server import ConnectionLimits
 from actorproxy.serve import RunningProxy
-from actorproxy.server.limits import ConnectionLimits
 
 GRACE, RATE = ConnectionLimits().body_grace, ConnectionLimits().body_min_rate
 

@@ -12,7 +12,7 @@ import trio.testing
 
 import actorproxy.http
 from actorproxy.http import server as floor
-from actorproxy.server.limits import ConnectionLimits
+from actorproxy.http.server import ConnectionLimits
 
 FLOOR = Path(actorproxy.http.__file__).parent
 

@@ -18,8 +18,8 @@ from _asgi import request_body
 from actorproxy.http import server as floor
 from actorproxy.http import server as http_server
 from actorproxy.http.cycle import BODY_AT_ONCE, BODY_EXTENSION, SEND_NOW_EXTENSION
+from actorproxy.http.server import ConnectionLimits
 from actorproxy.server.http_server import HTTPServer
-from actorproxy.server.limits import ConnectionLimits
 
 
 class Echo:

@@ -17,10 +17,10 @@ from _asgi import request_body
 from actorproxy.config import ProxyConfig
 from actorproxy.errors import StartupError
 from actorproxy.http.cycle import request_path
+from actorproxy.http.server import ConnectionLimits
 from actorproxy.serve import open_proxy
 from actorproxy.server.admission import RequestHeaders
 from actorproxy.server.http_server import HTTPServer
-from actorproxy.server.limits import ConnectionLimits
 from actorproxy.workers.fanout import FanOut, control_path
 from actorproxy.workers.handoff import Router, serve_handoffs
 from actorproxy.workers.merge import merge_history, merge_json, merge_metrics
