@@ -5,8 +5,8 @@ body is kept up to an item it can be continued from (chat: its last message; Ant
 last user message; Responses: its last item that is not part of an assistant turn), and the
 next turn's body is read from there. Each body is decided as the memo decides it with nothing
 kept, whatever follows the kept part (``test_memo_formats.py``: that is the full check's
-decision). Chat's own cases (a field named twice, sessions sharing their start) are in
-``tests/schema/test_body_prefixes.py``.
+decision). Chat's own cases follow: sessions that share their start, a field named twice
+(``messages`` included) before or after the kept part.
 """
 
 from __future__ import annotations
@@ -17,16 +17,20 @@ from typing import Any
 
 import attrs
 import hypothesis.strategies as st
+import orjson
 import pytest
 from _util import broken, decision
 from hypothesis import HealthCheck, event, given, settings
 
 from actorproxy.protocols.anthropic import AnthropicFormat, parse_messages_body
+from actorproxy.protocols.chat_messages import ChatBody, ChatMemo, load_chat_body
 from actorproxy.protocols.format import MemoFormat
 from actorproxy.protocols.memo import BODY_PREFIX_BYTES, MessageMemo
 from actorproxy.protocols.openai_chat import OpenAIChatFormat, parse_chat_body
+from actorproxy.protocols.openai_types import ChatOptions
 from actorproxy.protocols.responses_api import parse_responses_body
 from actorproxy.protocols.responses_format import ResponsesFormat
+from actorproxy.schema.converter import structure
 from actorproxy.schema.jsonio import load_body
 
 OUTPUT = "def f(x):\n    return x + 1\n" * 4
@@ -123,19 +127,24 @@ def _count_split(memo: MessageMemo[Any]) -> list[int]:
 def test_a_long_bodys_next_turn_splits_only_its_new_items(name: str) -> None:
     case = CASES[name]
     fmt = case.format()
-    counts = _count_split(case.items(fmt._memo))
+    memo = case.items(fmt._memo)
+    counts = _count_split(memo)
     before: list[Any] = []
     for turn in range(6):
         items = case.history(turn)
         raw = case.raw(items)
         assert len(raw) > BODY_PREFIX_BYTES
+        kept = memo.bodies.find(raw)
         body = fmt.load(raw)
         assert fmt.parse(body) == decision(load_body, case.parse, raw)
+        if turn:
+            assert kept is not None and bytes(kept.prefix) == raw[: len(kept)]  # read from the kept part on
         assert all(a is b for a, b in zip(before, body.messages, strict=False))  # the same objects as last turn
         before = body.messages
     assert fmt.parse(fmt.load(raw)) == decision(load_body, case.parse, raw)  # the same body again (a retry)
     # The first body splits all its items; each next one only its new items; the retry none.
     assert counts == [len(case.first), *[len(case.turn(0))] * 5, 0]
+    assert len(memo.bodies) == 1  # each turn's body replaced the one it extended
 
 
 #: Any JSON value, small: an item or a field no format takes (a lone surrogate included).
@@ -177,3 +186,52 @@ def test_a_body_after_a_kept_one_is_decided_as_the_full_check_decides_it(name: s
     fresh = case.format()  # nothing kept: the memo's own path, decided as the full check decides
     expected = decision(fresh.load, fresh.parse, raw)
     assert decision(fmt.load, fmt.parse, raw) == expected
+
+
+# -- chat's own cases -----------------------------------------------------------------------------------------
+
+CHAT = CASES["chat"]
+
+
+def test_chat_sessions_that_share_their_start_and_a_retry() -> None:
+    memo = ChatMemo()
+    common = CHAT.history(3)
+    sessions = [[*common, {"role": "user", "content": f"sample {i}"}] for i in range(4)]
+    for _ in range(3):
+        for i, messages in enumerate(sessions):
+            for _retry in range(2):  # the same body twice (a retry): read from itself
+                raw = CHAT.raw(messages)
+                body = load_chat_body(raw, memo)
+                assert isinstance(body, ChatBody)
+                assert parse_chat_body(body) == parse_chat_body(orjson.loads(raw))
+                assert body.fields.tools == tuple(orjson.loads(raw)["tools"])  # as sent
+            messages += [{"role": "assistant", "content": f"answer {i}"}, {"role": "user", "content": "go on"}]
+    assert len(memo.bodies) == 4
+
+
+@pytest.mark.parametrize(
+    "case", ["field_twice", "messages_after", "messages_before", "field_before_and_after", "field_after_then_not"]
+)
+def test_a_chat_name_given_twice_reads_as_json_does(case: str) -> None:
+    fmt = OpenAIChatFormat()
+    messages = CHAT.history(4)
+    first = CHAT.raw(messages)
+    if case == "messages_before":
+        first = first.replace(b'"messages": [', b'"messages": [{"role": "user", "content": "first"}], "messages": [', 1)
+    if case in ("field_before_and_after", "field_after_then_not"):
+        first = first[:-1] + b', "model": "m2"}'
+    decision(fmt.load, fmt.parse, first)
+    nxt = CHAT.raw([*messages, {"role": "user", "content": "next"}])
+    if case == "field_twice":
+        nxt = nxt[:-1] + b', "model": "other"}'
+    elif case == "messages_after":
+        nxt = nxt[:-1] + b', "messages": [{"role": "user", "content": "last"}]}'
+    elif case == "messages_before":
+        nxt = nxt.replace(b'"messages": [', b'"messages": [{"role": "user", "content": "first"}], "messages": [', 1)
+    elif case == "field_before_and_after":
+        nxt = nxt[:-1] + b', "model": "m2"}'
+    assert decision(fmt.load, fmt.parse, nxt) == decision(load_body, parse_chat_body, nxt)
+    loaded = fmt.load(nxt)
+    assert isinstance(loaded, ChatBody)
+    others = {k: v for k, v in orjson.loads(nxt).items() if k != "messages"}
+    assert loaded.fields.options == structure(others, ChatOptions)
