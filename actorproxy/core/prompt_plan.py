@@ -74,7 +74,7 @@ def plan_prompt(
                 closed_by=segment.closed_by,
                 enable_thinking=request.enable_thinking,
             )
-            fragment = tokenizer.encode(text)
+            fragment = tokenizer.encode_fragment(text)  # a text an earlier turn sent is not tokenized again
             input_ids = segment.context_ids + fragment
             new_messages = [kept(m) for m in plan.new_messages]
         except FragmentError as exc:

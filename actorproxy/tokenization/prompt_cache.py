@@ -151,6 +151,76 @@ class PromptCache:
         self._bytes += size
 
 
+#: What a :class:`FragmentMemo` keeps: fragment texts and their ids (twice that at most while it turns over).
+FRAGMENT_BYTES = 4 << 20
+#: Fragments longer than this are tokenized every time (kept, a few would fill the memo).
+FRAGMENT_MAX_CHARS = 4096
+#: What an entry weighs beyond its text and ids: the text's and the array's object headers, its slot.
+FRAGMENT_ENTRY_BYTES = 200
+
+
+def fragment_weight(text: str, ids: array[int]) -> int:
+    """What a :class:`FragmentMemo` entry weighs in memory, about (a character counted as four bytes)."""
+    return 4 * len(text) + ids.itemsize * len(ids) + FRAGMENT_ENTRY_BYTES
+
+
+class FragmentMemo:
+    """Fragment text -> ids: a text tokenized before is not tokenized again (the same ids, a new array).
+
+    A continuing turn tokenizes the fragment the template writes for its new messages,
+    often a text an earlier turn sent too (the same tool result or user message in the
+    rollouts of one prompt group, an environment's canned reply, the benchmarks' questions).
+    Keyed by the whole text, so exact for any tokenizer: the ids are what ``encode`` gave
+    for that very text. Two generations bounded by :data:`FRAGMENT_BYTES`, aged with the
+    prompt cache (:meth:`age`); read and written under a lock (offload threads tokenize too).
+    """
+
+    def __init__(self, encode: Callable[[str], array[int]], max_bytes: int = FRAGMENT_BYTES) -> None:
+        self._encode = encode
+        self._max = max_bytes
+        self._young: dict[str, array[int]] = {}
+        self._old: dict[str, array[int]] = {}
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._lock = threading.Lock()
+
+    def encode(self, text: str) -> array[int]:
+        """The ids of ``text``, as ``encode(text)`` gives them, in an array of the caller's own."""
+        with self._lock:
+            ids = self._young.get(text)
+            if ids is None and self._old:
+                ids = self._old.pop(text, None)
+                if ids is not None:
+                    self._add(text, ids)
+            if ids is not None:
+                self.hits += 1
+                return ids[:]
+            self.misses += 1
+        ids = self._encode(text)
+        if len(text) <= FRAGMENT_MAX_CHARS:
+            with self._lock:
+                if text not in self._young:
+                    self._add(text, ids[:])
+        return ids
+
+    def age(self) -> None:
+        """Drop what no turn used since the last call (or turnover): the young generation becomes the old one."""
+        with self._lock:
+            self._old, self._young, self._bytes = self._young, {}, 0
+
+    def _add(self, text: str, ids: array[int]) -> None:
+        """Keep an entry in the young generation (which turns over when full); under the lock."""
+        size = fragment_weight(text, ids)
+        if self._bytes + size > self._max:
+            self._old, self._young, self._bytes = self._young, {}, 0
+        self._young[text] = ids
+        self._bytes += size
+
+    def __len__(self) -> int:
+        return len(self._young) + len(self._old)
+
+
 #: Texts the cut must leave alone: ids cut before the token equal the ids of the whole.
 _PROBES = ["", "Hello", "Hello ", "line\n", " \n\n", "end.\n  ", "café", "e\u0301", "日本語", "\t", "x!", "1 2 3 "]
 

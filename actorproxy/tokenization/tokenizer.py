@@ -18,7 +18,7 @@ from typing import Any
 from .chat_render import CompiledTemplate, compile_template
 from .gguf import end_of_turn_id, eog_ids, is_gguf, load_gguf_hf
 from .message_fields import MessageCut, cut_message, template_message_fields
-from .prompt_cache import PromptCache, prompt_cache
+from .prompt_cache import FragmentMemo, PromptCache, prompt_cache
 from .qwen3 import qwen3_tokenizer_file
 from .template_inputs import wants_object_arguments, with_object_arguments
 from .turn_end import learn_turn_end
@@ -92,6 +92,8 @@ class ChatTokenizer:
         #: Whole prompts tokenized from the prefix an earlier one had (built on first use; ``None``: not possible).
         self._prompt_cache: PromptCache | None = None
         self._prompt_cache_made = False
+        #: Fragment texts tokenized before, with their ids (:meth:`encode_fragment`).
+        self.fragments = FragmentMemo(self.encode)
         # Rendering calls the compiled template directly when it renders exactly what transformers does.
         self._compiled: CompiledTemplate | None = compile_template(
             hf.chat_template, hf.special_tokens_map, self._apply_template, trusted=trusted_template)
@@ -139,10 +141,19 @@ class ChatTokenizer:
         cache = self._prompt_cache
         return self.encode(text) if cache is None else cache.encode(text)
 
+    def encode_fragment(self, text: str) -> array[int]:
+        """:meth:`encode` for a turn's fragment: a text tokenized before is not tokenized again.
+
+        The same ids as :meth:`encode`, in a new array (see :class:`FragmentMemo`).
+        """
+        return self.fragments.encode(text)
+
     def age_prompts(self) -> None:
-        """Let the prompt cache drop what no prompt used since the last call (:meth:`PromptCache.age`)."""
+        """Let the prompt cache and the fragment memo drop what no turn used since the last call
+        (:meth:`PromptCache.age`, :meth:`FragmentMemo.age`)."""
         if self._prompt_cache is not None:
             self._prompt_cache.age()
+        self.fragments.age()
 
     def _make_prompt_cache(self) -> PromptCache | None:
         if self._encode_batch is None:
