@@ -3,14 +3,15 @@
     python benchmarks/turn_instructions.py [--turns 200] [--warmup 30] [--session-turns 10]
     python benchmarks/turn_instructions.py --strace      # syscalls per turn instead (strace -c -f)
 
-``overhead.py``'s c = 1 load, over real HTTP, one turn after another (``--concurrency N``: N clients): the engine stub
-(``engine_stub.py``, its own process, not traced) answers every turn with the canned
-16-token reply; the proxy (``actorproxy run --backend sglang``) runs under ``valgrind
---tool=callgrind --instr-atstart=no``; this script is the client, one keep-alive
-connection per client, sessions of ``--session-turns`` turns (the reply and a new user message
-appended each turn). After ``--warmup`` turns the count is switched on (``callgrind_control
--i on``), ``--turns`` turns run, and it is switched off: the figure is the instructions of
-that window over its turns, so start-up and the first turns' one-off work are not counted.
+``overhead.py``'s c = 1 load, over real HTTP, one turn after another (``--concurrency N``: N clients): the
+engine stub (``engine_stub.py``, its own process, not traced) answers every turn with the canned 16-token
+reply; the proxy (``actorproxy run --backend sglang``) runs under ``valgrind --tool=callgrind
+--instr-atstart=no``; this script is the client, one keep-alive connection per client, sessions of
+``--session-turns`` turns (the reply and a new user message appended each turn: every session asks the
+same questions, as ``overhead.py``'s do; with ``--unique`` each session's questions name it, so no new
+message repeats another session's). After ``--warmup`` turns the count is switched on (``callgrind_control
+-i on``), ``--turns`` turns run, and it is switched off: the figure is the instructions of that window over
+its turns, so start-up and the first turns' one-off work are not counted.
 With ``--strace`` the proxy runs without valgrind and ``strace -c -f -p PID`` (every
 thread) is attached for the same window instead: the syscalls of those turns, by name,
 with each count over the turns.
@@ -38,8 +39,11 @@ from processes import engine_stub, free_port, running, wait_ready
 from relay_instructions import counted
 
 
-async def turns(url: str, count: int, session_turns: int, tag: str) -> None:
-    """``count`` turns, one at a time, on one connection, in sessions of ``session_turns`` turns."""
+async def turns(url: str, count: int, session_turns: int, tag: str, unique: bool = False) -> None:
+    """``count`` turns, one at a time, on one connection, in sessions of ``session_turns`` turns.
+
+    ``unique``: each session's questions name it, so no two sessions send the same new message.
+    """
     host, port = url.removeprefix("http://").rsplit(":", 1)
     http = Http(host, int(port))
     done = 0
@@ -56,15 +60,16 @@ async def turns(url: str, count: int, session_turns: int, tag: str) -> None:
                     raise RuntimeError(f"turn {done + 1}: HTTP {status}: {data[:300]!r}")
                 done += 1
                 messages.append({"role": "assistant", "content": json.loads(data)["choices"][0]["message"]["content"]})
-                messages.append({"role": "user", "content": f"Question {turn + 1}: and 7 times 8?"})
+                about = f" of session {sid}" if unique else ""
+                messages.append({"role": "user", "content": f"Question {turn + 1}{about}: and 7 times 8?"})
     finally:
         await http.close()
 
 
-async def clients(url: str, count: int, session_turns: int, tag: str, concurrency: int) -> None:
+async def clients(url: str, count: int, session_turns: int, tag: str, concurrency: int, unique: bool = False) -> None:
     """``count`` turns in all, from ``concurrency`` clients at once (each its own connection and sessions)."""
     share = [count // concurrency + (i < count % concurrency) for i in range(concurrency)]
-    await asyncio.gather(*(turns(url, n, session_turns, f"{tag}{i}") for i, n in enumerate(share)))
+    await asyncio.gather(*(turns(url, n, session_turns, f"{tag}{i}", unique) for i, n in enumerate(share)))
 
 
 def per_turn(summary: str, count: int) -> str:
@@ -83,6 +88,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--session-turns", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=1, help="clients at once (each its own connection)")
+    parser.add_argument("--unique", action="store_true",
+                        help="each session's questions name it: no new message repeats another session's")
     parser.add_argument("--strace", action="store_true", help="count syscalls (strace -c -f) instead")
     parser.add_argument("--keep", type=Path, help="copy the callgrind output here")
     parser.add_argument("--proxy-flag", action="append", default=[], help="an extra flag for actorproxy run")
@@ -98,7 +105,7 @@ def main() -> None:
         with running(command, stderr=subprocess.DEVNULL) as proxy:
             url = f"http://127.0.0.1:{port}"
             wait_ready(url + "/health", proxy, timeout=600)
-            asyncio.run(clients(url, args.warmup, args.session_turns, "warm", args.concurrency))
+            asyncio.run(clients(url, args.warmup, args.session_turns, "warm", args.concurrency, args.unique))
             if args.strace:
                 tracer = subprocess.Popen(["strace", "-c", "-f", "-o", str(out), "-p", str(proxy.pid)],
                                           stderr=subprocess.PIPE, text=True)
@@ -107,7 +114,7 @@ def main() -> None:
             else:
                 subprocess.run(["callgrind_control", "-i", "on", str(proxy.pid)], check=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            asyncio.run(clients(url, args.turns, args.session_turns, "count", args.concurrency))
+            asyncio.run(clients(url, args.turns, args.session_turns, "count", args.concurrency, args.unique))
             if args.strace:
                 tracer.send_signal(signal.SIGINT)  # detaches and writes the summary
                 tracer.wait(30)
@@ -120,7 +127,8 @@ def main() -> None:
         instructions = counted(out)  # (written as the proxy exits)
         if args.keep:
             shutil.copy(out, args.keep)
-    print(f"c = {args.concurrency}, non-streaming, sessions of {args.session_turns} turns: "
+    print(f"c = {args.concurrency}, non-streaming, sessions of {args.session_turns} turns"
+          f"{', questions unique to each session' if args.unique else ''}: "
           f"{instructions:,} instructions over {args.turns} turns = {instructions / max(args.turns, 1):,.0f} a turn",
           flush=True)
 
