@@ -179,7 +179,7 @@ class RelayHub:
         fd = sock.fileno()
         reader = _Parked(trio.lowlevel.current_task(), conn, fd, deadlines, arrived)
         try:
-            self._epoll.register(fd, select.EPOLLIN | select.EPOLLET)
+            self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET)
         except OSError as exc:  # (closed meanwhile)
             await trio.lowlevel.checkpoint()
             raise TransportError(f"the server dropped the connection: {exc!r}") from exc
@@ -240,22 +240,24 @@ class RelayHub:
         try:
             while True:
                 await trio.lowlevel.wait_readable(epoll.fileno())
-                for fd, _ in epoll.poll(0):
+                for fd, events in epoll.poll(0):
                     reader = parked.get(fd)
                     if reader is not None:
-                        self._arrival(reader, view)
+                        self._arrival(reader, view, events & _ENDED)
         finally:
             for reader in list(parked.values()):
                 self._wake(reader, outcome.Error(TransportError("the relay hub stopped")))
             epoll.close()
 
-    def _arrival(self, reader: _Parked, view: memoryview) -> None:
+    def _arrival(self, reader: _Parked, view: memoryview, ended: int) -> None:
         """A socket became readable: its bytes received, then the reader's callback (its reader woken when done).
 
         Edge-triggered: the socket is read until a read takes less than the buffer (drained), so
         no arrival waits for another to be seen; the hub's epoll is not readable again until
         something new arrives (level-triggered, every poll would make it readable once more:
-        a second, empty wake-up of the hub per arrival).
+        a second, empty wake-up of the hub per arrival). ``ended``: the poll said the peer shut
+        down or the socket failed (``_ENDED``): then it is read on to the end of file or the error,
+        which came with the last bytes and would make no edge of its own.
         """
         conn = reader.conn
         sock = conn.sock
@@ -284,9 +286,12 @@ class RelayHub:
             if not more or parked.get(reader.fd) is not reader:  # (or it left the hub meanwhile)
                 self._wake(reader, outcome.Value(False))
                 return
-            if conn.drained:
+            if conn.drained and not ended:
                 return
 
+
+#: What a poll of the hub's epoll reports when no more bytes will come: the peer shut down, or the socket failed.
+_ENDED = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR if hasattr(select, "epoll") else 0
 
 _HUB: trio.lowlevel.RunVar[RelayHub | None] = trio.lowlevel.RunVar("actorproxy.http relay hub", default=None)
 
