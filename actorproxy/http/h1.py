@@ -291,7 +291,15 @@ class BodyDecoder:
         if self.done:
             return
         if self.chunked:
-            self._dechunk(buf, out)
+            if self._state == _SIZE:  # (between chunks, nearly always)
+                pos = whole_chunks(buf, 0, out)
+                if pos == len(buf):  # every chunk was whole (a streamed event): nothing left to look at
+                    if pos:
+                        buf.clear()
+                    return
+            else:
+                pos = 0
+            self._dechunk(buf, out, pos)
             return
         left, n = self.remaining, len(buf)
         if left < 0 or n <= left:
@@ -314,16 +322,16 @@ class BodyDecoder:
             raise ProtocolError("the connection closed before the body ended (truncated)")
         self.done = True
 
-    def _dechunk(self, buf: bytearray, out: bytearray) -> None:
+    def _dechunk(self, buf: bytearray, out: bytearray, pos: int) -> None:
         # Whole chunks are copied out from a moving position and removed together at the
-        # end (several events in one read: one removal, not one per chunk).
-        pos = 0
+        # end (several events in one read: one removal, not one per chunk). ``pos``: where
+        # :meth:`decode` left off (the whole chunks before it are copied out already).
         try:
             while True:
                 state = self._state
                 if state == _SIZE:
                     pos = whole_chunks(buf, pos, out)
-                    if pos == len(buf):  # every chunk was whole (a streamed event): nothing left to look at
+                    if pos == len(buf):  # every chunk was whole: nothing left to look at
                         return
                     m = _CHUNK_LINE.match(buf, pos)
                     if m is None:
@@ -396,18 +404,19 @@ _SIZE, _DATA, _CRLF, _TRAILERS = range(4)
 def whole_chunks(buf: bytearray, pos: int, out: bytearray) -> int:
     """Copy to ``out`` the whole non-empty chunks from ``pos`` on; where the first that is not (all) here begins.
 
-    ``BodyDecoder._dechunk``'s common case, in a tight loop (several events read at once);
+    ``BodyDecoder.decode``'s common case, in a tight loop (several events read at once);
     anything else (a chunk cut short, the last chunk, a bad line) is left to it, from the returned position.
     """
     match, n = _CHUNK_LINE.match, len(buf)
-    with memoryview(buf) as view:
-        while pos < n and (m := match(buf, pos)) is not None:
-            start = m.end()
-            stop = start + int(m[1], 16)
-            if stop == start or n < stop + 2 or buf[stop] != 13 or buf[stop + 1] != 10:
-                break
-            out += view[start:stop]
-            pos = stop + 2
+    while pos < n and (m := match(buf, pos)) is not None:
+        start = m.end()
+        stop = start + int(m[1], 16)
+        if stop == start or n < stop + 2 or buf[stop] != 13 or buf[stop + 1] != 10:
+            break
+        # A view of its own, released as the statement ends (the buffer may be resized after it): cheaper
+        # than one for the loop in a ``with`` when, as nearly always, the read holds one chunk.
+        out += memoryview(buf)[start:stop]
+        pos = stop + 2
     return pos
 
 
