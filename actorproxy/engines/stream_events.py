@@ -40,7 +40,8 @@ from typing import Any
 import orjson
 
 from ..http.sse import SSEParser
-from .base import BackendError, GenerateFinish, GenerationEvent, TokenDelta
+from .base import BackendError, GenerateFinish, GenerationEvent, TokenDelta, WeightVersionSpan
+from .deltas import parse_spans
 
 _DONE = b"[DONE]"
 _SEPARATOR = b"\n\ndata: "
@@ -99,6 +100,16 @@ class StreamDecoder:
         """Read events given one by one (name, data): :meth:`decode` and :meth:`feed` each."""
         for name, data in datas:
             self.take_one(name, data, out)
+
+    def read_versions(self, source: Mapping[str, Any]) -> tuple[WeightVersionSpan, ...]:
+        """An event's weight versions (``source``: where the engine writes them): its ``weight_version``, if a
+        string, becomes :attr:`version`; its ``weight_versions`` spans (its tokens' versions when they differ),
+        parsed, or ``()``."""
+        version = source.get("weight_version")
+        if isinstance(version, str):
+            self.version = version
+        raw_spans = source.get("weight_versions")
+        return parse_spans(raw_spans) if raw_spans else ()
 
     def tokens(self, ids: list[int], logprobs: list[float]) -> list[GenerationEvent]:
         """The events of new tokens all sampled by :attr:`version`: one :class:`TokenDelta`, none for no

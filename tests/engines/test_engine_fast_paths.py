@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import random
 from array import array
+from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from actorproxy.engines.base import GenerateRequest, SamplingParams
+from actorproxy.engines.base import BackendError, GenerateFinish, GenerateRequest, SamplingParams, TokenDelta
 from actorproxy.engines.connection import json_body
 from actorproxy.engines.llamacpp import protocol as llamacpp_protocol
 from actorproxy.engines.sglang import protocol
@@ -134,3 +138,107 @@ def test_every_engines_request_bytes_are_the_converters_body_of_its_request(engi
             got = llamacpp_protocol.completion_bytes(request)
             expected = llamacpp_protocol.CompletionRequest.of(request.input_ids, sampling)
         assert got == json_body(CONVERTER.unstructure(expected))
+
+
+# -- SGLang's incremental events: a lone token read directly, anything else by the general checks ----------------
+
+_SG_EVENT = st.fixed_dictionaries({
+    "tokens": st.integers(0, 3),  # new tokens in the event
+    "value": st.sampled_from(["float", "int"]),  # a logprob written as a float, or as an integer (-1)
+    "entry": st.sampled_from([3, 2]),  # [logprob, id, text] or [logprob, id]
+    "count": st.sampled_from(["exact", "exact", "absent"]),  # completion_tokens (SGLang's running count), or none
+    "version": st.sampled_from(["v1", "v1", "v2", None]),  # weight_version (None: not sent)
+    "spans": st.booleans(),  # weight_versions: the first new token sampled by another version
+    "repeat": st.integers(0, 9),  # 0: the abort of a queued request instead (the last token again, nothing new)
+})
+_SG_BAD = st.sampled_from([None, "other-id", "null-logprob", "no-entries", "ids-not-list"])
+
+
+def _sg_stream(events: list[dict[str, Any]], bad: str | None, finish_tokens: int) -> tuple[
+        list[bytes], list[tuple[int, float, str]], bool]:
+    """An incremental ``/generate`` stream of ``events`` (then a finish, or the ``bad`` event): its events' bytes
+    and the tokens it delivers (id, logprob, version), and whether it is an error."""
+    raws: list[bytes] = []
+    sent: list[tuple[int, float, str]] = []
+    version = "default"
+
+    def write(ids: list[int], entries: Any, meta: dict[str, Any], count: str = "exact") -> None:
+        meta = {"id": "r", "finish_reason": None, "prompt_tokens": 3, **meta}
+        if entries is not None:
+            meta["output_token_logprobs"] = entries
+        if count == "exact":
+            meta["completion_tokens"] = len(sent)
+        raws.append(orjson.dumps({"text": "", "output_ids": ids, "meta_info": meta}))
+
+    def tokens(e: dict[str, Any], n: int) -> tuple[list[int], list[Any], dict[str, Any]]:
+        nonlocal version
+        meta: dict[str, Any] = {}
+        if e["version"] is not None:
+            version = meta["weight_version"] = e["version"]
+        ids = [1000 + 7 * len(sent) + i for i in range(n)]  # (never a prefix of what came before: no count needed)
+        values = [-1 - len(sent) - i if e["value"] == "int" else -(len(sent) + i + 1) / 8 for i in range(n)]
+        entries = [[lp, t, "x"][: e["entry"]] for t, lp in zip(ids, values, strict=True)]
+        versions = [version] * n
+        if e["spans"] and n:
+            versions[0] = "v9"
+            meta["weight_versions"] = [{"version": "v9", "start": len(sent), "end": len(sent) + 1},
+                                       {"version": version, "start": len(sent) + 1, "end": len(sent) + n}]
+        sent.extend((t, float(lp), v) for t, lp, v in zip(ids, values, versions, strict=True))
+        return ids, entries, meta
+
+    for e in events:
+        if e["repeat"] == 0 and sent:  # the last token and every entry so far again, completion_tokens unchanged
+            last, lp, _ = sent[-1]
+            write([last], [[lp, last, None]], {})
+            continue
+        ids, entries, meta = tokens(e, e["tokens"])
+        write(ids, entries, meta, e["count"])
+    if bad is not None:
+        ids, entries, meta = tokens({"version": None, "spans": False, "value": "float", "entry": 3}, 1)
+        wrong = {"other-id": [[-0.5, ids[0] + 1, None]], "null-logprob": [[None, ids[0], None]], "no-entries": None,
+                 "ids-not-list": entries}[bad]
+        write(ids if bad != "ids-not-list" else {"0": ids[0]}, wrong, meta)  # type: ignore[arg-type]
+        return raws, sent[:-1], True  # (its token is not delivered)
+    ids, entries, meta = tokens({"version": None, "spans": False, "value": "float", "entry": 3}, finish_tokens)
+    meta["finish_reason"] = {"type": "length", "length": len(sent)}
+    write(ids, entries, meta)
+    return raws, sent, False
+
+
+def _sg_read(raws: list[bytes], together: bool, relaying: bool) -> tuple[list[tuple[int, float, str]], Any]:
+    """The tokens (id, logprob, version) the reader delivers from ``raws`` (a read each, or one read), and its
+    finish or error."""
+    parser = protocol.SGLangStreamParser()
+    parser.relaying = relaying
+    events = [b"data: " + raw + b"\n\n" for raw in raws]
+    out: list[Any] = []
+    end: Any = None
+    try:
+        for data in [b"".join(events)] if together else events:
+            parser.buffer += data
+            parser.read(out)
+            parser.run_into(out)
+    except BackendError as exc:
+        end = exc
+    parser.run_into(out)
+    tokens = [(t, lp, e.weight_version) for e in out if type(e) is TokenDelta
+              for t, lp in zip(e.token_ids, e.logprobs, strict=True)]
+    finishes = [e for e in out if type(e) is GenerateFinish]
+    return tokens, end if end is not None else finishes
+
+
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(st.lists(_SG_EVENT, max_size=8), _SG_BAD, st.integers(0, 2), st.booleans(), st.booleans())
+def test_sglang_incremental_events_deliver_exactly_the_engines_tokens_whichever_way_each_is_read(
+        events: list[dict[str, Any]], bad: str | None, finish_tokens: int, together: bool, relaying: bool) -> None:
+    # A lone plain token (float logprob, its entry naming it, the count one more, no spans, no finish) is read
+    # directly; every other event (several tokens, an integer logprob, no count, spans, a repeat, the finish,
+    # a bad entry) by the general checks. Either way: the engine's tokens, each with its logprob and version.
+    raws, expected, failed = _sg_stream(events, bad, finish_tokens)
+    tokens, end = _sg_read(raws, together, relaying)
+    assert tokens == expected
+    assert all(type(lp) is float for _, lp, _ in tokens)
+    if failed:
+        assert isinstance(end, BackendError) and str(end).startswith("SGLang: ")
+    else:
+        assert [f.reason for f in end] == ["length"]

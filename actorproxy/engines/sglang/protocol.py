@@ -30,7 +30,7 @@ from ..base import (
     WeightVersionSpan,
 )
 from ..connection import BodyTemplate
-from ..deltas import DEFAULT_VERSION, parse_spans, token_deltas, version_at
+from ..deltas import DEFAULT_VERSION, token_deltas, version_at
 from ..errors import http_status, stream_error_status
 from ..stream_events import StreamDecoder
 from .cumulative import PrefixCutter, look
@@ -243,28 +243,18 @@ class SGLangStreamParser(StreamDecoder):
             meta = meta if isinstance(meta, Mapping) else {}
         entries = meta.get("output_token_logprobs")
         ids = payload.get("output_ids")
-        if ids is None:  # older builds: the ids only inside the logprob entries
-            ids = [entry[1] for entry in entries] if isinstance(entries, list) else []
-        if not isinstance(ids, list):
-            raise BackendError(f"SGLang: output_ids is not a list: {ids!r}")
-        cut, self._cut = self._cut, 0
-        self._cutter.tokens = cut + len(ids)
         completion = meta.get("completion_tokens")
-        if self._incremental and not cut:  # the common event: new tokens only, unless it repeats (see _skip)
-            sent = len(self.ids)
-            skip = len(ids) if isinstance(completion, int) and completion == sent and len(ids) <= sent else 0
+        if (self._incremental and type(ids) is list and len(ids) == 1 and type(token := ids[0]) is int
+                and (completion is None or (type(completion) is int and completion > len(self.ids)))
+                and type(entries) is list and len(entries) == 1 and type(entry := entries[0]) is list
+                and len(entry) >= 2 and entry[1] == token and type(value := entry[0]) is float):
+            # An incremental stream's event of one new token, its entry plain and naming it: what _new_tokens
+            # makes of it, read directly (no slices, repeat checks, zip). (Nothing is cut from an incremental
+            # stream's events: its _cut is 0.)
+            new_ids, logprobs = ids, [value]
         else:
-            skip = self._skip(ids, cut, completion)
-        new_ids = ids[skip:] if skip else ids
-        new_entries = entries[skip:] if skip and isinstance(entries, list) else entries
-        if self._incremental is not False and type(completion) is int and completion < len(self.ids) + len(new_ids):
-            new_ids, new_entries = self._drop_repeat(new_ids, new_entries, completion)
-        version = meta.get("weight_version")
-        if isinstance(version, str):
-            self.version = version
-        raw_spans = meta.get("weight_versions")
-        spans = parse_spans(raw_spans) if raw_spans else ()
-        logprobs = self._logprobs(new_ids, new_entries)
+            new_ids, logprobs = self._new_tokens(ids, entries, completion)
+        spans = self.read_versions(meta)
         if spans:
             events = self._deltas(new_ids, logprobs, spans)
         else:  # every token stamped with the event's version: one delta (or none)
@@ -277,6 +267,26 @@ class SGLangStreamParser(StreamDecoder):
 
     def end(self, done: bool) -> list[GenerationEvent]:
         raise BackendError("SGLang: the stream ended without a finish_reason")
+
+    def _new_tokens(self, ids: object, entries: object, completion: object) -> tuple[list[int], list[float]]:
+        """The event's new token ids and their logprobs (``ids``: its ``output_ids``, ``entries``: its
+        ``output_token_logprobs``), without what it repeats (:meth:`_skip`, :meth:`_drop_repeat`), checked."""
+        if ids is None:  # older builds: the ids only inside the logprob entries
+            ids = [entry[1] for entry in entries] if isinstance(entries, list) else []
+        if not isinstance(ids, list):
+            raise BackendError(f"SGLang: output_ids is not a list: {ids!r}")
+        cut, self._cut = self._cut, 0
+        self._cutter.tokens = cut + len(ids)
+        if self._incremental and not cut:  # the common event: new tokens only, unless it repeats (see _skip)
+            sent = len(self.ids)
+            skip = len(ids) if isinstance(completion, int) and completion == sent and len(ids) <= sent else 0
+        else:
+            skip = self._skip(ids, cut, completion)
+        new_ids = ids[skip:] if skip else ids
+        new_entries = entries[skip:] if skip and isinstance(entries, list) else entries
+        if self._incremental is not False and type(completion) is int and completion < len(self.ids) + len(new_ids):
+            new_ids, new_entries = self._drop_repeat(new_ids, new_entries, completion)
+        return new_ids, self._logprobs(new_ids, new_entries)
 
     def take_events(self, datas: list[tuple[str, bytes]], out: list[GenerationEvent]) -> None:
         """Events given one by one (another SSE shape): one the next repeats is not decoded (:meth:`_read_all`)."""

@@ -31,7 +31,7 @@ from ..base import (
     WeightVersionSpan,
 )
 from ..connection import BodyTemplate
-from ..deltas import DEFAULT_VERSION, parse_spans, token_deltas, version_at
+from ..deltas import DEFAULT_VERSION, token_deltas, version_at
 from ..errors import error_message, stream_error_status
 from ..stream_events import StreamDecoder
 
@@ -352,11 +352,7 @@ class VLLMStreamParser(StreamDecoder):
             ints, floats = ids, [value]  # a streamed chunk's one token (what _tokens would make of it)
         else:
             ints, floats = self._tokens(raw, ids)
-        version = choice.get("weight_version")
-        if isinstance(version, str):
-            self.version = version
-        raw_spans = choice.get("weight_versions")
-        spans = parse_spans(raw_spans) if raw_spans else ()
+        spans = self.read_versions(choice)
         if spans:
             self._spans = spans
             self.version = spans[-1].version
