@@ -239,3 +239,21 @@ def test_a_weight_version_change_mid_stream_stamps_each_token_with_its_version(t
     got_ids, got_lps, got_versions, finishes = read_stream(SGLangStreamParser(), [*events, b"data: [DONE]\n\n"])
     assert (got_ids, got_lps, got_versions) == (ids, lps, versions)
     assert [f.weight_version for f in finishes if isinstance(f, GenerateFinish)] == ["v3"]
+
+
+def test_an_incremental_stream_in_another_sse_shape_is_not_looked_at_for_repeats(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # ``look`` tells a cumulative event the next one repeats; an incremental stream has none to skip. Once the
+    # shape is known (its second event), a read of several events (\r\n line ends: through the SSE parser) is
+    # read without looking at any of them.
+    looked: list[int] = []
+    look = protocol.look
+    monkeypatch.setattr(protocol, "look", lambda raw, *span: looked.append(len(raw)) or look(raw, *span))
+    ids, lps = [7, 8, 9, 10, 11, 12], [-0.5, -0.25, -1.0, -0.125, -2.0, -0.75]
+    raws = [event([t], [lp], count=n + 1) for n, (t, lp) in enumerate(zip(ids, lps, strict=True))]
+    raws[-1] = event([ids[-1]], [lps[-1]], count=6, finish={"type": "length", "length": 6})
+    parser = SGLangStreamParser()
+    crlf = [sse(raws[:2]).replace(b"\n", b"\r\n"), sse(raws[2:]).replace(b"\n", b"\r\n")]
+    got_ids, got_lps, _, finishes = read_stream(parser, crlf)
+    assert (got_ids, got_lps) == (ids, lps) and [type(f) for f in finishes] == [GenerateFinish]
+    assert looked == []

@@ -318,7 +318,7 @@ class SGLangStreamParser(StreamDecoder):
         last = n - 1
         while last > 0 and not readable(last):
             last -= 1
-        if last < 2:
+        if last < 2 or self._incremental:  # (an incremental stream repeats nothing: no event looked at)
             for i in range(n):
                 take(i)
             return
