@@ -162,8 +162,10 @@ class StreamDecoder:
                 if each:
                     taken = self._take_each(end, count, out)  # (False: the events before another shape were read)
                 else:
-                    taken = (buf.startswith(b"data: ") and (lone or buf.count(b"\n", 0, end) == 2 * count)
-                             and buf.find(b"\r", 0, end) < 0)
+                    # (A slice compared and a byte's ``in``: no arguments parsed, as startswith and find have;
+                    # ~900 instructions each a read. A lone event ends at the buffer's end.)
+                    taken = buf[:6] == b"data: " and (13 not in buf if lone else (
+                        buf.count(b"\n", 0, end) == 2 * count and buf.find(b"\r", 0, end) < 0))
                     if taken:
                         self._take_batch(end, count, out)
                 if taken:
@@ -206,7 +208,7 @@ class StreamDecoder:
     def _take_batch(self, end: int, count: int, out: list[GenerationEvent]) -> None:
         """The ``count`` common-shape events in ``buffer[:end]``: one JSON decode for them all."""
         buf = self.buffer
-        if buf.startswith(b"data: [DONE]\n"):
+        if buf[6] == 0x5B and buf.startswith(b"data: [DONE]\n"):  # ("[": the one test of an event's read)
             stop, done = 0, True
         elif count == 1:
             stop, done = end, False
