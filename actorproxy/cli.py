@@ -129,6 +129,12 @@ def _add_sim_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "--token-interval, they are streamed in bursts of N",
     )
     sim.add_argument(
+        "--decode-steps",
+        action="store_true",
+        help="decode in engine-wide steps, as a GPU engine batching every running request: a request joins "
+        "the next step (a multiple of --token-interval), so all streams get their tokens at the same instants",
+    )
+    sim.add_argument(
         "--incremental-streaming-output",
         action="store_true",
         help="SGLang: stream deltas of output_ids/text/logprobs instead of cumulative values",

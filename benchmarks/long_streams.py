@@ -5,11 +5,14 @@
         --burst 1 8 --shape sglang-incremental sglang-cumulative vllm llamacpp
     PATH=$PATH:/tmp/litellm/bin python benchmarks/long_streams.py --streams 16 --interval 0.01 \\
         --targets actorproxy litellm --litellm-timeout 60    # LiteLLM's proxy beside the engine and actorproxy
+    python benchmarks/long_streams.py --streams 256 --interval 0.02 --decode-steps   # one decoding step clock
 
 Three processes per row, so that no one's CPU is another's: the engine (``actorproxy sim
 --reply-tokens T --token-interval I --stream-interval B``: every reply is ``T`` tokens of the
 word `` so`` then the end-of-turn token, a token every ``I`` seconds per stream, streamed in
-bursts of ``B``), the proxy (``actorproxy run --backend ...`` in front of it) and the ``N``
+bursts of ``B``; with ``--decode-steps`` the engine decodes in steps, as a GPU engine batching
+every running request: all streams' tokens come out together every ``I``, not each stream on the
+phase of its own start), the proxy (``actorproxy run --backend ...`` in front of it) and the ``N``
 streaming clients (this script with ``--clients``, plain asyncio sockets, one connection each).
 A row runs the clients against the engine's own streaming API (``direct``: SGLang's
 ``/generate``, vLLM's ``/v1/completions``, llama.cpp's ``/completion``, each asked for the
@@ -121,7 +124,7 @@ def one_row(args: argparse.Namespace, shape: str, tokens: int, streams: int, int
     backend, sim_flags, direct = SHAPES[shape]
     capacity = str(streams + 10)
     flags = ["--reply-tokens", str(tokens), "--token-interval", str(interval), "--stream-interval", str(burst),
-             "--record-capacity", "1", *sim_flags]
+             "--record-capacity", "1", *sim_flags, *(["--decode-steps"] if args.decode_steps else [])]
     rows = []
     with sim_engine(*flags) as engine:
         if not args.no_direct:
@@ -292,22 +295,24 @@ def main(args: argparse.Namespace) -> None:
     print(f"load average before: {loadavg()}", flush=True)
     if "litellm" in args.targets and not litellm_installed():
         args.targets.remove("litellm")
-    head = (f"{'shape':<18} {'tokens':>6} {'streams':>7} {'interval':>8} {'burst':>5} {'via':<10} {'tok/s':>8} "
-            f"{'done':>9} {'proxy µs/tok':>12} {'delay p50':>9} {'p99 ms':>8} {'proxy %':>7} {'engine %':>8} "
-            f"{'clients %':>9}")
+    head = (f"{'shape':<18} {'tokens':>6} {'streams':>7} {'interval':>8} {'burst':>5} {'steps':>5} {'via':<10} "
+            f"{'tok/s':>8} {'done':>9} {'proxy µs/tok':>12} {'delay p50':>9} {'p99 ms':>8} {'proxy %':>7} "
+            f"{'engine %':>8} {'clients %':>9}")
     print(head, flush=True)
     every = []
+    steps = "yes" if args.decode_steps else "no"
     for shape in args.shape:
         for tokens in args.tokens:
             for streams in args.streams:
                 for interval in args.interval:
                     for burst in args.burst:
                         for r in one_row(args, shape, tokens, streams, interval, burst):
-                            r |= {"shape": shape, "tokens_per_stream": tokens, "interval": interval, "burst": burst}
+                            r |= {"shape": shape, "tokens_per_stream": tokens, "interval": interval, "burst": burst,
+                                  "decode_steps": args.decode_steps}
                             every.append(r)
                             us = f"{r['proxy_us_per_token']:.1f}" if "proxy_us_per_token" in r else "-"
                             print(f"{shape:<18} {tokens:>6} {streams:>7} {interval * 1000:>6.0f}ms {burst:>5} "
-                                  f"{r['via']:<10} {r['tok_per_s']:>8.0f} {r['completed']:>4}/{streams:<4} "
+                                  f"{steps:>5} {r['via']:<10} {r['tok_per_s']:>8.0f} {r['completed']:>4}/{streams:<4} "
                                   f"{us:>12} {r['delay_p50_ms']:>9.1f} {r['delay_p99_ms']:>8.1f} "
                                   f"{r.get('proxy_cpu_pct', 0):>7.0f} {r['engine_cpu_pct']:>8.0f} "
                                   f"{r['clients_cpu_pct']:>9.0f}", flush=True)
@@ -323,6 +328,9 @@ if __name__ == "__main__":
     parser.add_argument("--interval", type=float, nargs="+", default=[0.01], help="seconds per token per stream")
     parser.add_argument("--burst", type=int, nargs="+", default=[1], help="tokens per streamed event")
     parser.add_argument("--shape", nargs="+", default=["sglang-incremental"], choices=sorted(SHAPES))
+    parser.add_argument("--decode-steps", action="store_true",
+                        help="the engine decodes in steps (`actorproxy sim --decode-steps`): every stream's tokens "
+                             "come out together each interval, as from a GPU engine batching them (column `steps`)")
     parser.add_argument("--no-direct", action="store_true", help="skip the engine-direct baseline")
     parser.add_argument("--targets", nargs="+", default=["actorproxy"], choices=["actorproxy", "litellm"],
                         help="besides the direct engine (default: actorproxy; litellm when the `litellm` command "

@@ -1,10 +1,11 @@
 """Instructions the proxy spends on a relayed streamed token, counted by callgrind (deterministic).
 
     python benchmarks/relay_instructions.py [--shape sglang-incremental vllm] [--streams 2] [--tokens 200]
-        [--interval 0.1] [--keep DIR]
+        [--interval 0.1] [--decode-steps] [--keep DIR]
 
 The engine (``actorproxy sim``, its own process, not traced) streams ``--tokens`` tokens a
-reply, one every ``--interval`` seconds per stream; the proxy (``actorproxy run``) runs under
+reply, one every ``--interval`` seconds per stream (``--decode-steps``: every stream's at the
+same instants, ``actorproxy sim --decode-steps``); the proxy (``actorproxy run``) runs under
 ``valgrind --tool=callgrind --instr-atstart=no``; ``long_streams.py``'s clients (their own
 process) open ``--streams`` streaming chat turns through it. The count is switched on
 (``callgrind_control -i on``) once every stream has its first token and off once the last
@@ -45,7 +46,7 @@ def counted(out: Path) -> int:
 def one_shape(args: argparse.Namespace, shape: str) -> None:
     backend, sim_flags, _ = SHAPES[shape]
     flags = ["--reply-tokens", str(args.tokens), "--token-interval", str(args.interval), "--record-capacity", "1",
-             *sim_flags]
+             *sim_flags, *(["--decode-steps"] if args.decode_steps else [])]
     with sim_engine(*flags) as engine, tempfile.TemporaryDirectory(prefix="actorproxy-callgrind-") as tmp:
         out = Path(tmp) / "callgrind.out"
         port = free_port()
@@ -85,7 +86,8 @@ def one_shape(args: argparse.Namespace, shape: str) -> None:
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(out, args.keep / f"callgrind.{shape}.out")
-    print(f"{shape:<18} {args.streams} streams x {args.tokens} tokens x {args.interval * 1000:g} ms: "
+    steps = ", decode steps" if args.decode_steps else ""
+    print(f"{shape:<18} {args.streams} streams x {args.tokens} tokens x {args.interval * 1000:g} ms{steps}: "
           f"{instructions:,} instructions over {tokens} tokens = {instructions / max(tokens, 1):,.0f} a token "
           f"({summary})", flush=True)
 
@@ -96,6 +98,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--interval", type=float, default=0.1, help="seconds per token per stream")
+    parser.add_argument("--decode-steps", action="store_true",
+                        help="the engine decodes in steps: every stream's tokens at the same instants")
     parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
                         help="keep each shape's callgrind output file in DIR")
     args = parser.parse_args()

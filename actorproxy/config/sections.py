@@ -157,6 +157,11 @@ class EngineSettings:
     sim_token_interval: float = setting(
         0.01, positive=True, help="simulated engine: seconds between two sampled tokens"
     )
+    sim_decode_steps: bool = setting(
+        False,
+        help="simulated engine: decode in engine-wide steps, as a GPU engine batching every running request "
+        "(a request joins the next step, all streams' tokens come together)",
+    )
     sim_seed: int = setting(0, help="simulated engine: random seed")
     sim_tool_call_probability: float = setting(
         0.7, validator=probability,

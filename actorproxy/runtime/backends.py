@@ -72,6 +72,7 @@ def sim_config(engines: EngineSettings) -> SimConfig:
     return SimConfig(
         seed=engines.sim_seed,
         token_interval=engines.sim_token_interval,
+        decode_steps=engines.sim_decode_steps,
         tool_call_probability=engines.sim_tool_call_probability,
         followup_tool_call_probability=engines.sim_followup_tool_call_probability,
     )

@@ -34,6 +34,11 @@ class SimConfig:
     #: Tokens per streamed event, as SGLang's ``--stream-interval``: the tokens come at
     #: ``token_interval`` each but are streamed in bursts of this many.
     stream_interval: int = 1
+    #: One engine-wide decoding step every ``token_interval``, as a GPU engine batching every running
+    #: request: a request's start + prefill is rounded up to the next step of the engine's active
+    #: clock, so all streams get their tokens at the same instants. ``False``: each request keeps the
+    #: phase of its own start.
+    decode_steps: bool = False
     #: How many requests :meth:`SimEngine.stats` remembers.
     stats_capacity: int = 10_000
     #: Weight-version changes kept to stamp the tokens of lagging consumers.

@@ -9,6 +9,9 @@ Same-instant events resolve one way whatever the task order: a token due at ``t`
 is emitted before an abort, cancel or weight swap made at ``t`` (it keeps the old
 version). The stream is pull-based but on that schedule: a lagging consumer gets
 the tokens already due at once, stamped with the version of their emission time.
+With ``SimConfig.decode_steps`` the engine decodes in steps, as a GPU engine batching
+every running request: ``start + prefill`` is rounded up to a multiple of
+``token_interval`` on the active clock, so every stream's tokens come at the same instants.
 
 Unscripted, the output policy reads the ChatML/Qwen3 prompt (tools in the first
 system turn; last turn a user message or tool responses; thinking disabled by
@@ -185,7 +188,10 @@ class SimEngine:
             )
         self.requests_started += 1
         plan = self._make_plan(request, ids)
-        first = self.clock.active() + self.config.prefill_latency + self.config.prefill_per_token * len(ids)
+        cfg = self.config
+        first = self.clock.active() + cfg.prefill_latency + cfg.prefill_per_token * len(ids)
+        if cfg.decode_steps and cfg.token_interval > 0:  # join the engine's next decoding step
+            first = math.ceil(first / cfg.token_interval) * cfg.token_interval
         self._running[request.rid] = gen
         self._history[request.rid] = gen
         self._history.move_to_end(request.rid)

@@ -43,9 +43,9 @@ class SimServerSettings:
     host: str = "127.0.0.1"
     port: int = 30000
     #: The engine the server builds (``--token-interval``, ``--prefill-latency``, ``--seed``,
-    #: ``--reply-tokens``, ``--stream-interval``, ``--weight-version``, ``--max-model-len`` set its
-    #: fields of those names); its ``model_id`` is :attr:`model_path`. An engine passed in
-    #: explicitly keeps its own config.
+    #: ``--reply-tokens``, ``--stream-interval``, ``--decode-steps``, ``--weight-version``,
+    #: ``--max-model-len`` set its fields of those names); its ``model_id`` is :attr:`model_path`.
+    #: An engine passed in explicitly keeps its own config.
     engine: SimConfig = attrs.field(factory=served_engine)
     #: SGLang ``--incremental-streaming-output``: stream deltas instead of cumulative outputs.
     incremental_streaming_output: bool = False

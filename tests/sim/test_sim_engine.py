@@ -835,6 +835,51 @@ async def test_pause_holders_overlap_and_abort_during_pause(
     assert engine.stats(gen.rid).token_ids == (1,)
 
 
+# The generations of test_decode_steps: (start time, scripted tokens); C starts while paused.
+STEP_STARTS = {"a": (0.125, [10, 11, 12, 13, 14, 15]), "b": (0.3125, [20, 21, 22, 23]), "c": (1.25, [30, 31])}
+
+
+@pytest.mark.parametrize(
+    ("decode_steps", "expected"),
+    [
+        # Each request on its own phase: start + prefill + n * interval (active), then the pause.
+        (False, {"a": [0.875, 1.125, 1.75, 2.0, 2.25, 2.5], "b": [1.0625, 1.6875, 1.9375, 2.1875],
+                 "c": [2.3125, 2.5625]}),
+        # One engine-wide step clock: start + prefill is rounded up to a step, so every stream's
+        # tokens come at the same instants, before the pause and after it.
+        (True, {"a": [1.0, 1.625, 1.875, 2.125, 2.375, 2.625], "b": [1.625, 1.875, 2.125, 2.375],
+                "c": [2.375, 2.625]}),
+    ],
+)
+async def test_decode_steps_put_every_stream_on_one_step_clock(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock, decode_steps: bool, expected: dict[str, list[float]]
+) -> None:
+    """``decode_steps``: a request joins the engine's next decoding step, as under continuous batching;
+    streams started at different moments (one during a pause) get their tokens together."""
+    engine = SimEngine(tokenizer, SimConfig(prefill_latency=0.5, token_interval=0.25, decode_steps=decode_steps))
+    times: dict[str, list[float]] = {}
+
+    async def stream(key: str) -> None:
+        start, ids = STEP_STARTS[key]
+        engine.script(ids, routing_key=key)
+        await trio.sleep_until(start)
+        deltas, _, _ = await run(engine, req(array("i", [9]), routing_key=key))
+        assert ids_of(deltas) == ids
+        times[key] = [t for t, _ in deltas]
+
+    async def pause() -> None:
+        await trio.sleep_until(1.1875)
+        engine.pause()
+        await trio.sleep(0.375)
+        engine.resume()
+
+    async with trio.open_nursery() as nursery:
+        for key in STEP_STARTS:
+            nursery.start_soon(stream, key)
+        nursery.start_soon(pause)
+    assert times == expected
+
+
 async def test_final_ready_after_the_last_token(tokenizer: ChatTokenizer, autojump_clock: MockClock) -> None:
     engine = SimEngine(tokenizer, SimConfig(token_interval=1.0))
     engine.script([1, 2])

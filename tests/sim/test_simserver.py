@@ -531,9 +531,11 @@ def test_sim_cli_flags() -> None:
     assert settings == SimServerSettings(port=31000, engine=engine, incremental_streaming_output=True,
                                          enable_return_routed_experts=True)
     assert sim_settings_from_args(build_parser().parse_args(["sim"])) == SimServerSettings()
-    args = build_parser().parse_args(["sim", "--reply-tokens", "2000", "--stream-interval", "4", "--model-path", "m"])
+    args = build_parser().parse_args(
+        ["sim", "--reply-tokens", "2000", "--stream-interval", "4", "--decode-steps", "--model-path", "m"]
+    )
     config = sim_settings_from_args(args).engine_config()
-    assert (config.reply_tokens, config.stream_interval, config.model_id) == (2000, 4, "m")
+    assert (config.reply_tokens, config.stream_interval, config.decode_steps, config.model_id) == (2000, 4, True, "m")
 
 
 def test_sim_engine_defaults_are_the_engines() -> None:

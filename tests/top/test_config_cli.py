@@ -117,16 +117,20 @@ def test_of_and_evolve_take_settings_by_name() -> None:
 
 
 def test_the_simulated_engines_tool_call_chances() -> None:
-    """--sim-tool-call-probability and --sim-followup-tool-call-probability reach the built-in engine."""
+    """--sim-tool-call-probability, --sim-followup-tool-call-probability and --sim-decode-steps reach the
+    built-in engine."""
     from actorproxy.runtime.backends import make_backend
     from actorproxy.sim import SimEngine
     from actorproxy.tokenization.tokenizer import load_tokenizer
 
-    config = _config("--sim-tool-call-probability", "1", "--sim-followup-tool-call-probability", "0.25")
+    config = _config("--sim-tool-call-probability", "1", "--sim-followup-tool-call-probability", "0.25",
+                     "--sim-decode-steps")
     engine = make_backend(config, load_tokenizer(None))
     assert isinstance(engine, SimEngine)
     assert engine.config.tool_call_probability == 1.0 and engine.config.followup_tool_call_probability == 0.25
+    assert engine.config.decode_steps
     default = make_backend(_config(), load_tokenizer(None))
     assert isinstance(default, SimEngine)
     assert default.config.tool_call_probability == 0.7 and default.config.followup_tool_call_probability is None
+    assert not default.config.decode_steps
     assert main(["run", "--sim-tool-call-probability", "1.5"]) == 2
