@@ -6,6 +6,8 @@ and test_engine_fast_paths.py (the same decoder reads request bodies here)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from actorproxy.http import h1
 
@@ -211,3 +213,31 @@ def test_length_and_coding_rules_are_the_same_in_both_roles() -> None:
     wire = bytearray(b"HTTP/1.1 200 OK\r\n" + both)
     body = h1.parse_response(wire, h1.head_end(wire), "GET")[3]
     assert body is not None and body.chunked and not body.keep_alive
+
+
+# -- the head's end: one search, the same answer as the reference rule -------------------------------------------------
+
+_HEAD_BYTES = st.lists(st.sampled_from([b"\r", b"\n", b"a", b":", b" "]), max_size=40).map(b"".join)
+
+
+def _reference_head_end(buf: bytes) -> int:
+    """The end of the first blank line as RFC 9112 reads it (CRLF or bare LF line ends): the rule, spelled slowly."""
+    ends = [i + 2 for i in range(len(buf) - 1) if buf[i : i + 2] == b"\n\n"]
+    ends += [i + 3 for i in range(len(buf) - 2) if buf[i : i + 3] == b"\n\r\n"]
+    return min(ends, default=-1)
+
+
+@settings(max_examples=2000, derandomize=True, database=None, deadline=None)
+@given(_HEAD_BYTES)
+def test_a_head_ends_after_its_first_blank_line_in_any_mix_of_line_ends(data: bytes) -> None:
+    assert h1.head_end(bytearray(data)) == _reference_head_end(data)
+    # The server's reading agrees: a head found there is the bytes before that blank line.
+    buffer = bytearray(b"GET / HTTP/1.1\r\nHost: x\r\n" + data)
+    try:
+        request = h1.parse_request(buffer)
+    except h1.ProtocolError:
+        return
+    end = _reference_head_end(b"\n" + data)
+    assert (request is None) == (end < 0)
+    if request is not None:
+        assert bytes(buffer) == data[end - 1 :]
