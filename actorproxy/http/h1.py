@@ -56,6 +56,9 @@ _STATUS = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: ([^\x00-\x08\x0a-\x1f\x7f]*
 _BLANK_LINE = re.compile(rb"\n\r?\n")
 _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]{0,%d})?\r?\n" % MAX_CHUNK_LINE)
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
+_STATUS_LINES = {status: b"HTTP/1.1 %d %s\r\n" % (status, reason) for status, reason in _REASONS.items()}
+#: Methods that are tokens (``_TOKEN``), so a request line naming one needs no regex for it.
+_METHODS = frozenset((b"GET", b"POST", b"HEAD", b"PUT", b"DELETE", b"OPTIONS", b"PATCH"))
 
 
 # -- heads in -------------------------------------------------------------------------------------------------------
@@ -83,8 +86,9 @@ def head_end(buf: bytearray) -> int:
 
 def parse_request(buffer: bytearray) -> RequestHead | None:
     """The request head at the start of ``buffer``, removed from it; ``None`` while it is incomplete (server role)."""
-    while buffer[:2] == b"\r\n" or buffer[:1] == b"\n":  # empty lines before a request line are ignored
-        del buffer[: 2 if buffer[:1] == b"\r" else 1]
+    if buffer and buffer[0] < 14:  # (a letter, nearly always: no slices compared)
+        while buffer[:2] == b"\r\n" or buffer[:1] == b"\n":  # empty lines before a request line are ignored
+            del buffer[: 2 if buffer[:1] == b"\r" else 1]
     end = buffer.find(b"\n\r\n")
     # Only where it would come first (not through a long body after the head); past the limit it is too large anyway.
     bare = buffer.find(b"\n\n", 0, end + 1 if end >= 0 else MAX_REQUEST_HEAD + 2)
@@ -105,7 +109,7 @@ def parse_request(buffer: bytearray) -> RequestHead | None:
     if len(parts) != 3:
         raise ProtocolError("malformed request line")
     method, target, version = parts
-    if not _TOKEN.fullmatch(method) or not _TARGET.fullmatch(target):
+    if method not in _METHODS and not _TOKEN.fullmatch(method) or not _TARGET.fullmatch(target):
         raise ProtocolError("malformed request line")
     if version == b"HTTP/1.1":
         http_version = "1.1"
@@ -154,6 +158,8 @@ def _tokens(value: bytes) -> set[bytes]:
 
 def _codings(values: list[bytes]) -> list[bytes]:
     """The transfer codings of ``Transfer-Encoding`` values; only ``chunked`` alone is accepted."""
+    if values == [b"chunked"]:  # (the one value sent, nearly always)
+        return values
     codings = [c for value in values for part in value.split(b",") if (c := part.strip(b" \t").lower())]
     if codings != [b"chunked"]:
         raise ProtocolError(f"unsupported Transfer-Encoding {b', '.join(values)[:100]!r}")
@@ -162,6 +168,8 @@ def _codings(values: list[bytes]) -> list[bytes]:
 
 def _content_length(values: list[bytes]) -> int:
     """The body length ``Content-Length`` values give: all copies equal, digits only."""
+    if len(values) == 1 and values[0].isdigit() and len(values[0]) <= 18:  # one plain number, nearly always
+        return int(values[0])
     lengths = {part.strip(b" \t") for value in values for part in value.split(b",")}
     length = lengths.pop() if len(lengths) == 1 else b""
     if not length.isdigit() or len(length) > 18:
@@ -228,7 +236,8 @@ def parse_response(buf: bytearray, end: int, method: str) -> tuple[int, str, dic
 
 def _response_framing(status: int, method: str, headers: Mapping[str, str], *, http10: bool) -> BodyDecoder:
     """The framing RFC 9112 §6.3 gives a response (1xx answers are handled by the caller)."""
-    keep_alive = not http10 and b"close" not in _tokens(headers.get("connection", "").encode("latin-1"))
+    connection = headers.get("connection")
+    keep_alive = not http10 and (connection is None or b"close" not in _tokens(connection.encode("latin-1")))
     if method == "HEAD" or status in (204, 304):
         return BodyDecoder(keep_alive=keep_alive, length=0)
     coding = headers.get("transfer-encoding")
@@ -467,7 +476,8 @@ def request_head(
 
 
 def status_line(status: int) -> bytes:
-    return b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))
+    line = _STATUS_LINES.get(status)
+    return b"HTTP/1.1 %d Unknown\r\n" % status if line is None else line
 
 
 def error_response(status: int, date: bytes) -> bytes:

@@ -5,6 +5,9 @@ and test_engine_fast_paths.py (the same decoder reads request bodies here)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from http import HTTPStatus
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -241,3 +244,78 @@ def test_a_head_ends_after_its_first_blank_line_in_any_mix_of_line_ends(data: by
     assert (request is None) == (end < 0)
     if request is not None:
         assert bytes(buffer) == data[end - 1 :]
+
+
+# -- the common heads' short cuts decide as the general rules do ------------------------------------------------------
+
+
+def _outcome(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except h1.ProtocolError as error:
+        return ("refused", str(error), error.status_hint)
+
+
+def _general_content_length(values: list[bytes]) -> int:
+    lengths = {part.strip(b" \t") for value in values for part in value.split(b",")}
+    length = lengths.pop() if len(lengths) == 1 else b""
+    if not length.isdigit() or len(length) > 18:
+        raise h1.ProtocolError(f"bad Content-Length {b', '.join(values)[:100]!r}")
+    return int(length)
+
+
+def _general_codings(values: list[bytes]) -> list[bytes]:
+    codings = [c for value in values for part in value.split(b",") if (c := part.strip(b" \t").lower())]
+    if codings != [b"chunked"]:
+        raise h1.ProtocolError(f"unsupported Transfer-Encoding {b', '.join(values)[:100]!r}")
+    return codings
+
+
+_VALUE_BYTES = st.lists(st.sampled_from([b"0", b"1", b"9", b"12", b"9" * 18, b"9" * 19, b"", b" ", b"\t", b",", b"a",
+                                         b"chunked", b"CHUNKED", b"gzip", b"\xd9\xa1", b"+1", b"-1"]),
+                        max_size=5).map(b"".join)
+
+
+@settings(max_examples=1500, derandomize=True, database=None, deadline=None)
+@given(st.lists(_VALUE_BYTES, min_size=1, max_size=3))
+def test_content_length_and_transfer_coding_values_are_read_as_the_general_rules_read_them(values: list[bytes]) -> None:
+    assert _outcome(lambda: h1._content_length(values)) == _outcome(lambda: _general_content_length(values))
+    assert _outcome(lambda: h1._codings(values)) == _outcome(lambda: _general_codings(values))
+
+
+@settings(max_examples=1500, derandomize=True, database=None, deadline=None)
+@given(st.lists(st.sampled_from([b"\r\n", b"\n", b"\r", b" ", b"\x00", b"\x0d\x0d\n"]), max_size=4).map(b"".join),
+       st.sampled_from([b"GET", b"POST", b"HEAD", b"PUT", b"DELETE", b"OPTIONS", b"PATCH", b"get", b"BREW", b"P@ST",
+                        b"", b"GET\x00", b"\xff"]),
+       st.sampled_from([b"/", b"/a?b", b"", b"/\x7f", b"*", b"/\xff"]),
+       st.sampled_from([b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n", b"Host: x\r\nContent-Length: 3\r\n",
+                        b"Host: x\r\nContent-Length: 3, 3\r\n", b"Host: x\r\nTransfer-Encoding: chunked\r\n", b""]))
+def test_a_request_head_is_read_as_the_general_rules_read_it(lead: bytes, method: bytes, target: bytes,
+                                                               fields: bytes) -> None:
+    """With the known methods looked up (and no empty line before it), as with every method matched by the regex."""
+    wire = lead + method + b" " + target + b" HTTP/1.1\r\n" + fields + b"\r\nabc"
+    buffer = bytearray(wire)
+    fast = _outcome(lambda: _seen(h1.parse_request(buffer), buffer))
+    general = bytearray(wire)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(h1, "_METHODS", frozenset())
+        assert fast == _outcome(lambda: _seen(h1.parse_request(general), general))
+    assert all(h1._TOKEN.fullmatch(known) for known in h1._METHODS)
+
+
+def _seen(request: h1.RequestHead | None, buffer: bytearray) -> object:
+    if request is None:
+        return None
+    return (request.method, request.target, request.headers, request.length, request.chunked, request.keep_alive,
+            bytes(buffer))
+
+
+def test_status_lines_and_a_response_without_a_connection_header() -> None:
+    for status in [*range(100, 600), 99, 999, 0]:
+        reason = {s.value: s.phrase.encode() for s in HTTPStatus}.get(status, b"Unknown")
+        assert h1.status_line(status) == b"HTTP/1.1 %d %s\r\n" % (status, reason)
+    for headers, keep in [({}, True), ({"connection": "close"}, False), ({"connection": "Keep-Alive, CLOSE"}, False),
+                          ({"connection": "keep-alive"}, True), ({"connection": ""}, True)]:
+        framing = h1._response_framing(200, "POST", {**headers, "content-length": "2"}, http10=False)
+        assert framing.keep_alive is keep
+        assert not h1._response_framing(200, "POST", {**headers, "content-length": "2"}, http10=True).keep_alive
