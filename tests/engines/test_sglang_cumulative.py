@@ -14,12 +14,12 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from actorproxy.engines import stream_events
 from actorproxy.engines.base import BackendError, GenerateFinish, GenerationEvent, TokenDelta
-from actorproxy.engines.sglang import protocol
+from actorproxy.engines.sglang import cumulative, protocol
 from actorproxy.engines.sglang.cumulative import PrefixCutter
 from actorproxy.engines.sglang.protocol import SGLangStreamParser
 
@@ -257,3 +257,89 @@ def test_an_incremental_stream_in_another_sse_shape_is_not_looked_at_for_repeats
     got_ids, got_lps, _, finishes = read_stream(parser, crlf)
     assert (got_ids, got_lps) == (ids, lps) and [type(f) for f in finishes] == [GenerateFinish]
     assert looked == []
+
+
+def test_events_read_together_are_searched_without_what_they_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whether an event the next repeats may be skipped is read from its keys; a long event's text and arrays
+    # as the previous event had them (no quote in them) are left out of the search: it stays small.
+    searched: list[int] = []
+    look = cumulative.look
+    monkeypatch.setattr(cumulative, "look", lambda raw, start=0, stop=None: searched.append(
+        (len(raw) if stop is None else stop) - start) or look(raw, start, stop))
+    ids = [1000 + i for i in range(400)]
+    lps = [-i / 64 for i in range(400)]
+    raws = [event(ids[: n + 1], lps[: n + 1], text="ab é" * (n + 1)) for n in range(399)]
+    raws.append(event(ids, lps, text="ab é" * 400, finish={"type": "length", "length": 400}))
+    reads = [sse(raws[:300]), sse(raws[300:]) + b"data: [DONE]\n\n"]
+    got_ids, got_lps, _, finishes = read_stream(SGLangStreamParser(), reads)
+    assert (got_ids, got_lps) == (ids, lps) and [type(f) for f in finishes] == [GenerateFinish]
+    assert len(raws[300]) > 9_000
+    # (The first read: nothing known to leave out. The second: what was not in the last event decoded, the 300th.)
+    assert len(searched) == 300 + 100
+    assert all(size < len(raw) - len(raws[299]) + 300 for size, raw in zip(searched[300:], raws[300:], strict=True))
+
+
+def odd_event(ids: list[int], lps: list[float], text: str, kind: str, order: list[int], pad: int,
+              version: str) -> bytes:
+    """An event that is not an ordinary extension of the stream: the last token again (the queued abort's
+    shape) with an error, weight-version spans or a finish, its keys in ``order`` (a permutation; the text
+    first), after ``pad`` bytes of an id string (the keys land where a long event's arrays lay)."""
+    meta: dict[str, Any] = {"id": "r" * pad, "finish_reason": None, "weight_version": version,
+                            "output_token_logprobs": [[lps[-1], ids[-1], None]], "completion_tokens": len(ids)}
+    top: dict[str, Any] = {"output_ids": ids[-1:], "meta_info": meta}
+    if kind == "error":
+        top["error"] = {"message": "engine failed", "code": 500}
+    elif kind == "spans":
+        meta["weight_versions"] = [[0, len(ids) - 1, "other"]]
+    else:
+        meta["finish_reason"] = {"type": "abort", "message": "Abort in waiting queue"}
+    meta |= {key: meta.pop(key) for key in [list(meta)[i] for i in order if i < len(meta)]}
+    return orjson.dumps({"text": text, **{key: top[key] for key in sorted(top, key=lambda k: order.index(len(k) % 6))}})
+
+
+@settings(max_examples=200, derandomize=True, database=None, deadline=None)
+@given(st.integers(50, 90), st.lists(st.tuples(st.integers(0, 3), _texts), min_size=3, max_size=14),
+       st.lists(st.integers(1, 6), min_size=1, max_size=6), st.booleans(),
+       st.tuples(st.integers(0, 13), st.sampled_from(["error", "spans", "abort", "none"]),
+                 st.permutations(range(6)), st.integers(0, 1500)),
+       st.lists(st.sampled_from(["v1", "v1", "v1", "v2"]), min_size=20, max_size=20))
+# (An odd event whose spans lie where the previous event's logprob entries lay, its version before them.)
+@example(60, [(1, "a")] * 4, [4], False, (0, "spans", [1, 2, 4, 3, 5, 0], 1200), ["v1"] * 20)
+def test_events_read_together_read_as_each_alone(
+    first: int, steps: list[tuple[int, str]], sizes: list[int], entry_text: bool,
+    odd: tuple[int, str, list[int], int], versions: list[str],
+) -> None:
+    # A long cumulative stream (its old content above what is left out of the search), its texts with or
+    # without quotes, logprob entries with or without a text, weight versions changing, and an odd
+    # event or none (an error, spans or a finish where a long event's arrays lay, keys in any order) among ordinary
+    # ones: read in reads of several events, it reads as it does an event a read.
+    ids: list[int] = []
+    lps: list[float] = []
+    text = ""
+    raws = []
+    for k, (n, piece) in enumerate([(first, "x" * 500), *steps]):
+        ids += [100 + len(ids) + i for i in range(n)]
+        lps += [-(len(lps) + i) / 8 for i in range(n)]
+        text += piece
+        raw = event(list(ids), list(lps), text=text, version=versions[k])
+        raws.append(raw.replace(b",null]", b',"t\\"]"]') if entry_text else raw)
+    finish = {"type": "length", "length": len(ids)}
+    raws.append(event(list(ids), list(lps), text=text, finish=finish, version=versions[-1]))
+    at, kind, order, pad = odd
+    if kind != "none":
+        at = 2 + at % (len(raws) - 2)  # (its version the next event's: it would be skipped if it were ordinary)
+        version = orjson.loads(raws[at])["meta_info"]["weight_version"]
+        raws.insert(at, odd_event(ids[:first], lps[:first], "x" * 500, kind, order, pad, version))
+    reads, at = [sse(raws[:1]), sse(raws[1:2])], 2
+    for size in sizes * len(raws):
+        reads.append(sse(raws[at : at + size]))
+        at += size
+    reads.append(b"data: [DONE]\n\n")
+
+    def outcome(pieces: list[bytes]) -> Any:
+        try:
+            return read_stream(SGLangStreamParser(), pieces)
+        except BackendError as exc:
+            return str(exc)
+
+    assert outcome(reads) == outcome([sse([raw]) for raw in raws] + [b"data: [DONE]\n\n"])

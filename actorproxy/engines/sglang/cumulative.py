@@ -18,6 +18,10 @@ the last id read before. An event that fails (an incremental stream, an abort ev
 carrying only the last token, another serializer) is decoded whole, and the reader checks
 the counts either way (a logprob entry that does not name its token is an error).
 Patterns are matched with their quotes, which cannot occur unescaped inside a JSON string.
+
+Events read together are told apart by their keys (:func:`look`: one the next repeats is
+not decoded at all); :meth:`PrefixCutter.look` searches a long event without the text and
+arrays the previous event had, so that too costs O(new tokens), not O(event).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ _OPEN = b'"finish_reason":null'
 _VERSION = b'"weight_version":'
 _SPANS = b'"weight_versions"'
 _ERROR = b'"error"'
+_TEXT = b'{"text":"'
+#: Old content (bytes) below which :meth:`PrefixCutter.look` searches the event whole: its checks cost more.
+_LONG = 1024
 #: Where the arrays are searched for, before where they were in the previous event (its text may shrink).
 _SLACK = 256
 _COMMA, _OPEN_BRACKET, _CLOSE = 0x2C, 0x5B, 0x5D
@@ -101,6 +108,38 @@ class PrefixCutter:
         new_lps = raw[end + 1 : lps_end] if lps_end > end else b""
         return b"".join((b'{"text":"","output_ids":[', new_ids, raw[ids_end:b], new_lps, raw[lps_end:stop])), tokens
 
+    def look(self, raw: Bytes, start: int = 0, stop: int | None = None) -> tuple[bool, bytes | None]:
+        """:func:`look` at event ``raw[start:stop]`` of this stream, without searching what it repeats.
+
+        The previous event's text and arrays (their old content, where this event's lie),
+        when long and free of any quote, are left out of the searches: every key searched
+        for holds a quote, so none can lie there. The checks are single-byte finds
+        (``memchr``, ~1 instruction for 32 bytes) where the keys' searches cost ~1 a byte.
+        What is left is joined with spaces (no key holds one: none is made at a seam).
+        Anything else (a short event, a text with quotes, arrays not where the previous
+        event's were) is searched whole. Nothing is remembered.
+        """
+        if stop is None:
+            stop = len(raw)
+        old_ids, old_lps = self._ids, self._logprobs
+        if old_ids + old_lps < _LONG:
+            return look(raw, start, stop)
+        text = start + len(_TEXT)
+        i = raw.find(_IDS, max(text, start + self._at - _SLACK), stop)
+        if i < 0 or raw[start:text] != _TEXT:
+            return look(raw, start, stop)
+        a = i + len(_IDS)
+        # The text holds no quote (the first is its close): only its key is kept.
+        parts = [raw[start:text], raw[i - 1 : a]] if raw.find(b'"', text, i) == i - 1 else [raw[start:a]]
+        at = a + old_ids if 0 < old_ids and a + old_ids < stop and raw.find(b'"', a, a + old_ids) < 0 else a
+        j = raw.find(_LOGPROBS, at, stop)
+        b = j + len(_LOGPROBS)
+        if j >= 0 and 0 < old_lps and b + old_lps < stop and raw.find(b'"', b, b + old_lps) < 0:
+            parts += (raw[at:b], raw[b + old_lps : stop])
+        else:
+            parts.append(raw[at:stop])
+        return look(b" ".join(parts))
+
     def _forget(self) -> tuple[None, int]:
         self._ids = self._logprobs = 0
         self._last = b""
@@ -119,20 +158,19 @@ def look(raw: Bytes, start: int = 0, stop: int | None = None) -> tuple[bool, byt
     versions: nothing before it is skipped). A key cannot be forged from inside a JSON
     string (its quotes would be escaped).
     """
-    if stop is None:
-        stop = len(raw)
     # ``find``, not ``in``: ``bytes in bytes`` first tries the needle as an int (one byte's value), and the
     # TypeError it formats and drops cost more than the search (~1,900 instructions a test, four an event).
-    if raw.find(_SPANS, start, stop) >= 0:
+    # The event copied once: a find without bounds parses one argument, not three (~70 ns less, five an event).
+    event = raw if start == 0 and (stop is None or stop == len(raw)) else raw[start:stop]
+    if event.find(_SPANS) >= 0:
         return False, None
-    ordinary = raw.find(_IDS, start, stop) >= 0 and raw.find(_OPEN, start, stop) >= 0 and raw.find(
-        _ERROR, start, stop) < 0
-    i = raw.find(_VERSION, start, stop)
+    ordinary = event.find(_IDS) >= 0 and event.find(_OPEN) >= 0 and event.find(_ERROR) < 0
+    i = event.find(_VERSION)
     if i < 0:
         return ordinary, b""
     i += len(_VERSION)
-    end = raw.find(b",", i, stop)
-    close = raw.find(b"}", i, stop)
+    end = event.find(b",", i)
+    close = event.find(b"}", i)
     if end < 0 or 0 <= close < end:
         end = close
-    return ordinary, bytes(raw[i:end]) if end >= 0 else None
+    return ordinary, bytes(event[i:end]) if end >= 0 else None

@@ -301,7 +301,7 @@ class SGLangStreamParser(StreamDecoder):
                 self.take_span(start, stop, out)
             return
         buf = self.buffer
-        self._read_all(len(spans), lambda i: look(buf, *spans[i]), lambda i: True,
+        self._read_all(len(spans), lambda i: self._cutter.look(buf, *spans[i]), lambda i: True,
                        lambda i: self.take_span(*spans[i], out))
 
     def _read_all(self, n: int, looked: Callable[[int], tuple[bool, bytes | None]], readable: Callable[[int], bool],
