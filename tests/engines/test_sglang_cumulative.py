@@ -343,3 +343,14 @@ def test_events_read_together_read_as_each_alone(
             return str(exc)
 
     assert outcome(reads) == outcome([sse([raw]) for raw in raws] + [b"data: [DONE]\n\n"])
+
+
+def test_a_lone_new_token_cut_after_fewer_tokens_than_delivered_is_an_error() -> None:
+    # After the queued abort's repeat (the last token alone), the cutter remembers one token; an event cut after
+    # it that then holds one new id does not extend the three delivered (it rewinds): an error, not a token.
+    parser = SGLangStreamParser()
+    raws = [event([5], [-0.5]), event([5, 5], [-0.5, -0.5]), event([5, 5, 5], [-0.5, -0.5, -0.5]),
+            event([5], [-0.5], count=3)]
+    assert read_stream(parser, [sse([raw]) for raw in raws], end=False)[0] == [5, 5, 5]
+    with pytest.raises(BackendError, match="does not extend"):
+        read_stream(parser, [sse([event([5, 9], [-0.5, -1.0])])], end=False)

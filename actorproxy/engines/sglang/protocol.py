@@ -244,13 +244,17 @@ class SGLangStreamParser(StreamDecoder):
         entries = meta.get("output_token_logprobs")
         ids = payload.get("output_ids")
         completion = meta.get("completion_tokens")
-        if (self._incremental and type(ids) is list and len(ids) == 1 and type(token := ids[0]) is int
-                and (completion is None or (type(completion) is int and completion > len(self.ids)))
+        cut = self._cut
+        if (type(ids) is list and len(ids) == 1 and type(token := ids[0]) is int
+                and (cut == len(self.ids) if cut else self._incremental and (
+                    completion is None or (type(completion) is int and completion > len(self.ids))))
                 and type(entries) is list and len(entries) == 1 and type(entry := entries[0]) is list
                 and len(entry) >= 2 and entry[1] == token and type(value := entry[0]) is float):
-            # An incremental stream's event of one new token, its entry plain and naming it: what _new_tokens
-            # makes of it, read directly (no slices, repeat checks, zip). (Nothing is cut from an incremental
-            # stream's events: its _cut is 0.)
+            # An event of one new token, its entry plain and naming it: what _new_tokens makes of it, read
+            # directly (no slices, repeat checks, zip). An incremental stream's (nothing is cut from its events:
+            # its _cut is 0), or a cumulative one's cut after exactly the tokens delivered (nothing repeats).
+            if cut:
+                self._cut, self._cutter.tokens = 0, cut + 1
             new_ids, logprobs = ids, [value]
         else:
             new_ids, logprobs = self._new_tokens(ids, entries, completion)
