@@ -31,6 +31,7 @@ import numpy as np
 import orjson
 
 from ..errors import release
+from ..generations import Generations
 from ..schema.jsonio import MAX_DEPTH, load_body, nesting
 from ..schema.prefixes import Kept, Prefixes
 
@@ -66,6 +67,10 @@ def weight(key: bytes) -> int:
     return 2 * len(key) + ENTRY_BYTES
 
 
+def _weigh(key: bytes, entry: object) -> int:
+    return weight(key)
+
+
 class MessageMemo(Generic[T]):
     """Item JSON text -> what it was checked or converted to (with its nesting), for every recent session.
 
@@ -75,35 +80,23 @@ class MessageMemo(Generic[T]):
     """
 
     def __init__(self, max_bytes: int = MEMO_BYTES) -> None:
-        self._max = max_bytes
-        self._young: dict[bytes, tuple[T, int]] = {}
-        self._old: dict[bytes, tuple[T, int]] = {}
-        self._bytes = 0
+        self._entries: Generations[bytes, tuple[T, int]] = Generations(_weigh, max_bytes)
         #: Recent long bodies up to the end of an item (:func:`read`): a body that starts with one has only
         #: its new end read.
         self.bodies: Prefixes[Seen[Any]] = Prefixes(min_bytes=BODY_PREFIX_BYTES, window=64, max_bytes=max_bytes)
 
     def find(self, keys: list[bytes]) -> list[Any]:
         """The entry of each key (``None`` where there is none), in order."""
-        found: list[Any] = list(map(self._young.get, keys))
-        if self._old and None in found:
+        entries = self._entries
+        found: list[Any] = list(map(entries.young.get, keys))
+        if entries.old and None in found:
             for i, entry in enumerate(found):
                 if entry is None:
-                    entry = found[i] = self._old.pop(keys[i], None)
-                    if entry is not None:
-                        self._add(keys[i], entry)
+                    found[i] = entries.promote(keys[i])
         return found
 
     def put(self, key: bytes, message: T, depth: int) -> None:
-        if key not in self._young:
-            self._add(key, (message, depth))
-
-    def _add(self, key: bytes, entry: tuple[T, int]) -> None:
-        size = weight(key)
-        if self._bytes + size > self._max:
-            self._old, self._young, self._bytes = self._young, {}, 0
-        self._young[key] = entry
-        self._bytes += size
+        self._entries.put(key, (message, depth))
 
     def age(self) -> None:
         """Drop what no lookup used since the last call (or turnover): the young generation becomes the old one.
@@ -114,11 +107,11 @@ class MessageMemo(Generic[T]):
         still running finds its messages again (promoted at its next turn); one idle over two
         drains has them parsed again once. The kept bodies (:attr:`bodies`) age alike.
         """
-        self._old, self._young, self._bytes = self._young, {}, 0
+        self._entries.age()
         self.bodies.age()
 
     def __len__(self) -> int:
-        return len(self._young) + len(self._old)
+        return len(self._entries)
 
 
 def load(raw: bytes, from_memo: Callable[[bytes], object | None]) -> Any:

@@ -40,6 +40,8 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..generations import Generations
+
 log = logging.getLogger(__name__)
 
 #: Bytes of prefixes kept, their text and their ids (twice that at most while the cache turns over).
@@ -177,22 +179,18 @@ class FragmentMemo:
 
     def __init__(self, encode: Callable[[str], array[int]], max_bytes: int = FRAGMENT_BYTES) -> None:
         self._encode = encode
-        self._max = max_bytes
-        self._young: dict[str, array[int]] = {}
-        self._old: dict[str, array[int]] = {}
-        self._bytes = 0
+        self.entries: Generations[str, array[int]] = Generations(fragment_weight, max_bytes)
         self.hits = 0
         self.misses = 0
         self._lock = threading.Lock()
 
     def encode(self, text: str) -> array[int]:
         """The ids of ``text``, as ``encode(text)`` gives them, in an array of the caller's own."""
+        entries = self.entries
         with self._lock:
-            ids = self._young.get(text)
-            if ids is None and self._old:
-                ids = self._old.pop(text, None)
-                if ids is not None:
-                    self._add(text, ids)
+            ids = entries.young.get(text)
+            if ids is None:
+                ids = entries.promote(text)
             if ids is not None:
                 self.hits += 1
                 return ids[:]
@@ -200,25 +198,16 @@ class FragmentMemo:
         ids = self._encode(text)
         if len(text) <= FRAGMENT_MAX_CHARS:
             with self._lock:
-                if text not in self._young:
-                    self._add(text, ids[:])
+                entries.put(text, ids[:])
         return ids
 
     def age(self) -> None:
         """Drop what no turn used since the last call (or turnover): the young generation becomes the old one."""
         with self._lock:
-            self._old, self._young, self._bytes = self._young, {}, 0
-
-    def _add(self, text: str, ids: array[int]) -> None:
-        """Keep an entry in the young generation (which turns over when full); under the lock."""
-        size = fragment_weight(text, ids)
-        if self._bytes + size > self._max:
-            self._old, self._young, self._bytes = self._young, {}, 0
-        self._young[text] = ids
-        self._bytes += size
+            self.entries.age()
 
     def __len__(self) -> int:
-        return len(self._young) + len(self._old)
+        return len(self.entries)
 
 
 #: Texts the cut must leave alone: ids cut before the token equal the ids of the whole.

@@ -108,9 +108,9 @@ def test_the_memo_is_bounded() -> None:
     for i in range(500):
         text = f"fragment {i} " + "y" * 200
         assert memo.encode(text).tolist() == [ord(c) for c in text]
-    kept = [(t, ids) for generation in (memo._young, memo._old) for t, ids in generation.items()]
+    kept = [(t, ids) for generation in (memo.entries.young, memo.entries.old) for t, ids in generation.items()]
     assert sum(pc.fragment_weight(t, ids) for t, ids in kept) <= 40_000
-    assert memo._bytes <= 20_000
+    assert memo.entries.bytes <= 20_000
 
 
 def test_the_memo_ages_as_the_prompt_cache() -> None:
@@ -147,7 +147,8 @@ def test_threads_at_once_keep_the_byte_count_true() -> None:
                 memo = pc.FragmentMemo(_Counting(), max_bytes=30_000)
                 texts = [f"fragment {i % 300}" + "y" * (i % 50) for i in range(2000)]
                 assert [ids.tolist() for ids in pool.map(memo.encode, texts)] == [[ord(c) for c in t] for t in texts]
-                assert memo._bytes == sum(pc.fragment_weight(t, ids) for t, ids in memo._young.items()) <= 30_000
+                young = memo.entries.young.items()
+                assert memo.entries.bytes == sum(pc.fragment_weight(t, ids) for t, ids in young) <= 30_000
                 assert memo.hits + memo.misses == len(texts)
     finally:
         sys.setswitchinterval(switch)

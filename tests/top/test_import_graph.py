@@ -4,7 +4,7 @@ The floors, lowest first (a module may import from its own floor and the floors 
 
 1. ``http``: bytes and ASGI; knows nothing else of actorproxy.
 2. ``errors``, ``telemetry``, ``logs``, ``serving``, ``session_meta``, ``trajectory_file``, ``rewards``,
-   ``same_named``, ``closing``: the leaf modules every floor may use.
+   ``same_named``, ``closing``, ``generations``: the leaf modules every floor may use.
 3. ``config``: the settings tree.
 4. ``tokenization``: tokenizers, chat templates, message fields.
 5. ``core``: the sans-IO heart: requests, turn events, parsing, TITO, records.
@@ -120,6 +120,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "actorproxy.rewards",
         "actorproxy.same_named",
         "actorproxy.closing",
+        "actorproxy.generations",
     ),
     ("actorproxy.config",),
     ("actorproxy.tokenization",),
