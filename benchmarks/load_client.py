@@ -46,6 +46,22 @@ def tree_cpu_seconds(pid: int) -> float:
     return cpu_seconds(pid) + sum(cpu_seconds(child) for child in _children(pid))
 
 
+def tree_system_seconds(pid: int) -> float:
+    """The kernel's share of :func:`tree_cpu_seconds`: system time of ``pid`` and its live children,
+    from ``/proc/<pid>/stat`` (clock ticks: 10 ms each, so read it over seconds, not milliseconds)."""
+    return system_seconds(pid) + sum(system_seconds(child) for child in _children(pid))
+
+
+def system_seconds(pid: int) -> float:
+    """System (kernel) CPU time of process ``pid``, every thread, dead ones included; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return int(fields[12]) / os.sysconf("SC_CLK_TCK")
+
+
 def _children(pid: int) -> list[int]:
     try:
         tasks = os.listdir(f"/proc/{pid}/task")

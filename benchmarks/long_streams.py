@@ -42,7 +42,10 @@ one token in the built-in qwen3 vocabulary). Per row:
   live child processes, user + system, every thread, from ``/proc``: far less sensitive to a
   loaded machine than wall time) while every stream is streaming, per token received
   meanwhile; ``proxy %``, ``engine %``, ``clients %``: the CPU each process used in that
-  window (an engine or clients near 100 % is the bottleneck, not the proxy);
+  window (an engine or clients near 100 % is the bottleneck, not the proxy); ``of it sys``: the
+  part of ``proxy µs/tok`` spent in the kernel (system time, from ``/proc/<pid>/stat`` in 10 ms
+  ticks): the sockets' receives and sends, one of each a token for a token that arrives alone,
+  which no change to the proxy's own code removes;
 - ``delay p50/p99``: how late each token arrives behind its stream's own pace, in ms: token
   ``n`` of a stream is due ``(ceil(n/B) - 1) * B * I`` after the stream's first token (the
   first burst sets the origin, so time to first token is not counted). The direct row is the
@@ -65,7 +68,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from load_client import tree_cpu_seconds
+from load_client import tree_cpu_seconds, tree_system_seconds
 from overhead import end_run, loadavg
 from processes import LITELLM_KEY, litellm_installed, litellm_proxy, proxy, sim_engine
 
@@ -97,9 +100,11 @@ def run_clients(target: str, url: str, args: argparse.Namespace, streams: int, t
         line = clients.stdout.readline()  # every stream has its first token
         if not line.startswith("STREAMING"):
             raise RuntimeError(f"the clients did not get their streams going: {line!r}")
+        sys0 = tree_system_seconds(watch["proxy"]) if "proxy" in watch else 0.0
         cpu0, t0, tok0 = {k: tree_cpu_seconds(p) for k, p in pids.items()}, time.monotonic(), int(line.split()[1])
         line = clients.stdout.readline()  # the last stream ended (or the timeout)
         cpu1, t1 = {k: tree_cpu_seconds(p) for k, p in pids.items()}, time.monotonic()
+        sys1 = tree_system_seconds(watch["proxy"]) if "proxy" in watch else 0.0
         if not line.startswith("ENDING"):
             raise RuntimeError(f"the clients ended badly: {line!r}")
         tok1 = int(line.split()[1])
@@ -116,6 +121,7 @@ def run_clients(target: str, url: str, args: argparse.Namespace, streams: int, t
         result[f"{k}_cpu_pct"] = (cpu1[k] - cpu0[k]) * 100 / window
     if "proxy" in watch:
         result["proxy_us_per_token"] = (cpu1["proxy"] - cpu0["proxy"]) * 1e6 / max(1, tok1 - tok0)
+        result["proxy_sys_us_per_token"] = (sys1 - sys0) * 1e6 / max(1, tok1 - tok0)
     return result
 
 
@@ -296,8 +302,8 @@ def main(args: argparse.Namespace) -> None:
     if "litellm" in args.targets and not litellm_installed():
         args.targets.remove("litellm")
     head = (f"{'shape':<18} {'tokens':>6} {'streams':>7} {'interval':>8} {'burst':>5} {'steps':>5} {'via':<10} "
-            f"{'tok/s':>8} {'done':>9} {'proxy µs/tok':>12} {'delay p50':>9} {'p99 ms':>8} {'proxy %':>7} "
-            f"{'engine %':>8} {'clients %':>9}")
+            f"{'tok/s':>8} {'done':>9} {'proxy µs/tok':>12} {'of it sys':>9} {'delay p50':>9} {'p99 ms':>8} "
+            f"{'proxy %':>7} {'engine %':>8} {'clients %':>9}")
     print(head, flush=True)
     every = []
     steps = "yes" if args.decode_steps else "no"
@@ -311,9 +317,10 @@ def main(args: argparse.Namespace) -> None:
                                   "decode_steps": args.decode_steps}
                             every.append(r)
                             us = f"{r['proxy_us_per_token']:.1f}" if "proxy_us_per_token" in r else "-"
+                            sys_us = f"{r['proxy_sys_us_per_token']:.1f}" if "proxy_sys_us_per_token" in r else "-"
                             print(f"{shape:<18} {tokens:>6} {streams:>7} {interval * 1000:>6.0f}ms {burst:>5} "
                                   f"{steps:>5} {r['via']:<10} {r['tok_per_s']:>8.0f} {r['completed']:>4}/{streams:<4} "
-                                  f"{us:>12} {r['delay_p50_ms']:>9.1f} {r['delay_p99_ms']:>8.1f} "
+                                  f"{us:>12} {sys_us:>9} {r['delay_p50_ms']:>9.1f} {r['delay_p99_ms']:>8.1f} "
                                   f"{r.get('proxy_cpu_pct', 0):>7.0f} {r['engine_cpu_pct']:>8.0f} "
                                   f"{r['clients_cpu_pct']:>9.0f}", flush=True)
                             if r["first_error"]:
