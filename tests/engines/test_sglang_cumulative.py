@@ -25,12 +25,14 @@ from actorproxy.engines.sglang.protocol import SGLangStreamParser
 
 
 def event(ids: list[int], lps: list[float] | None, *, text: str = "", finish: Any = None, count: int | None = None,
-          spaced: bool = False, version: str = "default") -> bytes:
-    """An event as SGLang writes it (``meta_info``'s keys in its order); ``lps=None``: logprobs not asked."""
+          spaced: bool = False, version: str = "default", entry_texts: list[str | None] | None = None) -> bytes:
+    """An event as SGLang writes it (``meta_info``'s keys in its order); ``lps=None``: logprobs not asked;
+    ``entry_texts``: each logprob entry's text (``return_text_in_logprobs``), else ``null``."""
     meta: dict[str, Any] = {"id": "r", "finish_reason": finish, "prompt_tokens": 3, "weight_version": version}
     if lps is not None:
         meta["input_token_logprobs"] = []
-        meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, lps, strict=True)]
+        texts = entry_texts or [None] * len(ids)
+        meta["output_token_logprobs"] = [[lp, t, s] for t, lp, s in zip(ids, lps, texts, strict=True)]
         meta["output_token_logprobs_length"] = len(ids)
     meta |= {"completion_tokens": len(ids) if count is None else count, "cached_tokens": 0}
     if count == -1:  # older builds: no count
@@ -58,7 +60,8 @@ def test_the_cutter_leaves_only_the_new_tokens_to_decode() -> None:
     parser = SGLangStreamParser()
     decoded = []
     for n in range(1, 5):
-        payload = parser.decode(event(ids[:n], lps[:n], text="héllo \"]]\" " * n))
+        payload = parser.decode(event(ids[:n], lps[:n], text="héllo \"]]\" " * n, entry_texts=[
+            None, "a[b[0]]", '"]]"\\', "]]"][:n]))  # (entry texts too: cut all the same)
         decoded.append(payload["output_ids"])
         parser.feed(payload)
     # The first event, and the second (the shape is learned from it), are decoded whole.
@@ -106,32 +109,64 @@ def test_a_cumulative_event_that_rewrites_the_past_is_an_error() -> None:
 
 _texts = st.lists(st.sampled_from(['a', 'é', '"', '\\', ']]', '[', ',', ':', '","output_ids":[', '\n', '{']),
                   max_size=6).map("".join)
+#: A logprob entry's text (``return_text_in_logprobs``): what breaks a search for the entries' end, escapes and
+#: unicode, pieces that look like an entry's end or the next key; ``None``: SGLang's ``null``.
+_entry_texts = st.none() | st.lists(st.sampled_from(
+    [']', ']]', '[', '"', '\\', '\\"', '"]]', ',', 'a[b[0]]', ']],"x":[', '日', 'é', '\n', '\u2028', '\x00', 'null']),
+    max_size=5).map("".join)
+
+
+class WholeEvents(SGLangStreamParser):
+    """The reader with every event decoded whole by ``orjson.loads`` (nothing cut, nothing skipped): what the
+    cut reading must read."""
+
+    def decode_span(self, raw: bytes | bytearray, start: int, stop: int) -> Any:
+        return orjson.loads(bytes(raw[start:stop]))
+
+    def take_spans(self, spans: list[tuple[int, int]], out: list[GenerationEvent]) -> None:
+        for start, stop in spans:
+            self.take_span(start, stop, out)
 
 
 @settings(max_examples=300, derandomize=True, database=None, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 4), _texts), min_size=1, max_size=10),
+@given(st.lists(st.tuples(st.integers(0, 4), _texts, st.lists(_entry_texts, min_size=4, max_size=4),
+                          st.sampled_from(["v1", "v1", "v2"])), min_size=1, max_size=10),
        st.booleans(), st.booleans(), st.sampled_from(["stop", "length", "queued-abort"]))
+@example([(1, "", [']]', None, None, None], "v1"), (1, "", [']]', None, None, None], "v1"),
+          (1, "", [None] * 4, "v1")], False, True, "stop")
 def test_any_cumulative_stream_reads_exactly_the_engines_tokens(
-    steps: list[tuple[int, str]], spaced: bool, counted: bool, ending: str
+    steps: list[tuple[int, str, list[str | None], str]], spaced: bool, counted: bool, ending: str
 ) -> None:
+    # Whatever the texts (the event's, and each logprob entry's when SGLang returns text in logprobs: ``]]``,
+    # quotes, backslashes, unicode), the cut reading reads the engine's tokens, as a whole-event decode of each
+    # event does: the same ids, logprobs and versions.
     ids: list[int] = []
     lps: list[float] = []
+    entry_texts: list[str | None] = []
     text = ""
     raws = []
-    for n, piece in steps:
+    version = "default"
+    for n, piece, pieces, version in steps:
         ids += [100 + len(ids) + i for i in range(n)]
         lps += [-(len(lps) + i) / 7 for i in range(n)]
+        entry_texts += pieces[:n]
         text += piece
-        raws.append(event(list(ids), list(lps), text=text, spaced=spaced, count=None if counted else -1))
+        raws.append(event(list(ids), list(lps), text=text, spaced=spaced, count=None if counted else -1,
+                          version=version, entry_texts=list(entry_texts)))
     if ending == "queued-abort" and ids:
         finish = {"type": "abort", "message": "Abort in waiting queue"}
-        raws.append(event(ids[-1:], lps[-1:], finish=finish, count=len(ids), spaced=spaced))
+        raws.append(event(ids[-1:], lps[-1:], finish=finish, count=len(ids), spaced=spaced, version=version,
+                          entry_texts=entry_texts[-1:]))
     else:
         finish = {"type": "length", "length": len(ids)} if ending == "length" else {"type": "stop", "matched": 1}
-        raws.append(event(list(ids), list(lps), text=text, finish=finish, spaced=spaced))
+        raws.append(event(list(ids), list(lps), text=text, finish=finish, spaced=spaced, version=version,
+                          entry_texts=list(entry_texts)))
     got_ids, got_lps, finishes = read(SGLangStreamParser(), raws)
     assert got_ids == ids and got_lps == lps
     assert len(finishes) == 1 and isinstance(finishes[0], GenerateFinish)
+    whole = read_stream(WholeEvents(), [sse(raws)])
+    assert whole[:2] == (ids, lps)
+    assert read_stream(SGLangStreamParser(), [sse([raw]) for raw in raws])[:3] == whole[:3]
 
 
 def sse(raws: list[bytes]) -> bytes:

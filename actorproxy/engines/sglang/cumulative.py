@@ -18,6 +18,11 @@ the last id read before. An event that fails (an incremental stream, an abort ev
 carrying only the last token, another serializer) is decoded whole, and the reader checks
 the counts either way (a logprob entry that does not name its token is an error).
 Patterns are matched with their quotes, which cannot occur unescaped inside a JSON string.
+Where ``output_token_logprobs`` ends is found outside any string: SGLang writes an entry's
+text there when asked (``return_text_in_logprobs``; the proxy does not ask, and the entry is
+``[logprob, id, null]``), and a text may hold ``]]``. The common entry's close is told by the
+first quote after it (a key's), with no more calls than a search for ``]]``; a quote among
+the entries (a text) has each string skipped whole, escapes counted (:func:`_close`).
 
 Events read together are told apart by their keys (:func:`look`: one the next repeats is
 not decoded at all); :meth:`PrefixCutter.look` searches a long event without the text and
@@ -37,7 +42,7 @@ _TEXT = b'{"text":"'
 _LONG = 1024
 #: Where the arrays are searched for, before where they were in the previous event (its text may shrink).
 _SLACK = 256
-_COMMA, _OPEN_BRACKET, _CLOSE = 0x2C, 0x5B, 0x5D
+_COMMA, _OPEN_BRACKET, _CLOSE, _BACKSLASH = 0x2C, 0x5B, 0x5D, 0x5C
 _NONE = -1  # no output_token_logprobs (logprobs not asked)
 Bytes = bytes | bytearray
 
@@ -51,7 +56,7 @@ class PrefixCutter:
         self._at = 0  # where the previous event's output_ids began (from the event's start)
         self._ids = 0  # the length of its content (between the brackets), and of output_token_logprobs'
         self._logprobs = 0
-        self._last = b""  # its last id, as written
+        self._last: Bytes = b""  # its last id, as written
         #: Tokens the remembered arrays hold (set by the reader once it decoded the event).
         self.tokens = 0
 
@@ -63,8 +68,9 @@ class PrefixCutter:
         """
         if stop is None:
             stop = len(raw)
-        i = raw.find(_IDS, max(start, start + self._at - _SLACK), stop)
-        if i < 0 and self._at > _SLACK:
+        was = self._at  # (a conditional, not max(): the builtin's call costs ~900 instructions)
+        i = raw.find(_IDS, start + was - _SLACK if was > _SLACK else start, stop)
+        if i < 0 and was > _SLACK:
             i = raw.find(_IDS, start, stop)
         if i < 0:
             return self._forget()
@@ -92,13 +98,25 @@ class PrefixCutter:
             if b < stop and raw[b] == _CLOSE:
                 lps_end = b
             else:
-                lps_end = raw.find(b"]]", end - 1 if cut else b, stop) + 1
-                if lps_end <= 0:
+                # Where the entries close ("]]", the array's bracket the second), searched from outside any
+                # string (an old entry's close, or the array's open): an entry's text may hold "]]". Between
+                # the close and the first quote after it lie only "," and "}" (a key follows): a "]" two bytes
+                # before that quote is the close (the common entry: its text null, no quote among the
+                # entries). No quote: the array ends the event ("]]}}"), or the first "]]" is its close.
+                at = end - 1 if cut else b
+                quote = raw.find(b'"', at, stop)
+                if quote < 0:
+                    lps_end = stop - 3 if raw[stop - 3] == _CLOSE else raw.find(b"]]", at, stop) + 1
+                elif raw[quote - 2] == _CLOSE:
+                    lps_end = quote - 2
+                else:  # a quote among the entries: a text (return_text_in_logprobs), or another layout
+                    lps_end = _close(raw, at, stop, quote)
+                if lps_end <= at:
                     return self._forget()
             lps = lps_end - b
         self._at, self._ids, self._logprobs = i - start, ids_end - a, lps
         if ids_end > a:
-            self._last = bytes(raw[(raw.rfind(b",", a, ids_end) + 1 or a) : ids_end])
+            self._last = raw[(raw.rfind(b",", a, ids_end) + 1 or a) : ids_end]  # (a copy: no bytes() of it)
         if not cut:
             return None, 0
         # The new elements (after the old ones and their comma) and the fields between and after the arrays.
@@ -144,6 +162,37 @@ class PrefixCutter:
         self._ids = self._logprobs = 0
         self._last = b""
         return None, 0
+
+
+def _close(raw: Bytes, at: int, stop: int, quote: int) -> int:
+    """Where the array of logprob entries that goes on at ``at`` (outside any string) closes: the second
+    bracket of its first ``]]`` outside a JSON string (``-1``: not before ``stop``); ``quote``: the first
+    quote from ``at`` (``-1``: none).
+
+    An entry's text (SGLang's ``return_text_in_logprobs``) may hold ``]]``: each string
+    is skipped whole, its close found past escaped quotes (a quote after an odd number of
+    backslashes). Each search for ``]]`` stops at the next quote: O(the entries' bytes).
+    """
+    while True:
+        close = raw.find(b"]]", at, stop if quote < 0 else quote)
+        if close >= 0:
+            return close + 1
+        if quote < 0:
+            return -1
+        at = quote + 1
+        while True:  # to the string's close
+            quote = raw.find(b'"', at, stop)
+            if quote < 0:
+                return -1
+            escape = quote
+            while raw[escape - 1] == _BACKSLASH:
+                escape -= 1
+            at = quote + 1
+            if not (quote - escape) & 1:
+                break
+        if at + 1 < stop and raw[at] == _CLOSE == raw[at + 1]:  # (the last entry's text: the array closes)
+            return at + 1
+        quote = raw.find(b'"', at, stop)
 
 
 def look(raw: Bytes, start: int = 0, stop: int | None = None) -> tuple[bool, bytes | None]:
