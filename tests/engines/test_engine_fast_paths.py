@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from actorproxy.engines.base import BackendError, GenerateFinish, GenerateRequest, SamplingParams, TokenDelta
@@ -237,8 +237,14 @@ def _sg_read(raws: list[bytes], together: bool, relaying: bool) -> tuple[list[tu
     return tokens, end if end is not None else finishes
 
 
+_SG_PLAIN = {"tokens": 1, "value": "float", "entry": 3, "count": "exact", "version": None, "spans": False, "repeat": 5}
+
+
 @settings(max_examples=300, derandomize=True, database=None, deadline=None)
 @given(st.lists(_SG_EVENT, max_size=8), _SG_BAD, st.integers(0, 2), st.booleans(), st.booleans(), st.booleans())
+# (The queued abort's repeat of the last token twice: the second is cut after the first, and brings nothing.)
+@example([_SG_PLAIN | {"tokens": 0}, _SG_PLAIN, _SG_PLAIN, _SG_PLAIN | {"repeat": 0}, _SG_PLAIN | {"repeat": 0}],
+         None, 0, False, False, True)
 def test_sglang_events_deliver_exactly_the_engines_tokens_whichever_way_each_is_read(
         events: list[dict[str, Any]], bad: str | None, finish_tokens: int, together: bool, relaying: bool,
         cumulative: bool) -> None:

@@ -365,6 +365,8 @@ class SGLangStreamParser(StreamDecoder):
         else:
             skip = sent  # the event repeats every earlier token
         if not 0 <= skip <= len(ids) or (skip and ids[skip - 1] != self.ids[-1]):
+            if cut and skip > len(ids) and type(completion) is int and completion == sent:
+                return len(ids)  # nothing new (as above), cut after the queued abort's repeat of the last token
             raise BackendError("SGLang: a cumulative event does not extend the tokens already sent")
         return skip
 
