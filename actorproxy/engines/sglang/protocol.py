@@ -317,7 +317,10 @@ class SGLangStreamParser(StreamDecoder):
         would cost a decode for tokens the next one repeats (with the same version: a run
         of such events is read as its last). Only once the stream is known to be cumulative
         (from its second event); the last event (``readable``: an event, not ``[DONE]``) is
-        always read.
+        always read. When the event after a skipped one fails, the skipped one is read after
+        all, then it again (:meth:`_undo`): what is handed out before the error, or read when
+        the event did not repeat it (the queued abort's last token alone), is what an event a
+        read gives.
         """
         last = n - 1
         while last > 0 and not readable(last):
@@ -327,6 +330,7 @@ class SGLangStreamParser(StreamDecoder):
                 take(i)
             return
         ordinary, version = looked(0)
+        skipped = False
         for i in range(n):
             if i < last and not self.finished:
                 skip = ordinary and self.cumulative
@@ -334,8 +338,32 @@ class SGLangStreamParser(StreamDecoder):
                 skip = skip and version is not None and version == next_version
                 version = next_version
                 if skip:
+                    skipped = True
                     continue
-            take(i)
+            if not skipped:
+                take(i)
+                continue
+            skipped = False
+            delivered, run, ran = len(self.ids), self.run_version, len(self.run_ids)
+            try:
+                take(i)  # (the event before it skipped: it was to repeat it)
+            except BackendError:
+                # It failed (malformed, a check, or it does not repeat the one before: SGLang's abort of a
+                # queued request carries the last token alone): undone, and read as an event a read reads it.
+                self._undo(delivered, run, ran)
+                take(i - 1)  # (its tokens handed out)
+                take(i)  # (its error, if it fails again)
+
+    def _undo(self, delivered: int, run: str | None, ran: int) -> None:
+        """Undo what a failed event did before failing: the tokens past ``delivered`` and the run past its
+        ``ran`` tokens of version ``run`` dropped, the cutter's memory of it too (the next is decoded whole)."""
+        del self.ids[delivered:]
+        if run is None:
+            self.run_version = None
+        elif self.run_version is not None:
+            del self.run_ids[ran:], self.run_logprobs[ran:]
+        self._cut = 0
+        self._cutter = PrefixCutter()
 
     def decode(self, raw: bytes) -> Any:
         """One event's JSON (see :meth:`decode_span`)."""
