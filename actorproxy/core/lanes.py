@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from operator import is_
 from typing import Any, get_args
 
 import attrs
 
+from ..tokenization.message_fields import FrozenMessage
 from .messages import message_key
 from .tito import BoundaryReason, OpenSegment
 
@@ -107,6 +109,9 @@ class Conversations:
         self.settled: Lane | None = None
         #: Sub-agent child sessions by (system prompt, first message) key.
         self.children: dict[ConversationKey, str] = {}
+        #: The last turn's key and the messages it was read from (its system prompts and first other message,
+        #: all frozen): a turn opening with those very messages has that key (:meth:`key`).
+        self._keyed: tuple[list[dict[str, Any]], ConversationKey] = ([], (None, None))
 
     def route(self, messages: list[dict[str, Any]]) -> str | None:
         """Make the turn's conversation the active lane, or return the child session it moves to.
@@ -119,7 +124,7 @@ class Conversations:
         (Claude Code's Task agents) and goes to a child session, matched by its
         system prompt and first message.
         """
-        key = conversation_key(messages)
+        key = self.key(messages)
         main = self.settled or (self.lanes[0] if self.lanes and not self._side_calls else None)
         lanes = [main, *(lane for lane in self.lanes if lane is not main)] if main else self.lanes
         lane = find_lane(lanes, key, by="key") or find_lane(lanes, key, by="system")
@@ -141,6 +146,25 @@ class Conversations:
             lane = main or self.active  # no routing: the turn stays in the main conversation
         self.active = lane
         return None
+
+    def key(self, messages: list[dict[str, Any]]) -> ConversationKey:
+        """:func:`conversation_key` of ``messages``, not keyed again when they open with last turn's very messages.
+
+        The key reads the system prompt and the first other message, so the messages up to that one
+        decide it; when each of them is the :class:`FrozenMessage` it was last turn (nothing edits one),
+        the key is last turn's (a session's turns repeat their opening messages, the same objects).
+        """
+        deciding, key = self._keyed
+        if deciding and len(messages) >= len(deciding) and all(map(is_, deciding, messages)):
+            return key
+        key = conversation_key(messages)
+        for end, message in enumerate(messages, 1):
+            if message.get("role") != "system":
+                deciding = messages[:end]
+                if all(type(m) is FrozenMessage for m in deciding):
+                    self._keyed = (deciding, key)
+                break
+        return key
 
     def _new_child(self, key: ConversationKey) -> str | None:
         """A new sub-agent child session for ``key``, or ``None`` (routing off, or too many)."""

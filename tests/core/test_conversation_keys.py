@@ -25,6 +25,7 @@ from actorproxy.errors import BadRequest
 from actorproxy.protocols.openai_chat import parse_chat_body
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.tokenization.message_fields import FrozenMessage
 
 JSON_SCALARS = st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=8) | st.floats(
     allow_nan=False, allow_infinity=False
@@ -113,3 +114,29 @@ async def test_a_second_conversation_with_object_arguments_does_not_fail_the_ses
             assert reply.error is None, reply.error
         reply = await run_turn(runtime, "s", [*main, reply.message, {"role": "user", "content": "again"}])
         assert reply.error is None
+
+
+_ROLE = st.sampled_from(["system", "user", "assistant"])
+_POOL = st.lists(st.tuples(_ROLE, st.sampled_from(["a", "b"])), min_size=1, max_size=5)
+#: One turn: its messages (an index into the pool, and whether the frozen one or the caller's own dict),
+#: then a dict of the caller's edited in place before the next turn (its index and new role).
+_TURNS = st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 4), st.booleans()), max_size=4),
+                            st.integers(0, 4), _ROLE), min_size=1, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_POOL, _TURNS)
+def test_the_key_of_repeated_frozen_messages_is_the_key_read_again(
+    pool: list[tuple[str, str]], turns: list[tuple[list[tuple[int, bool]], int, str]]
+) -> None:
+    """``Conversations.key`` (last turn's key when a turn opens with its very frozen messages) equals
+    :func:`conversation_key` read again, turn after turn, whatever the messages: the same frozen objects,
+    equal plain copies, the caller's own dicts edited in place between turns, a system prompt added or
+    dropped, several system prompts, none but system prompts."""
+    frozen = [FrozenMessage(role=role, content=text) for role, text in pool]
+    own = [{"role": role, "content": text} for role, text in pool]
+    talks = Conversations("s", side_calls=True, sub_agents=True)
+    for picked, edited, role in turns:
+        messages = [(frozen if is_frozen else own)[i % len(pool)] for i, is_frozen in picked]
+        assert talks.key(messages) == conversation_key(messages)
+        own[edited % len(pool)]["role"] = role
