@@ -361,3 +361,40 @@ def broken(draw: Any, raw: bytes, start: int = 0) -> bytes:
     if cut == "insert":
         return raw[:at] + draw(st.sampled_from([b",", b"]", b"{", b'"', b"\\", b"\xff", b" ", b"0", b"1"])) + raw[at:]
     return raw[:at]
+
+
+def sse_reference(stream: bytes) -> list[tuple[str, bytes]]:
+    """The events (name, data) of a whole event stream, read as the WHATWG HTML spec's "event stream
+    interpretation" reads it, line by line: a line ends in CRLF, LF or a lone CR; a blank line dispatches
+    the event; a line starting with ``:`` is a comment; a field's value follows its first colon, one space
+    dropped; ``data`` lines are joined by LF; ``event`` names the event (empty: ``message``); no ``data``:
+    no event. And the proxy's two additions: an ``error`` field (older llama.cpp) is data naming the event
+    ``error``; at the stream's end, a last event without its blank line still counts."""
+    lines: list[bytes] = []
+    start = i = 0
+    while i < len(stream):
+        if stream[i] in b"\r\n":
+            lines.append(stream[start:i])
+            if stream[i : i + 2] == b"\r\n":
+                i += 1
+            start = i + 1
+        i += 1
+    lines += [stream[start:], b""]  # (the last line, if it has no end; then the stream's end dispatches)
+    events: list[tuple[str, bytes]] = []
+    name, data = "", []
+    for line in lines:
+        if not line:
+            if data:
+                events.append((name or "message", b"\n".join(data)))
+            name, data = "", []
+        elif not line.startswith(b":"):
+            field, colon, value = line.partition(b":")
+            value = value[1:] if value.startswith(b" ") else value
+            if field == b"data":
+                data.append(value)
+            elif field == b"event":
+                name = value.decode("utf-8", errors="replace")
+            elif field == b"error":
+                name = "error"
+                data.append(value)
+    return events

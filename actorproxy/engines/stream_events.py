@@ -12,7 +12,7 @@ writes (one ``data:`` line each, ``\\n`` line ends; a JSON text holds no raw lin
 so the shape is checked by counting line breaks), their JSON is decoded in one
 ``orjson.loads``: a lone event straight from the buffer (no copy), several as one array
 made by one ``replace`` of the separators. Any other shape (comments, ``event:`` names,
-several ``data:`` lines, ``\\r\\n``) goes through :class:`~actorproxy.http.sse.SSEParser`,
+several ``data:`` lines, ``\\r\\n`` or ``\\r`` line ends) goes through :class:`~actorproxy.http.sse.SSEParser`,
 an event at a time, from then on. A reader that decodes each event alone (not
 :attr:`StreamDecoder.batched`: SGLang's cumulative events) is given where each one's JSON
 lies in the buffer (:meth:`StreamDecoder.take_spans`), to decode it there, uncopied.

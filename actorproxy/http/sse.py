@@ -4,7 +4,14 @@
 bytearray the HTTP reader de-chunks a body straight into (:meth:`SSEParser.split`
 then cuts the events out), so a body's bytes are copied once on their way to the
 events. The common event, one ``data:`` line, is one slice; other shapes (several
-``data:`` lines, ``event:`` names, comments, ``\\r\\n`` line ends) are read per line.
+``data:`` lines, ``event:`` names, comments) are read per line.
+
+Lines end as the SSE spec (WHATWG HTML, "event stream interpretation") lets them: in
+``\\n``, ``\\r\\n`` or a lone ``\\r``. When a read's new bytes hold a ``\\r``, their line ends
+are made ``\\n`` (:meth:`SSEParser._line_feeds`), and they are split as an ``\\n``-only
+stream is; a ``\\r`` that ends a read ends its line at once, and an ``\\n``
+that begins the next read is then dropped (one ``\\r\\n``, not two line ends). A stream
+without ``\\r`` pays one ``find`` a read for this, as it did before.
 """
 
 from __future__ import annotations
@@ -20,15 +27,16 @@ class SSEEvent(NamedTuple):
 
 
 class SSEParser:
-    """Server-sent events from raw bytes; tolerant of ``\\r\\n`` and a missing final blank line."""
+    """Server-sent events from raw bytes; lines end in ``\\n``, ``\\r\\n`` or a lone ``\\r``; a missing
+    final blank line is tolerated."""
 
-    __slots__ = ("buffer", "_scan", "_cr")
+    __slots__ = ("buffer", "_scan", "_after_cr")
 
     def __init__(self) -> None:
         #: Bytes received and not split into events yet (append to it, then :meth:`split`).
         self.buffer = bytearray()
         self._scan = 0  # where the search for the next blank line resumes
-        self._cr = False  # a "\r" was seen: lines may end in "\r\n"
+        self._after_cr = 0  # 1 + where the byte after a "\r" that ended the last read goes (0: none)
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         self.buffer += chunk
@@ -37,28 +45,29 @@ class SSEParser:
     def split(self) -> list[SSEEvent]:
         """The events complete in :attr:`buffer` (removed from it)."""
         buf, scan = self.buffer, self._scan
-        if not self._cr and buf.find(b"\r", scan) >= 0:
-            self._cr = True
-        if not self._cr:
+        if not self._after_cr and buf.find(b"\r", scan) < 0:
             return self._split_lf(buf, scan)
-        events: list[SSEEvent] = []
-        start = 0
-        while True:
-            end, skip = buf.find(b"\n\n", scan), 2
-            if self._cr:
-                alt = buf.find(b"\n\r\n", scan, len(buf) if end < 0 else end + 2)
-                if alt >= 0 and (end < 0 or alt < end):
-                    end, skip = alt, 3
-            if end < 0:
-                break
-            event = _event(buf, start, end, self._cr)
-            if event is not None:
-                events.append(event)
-            start = scan = end + skip
-        if start:
-            del buf[:start]
-        self._scan = max(0, len(buf) - 2)
+        after_cr = self._line_feeds(buf, scan)
+        events = self._split_lf(buf, scan)
+        self._after_cr = len(buf) + 1 if after_cr else 0
         return events
+
+    def _line_feeds(self, buf: bytearray, scan: int) -> bool:
+        """Every line end from ``scan`` on made one ``\\n``, as the spec reads them: ``\\r\\n``, or a
+        lone ``\\r``. ``True``: the buffer ends in a ``\\r`` (made ``\\n`` at once: the line has
+        ended); an ``\\n`` that the next read begins with ends the same line, and is dropped then."""
+        after = self._after_cr - 1
+        if after >= 0:  # (the previous read ended in "\r": a "\n" after it belongs to it)
+            if after >= len(buf):
+                return True  # (nothing came since)
+            if buf[after] == 10:
+                del buf[after]
+        cr = buf.find(b"\r", scan)
+        if cr < 0:
+            return False
+        ends_in_cr = buf[-1] == 13
+        buf[cr:] = buf[cr:].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        return ends_in_cr
 
     def _split_lf(self, buf: bytearray, scan: int) -> list[SSEEvent]:
         """:meth:`split` when lines end in ``\\n`` only: the common event (one ``data:`` line) inline.
@@ -83,7 +92,7 @@ class SSEParser:
                 end = find(b"\n\n", scan)
                 if end < 0:
                     break
-                event = _event(buf, start, end, False)
+                event = _event(buf, start, end)
                 if event is not None:
                     events.append(event)
                 start = scan = end + 2
@@ -99,14 +108,14 @@ class SSEParser:
         events = self.split()
         buf = self.buffer
         end = len(buf)
-        while end and buf[end - 1] in b"\r\n":
+        while end and buf[end - 1] == 10:  # (line ends are "\n" once split)
             end -= 1
         if end:
-            event = _event(buf, 0, end, True)
+            event = _event(buf, 0, end)
             if event is not None:
                 events.append(event)
         del buf[:]
-        self._scan = 0
+        self._scan = self._after_cr = 0
         return events
 
 
@@ -114,16 +123,13 @@ class SSEParser:
 _new = tuple.__new__
 
 
-def _event(buf: bytearray, start: int, end: int, cr: bool) -> SSEEvent | None:
-    """The event in ``buf[start:end]`` (its lines, without the blank line); ``None`` if it has no data."""
+def _event(buf: bytearray, start: int, end: int) -> SSEEvent | None:
+    """The event in ``buf[start:end]`` (its lines, ``\\n`` line ends, without the blank line); ``None`` if it
+    has no data."""
     if buf.startswith(b"data: ", start) and buf.find(b"\n", start, end) < 0:
-        if cr and end > start and buf[end - 1] == 13:
-            end -= 1
         return SSEEvent("message", bytes(memoryview(buf)[start + 6 : end]))
     name, data = "message", []
     for line in bytes(buf[start:end]).split(b"\n"):
-        if line.endswith(b"\r"):
-            line = line[:-1]
         if not line or line.startswith(b":"):  # comments: keep-alive pings
             continue
         field, _, value = line.partition(b":")

@@ -130,12 +130,16 @@ def test_events_read_together_are_the_events_read_one_by_one(shape: str) -> None
     assert flat(read(shape, [raw])) == flat(one_by_one) and flat(one_by_one)[0] == ids
 
 
+@pytest.mark.parametrize("eol", [b"\r\n", b"\r"], ids=["crlf", "cr"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_other_sse_shapes_read_the_same(shape: str) -> None:
-    # Comments, \r\n line ends, a data field without its space: read through the general parser, the same events.
+def test_other_sse_shapes_read_the_same(shape: str, eol: bytes) -> None:
+    # Comments, \r\n or lone \r line ends (the spec allows both), a data field without its space: read through
+    # the general parser, the same events; at a few cuts, and a byte a read (a read that ends in the \r of a
+    # \r\n: the \n the next begins with ends the same line).
     raw, _, _ = written(shape, [[5], [6, 7]])
-    other = b": keep-alive\r\n\r\n" + raw.replace(b"\n", b"\r\n").replace(b"data: ", b"data:")
-    assert flat(read(shape, cut(other, [7, 50, 51, 120]))) == flat(read(shape, [raw]))
+    other = b": keep-alive" + eol + eol + raw.replace(b"\n", eol).replace(b"data: ", b"data:")
+    for pieces in (cut(other, [7, 50, 51, 120]), [other[i : i + 1] for i in range(len(other))]):
+        assert flat(read(shape, pieces)) == flat(read(shape, [raw]))
 
 
 @pytest.mark.parametrize("shape", SHAPES)
