@@ -21,7 +21,11 @@ the finish are kept in :attr:`StreamDecoder.tail` (the generation reads past the
 the connection, or hangs up).
 
 A malformed event is a :class:`~.base.BackendError` naming it, raised by :meth:`read`
-after the events before it are handed out (``out``), never a crash.
+after the events before it are handed out (``out``), never a crash. An event whose finish
+is the engine's failure (SGLang's abort with an error status, vLLM's ``finish_reason``
+``error``) is an error too, raised after the tokens it brings are handed out
+(:meth:`StreamDecoder.fail`): the engine sampled and sent them, and the failed step keeps
+them, whichever way the events are read (a read each or several, relaying or not).
 
 While :attr:`StreamDecoder.relaying`, the plain tokens of a read (every token stamped with
 the event's version, :meth:`StreamDecoder.tokens`) are not made into events: they are kept
@@ -35,7 +39,7 @@ is what the events of that read would merge to (``engines/deltas.py: take_merged
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -81,6 +85,7 @@ class StreamDecoder:
         self.run_version: str | None = None
         self.run_ids: list[int] = []
         self.run_logprobs: list[float] = []
+        self._failing: list[GenerationEvent] = []  # the events of an event that failed (see fail)
 
     # -- engine-specific ----------------------------------------------------
 
@@ -127,6 +132,13 @@ class StreamDecoder:
                 return []
         return [TokenDelta(tuple(ids), tuple(logprobs), version)]  # (_hand_out puts a run of another version first)
 
+    def fail(self, error: BackendError, events: list[GenerationEvent]) -> NoReturn:
+        """Raise ``error``: the engine failed the request in an event (its finish an error) that also brought
+        ``events``, its new tokens, sampled and sent: :meth:`read` hands them out before the error, after the
+        events before it (while relaying, plain tokens joined the run already: in it, they come out the same)."""
+        self._failing = events
+        raise error
+
     def run_into(self, out: list[GenerationEvent]) -> None:
         """Append the read's run, if any, to ``out`` as a :class:`TokenDelta` (no run is left)."""
         if self.run_version is not None:
@@ -141,53 +153,59 @@ class StreamDecoder:
         ``at_end``: the body ended; a last event without its blank line counts, and a stream
         that ended without a finish is given :meth:`end` (``BackendError`` if none is due).
         """
-        buf = self.buffer
-        sse = self._sse
-        if sse is None:
-            n = len(buf)
-            clean = self._clean
-            line_end = buf.find(b"\n", clean)
-            if line_end < 0 and not at_end and buf.find(b"\r", clean) < 0:
-                self._clean = n  # no event complete yet: the next read scans only what it adds (a long event's
-                return  # bytes arrive in several reads)
-            # The common read: one event alone in the buffer (its only line break is the blank line's first).
-            lone = n > 8 and line_end == n - 2 and buf[n - 1] == 10
-            each = not self.batched and line_end >= 0  # each alone: the shape is checked event by event
-            if lone:
-                end, count = n, 1
-            else:
-                end = buf.rfind(b"\n\n") + 2
-                count = 0 if each or end < 2 else buf.count(_SEPARATOR, 0, end) + 1
-            if end >= 2:
-                if each:
-                    taken = self._take_each(end, count, out)  # (False: the events before another shape were read)
+        try:
+            buf = self.buffer
+            sse = self._sse
+            if sse is None:
+                n = len(buf)
+                clean = self._clean
+                line_end = buf.find(b"\n", clean)
+                if line_end < 0 and not at_end and buf.find(b"\r", clean) < 0:
+                    self._clean = n  # no event complete yet: the next read scans only what it adds (a long event's
+                    return  # bytes arrive in several reads)
+                # The common read: one event alone in the buffer (its only line break is the blank line's first).
+                lone = n > 8 and line_end == n - 2 and buf[n - 1] == 10
+                each = not self.batched and line_end >= 0  # each alone: the shape is checked event by event
+                if lone:
+                    end, count = n, 1
                 else:
-                    # (A slice compared and a byte's ``in``: no arguments parsed, as startswith and find have;
-                    # ~900 instructions each a read. A lone event ends at the buffer's end.)
-                    taken = buf[:6] == b"data: " and (13 not in buf if lone else (
-                        buf.count(b"\n", 0, end) == 2 * count and buf.find(b"\r", 0, end) < 0))
+                    end = buf.rfind(b"\n\n") + 2
+                    count = 0 if each or end < 2 else buf.count(_SEPARATOR, 0, end) + 1
+                if end >= 2:
+                    if each:
+                        taken = self._take_each(end, count, out)  # (False: the events before another shape were read)
+                    else:
+                        # (A slice compared and a byte's ``in``: no arguments parsed, as startswith and find have;
+                        # ~900 instructions each a read. A lone event ends at the buffer's end.)
+                        taken = buf[:6] == b"data: " and (13 not in buf if lone else (
+                            buf.count(b"\n", 0, end) == 2 * count and buf.find(b"\r", 0, end) < 0))
+                        if taken:
+                            self._take_batch(end, count, out)
                     if taken:
-                        self._take_batch(end, count, out)
-                if taken:
-                    self._clean = 0
-                    if not at_end:
-                        return
-                    if not buf.strip():
-                        self._close(out)
-                        return
+                        self._clean = 0
+                        if not at_end:
+                            return
+                        if not buf.strip():
+                            self._close(out)
+                            return
+                    else:
+                        sse = self._sse = self._parser()  # another shape: every event through the parser
+                elif not at_end and buf.find(b"\r") < 0:
+                    return  # no event complete yet
                 else:
-                    sse = self._sse = self._parser()  # another shape: every event through the parser
-            elif not at_end and buf.find(b"\r") < 0:
-                return  # no event complete yet
-            else:
-                sse = self._sse = self._parser()
-        if sse is None:
-            sse = self._parser()  # (a fresh one: its state is the buffer's, which starts at an event)
-        events = sse.close() if at_end else sse.split()
-        if events:
-            self.take_events([(event.event, event.data) for event in events], out)
-        if at_end:
-            self._close(out)
+                    sse = self._sse = self._parser()
+            if sse is None:
+                sse = self._parser()  # (a fresh one: its state is the buffer's, which starts at an event)
+            events = sse.close() if at_end else sse.split()
+            if events:
+                self.take_events([(event.event, event.data) for event in events], out)
+            if at_end:
+                self._close(out)
+        except BackendError:
+            if self._failing:  # (the failed event's own tokens: handed out before its error)
+                failing, self._failing = self._failing, []
+                self._hand_out(failing, out)
+            raise
 
     def take_one(self, name: str, data: bytes, out: list[GenerationEvent]) -> None:
         """Read one server-sent event (``name``, its ``data``)."""

@@ -22,6 +22,7 @@ from actorproxy.engines.base import BackendError, GenerateFinish, GenerateReques
 from actorproxy.engines.connection import json_body
 from actorproxy.engines.llamacpp import protocol as llamacpp_protocol
 from actorproxy.engines.sglang import protocol
+from actorproxy.engines.stream_events import StreamDecoder
 from actorproxy.engines.vllm import protocol as vllm_protocol
 from actorproxy.http import h1
 from actorproxy.http.errors import ProtocolError
@@ -152,7 +153,8 @@ _SG_EVENT = st.fixed_dictionaries({
     "spans": st.booleans(),  # weight_versions: the first new token sampled by another version
     "repeat": st.integers(0, 9),  # 0: the abort of a queued request instead (the last token again, nothing new)
 })
-_SG_BAD = st.sampled_from([None, "other-id", "null-logprob", "no-entries", "ids-not-list", "malformed"])
+_SG_BAD = st.sampled_from([None, "other-id", "null-logprob", "no-entries", "ids-not-list", "malformed", "failed",
+                           "failed-spans"])
 
 
 def _sg_stream(events: list[dict[str, Any]], bad: str | None, finish_tokens: int, cumulative: bool = False) -> tuple[
@@ -206,6 +208,12 @@ def _sg_stream(events: list[dict[str, Any]], bad: str | None, finish_tokens: int
             continue
         ids, entries, meta = tokens(e, e["tokens"])
         write(ids, entries, meta, e["count"])
+    if bad in ("failed", "failed-spans"):  # the engine fails the request: an abort with an error status, its new
+        # tokens in it (sampled and sent: delivered before the error, whichever way the event is read)
+        ids, entries, meta = tokens({"version": None, "spans": bad == "failed-spans", "value": "float", "entry": 3}, 2)
+        meta["finish_reason"] = {"type": "abort", "message": "engine failed", "status_code": 500, "err_type": None}
+        write(ids, entries, meta)
+        return raws, sent, True
     if bad is not None:
         ids, entries, meta = tokens({"version": None, "spans": False, "value": "float", "entry": 3}, 1)
         wrong = {"other-id": [[-0.5, ids[0] + 1, None]], "null-logprob": [[None, ids[0], None]], "no-entries": None,
@@ -223,11 +231,18 @@ def _sg_stream(events: list[dict[str, Any]], bad: str | None, finish_tokens: int
 def _sg_read(raws: list[bytes], together: bool, relaying: bool) -> tuple[list[tuple[int, float, str]], Any]:
     """The tokens (id, logprob, version) the reader delivers from ``raws`` (a read each, or one read), and its
     finish or error."""
-    parser = protocol.SGLangStreamParser()
+    tokens, finishes, end = _read_events(protocol.SGLangStreamParser(), [b"data: " + raw + b"\n\n" for raw in raws],
+                                         together, relaying)
+    return tokens, end if end is not None else finishes
+
+
+def _read_events(parser: StreamDecoder, events: list[bytes], together: bool, relaying: bool) -> tuple[
+        list[tuple[int, float, str]], list[GenerateFinish], BackendError | None]:
+    """What ``parser`` hands out for ``events`` (a read each, or one read; ``relaying``: each read's run taken as
+    the generation takes it): the tokens (id, logprob, version), finishes, and its error or ``None``."""
     parser.relaying = relaying
-    events = [b"data: " + raw + b"\n\n" for raw in raws]
     out: list[Any] = []
-    end: Any = None
+    end = None
     try:
         for data in [b"".join(events)] if together else events:
             parser.buffer += data
@@ -238,8 +253,7 @@ def _sg_read(raws: list[bytes], together: bool, relaying: bool) -> tuple[list[tu
     parser.run_into(out)
     tokens = [(t, lp, e.weight_version) for e in out if type(e) is TokenDelta
               for t, lp in zip(e.token_ids, e.logprobs, strict=True)]
-    finishes = [e for e in out if type(e) is GenerateFinish]
-    return tokens, end if end is not None else finishes
+    return tokens, [e for e in out if type(e) is GenerateFinish], end
 
 
 _SG_PLAIN = {"tokens": 1, "value": "float", "entry": 3, "count": "exact", "version": None, "spans": False, "repeat": 5}
@@ -253,6 +267,10 @@ _SG_PLAIN = {"tokens": 1, "value": "float", "entry": 3, "count": "exact", "versi
 # (The queued abort's repeat of the last token twice: the second is cut after the first, and brings nothing.)
 @example([_SG_PLAIN | {"tokens": 0}, _SG_PLAIN, _SG_PLAIN, _SG_PLAIN | {"repeat": 0}, _SG_PLAIN | {"repeat": 0}],
          None, 0, False, False, True)
+# (The engine fails the request in an event that brings tokens: an event a read, not relaying, then all in one.)
+@example([_SG_PLAIN] * 2, "failed", 0, False, False, False)
+@example([_SG_PLAIN] * 3, "failed", 0, True, False, True)
+@example([_SG_PLAIN] * 2, "failed-spans", 0, False, True, False)
 def test_sglang_events_deliver_exactly_the_engines_tokens_whichever_way_each_is_read(
         events: list[dict[str, Any]], bad: str | None, finish_tokens: int, together: bool, relaying: bool,
         cumulative: bool) -> None:
@@ -262,13 +280,48 @@ def test_sglang_events_deliver_exactly_the_engines_tokens_whichever_way_each_is_
     # general checks. Either way: the engine's tokens, each with its logprob and version.
     # A bad last event (a wrong entry, no entries, ids not a list, not JSON) fails the stream after every token
     # before it is handed out, whether the events came a read each or all in one (where a cumulative event the
-    # bad one would repeat is not decoded until the bad one fails).
+    # bad one would repeat is not decoded until the bad one fails). An event whose finish is the engine's failure
+    # (an abort with an error status) hands out the tokens it brings before its error, as the stream's record has
+    # every token the engine sampled and sent: relaying or not, a read each or all in one.
     raws, expected, failed = _sg_stream(events, bad, finish_tokens, cumulative)
     tokens, end = _sg_read(raws, together, relaying)
     assert tokens == expected
     assert all(type(lp) is float for _, lp, _ in tokens)
     if failed:
         assert isinstance(end, BackendError) and str(end).startswith("SGLang: ")
-        assert str(end) == str(_sg_read(raws, not together, relaying)[1])  # the same error either way
+        for other in (_sg_read(raws, not together, relaying), _sg_read(raws, together, not relaying)):
+            assert (other[0], str(other[1])) == (tokens, str(end))  # the same tokens and error either way
     else:
         assert [f.reason for f in end] == ["length"]
+
+
+def _vllm_chunk(ids: list[int], at: int, finish: str | None = None, spans: bool = False) -> bytes:
+    """A ``/inference/v1/generate`` chunk of ``ids`` (the stream's tokens from index ``at``), as vLLM writes it."""
+    content = [{"token_id": t, "logprob": -(at + i + 1) / 4} for i, t in enumerate(ids)]
+    choice: dict[str, Any] = {"index": 0, "token_ids": ids, "logprobs": {"content": content}, "finish_reason": finish}
+    if spans:  # (its first token sampled by another version)
+        choice["weight_versions"] = [{"version": "v9", "start": at, "end": at + 1},
+                                     {"version": "v1", "start": at + 1, "end": at + len(ids)}]
+    return b"data: " + orjson.dumps({"request_id": "generate-tokens-x", "choices": [choice]}) + b"\n\n"
+
+
+def _vllm_read(chunks: list[bytes], together: bool, relaying: bool) -> tuple[list[tuple[int, float, str]], str]:
+    """The tokens (id, logprob, version) the vLLM reader hands out from ``chunks`` (a read each, or one), its
+    error's text."""
+    tokens, _, error = _read_events(vllm_protocol.VLLMStreamParser(version="v1"), chunks, together, relaying)
+    return tokens, str(error)
+
+
+@pytest.mark.parametrize("spans", [False, True], ids=["one-version", "spans"])
+@pytest.mark.parametrize("before", [0, 1, 3])
+def test_vllm_tokens_of_a_chunk_failing_the_request_are_handed_out_before_its_error(before: int, spans: bool) -> None:
+    # vLLM's finish_reason "error" comes in a chunk that may bring tokens (sampled and sent): they are the
+    # stream's, handed out before the error, whether the chunks are read one a read or all in one, relayed or not.
+    chunks = [_vllm_chunk([100 + i], i) for i in range(before)]
+    chunks.append(_vllm_chunk([200, 201], before, finish="error", spans=spans))
+    expected = [(100 + i, -(i + 1) / 4, "v1") for i in range(before)]
+    expected += [(200, -(before + 1) / 4, "v9" if spans else "v1"), (201, -(before + 2) / 4, "v1")]
+    for together in (False, True):
+        for relaying in (False, True):
+            assert _vllm_read(chunks, together, relaying) == (
+                expected, "vLLM: the engine failed the request (finish_reason error)"), (together, relaying)

@@ -195,16 +195,27 @@ def decoded_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return sizes
 
 
-def read_stream(parser: SGLangStreamParser, reads: list[bytes], *, end: bool = True) -> tuple[
+def read_stream(parser: SGLangStreamParser, reads: list[bytes], *, end: bool = True,
+                out: list[GenerationEvent] | None = None) -> tuple[
         list[int], list[float], list[str], list[GenerationEvent]]:
     """``reads`` through ``parser.read`` (each as one read brought it; ``end``: then the body's end): ids,
-    logprobs, each id's version, finishes."""
-    out: list[GenerationEvent] = []
-    for piece in reads:
-        parser.buffer += piece
-        parser.read(out)
-    if end:
-        parser.read(out, at_end=True)
+    logprobs, each id's version, finishes. ``out``: where the events go (what was handed out before an error);
+    while the parser relays, each read's run is taken as the generation takes it."""
+    out = [] if out is None else out
+    try:
+        for piece in reads:
+            parser.buffer += piece
+            parser.read(out)
+            parser.run_into(out)
+        if end:
+            parser.read(out, at_end=True)
+    finally:
+        parser.run_into(out)
+    return handed_out(out)
+
+
+def handed_out(out: list[GenerationEvent]) -> tuple[list[int], list[float], list[str], list[GenerationEvent]]:
+    """The ids, logprobs and each id's version of the events ``out``, and the other events."""
     deltas = [e for e in out if isinstance(e, TokenDelta)]
     return ([t for d in deltas for t in d.token_ids], [lp for d in deltas for lp in d.logprobs],
             [d.weight_version for d in deltas for _ in d.token_ids], [e for e in out if not isinstance(e, TokenDelta)])
@@ -337,19 +348,23 @@ def odd_event(ids: list[int], lps: list[float], text: str, kind: str, order: lis
 @settings(max_examples=200, derandomize=True, database=None, deadline=None)
 @given(st.integers(50, 90), st.lists(st.tuples(st.integers(0, 3), _texts), min_size=3, max_size=14),
        st.lists(st.integers(1, 6), min_size=1, max_size=6), st.booleans(),
-       st.tuples(st.integers(0, 13), st.sampled_from(["error", "spans", "abort", "none"]),
+       st.tuples(st.integers(0, 13), st.sampled_from(["error", "spans", "abort", "failed", "none"]),
                  st.permutations(range(6)), st.integers(0, 1500)),
        st.lists(st.sampled_from(["v1", "v1", "v1", "v2"]), min_size=20, max_size=20))
 # (An odd event whose spans lie where the previous event's logprob entries lay, its version before them.)
 @example(60, [(1, "a")] * 4, [4], False, (0, "spans", [1, 2, 4, 3, 5, 0], 1200), ["v1"] * 20)
+# (The engine fails the request in an event with a new token, read with the event before it, which it repeats.)
+@example(60, [(1, "a")] * 4, [4], False, (0, "failed", [0, 1, 2, 3, 4, 5], 0), ["v1"] * 20)
 def test_events_read_together_read_as_each_alone(
     first: int, steps: list[tuple[int, str]], sizes: list[int], entry_text: bool,
     odd: tuple[int, str, list[int], int], versions: list[str],
 ) -> None:
     # A long cumulative stream (its old content above what is left out of the search), its texts with or
     # without quotes, logprob entries with or without a text, weight versions changing, and an odd
-    # event or none (an error, spans or a finish where a long event's arrays lay, keys in any order) among ordinary
-    # ones: read in reads of several events, it reads as it does an event a read.
+    # event or none (an error, spans or a finish where a long event's arrays lay, keys in any order; or the engine's
+    # failure of the request in an event bringing a new token) among ordinary ones: read in reads of several events,
+    # relaying or not, it reads as it does an event a read: the same tokens, and the same finish or the same tokens
+    # handed out before the same error.
     ids: list[int] = []
     lps: list[float] = []
     text = ""
@@ -366,20 +381,35 @@ def test_events_read_together_read_as_each_alone(
     if kind != "none":
         at = 2 + at % (len(raws) - 2)  # (its version the next event's: it would be skipped if it were ordinary)
         version = orjson.loads(raws[at])["meta_info"]["weight_version"]
-        raws.insert(at, odd_event(ids[:first], lps[:first], "x" * 500, kind, order, pad, version))
+        if kind == "failed":  # the engine fails the request in an event that brings a new token
+            before = orjson.loads(raws[at - 1])
+            known = before["output_ids"]
+            raws.insert(at, event(known + [9_999], [e[0] for e in before["meta_info"]["output_token_logprobs"]]
+                                  + [-0.25], text=before["text"], version=version,
+                                  finish={"type": "abort", "message": "engine failed", "status_code": 500}))
+        else:
+            raws.insert(at, odd_event(ids[:first], lps[:first], "x" * 500, kind, order, pad, version))
     reads, at = [sse(raws[:1]), sse(raws[1:2])], 2
     for size in sizes * len(raws):
         reads.append(sse(raws[at : at + size]))
         at += size
     reads.append(b"data: [DONE]\n\n")
 
-    def outcome(pieces: list[bytes]) -> Any:
+    def outcome(pieces: list[bytes], relaying: bool) -> Any:
+        parser = SGLangStreamParser()
+        parser.relaying = relaying
+        out: list[GenerationEvent] = []
         try:
-            return read_stream(SGLangStreamParser(), pieces)
+            return read_stream(parser, pieces, out=out)
         except BackendError as exc:
-            return str(exc)
+            return handed_out(out)[:3], str(exc)  # (the tokens handed out before the error, and the error)
 
-    assert outcome(reads) == outcome([sse([raw]) for raw in raws] + [b"data: [DONE]\n\n"])
+    alone = outcome([sse([raw]) for raw in raws] + [b"data: [DONE]\n\n"], False)
+    for relaying in (False, True):
+        assert outcome(reads, relaying) == alone
+    assert outcome([sse([raw]) for raw in raws] + [b"data: [DONE]\n\n"], True) == alone
+    if kind == "failed":  # (the failing event's new token among them)
+        assert alone[0][0][-1] == 9_999
 
 
 def test_a_lone_new_token_cut_after_fewer_tokens_than_delivered_is_an_error() -> None:

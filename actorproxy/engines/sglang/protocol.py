@@ -266,7 +266,7 @@ class SGLangStreamParser(StreamDecoder):
             events = self.tokens(new_ids, logprobs)
         finish = meta.get("finish_reason")
         if finish is not None:
-            events.append(self._finish(finish, meta, spans))
+            events.append(self._finish(finish, meta, spans, events))
         return events
 
     def end(self, done: bool) -> list[GenerationEvent]:
@@ -358,6 +358,7 @@ class SGLangStreamParser(StreamDecoder):
         """Undo what a failed event did before failing: the tokens past ``delivered`` and the run past its
         ``ran`` tokens of version ``run`` dropped, the cutter's memory of it too (the next is decoded whole)."""
         del self.ids[delivered:]
+        self._failing = []
         if run is None:
             self.run_version = None
         elif self.run_version is not None:
@@ -458,7 +459,9 @@ class SGLangStreamParser(StreamDecoder):
         self.ids.extend(ids)
         return token_deltas(ids, logprobs, stamps)
 
-    def _finish(self, raw: object, meta: Mapping[str, Any], spans: tuple[WeightVersionSpan, ...]) -> GenerateFinish:
+    def _finish(self, raw: object, meta: Mapping[str, Any], spans: tuple[WeightVersionSpan, ...],
+                events: list[GenerationEvent]) -> GenerateFinish:
+        """The event's finish; an error when it is the engine's failure (``events``, its tokens, handed out first)."""
         info: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {"type": str(raw)}
         kind = info.get("type")
         message = str(info.get("message") or "")
@@ -475,11 +478,13 @@ class SGLangStreamParser(StreamDecoder):
             reason = "abort"
             status = info.get("status_code")
             # An abort carrying an error status is the engine refusing or failing the
-            # request (400: prompt too long, bad params), not a stop we asked for.
+            # request (400: prompt too long, bad params), not a stop we asked for. The tokens the event brings
+            # were sampled and sent: handed out before the error.
             if isinstance(status, int) and status >= 400 and (status < 500 or not self.abort_requested):
-                raise BackendError(f"SGLang: {message or 'request aborted'}", status=http_status(status, message))
+                self.fail(BackendError(f"SGLang: {message or 'request aborted'}", status=http_status(status, message)),
+                          events)
         elif kind != "length":
-            raise BackendError(f"SGLang: unknown finish_reason {raw!r}")
+            self.fail(BackendError(f"SGLang: unknown finish_reason {raw!r}"), events)
         experts = meta.get("routed_experts")
         return GenerateFinish(
             reason=reason,

@@ -352,6 +352,9 @@ class VLLMStreamParser(StreamDecoder):
             ints, floats = ids, [value]  # a streamed chunk's one token (what _tokens would make of it)
         else:
             ints, floats = self._tokens(raw, ids)
+        experts = choice.get("routed_experts")
+        if isinstance(experts, str) and self._experts_wanted:
+            self._experts = npy_to_int32_b64(experts)  # (a malformed one fails the chunk before its tokens count)
         spans = self.read_versions(choice)
         if spans:
             self._spans = spans
@@ -361,12 +364,9 @@ class VLLMStreamParser(StreamDecoder):
         else:  # every token of the event sampled by its version (a streamed chunk): one delta, or none
             events = self.tokens(ints, floats)
         self.ids += ints
-        experts = choice.get("routed_experts")
-        if isinstance(experts, str) and self._experts_wanted:
-            self._experts = npy_to_int32_b64(experts)
         reason = choice.get("finish_reason")
-        if reason == "error":
-            raise BackendError("vLLM: the engine failed the request (finish_reason error)")
+        if reason == "error":  # (the tokens the chunk brings were sampled and sent: handed out before the error)
+            self.fail(BackendError("vLLM: the engine failed the request (finish_reason error)"), events)
         if isinstance(reason, str):
             self._reason, self._stop_reason = reason, choice.get("stop_reason")
         return events
