@@ -368,8 +368,11 @@ def sse_reference(stream: bytes) -> list[tuple[str, bytes]]:
     interpretation" reads it, line by line: a line ends in CRLF, LF or a lone CR; a blank line dispatches
     the event; a line starting with ``:`` is a comment; a field's value follows its first colon, one space
     dropped; ``data`` lines are joined by LF; ``event`` names the event (empty: ``message``); no ``data``:
-    no event. And the proxy's two additions: an ``error`` field (older llama.cpp) is data naming the event
-    ``error``; at the stream's end, a last event without its blank line still counts."""
+    no event; one UTF-8 byte order mark (U+FEFF) at the stream's start is dropped (elsewhere it is a line's
+    byte like any). And the proxy's two additions: an ``error`` field (older llama.cpp) is data naming the
+    event ``error``; at the stream's end, a last event without its blank line still counts."""
+    if stream.startswith(b"\xef\xbb\xbf"):
+        stream = stream[3:]
     lines: list[bytes] = []
     start = i = 0
     while i < len(stream):

@@ -351,6 +351,6 @@ class StreamDecoder:
             self._end(False, out)
 
     def _parser(self) -> SSEParser:
-        sse = SSEParser()
+        sse = SSEParser(at_start=self.payloads == 0 and not self.done)  # (a byte order mark is the stream's start's)
         sse.buffer = self.buffer
         return sse

@@ -11,7 +11,8 @@ Lines end as the SSE spec (WHATWG HTML, "event stream interpretation") lets them
 are made ``\\n`` (:meth:`SSEParser._line_feeds`), and they are split as an ``\\n``-only
 stream is; a ``\\r`` that ends a read ends its line at once, and an ``\\n``
 that begins the next read is then dropped (one ``\\r\\n``, not two line ends). A stream
-without ``\\r`` pays one ``find`` a read for this, as it did before.
+without ``\\r`` pays one ``find`` a read for this, as it did before. A UTF-8 byte order
+mark (U+FEFF) that starts the stream is dropped, as the spec says.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ class SSEParser:
     """Server-sent events from raw bytes; lines end in ``\\n``, ``\\r\\n`` or a lone ``\\r``; a missing
     final blank line is tolerated."""
 
-    __slots__ = ("buffer", "_scan", "_after_cr")
+    __slots__ = ("buffer", "_scan", "_after_cr", "_start")
 
-    def __init__(self) -> None:
+    def __init__(self, *, at_start: bool = True) -> None:
         #: Bytes received and not split into events yet (append to it, then :meth:`split`).
         self.buffer = bytearray()
         self._scan = 0  # where the search for the next blank line resumes
         self._after_cr = 0  # 1 + where the byte after a "\r" that ended the last read goes (0: none)
+        self._start = at_start  # the buffer starts the stream: a byte order mark there is dropped
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         self.buffer += chunk
@@ -45,12 +47,24 @@ class SSEParser:
     def split(self) -> list[SSEEvent]:
         """The events complete in :attr:`buffer` (removed from it)."""
         buf, scan = self.buffer, self._scan
+        if self._start and not self._bom_dropped(buf):
+            return []
         if not self._after_cr and buf.find(b"\r", scan) < 0:
             return self._split_lf(buf, scan)
         after_cr = self._line_feeds(buf, scan)
         events = self._split_lf(buf, scan)
         self._after_cr = len(buf) + 1 if after_cr else 0
         return events
+
+    def _bom_dropped(self, buf: bytearray) -> bool:
+        """At the stream's start: a UTF-8 byte order mark (U+FEFF) there dropped, as the spec does; ``False``
+        while the bytes so far are no more than a part of one (nothing to split yet)."""
+        if len(buf) < 3 and _BOM.startswith(buf):
+            return False
+        self._start = False
+        if buf.startswith(_BOM):
+            del buf[:3]
+        return True
 
     def _line_feeds(self, buf: bytearray, scan: int) -> bool:
         """Every line end from ``scan`` on made one ``\\n``, as the spec reads them: ``\\r\\n``, or a
@@ -116,8 +130,11 @@ class SSEParser:
                 events.append(event)
         del buf[:]
         self._scan = self._after_cr = 0
+        self._start = False
         return events
 
+
+_BOM = b"\xef\xbb\xbf"
 
 #: ``tuple.__new__``: an :class:`SSEEvent` made without its generated ``__new__`` (half the cost).
 _new = tuple.__new__

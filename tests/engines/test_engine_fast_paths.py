@@ -30,8 +30,9 @@ from actorproxy.http.h1 import BodyDecoder
 from actorproxy.http.sse import SSEParser
 from actorproxy.schema.converter import CONVERTER, TokenIds
 
+_BOM = "\ufeff".encode()  # (the UTF-8 byte order mark: dropped at the stream's start)
 _SSE_PARTS = [b"data: ", b"data:", b"data: {}\n\n", b"\n", b"\n\n", b"x", b"yz", b"event: e", b":ping",
-              b"error: q", b"data: a\ndata: b", b" ", b"\r", b"\r\n", b"data: {}\r\r", b"\r\n\r\n"]
+              b"error: q", b"data: a\ndata: b", b" ", b"\r", b"\r\n", b"data: {}\r\r", b"\r\n\r\n", _BOM, _BOM[:2]]
 
 
 def _events(parser: SSEParser, stream: bytes, sizes: random.Random) -> tuple[list[tuple[str, bytes]], bytes]:
@@ -48,10 +49,11 @@ def _events(parser: SSEParser, stream: bytes, sizes: random.Random) -> tuple[lis
 
 def test_sse_events_are_the_specs_whatever_the_line_ends_and_the_reads() -> None:
     # Random streams of event pieces, lines ending in LF, CRLF or a lone CR, fed in reads of 1-9 bytes: the
-    # events of the spec's reading of the whole stream (the common one-data-line event read inline or not).
+    # events of the spec's reading of the whole stream (the common one-data-line event read inline or not). A
+    # byte order mark that starts the stream is dropped, even cut between reads; one further on is a line's bytes.
     rnd = random.Random(7)
     for trial in range(3000):
-        stream = b"".join(rnd.choice(_SSE_PARTS) for _ in range(rnd.randint(0, 25)))
+        stream = rnd.choice([b"", b"", _BOM]) + b"".join(rnd.choice(_SSE_PARTS) for _ in range(rnd.randint(0, 25)))
         got = _events(SSEParser(), stream, random.Random(trial))
         assert got[0] == sse_reference(stream), stream
         assert got[0] == _events(SSEParser(), stream, random.Random(trial + 1))[0], stream  # any cut
@@ -77,6 +79,19 @@ def _dechunked(stream: bytes, step: int) -> tuple[str, bytes, bytes, bool]:
     except ProtocolError as error:
         return str(error), bytes(out), bytes(buf), decoder.done
     return "", bytes(out), bytes(buf), decoder.done
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["a-read-each", "one-read"])
+def test_an_engine_stream_that_starts_with_a_byte_order_mark_reads_as_without(together: bool) -> None:
+    raws = [orjson.dumps({"text": "", "output_ids": [7 + i], "meta_info": {
+        "id": "r", "finish_reason": {"type": "length", "length": 3} if i == 2 else None, "prompt_tokens": 3,
+        "output_token_logprobs": [[-0.5, 7 + i, None]], "completion_tokens": i + 1}}) for i in range(3)]
+    events = [b"data: " + raw + b"\n\n" for raw in raws]
+    plain = _read_events(protocol.SGLangStreamParser(), events, together, False)
+    assert [t for t, _, _ in plain[0]] == [7, 8, 9] and plain[2] is None
+    with_bom = _read_events(protocol.SGLangStreamParser(), [_BOM[:1], _BOM[1:] + events[0], *events[1:]], together,
+                            False)
+    assert (with_bom[0], [f.reason for f in with_bom[1]], with_bom[2]) == (plain[0], ["length"], None)
 
 
 def test_whole_chunks_read_inline_are_read_as_the_general_states_read_them(monkeypatch: pytest.MonkeyPatch) -> None:
