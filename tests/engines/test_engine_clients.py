@@ -333,6 +333,7 @@ async def test_sglang_weight_version_spans_stamp_each_token(nursery: trio.Nurser
 
 TOO_LONG = "The input (9 tokens) is longer than the model's context length (8 tokens)."
 ABORT_400 = {"type": "abort", "message": "too long", "status_code": 400}
+ABORT_500 = {"type": "abort", "message": "engine failed", "status_code": 500, "err_type": None}  # (sent with tokens)
 BAD_LOGPROBS = {"output_ids": IDS[:2], "meta_info": {"output_token_logprobs": [[-1.0, IDS[0], None]]}}
 
 
@@ -348,9 +349,11 @@ BAD_LOGPROBS = {"output_ids": IDS[:2], "meta_info": {"output_token_logprobs": [[
         (lambda r, b: stream(sg([], [], finish=ABORT_400)), 400, "too long"),
         (lambda r, b: stream(sse(BAD_LOGPROBS)), 502, "logprob"),
         (lambda r, b: stream(b"data: {not json\n\n"), 502, "malformed"),
+        (lambda r, b: stream(sg(IDS[:1], LPS[:1]), sg(IDS[1:3], LPS[1:3], finish=ABORT_500)), 502, "engine failed"),
+        (lambda r, b: stream(sg(IDS[:3], LPS[:3], finish=ABORT_500)), 502, "engine failed"),
     ],
     ids=["mid-stream-error", "prompt-too-long", "http-500", "http-400", "no-finish", "done-no-finish",
-         "abort-400", "logprob-mismatch", "bad-json"],
+         "abort-400", "logprob-mismatch", "bad-json", "failed-with-tokens", "first-event-failed-with-tokens"],
 )
 async def test_sglang_errors(route: Any, status: int, text: str, nursery: trio.Nursery) -> None:
     engine = Engine({"/generate": route})
@@ -364,6 +367,8 @@ async def test_sglang_errors(route: Any, status: int, text: str, nursery: trio.N
     assert info.value.status == status
     if text == "boom":
         assert seen == IDS[:1]  # tokens before the failure are still delivered
+    if text == "engine failed":  # and those the failing event brings (the engine sampled and sent them)
+        assert seen == IDS[:3]
 
 
 async def test_transport_failures_map_to_502_and_504(nursery: trio.Nursery, autojump_clock: Any) -> None:
