@@ -45,7 +45,7 @@ import trio
 from ..core.records import Segment, Step
 from ..errors import StorageFull
 from ..schema.records import segment_fields
-from ..store.base import ReadQuery, ReadResult, Recovered, StoreBackend, session_key
+from ..store.base import Found, ReadQuery, Recovered, StoreBackend, session_key
 from .actor import Reply, answer, answer_error
 from .store_messages import (
     FAILED_RETRY,
@@ -97,7 +97,7 @@ class TrajectoryStore:
         max_tokens: int | None = None,
         max_bytes: int | None = None,
         batch_delay: float = BATCH_DELAY,
-        encode: Callable[[ReadResult], list[bytes]] | None = None,
+        encode: Callable[[Found], list[bytes]] | None = None,
     ) -> None:
         self.backend = backend
         self.gauge = StoreGauge()
@@ -307,7 +307,7 @@ class TrajectoryStore:
         backend.commit()
         self._done = len(batch)
 
-    def _read(self, query: ReadQuery, finish: Callable[[ReadResult], Any]) -> outcome.Outcome[Any]:
+    def _read(self, query: ReadQuery, finish: Callable[[Found], Any]) -> outcome.Outcome[Any]:
         """A read (in the writer thread); one that fails on the disk is noted for :meth:`_read_failed`."""
         result = capture(self.backend.read, query, finish)
         if isinstance(result, outcome.Error) and getattr(result.error, "code", "") == "store_failed":

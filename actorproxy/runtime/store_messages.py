@@ -12,7 +12,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 import orjson
@@ -22,11 +22,9 @@ import trio
 from ..core.records import Segment, Step
 from ..errors import StorageFull
 from ..schema.converter import CONVERTER
-from ..schema.records import ReadResult, segment_json, step_json, stored_step_json
+from ..schema.records import Found, ReadResult, StoredRead, StoredStep, segment_json, step_json, stored_step_json
 from ..store.base import ReadQuery
 from .actor import ActorGone, Reply, answer, answer_error
-
-T = TypeVar("T")
 
 log = logging.getLogger("actorproxy.runtime.store")
 
@@ -142,11 +140,13 @@ class StoreGauge:
 PART_BYTES = 1 << 20
 
 
-def encode_parts(result: ReadResult) -> list[bytes]:
+def encode_parts(result: Found) -> list[bytes]:
     """A read's JSON body (:func:`encode_body`'s bytes, joined) in parts of about :data:`PART_BYTES`.
 
     Each segment and step is unstructured and encoded on its own: the whole body is
-    never held as Python objects (every array a list of numbers: eight times its JSON).
+    never held as Python objects (every array a list of numbers: eight times its JSON),
+    and a durable store's rows are decoded one by one as they are encoded
+    (:class:`~actorproxy.schema.records.StoredRead`): one row is alive at a time.
     Text that is not valid Unicode (a lone surrogate) is escaped, in the whole body.
     """
     try:
@@ -159,7 +159,7 @@ def _escaped(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
-def _parts(result: ReadResult, dumps: Callable[[Any], bytes]) -> list[bytes]:
+def _parts(result: Found, dumps: Callable[[Any], bytes]) -> list[bytes]:
     parts: list[bytes] = []
     pending: list[bytes] = [b'{"data":[']
     size = 0
@@ -211,8 +211,12 @@ def refuse_queued(inbox: trio.MemoryReceiveChannel[StoreMessage]) -> None:
             answer_error(reply, ActorGone("the trajectory store has stopped"))
 
 
-def keep(result: T) -> T:
-    return result
+def keep(found: Found) -> ReadResult:
+    """An in-process read's answer: the records themselves, in lists (a durable store's rows all decoded)."""
+    if isinstance(found, StoredRead):
+        steps: list[Step | StoredStep] | None = None if found.steps is None else [*found.steps]
+        return ReadResult(list(found.data), steps)
+    return found
 
 
 WRITES = (Put, Journal, Wake)

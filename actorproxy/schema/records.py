@@ -21,6 +21,7 @@ trusted.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -60,8 +61,27 @@ class ReadResult:
     steps: list[Step | StoredStep] | None = None
 
 
-def read_json(result: ReadResult) -> dict[str, Any]:
-    """The converter's hook for :class:`ReadResult` (written out: it is the trainer's hot path)."""
+@attrs.frozen(eq=False)
+class StoredRead:
+    """What a durable store's read found, each row decoded only when it is taken.
+
+    Encoded (``/trajectory/read``), a read holds one segment or step as Python
+    objects at a time, never all it read: a drain of thousands of turns would
+    otherwise hold them all at once, and that peak stays with the process's
+    allocator. :func:`~actorproxy.runtime.store_messages.keep` makes it a
+    :class:`ReadResult` (every row decoded, in lists) for an in-process read.
+    """
+
+    data: Sequence[Segment]
+    steps: Sequence[StoredStep] | None = None
+
+
+#: What a store read hands its ``finish``: the records themselves, or a durable store's rows.
+Found = ReadResult | StoredRead
+
+
+def read_json(result: Found) -> dict[str, Any]:
+    """The converter's hook for :class:`ReadResult` and :class:`StoredRead` (written out: the trainer's hot path)."""
     data: dict[str, Any] = {"data": [segment_json(seg) for seg in result.data]}
     if result.steps is not None:
         data["steps"] = [step_json(s) if isinstance(s, Step) else stored_step_json(s) for s in result.steps]
@@ -264,6 +284,7 @@ def register_record_hooks(converter: cattrs.Converter) -> None:
     # cannot be evaluated before Python 3.12.
     hooks: dict[type, Any] = {
         ReadResult: read_json,
+        StoredRead: read_json,
         Step: step_json,
         StoredStep: stored_step_json,
         StepSummary: lambda summary: step_fields(summary.step, payloads=False),

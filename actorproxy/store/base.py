@@ -17,6 +17,7 @@ import attrs
 from ..core.records import Segment, Step, sub_agent_of
 from ..core.verify import VerifyFailure, VerifyReport
 from ..errors import NotFound
+from ..schema.records import Found as Found
 from ..schema.records import ReadResult as ReadResult
 
 T = TypeVar("T")
@@ -90,8 +91,12 @@ class StoreBackend(Protocol):
     def rollback(self) -> None:
         """Undo every write since the last commit, counters included (a failed commit is retried whole)."""
 
-    def read(self, query: ReadQuery, finish: Callable[[ReadResult], T]) -> T:
-        """``finish(result)`` (serialise it); only if that succeeds, drain what was read."""
+    def read(self, query: ReadQuery, finish: Callable[[Found], T]) -> T:
+        """``finish(found)`` (serialise it); only if that succeeds, drain what was read.
+
+        A durable store's rows are decoded as ``finish`` takes them, never all at once
+        (:class:`~actorproxy.schema.records.StoredRead`).
+        """
 
     def knows(self, session_id: str) -> bool: ...
 

@@ -6,7 +6,7 @@ logprob and version, 1 byte a mask entry); a step packs its seven arrays into
 one blob. The JSON a trainer reads is rebuilt from these on demand, by the
 wire converter's hooks (:mod:`actorproxy.schema.records`): a segment row is read
 back into a :class:`Segment`, a step row into a :class:`StoredStep` (its text
-as written, its arrays unpacked).
+as written, its arrays unpacked), each only when a read takes it (:class:`Rows`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import struct
 from array import array
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar, overload
 
 import orjson
 
@@ -23,6 +24,7 @@ from ..schema.converter import CONVERTER
 from ..schema.records import StoredStep, segment_fields, segment_from, step_fields
 
 _HEADER = struct.Struct("<cI")
+R = TypeVar("R")
 
 
 def dumps(data: Any) -> str:
@@ -65,6 +67,31 @@ def unpack_arrays(blob: bytes) -> list[array[Any]]:
         pos += size
         out.append(values)
     return out
+
+
+class Rows(Sequence[R]):
+    """Stored rows, each decoded only when it is taken: iterated, one decoded row is alive at a time."""
+
+    def __init__(self, rows: list[Any], decode: Callable[[Any], R]) -> None:
+        self._rows = rows
+        self._decode = decode
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> R: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[R]: ...
+
+    def __getitem__(self, index: int | slice) -> R | list[R]:
+        if isinstance(index, slice):
+            return [self._decode(row) for row in self._rows[index]]
+        return self._decode(self._rows[index])
+
+    def __iter__(self) -> Iterator[R]:
+        return map(self._decode, self._rows)
 
 
 def array_from(code: str, blob: bytes) -> array[Any]:

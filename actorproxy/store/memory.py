@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import attrs
 
 from ..core.records import Segment, Step
-from .base import ReadQuery, ReadResult, Recovered, StoreCounters, Usage, session_key, step_tokens
+from .base import Found, ReadQuery, ReadResult, Recovered, StoreCounters, Usage, session_key, step_tokens
 from .codec import dumps, segment_bytes
 
 T = TypeVar("T")
@@ -70,7 +70,7 @@ class MemoryStore:
     def rollback(self) -> None:
         pass  # nothing can fail half-way in memory
 
-    def read(self, query: ReadQuery, finish: Callable[[ReadResult], T]) -> T:
+    def read(self, query: ReadQuery, finish: Callable[[Found], T]) -> T:
         only: str | None = None  # a child session's own data only
         if query.session_id is not None:
             key = session_key(query.session_id)

@@ -32,8 +32,10 @@ from typing import Any, TypeVar
 
 from ..core.records import Segment, Step
 from ..errors import StartupError
-from .base import ReadQuery, ReadResult, Recovered, StoreCounters, Usage, session_key, step_tokens
+from ..schema.records import StoredRead, StoredStep
+from .base import Found, ReadQuery, Recovered, StoreCounters, Usage, session_key, step_tokens
 from .codec import (
+    Rows,
     decode_segment,
     decode_step,
     dumps,
@@ -333,7 +335,7 @@ class SQLiteStore:
 
     # -- reads -------------------------------------------------------------------
 
-    def read(self, query: ReadQuery, finish: Callable[[ReadResult], T]) -> T:
+    def read(self, query: ReadQuery, finish: Callable[[Found], T]) -> T:
         db = self._db
         only: str | None = None
         where, args = "", ()  # type: tuple[str, tuple[Any, ...]]
@@ -356,14 +358,13 @@ class SQLiteStore:
             where, args = "WHERE key = ?", (key,)
         else:
             seg_rows = db.execute(f"SELECT {_SEGMENT_COLS} FROM segments ORDER BY key, seq").fetchall()
-        result = ReadResult([decode_segment(json.loads(r[4]), (r[5], r[6], r[7], r[8])) for r in seg_rows])
         step_rows: list[Any] = []
         whole = query.trajectory_id is None and only is None
         if query.include_steps or (query.drain and (whole or only)):
             step_rows = db.execute(f"SELECT {_STEP_COLS} FROM steps {where} ORDER BY key, seq", args).fetchall()
-        if query.include_steps:
-            result = ReadResult(result.data, [stored_step(json.loads(r[4]), r[5]) for r in step_rows])
-        done = finish(result)  # serialise first: a failure here deletes nothing
+        # Each row is decoded as ``finish`` takes it: encoded, one segment or step is alive at a time.
+        found = StoredRead(Rows(seg_rows, _segment), Rows(step_rows, _step) if query.include_steps else None)
+        done = finish(found)  # serialise first: a failure here deletes nothing
         if query.drain:
             drained = step_rows if (whole or only) else []
             try:
@@ -511,6 +512,16 @@ class SQLiteStore:
         self._db.close()
         os.close(self._mark)
         self._lock.close()
+
+
+def _segment(row: Any) -> Segment:
+    """A segment row (:data:`_SEGMENT_COLS`) read back."""
+    return decode_segment(json.loads(row[4]), (row[5], row[6], row[7], row[8]))
+
+
+def _step(row: Any) -> StoredStep:
+    """A step row (:data:`_STEP_COLS`) read back."""
+    return stored_step(json.loads(row[4]), row[5])
 
 
 def disk_full(exc: BaseException) -> bool:

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import shutil
 import tracemalloc
+import weakref
 from array import array
 from pathlib import Path
 from typing import Any
 
+import attrs
 import orjson
 import pytest
 from _asgi import open_client
 from _util import run_turn
 
 from actorproxy.config import ProxyConfig
-from actorproxy.core.records import Segment
+from actorproxy.core.records import Segment, Step, build_segment
 from actorproxy.engines.ids_json import IdsJSON
 from actorproxy.errors import StorageFull
 from actorproxy.protocols.anthropic_messages import AnthropicMemo
@@ -26,10 +28,12 @@ from actorproxy.runtime.replies import FinalizeResult
 from actorproxy.runtime.runtime import open_runtime
 from actorproxy.schema.converter import CONVERTER
 from actorproxy.schema.prefixes import Prefixes
-from actorproxy.schema.records import ReadResult
+from actorproxy.schema.records import ReadResult, StoredRead
 from actorproxy.server.app import create_app
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.store.base import ReadQuery
+from actorproxy.store.codec import Rows
+from actorproxy.store.memory import MemoryStore
 from actorproxy.store.sqlite import DB_FILE, SQLiteStore
 from actorproxy.testing import open_simulated_proxy
 from actorproxy.tokenization.prompt_cache import PromptCache
@@ -310,6 +314,78 @@ def test_a_large_read_never_holds_its_whole_body_as_objects() -> None:
     size = sum(map(len, parts))
     assert b"".join(parts) == orjson.dumps(CONVERTER.unstructure(result))
     assert peak <= 1.5 * size, f"peak {peak / size:.1f}x the body"  # the whole body as objects: 8.4x
+
+
+def _varied(i: int) -> tuple[Segment, list[Step]]:
+    """A segment of two steps whose fields vary with ``i``: text outside ASCII, odd floats, the optional payloads."""
+    steps = []
+    for k in range(2):
+        step = Step(index=k, session_id=f"v{i:02d}", segment_index=0, turn_id=f"turn \u00e9{i}" if i % 2 else None,
+                    instance_id="g" if i % 3 else None, new_messages=[{"role": "user", "content": f"q{k} \u2603"}],
+                    message_count=2 * k + 1, prompt_len=3, fragment_ids=array("i", [7, 8, i]), max_new_tokens=16,
+                    created_at=1e-7 * i + 1.5, first_token_at=1e16 if i % 4 == 1 else None, finished_at=3.25)
+        step.output_ids, step.output_logprobs = array("i", [11, i]), array("f", [-0.25, -1e-8 * i])
+        step.output_versions, step.status, step.in_segment = array("i", [4, 5]), "completed", True
+        if i % 5 == 2:
+            step.discarded = [{"output_ids": [1], "logprobs": [float("-inf"), 1e-300]}]
+            step.routed_experts, step.routed_experts_chunks = "AAAA", ["A", "B"]
+        if i % 7 == 3 and k == 1:
+            step.fragment_mask, step.rebuilt_spans = array("b", [0, 1, 1]), [(1, 3)]
+            step.fragment_logprobs, step.fragment_versions = array("f", [0.0, -0.5, -0.75]), array("i", [-1, 2, 2])
+        steps.append(step)
+    metadata: dict[str, Any] = {"n": i, "big": 2**40, "tiny": 5e-324, "text": "\u00e9\x01\"\\"} if i % 2 else {}
+    segment = build_segment(steps, session_id=f"v{i:02d}", instance_id=steps[0].instance_id, rollout_id=f"v{i:02d}",
+                            segment_index=0, start_reason="session_start", boundary_reason="finalize",
+                            reward=[None, 0.5, -1e-5, 3][i % 4], metadata=metadata)
+    return segment, steps
+
+
+def test_a_durable_drain_decodes_one_row_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33: a SQLite drain decoded every segment and step row before encoding the first, so a drain of
+    4,000 turns held them all as Python objects at once (and that peak set the process's RSS for good).
+    Now each row is decoded as it is encoded; the reply's bytes are those of the decoded read."""
+    alive: dict[str, list[weakref.ref[Any]]] = {"segments": [], "steps": []}
+    most = {"segments": 0, "steps": 0}
+
+    def watching(kind: str, encode: Any) -> Any:
+        def watched(record: Any) -> Any:
+            alive[kind] = [ref for ref in alive[kind] if ref() is not None] + [weakref.ref(record)]
+            most[kind] = max(most[kind], len(alive[kind]))
+            return encode(record)
+        return watched
+
+    monkeypatch.setattr(store_messages, "segment_json", watching("segments", store_messages.segment_json))
+    monkeypatch.setattr(store_messages, "stored_step_json", watching("steps", store_messages.stored_step_json))
+    store = SQLiteStore(str(tmp_path), synchronous="OFF")
+    memory = MemoryStore()
+    for i in range(60):
+        segment, steps = _varied(i)
+        for backend in (store, memory):
+            backend.put(f"v{i:02d}", (segment,), tuple(steps))
+    store.commit()
+    query = ReadQuery(drain=True, include_steps=True)
+    whole = store.read(ReadQuery(include_steps=True), store_messages.keep)
+    assert isinstance(whole.data, list) and isinstance(whole.steps, list)  # in process: the records, in lists
+    assert len(whole.data) == 60 and len(whole.steps) == 120
+    expected = store_messages.encode_body(whole)
+    assert expected == memory.read(ReadQuery(include_steps=True), store_messages.encode_body)
+    del whole
+    most.update(segments=0, steps=0)
+    parts = store.read(query, store_messages.encode_parts)
+    assert b"".join(parts) == expected
+    assert most == {"segments": 1, "steps": 1}  # all 60 and 120 before
+    assert store.stats()["segments"] == store.stats()["steps"] == 0
+    store.close()
+
+
+def test_rows_decoded_one_by_one_are_escaped_whole_when_one_holds_a_lone_surrogate() -> None:
+    """The fallback for text that is not valid Unicode encodes the whole body again: the rows are read again."""
+    segments = [_segment(0, 3), attrs.evolve(_segment(1, 3), metadata={"name": "x\udc80"}), _segment(2, 3)]
+    decoded: list[int] = []
+    found = StoredRead(Rows([0, 1, 2], lambda i: decoded.append(i) or segments[i]))
+    parts = store_messages.encode_parts(found)
+    assert b"".join(parts) == store_messages.encode_body(ReadResult(segments)) and b"\\udc80" in parts[-1]
+    assert decoded == [0, 1, 0, 1, 2]
 
 
 def test_one_process_per_data_dir(tmp_path: Path) -> None:
