@@ -67,11 +67,14 @@ class TurnStream(Closing):
         info = CURRENT.get()
 
         def first(delta: OutputDelta) -> Awaitable[None] | None:
+            # (It must not name itself: a closure holding itself is a reference cycle, and the turn's
+            # objects it holds would wait for a collection instead of going when the turn ends.)
             if info is not None and info.first_token_at is None:
                 info.first_token_at = time.perf_counter()
             self._take = take
-            if self._relay is not None and self._relay.take is first:
-                self._relay.take = take
+            relay = self._relay
+            if relay is not None and relay.take is not None:  # (open: with this one, set by ``receive``)
+                relay.take = take
             return take(delta)
 
         self._take = first

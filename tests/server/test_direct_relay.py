@@ -6,7 +6,9 @@ token comes due alone, so the agent's task is waiting (the relay open) when it i
 
 from __future__ import annotations
 
+import gc
 import socket
+import weakref
 from typing import Any
 
 import httpx
@@ -17,6 +19,7 @@ import trio.testing
 from actorproxy.core.turn_events import TurnDelta, TurnEvent
 from actorproxy.runtime import generate
 from actorproxy.runtime.agent_channel import AgentChannel
+from actorproxy.runtime.turn_stream import TurnStream
 from actorproxy.schema import jsonio
 from actorproxy.sim import SimEngine
 
@@ -109,6 +112,39 @@ async def test_a_streamed_turns_deltas_reach_the_agent_with_no_event_each(
     assert data.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
     assert [type(e).__name__ for e in handed_over if isinstance(e, TurnDelta)] == []
     assert [type(e).__name__ for e in handed_over] == ["TurnAccepted", "TurnDone"]
+
+
+async def test_a_streamed_turns_objects_go_by_reference_counting(
+    proxy: Any, engine: SimEngine, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a relayed turn ended, its ``TurnStream`` (and the reply, request and closures it holds) is freed at once,
+    with the cycle collector off: no reference cycle keeps a turn's objects for a collection to find.
+
+    A closure that named itself (``TurnStream.relay_to``'s first taker) made each streamed turn's objects cyclic
+    garbage: ~30,000 objects a young collection at 64 streaming agents, and collections of up to 0.2 s.
+    """
+    streams: list[weakref.ref[TurnStream]] = []
+    original = TurnStream.__init__
+
+    def noted(self: TurnStream, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        streams.append(weakref.ref(self))
+
+    monkeypatch.setattr(TurnStream, "__init__", noted)
+    engine.script("word " * 5, routing_key="freed")
+    gc.disable()
+    try:
+        stream = await _started(proxy, engine, "freed", 20)
+        await _tokens_due(mock_clock, engine, 10)
+        data = await _read_to_the_end(stream)
+        await stream.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        assert _content(data).split() == ["word"] * 5
+        assert len(streams) == 1
+        assert streams[0]() is None, gc.get_referrers(streams[0]())
+    finally:
+        gc.enable()
+        mock_clock.autojump_threshold = 0
 
 
 @pytest.fixture
