@@ -55,11 +55,9 @@ def tree_system_seconds(pid: int) -> float:
 def system_seconds(pid: int) -> float:
     """System (kernel) CPU time of process ``pid``, every thread, dead ones included; 0 if it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        return _stat_seconds(pid)[1]
     except OSError:
         return 0.0
-    return int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
 def _children(pid: int) -> list[int]:
@@ -82,9 +80,15 @@ def cpu_seconds(pid: int) -> float:
     try:
         return time.clock_gettime(((~pid) << 3) | 2)  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
     except OSError:  # not Linux: the tick counts of /proc/<pid>/stat
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return sum(_stat_seconds(pid))
+
+
+def _stat_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU time of process ``pid`` from ``/proc/<pid>/stat`` (clock ticks); ``OSError`` if gone."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 class Http:
