@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import queue
 import threading
@@ -317,6 +318,24 @@ def check_segment_invariants(segment: dict[str, Any], steps: list[dict[str, Any]
             assert logprobs[i] == 0.0 and versions[i] == -1
         else:
             assert logprobs[i] <= 0.0 and versions[i] >= 0
+
+
+@contextmanager
+def garbage_found() -> Iterator[list[object]]:
+    """The cyclic collector off in the block, then one collection: what it found is in the list given (kept by
+    ``gc.DEBUG_SAVEALL``), everything else freed by reference counting as the block ran."""
+    found: list[object] = []
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        yield found
+        gc.collect()
+        found += gc.garbage
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
 
 
 @contextmanager

@@ -94,7 +94,9 @@ class AbortLanes:
         self._origin, self._path, self._timeout = origin, path, timeout
         self._pipelines: list[tuple[Pipeline, list[Answered]]] = []
         self._asked = 0
-        self._batch = batch
+        # The batch's list, not the batch: the batch keeps these lanes (``shared``), and holding it back
+        # would be a reference cycle, left for the cyclic collector once the pause ends.
+        self._rest = batch.rest
         batch.on_close(self.flush)
 
     def add(self, body: bytes, answered: Answered) -> None:
@@ -102,7 +104,7 @@ class AbortLanes:
         if len(self._pipelines) < ABORT_CONNECTIONS:
             lane: tuple[Pipeline, list[Answered]] = (self._origin.pipeline(self._timeout), [])
             self._pipelines.append(lane)
-            self._batch.rest.append(partial(_read_answers, *lane))
+            self._rest.append(partial(_read_answers, *lane))
         else:
             lane = self._pipelines[self._asked % ABORT_CONNECTIONS]
         self._asked += 1

@@ -1,19 +1,19 @@
 from __future__ import annotations
 
-import gc
 import json
 import types
 from typing import Any
 
 import trio
 import trio.testing
+from _util import garbage_found
 
 from actorproxy.serve import RunningProxy
 
 
-def _garbage_of_actorproxy() -> list[str]:
+def _garbage_of_actorproxy(garbage: list[object]) -> list[str]:
     names = []
-    for o in gc.garbage:
+    for o in garbage:
         owner = getattr(o, "__self__", None) if type(o).__name__ == "method" else o
         if type(owner).__module__.startswith("actorproxy"):
             names.append(type(owner).__name__ + (".method" if owner is not o else ""))
@@ -38,19 +38,11 @@ async def test_a_served_turn_is_freed_by_reference_counting(proxy: RunningProxy)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
     first = await turn(messages)
     messages += [first["choices"][0]["message"], {"role": "user", "content": "more"}]
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+    with garbage_found() as garbage:
         await turn(messages)
-        gc.collect()
-        left = _garbage_of_actorproxy()
-        total = len(gc.garbage)
-        kinds = sorted(type(o).__name__ for o in gc.garbage)
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
+    left = _garbage_of_actorproxy(garbage)
+    total = len(garbage)
+    kinds = sorted(type(o).__name__ for o in garbage)
     await stream.aclose()
     assert left == [] and total == 0, (left, total, kinds)
 
@@ -106,19 +98,11 @@ async def test_a_refused_request_is_freed_by_reference_counting(proxy: RunningPr
         await refused(path, value)
     failures = []
     for path, value in _REFUSED:
-        gc.collect()
-        gc.disable()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
+        with garbage_found() as garbage:
             status = await refused(path, value)
-            gc.collect()
-            left = [o for o in gc.garbage if not _werkzeug_matcher(o)]
-            kinds = sorted({type(o).__name__ for o in left})
-            total = len(left)
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
-            gc.enable()
+        left = [o for o in garbage if not _werkzeug_matcher(o)]
+        kinds = sorted({type(o).__name__ for o in left})
+        total = len(left)
         assert 400 <= status < 500, (path, status)
         if total:
             failures.append((path, value if isinstance(value, str) else list(value)[:3], total, kinds))
