@@ -110,12 +110,17 @@ class StreamedGeneration(Generic[P]):
             self._response, self._body_ended = None, True
             return
         # Runs on cancellation too: shielded, and bounded so a dead engine cannot hang us.
-        with trio.CancelScope(shield=True), trio.move_on_after(self._grace):
-            if self._finish_queued and self._error is None and self._cut is None:
-                await self._drain()
-            await self._close_response()
-            if not self._finish_queued and self._cut is None:
-                await self._send_abort()
+        try:
+            with trio.CancelScope(shield=True), trio.move_on_after(self._grace):
+                if self._finish_queued and self._error is None and self._cut is None:
+                    await self._drain()
+                await self._close_response()
+                if not self._finish_queued and self._cut is None:
+                    await self._send_abort()
+        finally:
+            # The error raised is let go: its traceback holds this generation's frames (and so this
+            # generation), a reference cycle that would keep the turn's objects until a collection.
+            self._error = None
 
     def __aiter__(self) -> StreamedGeneration[P]:
         return self

@@ -393,7 +393,10 @@ class TurnGeneration:
                             "cutting it", handle.session_id, ABORT_BOUND, ABORT_LIMIT)
                 self._forced = True
             if failed is not None:
-                raise failed
+                try:
+                    raise failed
+                finally:  # (its traceback holds this frame: kept in it, a reference cycle)
+                    failed = None
         except BackendError as exc:
             if self.client_gone:
                 return GenerateFinish("abort")

@@ -136,6 +136,19 @@ def _engine_failure(stream: bool) -> Callable[[Stack], Awaitable[None]]:
     return run
 
 
+async def _stream_cut(stack: Stack) -> None:
+    """The engine's connection closes in the middle of its streamed body: the streamed turn ends in an error."""
+    session = stack.session("cut")
+    stack.script(LONG, session)
+    for sim in stack.sims:
+        sim.faults.drop_next_stream(after_tokens=3)
+    body = {"messages": HELLO, "max_tokens": 300, "stream": True}
+    status, data = await _call(stack.url, "/v1/chat/completions", body, session=session)
+    assert status == 200 and b'"error"' in data, data[-300:]
+    for sim in stack.sims:
+        sim.faults.clear()
+
+
 async def _client_gone(stack: Stack) -> None:
     """The agent hangs up in the middle of a streamed turn: the generation is aborted."""
     session = stack.session("gone")
@@ -194,11 +207,12 @@ KINDS: dict[str, Callable[[Stack], Awaitable[None]]] = {
     "engine-failover": _engine_failover,
     "engine-failure": _engine_failure(stream=False),
     "engine-failure-streamed": _engine_failure(stream=True),
+    "engine-stream-cut": _stream_cut,
 }
 #: What goes through an engine client: each of them over the simulated servers too.
 _ENGINE_PATHS = ["chat", "chat-streamed", "generate", "client-gone", "pause-abort", "engine-failover",
-                 "engine-failure", "engine-failure-streamed"]
-_NEEDS_SERVERS = {"engine-failover", "engine-failure", "engine-failure-streamed"}
+                 "engine-failure", "engine-failure-streamed", "engine-stream-cut"]
+_NEEDS_SERVERS = {"engine-failover", "engine-failure", "engine-failure-streamed", "engine-stream-cut"}
 CASES = [pytest.param("sim", kind, id=f"sim-{kind}") for kind in KINDS if kind not in _NEEDS_SERVERS] + [
     pytest.param(backend, kind, id=f"{backend}-{kind}")
     for backend in ("sglang", "sglang-incremental", "vllm", "llamacpp") for kind in _ENGINE_PATHS]
