@@ -38,7 +38,10 @@ async def ask(mailbox: trio.MemorySendChannel[M], build: Callable[[Reply], M]) -
             result = await reply_recv.receive()
         except trio.EndOfChannel:
             raise ActorGone("the actor dropped the question unanswered") from None
-    return result.unwrap()
+    try:
+        return result.unwrap()
+    finally:  # (an error raised here has this frame in its traceback: kept in it, a reference cycle)
+        del result
 
 
 def answer(reply: Reply, value: Any) -> None:

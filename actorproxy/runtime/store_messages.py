@@ -20,7 +20,7 @@ import outcome
 import trio
 
 from ..core.records import Segment, Step
-from ..errors import StorageFull
+from ..errors import ProxyError, StorageFull, release
 from ..schema.converter import CONVERTER
 from ..schema.records import Found, ReadResult, StoredRead, StoredStep, segment_json, step_json, stored_step_json
 from ..store.base import ReadQuery
@@ -238,4 +238,7 @@ def capture(fn: Callable[..., Any], *args: Any) -> outcome.Outcome[Any]:
                             f"{result.error}); retry later", code="store_failed")
         error.retry_after = FAILED_RETRY
         return outcome.Error(error)
+    if isinstance(result, outcome.Error) and isinstance(result.error, ProxyError):
+        # An answer (a 404): its traceback would hold the frames that keep this outcome, a reference cycle.
+        release(result.error)
     return result

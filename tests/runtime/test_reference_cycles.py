@@ -17,6 +17,7 @@ import json
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -55,12 +56,13 @@ class Stack:
 
 
 @asynccontextmanager
-async def _stack(tokenizer: Any, backend: str) -> AsyncIterator[Stack]:
+async def _stack(tokenizer: Any, backend: str, data_dir: Path) -> AsyncIterator[Stack]:
     async with AsyncExitStack() as exit_stack:
-        if backend == "sim":
+        if backend.startswith("sim"):
             engine = SimEngine(tokenizer, SimConfig(seed=5))
+            stored = {"store_kind": "sqlite", "data_dir": str(data_dir)} if backend == "sim-sqlite" else {}
             proxy = await exit_stack.enter_async_context(
-                open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer))
+                open_proxy(ProxyConfig.of(port=0, **stored), backend=engine, tokenizer=tokenizer))
             yield Stack(proxy.url, [engine], [])
             return
         kind, _, shape = backend.partition("-")
@@ -109,6 +111,11 @@ def _turn(path: str, body: dict[str, Any], status: int = 200) -> Callable[[Stack
 
 async def _generate(stack: Stack) -> None:
     body = {"trajectory_uid": stack.session("g"), "prompt_uid": "p", "messages": HELLO, "max_tokens": 8}
+    assert (await _call(stack.url, "/generate", body))[0] == 200
+
+
+async def _generate_token_in(stack: Stack) -> None:
+    body = {"prompt_ids": [1, 2, 3, 4], "sampling_params": {"max_tokens": 8}}
     assert (await _call(stack.url, "/generate", body))[0] == 200
 
 
@@ -187,6 +194,11 @@ async def _finalized(stack: Stack) -> None:
     assert (await _call(stack.url, "/trajectory/read", {"session_id": session, "drain": True}))[0] == 200
 
 
+async def _discarded(stack: Stack) -> None:
+    """A session dropped that the store holds nothing of (the store's 404, answered inside the proxy)."""
+    assert (await _call(stack.url, "/session/discard", {"session_id": stack.session("dropped")}))[0] == 200
+
+
 _CHAT = {"messages": HELLO, "max_tokens": 8}
 _MESSAGES = {"model": "m", "messages": HELLO, "max_tokens": 8}
 _RESPONSES = {"input": "hi", "max_output_tokens": 16}
@@ -199,21 +211,26 @@ KINDS: dict[str, Callable[[Stack], Awaitable[None]]] = {
     "responses": _turn("/v1/responses", _RESPONSES),
     "responses-streamed": _turn("/v1/responses", {**_RESPONSES, "stream": True}),
     "generate": _generate,
+    "generate-token-in": _generate_token_in,
     "bad-request": _turn("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400),
     "client-gone": _client_gone,
     "pause-abort": _paused("abort"),
     "pause-keep": _paused("keep"),
     "finalize-read-drain": _finalized,
+    "discard-unknown": _discarded,
     "engine-failover": _engine_failover,
     "engine-failure": _engine_failure(stream=False),
     "engine-failure-streamed": _engine_failure(stream=True),
     "engine-stream-cut": _stream_cut,
 }
 #: What goes through an engine client: each of them over the simulated servers too.
-_ENGINE_PATHS = ["chat", "chat-streamed", "generate", "client-gone", "pause-abort", "engine-failover",
-                 "engine-failure", "engine-failure-streamed", "engine-stream-cut"]
+_ENGINE_PATHS = ["chat", "chat-streamed", "generate", "generate-token-in", "client-gone", "pause-abort",
+                 "engine-failover", "engine-failure", "engine-failure-streamed", "engine-stream-cut"]
 _NEEDS_SERVERS = {"engine-failover", "engine-failure", "engine-failure-streamed", "engine-stream-cut"}
+#: What reaches the trajectory store: over its SQLite backend too (the in-memory one otherwise).
+_STORE_PATHS = ["finalize-read-drain", "discard-unknown"]
 CASES = [pytest.param("sim", kind, id=f"sim-{kind}") for kind in KINDS if kind not in _NEEDS_SERVERS] + [
+    pytest.param("sim-sqlite", kind, id=f"sim-sqlite-{kind}") for kind in _STORE_PATHS] + [
     pytest.param(backend, kind, id=f"{backend}-{kind}")
     for backend in ("sglang", "sglang-incremental", "vllm", "llamacpp") for kind in _ENGINE_PATHS]
 
@@ -289,10 +306,10 @@ def _name(o: object) -> str:
 
 @pytest.mark.parametrize(("backend", "kind"), CASES)
 async def test_a_request_leaves_no_cycle_of_ours(
-    tokenizer: Any, autojump_clock: trio.testing.MockClock, backend: str, kind: str
+    tokenizer: Any, autojump_clock: trio.testing.MockClock, tmp_path: Path, backend: str, kind: str
 ) -> None:
     request = KINDS[kind]
-    async with _stack(tokenizer, backend) as stack:
+    async with _stack(tokenizer, backend, tmp_path) as stack:
         await request(stack)  # twice first: what the first requests of a kind cache is no garbage
         await request(stack)
         with garbage_found() as garbage:
