@@ -108,7 +108,7 @@ class Response:
             return False
         if self._fault is not None:
             self._drop()
-            raise self._fault
+            raise self._raised_fault()
         body = self._body
         before = len(out)
         try:
@@ -131,13 +131,21 @@ class Response:
         except ProtocolError as exc:
             if len(out) == before:
                 raise
-            self._fault = exc  # the bytes before the fault first: it is raised at the next read
+            # The bytes before the fault first: it is raised at the next read. Kept without its traceback, which
+            # holds this frame and so this response: a reference cycle, left for the collector.
+            self._fault = exc.with_traceback(None)
             return True
         if body.done:
             conn.state.response_end()
             self._end()
             return len(out) > before
         return True if len(out) > before else None
+
+    def _raised_fault(self) -> ProtocolError:
+        """The fault kept, let go of: raised, its traceback holds the reading frame and so this response."""
+        fault, self._fault = self._fault, None
+        assert fault is not None
+        return fault
 
     def relay_hub(self) -> RelayHub | None:
         """The run's :class:`~.sockets.RelayHub` when this response can be read by it (:meth:`park`), else ``None``."""

@@ -12,11 +12,13 @@ with its traceback, on its request): they hold none of ours on the cycle itself.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ class Stack:
     url: str
     engines: list[SimEngine]
     sims: list[RunningSim]
+    corrupters: list[Corrupter] = attrs.Factory(list)
     turns: int = 0
 
     def session(self, name: str) -> str:
@@ -55,8 +58,33 @@ class Stack:
         return sum(engine.running for engine in self.engines)
 
 
+class Corrupter:
+    """A TCP relay in front of a simulated server. Armed, it passes on the next bytes of a streamed event with a bad
+    chunk-size line after them, then closes: a malformed body after good bytes, in one read."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.armed = False
+
+    async def handle(self, agent_side: trio.SocketStream) -> None:
+        async with agent_side, await trio.open_tcp_stream("127.0.0.1", self.port) as engine_side:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.pump, agent_side, engine_side)
+                await self.pump(engine_side, agent_side, corrupting=True)
+                nursery.cancel_scope.cancel()
+
+    async def pump(self, source: trio.SocketStream, to: trio.SocketStream, corrupting: bool = False) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            while data := await source.receive_some():
+                if corrupting and self.armed and b"data: " in data:
+                    self.armed = False
+                    await to.send_all(data + b"zz\r\n")
+                    return
+                await to.send_all(data)
+
+
 @asynccontextmanager
-async def _stack(tokenizer: Any, backend: str, data_dir: Path) -> AsyncIterator[Stack]:
+async def _stack(tokenizer: Any, backend: str, data_dir: Path, relayed: bool) -> AsyncIterator[Stack]:
     async with AsyncExitStack() as exit_stack:
         if backend.startswith("sim"):
             engine = SimEngine(tokenizer, SimConfig(seed=5))
@@ -70,9 +98,18 @@ async def _stack(tokenizer: Any, backend: str, data_dir: Path) -> AsyncIterator[
         sims = [await exit_stack.enter_async_context(open_sim_server(
             SimServerSettings(port=0, **settings), engine=SimEngine(tokenizer, SimConfig(seed=i)), tokenizer=tokenizer))
             for i in range(2)]
-        config = ProxyConfig.of(port=0, backend=kind, backend_urls=tuple(s.url for s in sims))  # type: ignore[arg-type]
+        urls = [s.url for s in sims]
+        corrupters = []
+        if relayed:
+            nursery = await exit_stack.enter_async_context(trio.open_nursery())
+            for i, sim in enumerate(sims):
+                corrupters.append(Corrupter(int(sim.url.rsplit(":", 1)[1])))
+                [listener] = await nursery.start(partial(trio.serve_tcp, corrupters[-1].handle, 0, host="127.0.0.1"))
+                urls[i] = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+                exit_stack.callback(nursery.cancel_scope.cancel)
+        config = ProxyConfig.of(port=0, backend=kind, backend_urls=tuple(urls))  # type: ignore[arg-type]
         proxy = await exit_stack.enter_async_context(open_proxy(config, tokenizer=tokenizer))
-        yield Stack(proxy.url, [s.engine for s in sims], sims)
+        yield Stack(proxy.url, [s.engine for s in sims], sims, corrupters)
 
 
 async def _call(url: str, path: str, body: Any = None, *, session: str | None = None,
@@ -156,6 +193,17 @@ async def _stream_cut(stack: Stack) -> None:
         sim.faults.clear()
 
 
+async def _bad_chunk(stack: Stack) -> None:
+    """The engine's streamed body turns malformed after good bytes, in the same read: the turn ends in an error."""
+    session = stack.session("malformed")
+    stack.script(LONG, session)
+    for corrupter in stack.corrupters:
+        corrupter.armed = True
+    body = {"messages": HELLO, "max_tokens": 300, "stream": True}
+    status, data = await _call(stack.url, "/v1/chat/completions", body, session=session)
+    assert status == 200 and b"chunk size" in data, data[-300:]
+
+
 async def _client_gone(stack: Stack) -> None:
     """The agent hangs up in the middle of a streamed turn: the generation is aborted."""
     session = stack.session("gone")
@@ -222,11 +270,14 @@ KINDS: dict[str, Callable[[Stack], Awaitable[None]]] = {
     "engine-failure": _engine_failure(stream=False),
     "engine-failure-streamed": _engine_failure(stream=True),
     "engine-stream-cut": _stream_cut,
+    "engine-bad-chunk": _bad_chunk,
 }
 #: What goes through an engine client: each of them over the simulated servers too.
 _ENGINE_PATHS = ["chat", "chat-streamed", "generate", "generate-token-in", "client-gone", "pause-abort",
-                 "engine-failover", "engine-failure", "engine-failure-streamed", "engine-stream-cut"]
-_NEEDS_SERVERS = {"engine-failover", "engine-failure", "engine-failure-streamed", "engine-stream-cut"}
+                 "engine-failover", "engine-failure", "engine-failure-streamed", "engine-stream-cut",
+                 "engine-bad-chunk"]
+_NEEDS_SERVERS = {"engine-failover", "engine-failure", "engine-failure-streamed", "engine-stream-cut",
+                  "engine-bad-chunk"}
 #: What reaches the trajectory store: over its SQLite backend too (the in-memory one otherwise).
 _STORE_PATHS = ["finalize-read-drain", "discard-unknown"]
 CASES = [pytest.param("sim", kind, id=f"sim-{kind}") for kind in KINDS if kind not in _NEEDS_SERVERS] + [
@@ -309,7 +360,7 @@ async def test_a_request_leaves_no_cycle_of_ours(
     tokenizer: Any, autojump_clock: trio.testing.MockClock, tmp_path: Path, backend: str, kind: str
 ) -> None:
     request = KINDS[kind]
-    async with _stack(tokenizer, backend, tmp_path) as stack:
+    async with _stack(tokenizer, backend, tmp_path, relayed=kind == "engine-bad-chunk") as stack:
         await request(stack)  # twice first: what the first requests of a kind cache is no garbage
         await request(stack)
         with garbage_found() as garbage:
