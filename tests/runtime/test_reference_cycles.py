@@ -44,6 +44,7 @@ class Stack:
     engines: list[SimEngine]
     sims: list[RunningSim]
     corrupters: list[Corrupter] = attrs.Factory(list)
+    partial_rollout: bool = False
     turns: int = 0
 
     def session(self, name: str) -> str:
@@ -86,12 +87,16 @@ class Corrupter:
 @asynccontextmanager
 async def _stack(tokenizer: Any, backend: str, data_dir: Path, relayed: bool) -> AsyncIterator[Stack]:
     async with AsyncExitStack() as exit_stack:
+        # "-partial": a turn aborted by a pause goes on after the resume (--partial-rollout)
+        options: dict[str, Any] = {"partial_rollout": True} if backend.endswith("-partial") else {}
+        backend = backend.removesuffix("-partial")
         if backend.startswith("sim"):
             engine = SimEngine(tokenizer, SimConfig(seed=5))
-            stored = {"store_kind": "sqlite", "data_dir": str(data_dir)} if backend == "sim-sqlite" else {}
+            if backend == "sim-sqlite":
+                options.update(store_kind="sqlite", data_dir=str(data_dir))
             proxy = await exit_stack.enter_async_context(
-                open_proxy(ProxyConfig.of(port=0, **stored), backend=engine, tokenizer=tokenizer))
-            yield Stack(proxy.url, [engine], [])
+                open_proxy(ProxyConfig.of(port=0, **options), backend=engine, tokenizer=tokenizer))
+            yield Stack(proxy.url, [engine], [], partial_rollout=bool(options.get("partial_rollout")))
             return
         kind, _, shape = backend.partition("-")
         settings = {"incremental_streaming_output": True} if shape == "incremental" else {}
@@ -107,16 +112,17 @@ async def _stack(tokenizer: Any, backend: str, data_dir: Path, relayed: bool) ->
                 [listener] = await nursery.start(partial(trio.serve_tcp, corrupters[-1].handle, 0, host="127.0.0.1"))
                 urls[i] = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
                 exit_stack.callback(nursery.cancel_scope.cancel)
-        config = ProxyConfig.of(port=0, backend=kind, backend_urls=tuple(urls))  # type: ignore[arg-type]
+        config = ProxyConfig.of(port=0, backend=kind, backend_urls=tuple(urls), **options)  # type: ignore[arg-type]
         proxy = await exit_stack.enter_async_context(open_proxy(config, tokenizer=tokenizer))
-        yield Stack(proxy.url, [s.engine for s in sims], sims, corrupters)
+        yield Stack(proxy.url, [s.engine for s in sims], sims, corrupters, bool(options.get("partial_rollout")))
 
 
 async def _call(url: str, path: str, body: Any = None, *, session: str | None = None,
-                hang_up_after: int | None = None, first_event: trio.Event | None = None) -> tuple[int, bytes]:
+                hang_up_after: int | None = None, streaming: trio.Event | None = None) -> tuple[int, bytes]:
     """One request on a connection of its own (closed after it); its status and everything that came.
 
-    ``hang_up_after``: the client leaves once that many SSE events came; ``first_event`` is set when one came.
+    ``hang_up_after``: the client leaves once that many SSE events came; ``streaming`` is set once two came (the
+    stream's opening and a token's).
     """
     host, port = url.removeprefix("http://").rsplit(":", 1)
     raw = json.dumps(body).encode() if not isinstance(body, bytes) else body
@@ -128,8 +134,8 @@ async def _call(url: str, path: str, body: Any = None, *, session: str | None = 
         await stream.send_all(head + b"content-length: %d\r\n\r\n" % len(raw) + raw)
         while chunk := await stream.receive_some():
             data += chunk
-            if first_event is not None and b"data: " in data:
-                first_event.set()
+            if streaming is not None and data.count(b"data: ") >= 2:
+                streaming.set()
             if hang_up_after is not None and data.count(b"data: ") >= hang_up_after:
                 break
     await trio.testing.wait_all_tasks_blocked()
@@ -216,18 +222,30 @@ async def _client_gone(stack: Stack) -> None:
 
 
 def _paused(mode: str) -> Callable[[Stack], Awaitable[None]]:
-    """A pause while a turn streams, then the resume; the turn ends however the pause's ``mode`` ends it."""
+    """A pause while a turn streams, then the resume; the turn ends however the pause's ``mode`` ends it (an
+    ``abort`` pause: with an error, or with --partial-rollout by going on after the resume)."""
     async def run(stack: Stack) -> None:
         session = stack.session("paused")
         stack.script("word " * 40, session)
         body = {"messages": HELLO, "max_tokens": 60, "stream": True}
         streaming = trio.Event()
+        streamed: list[bytes] = []
+
+        async def turn() -> None:
+            streamed.append((await _call(stack.url, "/v1/chat/completions", body, session=session,
+                                         streaming=streaming))[1])
+
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(lambda: _call(stack.url, "/v1/chat/completions", body, session=session,
-                                             first_event=streaming))
+            nursery.start_soon(turn)
             await streaming.wait()
+            for engine in stack.engines:  # no token comes due until the pause is in (the clock jumps meanwhile)
+                engine.pause("test")
             assert (await _call(stack.url, "/v1/rollout/pause", {"mode": mode}))[0] == 200
             assert (await _call(stack.url, "/v1/rollout/resume", {}))[0] == 200
+            for engine in stack.engines:
+                engine.resume("test")
+        interrupted = b"generation_interrupted" in streamed[0]
+        assert interrupted == (mode == "abort" and not stack.partial_rollout), streamed[0][-300:]
 
     return run
 
@@ -282,6 +300,8 @@ _NEEDS_SERVERS = {"engine-failover", "engine-failure", "engine-failure-streamed"
 _STORE_PATHS = ["finalize-read-drain", "discard-unknown"]
 CASES = [pytest.param("sim", kind, id=f"sim-{kind}") for kind in KINDS if kind not in _NEEDS_SERVERS] + [
     pytest.param("sim-sqlite", kind, id=f"sim-sqlite-{kind}") for kind in _STORE_PATHS] + [
+    pytest.param(backend, "pause-abort", id=f"{backend}-pause-abort") for backend in ("sim-partial", "sglang-partial")
+] + [
     pytest.param(backend, kind, id=f"{backend}-{kind}")
     for backend in ("sglang", "sglang-incremental", "vllm", "llamacpp") for kind in _ENGINE_PATHS]
 
