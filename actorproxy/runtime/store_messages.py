@@ -234,11 +234,13 @@ def capture(fn: Callable[..., Any], *args: Any) -> outcome.Outcome[Any]:
     result: outcome.Outcome[Any] = outcome.capture(fn, *args)
     if isinstance(result, outcome.Error) and isinstance(result.error, sqlite3.Error | OSError):
         log.error("the trajectory store failed to read: %s", result.error)
+        release(result.error)  # (logged by its message: its traceback would make the cycle below)
         error = StorageFull(f"the trajectory store could not read its disk ({type(result.error).__name__}: "
                             f"{result.error}); retry later", code="store_failed")
         error.retry_after = FAILED_RETRY
         return outcome.Error(error)
     if isinstance(result, outcome.Error) and isinstance(result.error, ProxyError):
-        # An answer (a 404): its traceback would hold the frames that keep this outcome, a reference cycle.
+        # An answer (a 404): its traceback holds the frames that called the read, and each keeps the one that
+        # called it; this frame, which keeps the outcome, among them: a reference cycle.
         release(result.error)
     return result

@@ -16,6 +16,7 @@ import contextlib
 import gc
 import json
 import logging
+import sqlite3
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -32,6 +33,7 @@ from _util import garbage_found
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.sim.server import RunningSim, SimServerSettings, open_sim_server
+from actorproxy.store.sqlite import SQLiteStore
 
 HELLO = [{"role": "user", "content": "hi"}]
 LONG = "word " * 200
@@ -266,6 +268,21 @@ async def _discarded(stack: Stack) -> None:
     assert (await _call(stack.url, "/session/discard", {"session_id": stack.session("dropped")}))[0] == 200
 
 
+async def _store_read_fails(stack: Stack) -> None:
+    """The store's disk fails a read: 507 store_failed (and the store refuses new turns until its disk works)."""
+    read = SQLiteStore.read
+
+    def failing(*_: Any) -> Any:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    SQLiteStore.read = failing  # type: ignore[method-assign]
+    try:
+        status, data = await _call(stack.url, "/trajectory/read", {"session_id": stack.session("unread")})
+    finally:
+        SQLiteStore.read = read  # type: ignore[method-assign]
+    assert status == 507 and b"store_failed" in data, data
+
+
 _CHAT = {"messages": HELLO, "max_tokens": 8}
 _MESSAGES = {"model": "m", "messages": HELLO, "max_tokens": 8}
 _RESPONSES = {"input": "hi", "max_output_tokens": 16}
@@ -285,6 +302,7 @@ KINDS: dict[str, Callable[[Stack], Awaitable[None]]] = {
     "pause-keep": _paused("keep"),
     "finalize-read-drain": _finalized,
     "discard-unknown": _discarded,
+    "store-read-fails": _store_read_fails,
     "engine-failover": _engine_failover,
     "engine-failure": _engine_failure(stream=False),
     "engine-failure-streamed": _engine_failure(stream=True),
@@ -298,8 +316,9 @@ _ENGINE_PATHS = ["chat", "chat-streamed", "generate", "generate-token-in", "clie
 _NEEDS_SERVERS = {"engine-failover", "engine-failure", "engine-failure-streamed", "engine-stream-cut",
                   "engine-bad-chunk"}
 #: What reaches the trajectory store: over its SQLite backend too (the in-memory one otherwise).
-_STORE_PATHS = ["finalize-read-drain", "discard-unknown"]
-CASES = [pytest.param("sim", kind, id=f"sim-{kind}") for kind in KINDS if kind not in _NEEDS_SERVERS] + [
+_STORE_PATHS = ["finalize-read-drain", "discard-unknown", "store-read-fails"]
+CASES = [pytest.param("sim", kind, id=f"sim-{kind}") for kind in KINDS
+         if kind not in _NEEDS_SERVERS and kind != "store-read-fails"] + [
     pytest.param("sim-sqlite", kind, id=f"sim-sqlite-{kind}") for kind in _STORE_PATHS] + [
     pytest.param(backend, "pause-abort", id=f"{backend}-pause-abort") for backend in ("sim-partial", "sglang-partial")
 ] + [
