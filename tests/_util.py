@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import queue
 import threading
 from array import array
@@ -323,16 +324,22 @@ def check_segment_invariants(segment: dict[str, Any], steps: list[dict[str, Any]
 @contextmanager
 def garbage_found() -> Iterator[list[object]]:
     """The cyclic collector off in the block, then one collection: what it found is in the list given (kept by
-    ``gc.DEBUG_SAVEALL``), everything else freed by reference counting as the block ran."""
+    ``gc.DEBUG_SAVEALL``), everything else freed by reference counting as the block ran.
+
+    No log record is made in the block: pytest keeps each one, and with it the errors it names (and what holds
+    them), which would hide a cycle through an error.
+    """
     found: list[object] = []
     gc.collect()
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)
+    logging.disable(logging.CRITICAL)
     try:
         yield found
         gc.collect()
         found += gc.garbage
     finally:
+        logging.disable(logging.NOTSET)
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()

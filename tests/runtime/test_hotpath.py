@@ -8,7 +8,6 @@ not every turn.
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from contextlib import AbstractAsyncContextManager
@@ -17,7 +16,7 @@ from typing import Any
 import attrs
 import trio
 import trio.testing
-from _util import WrappingBackend, run_turn
+from _util import WrappingBackend, garbage_found, run_turn
 
 from actorproxy.config import ProxyConfig
 from actorproxy.core import tito
@@ -207,17 +206,9 @@ async def test_a_finished_turn_is_freed_by_reference_counting(
         messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
         first = await run_turn(runtime, "s", messages, max_tokens=8)  # the session exists
         messages += [first.message, {"role": "user", "content": "more"}]
-        gc.collect()
-        gc.disable()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
+        with garbage_found() as garbage:
             assert (await run_turn(runtime, "s", messages, max_tokens=8)).done is not None
-            gc.collect()
-            left = sorted({type(o).__name__ for o in gc.garbage if type(o).__module__.startswith("actorproxy")})
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
-            gc.enable()
+        left = sorted({type(o).__name__ for o in garbage if type(o).__module__.startswith("actorproxy")})
     assert left == [], left
 
 

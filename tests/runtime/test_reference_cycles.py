@@ -15,10 +15,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import logging
 import sqlite3
 import types
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -395,16 +394,6 @@ def _name(o: object) -> str:
     return type(o).__name__
 
 
-@contextlib.contextmanager
-def _no_records() -> Iterator[None]:
-    """No log record made: pytest keeps each one, and with it the errors it names (and what holds them)."""
-    logging.disable(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logging.disable(logging.NOTSET)
-
-
 @pytest.mark.parametrize(("backend", "kind"), CASES)
 async def test_a_request_leaves_no_cycle_of_ours(
     tokenizer: Any, autojump_clock: trio.testing.MockClock, tmp_path: Path, backend: str, kind: str
@@ -413,7 +402,7 @@ async def test_a_request_leaves_no_cycle_of_ours(
     async with _stack(tokenizer, backend, tmp_path, relayed=kind == "engine-bad-chunk") as stack:
         await request(stack)  # twice first: what the first requests of a kind cache is no garbage
         await request(stack)
-        with garbage_found() as garbage, _no_records():
+        with garbage_found() as garbage:
             await request(stack)
     ours = [sorted(map(_name, group)) for group in _cycles(garbage) if any(map(_ours, group))]
     assert ours == [], "\n".join(map(str, ours))
