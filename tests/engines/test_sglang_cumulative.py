@@ -190,7 +190,9 @@ def decoded_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     parser = stream_events.StreamDecoder._parser
 
-    monkeypatch.setattr(protocol, "orjson", type("orjson", (), {"loads": staticmethod(loads)}))
+    spy = type("orjson", (), {"loads": staticmethod(loads)})
+    monkeypatch.setattr(protocol, "orjson", spy)
+    monkeypatch.setattr(stream_events, "orjson", spy)  # (``loads_span``: an event decoded from its span)
     monkeypatch.setattr(stream_events.StreamDecoder, "_parser", no_parser)
     return sizes
 

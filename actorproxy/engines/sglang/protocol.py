@@ -32,7 +32,7 @@ from ..base import (
 from ..connection import BodyTemplate
 from ..deltas import DEFAULT_VERSION, token_deltas, version_at
 from ..errors import http_status, stream_error_status
-from ..stream_events import StreamDecoder
+from ..stream_events import StreamDecoder, loads_span
 from .cumulative import PrefixCutter, look
 
 GENERATE_PATH = "/generate"
@@ -377,8 +377,7 @@ class SGLangStreamParser(StreamDecoder):
             cut, self._cut = self._cutter.cut(raw, start, stop, use=self._incremental is False)
             if cut is not None:
                 return orjson.loads(cut)
-        with memoryview(raw) as view:
-            return orjson.loads(view[start:stop])
+        return loads_span(raw, start, stop)
 
     def _skip(self, ids: list[int], cut: int, completion: object) -> int:
         """How many of the event's ``ids`` were delivered before (O(1): only the boundary is checked)."""
