@@ -1,7 +1,7 @@
 """Instructions the proxy spends on a relayed streamed token, counted by callgrind (deterministic).
 
     python benchmarks/relay_instructions.py [--shape sglang-incremental vllm] [--streams 2] [--tokens 200]
-        [--interval 0.1] [--decode-steps] [--keep DIR]
+        [--interval 0.1] [--decode-steps] [--keep DIR] [--proxy-flag=--engine-health-interval=3600]
 
 The engine (``actorproxy sim``, its own process, not traced) streams ``--tokens`` tokens a
 reply, one every ``--interval`` seconds per stream (``--decode-steps``: every stream's at the
@@ -16,6 +16,13 @@ the same arguments for the runs compared: the proxy is the checkout on ``PYTHONP
 old code is measured by running this script with ``PYTHONPATH`` at an old worktree.
 ``--keep DIR`` keeps each shape's callgrind output as ``DIR/callgrind.SHAPE.out``, to read
 per function with ``callgrind_annotate --inclusive=yes``.
+
+The window also counts what the proxy does on a clock, not per token: an engine health check
+every ``--engine-health-interval`` seconds (5 by default: a whole HTTP exchange with the
+engine) and the read deadlines' tick every second. At the default pace (a token every 100 ms
+per stream) that is ~16,000 instructions a token at one stream, and it varies with how long
+the window lasts under valgrind; ``--proxy-flag=--engine-health-interval=3600`` leaves the
+health checks out, for comparing two trees on the relay's own cost.
 """
 
 from __future__ import annotations
@@ -52,7 +59,8 @@ def one_shape(args: argparse.Namespace, shape: str) -> None:
         port = free_port()
         command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
                    sys.executable, "-m", "actorproxy", "run", "--port", str(port), "--backend", backend,
-                   "--backend-url", engine.url, "--log-level", "WARNING", "--data-dir", str(Path(tmp) / "data")]
+                   "--backend-url", engine.url, "--log-level", "WARNING", "--data-dir", str(Path(tmp) / "data"),
+                   *args.proxy_flag]
         # Run from the temporary directory: ``python -m`` puts its working directory first on ``sys.path``,
         # so a run from inside a checkout would measure that checkout whatever ``PYTHONPATH`` says.
         with running(command, stderr=subprocess.DEVNULL, cwd=tmp) as proxy:
@@ -102,6 +110,8 @@ def main() -> None:
                         help="the engine decodes in steps: every stream's tokens at the same instants")
     parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
                         help="keep each shape's callgrind output file in DIR")
+    parser.add_argument("--proxy-flag", action="append", default=[],
+                        help="an extra `actorproxy run` argument (e.g. --proxy-flag=--engine-health-interval=3600)")
     args = parser.parse_args()
     for shape in args.shape:
         one_shape(args, shape)
