@@ -28,9 +28,7 @@ any of those sockets is readable, receives each one's bytes into its buffer and 
 reader's callback with them, in the hub's task: no wait, wake-up or ``epoll_ctl`` per
 arrival. The reader is woken once the callback says so, or the read fails (an error, the
 end of file, its deadline, the connection closed); its cancellation takes the socket out
-of the hub at once (synchronously), so the hub never reads for a reader that left. As it
-starts, the hub makes the run's Trio instruments a ``dict`` (:func:`dict_instruments`), so
-that the run loop's checks of them, a few a wake-up, cost no Python call.
+of the hub at once (synchronously), so the hub never reads for a reader that left.
 """
 
 from __future__ import annotations
@@ -42,8 +40,6 @@ from collections.abc import Callable, Sequence
 
 import outcome
 import trio
-from trio._core import _run  # (the run's instruments: dict_instruments)
-from trio._core._instrumentation import Instruments
 
 from .errors import ReadTimeout, TransportError
 from .state import ConnectionState
@@ -164,7 +160,6 @@ class RelayHub:
         self._parked: dict[int, _Parked] = {}
         self._recv = bytearray(_READ_SIZE)
         self._view = memoryview(self._recv)
-        dict_instruments()
         trio.lowlevel.spawn_system_task(self._serve, name="actorproxy.http relay hub")
 
     @property
@@ -293,41 +288,6 @@ class RelayHub:
                 return
             if conn.drained and not ended:
                 return
-
-
-class _DictInstruments(dict, Instruments):  # type: ignore[type-arg,misc]
-    """Trio's ``Instruments`` as a ``dict`` (see :func:`dict_instruments`): the same hooks, methods and mapping."""
-
-    __slots__ = ()
-
-    @property
-    def data(self) -> dict[str, dict[trio.abc.Instrument, None]]:  # type: ignore[override]
-        return self
-
-
-def dict_instruments() -> bool:
-    """Make this Trio run's instruments a ``dict``, so that the run loop's ``"hook" in instruments`` is C.
-
-    Trio asks it four times a scheduling round (before and after its I/O wait, before and
-    after each task step) and once a reschedule; its ``Instruments`` is a ``UserDict``, so
-    each ask is a Python call (~800 instructions): ~3,700 of a relayed token that arrives
-    alone (``relay_instructions.py``). The run's ``Instruments`` is replaced by a ``dict``
-    subclass of it holding the same hooks, whose methods are Trio's own: adding, removing
-    and calling instruments works as before. Done only over Trio's own class, as this
-    version of Trio keeps it on the run (``True`` when done); the relay hub does it as it
-    starts (``tests/http/test_relay_hub.py`` checks that it is done and that instruments
-    still work).
-    """
-    runner = getattr(_run.GLOBAL_RUN_CONTEXT, "runner", None)
-    instruments = getattr(runner, "instruments", None)
-    if type(instruments) is _DictInstruments:
-        return True
-    if type(instruments) is not Instruments:
-        return False
-    swapped = _DictInstruments.__new__(_DictInstruments)
-    dict.update(swapped, instruments.data)
-    runner.instruments = swapped  # type: ignore[union-attr]
-    return True
 
 
 #: What a poll of the hub's epoll reports when no more bytes will come: the peer shut down, or the socket failed.

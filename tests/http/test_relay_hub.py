@@ -18,10 +18,9 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from trio._core import _run  # (the run's instruments)
 
 from actorproxy.http.errors import ReadTimeout, TransportError
-from actorproxy.http.sockets import ClientConnection, ReadDeadlines, RelayHub, dict_instruments, relay_hub
+from actorproxy.http.sockets import ClientConnection, ReadDeadlines, RelayHub, relay_hub
 
 
 @contextmanager
@@ -267,28 +266,3 @@ async def test_a_cancelled_reader_is_out_of_the_hub_at_once_and_hears_no_more() 
         assert got_a == []  # never read for it again
         assert bytes(a.buf) == b""
         assert hub.parked == 0
-
-
-class _Steps(trio.abc.Instrument):
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        self.steps += 1
-
-
-async def test_the_hub_makes_the_runs_instruments_a_dict_and_they_still_work() -> None:
-    _hub()
-    instruments = _run.GLOBAL_RUN_CONTEXT.runner.instruments
-    assert isinstance(instruments, dict) and "before_task_step" not in instruments  # (an upgrade of Trio: look)
-    assert dict_instruments()  # (once is enough)
-    assert _run.GLOBAL_RUN_CONTEXT.runner.instruments is instruments
-    counted = _Steps()
-    trio.lowlevel.add_instrument(counted)
-    await trio.lowlevel.checkpoint()
-    await trio.lowlevel.checkpoint()
-    assert counted.steps >= 2 and "before_task_step" in instruments
-    trio.lowlevel.remove_instrument(counted)
-    steps = counted.steps
-    await trio.lowlevel.checkpoint()
-    assert counted.steps == steps and "before_task_step" not in instruments
