@@ -23,7 +23,7 @@ from actorproxy.config import ProxyConfig
 from actorproxy.core.messages import output_as_message
 from actorproxy.core.requests import ChatRequest, Identity
 from actorproxy.core.turn_events import TurnAccepted, TurnDelta, TurnDone, TurnFailed
-from actorproxy.engines.base import GenerateRequest, Generation, ModelInfo
+from actorproxy.engines.base import Backend, GenerateRequest, Generation, ModelInfo
 from actorproxy.errors import BadRequest
 from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.schema.converter import CONVERTER
@@ -131,6 +131,11 @@ class RecordingBackend(WrappingBackend):
         return self.inner.open_generation(request)
 
 
+def runtime_over(backend: Backend, tokenizer: Any, **config: Any) -> AbstractAsyncContextManager[Runtime]:
+    """A runtime (no HTTP) over ``backend``; ``config``: :class:`ProxyConfig` fields."""
+    return open_runtime(ProxyConfig.of(port=0, **config), backend=backend, tokenizer=tokenizer)
+
+
 @asynccontextmanager
 async def recording_runtime(
     tokenizer: Any, sim: SimConfig, **config: Any
@@ -139,7 +144,7 @@ async def recording_runtime(
     ``config``: :class:`ProxyConfig` fields."""
     engine = SimEngine(tokenizer, sim)
     backend = RecordingBackend(engine)
-    async with open_runtime(ProxyConfig.of(port=0, **config), backend=backend, tokenizer=tokenizer) as runtime:
+    async with runtime_over(backend, tokenizer, **config) as runtime:
         yield runtime, engine, backend
 
 

@@ -7,14 +7,12 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from _util import RecordingBackend, run_turn
+from _util import RecordingBackend, run_turn, runtime_over
 
-from actorproxy.config import ProxyConfig
 from actorproxy.core.requests import ChatRequest, Identity
 from actorproxy.core.turn_events import TurnDelta
 from actorproxy.errors import NotFound, ShuttingDown
 from actorproxy.runtime.replies import FinalizeResult
-from actorproxy.runtime.runtime import open_runtime
 from actorproxy.schema.converter import CONVERTER
 from actorproxy.sim import SimConfig, SimEngine
 
@@ -35,7 +33,7 @@ async def test_two_sessions_interleave(tokenizer: Any, autojump_clock: trio.test
     engine.script(_ten_tokens(tokenizer), routing_key="a")
     engine.script(_ten_tokens(tokenizer), routing_key="b")
     finished: dict[str, float] = {}
-    async with open_runtime(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+    async with runtime_over(engine, tokenizer) as runtime:
         start = trio.current_time()
 
         async def turn(session: str) -> None:
@@ -58,7 +56,7 @@ async def test_turns_of_one_session_are_serialised(
     engine.script(_ten_tokens(tokenizer), _ten_tokens(tokenizer), routing_key="s")
     finished: list[float] = []
     peak = 0
-    async with open_runtime(ProxyConfig.of(port=0), backend=backend, tokenizer=tokenizer) as runtime:
+    async with runtime_over(backend, tokenizer) as runtime:
         start = trio.current_time()
 
         async def turn(text: str) -> None:
@@ -89,8 +87,7 @@ async def test_turns_of_one_session_are_serialised(
 async def test_idle_session_is_evicted_into_the_store(
     tokenizer: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
-    config = ProxyConfig.of(port=0, session_ttl=30.0)
-    async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
+    async with runtime_over(_engine(tokenizer), tokenizer, session_ttl=30.0) as runtime:
         messages = [{"role": "user", "content": "hi"}]
         first = await run_turn(runtime, "idle", messages)
         assert (await runtime.census())["active_sessions"] == 1
@@ -117,8 +114,7 @@ async def test_idle_session_is_evicted_into_the_store(
 async def test_the_idle_clock_starts_again_after_each_message(
     tokenizer: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
-    config = ProxyConfig.of(port=0, session_ttl=30.0)
-    async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
+    async with runtime_over(_engine(tokenizer), tokenizer, session_ttl=30.0) as runtime:
         await run_turn(runtime, "idle", [{"role": "user", "content": "hi"}])
         for _ in range(3):  # a message every 20 s: 60 s in all, never 30 idle
             await trio.sleep(20.0)
@@ -137,7 +133,7 @@ async def test_the_idle_clock_starts_again_after_each_message(
 async def test_shutdown_finalizes_open_sessions(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
     engine = _engine(tokenizer)
     engine.script(_ten_tokens(tokenizer), routing_key="y")
-    async with open_runtime(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+    async with runtime_over(engine, tokenizer) as runtime:
         await run_turn(runtime, "x", [{"role": "user", "content": "hi"}])
         async with trio.open_nursery() as nursery:
             # "y" is mid-generation when shutdown begins: its turn finishes first.
@@ -154,8 +150,7 @@ async def test_shutdown_finalizes_open_sessions(tokenizer: Any, autojump_clock: 
 
 
 async def test_max_steps_guard(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
-    config = ProxyConfig.of(port=0, max_steps_per_session=2)
-    async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
+    async with runtime_over(_engine(tokenizer), tokenizer, max_steps_per_session=2) as runtime:
         messages: list[dict[str, Any]] = [{"role": "user", "content": "a"}]
         for text in ("b", "c"):
             result = await run_turn(runtime, "m", messages)
@@ -168,9 +163,8 @@ async def test_max_steps_guard(tokenizer: Any, autojump_clock: trio.testing.Mock
 
 
 async def test_context_overflow_and_clamp(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
-    config = ProxyConfig.of(port=0, context_window=64)
     engine = _engine(tokenizer)
-    async with open_runtime(config, backend=engine, tokenizer=tokenizer) as runtime:
+    async with runtime_over(engine, tokenizer, context_window=64) as runtime:
         long = [{"role": "user", "content": "word " * 100}]
         refused = await run_turn(runtime, "c", long)
         assert refused.error is not None and refused.error.code == "context_overflow"
@@ -185,13 +179,12 @@ async def test_context_overflow_and_clamp(tokenizer: Any, autojump_clock: trio.t
 async def test_a_long_turn_is_not_cut_by_the_idle_timer(
     tokenizer: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
-    config = ProxyConfig.of(port=0, session_ttl=0.5)
     engine = _engine(tokenizer)
     engine.script(tokenizer.encode("word" + " word" * 98).tolist() + [tokenizer.eot_token_id], routing_key="long")
-    async with open_runtime(config, backend=engine, tokenizer=tokenizer) as runtime:
+    async with runtime_over(engine, tokenizer, session_ttl=0.5) as runtime:
         result = await run_turn(runtime, "long", [{"role": "user", "content": "talk"}], max_tokens=200)
         assert result.done is not None and result.done.completion_tokens == 100
-        assert trio.current_time() >= 100 * INTERVAL > config.limits.session_ttl
+        assert trio.current_time() >= 100 * INTERVAL > runtime.config.limits.session_ttl
         described = await runtime.describe_session("long")
         assert described.recent_steps[-1].step.status == "completed"
 
@@ -199,8 +192,7 @@ async def test_a_long_turn_is_not_cut_by_the_idle_timer(
 async def test_finalize_frees_the_slot_and_numbering_continues(
     tokenizer: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
-    config = ProxyConfig.of(port=0, max_sessions=1)
-    async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
+    async with runtime_over(_engine(tokenizer), tokenizer, max_sessions=1) as runtime:
         await run_turn(runtime, "a", [{"role": "user", "content": "hi"}])
         summary = CONVERTER.unstructure(await runtime.finalize("a", instance_id="group-1"))
         assert summary == {"session_id": "a", "segments": 1, "steps": 1}
@@ -222,8 +214,7 @@ async def test_finalize_frees_the_slot_and_numbering_continues(
 
 
 async def test_a_refused_first_turn_holds_no_slot(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
-    config = ProxyConfig.of(port=0, context_window=32, max_sessions=1)
-    async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
+    async with runtime_over(_engine(tokenizer), tokenizer, context_window=32, max_sessions=1) as runtime:
         refused = await run_turn(runtime, "big", [{"role": "user", "content": "word " * 100}])
         assert refused.error is not None and refused.error.code == "context_overflow"
         await trio.testing.wait_all_tasks_blocked()  # the actor retires right after answering
@@ -238,7 +229,7 @@ async def test_agent_gone_before_the_result_keeps_the_reply_out(
     engine = _engine(tokenizer)
     engine.script("first reply", routing_key="late")
     engine.script("Hello world", routing_key="late")
-    async with open_runtime(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+    async with runtime_over(engine, tokenizer) as runtime:
         messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
         first = await run_turn(runtime, "late", messages)
         messages += [first.message, {"role": "user", "content": "more"}]
