@@ -105,6 +105,13 @@ def output_versions(step: dict[str, Any]) -> list[int]:
     return list(step["concat_versions"][step["concat_context_token_count"] :])
 
 
+def assert_new_version_after_the_pause(step: dict[str, Any], version: str) -> None:
+    """The step's tokens before the pause carry the old version, every one after it ``version``."""
+    versions = output_versions(step)
+    cut = versions.index(int(version))
+    assert FIRST <= cut < LONG and versions == [versions[0]] * cut + [int(version)] * (LONG - cut), versions
+
+
 def assert_greedy(http: httpx.Client, engine: Process, read: dict[str, Any], step: dict[str, Any]) -> None:
     """The step's ids and logprobs are vLLM's greedy replay of its prompt, exactly."""
     ours = step["output_ids"]
@@ -209,6 +216,17 @@ def timing(first: str, answered: str) -> str:
     return f"the first tokens seen {first} and the pause answered {answered} after the turns started"
 
 
+def pause_after_first_pieces(http: httpx.Client, proxy: Process, outs: list[list[str]],
+                             started: list[threading.Event], start: float, mode: str) -> tuple[dict[str, Any], str]:
+    """Once every stream of :func:`long_streams` relayed its first piece, pause the proxy in ``mode``: the
+    pause's answer, and when the first pieces and the answer came (since ``start``, for a skip's reason)."""
+    assert all(event.wait(300) for event in started)
+    assert not stream_errors(outs), stream_errors(outs)
+    first = since(start)
+    paused = http.post(f"{proxy.url}/v1/rollout/pause", json={"mode": mode}).json()
+    return paused, timing(first, since(start))
+
+
 def engine_finished_first(http: httpx.Client, proxy: Process, sessions: list[str],
                           readers: list[threading.Thread], what: str, timing: str) -> None:
     """The last resort: skip, saying so, a test whose pause or hang-up came after vLLM had finished a reply.
@@ -277,11 +295,7 @@ def test_pause_and_resume_with_a_new_version(
         reader.start()
     with httpx.Client(timeout=300) as http:
         try:
-            assert all(event.wait(300) for event in started)
-            assert not stream_errors(outs), stream_errors(outs)
-            first = since(start)
-            paused = http.post(f"{proxy.url}/v1/rollout/pause", json={"mode": "abort"}).json()
-            answered = since(start)
+            paused, when = pause_after_first_pieces(http, proxy, outs, started, start, "abort")
             state = http.get(f"{proxy.url}/v1/rollout/pause_state").json()["state"]
             engine_paused = http.get(f"{engine.url}/is_paused").json() if kind == "dev" else None
         finally:  # the servers are shared: never leave them paused
@@ -289,7 +303,7 @@ def test_pause_and_resume_with_a_new_version(
             if kind == "dev":
                 http.post(f"{engine.url}/resume")
         if paused["aborted"] != 2:
-            engine_finished_first(http, proxy, sessions, readers, "pause", timing(first, answered))
+            engine_finished_first(http, proxy, sessions, readers, "pause", when)
         assert paused["status"] == state == "paused" and paused["aborted"] == 2, paused
         (ack,) = paused["engines"]
         if kind == "dev":
@@ -309,10 +323,7 @@ def test_pause_and_resume_with_a_new_version(
             (step,) = read["steps"]
             assert step["preemptions"] == 1 and len(step["output_ids"]) == LONG
             assert_greedy(http, engine, read, step)
-            versions = output_versions(step)
-            cut = versions.index(int(version))
-            # The tokens before the pause carry the old version, every one after it the new one.
-            assert FIRST <= cut < LONG and versions == [versions[0]] * cut + [int(version)] * (LONG - cut), versions
+            assert_new_version_after_the_pause(step, version)
 
 
 def counter(http: httpx.Client, engine: Process, name: str) -> float:
@@ -344,11 +355,7 @@ def test_keep_pause_freezes_generations_in_vllm(
         for reader in readers:
             reader.start()
         try:
-            assert all(event.wait(300) for event in started)
-            assert not stream_errors(outs), stream_errors(outs)
-            first = since(start)
-            paused = http.post(f"{proxy.url}/v1/rollout/pause", json={"mode": "keep"}).json()
-            answered = since(start)
+            paused, when = pause_after_first_pieces(http, proxy, outs, started, start, "keep")
             engine_paused = http.get(f"{engine.url}/is_paused").json()
             frozen = [len(out) for out in outs]
             in_flight = http.get(f"{proxy.url}/v1/rollout/pause_state").json()["in_flight"]
@@ -356,7 +363,7 @@ def test_keep_pause_freezes_generations_in_vllm(
             resumed = http.post(f"{proxy.url}/v1/rollout/resume", json={"weight_version": version}).json()
             http.post(f"{engine.url}/resume")
         if in_flight != 2:
-            engine_finished_first(http, proxy, sessions, readers, "keep pause", timing(first, answered))
+            engine_finished_first(http, proxy, sessions, readers, "keep pause", when)
         assert (paused["mode"], paused["aborted"], paused["engines"]) == ("keep", 0, [{"engine": "vllm", "ok": True}])
         assert engine_paused == {"is_paused": True} and in_flight == 2 and all(frozen)
         assert resumed["weight_version"] == version
@@ -372,9 +379,7 @@ def test_keep_pause_freezes_generations_in_vllm(
             (step,) = read["steps"]
             assert step["preemptions"] == 0 and len(step["output_ids"]) == LONG
             assert_greedy(http, engine, read, step)  # the same engine request went on: the greedy reply
-            versions = output_versions(step)
-            cut = versions.index(int(version))
-            assert FIRST <= cut < LONG and versions == [versions[0]] * cut + [int(version)] * (LONG - cut), versions
+            assert_new_version_after_the_pause(step, version)
             prompts += step["prompt_tokens"]
         # vLLM took each prompt once: nothing was sent again after the resume (vLLM 0.32 drops a frozen
         # request's KV cache at the pause and computes it again on its own, counted in no prompt counter).
