@@ -14,14 +14,13 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from _util import run_turn
+from _util import run_turn, runtime_over
 
 from actorproxy import open_proxy
 from actorproxy.config import ProxyConfig
 from actorproxy.core.requests import ChatRequest, Identity
 from actorproxy.core.turn_events import TurnAccepted, TurnDone
 from actorproxy.errors import NotFound, Overloaded, TooManySessions
-from actorproxy.runtime.runtime import open_runtime
 from actorproxy.schema.converter import CONVERTER
 from actorproxy.server.replies import error_reply
 from actorproxy.sim import SimConfig, SimEngine
@@ -36,8 +35,7 @@ def _engine(tokenizer: Any) -> SimEngine:
 async def test_a_new_session_evicts_the_least_recently_used_idle_one(
     tokenizer: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
-    config = ProxyConfig.of(port=0, max_sessions=2)
-    async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
+    async with runtime_over(_engine(tokenizer), tokenizer, max_sessions=2) as runtime:
         a = await run_turn(runtime, "a", HI, max_tokens=4)
         await run_turn(runtime, "b", HI, max_tokens=4)
         await run_turn(runtime, "c", HI, max_tokens=4)  # "a" is the least recently used: it makes room
@@ -60,10 +58,9 @@ async def test_a_new_session_evicts_the_least_recently_used_idle_one(
 
 
 async def test_busy_sessions_are_never_evicted(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
-    config = ProxyConfig.of(port=0, max_sessions=1)
     engine = _engine(tokenizer)
     engine.script("one two three four five six seven eight nine ten eleven twelve", routing_key="busy")
-    async with open_runtime(config, backend=engine, tokenizer=tokenizer) as runtime:
+    async with runtime_over(engine, tokenizer, max_sessions=1) as runtime:
         request = ChatRequest(messages=HI, max_tokens=50, stream=True)  # told when it is accepted
         async with await runtime.start_turn(request, Identity("busy")) as events:
             assert isinstance(events.first, TurnAccepted)  # "busy" is generating
@@ -82,8 +79,7 @@ async def test_a_client_at_the_cap_evicts_its_own_idle_sessions_never_anothers(
     tokenizer: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
     """Issue 28 #13: one client opening --max-sessions new sessions must not split another agent's conversation."""
-    config = ProxyConfig.of(port=0, max_sessions=3)
-    async with open_runtime(config, backend=_engine(tokenizer), tokenizer=tokenizer) as runtime:
+    async with runtime_over(_engine(tokenizer), tokenizer, max_sessions=3) as runtime:
         await run_turn(runtime, "victim", HI, max_tokens=4, client="addr:10.0.0.2")  # then idle: the oldest
         for n in range(6):
             done = await run_turn(runtime, f"flood-{n}", HI, max_tokens=4, client="addr:10.0.0.9")
@@ -103,10 +99,9 @@ async def test_a_client_at_the_cap_evicts_its_own_idle_sessions_never_anothers(
 async def test_a_client_over_its_share_with_nothing_idle_of_its_own_gets_429(
     tokenizer: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
-    config = ProxyConfig.of(port=0, max_sessions=2)
     engine = _engine(tokenizer)
     engine.script("one two three four five six seven eight nine ten eleven twelve", routing_key="busy")
-    async with open_runtime(config, backend=engine, tokenizer=tokenizer) as runtime:
+    async with runtime_over(engine, tokenizer, max_sessions=2) as runtime:
         await run_turn(runtime, "idle-agent", HI, max_tokens=4, client="addr:10.0.0.2")
         request = ChatRequest(messages=HI, max_tokens=50, stream=True)
         async with await runtime.start_turn(request, Identity("busy", client="addr:10.0.0.9")) as events:
@@ -122,11 +117,10 @@ async def test_a_client_over_its_share_with_nothing_idle_of_its_own_gets_429(
 
 
 async def test_max_sessions_per_client(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
-    config = ProxyConfig.of(port=0, max_sessions=10, max_sessions_per_client=2)
     engine = _engine(tokenizer)
     engine.script("one two three four five six seven eight nine ten eleven twelve", routing_key="b1")
     engine.script("one two three four five six seven eight nine ten eleven twelve", routing_key="b2")
-    async with open_runtime(config, backend=engine, tokenizer=tokenizer) as runtime:
+    async with runtime_over(engine, tokenizer, max_sessions=10, max_sessions_per_client=2) as runtime:
         # At its bound, a client's own least recently used idle session makes room...
         for n in range(3):
             assert (await run_turn(runtime, f"s{n}", HI, max_tokens=4, client="key:k")).done is not None
