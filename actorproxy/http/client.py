@@ -127,7 +127,14 @@ class Response:
         """``conn.buf`` de-chunked onto ``out``: what :meth:`receive_into` answers, ``None`` when nothing came of it."""
         body = self._body
         try:
-            body.decode(conn.buf, out)
+            fresh = conn.fresh
+            if fresh is not None:  # (conn.buf is empty: the relay hub's arrival, read where it was received)
+                conn.fresh = None
+                used = body.decode_view(fresh, out)
+                if used < len(fresh):
+                    conn.buf += fresh[used:]
+            if conn.buf or fresh is None:
+                body.decode(conn.buf, out)
         except ProtocolError as exc:
             if len(out) == before:
                 raise

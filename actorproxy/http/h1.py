@@ -325,6 +325,61 @@ class BodyDecoder:
         self.remaining = 0
         self.done = True
 
+    def decode_view(self, view: memoryview, out: bytearray) -> int:
+        """Append to ``out`` the body bytes at the start of ``view`` (an arrival where it was received, not
+        copied to the connection's buffer first); how many bytes of ``view`` that used.
+
+        Whole chunks, a chunk's part, a sized body's bytes: each copied once. What is left (a
+        chunk line cut short, the last chunk, anything malformed, what follows the body) is for
+        :meth:`decode`, from the connection's buffer: nothing here raises.
+        """
+        if self.done:
+            return 0
+        n = len(view)
+        if not self.chunked:
+            left = self.remaining
+            if left < 0 or n <= left:
+                out += view
+                if left > 0:
+                    self.remaining = left - n
+                    self.done = n == left
+                return n
+            out += view[:left]
+            self.remaining = 0
+            self.done = True
+            return left
+        pos = 0
+        while True:
+            state = self._state
+            if state == _SIZE:
+                pos = whole_chunks(view, pos, out)
+                if pos == n:
+                    return n
+                m = _CHUNK_LINE.match(view, pos)
+                if m is None:
+                    return pos
+                size, start = int(m[1], 16), m.end()
+                if size == 0 or start + size + 2 <= n:  # (the last chunk; a whole one whole_chunks refused)
+                    return pos
+                pos = start
+                self.remaining, self._state = size, _DATA
+            elif state == _DATA:
+                left = self.remaining
+                if n - pos < left:
+                    out += view[pos:] if pos else view
+                    self.remaining = left - (n - pos)
+                    return n
+                out += view[pos : pos + left]
+                pos += left
+                self._state = _CRLF
+            elif state == _CRLF:
+                if n - pos < 2 or view[pos] != 13 or view[pos + 1] != 10:
+                    return pos
+                pos += 2
+                self._state = _SIZE
+            else:
+                return pos
+
     def eof(self) -> None:
         """The connection ended: the body's end if it runs until then, else an error."""
         if self.done:
@@ -412,7 +467,7 @@ class BodyDecoder:
 _SIZE, _DATA, _CRLF, _TRAILERS = range(4)
 
 
-def whole_chunks(buf: bytearray, pos: int, out: bytearray) -> int:
+def whole_chunks(buf: bytearray | memoryview, pos: int, out: bytearray) -> int:
     """Copy to ``out`` the whole non-empty chunks from ``pos`` on; where the first that is not (all) here begins.
 
     ``BodyDecoder.decode``'s common case, in a tight loop (several events read at once);

@@ -24,9 +24,12 @@ timeout (at most two ticks late); the closed read then fails with :class:`ReadTi
 A reader that takes many small arrivals in a row (a relayed token stream) may park on the
 run's :class:`RelayHub` instead of waiting for each: its socket joins an ``epoll`` of the
 hub's own once (edge-triggered, not re-armed per arrival), and one hub task, woken when
-any of those sockets is readable, receives each one's bytes into its buffer and calls the
-reader's callback with them, in the hub's task: no wait, wake-up or ``epoll_ctl`` per
-arrival. The reader is woken once the callback says so, or the read fails (an error, the
+any of those sockets is readable, receives each one's bytes and calls the reader's callback
+with them, in the hub's task: no wait, wake-up or ``epoll_ctl`` per arrival. Bytes that find
+the connection's buffer empty (the common arrival) are not copied into it: the callback reads
+them where the hub received them (``ClientConnection.fresh``), and only what it leaves is
+copied, once it returns (an SGLang cumulative event is hundreds of KB; each copy costs about
+an instruction a byte). The reader is woken once the callback says so, or the read fails (an error, the
 end of file, its deadline, the connection closed); its cancellation takes the socket out
 of the hub at once (synchronously), so the hub never reads for a reader that left.
 """
@@ -51,8 +54,8 @@ _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueErr
 class ClientConnection:
     """One keep-alive connection to a server: its stream, raw socket, unparsed bytes and protocol ``state``."""
 
-    __slots__ = ("stream", "raw", "sock", "buf", "state", "idle_since", "reused", "eager", "drained", "expired",
-                 "hub")
+    __slots__ = ("stream", "raw", "sock", "buf", "fresh", "state", "idle_since", "reused", "eager", "drained",
+                 "expired", "hub")
 
     def __init__(self, stream: trio.abc.Stream, raw: trio.SocketStream) -> None:
         self.stream = stream
@@ -61,6 +64,9 @@ class ClientConnection:
         sock = getattr(raw.socket, "_sock", None) if stream is raw else None
         self.sock: socket.socket | None = sock if isinstance(sock, socket.socket) else None
         self.buf = bytearray()  # bytes received and not parsed yet
+        #: An arrival left where the hub received it (``buf`` was empty), for its callback to read; what is
+        #: left of it goes to ``buf`` when the callback returns.
+        self.fresh: memoryview | None = None
         self.state = ConnectionState()  # where the exchange under way stands (``.state``): reusable when it ended
         self.idle_since = 0.0
         self.reused = False  # has served a request before (so the server may have closed it meanwhile)
@@ -168,11 +174,12 @@ class RelayHub:
         return len(self._parked)
 
     async def park(self, conn: ClientConnection, deadlines: ReadDeadlines, arrived: Callable[[], bool]) -> bool:
-        """Wait while the hub reads ``conn``: each arrival's bytes go to ``conn.buf`` and ``arrived()`` is
-        called, in the hub's task; it returns ``True`` to wait on. Returns once it returned ``False``
-        (or the connection left the hub: :meth:`release`); raises as :meth:`SocketIO.fill` does when the
-        read fails (the error, the read deadline, the connection closed). ``True`` at the end of file
-        (nothing received: read it with :meth:`SocketIO.fill`). ``conn.sock`` must be a plain socket.
+        """Wait while the hub reads ``conn``: each arrival's bytes go to ``conn.buf`` (or lie in ``conn.fresh``
+        while ``conn.buf`` is empty) and ``arrived()`` is called, in the hub's task; it returns ``True`` to wait
+        on. Returns once it returned ``False`` (or the connection left the hub: :meth:`release`); raises as
+        :meth:`SocketIO.fill` does when the read fails (the error, the read deadline, the connection closed).
+        ``True`` at the end of file (nothing received: read it with :meth:`SocketIO.fill`). ``conn.sock``
+        must be a plain socket.
         """
         sock = conn.sock
         assert sock is not None and conn.hub is None
@@ -276,13 +283,20 @@ class RelayHub:
                 self._wake(reader, outcome.Value(True))
                 return
             conn.drained = n < _READ_SIZE
-            conn.buf += view[:n]
+            if conn.buf:
+                conn.buf += view[:n]
+            else:  # read where it lies (the callback de-chunks it once, into its reader's buffer)
+                conn.fresh = view[:n]
             reader.deadlines.arm(conn)  # (the wait for the next arrival begins)
             try:
                 more = reader.arrived()
             except BaseException as exc:  # (a fault of the callback is the reader's, raised in its task)
                 self._wake(reader, outcome.Error(exc))
                 return
+            finally:
+                if conn.fresh is not None:  # (what the callback left: before the buffer is received into again)
+                    conn.buf += conn.fresh
+                    conn.fresh = None
             if not more or parked.get(reader.fd) is not reader:  # (or it left the hub meanwhile)
                 self._wake(reader, outcome.Value(False))
                 return

@@ -319,3 +319,53 @@ def test_status_lines_and_a_response_without_a_connection_header() -> None:
         framing = h1._response_framing(200, "POST", {**headers, "content-length": "2"}, http10=False)
         assert framing.keep_alive is keep
         assert not h1._response_framing(200, "POST", {**headers, "content-length": "2"}, http10=True).keep_alive
+
+
+def _fed(reader: h1.BodyDecoder, pieces: list[bytes], *, views: bool) -> tuple[bytes, bool, bytes, str]:
+    """Each piece de-chunked as the client does it: ``views``, an arrival into an empty buffer read where it lies
+    (``decode_view``, what it leaves to ``decode`` from the buffer), else appended and decoded; what came out,
+    whether the body ended, what is left, and the error, if any."""
+    buffer, out = bytearray(), bytearray()
+    try:
+        for piece in pieces:
+            if views and not buffer:
+                used = reader.decode_view(memoryview(piece), out)
+                buffer += piece[used:]
+                if not buffer:
+                    continue
+            else:
+                buffer += piece
+            reader.decode(buffer, out)
+    except h1.ProtocolError as exc:
+        return bytes(out), reader.done, bytes(buffer), type(exc).__name__
+    return bytes(out), reader.done, bytes(buffer), ""
+
+
+_CHUNKS = st.lists(st.binary(min_size=1, max_size=40), max_size=5)
+_CUTS = st.lists(st.integers(0, 400), max_size=8)
+
+
+@given(_CHUNKS, st.sampled_from([b"", b";x=1"]), st.sampled_from([b"0\r\n\r\n", b"0\r\nT: x\r\n\r\n", b""]),
+       st.sampled_from([b"", b"NEXT", b"zz\r\n", b"\r\nQ"]), _CUTS)
+def test_an_arrival_read_where_it_lies_de_chunks_as_the_buffer_does(
+    chunks: list[bytes], extension: bytes, last: bytes, after: bytes, cuts: list[int],
+) -> None:
+    # (``after`` without the last chunk: more chunks, or a malformed one, or a chunk's missing CRLF.)
+    wire = b"".join(b"%x%s\r\n%s\r\n" % (len(chunk), extension, chunk) for chunk in chunks) + last + after
+    bounds = sorted({0, len(wire), *(cut for cut in cuts if cut < len(wire))})
+    pieces = [wire[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    through_buffer = _fed(h1.BodyDecoder(keep_alive=True, chunked=True), pieces, views=False)
+    assert _fed(h1.BodyDecoder(keep_alive=True, chunked=True), pieces, views=True) == through_buffer
+    if last and not through_buffer[3]:
+        assert through_buffer[:3] == (b"".join(chunks), True, after)
+
+
+@given(st.binary(max_size=60), st.sampled_from([None, 0, 5, 30]), _CUTS)
+def test_a_sized_or_until_close_arrival_read_where_it_lies_takes_what_the_buffer_does(
+    wire: bytes, length: int | None, cuts: list[int],
+) -> None:
+    bounds = sorted({0, len(wire), *(cut for cut in cuts if cut < len(wire))})
+    pieces = [wire[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    through_buffer = _fed(h1.BodyDecoder(keep_alive=True, length=length), pieces, views=False)
+    assert _fed(h1.BodyDecoder(keep_alive=True, length=length), pieces, views=True) == through_buffer
+    assert through_buffer[0] == (wire if length is None else wire[:length])

@@ -50,10 +50,12 @@ def _hub() -> RelayHub:
 
 
 def _taker(conn: ClientConnection, got: list[bytes], until: bytes = b"end") -> Callable[[], bool]:
-    """A callback that takes the connection's bytes as they come; ``False`` once ``until`` came."""
+    """A callback that takes the connection's bytes as they come (those in its buffer, then the arrival left
+    where it was received); ``False`` once ``until`` came."""
     def arrived() -> bool:
-        got.append(bytes(conn.buf))
+        got.append(bytes(conn.buf) + bytes(conn.fresh or b""))
         conn.buf.clear()
+        conn.fresh = None
         return not got[-1].endswith(until)
     return arrived
 
@@ -92,6 +94,26 @@ async def test_arrivals_reach_each_reader_in_the_hubs_task_in_order_until_it_say
         assert hub.parked == 0
 
 
+async def test_an_arrival_is_read_where_it_lies_and_what_the_callback_leaves_joins_the_buffer() -> None:
+    hub, deadlines = _hub(), ReadDeadlines(30)
+    with _pair() as (a, peer_a):
+        seen: list[tuple[bytes, bytes | None]] = []
+
+        def arrived() -> bool:  # takes nothing: the bytes wait for the next arrival
+            seen.append((bytes(a.buf), None if a.fresh is None else bytes(a.fresh)))
+            return len(seen) < 3
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hub.park, a, deadlines, arrived)
+            await trio.testing.wait_all_tasks_blocked()
+            for piece in (b"ab", b"cd", b"ef"):
+                peer_a.send(piece)
+                await trio.testing.wait_all_tasks_blocked()
+        # The first arrival found the buffer empty: left where it was received; later ones go after it.
+        assert seen == [(b"", b"ab"), (b"abcd", None), (b"abcdef", None)]
+        assert bytes(a.buf) == b"abcdef" and a.fresh is None
+
+
 async def test_a_socket_that_never_stops_sending_lets_the_other_tasks_run() -> None:
     hub, deadlines = _hub(), ReadDeadlines(30)
     with _pair() as (a, peer_a):
@@ -102,6 +124,7 @@ async def test_a_socket_that_never_stops_sending_lets_the_other_tasks_run() -> N
             nonlocal arrivals
             arrivals += 1
             a.buf.clear()
+            a.fresh = None
             if arrivals < 2000:
                 peer_a.send(b"x")  # always more to read
                 return True
