@@ -16,7 +16,10 @@ separators. Any other shape (comments, ``event:`` names, several ``data:`` lines
 or ``\\r`` line ends) goes through :class:`~actorproxy.http.sse.SSEParser`, an event at a time,
 from then on. A reader that decodes each event alone (not
 :attr:`StreamDecoder.batched`: SGLang's cumulative events) is given where each one's JSON
-lies in the buffer (:meth:`StreamDecoder.take_spans`), to decode it from there (:func:`loads_span`).
+lies in the buffer (:meth:`StreamDecoder.take_spans`), to decode it from there (:func:`loads_span`);
+an arrival that is one whole event, with nothing buffered, is read where the relay hub received
+it (:meth:`StreamDecoder.read_lying`: not copied at all), and the end of an event cut short is
+searched for only in the bytes that came since the last search (``_clean``).
 ``[DONE]`` ends the stream (``end(True)``); events after
 the finish are kept in :attr:`StreamDecoder.tail` (the generation reads past them to reuse
 the connection, or hangs up).
@@ -185,9 +188,11 @@ class StreamDecoder:
                 each = not self.batched and line_end >= 0  # each alone: the shape is checked event by event
                 if lone:
                     end, count = n, 1
+                elif each:  # (the events' ends are found forward: a long event cut short is not searched backward)
+                    end, count = n, 0
                 else:
                     end = buf.rfind(b"\n\n") + 2
-                    count = 0 if each or end < 2 else buf.count(_SEPARATOR, 0, end) + 1
+                    count = 0 if end < 2 else buf.count(_SEPARATOR, 0, end) + 1
                 if end >= 2:
                     if each:
                         taken = self._take_each(end, count, out)  # (False: the events before another shape were read)
@@ -199,7 +204,8 @@ class StreamDecoder:
                         if taken:
                             self._take_batch(end, count, out)
                     if taken:
-                        self._clean = 0
+                        if not each:
+                            self._clean = 0
                         if not at_end:
                             return
                         if not buf.strip():
@@ -219,10 +225,28 @@ class StreamDecoder:
             if at_end:
                 self._close(out)
         except BackendError:
-            if self._failing:  # (the failed event's own tokens: handed out before its error)
-                failing, self._failing = self._failing, []
-                self._hand_out(failing, out)
+            self._hand_out_failing(out)
             raise
+
+    def read_lying(self, raw: bytearray, start: int, stop: int, out: list[GenerationEvent]) -> bool:
+        """Read body bytes ``raw[start:stop]`` where they lie (not copied into :attr:`buffer`), appending their
+        events to ``out``, when they are one whole event of the common shape, nothing is buffered and the
+        events are read each alone (not :attr:`batched`: SGLang's cumulative events, hundreds of KB each);
+        ``False``: nothing was read (append the bytes to :attr:`buffer` and :meth:`read`).
+
+        The checks are :meth:`_take_each`'s for a lone event (one ``data:`` line, its only line
+        break the blank line's first: one ``memchr`` over the event).
+        """
+        if (self.batched or self.done or self.buffer or self._sse is not None or stop - start < 9 or raw[stop - 1] != 10
+                or raw[stop - 3] == 13 or not raw.startswith(b"data: {", start)
+                or raw.find(b"\n", start, stop) != stop - 2):
+            return False
+        try:
+            self.take_span(start + 6, stop - 2, out, raw)
+        except BackendError:
+            self._hand_out_failing(out)
+            raise
+        return True
 
     def take_one(self, name: str, data: bytes, out: list[GenerationEvent]) -> None:
         """Read one server-sent event (``name``, its ``data``)."""
@@ -283,29 +307,37 @@ class StreamDecoder:
         """The events in ``buffer[:end]``, each decoded alone where it lies (a long event is scanned for its
         line end once and copied never; ``[DONE]`` is an event's start); ``count`` 1: one event, of the
         common shape. ``False``: an event is not of the common shape (``data:`` line, blank line, ``\\n``
-        line ends): the events before it are read and removed, it and the rest are left in the buffer."""
+        line ends): the events before it are read and removed, it and the rest are left in the buffer.
+        An event cut short at ``end`` (the buffer's) is left for the next read, which searches on for its
+        line end where this one stopped (:attr:`_clean`)."""
         buf = self.buffer
         spans: list[tuple[int, int]] = []
         done = common = True
-        at = 0
+        at = clean = 0
         if count == 1 and buf.startswith(b"data: {") and buf[end - 3] != 13:  # (one line break: checked)
             spans.append((6, end - 2))
             at = end
         while at < end:
             if not buf.startswith(b"data: ", at):
-                common = False
+                common = end - at < 6 and b"data: ".startswith(buf[at:end])  # (else: cut short)
+                done = False
                 break
             if buf.startswith(b"[DONE]\n\n", at + 6):
                 at = end  # (what follows it is dropped, as after any [DONE])
                 break
-            line_end = buf.find(b"\n", at + 6, end)
-            if line_end < 0 or buf[line_end + 1] != 10 or buf[line_end - 1] == 13:
+            line_end = buf.find(b"\n", max(at + 6, self._clean), end)
+            if line_end < 0 or line_end + 1 == end:  # cut short: searched up to its end (or its line end)
+                clean = (end if line_end < 0 else line_end) - at
+                done = False
+                break
+            if buf[line_end + 1] != 10 or buf[line_end - 1] == 13:
                 common = False
                 break
             spans.append((at + 6, line_end))
             at = line_end + 2
         else:
             done = False
+        self._clean = clean
         try:
             self.take_spans(spans, out)
         finally:
@@ -319,9 +351,10 @@ class StreamDecoder:
         for start, stop in spans:
             self.take_span(start, stop, out)
 
-    def take_span(self, start: int, stop: int, out: list[GenerationEvent]) -> None:
-        """Read the event whose JSON is ``buffer[start:stop]`` (:meth:`decode_span`, then :meth:`feed`)."""
-        buf = self.buffer
+    def take_span(self, start: int, stop: int, out: list[GenerationEvent], raw: bytearray | None = None) -> None:
+        """Read the event whose JSON is ``buffer[start:stop]`` (or ``raw[start:stop]``: :meth:`read_lying`;
+        :meth:`decode_span`, then :meth:`feed`)."""
+        buf = self.buffer if raw is None else raw
         try:
             payload = self.decode_span(buf, start, stop)
         except ValueError as exc:
@@ -343,6 +376,12 @@ class StreamDecoder:
         self.payloads += 1
         if events := self.feed(payload):
             self._hand_out(events, out)
+
+    def _hand_out_failing(self, out: list[GenerationEvent]) -> None:
+        """The tokens of an event that failed (:meth:`fail`), handed out before its error."""
+        if self._failing:
+            failing, self._failing = self._failing, []
+            self._hand_out(failing, out)
 
     def _hand_out(self, events: list[GenerationEvent], out: list[GenerationEvent]) -> None:
         if events and self.run_version is not None:

@@ -214,19 +214,26 @@ class StreamedGeneration(Generic[P]):
         """The relay hub's call as bytes arrived for the parked :meth:`_relay`: ``True`` to wait on."""
         response = self._response
         assert type(response) is Response
+        parser = self._parser
         try:
-            more = response.received_now(self._parser.buffer)
+            # A whole chunk, nothing buffered: read where the hub received it (SGLang's cumulative events: not
+            # copied; see StreamDecoder.read_lying).
+            lying = None if parser.batched or parser.buffer else response.lying_chunk()
+            if lying is not None:
+                return self._relayed(True, lying)
+            more = response.received_now(parser.buffer)
         except TransportError as exc:
             self._failed(exc)
             return False
         return True if more is None else self._relayed(more)
 
-    def _relayed(self, more: bool) -> bool:
-        """A read's bytes decoded (``more``: the body goes on) and its run of plain tokens taken; ``True`` to
-        read on. What the taker answered other than ``True`` is left in ``_go``."""
+    def _relayed(self, more: bool, lying: tuple[bytearray, int, int] | None = None) -> bool:
+        """A read's bytes decoded (``more``: the body goes on; ``lying``: they lie there, not in the decoder's
+        buffer) and its run of plain tokens taken; ``True`` to read on. What the taker answered other than
+        ``True`` is left in ``_go``."""
         parser = self._parser
         try:
-            self._decode(more)
+            self._decode(more, lying)
         except BackendError as exc:
             self._error = exc  # raised by __anext__ once the tokens before it are delivered
             return False
@@ -305,8 +312,9 @@ class StreamedGeneration(Generic[P]):
             error.__cause__ = exc
             self._error = error
 
-    def _decode(self, more: bool) -> None:
-        """The events of the bytes a read brought (``more``: the body goes on), queued.
+    def _decode(self, more: bool, lying: tuple[bytearray, int, int] | None = None) -> None:
+        """The events of the bytes a read brought (``more``: the body goes on; ``lying``: where they lie, when
+        not in the decoder's buffer), queued.
 
         While relaying, a read of plain tokens only leaves them in the decoder's run (for
         :meth:`_relay` to hand over); with any event, or a failure, the run is queued too.
@@ -317,7 +325,13 @@ class StreamedGeneration(Generic[P]):
         out: list[GenerationEvent] = []
         failed = True
         try:
-            parser.read(out, at_end=not more)
+            if lying is None:
+                parser.read(out, at_end=not more)
+            elif not parser.read_lying(*lying, out):
+                raw, start, stop = lying
+                with memoryview(raw) as view:
+                    parser.buffer += view[start:stop]
+                parser.read(out, at_end=not more)
             failed = False
         finally:
             if out or failed:

@@ -195,6 +195,20 @@ class Response:
             conn.hub.release(conn)
         return got
 
+    def lying_chunk(self) -> tuple[bytearray, int, int] | None:
+        """The body's bytes the hub received, where they lie (``raw[start:stop]``), when they are one whole chunk
+        (see :meth:`park`); taken: they are the caller's to read before its callback returns (the hub receives
+        into ``raw`` again after). ``None``: read them with :meth:`received_now`."""
+        conn = self._conn
+        fresh = conn.fresh if conn is not None else None
+        if fresh is None or self._fault is not None:
+            return None
+        span = self._body.lone_chunk(fresh)
+        if span is None:
+            return None
+        conn.fresh = None  # type: ignore[union-attr]
+        return fresh.obj, *span  # type: ignore[return-value]  # (the view begins the hub's buffer)
+
     def cut(self) -> None:
         """Close the connection now (a read waiting on it fails); the body is abandoned."""
         self._drop()

@@ -325,6 +325,21 @@ class BodyDecoder:
         self.remaining = 0
         self.done = True
 
+    def lone_chunk(self, view: memoryview) -> tuple[int, int] | None:
+        """Where the data of the chunk ``view`` holds lies in it, when ``view`` is exactly one whole chunk (not
+        the last) that starts the body's next; ``None`` otherwise. Taking them is the caller's (nothing changes:
+        the next chunk's size line is what comes next either way)."""
+        if self._state != _SIZE or not self.chunked or self.done:
+            return None
+        m = _CHUNK_LINE.match(view)
+        if m is None:
+            return None
+        start = m.end()
+        stop = start + int(m[1], 16)
+        if stop == start or stop + 2 != len(view) or view[stop] != 13 or view[stop + 1] != 10:
+            return None
+        return start, stop
+
     def decode_view(self, view: memoryview, out: bytearray) -> int:
         """Append to ``out`` the body bytes at the start of ``view`` (an arrival where it was received, not
         copied to the connection's buffer first); how many bytes of ``view`` that used.

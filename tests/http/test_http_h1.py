@@ -369,3 +369,19 @@ def test_a_sized_or_until_close_arrival_read_where_it_lies_takes_what_the_buffer
     through_buffer = _fed(h1.BodyDecoder(keep_alive=True, length=length), pieces, views=False)
     assert _fed(h1.BodyDecoder(keep_alive=True, length=length), pieces, views=True) == through_buffer
     assert through_buffer[0] == (wire if length is None else wire[:length])
+
+
+@given(_CHUNKS, st.sampled_from([b"", b";x=1"]), st.sampled_from([b"", b"0\r\n\r\n", b"zz", b"\r\n"]), _CUTS)
+def test_a_lone_chunk_is_found_where_it_lies_only_when_the_arrival_is_exactly_one(
+    chunks: list[bytes], extension: bytes, after: bytes, cuts: list[int],
+) -> None:
+    wire = b"".join(b"%x%s\r\n%s\r\n" % (len(chunk), extension, chunk) for chunk in chunks) + after
+    for cut in [len(wire), *cuts]:
+        arrival = memoryview(wire[:cut])
+        span = h1.BodyDecoder(keep_alive=True, chunked=True).lone_chunk(arrival)
+        out = bytearray()
+        used = h1.BodyDecoder(keep_alive=True, chunked=True).decode_view(arrival, out)
+        one = len(chunks) >= 1 and len(arrival) == len(b"%x%s\r\n%s\r\n" % (len(chunks[0]), extension, chunks[0]))
+        assert (span is not None) == one
+        if span is not None:  # the chunk's data, as de-chunking gives it
+            assert (bytes(arrival[span[0] : span[1]]), used) == (bytes(out), len(arrival))
