@@ -200,14 +200,14 @@ class Response:
         (see :meth:`park`); taken: they are the caller's to read before its callback returns (the hub receives
         into ``raw`` again after). ``None``: read them with :meth:`received_now`."""
         conn = self._conn
-        fresh = conn.fresh if conn is not None else None
-        if fresh is None or self._fault is not None:
+        if conn is None or conn.fresh is None or self._fault is not None:
             return None
+        fresh = conn.fresh
         span = self._body.lone_chunk(fresh)
         if span is None:
             return None
-        conn.fresh = None  # type: ignore[union-attr]
-        return fresh.obj, *span  # type: ignore[return-value]  # (the view begins the hub's buffer)
+        conn.fresh = None
+        return fresh.obj, *span  # type: ignore[return-value]  # (the view begins the hub's buffer, a bytearray)
 
     def cut(self) -> None:
         """Close the connection now (a read waiting on it fails); the body is abandoned."""

@@ -48,6 +48,9 @@ from .errors import ReadTimeout, TransportError
 from .state import ConnectionState
 
 _READ_SIZE = 256 * 1024
+#: The relay hub's one receive buffer (one a run): an SGLang cumulative event repeats the whole reply (~560 KB at
+#: 16,000 tokens, ~1.1 MB at 32,000); one that has arrived whole is received whole, and read where it lies.
+_HUB_READ_SIZE = 2 * 1024 * 1024
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError)
 
 
@@ -164,7 +167,7 @@ class RelayHub:
     def __init__(self) -> None:
         self._epoll = select.epoll()
         self._parked: dict[int, _Parked] = {}
-        self._recv = bytearray(_READ_SIZE)
+        self._recv = bytearray(_HUB_READ_SIZE)
         self._view = memoryview(self._recv)
         trio.lowlevel.spawn_system_task(self._serve, name="actorproxy.http relay hub")
 
@@ -282,7 +285,7 @@ class RelayHub:
                 conn.drained = False
                 self._wake(reader, outcome.Value(True))
                 return
-            conn.drained = n < _READ_SIZE
+            conn.drained = n < _HUB_READ_SIZE
             if conn.buf:
                 conn.buf += view[:n]
             else:  # read where it lies (the callback de-chunks it once, into its reader's buffer)
