@@ -239,7 +239,7 @@ class StreamDecoder:
         """
         if (self.batched or self.done or self.buffer or self._sse is not None or stop - start < 9 or raw[stop - 1] != 10
                 or raw[stop - 3] == 13 or not raw.startswith(b"data: {", start)
-                or raw.find(b"\n", start, stop) != stop - 2):
+                or self.line_break(raw, start, stop) != stop - 2):
             return False
         try:
             self.take_span(start + 6, stop - 2, out, raw)
@@ -247,6 +247,11 @@ class StreamDecoder:
             self._hand_out_failing(out)
             raise
         return True
+
+    def line_break(self, raw: bytearray, start: int, stop: int) -> int:
+        """Where the first line break of ``raw[start:stop]`` lies (``-1``: none); an engine's reader may leave out
+        what its events repeat (SGLang's cumulative events)."""
+        return raw.find(b"\n", start, stop)
 
     def take_one(self, name: str, data: bytes, out: list[GenerationEvent]) -> None:
         """Read one server-sent event (``name``, its ``data``)."""

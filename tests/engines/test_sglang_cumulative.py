@@ -423,3 +423,41 @@ def test_a_lone_new_token_cut_after_fewer_tokens_than_delivered_is_an_error() ->
     assert read_stream(parser, [sse([raw]) for raw in raws], end=False)[0] == [5, 5, 5]
     with pytest.raises(BackendError, match="does not extend"):
         read_stream(parser, [sse([event([5, 9], [-0.5, -1.0])])], end=False)
+
+
+@settings(max_examples=100, derandomize=True, database=None, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), _texts, st.lists(_entry_texts, min_size=6, max_size=6)),
+                min_size=1, max_size=8), st.booleans(), st.booleans())
+def test_a_long_cumulative_events_line_break_is_found_without_searching_what_it_repeats(
+    steps: list[tuple[int, str, list[str | None]]], logprobs: bool, spaced: bool,
+) -> None:
+    # Each event read where it lies (``read_lying``, amid other bytes): its line break, searched in its text and
+    # new part only once the arrays' old content is long, is where a search of the whole event finds it, whatever
+    # the texts (line breaks, quotes, ``]]``, keys' look-alikes: escaped in the JSON), and the tokens are the
+    # engine's. The first event brings 4,000 tokens (20,000 ids alone): the old content is past ``_SEARCHED``.
+    parser, cutter = SGLangStreamParser(), PrefixCutter()
+    out: list[GenerationEvent] = []
+    ids: list[int] = []
+    lps: list[float] = []
+    entry_texts: list[str | None] = []
+    text = ""
+    for k, (n, piece, pieces) in enumerate(steps):
+        n = (4000 if logprobs else 20_000) if k == 0 else n
+        ids += [100 + len(ids) + i for i in range(n)]
+        lps += [-(len(lps) + i) / 7 for i in range(n)]
+        entry_texts += (pieces * 4000)[:n]
+        text += piece
+        framed = sse([event(list(ids), list(lps) if logprobs else None, text=text, spaced=spaced,
+                            entry_texts=list(entry_texts) if logprobs else None)])
+        raw = bytearray(b"\n\n" + framed + b"data")
+        start, stop = 2, 2 + len(framed)
+        if logprobs:
+            assert parser.line_break(raw, start, stop) == raw.find(b"\n", start, stop) == stop - 2
+            assert parser.read_lying(raw, start, stop, out)
+            parser.run_into(out)
+        else:  # (the proxy always asks for logprobs: the cutter alone, as the reader would use it)
+            assert cutter.line_break(raw, start, stop) == raw.find(b"\n", start, stop) == stop - 2
+            cutter.cut(raw, start + 6, stop - 2)
+            cutter.tokens = len(ids)
+    if logprobs:
+        assert handed_out(out)[:2] == (ids, lps)

@@ -370,6 +370,12 @@ class SGLangStreamParser(StreamDecoder):
         """One event's JSON (see :meth:`decode_span`)."""
         return self.decode_span(raw, 0, len(raw))
 
+    def line_break(self, raw: bytearray, start: int, stop: int) -> int:
+        """The event's first line break, not searched for in what it repeats (``PrefixCutter.line_break``)."""
+        if self._incremental is False:
+            return self._cutter.line_break(raw, start, stop)
+        return raw.find(b"\n", start, stop)
+
     def decode_span(self, raw: bytes | bytearray, start: int, stop: int) -> Any:
         """The JSON of event ``raw[start:stop]``; a cumulative event's without the tokens already read
         (:mod:`.cumulative`)."""
