@@ -70,6 +70,16 @@ log = logging.getLogger(__name__)
 _TURN_EVENT_BUFFER = 16
 
 
+async def _first_event(
+    recv: trio.MemoryReceiveChannel[TurnEvent], waiting: Callable[[], Awaitable[object]], interval: float
+) -> TurnEvent:
+    """A turn's first event, calling ``waiting`` after each ``interval`` without it."""
+    while True:
+        with trio.move_on_after(interval):
+            return await recv.receive()  # (a memory channel's receive loses nothing when cancelled)
+        await waiting()
+
+
 @attrs.define(eq=False)
 class Runtime:
     """Handles to the live actors; every method is a message to one of them (or a call on the controller)."""
@@ -112,7 +122,9 @@ class Runtime:
         if refusal is not None:
             raise refusal
 
-    async def start_turn(self, request: ChatRequest, identity: Identity) -> TurnStream:
+    async def start_turn(
+        self, request: ChatRequest, identity: Identity, waiting: Callable[[], Awaitable[object]] | None = None
+    ) -> TurnStream:
         """Queue a turn on its session and wait until the session takes it up.
 
         The returned stream's first event is ``TurnAccepted`` or ``TurnFailed``
@@ -122,6 +134,8 @@ class Runtime:
         (``with``/``async with``) when done: a closed stream tells the session
         the agent went away, and the generation stops; so does cancelling this
         call while it waits (the agent's request was cancelled: it hung up).
+        ``waiting``, if given, is awaited after each ``--heartbeat-interval`` this
+        call waits (a streamed reply's start and heartbeats, while paused).
         """
         self.check_admission()
         for attempt in range(4):
@@ -150,7 +164,8 @@ class Runtime:
                 recv.close()
                 continue  # the session retired between lookup and send: ask again
             try:
-                first = await recv.receive()
+                first = await (recv.receive() if waiting is None else
+                               _first_event(recv, waiting, self.config.server.heartbeat_interval))
             except trio.EndOfChannel:
                 recv.close()
                 raise EngineError("the session ended the turn without an answer") from None

@@ -16,7 +16,8 @@ import trio
 
 from ..closing import Closing
 from ..core.parser import OutputDelta
-from ..core.turn_events import TurnDelta, TurnDone, TurnEvent, TurnMoved
+from ..core.turn_events import TurnDelta, TurnDone, TurnEvent, TurnFailed, TurnMoved
+from ..errors import ProxyError
 from ..telemetry import CURRENT, note_first_token, note_turn
 
 #: Takes a streamed delta in the session's task and writes it to the agent: ``None`` once written, else an
@@ -79,6 +80,15 @@ class TurnStream(Closing):
 
         self._take = first
         return True
+
+    @classmethod
+    def failed(cls, error: ProxyError) -> TurnStream:
+        """The events of a turn refused before its session took it up: its failure, and their end."""
+        send: trio.MemorySendChannel[TurnEvent]
+        recv: trio.MemoryReceiveChannel[TurnEvent]
+        send, recv = trio.open_memory_channel(0)
+        send.close()
+        return cls(TurnFailed(error), recv)
 
     @property
     def first(self) -> TurnEvent:

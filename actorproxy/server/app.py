@@ -45,7 +45,7 @@ from .lane import MOUNTS, TurnLane, served_by_the_lane
 from .observe import Observer, add_metrics_route
 from .openapi import add_openapi_routes
 from .rollout_api import add_rollout_routes, pause_state_json
-from .turns import json_body, serve_turn
+from .turns import EarlyStart, json_body, serve_turn
 from .ui import add_ui_routes
 
 log = logging.getLogger(__name__)
@@ -145,9 +145,9 @@ def create_app(runtime: Runtime, admission: Admission | None = None) -> QuartTri
 
     def turn_route(suffix: str, fmt: TurnFormat[Any]) -> None:
         async def handler(raw: bytes, headers: Any, url_session: str | None, url_instance: str | None,
-                          confined_to: str | None, client: str | None) -> Any:
+                          confined_to: str | None, client: str | None, early: EarlyStart | None) -> Any:
             return await serve_turn(runtime, fmt, fmt.load(raw), headers, url_session=url_session,
-                                    url_instance=url_instance, confined_to=confined_to, client=client)
+                                    url_instance=url_instance, confined_to=confined_to, client=client, early=early)
 
         lane.mount(suffix, handler)
         mount(suffix, served_by_the_lane, "POST")
@@ -191,7 +191,7 @@ def create_app(runtime: Runtime, admission: Admission | None = None) -> QuartTri
     turn_route("/v1/responses", ResponsesFormat(runtime.tokenizer))
 
     async def generate(raw: bytes, _headers: Any, _session: Any, _instance: Any, _confined: Any,
-                       client: str | None) -> bytes:
+                       client: str | None, _early: Any) -> bytes:
         return await generate_turn(runtime, gateway, raw, client)
 
     lane.route("/generate", generate)

@@ -35,11 +35,13 @@ from .admission import Admission, RequestHeaders
 from .drain import ASGIApp, Receive, Send
 from .identity import url_mount
 from .observe import Observer, error_code
-from .turns import SSEReply, TurnReply
+from .turns import EarlyStart, SSEReply, TurnReply
 
 #: A turn route's handler: (body bytes, headers, URL session, URL prompt group, the key's session, the client
-#: that opens a session: ``AccessPolicy.client_of``) -> reply.
-TurnHandler = Callable[[bytes, Headers, str | None, str | None, str | None, str | None], Awaitable[TurnReply]]
+#: that opens a session: ``AccessPolicy.client_of``, what starts a streamed reply before its turn starts:
+#: ``server/turns.py: EarlyStart``) -> reply.
+TurnHandler = Callable[[bytes, Headers, str | None, str | None, str | None, str | None, EarlyStart | None],
+                       Awaitable[TurnReply]]
 
 #: Where the model routes are mounted: plain, per session, and Claw-R1 style (session, prompt group).
 MOUNTS = ("", "/sess/<url_session>", "/<url_session>/<url_instance>")
@@ -152,7 +154,7 @@ class _Turn:
         found = self.found
         try:
             reply = await found.handler(raw, self.headers, found.url_session, found.url_instance, self.confined,
-                                        self.client)
+                                        self.client, self)
             if isinstance(reply, bytes):
                 await self.answer(200, reply)
             else:
@@ -233,13 +235,10 @@ class _Turn:
         the session's task itself (:meth:`SSEReply.relay`). Counted and logged when it ends,
         however it ends.
         """
-        self.info.status = 200
         send = self.send
         try:
-            self.started = True
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [*_SSE_HEADERS, *_warning(self.info)] if self.info.warning else _SSE_HEADERS})
-            self.last_sent = trio.current_time()
+            if not self.started:
+                await self.start()
             if self.send_now is not None:
                 reply.relay(self.send_now)
             ended = False
@@ -256,6 +255,21 @@ class _Turn:
         finally:
             self.lane.observer.finish(self.info)
             await reply.aclose()
+
+    async def start(self) -> None:
+        """The streamed reply's head (sent with what follows it)."""
+        self.info.status = 200
+        self.started = True
+        await self.send({"type": "http.response.start", "status": 200,
+                         "headers": [*_SSE_HEADERS, *_warning(self.info)] if self.info.warning else _SSE_HEADERS})
+        self.last_sent = trio.current_time()
+
+    async def start_now(self, heartbeat: bytes) -> None:
+        """Start the streamed reply before its turn starts (``server/turns.py: EarlyStart``), and send ``heartbeat``."""
+        if not self.started:
+            await self.start()
+        self.last_sent = trio.current_time()
+        await self.send({"type": "http.response.body", "body": heartbeat, "more_body": True})
 
     async def heartbeats(self, reply: SSEReply) -> None:
         """The reply's heartbeat whenever nothing was sent for ``reply.interval`` seconds.

@@ -11,7 +11,8 @@ weight update: the lane sends them). Nothing here knows the HTTP server: the tur
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeAlias, TypeVar
+from functools import partial
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import attrs
 import trio
@@ -20,7 +21,7 @@ from ..core.parser import OutputDelta
 from ..core.requests import merge_consecutive_messages
 from ..core.template_probe import probe_template
 from ..core.turn_events import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed
-from ..errors import BadRequest, EngineError
+from ..errors import BadRequest, EngineError, ProxyError
 from ..protocols.format import Headers, ReplyInfo, StreamWriter, TurnCall, TurnFormat
 from ..runtime.runtime import Runtime
 from ..runtime.turn_stream import TurnStream
@@ -33,6 +34,18 @@ C = TypeVar("C", bound=TurnCall)
 
 #: What a turn route answers: a JSON body, or the SSE stream's byte chunks (and its heartbeat).
 TurnReply: TypeAlias = "bytes | SSEReply"
+
+
+class EarlyStart(Protocol):
+    """Whoever writes a streamed reply (the turn lane), asked to start it before its turn does.
+
+    ``start_now(heartbeat)`` sends the reply's head (200, SSE), if not sent yet, then
+    ``heartbeat``; ``started``: whether the head went.
+    """
+
+    started: bool
+
+    async def start_now(self, heartbeat: bytes) -> None: ...
 
 
 def json_body(raw: bytes) -> Any:
@@ -52,8 +65,15 @@ async def serve_turn(
     url_instance: str | None,
     confined_to: str | None,
     client: str | None = None,
+    early: EarlyStart | None = None,
 ) -> TurnReply:
-    """Run one turn of ``fmt``'s protocol: its JSON reply, or its SSE chunks when the call streams."""
+    """Run one turn of ``fmt``'s protocol: its JSON reply, or its SSE chunks when the call streams.
+
+    A streamed turn still waiting to start after ``--heartbeat-interval`` (generation paused,
+    say) has its reply started by ``early`` then, with a heartbeat each interval, so the
+    agent's connection stays alive; it is refused after that with the stream's error event,
+    not a status. Within the interval a refusal is a plain status, streamed or not.
+    """
     call = fmt.parse(body)
     if runtime.config.server.api_dialect == "dressage":
         check_expected_version(runtime, headers)
@@ -66,20 +86,29 @@ async def serve_turn(
     if prepared.tools and not probe_template(runtime.tokenizer).renders_tools:
         note_warning(f"the chat template ignores tools: the {len(prepared.tools)} tool(s) offered are not in "
                      "the prompt and the model cannot call them")
-    events = await runtime.start_turn(prepared, identity)
     reply = ReplyInfo(fmt.new_id(), call.model or runtime.config.engines.model_name, identity.session_id)
     if not call.stream:
-        done = await turn_result(events)
+        done = await turn_result(await runtime.start_turn(prepared, identity))
         fmt.completed(call, identity, reply, done)
         return fmt.render(call, reply, done)
-    accepted = await turn_accepted(events)
 
     def on_done(done: TurnDone) -> None:
         fmt.completed(call, identity, reply, done)
 
     writer = fmt.writer(call, reply)
     heartbeat = runtime.config.server.heartbeat_interval
-    return sse_frames(events, accepted, writer, on_done, heartbeat=heartbeat)
+    try:
+        events = await runtime.start_turn(
+            prepared, identity, None if early is None else partial(early.start_now, writer.heartbeat()))
+    except ProxyError as error:
+        if early is None or not early.started:
+            raise
+        events = TurnStream.failed(error)
+    if early is None or not early.started:
+        accepted = await turn_accepted(events)  # refused: a plain status, as nothing was sent
+        return sse_frames(events, accepted, writer, on_done, heartbeat=heartbeat)
+    # The reply has started: its first frames are those of the turn's first event, accepted or refused.
+    return sse_frames(events, None, writer, on_done, heartbeat=heartbeat)
 
 
 async def turn_result(events: TurnStream) -> TurnDone:
@@ -129,7 +158,7 @@ class SSEReply:
     def __init__(
         self,
         events: TurnStream,
-        accepted: TurnAccepted,
+        accepted: TurnAccepted | None,
         writer: StreamWriter,
         on_done: Callable[[TurnDone], None] | None = None,
         *,
@@ -137,7 +166,8 @@ class SSEReply:
     ) -> None:
         self.events, self.writer, self.on_done = events, writer, on_done
         self.interval = heartbeat
-        self._frames = [writer.start(accepted)]
+        #: ``accepted`` ``None``: the reply started before its turn did, whose first event comes as the others.
+        self._frames = [writer.start(accepted)] if accepted is not None else []
         self._ended = False
         #: When the session's task last wrote a frame itself (``trio.current_time``; 0: never).
         self.last_write = 0.0
@@ -202,6 +232,8 @@ class SSEReply:
         match event:
             case TurnDelta():
                 return writer.delta(event.delta)
+            case TurnAccepted():
+                return writer.start(event)
             case TurnDone():
                 self._ended = True
                 if self.on_done is not None:
@@ -221,7 +253,7 @@ class SSEReply:
 
 def sse_frames(
     events: TurnStream,
-    accepted: TurnAccepted,
+    accepted: TurnAccepted | None,
     writer: StreamWriter,
     on_done: Callable[[TurnDone], None] | None = None,
     *,

@@ -100,7 +100,7 @@ def _quart_turns(app: Any) -> Any:
         raw = await request.get_data(cache=False, as_text=False)
         assert isinstance(raw, bytes)
         reply = await found.handler(raw, request.headers, found.url_session, found.url_instance,
-                                    g.admitted.confined, g.admitted.client)
+                                    g.admitted.confined, g.admitted.client, None)
         assert isinstance(reply, bytes)
         return Response(reply, status=200, mimetype="application/json")
 

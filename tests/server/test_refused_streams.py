@@ -5,7 +5,9 @@ reached, one the pool has marked down, a pause waited out, the session capacity
 reached: each is the same status and JSON body whether the call streams or not
 (503 with ``Retry-After`` where the proxy is unavailable or overloaded), never a
 200 with an error event. An error after generation started stays an error event
-(test_anthropic.py: ``test_mid_stream_failure_is_an_error_event``).
+(test_anthropic.py: ``test_mid_stream_failure_is_an_error_event``), and so does a
+refusal after a wait past ``--heartbeat-interval``, when the stream has started to keep
+the connection alive (test_waiting_streams.py).
 """
 
 from __future__ import annotations

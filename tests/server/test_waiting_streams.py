@@ -1,0 +1,132 @@
+"""A streamed turn that waits to start (generation paused) starts its reply after the heartbeat interval.
+
+An agent whose turn arrives during a weight update would otherwise see nothing at all,
+not even a status line, until the pause ends or ``--pause-wait-timeout`` runs out: longer
+than the idle timeouts of common HTTP clients (Node's fetch gives up on a response head
+after 300 s). So once ``--heartbeat-interval`` passes with the turn still waiting, its
+reply starts (200, the SSE head) and a heartbeat follows each interval; a refusal after
+that is the stream's error event in the caller's format. A turn that starts or is refused
+within the interval is unchanged: its head comes with its first frames, its refusal is a
+plain status (test_refused_streams.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+from _asgi import open_client
+
+from actorproxy.server.app import create_app
+from actorproxy.sim import SimConfig
+from actorproxy.testing import open_simulated_proxy
+
+HI = [{"role": "user", "content": "hi"}]
+#: (path, body, heartbeat line, the line that tells the refusal's code) of one turn in each protocol.
+CALLS = [
+    pytest.param("/v1/chat/completions", {"model": "m", "max_tokens": 4, "messages": HI, "stream": True},
+                 ": keep-alive", id="chat"),
+    pytest.param("/v1/messages", {"model": "m", "max_tokens": 4, "messages": HI, "stream": True},
+                 "event: ping", id="anthropic"),
+    pytest.param("/v1/responses", {"model": "m", "max_output_tokens": 4, "input": "hi", "stream": True},
+                 ": keep-alive", id="responses"),
+]
+
+
+async def stream_lines(http: httpx.AsyncClient, path: str, body: dict[str, Any], session: str,
+                       seen: list[tuple[float, str]]) -> httpx.Response:
+    """Stream the call, noting each line with the (virtual) time it came; the response, read to its end."""
+    async with http.stream("POST", path, json=body, headers={"X-Session-Id": session}) as reply:
+        seen.append((trio.current_time(), f"status {reply.status_code}"))
+        async for line in reply.aiter_lines():
+            if line:
+                seen.append((trio.current_time(), line))
+    return reply
+
+
+@pytest.mark.parametrize(("path", "body", "heartbeat"), CALLS)
+async def test_a_turn_waiting_out_a_pause_streams_heartbeats_then_its_reply(
+    path: str, body: dict[str, Any], heartbeat: str, tokenizer: Any, autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=0.001),
+                                    heartbeat_interval=10, pause_wait_timeout=600) as sim, \
+            open_client(create_app(sim.runtime)) as http:
+        assert (await http.post("/v1/rollout/pause", json={"mode": "abort"})).status_code == 200
+        seen: list[tuple[float, str]] = []
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream_lines, http, path, body, "w", seen)
+            await trio.sleep(35)  # a weight update of 35 s
+            assert (await http.post("/v1/rollout/resume", json={})).json()["resumed"] is True
+        # The head after one interval (with the first heartbeat), then one heartbeat an interval until the resume.
+        assert seen[0] == (pytest.approx(start + 10), "status 200"), seen
+        beats = [at - start for at, line in seen if line == heartbeat]
+        assert beats[:3] == [pytest.approx(10), pytest.approx(20), pytest.approx(30)], seen
+        # Then the reply itself, whole, after the resume.
+        lines = [line for _, line in seen]
+        if path == "/v1/chat/completions":
+            assert lines[-1] == "data: [DONE]"
+            chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+            assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+            assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+        elif path == "/v1/messages":
+            events = [line[7:] for line in lines if line.startswith("event: ") and line != "event: ping"]
+            assert events[0] == "message_start" and events[-1] == "message_stop", events
+        else:
+            events = [line[7:] for line in lines if line.startswith("event: ")]
+            assert events[0] == "response.created" and events[-1] in ("response.completed", "response.incomplete")
+        await http.post("/session/finalize", json={"session_id": "w"})
+        read = (await http.post("/trajectory/read", json={"session_id": "w", "include_steps": True})).json()
+        assert [s["status"] for s in read["steps"]] == ["completed"] and read["steps"][0]["output_ids"]
+
+
+@pytest.mark.parametrize(("path", "body", "heartbeat"), CALLS)
+async def test_a_turn_refused_after_its_stream_started_gets_the_error_event(
+    path: str, body: dict[str, Any], heartbeat: str, tokenizer: Any, autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=0.001),
+                                    heartbeat_interval=10, pause_wait_timeout=25) as sim, \
+            open_client(create_app(sim.runtime)) as http:
+        assert (await http.post("/v1/rollout/pause", json={"mode": "abort"})).status_code == 200
+        seen: list[tuple[float, str]] = []
+        start = trio.current_time()
+        await stream_lines(http, path, body, "late", seen)
+        assert seen[0] == (pytest.approx(start + 10), "status 200"), seen
+        assert [at - start for at, line in seen if line == heartbeat] == [pytest.approx(10), pytest.approx(20)]
+        # The pause outlasted --pause-wait-timeout: the refusal is the stream's error, in the caller's format.
+        assert seen[-1][0] == pytest.approx(start + 25)
+        data = [json.loads(line[6:]) for _, line in seen if line.startswith("data: {")]
+        if path == "/v1/chat/completions":
+            assert data[-1]["error"]["code"] == "generation_paused" and seen[-1][1] == "data: [DONE]"
+        elif path == "/v1/messages":
+            assert data[-1]["type"] == "error" and data[-1]["error"]["type"] == "overloaded_error"
+            assert "paused" in data[-1]["error"]["message"]
+            assert not any(line == "event: message_start" for _, line in seen)
+        else:
+            assert data[-1]["type"] == "response.failed"
+            assert data[-1]["response"]["error"]["code"] == "generation_paused"
+        # Its step is recorded as refused, with nothing sampled.
+        assert (await http.post("/v1/rollout/resume", json={})).json()["resumed"] is True
+        await http.post("/session/finalize", json={"session_id": "late"})
+        read = await http.post("/trajectory/read", json={"session_id": "late", "include_steps": True})
+        assert [(s["status"], s["output_ids"]) for s in read.json()["steps"]] == [("error", [])], read.text
+
+
+async def test_a_turn_that_starts_within_the_interval_sends_no_heartbeat_first(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=0.001),
+                                    heartbeat_interval=10) as sim, open_client(create_app(sim.runtime)) as http:
+        assert (await http.post("/v1/rollout/pause", json={"mode": "abort"})).status_code == 200
+        seen: list[tuple[float, str]] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream_lines, http, "/v1/chat/completions",
+                               {"messages": HI, "max_tokens": 4, "stream": True}, "s", seen)
+            await trio.sleep(9)
+            await http.post("/v1/rollout/resume", json={})
+        assert not any(line == ": keep-alive" for _, line in seen), seen
+        assert seen[0][1] == "status 200" and seen[1][1].startswith("data: {") and seen[-1][1] == "data: [DONE]"
