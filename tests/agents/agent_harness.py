@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
 import httpx
+from _children import die_with_parent
 from wirelog import WireLog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +52,33 @@ class Proxy:
     def stats(self) -> dict[str, Any]:
         with httpx.Client(base_url=self.url, timeout=60) as http:
             return dict(http.get("/trajectory/stats").json())
+
+
+#: The simulated model calls a tool on every agent's first turn and after a tool result half the time:
+#: every run is a tool loop of two or more turns, and the loop ends (the CLIs cap it, too).
+SIM_TOOL_LOOP = ("--sim-tool-call-probability", "1", "--sim-followup-tool-call-probability", "0.5")
+
+
+@contextmanager
+def running_proxy(tmp_path: Path, *flags: str) -> Iterator[Proxy]:
+    """``actorproxy run`` on its defaults (the simulated engine) and ``flags``, on a free port, tool loops certain."""
+    log = tmp_path / "actorproxy.log"
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with log.open("w") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--port", "0", *SIM_TOOL_LOOP, *flags],
+                                   cwd=tmp_path,
+                                   stdout=sink, stderr=subprocess.STDOUT, text=True, env=env,
+                                   preexec_fn=die_with_parent)
+    try:
+        url = wait_for_url(process, log)
+        yield Proxy(url, process, log)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def wait_for_url(process: subprocess.Popen[str], log: Path) -> str:
@@ -115,7 +147,7 @@ def check_recording(proxy: Proxy, session_id: str, wire: WireLog) -> tuple[dict[
     assert len(main) == 1, f"expected one main segment, got {summary}"
     assert main[0]["start_reason"] == "session_start", summary
     assert max(s["num_steps"] for s in segments) == main[0]["num_steps"], f"the main agent is not the main: {summary}"
-    # The simulated model calls a tool on the first turn (conftest's SIM_TOOL_LOOP): a loop of two turns or more.
+    # The simulated model calls a tool on the first turn (SIM_TOOL_LOOP): a loop of two turns or more.
     assert main[0]["num_steps"] >= 2, f"the main trajectory is not a tool loop: {summary}"
     # The main conversation is the one that continues: the agent's last call (its final answer) is in it.
     last = max((s for s in steps if s["status"] != "superseded"), key=lambda s: s["created_at"])

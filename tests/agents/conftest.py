@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _children import die_with_parent
-from agent_harness import INSTALL, REPO, Proxy, wait_for_url
+from agent_harness import INSTALL, Proxy, running_proxy
 from wirelog import WireLog
 
 
@@ -57,31 +54,11 @@ def agent_bin() -> Path:
     return Path(install.stdout.strip().splitlines()[-1]) / "node_modules" / ".bin"
 
 
-#: The simulated model calls a tool on every agent's first turn and after a tool result half the time:
-#: every run is a tool loop of two or more turns, and the loop ends (the CLIs cap it, too).
-SIM_TOOL_LOOP = ("--sim-tool-call-probability", "1", "--sim-followup-tool-call-probability", "0.5")
-
-
 @pytest.fixture
 def proxy(tmp_path: Path) -> Iterator[Proxy]:
     """``actorproxy run`` on its defaults (the simulated engine), on a free port, tool loops certain."""
-    log = tmp_path / "actorproxy.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    with log.open("w") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "actorproxy", "run", "--port", "0", *SIM_TOOL_LOOP],
-                                   cwd=tmp_path,
-                                   stdout=sink, stderr=subprocess.STDOUT, text=True, env=env,
-                                   preexec_fn=die_with_parent)
-    try:
-        url = wait_for_url(process, log)
-        yield Proxy(url, process, log)
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with running_proxy(tmp_path) as proxy:
+        yield proxy
 
 
 @pytest.fixture

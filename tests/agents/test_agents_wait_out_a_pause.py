@@ -1,0 +1,91 @@
+"""Agent CLIs whose turns arrive during a weight update: kept alive by the stream's early start and heartbeats.
+
+The generation is paused before the client starts, so its first call waits; once the
+proxy counts a waiting turn, the "weight update" lasts three heartbeat intervals
+(``--heartbeat-interval 1``), then generation resumes. A streamed call that waited
+past the interval has had its reply started with heartbeats before its first event
+(``docs/endpoints.md``, streaming): each client must take that stream, finish without
+error and be recorded as one trajectory, as in ``test_agent_clients.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from agent_harness import Proxy, running_proxy
+from test_agent_clients import test_claude_code as claude_code
+from test_agent_clients import test_codex as codex
+from test_agent_clients import test_opencode as opencode
+from wirelog import WireLog
+
+pytestmark = [pytest.mark.heavy, pytest.mark.agents]
+
+HEARTBEAT = 1.0
+#: How long the weight update lasts once a turn waits: three heartbeats.
+UPDATE_SECONDS = 3.5
+
+
+@pytest.fixture
+def proxy(tmp_path: Path) -> Iterator[Proxy]:
+    """This module's proxy: heartbeats each second (the other tests' is on the defaults)."""
+    with running_proxy(tmp_path, "--heartbeat-interval", str(HEARTBEAT)) as proxy:
+        yield proxy
+
+
+class WeightUpdate:
+    """Pause now; resume ``UPDATE_SECONDS`` after the proxy first counts a turn waiting (in a thread)."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.http = httpx.Client(base_url=proxy.url, timeout=60)
+        assert self.http.post("/v1/rollout/pause", json={"mode": "abort"}).json()["status"] == "paused"
+        self.waited = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if self.http.get("/v1/rollout/pause_state").json()["waiting"] >= 1:
+                    self.waited = True
+                    time.sleep(UPDATE_SECONDS)  # the update itself: the scenario's length, not a settling wait
+                    break
+                time.sleep(0.05)  # polling another process's state: there is no event to wait on
+        except BaseException as exc:  # noqa: BLE001 - reported by finish() in the test's thread
+            self.error = exc
+        finally:
+            self.http.post("/v1/rollout/resume", json={})
+
+    def finish(self) -> None:
+        self._thread.join(timeout=180)
+        self.http.close()
+        if self.error is not None:
+            raise self.error
+        assert self.waited, "no turn ever waited for the pause"
+
+
+def _streams_that_waited(wire: WireLog) -> list[dict[str, Any]]:
+    return [e for e in wire.entries if isinstance(e.get("body"), dict) and e["body"].get("stream")
+            and e.get("answer_head", "").startswith((": keep-alive", "event: ping"))]
+
+
+@pytest.mark.parametrize("client", [claude_code, codex, opencode], ids=["claude-code", "codex", "opencode"])
+def test_an_agent_cli_waits_out_a_weight_update(
+    client: Callable[..., None], agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path,
+) -> None:
+    update = WeightUpdate(proxy)
+    try:
+        client(agent_bin, proxy, wire, tmp_path)  # runs the client, checks its output and its recording
+    finally:
+        update.finish()
+    waited = _streams_that_waited(wire)
+    assert waited, wire.summary()
+    # Its stream began with the heartbeats, then went on as any other (the client parsed it: it finished).
+    assert all(e["status"] == 200 for e in waited), wire.summary()
