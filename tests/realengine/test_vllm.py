@@ -127,7 +127,7 @@ def test_tool_using_agent_is_exact(
     engine, proxy = vllm_servers[kind], vllm_proxies[kind]
     session = session_id(f"agent-{kind}")
     messages = [dict(m) for m in AGENT_START]
-    turns = [
+    turns: list[tuple[dict[str, Any], dict[str, str] | None]] = [
         ({"tools": TOOLS}, None),  # after a tool call and its result
         ({"tools": TOOLS}, {"role": "user", "content": "And in Rome? Think first."}),
         ({"tools": TOOLS, "chat_template_kwargs": {"enable_thinking": True}},  # a reasoning turn
