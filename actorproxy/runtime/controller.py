@@ -78,6 +78,9 @@ class GenerationHandle:
     #: (:meth:`bound_abort`, by the turn).
     abort_bound: trio.CancelScope | None = None
     _abort_limit: float = math.inf
+    #: The bound asked in a pause's pass, not yet on ``abort_bound``: the pause arms it once its abort calls
+    #: are written (:meth:`arm_bound`), so that moving a thousand deadlines does not hold them back.
+    _unarmed: float | None = None
     #: While the turn's stream is open: how to start its abort (set by the turn).
     _on_abort: Callable[[], None] | None = None
 
@@ -88,10 +91,22 @@ class GenerationHandle:
             self.abort_bound.deadline = min(self._abort_limit, trio.current_time() + ABORT_BOUND)
 
     def bound_abort(self, stream: trio.CancelScope) -> None:
-        """The turn: cut ``stream`` if the aborted generation does not end in time (see ``abort_bound``)."""
+        """The turn: cut ``stream`` if the aborted generation does not end in time (see ``abort_bound``).
+
+        Asked in a pause's pass (its batch open), the bound is armed when the pass ends (:meth:`arm_bound`).
+        """
         now = trio.current_time()
         self.abort_bound, self._abort_limit = stream, now + ABORT_LIMIT
-        stream.deadline = min(stream.deadline, now + ABORT_BOUND)
+        if self.abort_batch is not None and self.abort_batch.open:
+            self._unarmed = now + ABORT_BOUND
+        else:
+            stream.deadline = min(stream.deadline, now + ABORT_BOUND)
+
+    def arm_bound(self) -> None:
+        """The pause, once its abort calls are written: the bound :meth:`bound_abort` kept, on the stream now."""
+        bound, self._unarmed = self._unarmed, None
+        if bound is not None and self.abort_bound is not None:
+            self.abort_bound.deadline = min(self.abort_bound.deadline, bound)
 
     def request_abort(self, batch: AbortBatch | None = None) -> None:
         """The controller asks the generation to stop (the turn's ``on_abort`` runs now if its stream is open)."""
@@ -226,11 +241,14 @@ class GenerationController:
             pending = _PendingPause(reply, set() if mode == "keep" else set(self._in_flight))
             if mode == "abort":
                 batch = batch_made = AbortBatch()
+                asked = list(self._in_flight.values())
                 try:
-                    for handle in list(self._in_flight.values()):
+                    for handle in asked:
                         handle.request_abort(batch)  # the turn aborts its own generation, now
                 finally:
                     batch.close()  # the aborts an engine held back for the batch go out together
+                    for handle in asked:
+                        handle.arm_bound()  # (after the calls are written: the streams' bounds)
         self._pending.append(pending)
         self._settle()
         with answered:
