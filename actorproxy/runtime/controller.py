@@ -47,6 +47,11 @@ log = logging.getLogger(__name__)
 #: delivering tokens (the backlog the engine streamed before it stopped) is read on:
 #: they are recorded, not cut off.
 ABORT_BOUND = 10.0
+#: A stream is cut between ``ABORT_BOUND`` and ``ABORT_BOUND`` + this many seconds after its last
+#: token: a token moves the cut (to the far end) only when it would come less than ``ABORT_BOUND``
+#: after it, so a stream's tokens move it once a second at most, not each (a moved Trio deadline
+#: is ~20,000 instructions; a pause's thousand streams each get a token with their finish).
+ABORT_SLACK = 1.0
 #: However much keeps arriving, an aborted stream is cut after this many seconds (an
 #: engine that ignores its abort calls).
 ABORT_LIMIT = 120.0
@@ -74,7 +79,7 @@ class GenerationHandle:
     #: Tokens this generation has produced so far (this attempt); written by the turn only.
     tokens: int = 0
     #: While the turn reads an aborted stream to its finish: the scope that cuts it
-    #: ``ABORT_BOUND`` seconds after its last token, or ``ABORT_LIMIT`` after the abort
+    #: ``ABORT_BOUND`` seconds after its last token (``ABORT_SLACK``), or ``ABORT_LIMIT`` after the abort
     #: (:meth:`bound_abort`, by the turn).
     abort_bound: trio.CancelScope | None = None
     _abort_limit: float = math.inf
@@ -87,8 +92,11 @@ class GenerationHandle:
     def add_tokens(self, n: int) -> None:
         """Count ``n`` more tokens; while aborting, their arrival pushes the cut back."""
         self.tokens += n
-        if self.abort_bound is not None:
-            self.abort_bound.deadline = min(self._abort_limit, trio.current_time() + ABORT_BOUND)
+        bound = self.abort_bound
+        if bound is not None:
+            cut = trio.current_time() + ABORT_BOUND
+            if cut > bound.deadline and bound.deadline < self._abort_limit:
+                bound.deadline = min(self._abort_limit, cut + ABORT_SLACK)
 
     def bound_abort(self, stream: trio.CancelScope) -> None:
         """The turn: cut ``stream`` if the aborted generation does not end in time (see ``abort_bound``).
@@ -98,9 +106,9 @@ class GenerationHandle:
         now = trio.current_time()
         self.abort_bound, self._abort_limit = stream, now + ABORT_LIMIT
         if self.abort_batch is not None and self.abort_batch.open:
-            self._unarmed = now + ABORT_BOUND
+            self._unarmed = now + ABORT_BOUND + ABORT_SLACK
         else:
-            stream.deadline = min(stream.deadline, now + ABORT_BOUND)
+            stream.deadline = min(stream.deadline, now + ABORT_BOUND + ABORT_SLACK)
 
     def arm_bound(self) -> None:
         """The pause, once its abort calls are written: the bound :meth:`bound_abort` kept, on the stream now."""

@@ -294,6 +294,29 @@ async def test_an_engine_that_ignores_the_abort_is_cut_by_the_turn_itself(
         assert step["preemptions"] == 1
 
 
+async def test_an_aborted_streams_tokens_move_its_cut_once_a_second_not_each(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A backlog read after a pause's abort pushes the stream's cut back, but its tokens do not
+    each move a Trio deadline: the cut stays between ABORT_BOUND and ABORT_BOUND + ABORT_SLACK
+    after the last token, moved once a second at most."""
+    from actorproxy.runtime.controller import ABORT_BOUND, ABORT_SLACK, GenerationHandle
+
+    handle = GenerationHandle("backlog")
+    with trio.CancelScope() as stream:
+        handle.bound_abort(stream)
+        moves = 0
+        for _ in range(300):  # three seconds of tokens, one every 10 ms
+            await trio.sleep(0.01)
+            before = stream.deadline
+            handle.add_tokens(1)
+            moves += stream.deadline != before
+            assert ABORT_BOUND <= stream.deadline - trio.current_time() <= ABORT_BOUND + ABORT_SLACK
+        assert 2 <= moves <= 3  # (300 when each token moved it)
+        await trio.sleep(ABORT_BOUND - 0.5)
+    assert not stream.cancelled_caught  # still within the bound of its last token
+
+
 async def test_a_generation_the_engine_finished_before_its_abort_is_not_counted_aborted(
     tokenizer: Any, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
