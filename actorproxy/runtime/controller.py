@@ -19,7 +19,8 @@ as messages to an actor would. A turn that may generate is admitted by a method
 call: no message, no reply channel, no scheduler round (issue 12). Only a turn
 that must wait (paused) and a pause that must wait for its generations await
 a one-shot reply channel, answered when the state changes: a broadcast, no
-polling.
+polling. A turn waits for resume at most ``--pause-wait-timeout``: one task of the
+runtime's watches all of them (:meth:`GenerationController.expire_waiting`).
 """
 
 from __future__ import annotations
@@ -141,23 +142,27 @@ class Permit:
 
 @attrs.define(eq=False)
 class Waiting:
-    """Where a turn asking while paused gets its :class:`Permit` (given at resume).
+    """Where a turn asking while paused gets its :class:`Permit` (given at resume), or ``None`` once it
+    waited too long (:meth:`GenerationController.expire_waiting`).
 
     An event, not a reply channel: every stream a pause aborts asks again as it ends (1,000
-    at once), and a memory channel costs ~9 µs to make against ~0.2 µs.
+    at once), and a memory channel costs ~9 µs to make against ~0.2 µs. Not a deadline of the
+    turn's own either: a cancel scope with a deadline, entered and left, is ~60,000
+    instructions of Trio's, a thousand times in a pause's acknowledgement.
     """
 
+    #: When the turn began to wait (Trio's clock).
+    since: float
     _given: trio.Event = attrs.field(factory=trio.Event)
     _permit: Permit | None = None
 
-    def give(self, permit: Permit) -> None:
+    def give(self, permit: Permit | None) -> None:
         self._permit = permit
         self._given.set()
 
-    async def wait(self) -> Permit:
-        """The permit, once given (a checkpoint: cancellable)."""
+    async def wait(self) -> Permit | None:
+        """The permit, once given; ``None`` if the turn waited too long (a checkpoint: cancellable)."""
         await self._given.wait()
-        assert self._permit is not None
         return self._permit
 
 
@@ -188,6 +193,8 @@ class GenerationController:
         self._in_flight: dict[int, GenerationHandle] = {}
         self._waiting: dict[int, tuple[GenerationHandle, Waiting]] = {}
         self._pending: list[_PendingPause] = []
+        #: Set when a turn begins to wait while :meth:`expire_waiting` has nobody to watch.
+        self._someone_waits = trio.Event()
         self._pauses = 0
         self._resumes = 0
         self._aborted_total = 0
@@ -202,8 +209,29 @@ class GenerationController:
         """
         if not self.paused:
             return self._admit(handle)
-        waiting = self._waiting[handle.id] = (handle, Waiting())
+        waiting = self._waiting[handle.id] = (handle, Waiting(trio.current_time()))
+        self._someone_waits.set()
         return waiting[1]
+
+    async def expire_waiting(self, longest: float) -> None:
+        """Run by the runtime, for ever: a turn that waited ``longest`` seconds for permission gets ``None``.
+
+        One task watches the turns waiting (in the order they began to wait, the order of
+        ``_waiting``), each turn's bound without a cancel scope of its own.
+        """
+        while True:
+            while not self._waiting:
+                self._someone_waits = trio.Event()
+                await self._someone_waits.wait()
+            _, first = next(iter(self._waiting.values()))
+            await trio.sleep_until(first.since + longest)
+            now = trio.current_time()
+            while self._waiting:
+                key, (_, turn) = next(iter(self._waiting.items()))
+                if turn.since + longest > now:
+                    break
+                del self._waiting[key]
+                turn.give(None)  # the turn withdraws and answers 503
 
     def withdraw(self, handle: GenerationHandle) -> None:
         """A turn stopped waiting for permission (its bound ran out or it was cancelled)."""

@@ -323,8 +323,7 @@ class TurnGeneration:
             return asked
         permit: Permit | None = None
         try:
-            with trio.move_on_after(self._settings.pause_wait_timeout):
-                permit = await asked.wait()
+            permit = await asked.wait()  # None after pause_wait_timeout (GenerationController.expire_waiting)
         finally:
             if permit is None:  # gave up or cancelled; it may have been admitted just then
                 self._controller.withdraw(handle)

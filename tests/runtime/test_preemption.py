@@ -159,6 +159,27 @@ async def test_waiting_too_long_gets_503_with_retry_after(
         assert (await sim.pause_state())["waiting"] == 0
 
 
+async def test_each_waiting_turn_gets_its_whole_wait_however_the_pauses_before_it_went(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    """One task bounds every turn's wait for resume: a turn that began to wait after an earlier
+    one was woken by a resume still waits its own ``pause_wait_timeout`` from when it asked."""
+    async with open_simulated_proxy(
+        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL), pause_wait_timeout=5.0
+    ) as sim:
+        await sim.pause()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sim.chat, "first", USER)
+            await trio.sleep(3.0)
+            await sim.resume()  # "first" goes on
+        await sim.pause()
+        started = trio.current_time()
+        result = await sim.chat("second", USER)
+        assert trio.current_time() - started == pytest.approx(5.0)
+        assert result.error is not None and result.error.code == "generation_paused"
+        await sim.resume()
+
+
 async def test_pause_while_the_client_disconnects(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
     async with open_simulated_proxy(
         tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL), partial_rollout=True
