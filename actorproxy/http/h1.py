@@ -498,7 +498,8 @@ def whole_chunks(buf: bytearray | memoryview, pos: int, out: bytearray) -> int:
                 break
             if view is None:
                 if stop + 2 == n:  # the read holds this one chunk (a streamed event): a view that goes at once
-                    out += memoryview(buf)[start:stop]
+                    # (A view received where it lies is sliced itself: a view of it would be one more to make.)
+                    out += buf[start:stop] if type(buf) is memoryview else memoryview(buf)[start:stop]
                     return n
                 # Several chunks (a whole reply read at once): one view for them all (~1,300 instructions a
                 # memoryview), released before the buffer may be resized.
