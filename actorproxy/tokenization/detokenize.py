@@ -30,6 +30,9 @@ __all__ = ["IncrementalDetokenizer"]
 _BYTE_TABLES: weakref.WeakKeyDictionary[ChatTokenizer, tuple[bytes, ...] | None] = (
     weakref.WeakKeyDictionary()
 )
+#: Per byte-level tokenizer: the text of each token id seen that decodes alone to whole characters (a cache that
+#: fills as ids are streamed, up to the vocabulary; see ``_ByteLevel.feed``).
+_WHOLE_TEXTS: weakref.WeakKeyDictionary[ChatTokenizer, dict[int, str]] = weakref.WeakKeyDictionary()
 
 REPLACEMENT = "\ufffd"
 
@@ -47,7 +50,7 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         table = byte_table(tokenizer)
         self._impl: _ByteLevel | _Windowed = (
-            _ByteLevel(table) if table is not None else _Windowed(tokenizer)
+            _ByteLevel(table, _WHOLE_TEXTS.setdefault(tokenizer, {})) if table is not None else _Windowed(tokenizer)
         )
         #: Text completed by ``token_ids`` (may be empty while a character is split): the implementation's own
         #: method (no call of this class's per streamed token).
@@ -70,19 +73,36 @@ class _ByteLevel:
     subparts, so the streamed text equals the one-shot text.
     """
 
-    def __init__(self, table: tuple[bytes, ...]) -> None:
+    def __init__(self, table: tuple[bytes, ...], whole: dict[int, str]) -> None:
         self._table = table
         self._size = len(table)
         self._held = b""  # the bytes of a character not complete yet
+        #: The text of each id seen that decodes alone to whole characters (shared by the tokenizer's detokenizers).
+        self._whole = whole
 
     def feed(self, token_ids: Sequence[int]) -> str:
         table, size = self._table, self._size
         # Ids outside the vocabulary decode to nothing, as in `tokenizer.decode`.
         if len(token_ids) == 1:  # a streamed token alone: no generator
             i = token_ids[0]
-            data = table[i] if 0 <= i < size else b""
-        else:
-            data = b"".join(table[i] for i in token_ids if 0 <= i < size)
+            held = self._held
+            if not held:  # (nearly every token: its text decoded before, looked up instead of decoded again)
+                text = self._whole.get(i)
+                if text is not None:
+                    return text
+            known = 0 <= i < size
+            data = table[i] if known else b""
+            if held:
+                data = held + data
+            text, used = codecs.utf_8_decode(data, "replace", False)
+            if used == len(data):
+                if known and not held:
+                    self._whole[i] = text  # (at most one entry an id of the vocabulary)
+                self._held = b""
+            else:
+                self._held = data[used:]
+            return text
+        data = b"".join(table[i] for i in token_ids if 0 <= i < size)
         if self._held:
             data = self._held + data
         # What codecs' incremental UTF-8 decoder does, without its Python-level method a token.
