@@ -344,9 +344,12 @@ class BodyDecoder:
         """Append to ``out`` the body bytes at the start of ``view`` (an arrival where it was received, not
         copied to the connection's buffer first); how many bytes of ``view`` that used.
 
-        Whole chunks, a chunk's part, a sized body's bytes: each copied once. What is left (a
-        chunk line cut short, the last chunk, anything malformed, what follows the body) is for
-        :meth:`decode`, from the connection's buffer: nothing here raises.
+        Whole chunks, a chunk's part, a sized body's bytes: each copied once. A chunked body
+        is walked through its states by position, and the walk stops where judgment is needed:
+        a chunk line cut short or malformed (``_SIZE``), a chunk's CRLF cut short or wrong
+        (``_CRLF``), the trailers (``_TRAILERS``, past the last chunk's line). That is for
+        :meth:`decode`, from the connection's buffer, to judge: nothing here raises. It is the
+        chunked decoder's one walk: :meth:`decode` runs it over a view of its buffer too.
         """
         if self.done:
             return 0
@@ -373,11 +376,11 @@ class BodyDecoder:
                 m = _CHUNK_LINE.match(view, pos)
                 if m is None:
                     return pos
-                size, start = int(m[1], 16), m.end()
-                if size == 0 or start + size + 2 <= n:  # (the last chunk; a whole one whole_chunks refused)
+                size, pos = int(m[1], 16), m.end()
+                if size == 0:
+                    self._state = _TRAILERS
                     return pos
-                pos = start
-                self.remaining, self._state = size, _DATA
+                self.remaining, self._state = size, _DATA  # (a whole one whole_chunks refused: its CRLF is judged)
             elif state == _DATA:
                 left = self.remaining
                 if n - pos < left:
@@ -404,61 +407,23 @@ class BodyDecoder:
         self.done = True
 
     def _dechunk(self, buf: bytearray, out: bytearray, pos: int) -> None:
-        # Whole chunks are copied out from a moving position and removed together at the
-        # end (several events in one read: one removal, not one per chunk). ``pos``: where
-        # :meth:`decode` left off (the whole chunks before it are copied out already).
+        # The walk (:meth:`decode_view`) from ``pos``, where :meth:`decode` left off (the whole chunks before it are
+        # copied out already), over a view of the buffer released before it is resized; then a judgment of where
+        # it stopped; then one removal of what it used (several events in one read: one removal, not one each).
+        with memoryview(buf) as view:
+            pos += self.decode_view(view[pos:] if pos else view, out)
         try:
-            while True:
-                state = self._state
-                if state == _SIZE:
-                    pos = whole_chunks(buf, pos, out)
-                    if pos == len(buf):  # every chunk was whole: nothing left to look at
-                        return
-                    m = _CHUNK_LINE.match(buf, pos)
-                    if m is None:
-                        if len(buf) - pos > MAX_CHUNK_LINE or buf.find(b"\n", pos) >= 0:
-                            raise ProtocolError(f"bad chunk size line {bytes(buf[pos : pos + 40])!r}")
-                        return
-                    size, start = int(m[1], 16), m.end()
-                    if size == 0:
-                        pos = start
-                        self._state = _TRAILERS
-                        continue
-                    stop = start + size
-                    if len(buf) >= stop + 2:  # the whole chunk is here: one copy
-                        if buf[stop] != 13 or buf[stop + 1] != 10:
-                            raise ProtocolError("chunk data is not followed by CRLF (a wrong chunk size)")
-                        out += memoryview(buf)[start:stop]  # (the view is gone before the del)
-                        pos = stop + 2
-                        continue
-                    pos = start
-                    self.remaining, self._state = size, _DATA
-                    continue
-                if pos:  # the other states read from the start of the buffer
-                    del buf[:pos]
-                    pos = 0
-                if state == _DATA:
-                    left, n = self.remaining, len(buf)
-                    if n < left:
-                        out += buf
-                        del buf[:]
-                        self.remaining = left - n
-                        return
-                    out += buf[:left]
-                    del buf[:left]
-                    self._state = _CRLF
-                elif state == _CRLF:
-                    if len(buf) < 2:
-                        if buf and buf[0] != 13:
-                            raise ProtocolError("chunk data is not followed by CRLF (a wrong chunk size)")
-                        return
-                    if buf[0] != 13 or buf[1] != 10:
-                        raise ProtocolError("chunk data is not followed by CRLF (a wrong chunk size)")
-                    del buf[:2]
-                    self._state = _SIZE
-                else:
-                    self._trailers(buf)
-                    return
+            state, n = self._state, len(buf)
+            if state == _SIZE:
+                if n - pos > MAX_CHUNK_LINE or buf.find(b"\n", pos) >= 0:
+                    raise ProtocolError(f"bad chunk size line {bytes(buf[pos : pos + 40])!r}")
+            elif state == _CRLF:
+                if n - pos >= 2 or n > pos and buf[pos] != 13:
+                    raise ProtocolError("chunk data is not followed by CRLF (a wrong chunk size)")
+            elif state == _TRAILERS:
+                del buf[:pos]
+                pos = 0
+                self._trailers(buf)
         finally:
             if pos:
                 del buf[:pos]

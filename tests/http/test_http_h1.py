@@ -360,6 +360,38 @@ def test_an_arrival_read_where_it_lies_de_chunks_as_the_buffer_does(
         assert through_buffer[:3] == (b"".join(chunks), True, after)
 
 
+@given(_CHUNKS, st.integers(0, 4), st.sampled_from([-2, -1, 1, 2]), st.sampled_from([b"", b"0\r\n\r\n", b"1\r\nx\r\n"]),
+       _CUTS)
+def test_a_chunk_whose_size_lies_gives_the_same_bytes_and_error_however_it_arrives(
+    chunks: list[bytes], which: int, lie: int, after: bytes, cuts: list[int],
+) -> None:
+    """The chunk's data is taken (its size's worth) and its missing CRLF refused, whether the CRLF's place came
+    with the chunk or after it, in the buffer or where the arrival lies."""
+    if not chunks:
+        chunks = [b"abc"]
+    which %= len(chunks)
+    sizes = [len(chunk) + (lie if i == which else 0) for i, chunk in enumerate(chunks)]
+    wire = b"".join(b"%x\r\n%s\r\n" % (max(size, 1), chunk) for size, chunk in zip(sizes, chunks, strict=True)) + after
+    bounds = sorted({0, len(wire), *(cut for cut in cuts if cut < len(wire))})
+    pieces = [wire[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    whole = _fed(h1.BodyDecoder(keep_alive=True, chunked=True), [wire], views=False)
+    for views in (False, True):
+        split = _fed(h1.BodyDecoder(keep_alive=True, chunked=True), pieces, views=views)
+        assert (split[0], split[1], split[3]) == (whole[0], whole[1], whole[3])  # (what is left: up to the fault)
+    if whole[3]:
+        assert whole[0].startswith(b"".join(chunks[:which]))
+
+
+@pytest.mark.parametrize("views", [False, True])
+def test_a_missing_chunk_crlf_is_refused_at_the_first_byte_that_shows_it(views: bool) -> None:
+    for wire, at in [(b"2\r\nabc\r\n", 5), (b"2\r\nab\rc", 6)]:
+        def fed(upto: int, wire: bytes = wire) -> tuple[bytes, bool, bytes, str]:
+            return _fed(h1.BodyDecoder(keep_alive=True, chunked=True), [wire[i : i + 1] for i in range(upto)],
+                        views=views)
+        assert fed(at)[::3] == (b"ab", "")
+        assert fed(at + 1)[::3] == (b"ab", "ProtocolError")
+
+
 @given(st.binary(max_size=60), st.sampled_from([None, 0, 5, 30]), _CUTS)
 def test_a_sized_or_until_close_arrival_read_where_it_lies_takes_what_the_buffer_does(
     wire: bytes, length: int | None, cuts: list[int],
