@@ -195,7 +195,7 @@ class StreamDecoder:
                     count = 0 if end < 2 else buf.count(_SEPARATOR, 0, end) + 1
                 if end >= 2:
                     if each:
-                        taken = self._take_each(end, count, out)  # (False: the events before another shape were read)
+                        taken = self._take_each(end, line_end, out)  # (False: the events before another shape were)
                     else:
                         # (A slice compared and a byte's ``in``: no arguments parsed, as startswith and find have;
                         # ~900 instructions each a read. A lone event ends at the buffer's end.)
@@ -308,20 +308,17 @@ class StreamDecoder:
         if done:
             self._end(True, out)
 
-    def _take_each(self, end: int, count: int, out: list[GenerationEvent]) -> bool:
+    def _take_each(self, end: int, first: int, out: list[GenerationEvent]) -> bool:
         """The events in ``buffer[:end]``, each decoded alone where it lies (a long event is scanned for its
-        line end once and copied never; ``[DONE]`` is an event's start); ``count`` 1: one event, of the
-        common shape. ``False``: an event is not of the common shape (``data:`` line, blank line, ``\\n``
-        line ends): the events before it are read and removed, it and the rest are left in the buffer.
-        An event cut short at ``end`` (the buffer's) is left for the next read, which searches on for its
-        line end where this one stopped (:attr:`_clean`)."""
+        line end once and copied never; ``[DONE]`` is an event's start); ``first``: the buffer's first line
+        break (:meth:`read` searched for it). ``False``: an event is not of the common shape (``data:``
+        line, blank line, ``\\n`` line ends): the events before it are read and removed, it and the rest
+        are left in the buffer. An event cut short at ``end`` (the buffer's) is left for the next read,
+        which searches on for its line end where this one stopped (:attr:`_clean`)."""
         buf = self.buffer
         spans: list[tuple[int, int]] = []
         done = common = True
         at = clean = 0
-        if count == 1 and buf.startswith(b"data: {") and buf[end - 3] != 13:  # (one line break: checked)
-            spans.append((6, end - 2))
-            at = end
         while at < end:
             if not buf.startswith(b"data: ", at):
                 common = end - at < 6 and b"data: ".startswith(buf[at:end])  # (else: cut short)
@@ -330,7 +327,8 @@ class StreamDecoder:
             if buf.startswith(b"[DONE]\n\n", at + 6):
                 at = end  # (what follows it is dropped, as after any [DONE])
                 break
-            line_end = buf.find(b"\n", max(at + 6, self._clean), end)
+            # (The first event's line end is the buffer's first line break: a long event is not searched twice.)
+            line_end = buf.find(b"\n", max(at + 6, self._clean), end) if at else first
             if line_end < 0 or line_end + 1 == end:  # cut short: searched up to its end (or its line end)
                 clean = (end if line_end < 0 else line_end) - at
                 done = False
