@@ -263,6 +263,10 @@ class TurnGeneration:
         asked = self._controller.request(handle)
         while True:
             permit = await self._permission(handle, asked)
+            if permit is None:  # the agent left while the turn waited: nothing is generated for it
+                self.client_gone = True
+                self.finish = GenerateFinish("abort")
+                return self.finish
             if first:
                 first = False
                 try:
@@ -317,18 +321,26 @@ class TurnGeneration:
 
     # -- permission -------------------------------------------------------------
 
-    async def _permission(self, handle: GenerationHandle, asked: Permit | Waiting) -> Permit:
-        """Permission to generate: granted by a method call while running (no scheduler round), else waited for."""
+    async def _permission(self, handle: GenerationHandle, asked: Permit | Waiting) -> Permit | None:
+        """Permission to generate: granted by a method call while running (no scheduler round), else waited for.
+
+        ``None``: the agent left while the turn waited (its end closed wakes the wait).
+        """
         if isinstance(asked, Permit):
             return asked
         permit: Permit | None = None
+        agent = self._agent
         try:
-            permit = await asked.wait()  # None after pause_wait_timeout (GenerationController.expire_waiting)
+            if agent.on_leave(partial(asked.give, None)):  # the agent leaving ends the wait: None
+                permit = await asked.wait()  # None after pause_wait_timeout (GenerationController.expire_waiting)
         finally:
-            if permit is None:  # gave up or cancelled; it may have been admitted just then
+            agent.on_leave(None)
+            if permit is None:  # gave up, the agent left, or cancelled; it may have been admitted just then
                 self._controller.withdraw(handle)
         if permit is not None:
             return permit
+        if not agent.still_there():
+            return None
         wait = self._settings.pause_wait_timeout
         error = Overloaded(
             f"generation is paused for a weight update and did not resume within {wait:g} s; retry",

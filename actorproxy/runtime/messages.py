@@ -24,7 +24,8 @@ class RunTurn:
     request: ChatRequest
     identity: Identity
     events: trio.MemorySendChannel[TurnEvent]
-    #: Where a streamed delta is written from the session's task while the ingress waits (``runtime/turn_stream.py``).
+    #: Where a streamed delta is written from the session's task while the ingress waits, and how the session
+    #: learns the agent left while it waits (``runtime/turn_stream.py``).
     relay: Relay | None = None
 
 

@@ -145,7 +145,7 @@ class Runtime:
             send: trio.MemorySendChannel[TurnEvent]
             recv: trio.MemoryReceiveChannel[TurnEvent]
             send, recv = trio.open_memory_channel(_TURN_EVENT_BUFFER)
-            relay = Relay() if request.stream else None
+            relay = Relay()
             session_id = identity.session_id
             # The session's mailbox (its actor spawned if none is live) comes off the registry directly,
             # not through the registry's mailbox; a retry asks, so that it comes after whatever the
@@ -171,6 +171,7 @@ class Runtime:
                 raise EngineError("the session ended the turn without an answer") from None
             except BaseException:
                 recv.close()  # cancelled (the agent hung up): the session sees its channel closed
+                relay.agent_left()  # and stops waiting for it, if it waits (a paused turn)
                 raise
             if isinstance(first, TurnMoved):
                 recv.close()

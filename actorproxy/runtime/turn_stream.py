@@ -33,12 +33,27 @@ class Relay:
     delta to ``take`` when it is set, and shuts it (``take = None``) before it sends any
     event through the channel, so a delta never overtakes an event the ingress has not
     written yet; the ingress (:class:`TurnStream`) sets it again when it next waits.
+
+    ``left`` is set by the session's end while it waits with nothing to send (a paused
+    turn): the ingress calls it as it closes its end (:meth:`agent_left`), so the turn stops
+    waiting for an agent that has gone. Every turn has one, streamed or not.
     """
 
-    __slots__ = ("take",)
+    __slots__ = ("take", "left", "closed")
 
     def __init__(self) -> None:
         self.take: Take | None = None
+        self.left: Callable[[], None] | None = None
+        #: The ingress closed its end.
+        self.closed = False
+
+    def agent_left(self) -> None:
+        """The ingress closed its end of the turn (the agent left, or the turn's reply is done)."""
+        self.take = None
+        self.closed = True
+        left, self.left = self.left, None
+        if left is not None:
+            left()
 
 
 class TurnStream(Closing):
@@ -130,10 +145,10 @@ class TurnStream(Closing):
             raise StopAsyncIteration from None
 
     def close(self) -> None:
-        if self._relay is not None:
-            self._relay.take = None
         self._take = None
         self._channel.close()
+        if self._relay is not None:
+            self._relay.agent_left()
         if self._on_close is not None:
             on_close, self._on_close = self._on_close, None
             on_close()

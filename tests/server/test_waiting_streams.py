@@ -13,6 +13,7 @@ plain status (test_refused_streams.py).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import httpx
@@ -20,9 +21,11 @@ import pytest
 import trio
 import trio.testing
 from _asgi import open_client
+from _util import hang_up_after
 
+from actorproxy import ProxyConfig, open_proxy
 from actorproxy.server.app import create_app
-from actorproxy.sim import SimConfig
+from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.testing import open_simulated_proxy
 
 HI = [{"role": "user", "content": "hi"}]
@@ -130,3 +133,49 @@ async def test_a_turn_that_starts_within_the_interval_sends_no_heartbeat_first(
             await http.post("/v1/rollout/resume", json={})
         assert not any(line == ": keep-alive" for _, line in seen), seen
         assert seen[0][1] == "status 200" and seen[1][1].startswith("data: {") and seen[-1][1] == "data: [DONE]"
+
+
+async def _waiting(http: httpx.AsyncClient, count: int) -> None:
+    """Until the proxy counts ``count`` turns waiting for the pause: it turns on bytes sent over loopback (a
+    request, a hang-up), with nothing to wait on here."""
+    for _ in range(400):
+        if (await http.get("/v1/rollout/pause_state")).json()["waiting"] == count:
+            return
+        await trio.testing.wait_all_tasks_blocked(cushion=0.005)
+    raise AssertionError(f"the proxy never counted {count} turns waiting")
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])
+async def test_an_agent_that_leaves_while_its_turn_waits_is_withdrawn_at_once(
+    stream: bool, tokenizer: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Over the real server: an agent gives up on a turn that waits for the pause (its client's timeout).
+
+    The turn stops waiting then, not at the resume: it is no longer counted, and the resume does not
+    start a generation for nobody. Its step is ``client_disconnected`` with nothing sampled.
+    """
+    caplog.set_level(logging.WARNING)
+    engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.0))
+    config = ProxyConfig.of(port=0, heartbeat_interval=0.05)
+    async with open_proxy(config, backend=engine, tokenizer=tokenizer) as running, \
+            httpx.AsyncClient(base_url=running.url, timeout=30) as http:
+        assert (await http.post("/v1/rollout/pause", json={"mode": "abort"})).status_code == 200
+        body = {"messages": HI, "max_tokens": 4, "stream": stream}
+        if stream:  # the agent reads its first heartbeat, then hangs up
+            await hang_up_after(http, "/v1/chat/completions", body, "gone", events=1, marker=": keep-alive")
+        else:  # nothing comes before the result: the agent hangs up once its turn waits
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: http.post("/v1/chat/completions", json=body,
+                                                     headers={"X-Session-Id": "gone"}))
+                await _waiting(http, 1)
+                nursery.cancel_scope.cancel()
+        await _waiting(http, 0)
+        assert (await http.post("/v1/rollout/resume", json={})).json()["woken"] == 0
+        after = await http.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 4},
+                                headers={"X-Session-Id": "gone"})
+        assert after.status_code == 200, after.text
+        steps = (await http.get("/session/gone")).json()["recent_steps"]
+    assert [(s["status"], s["completion_tokens"]) for s in steps][:1] == [("client_disconnected", 0)], steps
+    assert [s["status"] for s in steps][1:] == ["completed"], steps
+    assert engine.requests_started == 1  # the follow-up turn only: none for the agent that left
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
