@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -40,14 +42,25 @@ CALLS = [
 ]
 
 
+@asynccontextmanager
+async def paused_proxy(tokenizer: Any, *, pause_wait_timeout: float) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of a proxy (heartbeats every 10 s) whose generation is paused."""
+    async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=0.001),
+                                    heartbeat_interval=10, pause_wait_timeout=pause_wait_timeout) as sim, \
+            open_client(create_app(sim.runtime)) as http:
+        assert (await http.post("/v1/rollout/pause", json={"mode": "abort"})).status_code == 200
+        yield http
+
+
 async def stream_lines(http: httpx.AsyncClient, path: str, body: dict[str, Any], session: str,
                        seen: list[tuple[float, str]]) -> httpx.Response:
-    """Stream the call, noting each line with the (virtual) time it came; the response, read to its end."""
+    """Stream the call, noting each line with the (virtual) time it came, from the call; read to its end."""
+    start = trio.current_time()
     async with http.stream("POST", path, json=body, headers={"X-Session-Id": session}) as reply:
-        seen.append((trio.current_time(), f"status {reply.status_code}"))
+        seen.append((trio.current_time() - start, f"status {reply.status_code}"))
         async for line in reply.aiter_lines():
             if line:
-                seen.append((trio.current_time(), line))
+                seen.append((trio.current_time() - start, line))
     return reply
 
 
@@ -55,19 +68,15 @@ async def stream_lines(http: httpx.AsyncClient, path: str, body: dict[str, Any],
 async def test_a_turn_waiting_out_a_pause_streams_heartbeats_then_its_reply(
     path: str, body: dict[str, Any], heartbeat: str, tokenizer: Any, autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=0.001),
-                                    heartbeat_interval=10, pause_wait_timeout=600) as sim, \
-            open_client(create_app(sim.runtime)) as http:
-        assert (await http.post("/v1/rollout/pause", json={"mode": "abort"})).status_code == 200
-        seen: list[tuple[float, str]] = []
-        start = trio.current_time()
+    seen: list[tuple[float, str]] = []
+    async with paused_proxy(tokenizer, pause_wait_timeout=600) as http:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stream_lines, http, path, body, "w", seen)
             await trio.sleep(35)  # a weight update of 35 s
             assert (await http.post("/v1/rollout/resume", json={})).json()["resumed"] is True
         # The head after one interval (with the first heartbeat), then one heartbeat an interval until the resume.
-        assert seen[0] == (pytest.approx(start + 10), "status 200"), seen
-        beats = [at - start for at, line in seen if line == heartbeat]
+        assert seen[0] == (pytest.approx(10), "status 200"), seen
+        beats = [at for at, line in seen if line == heartbeat]
         assert beats[:3] == [pytest.approx(10), pytest.approx(20), pytest.approx(30)], seen
         # Then the reply itself, whole, after the resume.
         lines = [line for _, line in seen]
@@ -91,17 +100,13 @@ async def test_a_turn_waiting_out_a_pause_streams_heartbeats_then_its_reply(
 async def test_a_turn_refused_after_its_stream_started_gets_the_error_event(
     path: str, body: dict[str, Any], heartbeat: str, tokenizer: Any, autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with open_simulated_proxy(tokenizer=tokenizer, sim_config=SimConfig(token_interval=0.001),
-                                    heartbeat_interval=10, pause_wait_timeout=25) as sim, \
-            open_client(create_app(sim.runtime)) as http:
-        assert (await http.post("/v1/rollout/pause", json={"mode": "abort"})).status_code == 200
-        seen: list[tuple[float, str]] = []
-        start = trio.current_time()
+    seen: list[tuple[float, str]] = []
+    async with paused_proxy(tokenizer, pause_wait_timeout=25) as http:
         await stream_lines(http, path, body, "late", seen)
-        assert seen[0] == (pytest.approx(start + 10), "status 200"), seen
-        assert [at - start for at, line in seen if line == heartbeat] == [pytest.approx(10), pytest.approx(20)]
+        assert seen[0] == (pytest.approx(10), "status 200"), seen
+        assert [at for at, line in seen if line == heartbeat] == [pytest.approx(10), pytest.approx(20)]
         # The pause outlasted --pause-wait-timeout: the refusal is the stream's error, in the caller's format.
-        assert seen[-1][0] == pytest.approx(start + 25)
+        assert seen[-1][0] == pytest.approx(25)
         data = [json.loads(line[6:]) for _, line in seen if line.startswith("data: {")]
         if path == "/v1/chat/completions":
             assert data[-1]["error"]["code"] == "generation_paused" and seen[-1][1] == "data: [DONE]"
