@@ -268,6 +268,10 @@ class _Turn:
         """Start the streamed reply before its turn starts (``server/turns.py: EarlyStart``), and send ``heartbeat``."""
         if not self.started:
             await self.start()
+        await self.beat(heartbeat)
+
+    async def beat(self, heartbeat: bytes) -> None:
+        """A heartbeat of the streamed reply under way (the silence it breaks starts over)."""
         self.last_sent = trio.current_time()
         await self.send({"type": "http.response.body", "body": heartbeat, "more_body": True})
 
@@ -282,8 +286,7 @@ class _Turn:
             if trio.current_time() < due:
                 await trio.sleep_until(due)
                 continue
-            self.last_sent = trio.current_time()
-            await self.send({"type": "http.response.body", "body": reply.heartbeat(), "more_body": True})
+            await self.beat(reply.heartbeat())
 
 
 def _warning(info: RequestInfo) -> list[tuple[bytes, bytes]]:
