@@ -233,7 +233,9 @@ class _Turn:
 
         Under the own server the deltas that come while no chunk is pending are written by
         the session's task itself (:meth:`SSEReply.relay`). Counted and logged when it ends,
-        however it ends.
+        however it ends; one that ends with an error frame (its turn refused after an early
+        start, or failed mid-stream) as that error: the status a plain refusal would have had
+        and the error's code, though its head said 200.
         """
         send = self.send
         try:
@@ -253,6 +255,10 @@ class _Turn:
             if not ended:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
+            if reply.failed is not None:
+                info = self.info
+                info.status = self.lane.admission.refusal(reply.failed, method="POST", path=self.path).status
+                info.error_code = reply.failed.code
             self.lane.observer.finish(self.info)
             await reply.aclose()
 

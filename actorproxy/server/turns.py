@@ -171,6 +171,8 @@ class SSEReply:
         self._ended = False
         #: When the session's task last wrote a frame itself (``trio.current_time``; 0: never).
         self.last_write = 0.0
+        #: The error whose frame ended the reply, if one did (the metrics count the reply as that error).
+        self.failed: ProxyError | None = None
 
     def relay(self, send_now: Callable[[bytes], Awaitable[None] | None]) -> bool:
         """Let the session's task write each delta's frame with ``send_now`` while no chunk is pending; whether it can.
@@ -241,10 +243,12 @@ class SSEReply:
                 return writer.finish(event)
             case TurnFailed():
                 self._ended = True
+                self.failed = event.error
                 return writer.error(event.error)
             case _:
                 self._ended = True
-                return writer.error(EngineError("the turn ended without a result"))
+                self.failed = EngineError("the turn ended without a result")
+                return writer.error(self.failed)
 
     async def aclose(self) -> None:
         self._ended = True

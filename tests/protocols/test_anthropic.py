@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -431,7 +432,8 @@ class FailingBackend(WrappingBackend):
 
 
 
-async def test_mid_stream_failure_is_an_error_event(tokenizer: Any) -> None:
+async def test_mid_stream_failure_is_an_error_event(tokenizer: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="actorproxy.access")
     engine = SimEngine(tokenizer, SimConfig(seed=5, token_interval=0.0005))
     engine.script("word " * 30, "word " * 30)
     async with open_proxy(ProxyConfig.of(port=0), backend=FailingBackend(engine), tokenizer=tokenizer) as running:
@@ -446,6 +448,11 @@ async def test_mid_stream_failure_is_an_error_event(tokenizer: Any) -> None:
     assert events[-1][1]["error"] == {"type": "api_error", "message": events[-1][1]["error"]["message"]}
     assert "engine fell over" in events[-1][1]["error"]["message"]
     assert plain.status_code == 502 and plain.json()["error"]["type"] == "api_error"
+    # Counted and logged as the failure it ended with, as the plain call is, not as the 200 of its head.
+    lines = {r.fields["session"]: r.fields for r in caplog.records  # type: ignore[attr-defined]
+             if r.name == "actorproxy.access" and r.fields["path"] == "/v1/messages"}
+    assert (lines["fails"]["status"], lines["fails"]["error"]) == (502, "engine_error"), lines
+    assert lines["fails-plain"]["status"] == 502
 
 
 def test_conversion_of_blocks() -> None:

@@ -24,6 +24,7 @@ import trio
 import trio.testing
 from _asgi import open_client
 from _util import hang_up_after
+from prometheus_client.parser import text_string_to_metric_families
 
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.server.app import create_app
@@ -184,3 +185,47 @@ async def test_an_agent_that_leaves_while_its_turn_waits_is_withdrawn_at_once(
     assert [s["status"] for s in steps][1:] == ["completed"], steps
     assert engine.requests_started == 1  # the follow-up turn only: none for the agent that left
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+async def _chat_turns(http: httpx.AsyncClient) -> dict[str, float]:
+    """``actorproxy_turns_total`` of the chat route, by status."""
+    families = text_string_to_metric_families((await http.get("/metrics")).text)
+    return {sample.labels["status"]: sample.value for family in families for sample in family.samples
+            if sample.name == "actorproxy_turns_total" and sample.labels["route"] == "/v1/chat/completions"}
+
+
+@pytest.mark.parametrize(("refusal", "status"), [("generation_paused", "503"), ("trajectory_version_changed", "409")])
+async def test_a_refusal_after_an_early_start_is_counted_and_logged_as_that_error(
+    refusal: str, status: str, tokenizer: Any, autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Over the real server: the stream went out as a 200, but its turn was refused, and the metrics say so.
+
+    Refused when the pause outlasts --pause-wait-timeout (25 s), or at a resume after 15 s that
+    installs another weight version in a trajectory begun under the first (no --partial-rollout).
+    """
+    caplog.set_level(logging.INFO, logger="actorproxy.access")
+    engine = SimEngine(tokenizer, SimConfig(token_interval=0.001))
+    config = ProxyConfig.of(port=0, heartbeat_interval=10, pause_wait_timeout=25)
+    body = {"messages": HI, "max_tokens": 4, "stream": True}
+    async with open_proxy(config, backend=engine, tokenizer=tokenizer) as running, \
+            httpx.AsyncClient(base_url=running.url, timeout=100) as http:
+        if refusal == "trajectory_version_changed":  # the trajectory's first turn, under weight version 0
+            first = await http.post("/v1/chat/completions", json={**body, "stream": False},
+                                    headers={"X-Session-Id": "r"})
+            assert first.status_code == 200, first.text
+        assert (await http.post("/v1/rollout/pause", json={"mode": "abort"})).status_code == 200
+        seen: list[tuple[float, str]] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream_lines, http, "/v1/chat/completions", body, "r", seen)
+            if refusal == "trajectory_version_changed":
+                await trio.sleep(15)
+                assert (await http.post("/v1/rollout/resume", json={"weight_version": "1"})).status_code == 200
+        assert seen[0] == (pytest.approx(10), "status 200"), seen
+        errors = [json.loads(line[6:])["error"] for _, line in seen if line.startswith('data: {"error"')]
+        assert [error["code"] for error in errors] == [refusal], seen
+        turns = await _chat_turns(http)
+    assert turns == ({status: 1} if refusal == "generation_paused" else {"200": 1, status: 1}), turns
+    lines = [r.fields for r in caplog.records if r.name == "actorproxy.access"]  # type: ignore[attr-defined]
+    line = [fields for fields in lines if fields["path"] == "/v1/chat/completions"][-1]  # the streamed turn's
+    assert (line["status"], line["error"]) == (int(status), refusal), lines
