@@ -141,6 +141,30 @@ async def test_a_turn_that_starts_within_the_interval_sends_no_heartbeat_first(
         assert seen[0][1] == "status 200" and seen[1][1].startswith("data: {") and seen[-1][1] == "data: [DONE]"
 
 
+@pytest.mark.parametrize(("path", "body"), [
+    pytest.param("/v1/chat/completions", {"messages": HI, "max_tokens": 4}, id="chat"),
+    pytest.param("/generate", {"trajectory_uid": "t", "prompt_uid": "p", "messages": HI, "max_tokens": 4},
+                 id="gateway"),
+    pytest.param("/generate", {"prompt_ids": [1, 2, 3], "sampling_params": {"max_tokens": 4}}, id="token-in"),
+])
+async def test_a_call_that_does_not_stream_waits_out_the_pause_with_nothing_sent(
+    path: str, body: dict[str, Any], tokenizer: Any, autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Its reply is one JSON document whose status is its result's: nothing starts early (the gateway's
+    ``/generate`` has no streamed form at all: ``stream`` is an unknown field there, 400)."""
+    seen: list[tuple[float, str]] = []
+    async with paused_proxy(tokenizer, pause_wait_timeout=600) as http:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream_lines, http, path, body, "s", seen)
+            await trio.sleep(35)
+            assert (await http.post("/v1/rollout/resume", json={})).json()["resumed"] is True
+        assert [at for at, _ in seen] == [pytest.approx(35, abs=0.1)] * 2, seen  # the head with the result
+        assert seen[0][1] == "status 200" and "error" not in json.loads(seen[1][1]), seen
+        if path == "/generate":
+            refused = await http.post(path, json={**body, "stream": True})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == "stream", refused.text
+
+
 async def _waiting(http: httpx.AsyncClient, count: int) -> None:
     """Until the proxy counts ``count`` turns waiting for the pause: it turns on bytes sent over loopback (a
     request, a hang-up), with nothing to wait on here."""
