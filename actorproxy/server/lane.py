@@ -141,11 +141,8 @@ class _Turn:
                 await self.run(raw)
                 nursery.cancel_scope.cancel()
         finally:
-            if self.gone and not self.info.finished:
-                # The client left before any answer: counted and logged all the same, as
-                # nginx's 499 (the client closed the request), not silently dropped.
-                self.info.status = self.info.status or 499
-                self.info.error_code = self.info.error_code or "client_disconnected"
+            if self.gone and not self.info.finished:  # it left before any answer, or after an early start
+                self.left()
                 self.lane.observer.finish(self.info)
             CURRENT.reset(token)  # the server runs the next request of the connection in this task
 
@@ -166,6 +163,11 @@ class _Turn:
 
     def hung_up(self) -> None:
         self.gone = True
+
+    def left(self) -> None:
+        """The client left before the whole answer: counted and logged all the same, as nginx's 499 (the
+        client closed the request), not silently dropped, whatever status a streamed reply's head said."""
+        self.info.status, self.info.error_code = 499, "client_disconnected"
 
     async def request(self) -> bytes:
         """Admit the caller, then read the body (the Quart app's hook and checks, in their order)."""
@@ -235,9 +237,11 @@ class _Turn:
         the session's task itself (:meth:`SSEReply.relay`). Counted and logged when it ends,
         however it ends; one that ends with an error frame (its turn refused after an early
         start, or failed mid-stream) as that error: the status a plain refusal would have had
-        and the error's code, though its head said 200.
+        and the error's code, though its head said 200; one whose client left before its end
+        as a 499 (:meth:`left`).
         """
         send = self.send
+        whole = False  # the body's end went out
         try:
             if not self.started:
                 await self.start()
@@ -254,8 +258,11 @@ class _Turn:
                 nursery.cancel_scope.cancel()
             if not ended:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+            whole = True
         finally:
-            if reply.failed is not None:
+            if self.gone and not whole:
+                self.left()
+            elif reply.failed is not None:
                 info = self.info
                 info.status = self.lane.admission.refusal(reply.failed, method="POST", path=self.path).status
                 info.error_code = reply.failed.code

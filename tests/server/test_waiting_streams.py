@@ -253,3 +253,45 @@ async def test_a_refusal_after_an_early_start_is_counted_and_logged_as_that_erro
     lines = [r.fields for r in caplog.records if r.name == "actorproxy.access"]  # type: ignore[attr-defined]
     line = [fields for fields in lines if fields["path"] == "/v1/chat/completions"][-1]  # the streamed turn's
     assert (line["status"], line["error"]) == (int(status), refusal), lines
+
+
+@pytest.mark.parametrize("when", ["mid-reply", "after-an-early-start"])
+async def test_a_client_that_hangs_up_mid_stream_is_counted_and_logged_as_499(
+    when: str, tokenizer: Any, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Over the real server: the stream's head said 200, but the client left before its end, as one that
+    leaves before any answer does: a 499 ``client_disconnected`` (nginx's "client closed request").
+
+    It leaves after five frames of its running reply, or after the first heartbeat of a stream started
+    early while its turn waits out a pause. Its step is ``client_disconnected`` all the same.
+    """
+    caplog.set_level(logging.INFO, logger="actorproxy.access")
+    engine = SimEngine(tokenizer, SimConfig(token_interval=0.001))
+    engine.script("word " * 400, routing_key="gone")
+    config = ProxyConfig.of(port=0, heartbeat_interval=10)
+    body = {"messages": HI, "max_tokens": 500, "stream": True}
+    async with open_proxy(config, backend=engine, tokenizer=tokenizer) as running, \
+            httpx.AsyncClient(base_url=running.url, timeout=100) as http:
+        if when == "mid-reply":
+            await hang_up_after(http, "/v1/chat/completions", body, "gone", events=5)
+        else:
+            assert (await http.post("/v1/rollout/pause", json={"mode": "abort"})).status_code == 200
+            await hang_up_after(http, "/v1/chat/completions", body, "gone", events=1, marker=": keep-alive")
+        # Until the server has seen the hang-up and ended the request: the client's EOF may be a half-close,
+        # so once the reply has started only the reset that answers the next frame (a heartbeat) tells.
+        for _ in range(60):
+            lines = [r.fields for r in caplog.records  # type: ignore[attr-defined]
+                     if r.name == "actorproxy.access" and r.fields["session"] == "gone"]
+            if lines:
+                break
+            await trio.sleep(1)
+        step = (await http.get("/session/gone")).json()["recent_steps"][-1]
+        turns = await _chat_turns(http)
+    assert [(line["status"], line.get("error")) for line in lines] == [(499, "client_disconnected")], lines
+    assert turns == {"499": 1}, turns
+    assert (step["status"], step["in_segment"]) == ("client_disconnected", False), step
+    if when == "mid-reply":  # its generation was aborted where the client left
+        stats = engine.stats(step["rid"])
+        assert stats.aborted and 0 < step["completion_tokens"] == len(stats.token_ids) < 400, step
+    else:  # nothing generated: it never started
+        assert step["completion_tokens"] == 0 and engine.requests_started == 0, step
