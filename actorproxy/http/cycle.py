@@ -59,6 +59,11 @@ SLOW_BODY_EXTENSION = "actorproxy.body_too_slow"
 #: whose head is out, while no ``send`` of the app's runs: the turn lane lets the session's task write a streamed
 #: reply's deltas so (``runtime/turn_stream.py: Relay``).
 SEND_NOW_EXTENSION = "actorproxy.send_now"
+#: The scope extension that writes an interim ``102 Processing`` while no response has started
+#: (``await scope["extensions"][...]()``; nothing to an HTTP/1.0 client, which must get no 1xx, or once the
+#: response started). A client that skips 1xx responses (httpx, aiohttp) starts its read timeout over with each:
+#: the turn lane sends one each ``--heartbeat-interval`` a call that does not stream waits.
+PROCESSING_EXTENSION = "actorproxy.processing"
 
 
 class Date:
@@ -97,7 +102,8 @@ class Cycle:
             "client": connection.client,
             "server": connection.local,
             "extensions": {DISCONNECT_EXTENSION: self.add_disconnect_callback, BODY_EXTENSION: self.body_now,
-                           SLOW_BODY_EXTENSION: self.too_slow, SEND_NOW_EXTENSION: self.send_now},
+                           SLOW_BODY_EXTENSION: self.too_slow, SEND_NOW_EXTENSION: self.send_now,
+                           PROCESSING_EXTENSION: self.processing},
         }
         self.on_disconnect: list[Callable[[], None]] = []
         self.body = body = h1.BodyDecoder.of_request(request)
@@ -336,6 +342,12 @@ class Cycle:
                 self.connection.closed = True
         await self.connection.write(out)
 
+
+    async def processing(self) -> None:
+        """An interim ``102 Processing`` (:data:`PROCESSING_EXTENSION`), while no response has started."""
+        if (self.head is None and self.state.server == SEND_RESPONSE and self.request.http_version == "1.1"
+                and not self.state.expect_continue):
+            await self.connection.write(h1.PROCESSING)
 
     def send_now(self, body: bytes) -> Awaitable[None] | None:
         """Write ``body`` as the next piece of the response under way (:data:`SEND_NOW_EXTENSION`).

@@ -523,6 +523,9 @@ def error_response(status: int, date: bytes) -> bytes:
 
 #: The interim answer to ``Expect: 100-continue`` (and to a client that only half-closed: see the server).
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: An interim answer while the response is being worked on (RFC 2518's ``102 Processing``; RFC 9110 15.2:
+#: a client must parse and skip a 1xx it does not expect). Sent only to clients known to (see the turn lane).
+PROCESSING = b"HTTP/1.1 102 Processing\r\n\r\n"
 
 
 class ResponseFraming:

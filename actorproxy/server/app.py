@@ -123,7 +123,8 @@ def create_app(runtime: Runtime, admission: Admission | None = None) -> QuartTri
     observer.handoff = gateway.handoff
     observer.generations = gateway.generations
     add_openapi_routes(app)
-    lane = TurnLane(app.asgi_app, observer=observer, admission=admission)
+    lane = TurnLane(app.asgi_app, observer=observer, admission=admission,
+                    processing=runtime.config.server.processing_heartbeats)
     dialect = DressageApi(runtime)
     app.asgi_app = lane  # type: ignore[method-assign,assignment]
 
@@ -191,8 +192,8 @@ def create_app(runtime: Runtime, admission: Admission | None = None) -> QuartTri
     turn_route("/v1/responses", ResponsesFormat(runtime.tokenizer))
 
     async def generate(raw: bytes, _headers: Any, _session: Any, _instance: Any, _confined: Any,
-                       client: str | None, _early: Any) -> bytes:
-        return await generate_turn(runtime, gateway, raw, client)
+                       client: str | None, early: EarlyStart | None) -> bytes:
+        return await generate_turn(runtime, gateway, raw, client, early)
 
     lane.route("/generate", generate)
     mount("/v1/messages/count_tokens", count_tokens, "POST")

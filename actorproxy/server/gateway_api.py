@@ -82,6 +82,7 @@ from ..schema.converter import CONVERTER, structure
 from .auth import AccessPolicy
 from .identity import MAX_ID_LENGTH
 from .lane import served_by_the_lane
+from .turns import EarlyStart, still_working
 
 log = logging.getLogger(__name__)
 
@@ -506,10 +507,12 @@ async def generate_tokens_in(runtime: Runtime, gateway: Gateway, body: TokenGene
     )))
 
 
-async def generate_turn(runtime: Runtime, gateway: Gateway, raw: bytes, client: str | None = None) -> bytes:
+async def generate_turn(runtime: Runtime, gateway: Gateway, raw: bytes, client: str | None = None,
+                        early: EarlyStart | None = None) -> bytes:
     """``POST /generate``: one turn of session ``trajectory_uid`` in prompt group ``prompt_uid``, ids and all.
 
-    A body with ``prompt_ids`` (the Claw-R1 gateway's flows) is a token-in generation instead.
+    A body with ``prompt_ids`` (the Claw-R1 gateway's flows) is a token-in generation instead. The turn's
+    client gets a ``102 Processing`` each ``--heartbeat-interval`` it waits, when it takes one (``early``).
     """
     parsed = jsonio.loads(raw)
     if isinstance(parsed, dict) and "prompt_ids" in parsed:
@@ -519,7 +522,7 @@ async def generate_turn(runtime: Runtime, gateway: Gateway, raw: bytes, client: 
     chat = {k: v for k, v in attrs.asdict(body, recurse=False).items() if v is not None}
     call = parse_chat_body(chat)  # the same message, tool and sampling checks as chat completions
     identity = Identity(session_id=trajectory_uid, instance_id=prompt_uid, client=client)
-    events = await runtime.start_turn(call.request, identity)
+    events = await runtime.start_turn(call.request, identity, still_working(early))
     with events:
         done: TurnDone | None = None
         async for event in events:

@@ -18,16 +18,23 @@ hanging up cancels the turn (its generation is aborted at the engine).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import trio
 from werkzeug.exceptions import RequestTimeout
 
 from ..errors import release
-from ..http.cycle import BODY_EXTENSION, DISCONNECT_EXTENSION, SEND_NOW_EXTENSION, SLOW_BODY_EXTENSION
+from ..http.cycle import (
+    BODY_EXTENSION,
+    DISCONNECT_EXTENSION,
+    PROCESSING_EXTENSION,
+    SEND_NOW_EXTENSION,
+    SLOW_BODY_EXTENSION,
+)
 from ..protocols.format import Headers
 from ..schema import jsonio
 from ..telemetry import CURRENT, RequestInfo
@@ -47,6 +54,11 @@ TurnHandler = Callable[[bytes, Headers, str | None, str | None, str | None, str 
 MOUNTS = ("", "/sess/<url_session>", "/<url_session>/<url_instance>")
 
 _JSON = (b"content-type", b"application/json")
+#: The User-Agents of the HTTP clients known to skip an interim ``102 Processing`` and start their read timeout
+#: over with it (``--processing-heartbeats auto``; each is run against the proxy by
+#: ``tests/server/test_processing_heartbeats.py``): httpx (its own, and the OpenAI and Anthropic Python SDKs',
+#: sync and async), aiohttp. Python's ``http.client`` (``urllib``, ``requests``) takes a 102 for the answer.
+_TAKES_PROCESSING = re.compile(r"python-httpx/|\b(?:Async)?(?:OpenAI|Anthropic)/Python\b|\baiohttp/")
 _SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"),
                 (b"content-type", b"text/event-stream; charset=utf-8")]
 
@@ -64,9 +76,12 @@ class Match:
 class TurnLane:
     """ASGI app: the turn routes served directly, everything else by ``app``."""
 
-    def __init__(self, app: ASGIApp, *, observer: Observer, admission: Admission) -> None:
+    def __init__(self, app: ASGIApp, *, observer: Observer, admission: Admission,
+                 processing: Literal["auto", "always", "never"] = "auto") -> None:
         self.app = app
         self.observer = observer
+        #: Who gets a ``102 Processing`` while a call that does not stream waits (``--processing-heartbeats``).
+        self.processing = processing
         #: Who may call, how big a body may be, how a refusal reads: the Quart app's own step.
         self.admission = admission
         self._suffixes: dict[str, TurnHandler] = {}
@@ -79,6 +94,12 @@ class TurnLane:
     def route(self, path: str, handler: TurnHandler) -> None:
         """Serve ``POST path`` (that path only)."""
         self._paths[path] = handler
+
+    def takes_processing(self, user_agent: str | None) -> bool:
+        """Whether a client of this ``User-Agent`` gets ``102 Processing`` heartbeats (``--processing-heartbeats``)."""
+        if self.processing == "auto":
+            return user_agent is not None and _TAKES_PROCESSING.search(user_agent) is not None
+        return self.processing == "always"
 
     def match(self, path: str) -> Match | None:
         """The turn route ``path`` names, as the Quart app's URL map would match it; ``None``: not a turn route."""
@@ -121,6 +142,7 @@ class _Turn:
         self.body_now: Callable[[], bytes | None] | None = extensions.get(BODY_EXTENSION)
         self.too_slow: Callable[[], Exception | None] | None = extensions.get(SLOW_BODY_EXTENSION)
         self.send_now: Callable[[bytes], Awaitable[None] | None] | None = extensions.get(SEND_NOW_EXTENSION)
+        self.processing: Callable[[], Awaitable[None]] | None = extensions.get(PROCESSING_EXTENSION)
 
     async def serve(self) -> None:
         token = CURRENT.set(self.info)
@@ -287,6 +309,16 @@ class _Turn:
         """A heartbeat of the streamed reply under way (the silence it breaks starts over)."""
         self.last_sent = trio.current_time()
         await self.send({"type": "http.response.body", "body": heartbeat, "more_body": True})
+
+    @property
+    def informs(self) -> bool:
+        """Whether this call's client gets a ``102 Processing`` each interval it waits (not streamed)."""
+        return self.processing is not None and self.lane.takes_processing(self.headers.get("User-Agent"))
+
+    async def still_working(self) -> None:
+        """A ``102 Processing`` to the client of a call that does not stream, still waiting for its answer."""
+        if self.processing is not None:
+            await self.processing()
 
     async def heartbeats(self, reply: SSEReply) -> None:
         """The reply's heartbeat whenever nothing was sent for ``reply.interval`` seconds.

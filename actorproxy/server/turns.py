@@ -37,15 +37,27 @@ TurnReply: TypeAlias = "bytes | SSEReply"
 
 
 class EarlyStart(Protocol):
-    """Whoever writes a streamed reply (the turn lane), asked to start it before its turn does.
+    """Whoever writes a turn's reply (the turn lane), told the turn is still waiting to start or to answer.
 
-    ``start_now(heartbeat)`` sends the reply's head (200, SSE), if not sent yet, then
-    ``heartbeat``; ``started``: whether the head went.
+    A streamed reply: ``start_now(heartbeat)`` sends the reply's head (200, SSE), if not sent
+    yet, then ``heartbeat``; ``started``: whether the head went. A reply that does not stream:
+    ``still_working()`` sends an interim ``102 Processing`` when ``informs`` (its client is
+    one that skips it: ``--processing-heartbeats``).
     """
 
     started: bool
 
     async def start_now(self, heartbeat: bytes) -> None: ...
+
+    @property
+    def informs(self) -> bool: ...
+
+    async def still_working(self) -> None: ...
+
+
+def still_working(early: EarlyStart | None) -> Callable[[], Awaitable[None]] | None:
+    """What a call that does not stream calls each ``--heartbeat-interval`` it waits (``None``: nothing)."""
+    return early.still_working if early is not None and early.informs else None
 
 
 def json_body(raw: bytes) -> Any:
@@ -72,7 +84,8 @@ async def serve_turn(
     A streamed turn still waiting to start after ``--heartbeat-interval`` (generation paused,
     say) has its reply started by ``early`` then, with a heartbeat each interval, so the
     agent's connection stays alive; it is refused after that with the stream's error event,
-    not a status. Within the interval a refusal is a plain status, streamed or not.
+    not a status. Within the interval a refusal is a plain status, streamed or not. A call that
+    does not stream gets a ``102 Processing`` each interval it waits, when its client takes one.
     """
     call = fmt.parse(body)
     if runtime.config.server.api_dialect == "dressage":
@@ -88,7 +101,7 @@ async def serve_turn(
                      "the prompt and the model cannot call them")
     reply = ReplyInfo(fmt.new_id(), call.model or runtime.config.engines.model_name, identity.session_id)
     if not call.stream:
-        done = await turn_result(await runtime.start_turn(prepared, identity))
+        done = await turn_result(await runtime.start_turn(prepared, identity, still_working(early)))
         fmt.completed(call, identity, reply, done)
         return fmt.render(call, reply, done)
 
