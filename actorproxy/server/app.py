@@ -36,6 +36,7 @@ from ..runtime.runtime import Runtime
 from ..schema import jsonio
 from ..schema.converter import CONVERTER, structure
 from ..store.base import ReadQuery
+from ..telemetry import CURRENT
 from ..trajectory_file import write_trajectory_file
 from . import auth
 from .admission import Admission
@@ -60,6 +61,9 @@ def _json(data: Any, status: int = 200) -> Response:
 
 def _error_response(admission: Admission, error: Exception) -> Response:
     failed = admission.refusal(error, method=request.method, path=request.path)
+    info = CURRENT.get()
+    if info is not None:  # the access log's code: the proxy's own, whatever the body's shape
+        info.error_code = failed.code
     response = _json(failed.data, failed.status)
     for name, value in failed.headers:
         response.headers[name] = value

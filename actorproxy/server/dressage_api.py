@@ -398,8 +398,8 @@ def reshape_error(error: Exception, failed: ErrorReply) -> ErrorReply:
     if isinstance(error, ContextOverflow):
         data = {"error": "context_overflow", "code": "context_overflow", "message": error.message,
                 "details": error.details, "detail": failed.data.get("error")}
-        return ErrorReply(413, data, failed.headers)
+        return ErrorReply(413, data, failed.headers, code=failed.code)
     if isinstance(error, ProxyError) and error.code in _INVALIDATED:
         detail = {"error": _INVALIDATED[error.code], "message": error.message}
-        return ErrorReply(502, {**failed.data, "detail": detail}, failed.headers)
+        return ErrorReply(502, {**failed.data, "detail": detail}, failed.headers, code=failed.code)
     return failed

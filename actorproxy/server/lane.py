@@ -41,7 +41,7 @@ from ..telemetry import CURRENT, RequestInfo
 from .admission import Admission, RequestHeaders
 from .drain import ASGIApp, Receive, Send
 from .identity import url_mount
-from .observe import Observer, error_code
+from .observe import Observer
 from .turns import EarlyStart, SSEReply, TurnReply
 
 #: A turn route's handler: (body bytes, headers, URL session, URL prompt group, the key's session, the client
@@ -203,6 +203,7 @@ class _Turn:
             release(error)
             return
         failed = self.lane.admission.refusal(error, method="POST", path=self.path)
+        self.info.error_code = failed.code  # the proxy's own, whatever the body's shape (a streamed refusal's too)
         extra = [(name.lower().encode(), value.encode("latin-1")) for name, value in failed.headers]
         await self.answer(failed.status, jsonio.dumps(failed.data), extra)
 
@@ -245,8 +246,6 @@ class _Turn:
         """A whole JSON reply (counted and logged before it is sent, as the Quart app's hook did)."""
         info = self.info
         info.status = status
-        if status >= 400:
-            info.error_code = error_code(body)
         self.lane.observer.finish(info)
         headers = [_JSON, (b"content-length", str(len(body)).encode()), *(extra or ()), *_warning(info)]
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
@@ -285,9 +284,8 @@ class _Turn:
             if self.gone and not whole:
                 self.left()
             elif reply.failed is not None:
-                info = self.info
-                info.status = self.lane.admission.refusal(reply.failed, method="POST", path=self.path).status
-                info.error_code = reply.failed.code
+                failed = self.lane.admission.refusal(reply.failed, method="POST", path=self.path)
+                self.info.status, self.info.error_code = failed.status, failed.code
             self.lane.observer.finish(self.info)
             await reply.aclose()
 

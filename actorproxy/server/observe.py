@@ -91,10 +91,12 @@ class Observer:
             if info is None:  # a request that failed before routing (a 404/405 of the router)
                 info = RequestInfo(request.method, request.path, "<unmatched>", time.perf_counter())
             info.status = response.status_code
-            if response.status_code >= 400 and not isinstance(response.response, IterableBody):
+            body = response.response
+            if response.status_code >= 400 and info.error_code is None and not isinstance(body, IterableBody):
+                # Not a refusal of the error handlers (they set the proxy's code): what the body says.
                 info.error_code = error_code(await response.get_data(as_text=False))
-            if isinstance(response.response, IterableBody):
-                response.response.iter = self._finish_after(response.response.iter, info)
+            if isinstance(body, IterableBody):
+                body.iter = self._finish_after(body.iter, info)
             else:
                 self.finish(info)
             return response

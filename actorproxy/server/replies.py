@@ -25,11 +25,17 @@ log = logging.getLogger("actorproxy.server.app")
 
 @attrs.frozen
 class ErrorReply:
-    """An error response: status, JSON value and extra headers."""
+    """An error response: status, JSON value, extra headers, and the proxy's own code for it.
+
+    ``code`` is what the access log says (``error=``), whatever shape the body takes (Anthropic's
+    names only an error *type*): the :class:`~actorproxy.errors.ProxyError`'s code, an HTTP error's
+    name (``request_timeout``), or ``internal_error``; a fixed set, never the caller's text.
+    """
 
     status: int
     data: Any
     headers: tuple[tuple[str, str], ...] = ()
+    code: str = attrs.field(kw_only=True)
 
 
 def is_anthropic_route(path: str) -> bool:
@@ -46,18 +52,18 @@ def error_reply(error: Exception, *, anthropic_shape: bool, method: str, path: s
     if isinstance(error, ProxyError):
         headers = (("Retry-After", str(int(error.retry_after))),) if error.retry_after is not None else ()
         return ErrorReply(error.status, _shaped(error.status, error.message, error.to_openai(), anthropic_shape),
-                          headers)
+                          headers, code=error.code)
     if isinstance(error, HTTPException):
         status = error.code or 500
         kind = "not_found_error" if status == 404 else "invalid_request_error"
         message = error.description or error.name
-        body = {"error": {"message": message, "type": kind, "param": None,
-                          "code": error.name.lower().replace(" ", "_")}}
+        code = error.name.lower().replace(" ", "_")
+        body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         allow: tuple[tuple[str, str], ...] = ()
         if isinstance(error, MethodNotAllowed) and error.valid_methods:
             allow = (("Allow", ", ".join(error.valid_methods)),)
-        return ErrorReply(status, _shaped(status, message, body, anthropic_shape), allow)
+        return ErrorReply(status, _shaped(status, message, body, anthropic_shape), allow, code=code)
     log.exception("unexpected error handling %s %s", method, path, exc_info=error)
     message = f"internal error: {type(error).__name__}"
     body = {"error": {"message": message, "type": "server_error", "param": None, "code": "internal_error"}}
-    return ErrorReply(500, _shaped(500, message, body, anthropic_shape))
+    return ErrorReply(500, _shaped(500, message, body, anthropic_shape), code="internal_error")

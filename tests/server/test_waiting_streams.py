@@ -295,3 +295,34 @@ async def test_a_client_that_hangs_up_mid_stream_is_counted_and_logged_as_499(
         assert stats.aborted and 0 < step["completion_tokens"] == len(stats.token_ids) < 400, step
     else:  # nothing generated: it never started
         assert step["completion_tokens"] == 0 and engine.requests_started == 0, step
+
+
+@pytest.mark.parametrize(("path", "body", "heartbeat"), CALLS)
+async def test_a_refusal_logs_the_proxys_code_however_it_was_delivered(
+    path: str, body: dict[str, Any], heartbeat: str, tokenizer: Any, autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Over the real server: the pause outlasts --pause-wait-timeout (25 s) for a call that does not stream
+    (a plain 503) and one that does (started early, at 10 s: the stream's error frame). Both are logged
+    ``status=503 error=generation_paused``, the proxy's own code, also where the plain reply's body names
+    only Anthropic's error type (``overloaded_error``); so is an empty body, a plain 400, on the lane's
+    ``/v1/messages`` and on the app's ``/v1/messages/count_tokens`` alike."""
+    caplog.set_level(logging.INFO, logger="actorproxy.access")
+    engine = SimEngine(tokenizer, SimConfig(token_interval=0.001))
+    config = ProxyConfig.of(port=0, heartbeat_interval=10, pause_wait_timeout=25)
+    async with open_proxy(config, backend=engine, tokenizer=tokenizer) as running, \
+            httpx.AsyncClient(base_url=running.url, timeout=100) as http:
+        assert (await http.post("/v1/rollout/pause", json={"mode": "abort"})).status_code == 200
+        plain = await http.post(path, json={**body, "stream": False}, headers={"X-Session-Id": "plain"})
+        assert plain.status_code == 503, plain.text
+        seen: list[tuple[float, str]] = []
+        await stream_lines(http, path, body, "streamed", seen)
+        assert seen[0] == (pytest.approx(10), "status 200"), seen
+        empty = [(await http.post(route, content=b"", headers={"X-Session-Id": route})).status_code
+                 for route in ("/v1/messages", "/v1/messages/count_tokens")]
+        assert empty == [400, 400]
+    lines = {r.fields["session"]: (r.fields["status"], r.fields.get("error"))  # type: ignore[attr-defined]
+             for r in caplog.records if r.name == "actorproxy.access" and r.fields["session"]}
+    assert lines == {"plain": (503, "generation_paused"), "streamed": (503, "generation_paused"),
+                     "/v1/messages": (400, "invalid_request"),
+                     "/v1/messages/count_tokens": (400, "invalid_request")}, lines
