@@ -70,4 +70,12 @@ class TurnMoved:
     session_id: str | None = None
 
 
-TurnEvent = TurnAccepted | TurnDelta | TurnDone | TurnFailed | TurnMoved
+@attrs.frozen
+class TurnWaiting:
+    """The turn's caller still waits for its first event, an interval on (``runtime/runtime.py: StillWaiting``)."""
+
+
+#: The one :class:`TurnWaiting` (it carries nothing).
+TURN_WAITING = TurnWaiting()
+
+TurnEvent = TurnAccepted | TurnDelta | TurnDone | TurnFailed | TurnMoved | TurnWaiting
