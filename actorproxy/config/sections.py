@@ -51,7 +51,8 @@ class ServerSettings:
         help="a call that does not stream and waits longer than --heartbeat-interval for its answer (paused, "
         "or a long generation) gets an interim 'HTTP/1.1 102 Processing' each interval, which starts its "
         "client's read timeout over: 'auto' sends them to clients whose User-Agent names an HTTP library "
-        "known to skip 1xx responses (httpx, and so the OpenAI and Anthropic Python SDKs; aiohttp), "
+        "known to skip 1xx responses (httpx, and so the OpenAI and Anthropic Python SDKs; aiohttp; Node's fetch, "
+        "bare or under the Vercel AI SDK), "
         "'always' to every HTTP/1.1 client, 'never' to none (docs/endpoints.md)",
     )
     shutdown_grace: float = setting(

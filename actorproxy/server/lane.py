@@ -56,9 +56,12 @@ MOUNTS = ("", "/sess/<url_session>", "/<url_session>/<url_instance>")
 _JSON = (b"content-type", b"application/json")
 #: The User-Agents of the HTTP clients known to skip an interim ``102 Processing`` and start their read timeout
 #: over with it (``--processing-heartbeats auto``; each is run against the proxy by
-#: ``tests/server/test_processing_heartbeats.py``): httpx (its own, and the OpenAI and Anthropic Python SDKs',
-#: sync and async), aiohttp. Python's ``http.client`` (``urllib``, ``requests``) takes a 102 for the answer.
-_TAKES_PROCESSING = re.compile(r"python-httpx/|\b(?:Async)?(?:OpenAI|Anthropic)/Python\b|\baiohttp/")
+#: ``tests/server/test_processing_heartbeats.py`` and ``tests/agents/test_agents_wait_out_a_pause.py``): httpx
+#: (its own, and the OpenAI and Anthropic Python SDKs', sync and async), aiohttp, and Node's fetch (undici: its
+#: own ``node``, and the Vercel AI SDK's on Node). Python's ``http.client`` (``urllib``, ``requests``) takes a
+#: 102 for the answer.
+_TAKES_PROCESSING = re.compile(
+    r"python-httpx/|\b(?:Async)?(?:OpenAI|Anthropic)/Python\b|\baiohttp/|^node$|\bai-sdk-provider-utils/\S+ node\.js/")
 _SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"),
                 (b"content-type", b"text/event-stream; charset=utf-8")]
 

@@ -10,6 +10,8 @@ error and be recorded as one trajectory, as in ``test_agent_clients.py``.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from agent_harness import Proxy, running_proxy
+from agent_harness import Proxy, base_env, running_proxy
 from test_agent_clients import test_claude_code as claude_code
 from test_agent_clients import test_codex as codex
 from test_agent_clients import test_opencode as opencode
@@ -89,3 +91,35 @@ def test_an_agent_cli_waits_out_a_weight_update(
     assert waited, wire.summary()
     # Its stream began with the heartbeats, then went on as any other (the client parsed it: it finished).
     assert all(e["status"] == 200 for e in waited), wire.summary()
+
+
+#: The response-head timeout the Node clients below are given (Node's own is 300 s): shorter than the update.
+HEAD_TIMEOUT_MS = 1500
+
+
+@pytest.mark.parametrize("mode", ["fetch", "ai-sdk"])
+def test_a_node_call_that_does_not_stream_outlasts_its_head_timeout(
+    mode: str, agent_bin: Path, proxy: Proxy, tmp_path: Path,
+) -> None:
+    """Node's fetch (undici), bare and under the Vercel AI SDK, calling without streaming during the update.
+
+    Its head timeout (1.5 s) is shorter than the update (3.5 s once the call waits): each ``102 Processing``
+    (``--processing-heartbeats auto``: Node's fetch is among the clients that take them) starts it over, and
+    the call gets its answer after the resume instead of ``UND_ERR_HEADERS_TIMEOUT``.
+    """
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "node_modules").symlink_to(agent_bin.parent)  # (node resolves packages from the script's directory up)
+    script = work / "node_fetch_wait.mjs"
+    script.write_text((Path(__file__).parent / "node_fetch_wait.mjs").read_text())
+    update = WeightUpdate(proxy)
+    try:
+        done = subprocess.run([str(agent_bin / "node"), str(script), mode, proxy.url, str(HEAD_TIMEOUT_MS)],
+                              cwd=work, env=base_env(tmp_path / "home", agent_bin), capture_output=True, text=True,
+                              timeout=120, stdin=subprocess.DEVNULL)
+    finally:
+        update.finish()
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0 and result["status"] == 200, (result, done.stderr[-2000:])
+    assert result["finish"] in ("stop", "length"), result
+    assert result["ms"] > UPDATE_SECONDS * 1000, result  # it did wait out the update

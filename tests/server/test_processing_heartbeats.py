@@ -160,9 +160,10 @@ async def test_a_streamed_call_gets_none(tokenizer: Any, autojump_clock: trio.te
 def test_the_user_agents_auto_picks() -> None:
     lane = TurnLane(None, observer=None, admission=None)  # type: ignore[arg-type]
     takes = ["python-httpx/0.28.1", "OpenAI/Python 1.99.0", "AsyncOpenAI/Python 3.57.0", "Anthropic/Python 0.64.0",
-             "AsyncAnthropic/Python 2.14.0", "Python/3.12 aiohttp/3.10.5"]
-    not_taken = ["python-requests/2.32.3", "Python-urllib/3.11", "curl/8.5.0", "node", "OpenAI/JS 4.0.0",
-                 "Mozilla/5.0", "", "openai-python"]
+             "AsyncAnthropic/Python 2.14.0", "Python/3.12 aiohttp/3.10.5", "node",
+             "ai/7.0.173 ai-sdk-provider-utils/5.0.81 node.js/22"]
+    not_taken = ["python-requests/2.32.3", "Python-urllib/3.11", "curl/8.5.0", "OpenAI/JS 4.0.0", "Mozilla/5.0",
+                 "", "openai-python", "node-fetch/1.0", "ai/7.0.173 ai-sdk-provider-utils/5.0.81 runtime/bun/1.2"]
     assert [ua for ua in takes if not lane.takes_processing(ua)] == []
     assert [ua for ua in not_taken if lane.takes_processing(ua)] == []
     assert not lane.takes_processing(None)
