@@ -72,7 +72,7 @@ class TurnMoved:
 
 @attrs.frozen
 class TurnWaiting:
-    """The turn's caller still waits for its first event, an interval on (``runtime/runtime.py: StillWaiting``)."""
+    """The turn's caller still waits for its first event, an interval on (``runtime/still_waiting.py``)."""
 
 
 #: The one :class:`TurnWaiting` (it carries nothing).

@@ -18,7 +18,7 @@ import trio
 
 from ..config import ProxyConfig
 from ..core.template_probe import probe_template
-from ..core.turn_events import TURN_WAITING, TurnEvent, TurnMoved, TurnWaiting
+from ..core.turn_events import TurnEvent, TurnMoved, TurnWaiting
 from ..engines.base import Backend, BackendError, ModelInfo
 from ..engines.connection import age_prompt_json
 from ..engines.engine_check import check_engine_tokenizer
@@ -62,60 +62,13 @@ from .offload import Offload
 from .output import OutputFormat
 from .replies import FinalizeResult, PauseAck, PauseState, ReadResult, ResumeAck
 from .session import SessionActor, SessionServices
+from .still_waiting import StillWaiting
 from .turn_stream import Relay, TurnStream
 
 log = logging.getLogger(__name__)
 
 #: Events a turn may queue before the session waits for the ingress (backpressure).
 _TURN_EVENT_BUFFER = 16
-
-
-@attrs.define(eq=False)
-class StillWaiting:
-    """The turns whose callers wait for their first event, each sent :data:`TURN_WAITING` after each ``interval``
-    without it (``Runtime.start_turn``'s ``waiting``: a stream's early start, a heartbeat, a ``102 Processing``).
-
-    One task for all of them (:meth:`run`): a cancel scope around each turn's wait cost ~6 µs a turn (4.1 against
-    10.5 µs a receive, in isolation), this a dict entry. Each turn is due an interval after it began to wait, and
-    again an interval after each time it was told, so the dict's order (insertion) is that of the due times.
-    """
-
-    interval: float
-    _due: dict[trio.MemorySendChannel[TurnEvent], float] = attrs.field(factory=dict, init=False)
-    _idle: trio.Event | None = attrs.field(default=None, init=False)  # set when a turn comes: the task sleeps
-
-    def add(self, send: trio.MemorySendChannel[TurnEvent]) -> None:
-        """The turn that ``send`` answers waits for its first event from now."""
-        self._due[send] = trio.current_time() + self.interval
-        if self._idle is not None:
-            self._idle.set()
-            self._idle = None
-
-    def remove(self, send: trio.MemorySendChannel[TurnEvent]) -> None:
-        """It no longer waits."""
-        self._due.pop(send, None)
-
-    async def run(self) -> None:
-        due = self._due
-        while True:
-            if not due:
-                idle = self._idle = trio.Event()
-                await idle.wait()
-                continue
-            send, at = next(iter(due.items()))
-            now = trio.current_time()
-            if at > now:
-                await trio.sleep_until(at)
-                continue
-            del due[send]
-            due[send] = now + self.interval  # (last: the latest due time)
-            # Not when an event waits for the caller already: it stops waiting as it takes that one, and nothing
-            # it is told may come after its first event.
-            if send.statistics().current_buffer_used == 0:
-                try:
-                    send.send_nowait(TURN_WAITING)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):  # (gone meanwhile: removed as it goes)
-                    due.pop(send, None)
 
 
 @attrs.define(eq=False)

@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from actorproxy.core.turn_events import TURN_WAITING, TurnEvent, TurnMoved
-from actorproxy.runtime.runtime import StillWaiting
+from actorproxy.runtime.still_waiting import StillWaiting
 
 
 def channel() -> tuple[trio.MemorySendChannel[TurnEvent], trio.MemoryReceiveChannel[TurnEvent]]:
