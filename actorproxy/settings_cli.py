@@ -207,7 +207,8 @@ def _messages(exc: cattrs.ClassValidationError) -> list[str]:
 
 
 def _strict(converter: cattrs.Converter) -> cattrs.Converter:
-    """Refuse what Python would coerce: ``"false"`` for a bool, ``1.5`` or ``true`` for an int."""
+    """Refuse what Python would coerce: ``"false"`` for a bool, ``1.5`` or ``true`` for an int; name a choice's
+    choices (a ``Literal`` setting: ``--log-format``, ``--processing-heartbeats``)."""
 
     def _bool(value: Any, _t: Any) -> bool:
         if isinstance(value, bool):
@@ -229,6 +230,16 @@ def _strict(converter: cattrs.Converter) -> cattrs.Converter:
             return value
         raise ValueError(f"expected a string, got {value!r}")
 
+    def _literal(value: Any, t: Any) -> Any:
+        choices = typing.get_args(t)
+        if value in choices and type(value) in {type(c) for c in choices}:  # (not True for 1)
+            return value
+        raise ValueError(f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
+
+    def _is_literal(t: Any) -> bool:
+        return typing.get_origin(t) is Literal
+
+    converter.register_structure_hook_func(_is_literal, _literal)
     converter.register_structure_hook(bool, _bool)
     converter.register_structure_hook(int, _int)
     converter.register_structure_hook(float, _float)

@@ -86,6 +86,8 @@ def test_the_environment_under_file_and_flags(tmp_path: Path, monkeypatch: pytes
         ("[limits]\nmax_sessions = 1.5\n", "--max-sessions: expected an integer"),
         ('[trajectory]\nverify_tito = "false"\n', "--verify-tito: expected true or false"),
         ('[trajectory]\nsub_agents = "maybe"\n', "sub-agents"),
+        ('[server]\nprocessing_heartbeats = "sometimes"\n',
+         "--processing-heartbeats: expected one of 'auto', 'always', 'never', got 'sometimes'"),
         ("[engines]\nbackend = \"vllm\"\n", "--backend vllm needs at least one engine URL"),
         ("[server\n", "not valid TOML"),
     ],
