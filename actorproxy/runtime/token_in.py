@@ -18,6 +18,7 @@ import time
 import uuid
 from array import array
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
@@ -26,7 +27,7 @@ import trio
 from ..core.records import Step, int_array
 from ..core.requests import ChatRequest
 from ..core.session_state import Prepared
-from ..core.turn_events import TurnEvent, TurnFailed
+from ..core.turn_events import TURN_WAITING, TurnEvent, TurnFailed
 from ..errors import ContextOverflow, EngineError, ProxyError
 from . import store as store_msgs
 from .actor import ask
@@ -43,10 +44,12 @@ MAX_UNCLAIMED = 100_000
 
 async def generate_tokens(runtime: Runtime, prompt_ids: array[int], *, max_new_tokens: int | None = None,
                           temperature: float | None = None, top_p: float | None = None,
-                          seed: int | None = None) -> Step:
+                          seed: int | None = None, waiting: Callable[[], Awaitable[object]] | None = None) -> Step:
     """Generate from exactly ``prompt_ids``; the step holds the sampled ids, logprobs and versions.
 
     The sampling values are what the agent set (the gateway's ``sampling_params``); ``None`` takes the default.
+    ``waiting``, if given, is awaited after each ``--heartbeat-interval`` until the step is generated (paused,
+    queued or generating: the caller's ``102 Processing``), as ``Runtime.start_turn``'s is until a turn's first event.
 
     Refused like a turn (400 ``context_overflow`` over ``--max-prompt-tokens`` or the
     context window; 503 while shutting down; 507 when the store is full); an engine
@@ -84,16 +87,23 @@ async def generate_tokens(runtime: Runtime, prompt_ids: array[int], *, max_new_t
             async for event in receive:
                 if isinstance(event, TurnFailed):
                     failure.append(event.error)
+                elif event is TURN_WAITING and waiting is not None:
+                    await waiting()
 
     runtime.turns.started()
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(drain)
             async with send:
-                services = GenerationServices(runtime.tokenizer, runtime.backend, runtime.controller,
-                                              GenerationSettings.of(config), runtime.output_format)
-                turn = TurnGeneration(prepared, services, events=send, side=nursery)
-                result = await turn.run()
+                if waiting is not None:
+                    runtime.still_waiting.add(send)
+                try:
+                    services = GenerationServices(runtime.tokenizer, runtime.backend, runtime.controller,
+                                                  GenerationSettings.of(config), runtime.output_format)
+                    turn = TurnGeneration(prepared, services, events=send, side=nursery)
+                    result = await turn.run()
+                finally:
+                    runtime.still_waiting.remove(send)
     finally:
         runtime.turns.finished()
     if not result.completed:

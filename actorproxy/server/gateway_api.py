@@ -472,10 +472,13 @@ def _submitted(body: SubmitStepsBody) -> dict[str, list[SubmittedStep]]:
     return by_trajectory
 
 
-async def generate_tokens_in(runtime: Runtime, gateway: Gateway, body: TokenGenerateBody) -> bytes:
+async def generate_tokens_in(runtime: Runtime, gateway: Gateway, body: TokenGenerateBody,
+                             early: EarlyStart | None = None) -> bytes:
     """``POST /generate {prompt_ids, sampling_params}``: generate from exactly these ids (no template).
 
     The step waits for the ``/submit_steps`` that names its trajectory (:mod:`~actorproxy.runtime.token_in`).
+    The client gets a ``102 Processing`` each ``--heartbeat-interval`` until the step is generated, when it
+    takes one (``early``).
     """
     params = body.sampling_params
     if body.image_data or body.video_data:
@@ -495,7 +498,8 @@ async def generate_tokens_in(runtime: Runtime, gateway: Gateway, body: TokenGene
     _token_ids(body.prompt_ids, "prompt_ids")
     await store_unclaimed(runtime, gateway.generations, gateway.generations.expired())
     step = await generate_tokens(runtime, array("i", body.prompt_ids), max_new_tokens=params.max_tokens,
-                                 temperature=params.temperature, top_p=params.top_p, seed=params.seed)
+                                 temperature=params.temperature, top_p=params.top_p, seed=params.seed,
+                                 waiting=still_working(early))
     gateway.generations.add(step)
     reason = step.finish_reason or "stop"
     return orjson.dumps(CONVERTER.unstructure(TokenGenerateResult(
@@ -511,12 +515,12 @@ async def generate_turn(runtime: Runtime, gateway: Gateway, raw: bytes, client: 
                         early: EarlyStart | None = None) -> bytes:
     """``POST /generate``: one turn of session ``trajectory_uid`` in prompt group ``prompt_uid``, ids and all.
 
-    A body with ``prompt_ids`` (the Claw-R1 gateway's flows) is a token-in generation instead. The turn's
+    A body with ``prompt_ids`` (the Claw-R1 gateway's flows) is a token-in generation instead. Either's
     client gets a ``102 Processing`` each ``--heartbeat-interval`` it waits, when it takes one (``early``).
     """
     parsed = jsonio.loads(raw)
     if isinstance(parsed, dict) and "prompt_ids" in parsed:
-        return await generate_tokens_in(runtime, gateway, structure(parsed, TokenGenerateBody))
+        return await generate_tokens_in(runtime, gateway, structure(parsed, TokenGenerateBody), early)
     body: GenerateBody = structure(parsed, GenerateBody)
     trajectory_uid, prompt_uid = _uid(body.trajectory_uid, "trajectory_uid"), _uid(body.prompt_uid, "prompt_uid")
     chat = {k: v for k, v in attrs.asdict(body, recurse=False).items() if v is not None}

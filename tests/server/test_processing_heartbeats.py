@@ -81,6 +81,7 @@ CALLS = [
     pytest.param("/v1/responses", {"model": "m", "max_output_tokens": 4, "input": "hi"}, id="responses"),
     pytest.param("/generate", {"trajectory_uid": "t", "prompt_uid": "p", "messages": HI, "max_tokens": 4},
                  id="gateway"),
+    pytest.param("/generate", {"prompt_ids": [1, 2, 3], "sampling_params": {"max_tokens": 4}}, id="token-in"),
 ]
 
 
@@ -102,12 +103,16 @@ async def test_a_call_waiting_out_a_pause_gets_102_each_interval_then_its_answer
     assert b'"error":{' not in received and b'"error": {' not in received
 
 
-async def test_a_long_generation_gets_them_too(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
+@pytest.mark.parametrize(("path", "body"), [
+    pytest.param("/v1/chat/completions", {"messages": HI, "max_tokens": 4}, id="chat"),
+    pytest.param("/generate", {"prompt_ids": [1, 2, 3], "sampling_params": {"max_tokens": 4}}, id="token-in"),
+])
+async def test_a_long_generation_gets_them_too(path: str, body: dict[str, Any], tokenizer: Any,
+                                               autojump_clock: trio.testing.MockClock) -> None:
     """Not paused: an engine that takes 25 s before the first token (a long prefill)."""
     seen: list[tuple[float, bytes]] = []
     async with proxy_at(tokenizer, SimConfig(prefill_latency=25, token_interval=0.001)) as (host, port):
-        received = await call_raw(host, port, "/v1/chat/completions", {"messages": HI, "max_tokens": 4},
-                                  user_agent="OpenAI/Python 3.57.0", seen=seen)
+        received = await call_raw(host, port, path, body, user_agent="OpenAI/Python 3.57.0", seen=seen)
     assert interim_times(seen) == [pytest.approx(10), pytest.approx(20)], seen
     assert final_status(received) == 200
 
