@@ -333,30 +333,26 @@ class HTTP11Client:
             conn.state.request(True, True)  # (its body goes with the head, whole)
             try:
                 await self._io.send(conn, head, body or b"")
+                for _ in range(_MAX_INFORMATIONAL + 1):
+                    buf = conn.buf
+                    while (end := head_end(buf)) < 0:
+                        if len(buf) > MAX_RESPONSE_HEAD:
+                            raise ProtocolError(
+                                f"the response head is larger than {MAX_RESPONSE_HEAD // 1024} KiB")
+                        if not await self._io.fill(conn):
+                            if unanswered:
+                                raise _Unused
+                            raise ProtocolError("the server closed the connection before its response head ended")
+                        unanswered = False
+                    status, reason, headers, framing = parse_response(buf, end, method)
+                    if framing is not None:
+                        return Response(self, conn, status, reason, headers, framing)
+                raise ProtocolError(f"more than {_MAX_INFORMATIONAL} informational (1xx) responses")
             except TransportError as exc:
+                # Nothing received on a kept connection the server had closed: a failure but a timeout retries.
                 if unanswered and not isinstance(exc, ReadTimeout):
                     raise _Unused from exc
                 raise
-            for _ in range(_MAX_INFORMATIONAL + 1):
-                buf = conn.buf
-                while (end := head_end(buf)) < 0:
-                    if len(buf) > MAX_RESPONSE_HEAD:
-                        raise ProtocolError(f"the response head is larger than {MAX_RESPONSE_HEAD // 1024} KiB")
-                    try:
-                        got = await self._io.fill(conn)
-                    except TransportError as exc:
-                        if unanswered and not isinstance(exc, ReadTimeout):
-                            raise _Unused from exc
-                        raise
-                    if not got:
-                        if unanswered:
-                            raise _Unused
-                        raise ProtocolError("the server closed the connection before its response head ended")
-                    unanswered = False
-                status, reason, headers, framing = parse_response(buf, end, method)
-                if framing is not None:
-                    return Response(self, conn, status, reason, headers, framing)
-            raise ProtocolError(f"more than {_MAX_INFORMATIONAL} informational (1xx) responses")
         except BaseException:
             conn.close()
             raise
