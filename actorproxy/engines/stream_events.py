@@ -14,7 +14,11 @@ so the shape is checked by counting line breaks), their JSON is decoded in one
 copied, a long one where it lies), several as one array made by one ``replace`` of the
 separators. Any other shape (comments, ``event:`` names, several ``data:`` lines, ``\\r\\n``
 or ``\\r`` line ends) goes through :class:`~actorproxy.http.sse.SSEParser`, an event at a time,
-from then on. A reader that decodes each event alone (not
+from then on. An engine's commonest event alone in a read (one token, nothing else: SGLang's
+incremental event, vLLM's generate chunk) is decoded instead by msgspec into the engine's typed
+structs, which check its fields' types as it decodes; any other fails that decode or the checks
+after it, before anything changed, and is decoded as JSON (:meth:`StreamDecoder.read_common`).
+A reader that decodes each event alone (not
 :attr:`StreamDecoder.batched`: SGLang's cumulative events) is given where each one's JSON
 lies in the buffer (:meth:`StreamDecoder.take_spans`), to decode it from there (:func:`loads_span`);
 an arrival that is one whole event, with nothing buffered, is read where the relay hub received
@@ -43,8 +47,9 @@ is what the events of that read would merge to (``engines/deltas.py: take_merged
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
+import msgspec
 import orjson
 
 from ..http.sse import SSEParser
@@ -56,6 +61,10 @@ _SEPARATOR = b"\n\ndata: "
 
 #: A span of JSON up to this many bytes is decoded from a copy, a longer one from a view of the buffer.
 _COPIED_SPAN = 2048
+
+#: An integer of a typed event (:meth:`StreamDecoder.read_common`): one orjson reads as an integer too (it reads
+#: one past 64 bits as a float).
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
 def loads_span(raw: bytes | bytearray, start: int, stop: int) -> Any:
@@ -135,6 +144,12 @@ class StreamDecoder:
             self.version = version
         raw_spans = source.get("weight_versions")
         return parse_spans(raw_spans) if raw_spans else ()
+
+    def read_common(self, raw: bytearray, start: int, stop: int, out: list[GenerationEvent]) -> bool:
+        """Read the lone event whose JSON is ``raw[start:stop]`` if it is of the engine's commonest kind (decoded
+        and checked in one typed decode), appending its events to ``out``; ``False``: not read (nothing changed),
+        decode it as any other."""
+        return False
 
     def tokens(self, ids: list[int], logprobs: list[float]) -> list[GenerationEvent]:
         """The events of new tokens all sampled by :attr:`version`: one :class:`TokenDelta`, none for no
@@ -282,6 +297,9 @@ class StreamDecoder:
             stop = at + 1 if done else end  # the events before [DONE]
             if done:
                 count = buf.count(_SEPARATOR, 0, stop) + 1
+        if count == 1 and not done and not self.finished and self.read_common(buf, 6, stop - 2, out):
+            del buf[:end]
+            return
         try:
             if stop == 0:
                 payloads: list[Any] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -310,6 +311,72 @@ def test_sglang_events_deliver_exactly_the_engines_tokens_whichever_way_each_is_
         assert [f.reason for f in end] == ["length"]
 
 
+def _typed_as_json(make: Callable[[], StreamDecoder], events: list[bytes], relaying: bool) -> int:
+    """Check that a reader (``make``) that reads ``events`` (JSON, a read each) hands out what one reading each
+    event's JSON does (the same tokens, versions, finishes, error); how many of them it decoded typed (their JSON
+    not read: ``StreamDecoder.read_common``)."""
+    read: list[tuple[Any, ...]] = []
+    fed: list[int] = []
+    for typed in (True, False):
+        parser = make()
+        payloads: list[Any] = []
+
+        def feed(payload: Any, feed: Callable[[Any], Any] = parser.feed, payloads: list[Any] = payloads) -> Any:
+            payloads.append(payload)
+            return feed(payload)
+
+        parser.feed = feed  # type: ignore[method-assign]
+        if not typed:
+            parser.read_common = lambda *_: False  # type: ignore[method-assign]
+        tokens, finishes, error = _read_events(parser, [b"data: " + raw + b"\n\n" for raw in events], False, relaying)
+        read.append((tokens, finishes, str(error)))
+        fed.append(len(payloads))
+    assert read[0] == read[1]
+    return fed[1] - fed[0]
+
+
+_SG_META = b'"id":"r","finish_reason":null,"prompt_tokens":3,"completion_tokens":3,"weight_version":"v2",'
+_SG_ENTRIES = b'"output_token_logprobs":[[-0.5,1009,null]]'
+_SG_TYPED = [b'{"text":" so","output_ids":[1009],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}}',
+             b'{"output_ids":[1009],"meta_info":{' + _SG_META + b'"output_token_logprobs":[[-1,1009,"x"]]}}']
+
+
+@pytest.mark.parametrize("event", [
+    *_SG_TYPED,  # (the second: an integer logprob)
+    b'{"output_ids":[1009],"meta_info":{' + _SG_META + b'"output_token_logprobs":[[-0.5,1009]]}}',  # a short entry
+    b'{"output_ids":[true],"meta_info":{' + _SG_META + b'"output_token_logprobs":[[-0.5,true,null]]}}',
+    b'{"output_ids":[18446744073709551616],"meta_info":{' + _SG_META  # (orjson: a float)
+    + b'"output_token_logprobs":[[-0.5,18446744073709551616,null]]}}',
+    b'{"output_ids":[1009],"meta_info":{' + _SG_META + _SG_ENTRIES + b',"e2e_latency":1e400}}',  # (orjson: refused)
+    b'{"output_ids":[1009],"meta_info":{' + _SG_META.replace(b":3,", b":1e400,", 1) + _SG_ENTRIES + b'}}',
+    b'{"output_ids":[1009],"meta_info":{' + _SG_META + b'"output_token_logprobs":[[-1e400,1009,null]]}}',
+    b'{"output_ids":[1009],"meta_info":{' + _SG_META + _SG_ENTRIES + b',"queue":"\xff"}}',  # (not UTF-8)
+    b'{"text":"\xff","output_ids":[1009],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}}',
+    b'{"text":7,"output_ids":[1009],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}}',
+    b'{"error":null,"output_ids":[1009],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}}',
+    b'{"output_ids":[1009],"meta_info":{' + _SG_META.replace(b'"v2"', b"2") + _SG_ENTRIES + b'}}',
+    b'{"output_ids":[1009],"meta_info":{' + _SG_META.replace(b":3,", b":2,") + _SG_ENTRIES + b'}}',  # a repeat
+    b'{"output_ids":[1009],"meta_info":{' + _SG_META.replace(b"null", b'{"type":"length"}') + _SG_ENTRIES + b'}}',
+    b'{"output_ids":[1009],"meta_info":{' + _SG_META + _SG_ENTRIES
+    + b',"weight_versions":[{"version":"v9","start":2,"end":3}]}}',
+    b'{"output_ids":[1008],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}}',  # the entry names another token
+    b'{"output_ids":[1009],"output_ids":[1009,1010],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}}',
+    b'{"output_ids":[1009],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}',  # cut short
+], ids=["plain", "int-logprob", "short-entry", "bool-id", "huge-id", "huge-number", "huge-count", "huge-logprob",
+        "bad-utf8-field", "bad-utf8-text",
+        "text-not-str", "error-null", "version-not-str", "repeat", "finish", "spans", "other-id", "key-twice",
+        "cut-short"])
+@pytest.mark.parametrize("relaying", [False, True])
+def test_an_sglang_event_decoded_typed_reads_as_its_json_does(event: bytes, relaying: bool) -> None:
+    # An incremental stream's third event (the shape known) is decoded into msgspec's typed structs when it is
+    # one plain token; whatever it is, what the reader hands out (tokens, versions, finish) or the error it
+    # raises is what reading its JSON gives, the finish after it read alike.
+    first = [b'{"output_ids":[%d],"meta_info":{"completion_tokens":%d,"output_token_logprobs":[[-0.25,%d,null]]}}'
+             % (1000 + i, i + 1, 1000 + i) for i in range(2)]
+    finish = b'{"output_ids":[],"meta_info":{"finish_reason":{"type":"stop","matched":2},"completion_tokens":3}}'
+    assert _typed_as_json(protocol.SGLangStreamParser, [*first, event, finish], relaying) == (event in _SG_TYPED)
+
+
 def _vllm_chunk(ids: list[int], at: int, finish: str | None = None, spans: bool = False) -> bytes:
     """A ``/inference/v1/generate`` chunk of ``ids`` (the stream's tokens from index ``at``), as vLLM writes it."""
     content = [{"token_id": t, "logprob": -(at + i + 1) / 4} for i, t in enumerate(ids)]
@@ -326,6 +393,53 @@ def _vllm_read(chunks: list[bytes], together: bool, relaying: bool) -> tuple[lis
     tokens, _, error = _read_events(vllm_protocol.VLLMStreamParser(version="v1"), chunks, together, relaying)
     return tokens, str(error)
 
+
+
+_VL_ENTRY = b'{"token":"token_id:1009","token_id":1009,"logprob":-0.5,"bytes":null,"top_logprobs":[]}'
+_VL_TYPED = [b'{"request_id":"r","choices":[{"index":0,"logprobs":{"content":[' + _VL_ENTRY
+             + b']},"finish_reason":null,"token_ids":[1009]}]}',
+             b'{"choices":[{"logprobs":{"content":[{"token_id":1009,"logprob":-0.5}]},"token_ids":[1009]}]}',
+             b'{"choices":[{"index":0,"weight_version":"v2","logprobs":{"content":[' + _VL_ENTRY
+             + b']},"token_ids":[1009]}]}']
+
+
+def _vl_chunk(choice: bytes = b'"index":0', entry: bytes = _VL_ENTRY, ids: bytes = b"[1009]", top: bytes = b""
+              ) -> bytes:
+    return (b'{"request_id":"r",' + top + b'"choices":[{' + choice + b',"logprobs":{"content":[' + entry
+            + b']},"token_ids":' + ids + b"}]}")
+
+
+@pytest.mark.parametrize("chunk", [
+    *_VL_TYPED,
+    _vl_chunk(entry=_VL_ENTRY.replace(b"-0.5", b"-1")),  # an integer logprob
+    _vl_chunk(entry=_VL_ENTRY.replace(b"-0.5", b"-1e400")),
+    _vl_chunk(entry=_VL_ENTRY.replace(b"[]", b'[{"token_id":7,"logprob":-2.0}]')),  # top logprobs
+    _vl_chunk(entry=_VL_ENTRY.replace(b"1009,", b"1008,")),  # the entry names another token
+    _vl_chunk(entry=_VL_ENTRY.replace(b'"token_id:1009"', b'"\xff"')),  # (not UTF-8)
+    _vl_chunk(ids=b"[1009,1010]"),
+    _vl_chunk(ids=b"[18446744073709551616]", entry=_VL_ENTRY.replace(b"1009,", b"18446744073709551616,")),
+    _vl_chunk(choice=b'"index":1'),
+    _vl_chunk(choice=b'"index":0,"finish_reason":"length"'),
+    _vl_chunk(choice=b'"index":0,"weight_version":2'),
+    _vl_chunk(choice=b'"index":0,"weight_versions":[{"version":"v9","start":2,"end":3}]'),
+    _vl_chunk(choice=b'"index":0,"e2e":1e400'),
+    _vl_chunk(top=b'"usage":{"prompt_tokens":5},'),
+    _vl_chunk(top=b'"object":"error",'),
+    _vl_chunk(top=b'"error":null,'),
+    _vl_chunk()[:-2],  # cut short
+], ids=["plain", "bare", "version", "int-logprob", "huge-logprob", "top-logprobs", "other-id", "bad-utf8",
+        "two-tokens", "huge-id", "index-1", "finish", "version-not-str", "spans", "unknown-field", "usage",
+        "object-error", "error-null", "cut-short"])
+@pytest.mark.parametrize("relaying", [False, True])
+def test_a_vllm_chunk_decoded_typed_reads_as_its_json_does(chunk: bytes, relaying: bool) -> None:
+    # A generate chunk of one plain token is decoded into msgspec's typed structs; whatever it is, what the
+    # reader hands out (tokens, versions, finish) or the error it raises is what reading its JSON gives.
+    first = _vl_chunk(entry=_VL_ENTRY.replace(b"1009", b"1000"), ids=b"[1000]")
+    finish = _vl_chunk(choice=b'"index":0,"finish_reason":"stop"', entry=_VL_ENTRY.replace(b"1009", b"1011"),
+                       ids=b"[1011]")
+    # (The first chunk, one plain token, is typed too.)
+    typed = _typed_as_json(lambda: vllm_protocol.VLLMStreamParser(version="v1"), [first, chunk, finish], relaying)
+    assert typed == 1 + (chunk in _VL_TYPED)
 
 @pytest.mark.parametrize("spans", [False, True], ids=["one-version", "spans"])
 @pytest.mark.parametrize("before", [0, 1, 3])

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
+import msgspec
 import orjson
 
 from ...same_named import build_from
@@ -32,7 +33,7 @@ from ..base import (
 from ..connection import BodyTemplate
 from ..deltas import DEFAULT_VERSION, token_deltas, version_at
 from ..errors import http_status, stream_error_status
-from ..stream_events import StreamDecoder, loads_span
+from ..stream_events import Int64, StreamDecoder, loads_span
 from .cumulative import PrefixCutter, look
 
 GENERATE_PATH = "/generate"
@@ -227,6 +228,35 @@ class SGLangStreamParser(StreamDecoder):
         self.batched = False  # a cumulative event is cut alone; incremental events are batched once the shape is known
         self._cutter = PrefixCutter()
         self._cut = 0  # tokens cut from the event being decoded
+
+    def read_common(self, raw: bytearray, start: int, stop: int, out: list[GenerationEvent]) -> bool:
+        """An incremental stream's event of one new token, its entry naming it, nothing else (no finish, no spans,
+        no field but SGLang's): decoded into :class:`_TokenEvent`, whose types msgspec checks as it decodes (the
+        checks :meth:`feed` makes in Python of orjson's dicts), then read as :meth:`feed` reads it.
+
+        Any other event (several tokens, a repeat, a finish, a field of another type or name, a
+        malformed one) fails the decode or the checks after it, before anything changed: it is
+        read as JSON (its errors named as before). A stream known to be incremental only (from its
+        second event): a cumulative stream's events are cut first.
+        """
+        if not self._incremental or self._cut:
+            return False
+        try:
+            event = _TOKEN_EVENT.decode(raw[start:stop])
+        except msgspec.MsgspecError:  # (not this kind of event, or malformed: decoded again as JSON, to say which)
+            return False
+        ids, meta = event.output_ids, event.meta_info
+        entries = meta.output_token_logprobs
+        if (len(ids) != 1 or len(entries) != 1 or (entry := entries[0])[1] != (token := ids[0])
+                or meta.completion_tokens <= len(self.ids)):
+            return False
+        if meta.weight_version is not None:
+            self.version = meta.weight_version
+        self.payloads += 1
+        self.ids.append(token)
+        if events := self.tokens(ids, [entry[0]]):
+            self._hand_out(events, out)
+        return True
 
     @property
     def cumulative(self) -> bool:
@@ -501,6 +531,34 @@ class SGLangStreamParser(StreamDecoder):
             routed_experts=experts if isinstance(experts, str) else None,
             weight_versions=spans,
         )
+
+
+class _TokenMeta(msgspec.Struct, forbid_unknown_fields=True):
+    """The ``meta_info`` of an incremental event of plain tokens, without a finish or version spans: SGLang's
+    fields, each typed, no other (an event with any other is read as JSON)."""
+
+    output_token_logprobs: list[tuple[float, Int64, str | None]]
+    completion_tokens: Int64
+    finish_reason: None = None
+    weight_version: str | None = None
+    id: str = ""
+    prompt_tokens: Int64 = 0
+    cached_tokens: Int64 = 0
+    reasoning_tokens: Int64 = 0
+    num_retractions: Int64 = 0
+    output_token_logprobs_length: Int64 = 0
+    input_token_logprobs: list[tuple[float, Int64, str | None]] = []
+
+
+class _TokenEvent(msgspec.Struct, forbid_unknown_fields=True):
+    """An incremental ``/generate`` event of plain tokens (:meth:`SGLangStreamParser.read_common`)."""
+
+    output_ids: list[Int64]
+    meta_info: _TokenMeta
+    text: str = ""
+
+
+_TOKEN_EVENT = msgspec.json.Decoder(_TokenEvent)
 
 
 def _int(value: object) -> int:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import attrs
+import msgspec
 
 from ...schema.converter import CONVERTER, TokenIds, at_least
 from ..base import (
@@ -33,7 +34,7 @@ from ..base import (
 from ..connection import BodyTemplate
 from ..deltas import DEFAULT_VERSION, token_deltas, version_at
 from ..errors import error_message, stream_error_status
-from ..stream_events import StreamDecoder
+from ..stream_events import Int64, StreamDecoder
 
 if TYPE_CHECKING:
     from ..base import GenerateRequest
@@ -301,6 +302,44 @@ def _one_logprob(raw: dict[str, Any], token: int) -> float | None:
     return None
 
 
+class _TokenEntry(msgspec.Struct, forbid_unknown_fields=True):
+    """A logprob entry of a generate chunk (:class:`_TokenChunk`), without top logprobs."""
+
+    token_id: Int64
+    logprob: float | int
+    token: str = ""
+    bytes: list[Int64] | None = None
+    top_logprobs: tuple[()] = ()
+
+
+class _TokenLogprobs(msgspec.Struct, forbid_unknown_fields=True):
+    content: list[_TokenEntry]
+
+
+class _TokenChoice(msgspec.Struct, forbid_unknown_fields=True):
+    """A generate chunk's choice of plain tokens: no finish, stop reason, routed experts or version spans."""
+
+    token_ids: list[Int64]
+    logprobs: _TokenLogprobs
+    index: Int64 = 0
+    finish_reason: None = None
+    stop_reason: None = None
+    routed_experts: None = None
+    weight_version: str | None = None
+
+
+class _TokenChunk(msgspec.Struct, forbid_unknown_fields=True):
+    """A ``/inference/v1/generate`` chunk of plain tokens, each field typed, none unknown
+    (:meth:`VLLMStreamParser.read_common`)."""
+
+    choices: list[_TokenChoice]
+    request_id: str | None = None
+    usage: None = None
+
+
+_TOKEN_CHUNK = msgspec.json.Decoder(_TokenChunk)
+
+
 class VLLMStreamParser(StreamDecoder):
     """Sans-IO reader of one vLLM stream (generate or completions chunks)."""
 
@@ -318,6 +357,38 @@ class VLLMStreamParser(StreamDecoder):
         self._cached_tokens = 0
         self._experts: str | None = None
         self._spans: tuple[WeightVersionSpan, ...] = ()
+
+    def read_common(self, raw: bytearray, start: int, stop: int, out: list[GenerationEvent]) -> bool:
+        """A ``/inference/v1/generate`` chunk of one token, its logprob entry naming it, nothing else (no finish, no
+        usage, no spans, no field but vLLM's): decoded into :class:`_TokenChunk`, whose types msgspec checks as it
+        decodes (the checks :meth:`feed` makes in Python of orjson's dicts), then read as :meth:`feed` reads it.
+
+        Any other chunk (several tokens, an integer logprob, a finish, a field of another type or
+        name, a malformed one) fails the decode or the checks after it, before anything changed:
+        it is read as JSON (its errors named as before).
+        """
+        try:
+            chunk = _TOKEN_CHUNK.decode(raw[start:stop])
+        except msgspec.MsgspecError:  # (not this kind of chunk, or malformed: decoded again as JSON, to say which)
+            return False
+        choices = chunk.choices
+        if len(choices) != 1:
+            return False
+        choice = choices[0]
+        ids, content = choice.token_ids, choice.logprobs.content
+        if (choice.index != 0 or len(ids) != 1 or len(content) != 1 or (entry := content[0]).token_id != ids[0]
+                or type(value := entry.logprob) is not float):
+            return False
+        if chunk.request_id is not None:
+            self.request_id = chunk.request_id
+        if choice.weight_version is not None:
+            self.version = choice.weight_version
+        self.payloads += 1
+        events = self.tokens(ids, [value])
+        self.ids += ids
+        if events:
+            self._hand_out(events, out)
+        return True
 
     def feed(self, payload: Mapping[str, Any]) -> list[GenerationEvent]:
         if "error" in payload or payload.get("object") == "error":
