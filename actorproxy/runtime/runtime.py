@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -25,7 +26,7 @@ from ..engines.engine_check import check_engine_tokenizer
 from ..engines.sglang.parse import SGLangParseClient
 from ..errors import BadRequest, EngineError, NotFound, Overloaded, ShutdownError, ShuttingDown
 from ..http.in_flight import InFlight
-from ..store.base import ReadQuery
+from ..store.base import Held, ReadQuery
 from ..tokenization.detokenize import byte_table
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
 from . import collector, freed_memory
@@ -273,19 +274,36 @@ class Runtime:
         """:meth:`read` as its JSON body in parts (``st.encode_parts``), to be sent one by one and each let go of
         once sent; all are serialised before anything is drained (a drain is all or nothing).
 
-        The read (and a drain's deletion) is done when this returns; after a drain of the
-        whole store, the memory it freed goes back to the system once the last part is sent.
+        A drain deletes what it read only once every byte of its reply but the last two was sent
+        (``_Parts``): until then no other drain reads it, and a reply not sent whole (the client
+        gone, its connection broken) deletes nothing (``st.Settle``). After a drain of the whole
+        store, the memory it freed goes back to the system then.
         """
-        parts: list[bytes] = await ask(self.store, lambda r: st.Read(query, r, encode=True))
-        return self._sent_one_by_one(parts, query.drains_all)
+        if not query.drain:
+            return _Parts(self, await ask(self.store, lambda r: st.Read(query, r, encode=True)), None)
+        parts, held = await ask(self.store, lambda r: st.Read(query, r, encode=True, hold=True))
+        return _Parts(self, parts, held)
 
-    async def _sent_one_by_one(self, parts: list[bytes], drained_all: bool) -> AsyncIterator[bytes]:
-        """A body's parts, each let go of as soon as it is sent (a drain's reply is never held whole)."""
-        parts.reverse()
-        while parts:
-            yield parts.pop()
-        # Resumed once the last part is sent: its pages, too, are free now.
-        await self._after_read(drained_all)
+    async def drained(self, held: Held) -> None:
+        """A drain's reply was sent but for its last bytes: delete what it read (``held``); after a drain of the
+        whole store, give the memory it freed back to the system.
+
+        Raises the store's error if it cannot delete (the disk fails): the reply is then cut short, and what it
+        read is read again by the next drain.
+        """
+        await ask(self.store, lambda r: st.Settle(held, True, r))
+        await self._after_read(held.query.drains_all)
+
+    async def let_go(self, held: Held) -> None:
+        """What a drain whose reply was not sent whole read: undeleted, for the next drain (no answer awaited)."""
+        settle = st.Settle(held, False)
+        try:
+            self.store.send_nowait(settle)
+        except trio.WouldBlock:
+            with trio.CancelScope(shield=True):
+                await self.store.send(settle)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the store stopped: nothing is held any more
 
     async def _after_read(self, drained_all: bool) -> None:
         """After a drain of the whole store, the caches let go (``after_drain``) and the memory freed is given
@@ -373,6 +391,56 @@ class Runtime:
     async def close_all(self, reason: str = "shutdown") -> int:
         """Finalize every live session; returns how many there were."""
         return int(await ask(self.registry, lambda r: CloseAll(reason, r)))
+
+
+class _Parts:
+    """A read's body parts (``Runtime.read_reply``), each let go of as soon as it is taken (a drain's reply is
+    never held whole).
+
+    A drain's (``held``) last bytes wait until what it read is deleted: once every other byte of its reply was
+    sent, it is deleted, then they go. If it cannot be (the disk fails), the reply is cut short before them,
+    so the trainer never takes a reply whose data stays in the store for the next drain. If the body is closed
+    before its end (the client gone, its connection broken), or dropped unclosed, what it read is let go of,
+    undeleted, for the next drain.
+    """
+
+    def __init__(self, runtime: Runtime, parts: list[bytes], held: Held | None) -> None:
+        if held is not None and len(parts[-1]) > _LAST_BYTES:  # its end ("]}"): left to write once it is deleted
+            parts[-1:] = [parts[-1][:-_LAST_BYTES], parts[-1][-_LAST_BYTES:]]
+        parts.reverse()
+        self._runtime, self._parts, self._held = runtime, parts, held
+
+    def __aiter__(self) -> _Parts:
+        return self
+
+    async def __anext__(self) -> bytes:
+        parts = self._parts
+        if len(parts) == 1 and self._held is not None:
+            # Asked for the last bytes once every other byte is sent: what it read goes now (before the reply's
+            # end, so a drain the trainer sends next comes after it), then they do.
+            held, self._held = self._held, None
+            with trio.CancelScope(shield=True):
+                await self._runtime.drained(held)
+        if parts:
+            return parts.pop()
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        """Not sent whole (the client gone, its connection broken): the next drain reads it again."""
+        self._parts.clear()
+        held, self._held = self._held, None
+        if held is not None:
+            await self._runtime.let_go(held)
+
+    def __del__(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:  # dropped unclosed: let go of it without waiting (a full mailbox: kept held)
+            with contextlib.suppress(Exception):
+                self._runtime.store.send_nowait(st.Settle(held, False))
+
+
+#: A drain's reply's last bytes, sent once what it read is deleted (its JSON object's end, ``]}``).
+_LAST_BYTES = 2
 
 
 @asynccontextmanager

@@ -57,6 +57,7 @@ from .store_messages import (
     Knows,
     Put,
     Read,
+    Settle,
     Stats,
     StoreGauge,
     StoreMessage,
@@ -70,7 +71,7 @@ from .store_messages import (
 )
 
 __all__ = [
-    "BATCH_DELAY", "FULL_RETRY_AFTER", "Close", "Journal", "Knows", "Put", "Read", "Stats", "StoreGauge",
+    "BATCH_DELAY", "FULL_RETRY_AFTER", "Close", "Journal", "Knows", "Put", "Read", "Settle", "Stats", "StoreGauge",
     "StoreMessage",
     "TrajectoryStore", "encode_body", "encode_parts",
 ]
@@ -263,7 +264,8 @@ class TrajectoryStore:
         for i, (reply, result) in self._answers.items():
             if i < self._done:
                 answer_outcome(reply, result)
-        wrote = any(isinstance(m, Put | Journal) or (isinstance(m, Read) and m.query.drain) for m in committed)
+        wrote = any(isinstance(m, Put | Journal) or (isinstance(m, Read) and m.query.drain and not m.hold)
+                    or (isinstance(m, Settle) and m.delivered) for m in committed)
         if not self._read_failed() and wrote and not rest and not self._pending:
             self._disk_works()
         for msg in rest:  # failed: the writes are kept in memory, the questions answered without the disk
@@ -298,8 +300,14 @@ class TrajectoryStore:
                 case Read() as msg:
                     backend.commit()  # what came before is durable, and never applied twice
                     finish = (self._encode or encode_parts) if msg.encode else keep
-                    self._answers[i] = (msg.reply, self._read(msg.query, finish))
+                    self._answers[i] = (msg.reply, self._read(msg.query, finish, msg.hold))
                     self._done = i + 1  # a drain commits (or rolls back) on its own
+                case Settle() as msg:
+                    backend.commit()
+                    settled = self._settle(msg)
+                    if msg.reply is not None:
+                        self._answers[i] = (msg.reply, settled)
+                    self._done = i + 1  # (as a drain)
                 case Knows() as msg:
                     self._answers[i] = (msg.reply, capture(backend.knows, msg.session_id))
                 case Stats() as msg:
@@ -307,9 +315,19 @@ class TrajectoryStore:
         backend.commit()
         self._done = len(batch)
 
-    def _read(self, query: ReadQuery, finish: Callable[[Found], Any]) -> outcome.Outcome[Any]:
-        """A read (in the writer thread); one that fails on the disk is noted for :meth:`_read_failed`."""
-        result = capture(self.backend.read, query, finish)
+    def _read(self, query: ReadQuery, finish: Callable[[Found], Any], hold: bool = False) -> outcome.Outcome[Any]:
+        """A read (in the writer thread); one that fails on the disk is noted for :meth:`_read_failed`.
+
+        ``hold``: a drain that deletes nothing yet (``backend.hold``: answered with what it holds).
+        """
+        return self._noted(capture(self.backend.hold if hold else self.backend.read, query, finish))
+
+    def _settle(self, msg: Settle) -> outcome.Outcome[Any]:
+        """A held drain settled (in the writer thread): what it read deleted, or let go of."""
+        return self._noted(capture(self.backend.drain_held if msg.delivered else self.backend.release, msg.held))
+
+    def _noted(self, result: outcome.Outcome[Any]) -> outcome.Outcome[Any]:
+        """``result``; one that failed on the disk is noted for :meth:`_read_failed`."""
         if isinstance(result, outcome.Error) and getattr(result.error, "code", "") == "store_failed":
             self._read_failure = str(result.error)
         return result
@@ -377,10 +395,17 @@ class TrajectoryStore:
                 # What the file holds: a trainer's drain is the way out of a full disk (it frees room), so it
                 # runs while the store is failed; the writes kept in memory are tried again right after it.
                 finish = (self._encode or encode_parts) if msg.encode else keep
-                result = await self.call(self._read, msg.query, finish)
+                result = await self.call(self._read, msg.query, finish, msg.hold)
                 failed = self._read_failed()
                 answer_outcome(msg.reply, result)
-                if msg.query.drain and not failed and await self._retry_pending():
+                if msg.query.drain and not msg.hold and not failed and await self._retry_pending():
+                    self._disk_works()
+            case Settle():
+                result = await self.call(self._settle, msg)  # a delivered drain frees room, as above
+                failed = self._read_failed()
+                if msg.reply is not None:
+                    answer_outcome(msg.reply, result)
+                if msg.delivered and not failed and await self._retry_pending():
                     self._disk_works()
 
     def _failed_error(self) -> StorageFull:

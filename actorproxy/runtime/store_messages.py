@@ -23,7 +23,7 @@ from ..core.records import Segment, Step
 from ..errors import ProxyError, StorageFull, release
 from ..schema.converter import CONVERTER
 from ..schema.records import Found, ReadResult, StoredRead, StoredStep, segment_json, step_json, stored_step_json
-from ..store.base import ReadQuery
+from ..store.base import Held, ReadQuery
 from .actor import ActorGone, Reply, answer, answer_error
 
 log = logging.getLogger("actorproxy.runtime.store")
@@ -64,6 +64,17 @@ class Read:
     reply: Reply
     #: Answer with the JSON body (bytes), serialised before anything is drained.
     encode: bool = False
+    #: A drain that deletes nothing yet: answered ``(answer, held)``, what it read held for :class:`Settle`.
+    hold: bool = False
+
+
+@attrs.frozen
+class Settle:
+    """A held drain's reply was sent whole (``delivered``: delete what it read), or not (let it go, undeleted)."""
+
+    held: Held
+    delivered: bool
+    reply: Reply | None = None
 
 
 @attrs.frozen
@@ -85,7 +96,7 @@ class Close:
 
 
 #: Everything the trajectory store's mailbox carries.
-StoreMessage = Put | Journal | Wake | Read | Knows | Stats | Close
+StoreMessage = Put | Journal | Wake | Read | Settle | Knows | Stats | Close
 
 
 @attrs.define

@@ -61,6 +61,57 @@ class ReadQuery:
         return NotFound(f"no segment {self.trajectory_id!r}", param="trajectory_id")
 
 
+@attrs.define(eq=False)
+class Held:
+    """What a drain read and delivers before it is deleted (:meth:`StoreBackend.hold`).
+
+    Until :meth:`StoreBackend.drain_held` (its reply was sent whole) or :meth:`StoreBackend.release`
+    (it was not), no other drain reads it, and it stays in the store: a trainer whose connection
+    breaks before the reply ends loses nothing. ``segments`` and ``steps`` are the backend's own
+    handles (rows, or the objects themselves).
+    """
+
+    query: ReadQuery
+    only: str | None
+    segments: list[Any]
+    steps: list[Any]
+    #: The sessions the read covered (a backend that needs them: memory).
+    sessions: list[str] = attrs.field(factory=list)
+
+
+class HeldDrains:
+    """:meth:`StoreBackend.read`, ``hold``, ``drain_held`` and ``release`` over a backend's own ``_read`` (what a
+    query reads, serialised by ``finish``, and what its drain deletes: nothing another drain holds), ``_drain``
+    (delete that) and ``_hold`` (keep other drains from it, or no longer)."""
+
+    def _read(self, query: ReadQuery, finish: Callable[[Found], T]) -> tuple[T, Held]:
+        raise NotImplementedError
+
+    def _drain(self, held: Held) -> None:
+        raise NotImplementedError
+
+    def _hold(self, held: Held, holding: bool) -> None:
+        raise NotImplementedError
+
+    def read(self, query: ReadQuery, finish: Callable[[Found], T]) -> T:
+        done, held = self._read(query, finish)
+        if query.drain:
+            self._drain(held)
+        return done
+
+    def hold(self, query: ReadQuery, finish: Callable[[Found], T]) -> tuple[T, Held]:
+        done, held = self._read(query, finish)
+        self._hold(held, True)
+        return done, held
+
+    def drain_held(self, held: Held) -> None:
+        self._hold(held, False)  # (a drain that fails leaves what it read for the next one)
+        self._drain(held)
+
+    def release(self, held: Held) -> None:
+        self._hold(held, False)
+
+
 @attrs.frozen
 class Usage:
     tokens: int
@@ -95,8 +146,18 @@ class StoreBackend(Protocol):
         """``finish(found)`` (serialise it); only if that succeeds, drain what was read.
 
         A durable store's rows are decoded as ``finish`` takes them, never all at once
-        (:class:`~actorproxy.schema.records.StoredRead`).
+        (:class:`~actorproxy.schema.records.StoredRead`). A drain reads nothing another
+        drain holds (:meth:`hold`).
         """
+
+    def hold(self, query: ReadQuery, finish: Callable[[Found], T]) -> tuple[T, Held]:
+        """A drain's read as :meth:`read`, deleting nothing yet: what it read is held for :meth:`drain_held`."""
+
+    def drain_held(self, held: Held) -> None:
+        """Delete what ``held`` holds (its reply was delivered); the session goes too once nothing of it is left."""
+
+    def release(self, held: Held) -> None:
+        """Let go of ``held`` undeleted (its reply was not delivered): the next drain reads it again."""
 
     def knows(self, session_id: str) -> bool: ...
 

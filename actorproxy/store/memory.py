@@ -9,7 +9,18 @@ from typing import Any, TypeVar
 import attrs
 
 from ..core.records import Segment, Step
-from .base import Found, ReadQuery, ReadResult, Recovered, StoreCounters, Usage, session_key, step_tokens
+from .base import (
+    Found,
+    Held,
+    HeldDrains,
+    ReadQuery,
+    ReadResult,
+    Recovered,
+    StoreCounters,
+    Usage,
+    session_key,
+    step_tokens,
+)
 from .codec import dumps, segment_bytes
 
 T = TypeVar("T")
@@ -29,7 +40,7 @@ def _step_bytes(step: Step) -> int:
     return 13 * step_tokens(step) + len(dumps(step.new_messages)) + 512
 
 
-class MemoryStore:
+class MemoryStore(HeldDrains):
     """Finalized segments and retired steps in dicts; the journal is not kept (nothing survives a crash)."""
 
     blocking = False
@@ -41,6 +52,8 @@ class MemoryStore:
         self._tokens = 0
         self._bytes = 0
         self._counts = StoreCounters()
+        #: What drains hold while their replies are sent (:meth:`hold`): the segments' and steps' ``id``.
+        self._held: set[int] = set()
 
     def put(self, session_id: str, segments: tuple[Segment, ...], steps: tuple[Step, ...]) -> None:
         key = session_key(session_id)
@@ -70,7 +83,15 @@ class MemoryStore:
     def rollback(self) -> None:
         pass  # nothing can fail half-way in memory
 
-    def read(self, query: ReadQuery, finish: Callable[[Found], T]) -> T:
+    def _hold(self, held: Held, holding: bool) -> None:
+        ids = [id(item) for _, item in held.segments] + [id(item) for _, item in held.steps]
+        if holding:
+            self._held.update(ids)
+        else:
+            self._held.difference_update(ids)
+
+    def _read(self, query: ReadQuery, finish: Callable[[Found], T]) -> tuple[T, Held]:
+        """``finish`` of what ``query`` reads, and what a drain of it deletes (nothing another drain holds)."""
         only: str | None = None  # a child session's own data only
         if query.session_id is not None:
             key = session_key(query.session_id)
@@ -87,9 +108,11 @@ class MemoryStore:
             keys = [key]
         else:
             keys = list(self._sessions)
+        whole = query.trajectory_id is None and only is None
+        held = self._held if query.drain else set()  # (another drain delivers those)
         segments: list[Segment] = []
         steps: list[Step] = []
-        chosen_by_key: list[tuple[str, list[Segment]]] = []
+        drained = Held(query, only, [], [], keys)
         for key in keys:
             data = self._sessions[key]
             if query.trajectory_id is not None:
@@ -98,40 +121,44 @@ class MemoryStore:
                 chosen = [s for s in data.segments if s.trajectory_id.startswith(only + "#")]
             else:
                 chosen = list(data.segments)
+            if held:
+                chosen = [s for s in chosen if id(s) not in held]
             segments.extend(chosen)
-            if query.include_steps:
-                steps.extend(s for s in data.steps if only is None or s.session_id == only)
-            chosen_by_key.append((key, chosen))
+            drained.segments.extend((key, s) for s in chosen)
+            if query.include_steps or (query.drain and (whole or only)):
+                kept = [s for s in data.steps if (only is None or s.session_id == only) and id(s) not in held]
+                if query.include_steps:
+                    steps.extend(kept)
+                if whole or only:  # a child's steps go with its segments
+                    drained.steps.extend((key, s) for s in kept)
         # Serialise first: a failure here deletes nothing.
         done = finish(ReadResult(segments, list(steps) if query.include_steps else None))
-        if query.drain:
-            whole = query.trajectory_id is None and only is None
-            for key, chosen in chosen_by_key:
-                self._drain(key, chosen, whole=whole, only=only)
-        return done
+        return done, drained
 
-    def _drain(self, key: str, chosen: list[Segment], *, whole: bool, only: str | None) -> None:
-        data = self._sessions[key]
-        if whole:
-            del self._sessions[key]
-            self._tokens -= data.tokens
-            self._bytes -= data.bytes
-        else:
-            gone = {id(s) for s in chosen}
-            tokens = sum(s.num_tokens for s in chosen)
-            size = sum(segment_bytes(s) for s in chosen)
+    def _drain(self, held: Held) -> None:
+        """Delete what ``held`` holds; a session goes once nothing of it is left (a child: from its parent's list)."""
+        gone = {id(item) for _, item in held.segments} | {id(item) for _, item in held.steps}
+        query, only = held.query, held.only
+        for key in held.sessions:
+            data = self._sessions.get(key)
+            if data is None:
+                continue
+            tokens = sum(s.num_tokens for s in data.segments if id(s) in gone)
+            tokens += sum(step_tokens(s) for s in data.steps if id(s) in gone)
+            size = sum(segment_bytes(s) for s in data.segments if id(s) in gone)
+            size += sum(_step_bytes(s) for s in data.steps if id(s) in gone)
             data.segments = [s for s in data.segments if id(s) not in gone]
-            if only is not None:  # a child's steps go with its segments
-                leaving = [s for s in data.steps if s.session_id == only]
-                data.steps = [s for s in data.steps if s.session_id != only]
-                tokens += sum(step_tokens(s) for s in leaving)
-                size += sum(_step_bytes(s) for s in leaving)
-                data.children.discard(only)
+            data.steps = [s for s in data.steps if id(s) not in gone]
             data.tokens -= tokens
             data.bytes -= size
             self._tokens -= tokens
             self._bytes -= size
-        self._counts.counters["segments_drained"] += len(chosen)
+            if query.trajectory_id is None:
+                if only is not None:
+                    data.children.discard(only)
+                elif not data.segments and not data.steps:
+                    del self._sessions[key]
+        self._counts.counters["segments_drained"] += len(held.segments)
 
     def knows(self, session_id: str) -> bool:
         return session_key(session_id) in self._sessions

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from ..core.records import Segment, Step
 from ..errors import StartupError
 from ..schema.records import StoredRead, StoredStep
-from .base import Found, ReadQuery, Recovered, StoreCounters, Usage, session_key, step_tokens
+from .base import Found, Held, HeldDrains, ReadQuery, Recovered, StoreCounters, Usage, session_key, step_tokens
 from .codec import (
     Rows,
     decode_segment,
@@ -86,7 +86,7 @@ _SEGMENT_COLS = "seq, session_id, tokens, bytes, meta, token_ids, loss_mask, log
 _STEP_COLS = "seq, session_id, tokens, bytes, meta, arrays"
 
 
-class SQLiteStore:
+class SQLiteStore(HeldDrains):
     """Segments and steps in ``<data_dir>/trajectories.sqlite3``; only counters are kept in memory."""
 
     blocking = True
@@ -109,6 +109,9 @@ class SQLiteStore:
         self._tokens = 0
         self._bytes = 0
         self._commits = 0
+        #: The rows drains hold while their replies are sent (:meth:`hold`), by table: their ``seq``.
+        self._held_segments: set[int] = set()
+        self._held_steps: set[int] = set()
         self._mark = -1
         #: What committed data the file no longer held at start (see the module docstring).
         self.lost_at_start: dict[str, int] = {}
@@ -335,7 +338,17 @@ class SQLiteStore:
 
     # -- reads -------------------------------------------------------------------
 
-    def read(self, query: ReadQuery, finish: Callable[[Found], T]) -> T:
+    def _hold(self, held: Held, holding: bool) -> None:
+        segments, steps = (r[0] for r in held.segments), (r[0] for r in held.steps)
+        if holding:
+            self._held_segments.update(segments)
+            self._held_steps.update(steps)
+        else:
+            self._held_segments.difference_update(segments)
+            self._held_steps.difference_update(steps)
+
+    def _read(self, query: ReadQuery, finish: Callable[[Found], T]) -> tuple[T, Held]:
+        """``finish`` of what ``query`` reads, and what a drain of it deletes (nothing another drain holds)."""
         db = self._db
         only: str | None = None
         where, args = "", ()  # type: tuple[str, tuple[Any, ...]]
@@ -362,49 +375,62 @@ class SQLiteStore:
         whole = query.trajectory_id is None and only is None
         if query.include_steps or (query.drain and (whole or only)):
             step_rows = db.execute(f"SELECT {_STEP_COLS} FROM steps {where} ORDER BY key, seq", args).fetchall()
+        if query.drain and (self._held_segments or self._held_steps):  # another drain delivers those
+            seg_rows = [r for r in seg_rows if r[0] not in self._held_segments]
+            step_rows = [r for r in step_rows if r[0] not in self._held_steps]
         # Each row is decoded as ``finish`` takes it: encoded, one segment or step is alive at a time.
         found = StoredRead(Rows(seg_rows, _segment), Rows(step_rows, _step) if query.include_steps else None)
         done = finish(found)  # serialise first: a failure here deletes nothing
-        if query.drain:
-            drained = step_rows if (whole or only) else []
-            try:
-                self._drain(query, seg_rows, drained, only=only)
-            except sqlite3.OperationalError as exc:
-                # A full disk: the deletes need room in the WAL. The reserve is that room.
-                if not disk_full(exc) or not self._release_reserve():
-                    raise
-                self._drain(query, seg_rows, drained, only=only)
-            self._after_drain()
-        return done
+        return done, Held(query, only, seg_rows, step_rows if (whole or only) else [])
 
-    def _drain(self, query: ReadQuery, seg_rows: list[Any], step_rows: list[Any], *, only: str | None) -> None:
+    def _drain(self, held: Held) -> None:
+        try:
+            self._delete_held(held)
+        except sqlite3.OperationalError as exc:
+            # A full disk: the deletes need room in the WAL. The reserve is that room.
+            if not disk_full(exc) or not self._release_reserve():
+                raise
+            self._delete_held(held)
+        self._after_drain()
+
+    def _delete_held(self, held: Held) -> None:
+        query, only = held.query, held.only
         self._begin()
         try:
-            self._delete("segments", seg_rows)
-            self._delete("steps", step_rows)
+            self._delete("segments", held.segments)
+            self._delete("steps", held.steps)
             if query.trajectory_id is None:
+                # A session goes once nothing of it is left: not what came since it was read, nor what another
+                # drain holds.
+                left = "NOT EXISTS (SELECT 1 FROM segments s WHERE s.key = sessions.key) AND NOT EXISTS " \
+                       "(SELECT 1 FROM steps t WHERE t.key = sessions.key)"
                 if query.session_id is None:
-                    self._db.execute("DELETE FROM sessions")
+                    self._db.execute(f"DELETE FROM sessions WHERE {left}")
                 elif only is None:
-                    self._db.execute("DELETE FROM sessions WHERE key = ?", (query.session_id,))
+                    self._db.execute(f"DELETE FROM sessions WHERE key = ? AND {left}", (query.session_id,))
                 else:
                     key = session_key(only)
                     (children,) = self._db.execute("SELECT children FROM sessions WHERE key = ?", (key,)).fetchone()
                     kept = [c for c in json.loads(children) if c != only]
                     self._db.execute("UPDATE sessions SET children = ? WHERE key = ?", (dumps(kept), key))
-            self._counts.counters["segments_drained"] += len(seg_rows)
+            self._counts.counters["segments_drained"] += len(held.segments)
             self.commit()
         except BaseException:
             self.rollback()
             raise
 
     def _delete(self, table: str, rows: list[Any]) -> None:
+        """Delete ``rows`` (their ``seq``), counting only those still there (``--store ray`` may have sent one on)."""
         seqs = [r[0] for r in rows]
         for start in range(0, len(seqs), 500):
             chunk = seqs[start : start + 500]
-            self._db.execute(f"DELETE FROM {table} WHERE seq IN ({_marks(chunk)})", chunk)
-        self._tokens -= sum(r[2] for r in rows)
-        self._bytes -= sum(r[3] for r in rows)
+            marks = _marks(chunk)
+            tokens, size = self._db.execute(
+                f"SELECT COALESCE(SUM(tokens), 0), COALESCE(SUM(bytes), 0) FROM {table} WHERE seq IN ({marks})", chunk
+            ).fetchone()
+            self._db.execute(f"DELETE FROM {table} WHERE seq IN ({marks})", chunk)
+            self._tokens -= tokens
+            self._bytes -= size
 
     def knows(self, session_id: str) -> bool:
         key = session_key(session_id)

@@ -1,0 +1,127 @@
+"""A drain deletes what it read only once its reply was sent whole; meanwhile no other drain reads it.
+
+A trainer's drain used to delete what it read as soon as the reply was serialised, before a
+byte of it was sent: a trainer whose connection broke, or whose read timed out, while a large
+reply was on its way lost those trajectories for good. Now what a drain read is held until its
+last part is sent (then deleted) or its reply is given up (then let go, for the next drain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import trio
+from _asgi import open_client
+from _util import run_turn
+from trio.testing import wait_all_tasks_blocked
+
+from actorproxy.config import ProxyConfig
+from actorproxy.runtime import store_messages
+from actorproxy.runtime.runtime import Runtime, open_runtime
+from actorproxy.server.app import create_app
+from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.store.base import ReadQuery
+from actorproxy.testing import open_simulated_proxy
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+async def _finalized(runtime: Runtime, *sessions: str) -> None:
+    for name in sessions:
+        await run_turn(runtime, name, HI)
+        await runtime.finalize(name)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def runtime(request: pytest.FixtureRequest, tmp_path: Path, tokenizer: Any) -> AsyncIterator[Runtime]:
+    """A runtime over each store, sessions "a" and "b" finalized."""
+    config = ProxyConfig.of(port=0, store_kind=request.param, data_dir=str(tmp_path / "data"))
+    engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.001))
+    async with open_runtime(config, backend=engine, tokenizer=tokenizer) as opened:
+        await _finalized(opened, "a", "b")
+        yield opened
+
+
+def _sessions_in(parts: list[bytes]) -> list[str]:
+    return sorted(s["trajectory_id"].partition("#")[0] for s in orjson.loads(b"".join(parts))["data"])
+
+
+async def test_a_drain_whose_reply_is_not_sent_whole_deletes_nothing(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_messages, "PART_BYTES", 1000)  # a reply of several parts
+    reply = await runtime.read_reply(ReadQuery(drain=True, include_steps=True))
+    await reply.__anext__()  # the first part went out, then the client was gone
+    await reply.aclose()  # type: ignore[attr-defined]
+    again = await runtime.read(drain=True, include_steps=True)
+    assert sorted(s.trajectory_id for s in again.data) == ["a#0", "b#0"]
+    assert len(again.steps or []) == 2
+    assert (await runtime.read()).data == []  # that drain was delivered (in-process): gone
+
+
+async def test_what_a_drain_holds_no_other_drain_reads_and_what_came_after_stays(runtime: Runtime) -> None:
+    first = await runtime.read_reply(ReadQuery(drain=True))  # its reply is on its way
+    await _finalized(runtime, "c")  # finalized meanwhile
+    assert sorted(s.trajectory_id for s in (await runtime.read()).data) == ["a#0", "b#0", "c#0"]  # a read sees all
+    second = await runtime.read_reply(ReadQuery(drain=True))
+    second_parts = [part async for part in second]
+    assert _sessions_in(second_parts) == ["c"]  # not what the first drain delivers
+    first_parts = [part async for part in first]
+    assert _sessions_in(first_parts) == ["a", "b"]
+    assert (await runtime.read()).data == []
+    stats = await runtime.store_stats()
+    assert (stats["sessions"], stats["segments"], stats["tokens"]) == (0, 0, 0)
+
+
+async def test_a_session_drain_given_up_is_read_again_and_others_are_not_held(runtime: Runtime) -> None:
+    given_up = await runtime.read_reply(ReadQuery(session_id="a", drain=True, include_steps=True))
+    other = await runtime.read_reply(ReadQuery(drain=True))  # the whole store but "a", held above
+    assert _sessions_in([part async for part in other]) == ["b"]
+    await given_up.aclose()  # type: ignore[attr-defined]
+    assert _sessions_in([part async for part in await runtime.read_reply(
+        ReadQuery(session_id="a", drain=True))]) == ["a"]
+    stats = await runtime.store_stats()
+    assert (stats["sessions"], stats["segments"], stats["steps"], stats["tokens"]) == (0, 0, 0, 0)
+
+
+async def test_a_trainer_that_hangs_up_mid_reply_finds_it_all_in_the_next_drain(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the app: the trainer reads the first part of a drain's reply and hangs up; the server's next
+    write fails, as a socket's does once its peer is gone."""
+    monkeypatch.setattr(store_messages, "PART_BYTES", 1000)
+    gone = trio.Event()
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim:
+        app = create_app(sim.runtime)
+
+        async def slow_trainer(scope: Any, receive: Any, send: Any) -> None:
+            parts = 0
+
+            async def write(message: dict[str, Any]) -> None:
+                nonlocal parts
+                if message["type"] == "http.response.body":
+                    parts += 1
+                    if parts > 1:  # the trainer reads no more until it hangs up
+                        await gone.wait()
+                        raise OSError("the client hung up")
+                await send(message)
+
+            await app(scope, receive, write)
+
+        async with open_client(slow_trainer) as http:
+            await _finalized(sim.runtime, "a", "b", "c")
+            async with http.stream("POST", "/trajectory/read", json={"drain": True, "include_steps": True}) as reply:
+                assert reply.status_code == 200
+                async for _ in reply.aiter_raw():
+                    break  # the first part
+                gone.set()
+            await wait_all_tasks_blocked()
+        async with open_client(app) as http:
+            again = await http.post("/trajectory/read", json={"drain": True, "include_steps": True})
+            assert sorted(s["trajectory_id"] for s in again.json()["data"]) == ["a#0", "b#0", "c#0"]
+            assert len(again.json()["steps"]) == 3
+            assert (await http.post("/trajectory/read", json={"drain": True})).json() == {"data": []}
