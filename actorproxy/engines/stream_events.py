@@ -22,7 +22,8 @@ A reader that decodes each event alone (not
 :attr:`StreamDecoder.batched`: SGLang's cumulative events) is given where each one's JSON
 lies in the buffer (:meth:`StreamDecoder.take_spans`), to decode it from there (:func:`loads_span`);
 an arrival that is one whole event, with nothing buffered, is read where the relay hub received
-it (:meth:`StreamDecoder.read_lying`: not copied at all), and the end of an event cut short is
+it (:meth:`StreamDecoder.read_lying`: not copied at all; so is the commonest event of a reader
+that has a typed decode), and the end of an event cut short is
 searched for only in the bytes that came since the last search (``_clean``).
 ``[DONE]`` ends the stream (``end(True)``); events after
 the finish are kept in :attr:`StreamDecoder.tail` (the generation reads past them to reuse
@@ -90,6 +91,9 @@ class StreamDecoder:
     what = "engine"
     #: The weight version of the latest event.
     version: str
+    #: Whether an arrival that is one whole chunk is offered to :meth:`read_lying` before it is copied into
+    #: :attr:`buffer` (a reader whose events are read each alone, or that has a :meth:`read_common`).
+    reads_lying = False
 
     def __init__(self) -> None:
         #: Body bytes received and not read yet (de-chunked into it by the HTTP client).
@@ -245,16 +249,22 @@ class StreamDecoder:
 
     def read_lying(self, raw: bytearray, start: int, stop: int, out: list[GenerationEvent]) -> bool:
         """Read body bytes ``raw[start:stop]`` where they lie (not copied into :attr:`buffer`), appending their
-        events to ``out``, when they are one whole event of the common shape, nothing is buffered and the
-        events are read each alone (not :attr:`batched`: SGLang's cumulative events, hundreds of KB each);
-        ``False``: nothing was read (append the bytes to :attr:`buffer` and :meth:`read`).
+        events to ``out``, when they are one whole event of the common shape, nothing is buffered, and the
+        events are read each alone (not :attr:`batched`: SGLang's cumulative events, hundreds of KB each) or
+        it is the engine's commonest event (:meth:`read_common`); ``False``: nothing was read (append the
+        bytes to :attr:`buffer` and :meth:`read`). Asked only of a reader that :attr:`reads_lying`.
 
         The checks are :meth:`_take_each`'s for a lone event (one ``data:`` line, its only line
-        break the blank line's first: one ``memchr`` over the event).
+        break the blank line's first: one ``memchr`` over the event), and a batched read's (no
+        ``\\r`` in it) for the commonest event.
         """
-        if (self.batched or self.done or self.buffer or self._sse is not None or stop - start < 9 or raw[stop - 1] != 10
-                or raw[stop - 3] == 13 or not raw.startswith(b"data: {", start)
-                or self.line_break(raw, start, stop) != stop - 2):
+        if (self.done or self.buffer or self._sse is not None or stop - start < 9 or raw[stop - 1] != 10
+                or raw[stop - 3] == 13 or not raw.startswith(b"data: {", start)):
+            return False
+        if self.batched:  # (an event of a batched read: :meth:`read`'s lone event, its line ends checked as there)
+            return (not self.finished and raw.find(b"\n", start, stop) == stop - 2 and raw.find(b"\r", start, stop) < 0
+                    and self.read_common(raw, start + 6, stop - 2, out))
+        if self.line_break(raw, start, stop) != stop - 2:
             return False
         try:
             self.take_span(start + 6, stop - 2, out, raw)

@@ -216,9 +216,9 @@ class StreamedGeneration(Generic[P]):
         assert type(response) is Response
         parser = self._parser
         try:
-            # A whole chunk, nothing buffered: read where the hub received it (SGLang's cumulative events: not
-            # copied; see StreamDecoder.read_lying).
-            lying = None if parser.batched or parser.buffer else response.lying_chunk()
+            # A whole chunk, nothing buffered: read where the hub received it (SGLang's cumulative events, an
+            # engine's commonest event: not copied; see StreamDecoder.read_lying).
+            lying = response.lying_chunk() if parser.reads_lying and not parser.buffer else None
             if lying is not None:
                 return self._relayed(True, lying)
             more = response.received_now(parser.buffer)

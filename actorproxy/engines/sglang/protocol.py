@@ -218,6 +218,7 @@ class SGLangStreamParser(StreamDecoder):
     """
 
     what = "SGLang"
+    reads_lying = True
 
     def __init__(self, *, stop_token_ids: Sequence[int] = (), version: str = DEFAULT_VERSION) -> None:
         super().__init__()

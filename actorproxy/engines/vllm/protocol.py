@@ -344,6 +344,7 @@ class VLLMStreamParser(StreamDecoder):
     """Sans-IO reader of one vLLM stream (generate or completions chunks)."""
 
     what = "vLLM"
+    reads_lying = True
 
     def __init__(self, *, version: str = DEFAULT_VERSION, routed_experts: bool = False) -> None:
         super().__init__()
