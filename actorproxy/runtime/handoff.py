@@ -6,9 +6,10 @@ Completed trajectories are announced with :meth:`GroupHandoff.complete`;
 complete ones, oldest first (by when their first trajectory completed; after
 a timeout: those complete, saying the batch is not complete; a group that
 never fills never holds back the complete ones behind it) without taking them:
-the caller reads and serialises their segments first, and only then drains the
-store and :meth:`GroupHandoff.remove` s them, so a reply that cannot be built
-loses nothing. A group that never fills is bounded by ``max_pending_groups``:
+the caller reads and serialises their segments first, and only then
+:meth:`GroupHandoff.remove` s them (and deletes them from the store once the reply
+was sent), so a reply that cannot be built loses nothing; one that is not
+delivered puts them back (:meth:`GroupHandoff.restore`). A group that never fills is bounded by ``max_pending_groups``:
 past it the oldest pending group is dropped, counted and logged, never silently.
 
 All methods run on the Trio thread; state changes happen between awaits, so
@@ -113,6 +114,17 @@ class GroupHandoff:
                 self._groups.pop(group.instance_id, None)
             self._known.difference_update(leaving)
             self.handed_over += len(leaving)
+
+    def restore(self, taken: list[Group]) -> None:
+        """Put groups :meth:`remove` took back, first in the queue (their reply was not delivered)."""
+        for group in reversed(taken):
+            back = [item for item in group.trajectories if item.trajectory_id not in self._known]
+            self._groups[group.instance_id] = [*back, *self._groups.get(group.instance_id, ())]
+            self._groups.move_to_end(group.instance_id, last=False)
+            self._known.update(item.trajectory_id for item in back)
+            self.handed_over -= len(back)
+        self._changed.set()
+        self._changed = trio.Event()
 
     def take(self, groups: int, per_group: int) -> tuple[list[Group], bool]:
         """:meth:`peek` and :meth:`remove` at once."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -280,11 +280,23 @@ class Runtime:
         store, the memory it freed goes back to the system then.
         """
         if not query.drain:
-            return _Parts(self, await ask(self.store, lambda r: st.Read(query, r, encode=True)), None)
+            return _Parts(self, await ask(self.store, lambda r: st.Read(query, r, encode=True)), ())
         parts, held = await ask(self.store, lambda r: st.Read(query, r, encode=True, hold=True))
-        return _Parts(self, parts, held)
+        return _Parts(self, parts, (held,))
 
-    async def drained(self, held: Held) -> None:
+    async def hold_read(self, query: ReadQuery) -> tuple[ReadResult, Held]:
+        """A drain's read (``query.drain``) that deletes nothing yet: what it read is held (no other drain reads
+        it) until the reply made by :meth:`delivered_reply` is sent (deleted) or given up (let go of)."""
+        found: tuple[ReadResult, Held] = await ask(self.store, lambda r: st.Read(query, r, hold=True))
+        return found
+
+    def delivered_reply(self, body: bytes, held: Sequence[Held],
+                        given_up: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
+        """``body`` as a reply that deletes what ``held`` read once it was sent (but for its last two bytes, sent
+        after); a reply given up (the client gone) lets it go, undeleted, and calls ``given_up``."""
+        return _Parts(self, [body], tuple(held), given_up)
+
+    async def drained(self, held: tuple[Held, ...]) -> None:
         """A drain's reply was sent but for its last bytes: delete what it read (``held``); after a drain of the
         whole store, give the memory it freed back to the system.
 
@@ -292,9 +304,9 @@ class Runtime:
         read is read again by the next drain.
         """
         await ask(self.store, lambda r: st.Settle(held, True, r))
-        await self._after_read(held.query.drains_all)
+        await self._after_read(any(h.query.drains_all for h in held))
 
-    async def let_go(self, held: Held) -> None:
+    async def let_go(self, held: tuple[Held, ...]) -> None:
         """What a drain whose reply was not sent whole read: undeleted, for the next drain (no answer awaited)."""
         settle = st.Settle(held, False)
         try:
@@ -394,31 +406,32 @@ class Runtime:
 
 
 class _Parts:
-    """A read's body parts (``Runtime.read_reply``), each let go of as soon as it is taken (a drain's reply is
-    never held whole).
+    """A read's body parts (``Runtime.read_reply``, ``Runtime.delivered_reply``), each let go of as soon as it is
+    taken (a drain's reply is never held whole).
 
     A drain's (``held``) last bytes wait until what it read is deleted: once every other byte of its reply was
     sent, it is deleted, then they go. If it cannot be (the disk fails), the reply is cut short before them,
     so the trainer never takes a reply whose data stays in the store for the next drain. If the body is closed
     before its end (the client gone, its connection broken), or dropped unclosed, what it read is let go of,
-    undeleted, for the next drain.
+    undeleted, for the next drain, and ``given_up`` is called.
     """
 
-    def __init__(self, runtime: Runtime, parts: list[bytes], held: Held | None) -> None:
-        if held is not None and len(parts[-1]) > _LAST_BYTES:  # its end ("]}"): left to write once it is deleted
+    def __init__(self, runtime: Runtime, parts: list[bytes], held: tuple[Held, ...],
+                 given_up: Callable[[], None] | None = None) -> None:
+        if held and len(parts[-1]) > _LAST_BYTES:  # its end ("]}"): left to write once it is deleted
             parts[-1:] = [parts[-1][:-_LAST_BYTES], parts[-1][-_LAST_BYTES:]]
         parts.reverse()
-        self._runtime, self._parts, self._held = runtime, parts, held
+        self._runtime, self._parts, self._held, self._given_up = runtime, parts, held, given_up
 
     def __aiter__(self) -> _Parts:
         return self
 
     async def __anext__(self) -> bytes:
         parts = self._parts
-        if len(parts) == 1 and self._held is not None:
+        if len(parts) == 1 and self._held:
             # Asked for the last bytes once every other byte is sent: what it read goes now (before the reply's
             # end, so a drain the trainer sends next comes after it), then they do.
-            held, self._held = self._held, None
+            held, self._held, self._given_up = self._held, (), None
             with trio.CancelScope(shield=True):
                 await self._runtime.drained(held)
         if parts:
@@ -428,18 +441,26 @@ class _Parts:
     async def aclose(self) -> None:
         """Not sent whole (the client gone, its connection broken): the next drain reads it again."""
         self._parts.clear()
-        held, self._held = self._held, None
-        if held is not None:
+        held, self._held = self._held, ()
+        if held:
             await self._runtime.let_go(held)
+        self._give_up()
+
+    def _give_up(self) -> None:
+        given_up, self._given_up = self._given_up, None
+        if given_up is not None:
+            given_up()
 
     def __del__(self) -> None:
-        held, self._held = self._held, None
-        if held is not None:  # dropped unclosed: let go of it without waiting (a full mailbox: kept held)
+        held, self._held = self._held, ()
+        if held:  # dropped unclosed: let go of it without waiting (a full mailbox: kept held)
             with contextlib.suppress(Exception):
                 self._runtime.store.send_nowait(st.Settle(held, False))
+        with contextlib.suppress(Exception):
+            self._give_up()
 
 
-#: A drain's reply's last bytes, sent once what it read is deleted (its JSON object's end, ``]}``).
+#: A drain's reply's last bytes, sent once what it read is deleted (its JSON object's end).
 _LAST_BYTES = 2
 
 

@@ -323,8 +323,18 @@ class TrajectoryStore:
         return self._noted(capture(self.backend.hold if hold else self.backend.read, query, finish))
 
     def _settle(self, msg: Settle) -> outcome.Outcome[Any]:
-        """A held drain settled (in the writer thread): what it read deleted, or let go of."""
-        return self._noted(capture(self.backend.drain_held if msg.delivered else self.backend.release, msg.held))
+        """Held drains settled (in the writer thread): what they read deleted, or let go of.
+
+        All are let go of first: one whose delete fails leaves what it read to the next drain."""
+        backend = self.backend
+        for held in msg.held:
+            backend.release(held)
+
+        def drain_all() -> None:
+            for held in msg.held:
+                backend.drain_held(held)
+
+        return self._noted(capture(drain_all if msg.delivered else lambda: None))
 
     def _noted(self, result: outcome.Outcome[Any]) -> outcome.Outcome[Any]:
         """``result``; one that failed on the disk is noted for :meth:`_read_failed`."""

@@ -70,9 +70,9 @@ class Read:
 
 @attrs.frozen
 class Settle:
-    """A held drain's reply was sent whole (``delivered``: delete what it read), or not (let it go, undeleted)."""
+    """Held drains' reply was sent whole (``delivered``: delete what they read), or not (let it go, undeleted)."""
 
-    held: Held
+    held: tuple[Held, ...]
     delivered: bool
     reply: Reply | None = None
 

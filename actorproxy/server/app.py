@@ -231,7 +231,10 @@ def create_app(runtime: Runtime, admission: Admission | None = None) -> QuartTri
     async def trajectory_read() -> Response:
         body = structure(await _body(), ReadBody)
         if dressage:
-            return _json(await dialect.read(body))
+            answer, held = await dialect.read(body)
+            if not held:
+                return _json(answer)
+            return Response(runtime.delivered_reply(jsonio.dumps(answer), held), mimetype="application/json")
         if body.instance_id is not None or body.max_groups is not None or body.segment_view is not None:
             raise BadRequest("'instance_id', 'max_groups' and 'segment_view' are the Dressage dialect's read "
                              "fields (--api-dialect dressage)", param="instance_id")

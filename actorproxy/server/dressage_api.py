@@ -33,6 +33,7 @@ from ..errors import BadRequest, ContextOverflow, NotFound, ProxyError
 from ..protocols.trainer import FinalizeBody, PauseBody, ReadBody, ResumeBody
 from ..runtime.runtime import Runtime
 from ..schema.converter import CONVERTER
+from ..store.base import Held, ReadQuery
 from .replies import ErrorReply
 
 #: ``schema_version`` of ``GET /integration/capabilities`` (Dressage's integration schema).
@@ -113,40 +114,57 @@ class DressageApi:
             self.finalized.popitem(last=False)
         return answer
 
-    async def read(self, body: ReadBody) -> dict[str, Any]:
-        """``trajectory_id`` (or ``session_id``): that session's records; neither: ready prompt groups."""
+    async def read(self, body: ReadBody) -> tuple[dict[str, Any], list[Held]]:
+        """``trajectory_id`` (or ``session_id``): that session's records; neither: ready prompt groups.
+
+        With what the read drains held, not yet deleted: the route deletes it once its reply was sent
+        (``Runtime.delivered_reply``); an error here lets it go.
+        """
         if body.include_steps:
             raise BadRequest("'include_steps' is not a Dressage read field: its records carry the conversation "
                              "('messages'); read the steps with --api-dialect actorproxy", param="include_steps")
         sid = body.trajectory_id or body.session_id
-        stats = await self.runtime.store_stats()
-        if sid is None:
-            groups = await self._read_groups(body.max_groups)
-            return {"success": bool(groups), "mode": "batch", "data": groups, "meta_info": _meta(stats)}
-        records = await self._read_session(sid, body.instance_id, drain=body.drain)
+        held: list[Held] = []
+        try:
+            stats = await self.runtime.store_stats()
+            if sid is None:
+                groups = await self._read_groups(body.max_groups, held)
+                return {"success": bool(groups), "mode": "batch", "data": groups, "meta_info": _meta(stats)}, held
+            records = await self._read_session(sid, body.instance_id, held if body.drain else None)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self.runtime.let_go(tuple(held))
+            raise
         return {"success": bool(records), "mode": "trajectory", "data": records, "meta_info": _meta(stats),
-                "drained": body.drain}
+                "drained": body.drain}, held
 
-    async def _read_session(self, sid: str, instance_id: str | None, *, drain: bool) -> list[dict[str, Any]]:
+    async def _read_session(self, sid: str, instance_id: str | None,
+                            held: list[Held] | None) -> list[dict[str, Any]]:
+        """The session's records; with ``held``, what they are read from is drained: held there, for the reply."""
         try:
             stored = CONVERTER.unstructure(await self.runtime.read(session_id=sid, include_steps=True))
         except NotFound:
             return []
         mine = [s for s in stored["data"] if _session_of(s) == sid]
         wanted = [s for s in mine if instance_id is None or s.get("instance_id") == instance_id]
-        if drain and wanted:
+        if held is not None and wanted:
             if len(wanted) == len(stored["data"]):
-                stored = CONVERTER.unstructure(
-                    await self.runtime.read(session_id=sid, drain=True, include_steps=True)
-                )  # what is returned is what was drained
+                result, holding = await self.runtime.hold_read(ReadQuery(sid, drain=True, include_steps=True))
+                held.append(holding)
+                stored = CONVERTER.unstructure(result)  # what is returned is what is drained
                 wanted = [s for s in stored["data"] if _session_of(s) == sid
                           and (instance_id is None or s.get("instance_id") == instance_id)]
             else:  # other prompt groups' segments of this session stay
+                kept: list[dict[str, Any]] = []
                 for segment in wanted:
-                    await self.runtime.read(trajectory_id=segment["trajectory_id"], drain=True)
+                    result, holding = await self.runtime.hold_read(
+                        ReadQuery(trajectory_id=segment["trajectory_id"], drain=True))
+                    held.append(holding)
+                    kept.extend(CONVERTER.unstructure(result)["data"])  # (none: another drain delivers it)
+                wanted = kept
         return dressage_records(sid, wanted, stored.get("steps") or [], self.config)
 
-    async def _read_groups(self, max_groups: int | None) -> list[list[dict[str, Any]]]:
+    async def _read_groups(self, max_groups: int | None, held: list[Held]) -> list[list[dict[str, Any]]]:
         """Dressage's batch read: prompt groups with enough finalized sessions (or waiting long enough), drained."""
         try:
             stored = CONVERTER.unstructure(await self.runtime.read())
@@ -167,7 +185,7 @@ class DressageApi:
         for sessions in ready[: max_groups or len(ready)]:
             group: list[dict[str, Any]] = []
             for sid in sorted(sessions):
-                group.extend(await self._read_session(sid, None, drain=True))
+                group.extend(await self._read_session(sid, None, held))
             if group:
                 out.append(group)
         return out

@@ -79,6 +79,7 @@ from ..runtime.submitted_steps import StepStored, SubmitResult, SubmitSteps, Sub
 from ..runtime.token_in import TokenInGenerations, generate_tokens, store_unclaimed
 from ..schema import jsonio
 from ..schema.converter import CONVERTER, structure
+from ..store.base import Held, ReadQuery
 from .auth import AccessPolicy
 from .identity import MAX_ID_LENGTH
 from .lane import served_by_the_lane
@@ -355,34 +356,36 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
             # Another trainer took groups this call waited for: wait again until the deadline.
 
     async def hand_over(groups: list[Group], complete_: bool) -> Response:
-        """Read, serialise, and only then drain: a reply that cannot be built loses nothing."""
+        """Read (holding what each trajectory's drain deletes), serialise, send, and only then delete: a reply
+        that cannot be built or is not received loses nothing, and its groups go back to the queue."""
         found: dict[str, list[Segment]] = {}
-        for group in groups:
-            for item in group.trajectories:
-                try:
-                    found[item.trajectory_id] = (await runtime.read(session_id=item.trajectory_id)).data
-                except NotFound:
-                    found[item.trajectory_id] = []  # already read (drained) with /trajectory/read
-        read = {trajectory_id: {s.trajectory_id for s in segments} for trajectory_id, segments in found.items()}
+        held: list[Held] = []
+        try:
+            for group in groups:
+                for item in group.trajectories:
+                    try:
+                        result, holding = await runtime.hold_read(ReadQuery(item.trajectory_id, drain=True))
+                    except NotFound:
+                        found[item.trajectory_id] = []  # already read (drained) with /trajectory/read
+                        continue
+                    found[item.trajectory_id] = result.data
+                    held.append(holding)
 
-        def serialise() -> bytes:  # token arrays of a whole batch: in a worker thread, not on the event loop
-            data = [GroupBatch(group.instance_id, [
-                HandedTrajectory(item.trajectory_id, item.reward,
-                                 [CONVERTER.unstructure(s) for s in found[item.trajectory_id]])
-                for item in group.trajectories]) for group in groups]
-            return encode_body(FetchBatchResult(data, complete_))
+            def serialise() -> bytes:  # token arrays of a whole batch: in a worker thread, not on the event loop
+                data = [GroupBatch(group.instance_id, [
+                    HandedTrajectory(item.trajectory_id, item.reward,
+                                     [CONVERTER.unstructure(s) for s in found[item.trajectory_id]])
+                    for item in group.trajectories]) for group in groups]
+                return encode_body(FetchBatchResult(data, complete_))
 
-        reply = await trio.to_thread.run_sync(serialise)
-        for trajectory_id, segment_ids in read.items():
-            if not segment_ids:
-                continue
-            drained = await runtime.read(session_id=trajectory_id, drain=True)
-            late = {s.trajectory_id for s in drained.data} - segment_ids
-            if late:
-                log.error("fetch_batch: segments %s of %s were stored while its batch was built and were drained "
-                          "with it without being handed over", sorted(late), trajectory_id)
-        gateway.handoff.remove(groups)
-        return Response(reply, mimetype="application/json")
+            reply = await trio.to_thread.run_sync(serialise)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await runtime.let_go(tuple(held))
+            raise
+        gateway.handoff.remove(groups)  # (no other fetch takes them; back in the queue if not delivered)
+        body = runtime.delivered_reply(reply, held, given_up=lambda: gateway.handoff.restore(groups))
+        return Response(body, mimetype="application/json")
 
     return gateway
 

@@ -88,40 +88,87 @@ async def test_a_session_drain_given_up_is_read_again_and_others_are_not_held(ru
     assert (stats["sessions"], stats["segments"], stats["steps"], stats["tokens"]) == (0, 0, 0, 0)
 
 
+def hanging_up(app: Any, gone: trio.Event, *, after: int) -> Any:
+    """``app`` served to a trainer that reads ``after`` parts of a reply's body and hangs up once ``gone`` is
+    set: the server's next write fails then, as a socket's does once its peer is gone."""
+
+    async def served(scope: Any, receive: Any, send: Any) -> None:
+        parts = 0
+
+        async def write(message: dict[str, Any]) -> None:
+            nonlocal parts
+            if message["type"] == "http.response.body" and message.get("body"):
+                parts += 1
+                if parts > after:
+                    await gone.wait()
+                    raise OSError("the client hung up")
+            await send(message)
+
+        await app(scope, receive, write)
+
+    return served
+
+
+async def gone_after(http: Any, path: str, body: dict[str, Any], gone: trio.Event, *, parts: int) -> None:
+    """The trainer's request: it takes the reply's head and ``parts`` parts of its body, then hangs up."""
+    async with http.stream("POST", path, json=body) as reply:
+        assert reply.status_code == 200
+        if parts:
+            async for _ in reply.aiter_raw():
+                parts -= 1
+                if not parts:
+                    break
+        gone.set()
+    await wait_all_tasks_blocked()
+
+
 async def test_a_trainer_that_hangs_up_mid_reply_finds_it_all_in_the_next_drain(
     tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Through the app: the trainer reads the first part of a drain's reply and hangs up; the server's next
-    write fails, as a socket's does once its peer is gone."""
     monkeypatch.setattr(store_messages, "PART_BYTES", 1000)
     gone = trio.Event()
     async with open_simulated_proxy(tokenizer=tokenizer) as sim:
         app = create_app(sim.runtime)
-
-        async def slow_trainer(scope: Any, receive: Any, send: Any) -> None:
-            parts = 0
-
-            async def write(message: dict[str, Any]) -> None:
-                nonlocal parts
-                if message["type"] == "http.response.body":
-                    parts += 1
-                    if parts > 1:  # the trainer reads no more until it hangs up
-                        await gone.wait()
-                        raise OSError("the client hung up")
-                await send(message)
-
-            await app(scope, receive, write)
-
-        async with open_client(slow_trainer) as http:
-            await _finalized(sim.runtime, "a", "b", "c")
-            async with http.stream("POST", "/trajectory/read", json={"drain": True, "include_steps": True}) as reply:
-                assert reply.status_code == 200
-                async for _ in reply.aiter_raw():
-                    break  # the first part
-                gone.set()
-            await wait_all_tasks_blocked()
+        await _finalized(sim.runtime, "a", "b", "c")
+        async with open_client(hanging_up(app, gone, after=1)) as http:
+            await gone_after(http, "/trajectory/read", {"drain": True, "include_steps": True}, gone, parts=1)
         async with open_client(app) as http:
             again = await http.post("/trajectory/read", json={"drain": True, "include_steps": True})
             assert sorted(s["trajectory_id"] for s in again.json()["data"]) == ["a#0", "b#0", "c#0"]
             assert len(again.json()["steps"]) == 3
             assert (await http.post("/trajectory/read", json={"drain": True})).json() == {"data": []}
+
+
+async def test_a_fetch_batch_not_received_puts_its_groups_back_with_their_data(tokenizer: Any) -> None:
+    """The Claw-R1 gateway's hand-off: its trajectories are deleted, and its groups leave the queue, only once
+    the batch was sent."""
+    gone = trio.Event()
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim:
+        app = create_app(sim.runtime)
+        async with open_client(app) as http:
+            for uid in ("r0", "r1"):
+                assert (await http.post("/generate", json={"trajectory_uid": uid, "prompt_uid": "q", "messages": HI,
+                                                           "max_tokens": 4})).status_code == 200
+                assert (await http.post(f"/complete_trajectory/{uid}", json={"reward": 1.0})).status_code == 200
+        fetch = {"groups": 1, "rollouts_per_group": 2, "timeout_s": 0}
+        async with open_client(hanging_up(app, gone, after=0)) as http:  # (a read timed out before the body)
+            await gone_after(http, "/trajectory/fetch_batch", fetch, gone, parts=0)
+        async with open_client(app) as http:
+            batch = (await http.post("/trajectory/fetch_batch", json=fetch)).json()
+            assert batch["complete"] and [len(t["segments"]) for t in batch["data"][0]["trajectories"]] == [1, 1]
+            assert (await http.post("/trajectory/read", json={})).json() == {"data": []}  # delivered: drained
+
+
+async def test_a_dressage_batch_read_not_received_is_read_again(tokenizer: Any) -> None:
+    gone = trio.Event()
+    config = ProxyConfig.of(port=0, api_dialect="dressage", min_group_size=1)
+    engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.001))
+    async with open_runtime(config, backend=engine, tokenizer=tokenizer) as runtime:
+        app = create_app(runtime)
+        await _finalized(runtime, "a", "b")
+        async with open_client(hanging_up(app, gone, after=0)) as http:
+            await gone_after(http, "/trajectory/read", {}, gone, parts=0)
+        async with open_client(app) as http:
+            read = (await http.post("/trajectory/read", json={})).json()
+            assert read["mode"] == "batch" and sum(len(group) for group in read["data"]) == 2
+            assert (await http.post("/trajectory/read", json={})).json()["data"] == []
