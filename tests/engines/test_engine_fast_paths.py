@@ -337,12 +337,16 @@ def _typed_as_json(make: Callable[[], StreamDecoder], events: list[bytes], relay
 
 _SG_META = b'"id":"r","finish_reason":null,"prompt_tokens":3,"completion_tokens":3,"weight_version":"v2",'
 _SG_ENTRIES = b'"output_token_logprobs":[[-0.5,1009,null]]'
+#: Every field SGLang 0.5's incremental event has with default flags, and ``dp_rank`` (several data-parallel ranks).
+_SG_REAL = (b'"num_retractions":0,"input_token_logprobs":[],"output_token_logprobs_length":1,"reasoning_tokens":0,'
+            b'"cached_tokens":0,"dp_rank":1,')
 _SG_TYPED = [b'{"text":" so","output_ids":[1009],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}}',
-             b'{"output_ids":[1009],"meta_info":{' + _SG_META + b'"output_token_logprobs":[[-1,1009,"x"]]}}']
+             b'{"output_ids":[1009],"meta_info":{' + _SG_META + b'"output_token_logprobs":[[-1,1009,"x"]]}}',
+             b'{"text":" so","output_ids":[1009],"meta_info":{' + _SG_META + _SG_REAL + _SG_ENTRIES + b'}}']
 
 
 @pytest.mark.parametrize("event", [
-    *_SG_TYPED,  # (the second: an integer logprob)
+    *_SG_TYPED,  # (the second: an integer logprob; the third: a real SGLang's)
     b'{"output_ids":[1009],"meta_info":{' + _SG_META + b'"output_token_logprobs":[[-0.5,1009]]}}',  # a short entry
     b'{"output_ids":[true],"meta_info":{' + _SG_META + b'"output_token_logprobs":[[-0.5,true,null]]}}',
     b'{"output_ids":[18446744073709551616],"meta_info":{' + _SG_META  # (orjson: a float)
@@ -362,7 +366,7 @@ _SG_TYPED = [b'{"text":" so","output_ids":[1009],"meta_info":{' + _SG_META + _SG
     b'{"output_ids":[1008],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}}',  # the entry names another token
     b'{"output_ids":[1009],"output_ids":[1009,1010],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}}',
     b'{"output_ids":[1009],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}',  # cut short
-], ids=["plain", "int-logprob", "short-entry", "bool-id", "huge-id", "huge-number", "huge-count", "huge-logprob",
+], ids=["plain", "int-logprob", "sglang-0.5", "short-entry", "bool-id", "huge-id", "huge-number", "huge-count", "huge-logprob",
         "bad-utf8-field", "bad-utf8-text",
         "text-not-str", "error-null", "version-not-str", "repeat", "finish", "spans", "other-id", "key-twice",
         "cut-short"])

@@ -549,6 +549,7 @@ class _TokenMeta(msgspec.Struct, forbid_unknown_fields=True):
     num_retractions: Int64 = 0
     output_token_logprobs_length: Int64 = 0
     input_token_logprobs: list[tuple[float, Int64, str | None]] = []
+    dp_rank: Int64 | None = None  # (with several data-parallel ranks: which one serves the request)
 
 
 class _TokenEvent(msgspec.Struct, forbid_unknown_fields=True):
