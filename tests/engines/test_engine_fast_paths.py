@@ -366,8 +366,8 @@ _SG_TYPED = [b'{"text":" so","output_ids":[1009],"meta_info":{' + _SG_META + _SG
     b'{"output_ids":[1008],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}}',  # the entry names another token
     b'{"output_ids":[1009],"output_ids":[1009,1010],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}}',
     b'{"output_ids":[1009],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}',  # cut short
-], ids=["plain", "int-logprob", "sglang-0.5", "short-entry", "bool-id", "huge-id", "huge-number", "huge-count", "huge-logprob",
-        "bad-utf8-field", "bad-utf8-text",
+], ids=["plain", "int-logprob", "sglang-0.5", "short-entry", "bool-id", "huge-id", "huge-number", "huge-count",
+        "huge-logprob", "bad-utf8-field", "bad-utf8-text",
         "text-not-str", "error-null", "version-not-str", "repeat", "finish", "spans", "other-id", "key-twice",
         "cut-short"])
 @pytest.mark.parametrize("relaying", [False, True])
