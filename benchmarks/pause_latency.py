@@ -24,6 +24,19 @@ and when the engine wrote the last aborted stream's finish (the engine's clock, 
 the pause): what is left of the acknowledgement is the proxy reading what came before.
 
 Goal (issue 12): at 1,000 streams, acknowledged within one token interval + 50 ms, 0 lost.
+
+``--callgrind DIR`` runs the proxy under ``valgrind --tool=callgrind --instr-atstart=no``
+and counts its instructions from just before the pause call to its answer
+(``callgrind_control -i on`` / ``off``): deterministic where the clock is not, and per
+stream, the figure for comparing two trees (run the script with ``PYTHONPATH`` at each).
+Each run's output is kept as ``DIR/callgrind.pause.STREAMS.RUN.out``, to read per function
+with ``callgrind_annotate --inclusive=yes``. Use fewer streams (100) and a slow pace so that
+the proxy keeps up under valgrind, and keep out of the window what the clock decides: an
+engine step before every abort call is written (each stream then brings one token more; the
+pass takes 0.5-1.1 s under valgrind at 100 streams: ``--token-interval 2 --steady 0.1``,
+the pause coming just after a step) and the engine health checks
+(``--proxy-flag=--engine-health-interval=3600``). The acknowledgement times are then
+valgrind's, not the proxy's.
 """
 
 from __future__ import annotations
@@ -44,6 +57,7 @@ from typing import Any
 from load_client import TEXT, cpu_seconds
 from overhead import REPLY, canned, end_run, loadavg
 from processes import engine_stub, post_json, proxy
+from relay_instructions import counted as instructions_in
 
 
 def get_json(url: str) -> Any:
@@ -67,13 +81,22 @@ def _stop(spy: subprocess.Popen[bytes] | None) -> None:
         spy.wait()
 
 
-def one_run(args: argparse.Namespace, streams: int) -> dict[str, Any]:
+def _count(pid: int, on: bool) -> None:
+    """Switch callgrind's count in the proxy ``pid`` on or off."""
+    subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(pid)], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def one_run(args: argparse.Namespace, streams: int, run: int) -> dict[str, Any]:
     capacity = str(streams + 10)
     interval = args.token_interval
+    out = None if args.callgrind is None else (args.callgrind / f"callgrind.pause.{streams}.{run}.out").absolute()
+    under = [] if out is None else ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                                    f"--callgrind-out-file={out}"]
     with (
         engine_stub(canned(REPLY), "--token-interval", str(interval), "--start-together", str(streams)) as stub,
         proxy("sglang", stub.url, "--partial-rollout", "--max-sessions", capacity,
-              "--engine-max-concurrency", capacity, *args.proxy_flag) as server,
+              "--engine-max-concurrency", capacity, *args.proxy_flag, under=under) as server,
     ):
         command = [sys.executable, str(Path(__file__)), "--clients", server.url, "--streams", str(streams),
                    "--tokens-before-pause", str(args.tokens_before_pause), "--max-tokens", str(args.max_tokens)]
@@ -97,12 +120,16 @@ def one_run(args: argparse.Namespace, streams: int) -> dict[str, Any]:
             tokens1 = sum(g["tokens"] for g in get_json(stub.url + "/stub/generations")["generations"])
             _stop(spy)
             spy = _py_spy(args.py_spy, server.pid, 0.3)  # around the pause (from 0.3 s before it)
+            if out is not None:
+                _count(server.pid, True)  # (before the clocks are read: callgrind_control takes a while)
             before = cpu_seconds(server.pid)
             paused_at = time.monotonic()  # the engine stub's clock (the same on one machine)
             t0 = time.perf_counter()
             ack = post_json(server.url + "/v1/rollout/pause", {"mode": "abort"}, timeout=600)
             ack_ms = (time.perf_counter() - t0) * 1000
             pause_cpu = (cpu_seconds(server.pid) - before) * 1000
+            if out is not None:
+                _count(server.pid, False)
             _stop(spy)
             engine = get_json(stub.url + "/stub/generations")
             post_json(stub.url + "/stub/pace", {"max_new_tokens": 1})
@@ -124,6 +151,8 @@ def one_run(args: argparse.Namespace, streams: int) -> dict[str, Any]:
             got = sum(len(step["output_ids"]) for step in data["steps"])
             recorded += got
             lost += abs(produced[sid] - got)
+    # (callgrind writes its count as the proxy exits, above)
+    instructions = None if out is None else instructions_in(out) / streams
     aborted = [g for g in engine["generations"] if g["abort_at"] is not None]
     arrived = sorted((g["abort_at"] - paused_at) * 1000 for g in aborted)
     stopped = max(((g["ended_at"] or paused_at) - paused_at) * 1000 for g in aborted) if aborted else 0.0
@@ -135,7 +164,7 @@ def one_run(args: argparse.Namespace, streams: int) -> dict[str, Any]:
         "engine_stopped_ms": stopped, "aborted": ack["aborted"], "partial_tokens": ack["partial_tokens"],
         "engine_aborted": ended["abort"], "engine_cut": ended["cut"], "engine_still_running": ended["running"],
         "abort_calls": engine["abort_calls"], "produced": sum(produced.values()), "recorded": recorded, "lost": lost,
-        "pause_cpu_ms": pause_cpu,
+        "pause_cpu_ms": pause_cpu, "instructions_a_stream": instructions,
         # The proxy's CPU per token the engine streamed meanwhile: what a streamed token costs
         # it, as long as it keeps up (below 100 % it does; above, tokens pile up in the sockets).
         "proxy_us_per_token": (cpu1["proxy"] - cpu0["proxy"]) * 1e6 / max(1, tokens1 - tokens0),
@@ -198,9 +227,11 @@ def main(args: argparse.Namespace) -> None:
           f"{'recorded':>9} {'lost':>5} {'proxy %':>8} {'engine %':>9} {'clients %':>9} {'pause CPU ms':>12} "
           f"{'proxy µs/token':>14}",
           flush=True)
+    if args.callgrind is not None:
+        args.callgrind.mkdir(parents=True, exist_ok=True)
     results: dict[int, list[dict[str, Any]]] = {}
     for streams in args.streams:
-        runs = results[streams] = [one_run(args, streams) for _ in range(args.repeat)]
+        runs = results[streams] = [one_run(args, streams, run) for run in range(args.repeat)]
         acks = sorted(r["ack_ms"] for r in runs)
         p99 = acks[min(len(acks) - 1, int(0.99 * len(acks)))]
 
@@ -219,6 +250,9 @@ def main(args: argparse.Namespace) -> None:
                 print(f"    ack {r['ack_ms']:.0f} ms: the abort calls reached the engine {first:.0f}-{last:.0f} ms "
                       f"after the pause (median {mid:.0f}), its last aborted stream ended at "
                       f"{r['engine_stopped_ms']:.0f} ms", flush=True)
+            if r["instructions_a_stream"] is not None:
+                print(f"    callgrind: {r['instructions_a_stream']:,.0f} instructions a stream from the pause call "
+                      f"to its answer", flush=True)
         for r in runs:
             if r["engine_still_running"] or r["aborted"] != streams or r["engine_aborted"] != streams:
                 print(f"    a run did not stop every stream by its abort: {r}", flush=True)
@@ -238,6 +272,8 @@ if __name__ == "__main__":
     parser.add_argument("--json", help="also write every run's figures to this file")
     parser.add_argument("--py-spy", metavar="FILE", help="profile the proxy around the pause (raw py-spy output)")
     parser.add_argument("--py-spy-steady", metavar="FILE", help="profile the proxy's steady streaming (1 s)")
+    parser.add_argument("--callgrind", type=Path, metavar="DIR",
+                        help="count the proxy's instructions in the pause under callgrind; keep the outputs in DIR")
     parser.add_argument("--clients", metavar="PROXY_URL", help=argparse.SUPPRESS)  # the clients' process
     parsed = parser.parse_args()
     if parsed.clients:

@@ -53,14 +53,14 @@ def wait_ready(url: str, process: subprocess.Popen[Any], timeout: float = 120.0)
 
 
 @contextmanager
-def running(command: Sequence[str], **popen: Any) -> Iterator[subprocess.Popen[Any]]:
+def running(command: Sequence[str], *, grace: float = 10.0, **popen: Any) -> Iterator[subprocess.Popen[Any]]:
     process = subprocess.Popen(command, **popen)
     try:
         yield process
     finally:
         process.terminate()
         try:
-            process.wait(10)
+            process.wait(grace)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -105,21 +105,24 @@ def sim_engine(*flags: str) -> Iterator[Server]:
 
 
 @contextmanager
-def proxy(backend: str, engine_url: str, *flags: str) -> Iterator[Server]:
+def proxy(backend: str, engine_url: str, *flags: str, under: Sequence[str] = ()) -> Iterator[Server]:
     """``actorproxy run`` in front of one engine, with a store of its own.
 
     Each proxy gets a fresh ``--data-dir`` (unless the flags name one): the default
     ``./actorproxy-data`` would be shared by every run started here, and a run would then
-    read (and count) the sessions an earlier, interrupted run left behind.
+    read (and count) the sessions an earlier, interrupted run left behind. ``under``: a
+    command the proxy runs under (valgrind's, given time to start and to write its output as
+    the proxy exits).
     """
     port = free_port()
+    slow = 10 if under else 1
     with tempfile.TemporaryDirectory(prefix="actorproxy-bench-") as data:
         own = [] if "--data-dir" in flags else ["--data-dir", data]
-        command = [sys.executable, "-m", "actorproxy", "run", "--port", str(port), "--backend", backend,
+        command = [*under, sys.executable, "-m", "actorproxy", "run", "--port", str(port), "--backend", backend,
                    "--backend-url", engine_url, "--log-level", "WARNING", *own, *flags]
-        with running(command) as process:
+        with running(command, grace=10.0 * slow) as process:
             url = f"http://127.0.0.1:{port}"
-            wait_ready(url + "/health", process)
+            wait_ready(url + "/health", process, timeout=120.0 * slow)
             yield Server(url, process.pid)
 
 
