@@ -37,6 +37,9 @@ class Origin:
     fixed: bytes
     #: The URL's path prefix (``http://host:port/prefix``).
     prefix: str
+    #: Each ``(path, close)`` asked: its request's head without ``content-length`` and the blank line after,
+    #: checked and made once (a pause asks a thousand aborts of one path). As many as the code has paths.
+    _heads: dict[tuple[str, bool], bytes] = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
     def post(self, path: str, body: bytes, timeout: float) -> OneShot:
         """``POST path`` with a JSON ``body``, on a connection of its own, sent now (see :class:`OneShot`)."""
@@ -48,10 +51,14 @@ class Origin:
 
     def request(self, path: str, body: bytes, *, close: bool = False) -> bytes:
         """The bytes of ``POST path`` with a JSON ``body`` (``connection: close`` with ``close``)."""
-        fields = {"content-type": "application/json"}
-        if close:
-            fields["connection"] = "close"
-        return bytes(request_head("POST", self.prefix + path, self.fixed, body, fields)) + body
+        head = self._heads.get((path, close))
+        if head is None:
+            fields = {"content-type": "application/json"}
+            if close:
+                fields["connection"] = "close"
+            head = self._heads[path, close] = bytes(request_head("POST", self.prefix + path, self.fixed, None,
+                                                                 fields))[:-2]
+        return b"%scontent-length: %d\r\n\r\n%s" % (head, len(body), body)
 
 
 class Pipeline:
