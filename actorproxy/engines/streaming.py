@@ -164,10 +164,11 @@ class StreamedGeneration(Generic[P]):
     def relay(self, take: TokenSink) -> Awaitable[None] | None:
         """Give each read's plain tokens to ``take`` straight from the read (see ``Generation.relay``).
 
-        It returns at once when something must be iterated first (an event pending, an
-        error, the finish, a cut stream, an abort to send again).
+        ``None`` when something must be iterated first (an event pending, an error, the
+        finish, a cut stream, an abort to send again): an aborted stream's last token comes
+        with its finish, a thousand at once in a pause.
         """
-        return self._relay(take) if self._response is not None else None
+        return self._relay(take) if self._response is not None and not self._stopped() else None
 
     async def _relay(self, take: TokenSink) -> None:
         """The loop of :meth:`relay`: read, decode, and hand each read's run of tokens to ``take``.
