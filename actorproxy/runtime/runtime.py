@@ -281,14 +281,26 @@ class Runtime:
         """
         if not query.drain:
             return _Parts(self, await ask(self.store, lambda r: st.Read(query, r, encode=True)), ())
-        parts, held = await ask(self.store, lambda r: st.Read(query, r, encode=True, hold=True))
+        parts, held = await self._held_read(lambda r: st.Read(query, r, encode=True, hold=True))
         return _Parts(self, parts, (held,))
 
     async def hold_read(self, query: ReadQuery) -> tuple[ReadResult, Held]:
         """A drain's read (``query.drain``) that deletes nothing yet: what it read is held (no other drain reads
         it) until the reply made by :meth:`delivered_reply` is sent (deleted) or given up (let go of)."""
-        found: tuple[ReadResult, Held] = await ask(self.store, lambda r: st.Read(query, r, hold=True))
+        found: tuple[ReadResult, Held] = await self._held_read(lambda r: st.Read(query, r, hold=True))
         return found
+
+    async def _held_read(self, build: Callable[[Any], st.Read]) -> Any:
+        """A drain's read that holds what it read, not given up while the store answers it (the answer, and so
+        what it holds, would be lost, held for good); a caller cancelled meanwhile lets it go, then is cancelled."""
+        with trio.CancelScope(shield=True):
+            answer = await ask(self.store, build)
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        except BaseException:
+            await self.let_go((answer[1],))
+            raise
+        return answer
 
     def delivered_reply(self, body: bytes, held: Sequence[Held],
                         given_up: Callable[[], None] | None = None) -> AsyncIterator[bytes]:

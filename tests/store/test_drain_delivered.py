@@ -77,6 +77,18 @@ async def test_what_a_drain_holds_no_other_drain_reads_and_what_came_after_stays
     assert (stats["sessions"], stats["segments"], stats["tokens"]) == (0, 0, 0)
 
 
+async def test_a_drain_whose_caller_is_cancelled_while_the_store_reads_holds_nothing(runtime: Runtime) -> None:
+    """The trainer hung up while the store read its drain (the server cancels the request's task): the answer, and
+    what it held, used to be dropped, held for good, so no later drain read it."""
+    with trio.CancelScope() as request:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(runtime.read_reply, ReadQuery(drain=True))
+            await wait_all_tasks_blocked()  # the store reads (SQLite: in its thread)
+            request.cancel()
+    again = await runtime.read(drain=True)
+    assert sorted(s.trajectory_id for s in again.data) == ["a#0", "b#0"]
+
+
 async def test_a_session_drain_given_up_is_read_again_and_others_are_not_held(runtime: Runtime) -> None:
     given_up = await runtime.read_reply(ReadQuery(session_id="a", drain=True, include_steps=True))
     other = await runtime.read_reply(ReadQuery(drain=True))  # the whole store but "a", held above
