@@ -319,7 +319,11 @@ class Runtime:
         await self._after_read(any(h.query.drains_all for h in held))
 
     async def let_go(self, held: tuple[Held, ...]) -> None:
-        """What a drain whose reply was not sent whole read: undeleted, for the next drain (no answer awaited)."""
+        """What a drain whose reply was not sent whole read: undeleted, for the next drain (no answer awaited).
+
+        Safe to await while cancelled: it sends without a checkpoint, or shielded when the mailbox is full."""
+        if not held:
+            return
         settle = st.Settle(held, False)
         try:
             self.store.send_nowait(settle)

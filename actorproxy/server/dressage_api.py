@@ -132,8 +132,7 @@ class DressageApi:
                 return {"success": bool(groups), "mode": "batch", "data": groups, "meta_info": _meta(stats)}, held
             records = await self._read_session(sid, body.instance_id, held if body.drain else None)
         except BaseException:
-            with trio.CancelScope(shield=True):
-                await self.runtime.let_go(tuple(held))
+            await self.runtime.let_go(tuple(held))
             raise
         return {"success": bool(records), "mode": "trajectory", "data": records, "meta_info": _meta(stats),
                 "drained": body.drain}, held

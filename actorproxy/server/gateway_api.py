@@ -380,8 +380,7 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
 
             reply = await trio.to_thread.run_sync(serialise)
         except BaseException:
-            with trio.CancelScope(shield=True):
-                await runtime.let_go(tuple(held))
+            await runtime.let_go(tuple(held))
             raise
         gateway.handoff.remove(groups)  # (no other fetch takes them; back in the queue if not delivered)
         body = runtime.delivered_reply(reply, held, given_up=lambda: gateway.handoff.restore(groups))
