@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 import orjson
+import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from quart import Response, request
@@ -117,9 +118,19 @@ class Observer:
             self.finish(info)
 
     async def _finish_after(self, body: AsyncIterator[bytes], info: RequestInfo) -> AsyncIterator[bytes]:
+        """``body``, the request counted and logged once it ended. Its head said its status, but a body closed
+        before its end (the client gone, its connection broken) is a 499 ``client_disconnected``, as a turn's
+        is (nginx's "client closed request"); one whose own reading failed keeps its status, marked
+        ``reply_cut_short``."""
         try:
             async for chunk in body:
                 yield chunk
+        except (GeneratorExit, trio.Cancelled):
+            info.status, info.error_code = 499, "client_disconnected"
+            raise
+        except BaseException:
+            info.error_code = "reply_cut_short"
+            raise
         finally:
             self.finish(info)
             aclose = getattr(body, "aclose", None)

@@ -8,6 +8,7 @@ last part is sent (then deleted) or its reply is given up (then let go, for the 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -135,8 +136,10 @@ async def gone_after(http: Any, path: str, body: dict[str, Any], gone: trio.Even
 
 
 async def test_a_trainer_that_hangs_up_mid_reply_finds_it_all_in_the_next_drain(
-    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """...and the read it left is logged and counted as a 499 ``client_disconnected`` (its head said 200)."""
+    caplog.set_level(logging.INFO, logger="actorproxy.access")
     monkeypatch.setattr(store_messages, "PART_BYTES", 1000)
     gone = trio.Event()
     async with open_simulated_proxy(tokenizer=tokenizer) as sim:
@@ -149,6 +152,11 @@ async def test_a_trainer_that_hangs_up_mid_reply_finds_it_all_in_the_next_drain(
             assert sorted(s["trajectory_id"] for s in again.json()["data"]) == ["a#0", "b#0", "c#0"]
             assert len(again.json()["steps"]) == 3
             assert (await http.post("/trajectory/read", json={"drain": True})).json() == {"data": []}
+            metrics = (await http.get("/metrics")).text
+    lines = [(r.fields["status"], r.fields.get("error"))  # type: ignore[attr-defined]
+             for r in caplog.records if r.name == "actorproxy.access" and r.fields["path"] == "/trajectory/read"]
+    assert lines == [(499, "client_disconnected"), (200, None), (200, None)], lines
+    assert 'route="/trajectory/read",status="499"} 1.0' in metrics, metrics
 
 
 async def test_a_fetch_batch_not_received_puts_its_groups_back_with_their_data(tokenizer: Any) -> None:
