@@ -57,7 +57,8 @@ SLOW_BODY_EXTENSION = "actorproxy.body_too_slow"
 #: (``scope["extensions"][...](body)``: ``None`` once written, else an awaitable that writes the rest;
 #: ``trio.BrokenResourceError`` once the client is gone): no ASGI message, no task switch. Only for a response
 #: whose head is out, while no ``send`` of the app's runs: the turn lane lets the session's task write a streamed
-#: reply's deltas so (``runtime/turn_stream.py: Relay``).
+#: reply's deltas so (``runtime/turn_stream.py: Relay``). An empty body writes nothing and raises if a write
+#: failed (the client gone): the ASGI ``send`` returns silently then.
 SEND_NOW_EXTENSION = "actorproxy.send_now"
 #: The scope extension that writes an interim ``102 Processing`` while no response has started
 #: (``await scope["extensions"][...]()``; nothing to an HTTP/1.0 client, which must get no 1xx, or once the
@@ -358,7 +359,11 @@ class Cycle:
         lock). A closed connection (the client gone) raises :class:`trio.BrokenResourceError`.
         """
         framing = self.framing
-        if framing is None or self.state.server != SEND_BODY or not body:
+        if framing is None or self.state.server != SEND_BODY:
+            return None
+        if not body:  # a probe: has a write failed (the client gone)? The app's ``send`` does not say so
+            if self.connection.closed:
+                raise trio.BrokenResourceError("the client is gone")
             return None
         return self.connection.write_now(framing.piece(body))
 

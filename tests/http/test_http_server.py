@@ -443,7 +443,8 @@ async def test_a_request_sent_with_its_connection_reaches_the_app_in_the_round_i
 
 async def test_send_now_writes_a_piece_of_the_body_from_another_task_and_raises_once_the_client_is_gone() -> None:
     """The ``actorproxy.send_now`` extension: a body piece framed as a chunk and written at once, from a task that is
-    not the request's; a closed connection raises instead of dropping the piece unseen."""
+    not the request's; a closed connection raises instead of dropping the piece unseen. An empty piece is a probe:
+    nothing is written (no chunk that would end the body), and it raises once the client is gone."""
     pieces: list[Any] = []
     written, gone, done = trio.Event(), trio.Event(), trio.Event()
 
@@ -453,13 +454,15 @@ async def test_send_now_writes_a_piece_of_the_body_from_another_task_and_raises_
         await send({"type": "http.response.body", "body": b"head;", "more_body": True})
 
         async def other_task() -> None:
+            pieces.append(send_now(b""))
             pieces.append(send_now(b"piece;"))
             written.set()
             await gone.wait()
-            try:
-                send_now(b"late;")
-            except trio.BrokenResourceError as error:
-                pieces.append(error)
+            for late in (b"", b"late;"):
+                try:
+                    pieces.append(send_now(late))
+                except trio.BrokenResourceError as error:
+                    pieces.append(error)
             done.set()
 
         async with trio.open_nursery() as nursery:
@@ -478,7 +481,7 @@ async def test_send_now_writes_a_piece_of_the_body_from_another_task_and_raises_
         with trio.fail_after(10):
             await done.wait()
     assert data.endswith(b"5\r\nhead;\r\n6\r\npiece;\r\n")
-    assert pieces[0] is None and isinstance(pieces[1], trio.BrokenResourceError)
+    assert pieces[:2] == [None, None] and [type(p) for p in pieces[2:]] == [trio.BrokenResourceError] * 2
 
 
 async def test_a_body_given_up_as_too_slow_is_not_handed_over_when_it_comes_after_all(autojump_clock: Any) -> None:
