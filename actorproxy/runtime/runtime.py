@@ -270,19 +270,23 @@ class Runtime:
         await self._after_read(query.drains_all)
         return result
 
-    async def read_reply(self, query: ReadQuery) -> AsyncIterator[bytes]:
+    async def read_reply(self, query: ReadQuery, keep: Callable[[tuple[Held, ...]], None] | None = None
+                         ) -> AsyncIterator[bytes]:
         """:meth:`read` as its JSON body in parts (``st.encode_parts``), to be sent one by one and each let go of
         once sent; all are serialised before anything is drained (a drain is all or nothing).
 
         A drain deletes what it read only once every byte of its reply but the last two was sent
         (``_Parts``): until then no other drain reads it, and a reply not sent whole (the client
         gone, its connection broken) deletes nothing (``st.Settle``). After a drain of the whole
-        store, the memory it freed goes back to the system then.
+        store, the memory it freed goes back to the system then. ``keep``: a drain's reply sent but
+        for its last bytes deletes nothing yet; what it read goes to ``keep``, still held, for the
+        caller to delete (:meth:`drained`) or let go of (:meth:`let_go`) later (a worker's part of a
+        drain across workers, settled once the merged reply reached the trainer).
         """
         if not query.drain:
             return _Parts(self, await ask(self.store, lambda r: st.Read(query, r, encode=True)), ())
         parts, held = await self._held_read(lambda r: st.Read(query, r, encode=True, hold=True))
-        return _Parts(self, parts, (held,))
+        return _Parts(self, parts, (held,), keep=keep)
 
     async def hold_read(self, query: ReadQuery) -> tuple[ReadResult, Held]:
         """A drain's read (``query.drain``) that deletes nothing yet: what it read is held (no other drain reads
@@ -302,11 +306,12 @@ class Runtime:
             raise
         return answer
 
-    def delivered_reply(self, body: bytes, held: Sequence[Held],
-                        given_up: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
+    def delivered_reply(self, body: bytes, held: Sequence[Held], given_up: Callable[[], None] | None = None,
+                        keep: Callable[[tuple[Held, ...]], None] | None = None) -> AsyncIterator[bytes]:
         """``body`` as a reply that deletes what ``held`` read once it was sent (but for its last two bytes, sent
-        after); a reply given up (the client gone) lets it go, undeleted, and calls ``given_up``."""
-        return _Parts(self, [body], tuple(held), given_up)
+        after; ``keep``: handed to it instead, still held, as :meth:`read_reply`); a reply given up (the client
+        gone) lets it go, undeleted, and calls ``given_up``."""
+        return _Parts(self, [body], tuple(held), given_up, keep)
 
     async def drained(self, held: tuple[Held, ...]) -> None:
         """A drain's reply was sent but for its last bytes: delete what it read (``held``); after a drain of the
@@ -426,18 +431,21 @@ class _Parts:
     taken (a drain's reply is never held whole).
 
     A drain's (``held``) last bytes wait until what it read is deleted: once every other byte of its reply was
-    sent, it is deleted, then they go. If it cannot be (the disk fails), the reply is cut short before them,
-    so the trainer never takes a reply whose data stays in the store for the next drain. If the body is closed
+    sent, it is deleted (or handed to ``keep``, still held), then they go. If it cannot be (the disk fails), the
+    reply is cut short before them, so the trainer never takes a reply whose data stays in the store for the
+    next drain. If the body is closed
     before its end (the client gone, its connection broken), or dropped unclosed, what it read is let go of,
     undeleted, for the next drain, and ``given_up`` is called.
     """
 
     def __init__(self, runtime: Runtime, parts: list[bytes], held: tuple[Held, ...],
-                 given_up: Callable[[], None] | None = None) -> None:
+                 given_up: Callable[[], None] | None = None,
+                 keep: Callable[[tuple[Held, ...]], None] | None = None) -> None:
         if held and len(parts[-1]) > _LAST_BYTES:  # its end ("]}"): left to write once it is deleted
             parts[-1:] = [parts[-1][:-_LAST_BYTES], parts[-1][-_LAST_BYTES:]]
         parts.reverse()
         self._runtime, self._parts, self._held, self._given_up = runtime, parts, held, given_up
+        self._keep = keep
 
     def __aiter__(self) -> _Parts:
         return self
@@ -448,8 +456,11 @@ class _Parts:
             # Asked for the last bytes once every other byte is sent: what it read goes now (before the reply's
             # end, so a drain the trainer sends next comes after it), then they do.
             held, self._held, self._given_up = self._held, (), None
-            with trio.CancelScope(shield=True):
-                await self._runtime.drained(held)
+            if self._keep is not None:
+                self._keep(held)  # still held: deleted or let go of when its keeper is told
+            else:
+                with trio.CancelScope(shield=True):
+                    await self._runtime.drained(held)
         if parts:
             return parts.pop()
         raise StopAsyncIteration

@@ -17,6 +17,7 @@ any header.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -35,7 +36,7 @@ from ..protocols.trainer import DiscardBody, FinalizeBody, ReadBody
 from ..runtime.runtime import Runtime
 from ..schema import jsonio
 from ..schema.converter import CONVERTER, structure
-from ..store.base import ReadQuery
+from ..store.base import Held, ReadQuery
 from ..telemetry import CURRENT
 from ..trajectory_file import write_trajectory_file
 from . import auth
@@ -51,6 +52,10 @@ from .ui import add_ui_routes
 
 log = logging.getLogger(__name__)
 
+#: The scope extension a worker's private socket sets on a request that holds what its drain reads
+#: (``workers/holds.py``): ``scope["extensions"][...](held)`` takes it, still held, once the reply was sent but for
+#: its last bytes. The public socket never sets it.
+HOLD_EXTENSION = "actorproxy.hold_drain"
 #: Largest request body accepted (long agent histories are big, but not this big).
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
@@ -230,16 +235,22 @@ def create_app(runtime: Runtime, admission: Admission | None = None) -> QuartTri
     @app.post("/trajectory/read")
     async def trajectory_read() -> Response:
         body = structure(await _body(), ReadBody)
+        # Asked on a worker's private socket as its part of a drain across workers, what a drain reads is kept
+        # held once its reply was sent but for its last bytes (HOLD_EXTENSION), deleted when settled.
+        extensions: Any = request.scope.get("extensions") or {}
+        keep: Callable[[tuple[Held, ...]], None] | None = extensions.get(HOLD_EXTENSION)
         if dressage:
             answer, held = await dialect.read(body)
             if not held:
                 return _json(answer)
-            return Response(runtime.delivered_reply(jsonio.dumps(answer), held), mimetype="application/json")
+            return Response(runtime.delivered_reply(jsonio.dumps(answer), held, keep=keep),
+                            mimetype="application/json")
         if body.instance_id is not None or body.max_groups is not None or body.segment_view is not None:
             raise BadRequest("'instance_id', 'max_groups' and 'segment_view' are the Dressage dialect's read "
                              "fields (--api-dialect dressage)", param="instance_id")
         # serialised before a drain deletes anything
-        reply = await runtime.read_reply(ReadQuery(body.session_id, body.trajectory_id, body.drain, body.include_steps))
+        query = ReadQuery(body.session_id, body.trajectory_id, body.drain, body.include_steps)
+        reply = await runtime.read_reply(query, keep)
         return Response(reply, status=200, mimetype="application/json")
 
     @app.get("/trajectory/stats")
