@@ -8,9 +8,13 @@ for all of them and merges the answers (:mod:`.merge`). A pause is acknowledged 
 worker has acknowledged it. Nothing is silently partial: if a worker cannot be reached the answer is
 ``503 worker_unavailable`` (``Retry-After: 1``) naming it, and if a worker answers an error that
 error is the answer. Two exceptions say what is missing instead (``missing_workers``): a draining
-read (what the others drained is gone from their stores) and ``/health`` (``degraded``: a liveness
-probe must not fail the whole proxy while one worker restarts). Pause and resume are idempotent,
-so the trainer retries them as they are.
+read (the workers that answered deliver their part; the missing ones keep theirs for the next drain)
+and ``/health`` (``degraded``: a liveness probe must not fail the whole proxy while one worker
+restarts). Pause and resume are idempotent, so the trainer retries them as they are.
+
+A draining read of the whole store runs in two phases (:meth:`FanOut.drain`, :mod:`.holds`): every
+worker holds its part under a token until the merged reply was sent but for its last byte, then each
+deletes it (or lets it go, if the reply did not go out): a trainer whose connection breaks loses nothing.
 
 A fanned-out request gets the single process's checks first, before its body is read: another
 method (``POST /health``, ``HEAD``, ``OPTIONS``), a caller without the admin token, a
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 from typing import Any
 
@@ -35,6 +40,7 @@ import trio
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..errors import Unauthorized
+from ..http.cycle import SEND_NOW_EXTENSION
 from ..schema import jsonio
 from ..server.admission import Admission, RequestHeaders
 from ..server.drain import ASGIApp, Message, Receive, Send
@@ -43,10 +49,17 @@ from .routing import FANOUT_ROUTES, body_session, default_admission, is_gateway
 
 log = logging.getLogger("actorproxy.workers")
 
-#: Request headers not forwarded (this hop's own framing).
-_HOP = frozenset({b"connection", b"content-length", b"transfer-encoding", b"expect", b"keep-alive", b"host"})
+#: The request header that names a drain's hold token (:mod:`.holds`: honoured on the private socket alone).
+HOLD_HEADER = b"x-actorproxy-hold"
+#: The private socket's route that settles a hold (:mod:`.holds`).
+SETTLE_PATH = "/_workers/settle"
+#: Request headers not forwarded (this hop's own framing, and a caller's hold token: the fan-out sets its own).
+_HOP = frozenset({b"connection", b"content-length", b"transfer-encoding", b"expect", b"keep-alive", b"host",
+                  HOLD_HEADER})
 #: How long a worker may take to answer a fanned-out request (a pause waits for every generation to end).
 ASK_TIMEOUT = 900.0
+#: How long a worker may take to settle a drain (to delete what it held, committed).
+SETTLE_TIMEOUT = 60.0
 
 
 def control_path(directory: str, index: int) -> str:
@@ -72,13 +85,16 @@ class Answer:
 
 
 async def ask(directory: str, index: int, method: str, target: bytes, headers: list[tuple[bytes, bytes]],
-              body: bytes) -> Answer:
-    """One HTTP/1.1 request to worker ``index``'s private socket (``connection: close``), its whole answer."""
+              body: bytes, *, seconds: float = ASK_TIMEOUT, hold: bytes = b"") -> Answer:
+    """One HTTP/1.1 request to worker ``index``'s private socket (``connection: close``), its whole answer
+    (``hold``: a drain's hold token, :mod:`.holds`)."""
     lines = [f"{method} ".encode() + target + b" HTTP/1.1", b"host: worker", b"connection: close",
              b"content-length: " + str(len(body)).encode()]
     lines += [name + b": " + value for name, value in headers if name not in _HOP]
+    if hold:
+        lines.append(HOLD_HEADER + b": " + hold)
     try:
-        with trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock, trio.fail_after(ASK_TIMEOUT):
+        with trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock, trio.fail_after(seconds):
             await sock.connect(control_path(directory, index))
             stream = trio.SocketStream(sock)
             await stream.send_all(b"\r\n".join(lines) + b"\r\n\r\n")
@@ -135,7 +151,7 @@ class FanOut:
             return
         path = scope["path"]
         if is_gateway(path):
-            await _reply(send, 404, _error(
+            await reply(send, 404, error_body(
                 "the Claw-R1 gateway routes are not served with several workers: their prompt groups span "
                 "sessions, which several workers serve; run it with --workers 1 (docs/workers.md)",
                 "not_served_with_workers", "invalid_request_error"))
@@ -147,10 +163,10 @@ class FanOut:
         if method == "GET":
             await self.fan_out(scope, receive, send)  # a GET's body: the server drops it after the answer
             return
-        body = await _read_body(receive, self.admission.max_body)
+        body = await read_body(receive, self.admission.max_body)
         if body is None:
             failed = self.admission.refusal(RequestEntityTooLarge(), method="POST", path=path)
-            await _reply(send, failed.status, jsonio.dumps(failed.data), close=True)
+            await reply(send, failed.status, jsonio.dumps(failed.data), close=True)
             return
         if path == "/trajectory/read" and body_session(body) is not None:  # one session: its owner routed it here
             await self.app(scope, _replay(body, receive), send)
@@ -170,49 +186,123 @@ class FanOut:
         return True
 
     async def fan_out(self, scope: Any, receive: Receive, send: Send, body: bytes = b"") -> None:
-        """Ask every worker, merge their answers (see the module doc)."""
+        """Ask every worker, merge their answers (see the module doc); a drain's in two phases (:meth:`drain`)."""
         path = scope["path"]
-        target = scope["raw_path"] + (b"?" + scope["query_string"] if scope["query_string"] else b"")
-        results = await self.ask_all(scope["method"], target, list(scope["headers"]), body)
+        if path == "/trajectory/read" and _drains(body):
+            await self.drain(scope, send, body)
+            return
+        results = await self.ask_all(scope["method"], _target(scope), list(scope["headers"]), body)
+        merged = await self.merged(send, path, results, draining=False)
+        if merged is not None:
+            await reply(send, 200, jsonio.dumps(merged))
+
+    async def merged(self, send: Send, path: str, results: list[Answer | WorkerUnavailable], *,
+                     draining: bool) -> Any:
+        """The workers' answers merged (``None``: the answer was sent: a failure, or ``/metrics``)."""
         answers = [r for r in results if isinstance(r, Answer) and 200 <= r.status < 300]
         missing = [i for i, r in enumerate(results) if not (isinstance(r, Answer) and 200 <= r.status < 300)]
-        draining = path == "/trajectory/read" and _drains(body)
         if missing and not (answers and (draining or path == "/health")):
             failed = results[missing[0]]
             if isinstance(failed, WorkerUnavailable):
-                await _reply(send, 503, _error(str(failed), "worker_unavailable", "server_error"), retry_after=True)
+                await reply(send, 503, error_body(str(failed), "worker_unavailable", "server_error"), retry_after=True)
             else:  # the same refusal every worker gives (auth, a bad body), or one worker's error
-                await _reply(send, failed.status, failed.body, content_type=failed.header(b"content-type"))
-            return
+                await reply(send, failed.status, failed.body, content_type=failed.header(b"content-type"))
+            return None
         if path == "/metrics":
             text = merge_metrics([a.body.decode() for a in answers])
-            await _reply(send, 200, text.encode(), content_type=answers[0].header(b"content-type"))
-            return
+            await reply(send, 200, text.encode(), content_type=answers[0].header(b"content-type"))
+            return None
         merged = merge_json([jsonio.loads(a.body, check=False) for a in answers])
         if isinstance(merged, dict) and path != "/trajectory/read":
             merged["workers"] = self.workers
         if path == "/ui/api/overview" and isinstance(merged, dict) and isinstance(merged.get("history"), list):
             merged["history"] = merge_history(merged["history"])
         if missing:
-            # A drain has deleted what the other workers answered: their data goes out now; the missing
-            # workers' data is still in their stores, for the next read. /health: a liveness probe must not
-            # fail the whole proxy while one worker restarts; it says "degraded" and which one is missing.
+            # A drain: the missing workers' data is still in their stores, for the next read (the others' goes
+            # out now). /health: a liveness probe must not fail the whole proxy while one worker restarts; it
+            # says "degraded" and which one is missing.
             merged["missing_workers"] = missing
             if draining:
                 log.warning("a draining read could not reach worker(s) %s: their data waits for the next read",
                             missing)
             else:
                 merged["status"] = "degraded"
-        await _reply(send, 200, jsonio.dumps(merged))
+        return merged
+
+    async def drain(self, scope: Any, send: Send, body: bytes) -> None:
+        """A draining read of the whole store, in two phases: every worker answers under a hold token and deletes
+        nothing (:mod:`.holds`); the merged reply goes out but for its last byte, then every worker is settled
+        (what it answered deleted, or let go of if the reply did not go out), then that byte.
+
+        A worker whose delete is not confirmed (it died, its disk failed, its hold expired) is named in the
+        reply's ``unsettled_workers``: what it answered was not deleted there, and comes again in a later
+        drain (at least once, never lost). A reply given up (the trainer gone, the request cancelled) lets go of
+        everything the workers hold, for the next drain."""
+        token = secrets.token_urlsafe(18)
+        answered: list[int] = []
+        try:
+            results = await self.ask_all("POST", _target(scope), list(scope["headers"]), body, token.encode())
+            merged = await self.merged(send, scope["path"], results, draining=True)
+            if merged is None:
+                return
+            answered = [i for i, r in enumerate(results) if isinstance(r, Answer) and 200 <= r.status < 300]
+            whole = jsonio.dumps(merged)
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": whole[:-1], "more_body": True})
+            if not _still_open(scope):
+                answered = []
+                return  # the reply is left cut short: the server closes the connection
+            unsettled = await self.settle_all(token, answered)
+        except BaseException:
+            answered = []
+            raise
+        finally:
+            if not answered:  # not delivered: every worker lets go of what it holds, for the next drain
+                await self.settle_all(token, [])
+        if unsettled:
+            log.warning("a drain across workers was delivered but worker(s) %s did not confirm their delete: "
+                        "what they answered comes again in a later drain (the reply says unsettled_workers)",
+                        unsettled)
+        end = b',"unsettled_workers":' + jsonio.dumps(unsettled) + b"}" if unsettled else b"}"
+        await send({"type": "http.response.body", "body": end})
+
+    async def settle_all(self, token: str, delivered: list[int]) -> list[int]:
+        """Settle ``token`` on every worker: those in ``delivered`` delete what they hold, the others let it go.
+
+        Shielded (a cancelled reply still lets go) and bounded (``SETTLE_TIMEOUT``); returns the workers of
+        ``delivered`` that did not confirm their delete."""
+        confirmed: set[int] = set()
+
+        async def one(index: int) -> None:
+            settle = jsonio.dumps({"token": token, "delivered": index in delivered})
+            try:
+                answer = await ask(self.directory, index, "POST", SETTLE_PATH.encode(), [], settle,
+                                   seconds=SETTLE_TIMEOUT)
+            except WorkerUnavailable as exc:
+                if index in delivered:
+                    log.warning("worker %d did not delete its part of a delivered drain: %s", index, exc)
+                return  # (one that held nothing, or is down, has nothing to let go of: its hold expires if any)
+            if answer.status == 200:
+                confirmed.add(index)
+            elif index in delivered:
+                log.warning("worker %d did not delete its part of a delivered drain (%d): %s", index, answer.status,
+                            answer.body[:300].decode(errors="replace"))
+
+        with trio.CancelScope(shield=True):
+            async with trio.open_nursery() as nursery:
+                for index in range(self.workers):
+                    nursery.start_soon(one, index)
+        return [i for i in delivered if i not in confirmed]
 
     async def ask_all(self, method: str, target: bytes, headers: list[tuple[bytes, bytes]],
-                      body: bytes) -> list[Answer | WorkerUnavailable]:
+                      body: bytes, hold: bytes = b"") -> list[Answer | WorkerUnavailable]:
         """Every worker's answer (or why there is none), in worker order; all asked at once."""
         results: list[Answer | WorkerUnavailable] = [WorkerUnavailable(i, "not asked") for i in range(self.workers)]
 
         async def one(index: int) -> None:
             try:
-                results[index] = await ask(self.directory, index, method, target, headers, body)
+                results[index] = await ask(self.directory, index, method, target, headers, body, hold=hold)
             except WorkerUnavailable as exc:
                 results[index] = exc
 
@@ -220,6 +310,25 @@ class FanOut:
             for index in range(self.workers):
                 nursery.start_soon(one, index)
         return results
+
+
+def _target(scope: Any) -> bytes:
+    target: bytes = scope["raw_path"] + (b"?" + scope["query_string"] if scope["query_string"] else b"")
+    return target
+
+
+def _still_open(scope: Any) -> bool:
+    """Whether the reply under way still has its client: a write that failed (the client gone, its connection
+    reset) closed the connection, silently (:data:`SEND_NOW_EXTENSION`'s probe says so). A server without the
+    probe raises from ``send`` instead."""
+    probe = (scope.get("extensions") or {}).get(SEND_NOW_EXTENSION)
+    if probe is None:
+        return True
+    try:
+        probe(b"")
+    except trio.BrokenResourceError:
+        return False
+    return True
 
 
 def _drains(body: bytes) -> bool:
@@ -230,7 +339,7 @@ def _drains(body: bytes) -> bool:
     return isinstance(parsed, dict) and parsed.get("drain") is True
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
+async def read_body(receive: Receive, limit: int) -> bytes | None:
     """The request's body; ``None`` past ``limit`` bytes (what came is discarded)."""
     pieces, size = [], 0
     while True:
@@ -260,11 +369,11 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def _error(message: str, code: str, kind: str) -> bytes:
+def error_body(message: str, code: str, kind: str) -> bytes:
     return jsonio.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
 
 
-async def _reply(send: Send, status: int, body: bytes, *, content_type: bytes | None = None,
+async def reply(send: Send, status: int, body: bytes, *, content_type: bytes | None = None,
                  retry_after: bool = False, close: bool = False) -> None:
     headers = [(b"content-type", content_type or b"application/json")]
     if retry_after:

@@ -7,7 +7,8 @@ Worker ``i`` of ``N`` serves:
   names another worker's session to that worker, and its :class:`~.fanout.FanOut` answers the
   control routes for every worker;
 - ``<dir>/w<i>.handoff``: connections handed over by the other workers;
-- ``<dir>/w<i>.http``: its own app over HTTP, for the other workers' fanned-out requests.
+- ``<dir>/w<i>.http``: its own app over HTTP, for the other workers' fanned-out requests (and, there alone,
+  the holds of a drain across workers: :mod:`.holds`).
 
 Its SQLite store is ``<data-dir>/worker-<i>/`` (docs/workers.md says why a file per worker).
 A worker that (re)starts while the others run first takes their rollout state: the weight
@@ -34,6 +35,7 @@ from ..server.http_server import HTTPServer
 from ..tokenization.tokenizer import ChatTokenizer
 from .fanout import FanOut, WorkerUnavailable, ask, control_path
 from .handoff import Router, remove_stale, serve_handoffs
+from .holds import Holds, PrivateApp
 
 log = logging.getLogger("actorproxy.workers")
 
@@ -70,7 +72,8 @@ async def serve_worker(
         tracker = InFlight()  # the requests in flight of both servers
         stop = trio.Event()
         limits = connection_limits(config)
-        private = HTTPServer(app, tracker=tracker, limits=limits)
+        holds = Holds(runtime)  # this worker's parts of drains across workers, until they are settled
+        private = HTTPServer(PrivateApp(app, holds), tracker=tracker, limits=limits)
         public = HTTPServer(FanOut(app, workers, directory, admission),
                             router=Router(index, workers, directory, admission), tracker=tracker, limits=limits)
         control = control_path(directory, index)
@@ -82,11 +85,20 @@ async def serve_worker(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(drain_then_stop, runtime, tracker, shutdown_trigger, stop)
+            nursery.start_soon(_holds_until, holds, stop)
             await nursery.start(partial(private.serve, "", 0, sock=unix, shutdown_trigger=stop.wait))
             url = await nursery.start(partial(public.serve, host, config.server.port, sock=shared,
                                               shutdown_trigger=stop.wait))
             await nursery.start(_handoffs_until, directory, index, public, stop)
             task_status.started(RunningProxy(url, runtime))
+
+
+async def _holds_until(holds: Holds, stop: trio.Event) -> None:
+    """Let expired holds go until the worker stops (what is still held stays in the store, undeleted)."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(holds.run)
+        await stop.wait()
+        nursery.cancel_scope.cancel()
 
 
 async def _handoffs_until(directory: str, index: int, server: HTTPServer, stop: trio.Event,

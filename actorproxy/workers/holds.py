@@ -1,0 +1,182 @@
+"""A worker's part of a drain across workers: what it read, held under a token until the drain is settled.
+
+A draining read of the whole store is fanned out (:mod:`.fanout`). The fanning worker asks each
+worker's private socket with a hold token (the ``x-actorproxy-hold`` header); that worker answers
+in full but deletes nothing: once its answer was sent but for its last bytes, what it read is kept
+here, still held (no other drain reads it), under the token. The fanning worker then sends the
+merged reply to the trainer but for its last byte and settles every worker
+(``POST /_workers/settle``, ``{"token": ..., "delivered": true|false}``): delivered, the worker
+deletes what it holds and answers once it is deleted; not delivered, it lets it go, for the next drain.
+
+Only the private socket serves this (:class:`PrivateApp` sits in front of the app there alone): the
+public socket's app neither knows the settle route (404) nor reads the header, and the fan-out
+never forwards a caller's ``x-actorproxy-hold``. The holds are bounded: at most ``MAX_HOLDS`` at a
+time (another is refused, ``503 too_many_holds``), each let go of ``HOLD_SECONDS`` after it was
+kept if no settle came (the fanning worker died): held data is never held for good.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import Any
+
+import attrs
+import trio
+
+from ..errors import ProxyError
+from ..runtime.runtime import Runtime
+from ..schema import jsonio
+from ..server.app import HOLD_EXTENSION
+from ..server.drain import ASGIApp, Message, Receive, Send
+from ..store.base import Held
+from .fanout import HOLD_HEADER, SETTLE_PATH, error_body, read_body, reply
+
+log = logging.getLogger("actorproxy.workers")
+
+#: Holds a worker keeps at a time (each fanned-out drain in flight takes one on every worker).
+MAX_HOLDS = 16
+#: Seconds a kept hold waits for its settle before it is let go of (for the next drain).
+HOLD_SECONDS = 600.0
+#: The longest token taken.
+_TOKEN_CHARS = 64
+
+
+@attrs.define(eq=False)
+class _Hold:
+    held: tuple[Held, ...] | None = None  # None: its read is under way
+    deadline: float = 0.0
+
+
+class Holds:
+    """The holds of one worker, by token (see the module doc); :meth:`run` lets the expired ones go."""
+
+    def __init__(self, runtime: Runtime, *, limit: int = MAX_HOLDS, seconds: float = HOLD_SECONDS) -> None:
+        self.runtime, self.limit, self.seconds = runtime, limit, seconds
+        self._holds: dict[str, _Hold] = {}
+        self._kept = trio.Event()
+        #: Holds let go of because no settle came in time.
+        self.expired = 0
+
+    def __len__(self) -> int:
+        return len(self._holds)
+
+    def reserve(self, token: str) -> bool:
+        """Room for a read that holds under ``token`` (False: the token is taken, or ``limit`` holds are)."""
+        if token in self._holds or len(self._holds) >= self.limit:
+            return False
+        self._holds[token] = _Hold()
+        return True
+
+    def keep(self, token: str, held: tuple[Held, ...]) -> None:
+        """The read's answer was sent but for its last bytes: what it read waits, held, for its settle."""
+        self._holds[token] = _Hold(held, trio.current_time() + self.seconds)
+        self._kept.set()
+
+    def unreserve(self, token: str, answered: bool) -> None:
+        """The read under ``token`` ended without keeping anything: ``answered`` (its answer went out whole: it
+        held nothing, a read that drains nothing), an empty hold waits for its settle; else its room is free."""
+        hold = self._holds.get(token)
+        if hold is not None and hold.held is None:
+            if answered:
+                self.keep(token, ())
+            else:
+                del self._holds[token]
+
+    async def settle(self, token: str, delivered: bool) -> int | None:
+        """Delete what ``token`` holds (``delivered``) or let it go; ``None`` if it holds nothing (expired, unknown).
+
+        Returns how many reads it held. A delete that fails raises the store's error: what it read was let go
+        of (the store's ``Settle``), for the next drain."""
+        hold = self._holds.get(token)
+        if hold is None or hold.held is None:
+            return None
+        del self._holds[token]
+        if delivered and hold.held:
+            with trio.CancelScope(shield=True):  # (a settle is answered once deleted, never left half done)
+                await self.runtime.drained(hold.held)
+        else:
+            await self.runtime.let_go(hold.held)
+        return len(hold.held)
+
+    async def run(self) -> None:
+        """Let go of each kept hold whose settle did not come within ``seconds`` (its fanning worker died)."""
+        while True:
+            deadlines = [h.deadline for h in self._holds.values() if h.held is not None]
+            with trio.move_on_at(min(deadlines, default=float("inf"))):
+                await self._kept.wait()
+                self._kept = trio.Event()
+                continue
+            now = trio.current_time()
+            for token, hold in list(self._holds.items()):
+                if hold.held is not None and hold.deadline <= now:
+                    del self._holds[token]
+                    self.expired += 1
+                    log.warning("a drain across workers held data here for %.0f s without being settled (its "
+                                "fanning worker is gone?): let go of, for the next drain", self.seconds)
+                    await self.runtime.let_go(hold.held)
+
+
+class PrivateApp:
+    """ASGI middleware of a worker's private socket alone: the settle route and the hold header (module doc)."""
+
+    def __init__(self, app: ASGIApp, holds: Holds) -> None:
+        self.app, self.holds = app, holds
+
+    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["path"] == SETTLE_PATH:
+            await self.settle(scope, receive, send)
+            return
+        token = next((value for name, value in scope["headers"] if name == HOLD_HEADER), None)
+        if token is None:
+            await self.app(scope, receive, send)
+            return
+        name = token.decode("ascii", "replace")
+        if not (0 < len(name) <= _TOKEN_CHARS and name.isascii() and name.isprintable()):
+            await reply(send, 400, error_body("a hold token is 1 to 64 printable ASCII characters",
+                                              "invalid_hold", "invalid_request_error"))
+            return
+        if not self.holds.reserve(name):
+            await reply(send, 503, error_body(
+                f"this worker holds {len(self.holds)} drains (at most {self.holds.limit}) or that token already: "
+                "retry once they are settled", "too_many_holds", "server_error"), retry_after=True)
+            return
+        extensions = {**(scope.get("extensions") or {}), HOLD_EXTENSION: partial(self.holds.keep, name)}
+        answered = False
+
+        async def sending(message: Message) -> None:
+            nonlocal answered
+            await send(message)
+            answered = message["type"] == "http.response.body" and not message.get("more_body", False)
+
+        try:
+            await self.app({**scope, "extensions": extensions}, receive, sending)
+        finally:
+            self.holds.unreserve(name, answered)
+
+    async def settle(self, scope: Any, receive: Receive, send: Send) -> None:
+        body = await read_body(receive, 4096)
+        try:
+            asked = jsonio.loads(body or b"")
+            token, delivered = asked["token"], asked["delivered"]
+            if not (scope["method"] == "POST" and isinstance(token, str) and isinstance(delivered, bool)):
+                raise ValueError
+        except Exception:
+            await reply(send, 400, error_body('POST {"token": "<hold token>", "delivered": true|false}',
+                                              "invalid_settle", "invalid_request_error"))
+            return
+        try:
+            settled = await self.holds.settle(token, delivered)
+        except Exception as exc:  # the delete failed (the disk): what it held was let go of, for the next drain
+            status, code = (exc.status, exc.code) if isinstance(exc, ProxyError) else (503, "store_unavailable")
+            await reply(send, status, error_body(f"not deleted, let go of for the next drain: {exc}", code,
+                                                 "server_error"))
+            return
+        if settled is None:
+            await reply(send, 404, error_body(f"no drain held under {token!r} (its hold expired?)", "unknown_hold",
+                                              "invalid_request_error"))
+            return
+        await reply(send, 200, jsonio.dumps({"settled": "deleted" if delivered else "let_go", "reads": settled}))

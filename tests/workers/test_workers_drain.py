@@ -1,0 +1,275 @@
+"""A drain of the whole store across workers deletes, on every worker, only what reached the trainer.
+
+The fanning worker asks every worker's private socket with a hold token: each answers in full and
+deletes nothing; the merged reply goes out but for its last byte, then every worker is settled
+(deleted if it went out, let go of if not), then that byte (``workers/holds.py``). Before, each
+worker deleted its part once its answer reached the fanning worker: a trainer whose connection
+broke during the merged reply lost it all. Two workers here are two runtimes in this process, each
+serving its private Unix socket as a worker does; the public side is the fan-out in front of worker 0.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import attrs
+import orjson
+import trio
+from _asgi import open_client, request_body
+from _util import run_turn
+from trio.testing import MockClock, wait_all_tasks_blocked
+
+from actorproxy.config import ProxyConfig
+from actorproxy.runtime.runtime import Runtime, open_runtime
+from actorproxy.serve import asgi_of
+from actorproxy.server.app import create_app
+from actorproxy.server.http_server import HTTPServer
+from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.workers.fanout import SETTLE_PATH, FanOut, ask, control_path
+from actorproxy.workers.holds import HOLD_SECONDS, Holds, PrivateApp
+
+HI = [{"role": "user", "content": "hi"}]
+DRAIN = {"drain": True, "include_steps": True}
+
+
+@attrs.define
+class Workers:
+    runtimes: list[Runtime]
+    holds: list[Holds]
+    public: Any  # the fan-out in front of worker 0's app, as worker 0's public socket serves it
+    directory: str
+
+
+async def _finalized(runtime: Runtime, *sessions: str) -> None:
+    for name in sessions:
+        await run_turn(runtime, name, HI)
+        await runtime.finalize(name)
+
+
+def _config(tmp_path: Path, index: int) -> ProxyConfig:
+    return ProxyConfig.of(port=0, store_kind="sqlite", data_dir=str(tmp_path / f"worker-{index}"))
+
+
+async def _serve_private(nursery: trio.Nursery, app: Any, directory: str, index: int, stop: trio.Event) -> None:
+    unix = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await unix.bind(control_path(directory, index))
+    await nursery.start(partial(HTTPServer(app).serve, "", 0, sock=unix, shutdown_trigger=stop.wait))
+
+
+@asynccontextmanager
+async def two_workers(tmp_path: Path, tokenizer: Any, *, other: Any = None) -> AsyncIterator[Workers]:
+    """Two workers, session "a" finalized on worker 0 and "b" on worker 1 (``other``: worker 1's private app
+    instead, a fake)."""
+    directory = str(tmp_path)
+    stop = trio.Event()
+    async with AsyncExitStack() as stack:
+        runtimes, holds = [], []
+        for index in range(1 if other is not None else 2):
+            engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.001))
+            runtime = await stack.enter_async_context(open_runtime(_config(tmp_path, index), backend=engine,
+                                                                   tokenizer=tokenizer))
+            await _finalized(runtime, "ab"[index])
+            runtimes.append(runtime)
+            holds.append(Holds(runtime))
+        async with trio.open_nursery() as nursery:
+            for index, runtime in enumerate(runtimes):
+                nursery.start_soon(holds[index].run)
+                await _serve_private(nursery, PrivateApp(asgi_of(create_app(runtime)), holds[index]), directory,
+                                     index, stop)
+            if other is not None:
+                await _serve_private(nursery, other, directory, 1, stop)
+            yield Workers(runtimes, holds, FanOut(asgi_of(create_app(runtimes[0])), 2, directory), directory)
+            stop.set()
+            nursery.cancel_scope.cancel()
+
+
+def _sessions(body: dict[str, Any]) -> list[str]:
+    return sorted(s["trajectory_id"] for s in body["data"])
+
+
+def hanging_up(app: Any, gone: trio.Event) -> Any:
+    """``app`` served to a trainer that takes the reply's head and hangs up once ``gone`` is set, before the
+    body: the server's next write fails, as a socket's does once its peer is gone (its read timed out)."""
+
+    async def served(scope: Any, receive: Any, send: Any) -> None:
+        async def write(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                await gone.wait()
+                raise OSError("the client hung up")
+            await send(message)
+
+        await app(scope, receive, write)
+
+    return served
+
+
+async def test_a_trainer_that_hangs_up_mid_drain_finds_every_workers_data_in_the_next_one(
+        tmp_path: Path, tokenizer: Any) -> None:
+    gone = trio.Event()
+    async with two_workers(tmp_path, tokenizer) as workers:
+        async with open_client(hanging_up(workers.public, gone)) as http:
+            async with http.stream("POST", "/trajectory/read", json=DRAIN) as reply:
+                assert reply.status_code == 200
+                gone.set()
+            await wait_all_tasks_blocked()
+        assert [len(h) for h in workers.holds] == [0, 0]  # let go of at once, not left to expire
+        async with open_client(workers.public) as http:
+            again = (await http.post("/trajectory/read", json=DRAIN)).json()
+            assert _sessions(again) == ["a#0", "b#0"] and len(again["steps"]) == 2
+            assert (await http.post("/trajectory/read", json=DRAIN)).json() == {"data": [], "steps": []}
+
+
+async def test_a_trainer_gone_before_the_merged_reply_over_a_real_socket_loses_nothing(
+        tmp_path: Path, tokenizer: Any) -> None:
+    """Over the server itself: the trainer's read times out (it resets its connection) while the workers answer.
+    The server's writes into the closed connection return silently; the fan-out asks it (``send_now``'s probe)
+    before it settles, and every worker lets go."""
+    release, served = trio.Event(), trio.Event()
+    async with two_workers(tmp_path, tokenizer) as workers, trio.open_nursery() as nursery:
+        stop = trio.Event()
+        url = await nursery.start(partial(HTTPServer(_gated(release, served, workers.public)).serve, "127.0.0.1", 0,
+                                          shutdown_trigger=stop.wait))
+        host, port = url.removeprefix("http://").split(":")
+        trainer = await trio.open_tcp_stream(host, int(port))
+        body = orjson.dumps(DRAIN)
+        await trainer.send_all(b"POST /trajectory/read HTTP/1.1\r\nhost: p\r\ncontent-type: application/json\r\n"
+                               b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        await wait_all_tasks_blocked()  # the request waits for the gate
+        trainer.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        await trainer.aclose()  # a reset, as a client whose read timed out may send
+        await wait_all_tasks_blocked()  # the server saw it
+        release.set()
+        await served.wait()
+        assert [len(h) for h in workers.holds] == [0, 0]
+        async with open_client(workers.public) as http:
+            assert _sessions((await http.post("/trajectory/read", json=DRAIN)).json()) == ["a#0", "b#0"]
+        stop.set()
+
+
+def _gated(release: trio.Event, served: trio.Event, app: Any) -> Any:
+    """``app``, its requests served only once ``release`` is set (the body read first), ``served`` set after."""
+
+    async def gated(scope: Any, receive: Any, send: Any) -> None:
+        body = await request_body(receive)
+        await release.wait()
+        given = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal given
+            if given:
+                return await receive()
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        try:
+            await app(scope, replay, send)
+        finally:
+            served.set()
+
+    return gated
+
+
+async def test_a_completed_drain_deletes_on_every_worker(tmp_path: Path, tokenizer: Any) -> None:
+    async with two_workers(tmp_path, tokenizer) as workers:
+        async with open_client(workers.public) as http:
+            drained = await http.post("/trajectory/read", json=DRAIN)
+            assert drained.text.endswith("]}") and _sessions(drained.json()) == ["a#0", "b#0"]
+        for runtime in workers.runtimes:
+            stats = await runtime.store_stats()
+            assert (stats["segments"], stats["steps"], stats["sessions"]) == (0, 0, 0)
+        assert [len(h) for h in workers.holds] == [0, 0]
+
+
+async def test_a_worker_that_cannot_delete_is_named_and_its_data_comes_again(tmp_path: Path, tokenizer: Any) -> None:
+    """Worker 1 answers its part and then fails its delete (its disk, or it died): the reply says so, what it
+    answered stays there for a later drain, and worker 0's part is deleted (at least once, never lost)."""
+    settles: list[dict[str, Any]] = []
+
+    async def failing(scope: Any, receive: Any, send: Any) -> None:
+        body = await request_body(receive)
+        if scope["path"] == SETTLE_PATH:
+            settles.append(orjson.loads(body))
+            status, answer = 507, b'{"error": {"message": "disk I/O error", "code": "store_failed"}}'
+        else:
+            status, answer = 200, b'{"data": [{"trajectory_id": "z#0"}], "steps": []}'
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": answer})
+
+    async with two_workers(tmp_path, tokenizer, other=failing) as workers:
+        async with open_client(workers.public) as http:
+            drained = (await http.post("/trajectory/read", json={"drain": True})).json()
+        assert _sessions(drained) == ["a#0", "z#0"] and drained["unsettled_workers"] == [1]
+        assert [s["delivered"] for s in settles] == [True]
+        assert (await workers.runtimes[0].read()).data == []
+
+
+async def test_the_public_socket_neither_holds_nor_settles(tmp_path: Path, tokenizer: Any) -> None:
+    """A caller's hold header is not honoured (not forwarded by the fan-out, ignored by the app) and the
+    settle route is the private socket's alone."""
+    async with two_workers(tmp_path, tokenizer) as workers:
+        token = {"x-actorproxy-hold": "mine"}
+        async with open_client(workers.public) as http:
+            settle = await http.post(SETTLE_PATH, json={"token": "mine", "delivered": False})
+            assert settle.status_code == 404
+            one = await http.post("/trajectory/read", json={"session_id": "a", "drain": True}, headers=token)
+            assert _sessions(one.json()) == ["a#0"]
+            assert (await workers.runtimes[0].read()).data == []  # deleted: the header meant nothing there
+            assert _sessions((await http.post("/trajectory/read", json=DRAIN, headers=token)).json()) == ["b#0"]
+        assert (await workers.runtimes[1].read()).data == []
+        mine = await ask(workers.directory, 1, "POST", SETTLE_PATH.encode(), [],
+                         b'{"token": "mine", "delivered": false}')
+        assert mine.status == 404  # nothing was ever held under the caller's token
+
+
+async def test_an_unsettled_hold_expires_and_is_read_again(tokenizer: Any, autojump_clock: MockClock) -> None:
+    """A worker whose fanning worker died after its answer (no settle comes): what it held is let go of once
+    ``HOLD_SECONDS`` passed, for the next drain; meanwhile no other drain reads it."""
+    engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.001))
+    async with open_runtime(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+        await _finalized(runtime, "a")
+        # The clock moves by hand from here: a drain gives memory back in a thread, and a thread's task looks
+        # blocked, so the clock would jump to the hold's expiry during it.
+        autojump_clock.autojump_threshold = math.inf
+        holds = Holds(runtime)
+        async with trio.open_nursery() as nursery, open_client(PrivateApp(create_app(runtime), holds)) as http:
+            nursery.start_soon(holds.run)
+            held = await http.post("/trajectory/read", json=DRAIN, headers={"x-actorproxy-hold": "t1"})
+            assert _sessions(held.json()) == ["a#0"] and len(holds) == 1
+            assert (await runtime.read(drain=True)).data == []  # held: no other drain reads it
+            autojump_clock.jump(HOLD_SECONDS - 1)
+            await wait_all_tasks_blocked()
+            assert len(holds) == 1 and (await runtime.read(drain=True)).data == []
+            autojump_clock.jump(1)
+            await wait_all_tasks_blocked()
+            assert len(holds) == 0 and holds.expired == 1
+            again = await http.post("/trajectory/read", json=DRAIN)
+            assert _sessions(again.json()) == ["a#0"]
+            late = await http.post(SETTLE_PATH, json={"token": "t1", "delivered": True})
+            assert late.status_code == 404 and late.json()["error"]["code"] == "unknown_hold"
+            nursery.cancel_scope.cancel()
+
+
+async def test_holds_are_bounded_and_a_bad_token_or_settle_is_a_400(tokenizer: Any) -> None:
+    engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.001))
+    async with open_runtime(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as runtime:
+        await _finalized(runtime, "a")
+        holds = Holds(runtime, limit=1)
+        async with open_client(PrivateApp(create_app(runtime), holds)) as http:
+            assert (await http.post("/trajectory/read", json=DRAIN, headers={"x-actorproxy-hold": "t1"})).is_success
+            full = await http.post("/trajectory/read", json=DRAIN, headers={"x-actorproxy-hold": "t2"})
+            assert full.status_code == 503 and full.json()["error"]["code"] == "too_many_holds"
+            assert full.headers["retry-after"] == "1"
+            bad = await http.post("/trajectory/read", json=DRAIN, headers={"x-actorproxy-hold": "x" * 65})
+            assert bad.status_code == 400
+            for wrong in (b"[]", b"{", b'{"token": "t1"}', b'{"token": 1, "delivered": true}'):
+                assert (await http.post(SETTLE_PATH, content=wrong)).status_code == 400
+            settled = await http.post(SETTLE_PATH, json={"token": "t1", "delivered": True})
+            assert settled.json() == {"settled": "deleted", "reads": 1}
+        stats = await runtime.store_stats()
+        assert (stats["segments"], stats["sessions"]) == (0, 0)
