@@ -373,6 +373,10 @@ def preflight(config: ProxyConfig) -> None:
         raise StartupError("--workers", f"--store {config.store.store_kind} cannot be shared by several workers: "
                            "use --store sqlite (each worker keeps its own file, the trainer reads them all) or "
                            "--workers 1 (docs/workers.md)")
+    if config.server.workers > 1 and config.server.api_dialect == "dressage":
+        raise StartupError("--api-dialect", "the Dressage dialect's batch read hands out prompt groups whole, and a "
+                           "group's sessions are served by several workers, each seeing only its own: it would "
+                           "split groups (a GRPO group's advantages need all of it); use --workers 1 (docs/workers.md)")
     if config.server.workers > 1 and config.engines.engine_abort_all:
         raise StartupError("--engine-abort-all", "one worker's abort_all would stop the other workers' generations "
                            "before their pause reaches them, and those turns would end as if the engine had finished: "

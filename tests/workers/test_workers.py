@@ -171,3 +171,12 @@ def test_a_worker_that_cannot_start_stops_the_run(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "the inference engine did not answer within 1 s" in result.stderr
     assert "could not start (exit code 2" in result.stderr
+
+
+def test_the_dressage_dialect_with_several_workers_is_refused_at_start(tmp_path: Path) -> None:
+    """Its batch read hands out prompt groups whole; several workers would each hand out their own part of one."""
+    result = subprocess.run([sys.executable, "-m", "actorproxy", "run", "--workers", "2", "--store", "sqlite",
+                             "--api-dialect", "dressage", "--port", "0"], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "the Dressage dialect's batch read hands out prompt groups whole" in result.stderr
