@@ -22,9 +22,9 @@ last: one more token, then ``finish_reason: abort``. ``GET /stub/generations`` t
 per generation, its routing key, the tokens written to the connection, how it ended
 (``stop``/``length``, ``abort`` after an abort call, or ``cut``: the connection closed
 before the finish), when its first abort call arrived and when its finish was written
-(``time.monotonic``); after ``POST /stub/pace {"max_new_tokens": n}`` the generations
-started from then on end after ``n`` tokens with the end-of-turn token, ``stop`` (``null``
-lifts it).
+(``time.monotonic``), and when the last decoding step began (``step_at``); after
+``POST /stub/pace {"max_new_tokens": n}`` the generations started from then on end after
+``n`` tokens with the end-of-turn token, ``stop`` (``null`` lifts it).
 
 Plain asyncio with a hand-written HTTP/1.1 reader (keep-alive, ``Content-Length``
 bodies, chunked responses) rather than the project's Trio/Quart stack: the stub's own
@@ -84,6 +84,7 @@ class Stub:
         self.cap: int | None = None
         self.start_together = start_together  # paced decoding begins once this many generations run
         self.abort_calls = 0
+        self.step_at: float | None = None  # when the last decoding step began (``time.monotonic``)
         self.running: dict[str, Paced] = {}
         self.generations: list[Paced] = []
         self.set_reply(reply)
@@ -106,7 +107,7 @@ class Stub:
             self._abort(loads(body) if body else {})
             return 200, b"", None
         if path == "/stub/generations":
-            return 200, dumps({"abort_calls": self.abort_calls, "generations": [
+            return 200, dumps({"abort_calls": self.abort_calls, "step_at": self.step_at, "generations": [
                 {"rid": g.rid, "key": g.key, "tokens": g.written, "state": g.state, "abort_calls": g.abort_calls,
                  "abort_at": g.abort_at, "ended_at": g.ended_at}
                 for g in self.generations]}), None
@@ -183,6 +184,7 @@ class Stub:
             if len(self.running) < self.start_together:
                 continue  # a batch starts decoding together
             self.start_together = 0
+            self.step_at = time.monotonic()
             for gen in list(self.running.values()):
                 if gen.transport.is_closing():
                     gen.state = "cut"

@@ -22,6 +22,11 @@ generation the pause stopped must have ended by an abort call (``abort``), none 
 closed connection (``cut``). Per run it also prints when the abort calls reached the engine
 and when the engine wrote the last aborted stream's finish (the engine's clock, ms after
 the pause): what is left of the acknowledgement is the proxy reading what came before.
+Where in the engine's decoding interval the pause came decides most of its acknowledgement
+(the aborted streams end at the engine's next step after their abort calls): each run says
+it, and ``--phase 0 0.25 0.5 0.75`` asks for the pause at those fractions of an interval
+after a step, run by run in turn (0: as a step's tokens reach the proxy; near 1: the abort
+calls may come just after the next step, and the streams end one step later).
 
 Goal (issue 12): at 1,000 streams, acknowledged within one token interval + 50 ms, 0 lost.
 
@@ -44,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import signal
 import statistics
 import subprocess
@@ -79,6 +85,15 @@ def _stop(spy: subprocess.Popen[bytes] | None) -> None:
     if spy is not None:
         spy.send_signal(signal.SIGINT)
         spy.wait()
+
+
+def _wait_for_phase(step_at: float, interval: float, phase: float) -> None:
+    """Sleep until ``phase`` of a decoding interval after one of the engine's steps (the next such moment at
+    least 10 ms away): the engine stub steps every ``interval`` from ``step_at`` (``time.monotonic``)."""
+    now = time.monotonic()
+    at = step_at + phase * interval
+    at += max(0, math.ceil((now + 0.010 - at) / interval)) * interval
+    time.sleep(at - now)
 
 
 def _count(pid: int, on: bool) -> None:
@@ -120,6 +135,9 @@ def one_run(args: argparse.Namespace, streams: int, run: int) -> dict[str, Any]:
             tokens1 = sum(g["tokens"] for g in get_json(stub.url + "/stub/generations")["generations"])
             _stop(spy)
             spy = _py_spy(args.py_spy, server.pid, 0.3)  # around the pause (from 0.3 s before it)
+            phase = None if not args.phase else args.phase[run % len(args.phase)]
+            if phase is not None:
+                _wait_for_phase(get_json(stub.url + "/stub/generations")["step_at"], interval, phase)
             if out is not None:
                 _count(server.pid, True)  # (before the clocks are read: callgrind_control takes a while)
             before = cpu_seconds(server.pid)
@@ -155,13 +173,17 @@ def one_run(args: argparse.Namespace, streams: int, run: int) -> dict[str, Any]:
     instructions = None if out is None else instructions_in(out) / streams
     aborted = [g for g in engine["generations"] if g["abort_at"] is not None]
     arrived = sorted((g["abort_at"] - paused_at) * 1000 for g in aborted)
-    stopped = max(((g["ended_at"] or paused_at) - paused_at) * 1000 for g in aborted) if aborted else 0.0
+    ends = sorted(((g["ended_at"] or paused_at) - paused_at) * 1000 for g in aborted)
+    stopped = ends[-1] if ends else 0.0
     return {
         "ack_ms": ack_ms,
         # When the abort calls reached the engine, and when it wrote the last aborted stream's finish (ms after
         # the pause was asked): the rest of the acknowledgement is the proxy reading what came before.
         "aborts_in_ms": [arrived[0], arrived[len(arrived) // 2], arrived[-1]] if arrived else [],
-        "engine_stopped_ms": stopped, "aborted": ack["aborted"], "partial_tokens": ack["partial_tokens"],
+        "engine_stopped_ms": stopped, "engine_first_stop_ms": ends[0] if ends else 0.0, "phase": phase,
+        # Where in the engine's decoding step the pause came (ms after the step before it began).
+        "after_step_ms": ((paused_at - step_at) % interval) * 1000 if (step_at := engine["step_at"]) else None,
+        "aborted": ack["aborted"], "partial_tokens": ack["partial_tokens"],
         "engine_aborted": ended["abort"], "engine_cut": ended["cut"], "engine_still_running": ended["running"],
         "abort_calls": engine["abort_calls"], "produced": sum(produced.values()), "recorded": recorded, "lost": lost,
         "pause_cpu_ms": pause_cpu, "instructions_a_stream": instructions,
@@ -247,9 +269,10 @@ def main(args: argparse.Namespace) -> None:
         for r in runs:
             if r["aborts_in_ms"]:
                 first, mid, last = r["aborts_in_ms"]
-                print(f"    ack {r['ack_ms']:.0f} ms: the abort calls reached the engine {first:.0f}-{last:.0f} ms "
-                      f"after the pause (median {mid:.0f}), its last aborted stream ended at "
-                      f"{r['engine_stopped_ms']:.0f} ms", flush=True)
+                came = "" if r["after_step_ms"] is None else f" (asked {r['after_step_ms']:.0f} ms after a step)"
+                print(f"    ack {r['ack_ms']:.0f} ms{came}: the abort calls reached the engine "
+                      f"{first:.0f}-{last:.0f} ms after the pause (median {mid:.0f}), its aborted streams ended at "
+                      f"{r['engine_first_stop_ms']:.0f}-{r['engine_stopped_ms']:.0f} ms", flush=True)
             if r["instructions_a_stream"] is not None:
                 print(f"    callgrind: {r['instructions_a_stream']:,.0f} instructions a stream from the pause call "
                       f"to its answer", flush=True)
@@ -268,6 +291,9 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=1, help="runs per row (ack: median and p99 over them)")
     parser.add_argument("--steady", type=float, default=1.0, metavar="SECONDS",
                         help="the steady streaming measured before the pause (CPU %%, µs per token)")
+    parser.add_argument("--phase", type=float, nargs="+", metavar="FRACTION",
+                        help="ask for the pause this fraction of a token interval after an engine step, run by run "
+                             "in turn (0: just after a step; default: whenever the steady window ends)")
     parser.add_argument("--proxy-flag", action="append", default=[], help="an extra `actorproxy run` argument")
     parser.add_argument("--json", help="also write every run's figures to this file")
     parser.add_argument("--py-spy", metavar="FILE", help="profile the proxy around the pause (raw py-spy output)")
