@@ -31,7 +31,10 @@ them where the hub received them (``ClientConnection.fresh``), and only what it 
 copied, once it returns (an SGLang cumulative event is hundreds of KB; each copy costs about
 an instruction a byte). The reader is woken once the callback says so, or the read fails (an error, the
 end of file, its deadline, the connection closed); its cancellation takes the socket out
-of the hub at once (synchronously), so the hub never reads for a reader that left.
+of the hub at once (synchronously), so the hub never reads for a reader that left. A task step
+of the hub reads at most ``HUB_ARRIVALS`` sockets, then lets the other tasks run: a decoding
+step of a thousand streams arrives at once, and read in one step it held a pause's request
+back for tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ _READ_SIZE = 256 * 1024
 #: The relay hub's one receive buffer (one a run): an SGLang cumulative event repeats the whole reply (~560 KB at
 #: 16,000 tokens, ~1.1 MB at 32,000); one that has arrived whole is received whole, and read where it lies.
 _HUB_READ_SIZE = 2 * 1024 * 1024
+#: The arrivals the relay hub reads in one task step, at most (~2 ms of a step's tokens): a thousand streams' step
+#: read in one task step held every other task back for tens of milliseconds (a pause's request among them).
+HUB_ARRIVALS = 64
 _CLOSED = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError)
 
 
@@ -250,10 +256,17 @@ class RelayHub:
         try:
             while True:
                 await trio.lowlevel.wait_readable(epoll.fileno())
-                for fd, events in epoll.poll(0):
-                    reader = parked.get(fd)
-                    if reader is not None:
-                        self._arrival(reader, view, events & _ENDED)
+                while True:
+                    ready = epoll.poll(0, HUB_ARRIVALS)
+                    for fd, events in ready:
+                        reader = parked.get(fd)
+                        if reader is not None:
+                            self._arrival(reader, view, events & _ENDED)
+                    if len(ready) < HUB_ARRIVALS:
+                        break
+                    # More are ready (the epoll keeps them): the other tasks run first, a pause's request among
+                    # them, not after a thousand streams' tokens.
+                    await trio.lowlevel.checkpoint()
         finally:
             for reader in list(parked.values()):
                 self._wake(reader, outcome.Error(TransportError("the relay hub stopped")))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 import struct
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import pytest
@@ -20,7 +20,7 @@ import trio
 import trio.testing
 
 from actorproxy.http.errors import ReadTimeout, TransportError
-from actorproxy.http.sockets import ClientConnection, ReadDeadlines, RelayHub, relay_hub
+from actorproxy.http.sockets import HUB_ARRIVALS, ClientConnection, ReadDeadlines, RelayHub, relay_hub
 
 
 @contextmanager
@@ -142,6 +142,42 @@ async def test_a_socket_that_never_stops_sending_lets_the_other_tasks_run() -> N
             nursery.start_soon(other)
         assert arrivals == 2000
         assert len([n for n in ran_at if 0 < n < 2000]) >= 10  # it ran many times while the stream went on
+
+
+async def test_many_streams_arriving_at_once_let_the_other_tasks_run_between_a_few_of_them() -> None:
+    # A thousand paced streams bring a decoding step's tokens together; read in one task step, they held back
+    # every other task (a pause's request among them) for tens of milliseconds.
+    hub, deadlines = _hub(), ReadDeadlines(30)
+    streams = 3 * HUB_ARRIVALS
+    with ExitStack() as stack:
+        pairs = [stack.enter_context(_pair()) for _ in range(streams)]
+        read: list[int] = []
+        seen_by_other: list[int] = []
+
+        def taker(conn: ClientConnection) -> Callable[[], bool]:
+            def arrived() -> bool:
+                read.append(1)
+                conn.buf.clear()
+                conn.fresh = None
+                return False
+            return arrived
+
+        async def other() -> None:
+            while len(read) < streams:
+                seen_by_other.append(len(read))
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            for conn, _ in pairs:
+                nursery.start_soon(hub.park, conn, deadlines, taker(conn))
+            await trio.testing.wait_all_tasks_blocked()
+            for _, peer in pairs:
+                peer.send(b"x")
+            nursery.start_soon(other)
+        assert len(read) == streams
+        between = sorted({n for n in seen_by_other if 0 < n < streams})
+        # It ran while the hub read them, which it does at most HUB_ARRIVALS a task step.
+        assert between and all(n % HUB_ARRIVALS == 0 for n in between)
 
 
 @pytest.mark.parametrize("read_first", [False, True], ids=["in-one-arrival", "after-the-bytes-were-read"])
