@@ -44,7 +44,7 @@ from ..http.cycle import SEND_NOW_EXTENSION
 from ..schema import jsonio
 from ..server.admission import Admission, RequestHeaders
 from ..server.drain import ASGIApp, Message, Receive, Send
-from .merge import merge_history, merge_json, merge_metrics
+from .merge import merge_history, merge_json, merge_metrics, read_parts
 from .routing import FANOUT_ROUTES, body_session, default_admission, is_gateway
 
 log = logging.getLogger("actorproxy.workers")
@@ -192,13 +192,19 @@ class FanOut:
             await self.drain(scope, send, body)
             return
         results = await self.ask_all(scope["method"], _target(scope), list(scope["headers"]), body)
-        merged = await self.merged(send, path, results, draining=False)
+        if path == "/trajectory/read":
+            parts = await self.read(send, results, draining=False)
+            if parts is not None:
+                await _reply_parts(send, [*parts, b"}"])
+            return
+        merged = await self.merged(send, path, results)
         if merged is not None:
             await reply(send, 200, jsonio.dumps(merged))
 
-    async def merged(self, send: Send, path: str, results: list[Answer | WorkerUnavailable], *,
-                     draining: bool) -> Any:
-        """The workers' answers merged (``None``: the answer was sent: a failure, or ``/metrics``)."""
+    async def answered(self, send: Send, path: str, results: list[Answer | WorkerUnavailable], *,
+                       draining: bool = False) -> tuple[list[Answer], list[int]] | None:
+        """The workers that answered and those missing (``None``: the answer was sent: a failure, see the module
+        doc; only a drain and ``/health`` go on without every worker)."""
         answers = [r for r in results if isinstance(r, Answer) and 200 <= r.status < 300]
         missing = [i for i, r in enumerate(results) if not (isinstance(r, Answer) and 200 <= r.status < 300)]
         if missing and not (answers and (draining or path == "/health")):
@@ -208,6 +214,35 @@ class FanOut:
             else:  # the same refusal every worker gives (auth, a bad body), or one worker's error
                 await reply(send, failed.status, failed.body, content_type=failed.header(b"content-type"))
             return None
+        return answers, missing
+
+    async def read(self, send: Send, results: list[Answer | WorkerUnavailable], *,
+                   draining: bool) -> list[bytes] | None:
+        """A read of the whole store: the workers' answers spliced (:func:`.merge.read_parts`), in parts but for
+        the closing ``}`` (``None``: the answer was sent: a failure). A drain that could not reach every worker
+        says which ones in ``missing_workers``: their data is still in their stores, for the next drain (the
+        others' goes out now)."""
+        found = await self.answered(send, "/trajectory/read", results, draining=draining)
+        if found is None:
+            return None
+        answers, missing = found
+        try:
+            parts = read_parts([a.body for a in answers])
+        except ValueError as exc:  # (a worker of another build?) nothing is merged, nothing drained
+            await reply(send, 502, error_body(f"a worker's read answer could not be merged: {exc}",
+                                              "worker_answer_invalid", "server_error"))
+            return None
+        if missing:
+            log.warning("a draining read could not reach worker(s) %s: their data waits for the next read", missing)
+            parts.append(b',"missing_workers":' + jsonio.dumps(missing))
+        return parts
+
+    async def merged(self, send: Send, path: str, results: list[Answer | WorkerUnavailable]) -> Any:
+        """The workers' answers merged (``None``: the answer was sent: a failure, or ``/metrics``)."""
+        found = await self.answered(send, path, results)
+        if found is None:
+            return None
+        answers, missing = found
         if path == "/metrics":
             text = merge_metrics([a.body.decode() for a in answers])
             await reply(send, 200, text.encode(), content_type=answers[0].header(b"content-type"))
@@ -217,16 +252,9 @@ class FanOut:
             merged["workers"] = self.workers
         if path == "/ui/api/overview" and isinstance(merged, dict) and isinstance(merged.get("history"), list):
             merged["history"] = merge_history(merged["history"])
-        if missing:
-            # A drain: the missing workers' data is still in their stores, for the next read (the others' goes
-            # out now). /health: a liveness probe must not fail the whole proxy while one worker restarts; it
-            # says "degraded" and which one is missing.
+        if missing:  # /health: a liveness probe must not fail the whole proxy while one worker restarts
             merged["missing_workers"] = missing
-            if draining:
-                log.warning("a draining read could not reach worker(s) %s: their data waits for the next read",
-                            missing)
-            else:
-                merged["status"] = "degraded"
+            merged["status"] = "degraded"
         return merged
 
     async def drain(self, scope: Any, send: Send, body: bytes) -> None:
@@ -242,14 +270,12 @@ class FanOut:
         answered: list[int] = []
         try:
             results = await self.ask_all("POST", _target(scope), list(scope["headers"]), body, token.encode())
-            merged = await self.merged(send, scope["path"], results, draining=True)
-            if merged is None:
+            parts = await self.read(send, results, draining=True)
+            if parts is None:
                 return
             answered = [i for i, r in enumerate(results) if isinstance(r, Answer) and 200 <= r.status < 300]
-            whole = jsonio.dumps(merged)
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"application/json")]})
-            await send({"type": "http.response.body", "body": whole[:-1], "more_body": True})
+            del results  # (the answers' bytes: what is sent is in parts)
+            await _reply_parts(send, parts, more=True)
             if not _still_open(scope):
                 answered = []
                 return  # the reply is left cut short: the server closes the connection
@@ -310,6 +336,15 @@ class FanOut:
             for index in range(self.workers):
                 nursery.start_soon(one, index)
         return results
+
+
+async def _reply_parts(send: Send, parts: list[bytes], *, more: bool = False) -> None:
+    """A JSON reply sent in ``parts``, each let go of once sent (``more``: its end is sent later)."""
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    parts.reverse()
+    while parts:
+        part = parts.pop()
+        await send({"type": "http.response.body", "body": part, "more_body": more or bool(parts)})
 
 
 def _target(scope: Any) -> bytes:

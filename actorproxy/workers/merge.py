@@ -7,6 +7,11 @@ worker must agree on (a setting, the epoch, the weight version) is kept when the
 becomes the list of the workers' values when they do not: a disagreement shows, it is never
 averaged away. ``status`` is ``degraded`` when any worker is.
 
+``/trajectory/read`` is spliced instead (:func:`read_parts`): each worker's ``data`` and ``steps`` arrays are
+found by one scan of its answer (msgspec ``Raw``) and their contents joined as bytes, worker 0's first,
+as the JSON merge would order them: no answer is decoded into objects (a drain of the whole store is
+hundreds of MB as objects, eight times its JSON), merged, and encoded again.
+
 Metrics: each worker's samples get a ``worker="<i>"`` label (aggregate with ``sum by``);
 each metric's ``# HELP`` and ``# TYPE`` lines appear once, before all of its samples.
 """
@@ -14,6 +19,8 @@ each metric's ``# HELP`` and ``# TYPE`` lines appear once, before all of its sam
 from __future__ import annotations
 
 from typing import Any
+
+import msgspec
 
 #: Numbers every worker has the same of: kept when equal, listed when not (never summed).
 SAME = frozenset({
@@ -102,3 +109,43 @@ def merge_metrics(texts: list[str]) -> str:
     for comments, samples in families.values():
         lines += comments + samples
     return "\n".join(lines) + "\n"
+
+
+#: The keys of a ``/trajectory/read`` answer (``runtime/store_messages.py: encode_parts``), in their order.
+_READ_KEYS = ("data", "steps")
+_READ_ANSWER = dict[str, msgspec.Raw]
+
+
+def read_parts(bodies: list[bytes]) -> list[bytes]:
+    """The workers' ``/trajectory/read`` answers as one answer, in parts, but for its closing ``}`` (see the module
+    doc): ``{"data":[...]`` with every worker's segments, then ``,"steps":[...]`` when they were asked for.
+
+    Raises ``ValueError`` for an answer that is not such an object (its arrays and nothing else)."""
+    if not bodies:
+        raise ValueError("no answer to splice")
+    arrays: dict[str, list[bytes]] = {}
+    for body in bodies:
+        try:
+            answer = msgspec.json.decode(body, type=_READ_ANSWER)
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"not a read's answer: {exc}") from exc
+        if "data" not in answer:
+            raise ValueError("not a read's answer: no 'data'")
+        for key, raw in answer.items():
+            view = memoryview(raw)  # (where it lies in the answer: no copy yet)
+            if key not in _READ_KEYS or view[:1].tobytes() != b"[" or view[-1:].tobytes() != b"]":
+                raise ValueError(f"not a read's answer: {key!r}")
+            contents = arrays.setdefault(key, [])
+            inner = bytes(view[1:-1])
+            if inner and not inner.isspace():
+                contents.append(inner)
+    parts: list[bytes] = []
+    for key in _READ_KEYS:
+        if key in arrays:
+            parts.append(b'{"data":[' if key == "data" else b',"' + key.encode() + b'":[')
+            for i, inner in enumerate(arrays[key]):
+                if i:
+                    parts.append(b",")
+                parts.append(inner)
+            parts.append(b"]")
+    return parts

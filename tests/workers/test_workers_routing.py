@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import trio
 from _asgi import request_body
@@ -23,7 +24,7 @@ from actorproxy.server.admission import RequestHeaders
 from actorproxy.server.http_server import HTTPServer
 from actorproxy.workers.fanout import FanOut, control_path
 from actorproxy.workers.handoff import Router, serve_handoffs
-from actorproxy.workers.merge import merge_history, merge_json, merge_metrics
+from actorproxy.workers.merge import merge_history, merge_json, merge_metrics, read_parts
 from actorproxy.workers.routing import NEED_BODY, body_session, head_session, owner, owner_key
 
 
@@ -181,6 +182,27 @@ async def test_a_session_whose_worker_is_down_gets_503_in_the_callers_format(tmp
             ours = await client.post("/v1/chat/completions", headers={"X-Session-Id": _session_of(0)}, json={})
             assert ours.text == "local /v1/chat/completions"
         stop.set()
+
+
+@pytest.mark.parametrize("steps", [False, True])
+def test_read_answers_are_spliced_as_the_json_merge_orders_them(steps: bool) -> None:
+    """Worker 0's segments first, then worker 1's (and the steps alike), empty answers and text that looks like
+    the arrays' ends included: the same value the JSON merge makes, without decoding an answer into objects."""
+    answers = [{"data": [{"trajectory_id": "a#0", "text": '],"steps":['}, {"trajectory_id": "b#0"}]},
+               {"data": []}, {"data": [{"trajectory_id": "c#0", "ids": [1, 2]}]}]
+    if steps:
+        for i, answer in enumerate(answers):
+            answer["steps"] = [{"step": i, "ids": [[i]]}] if i != 1 else []
+    bodies = [orjson.dumps(a) for a in answers]
+    spliced = orjson.loads(b"".join(read_parts(bodies)) + b"}")
+    assert spliced == merge_json(answers)
+    assert b"".join(read_parts([b'{"data":[ ]}', b'{"data":[]}'])) == b'{"data":[]'
+
+
+@pytest.mark.parametrize("body", [b'{"data":{}}', b'{"data":[],"success":true}', b"[]", b"{", b'{"steps":[]}'])
+def test_an_answer_that_is_not_a_reads_is_not_spliced(body: bytes) -> None:
+    with pytest.raises(ValueError, match="not a read's answer"):
+        read_parts([b'{"data":[]}', body])
 
 
 def test_the_dashboards_history_is_one_sample_per_second() -> None:
