@@ -17,7 +17,7 @@ import attrs
 import trio
 
 from .errors import ProtocolError, TransportError
-from .h1 import MAX_RESPONSE_HEAD, BodyDecoder, head_end, parse_response, request_head
+from .h1 import MAX_RESPONSE_HEAD, BodyDecoder, head_end, parse_response, request_head, whole_ok
 from .sockets import received, sent_now
 from .state import SEND_BODY, SERVER, ConnectionState
 
@@ -164,6 +164,14 @@ class Pipeline:
         while (buf or self._framing is not None) and not self.ended:
             framing = self._framing
             if framing is None:  # the head (after any 1xx answers)
+                whole = whole_ok(buf)
+                if whole:  # (the usual answer, an abort's: nothing to parse but its length)
+                    del buf[:whole]
+                    state.request(True, True)
+                    state.response(True)
+                    self._status = 200
+                    self._answer()
+                    continue
                 end = head_end(buf)
                 if end < 0:
                     if len(buf) > MAX_RESPONSE_HEAD:

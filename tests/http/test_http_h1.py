@@ -417,3 +417,41 @@ def test_a_lone_chunk_is_found_where_it_lies_only_when_the_arrival_is_exactly_on
         assert (span is not None) == one
         if span is not None:  # the chunk's data, as de-chunking gives it
             assert (bytes(arrival[span[0] : span[1]]), used) == (bytes(out), len(arrival))
+
+
+_UVICORN_OK = b"HTTP/1.1 200 OK\r\ndate: Sun, 30 Nov 2026 03:00:00 GMT\r\nserver: uvicorn\r\ncontent-length: 2\r\n" \
+    b"content-type: application/json\r\n\r\n{}"
+
+
+@pytest.mark.parametrize("answer", [
+    _UVICORN_OK,
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n",  # the engine stub's
+    b"HTTP/1.1 200\r\nCONTENT-LENGTH:   5 \r\n\r\nhello",
+])
+def test_a_plain_ok_answer_is_read_by_its_length_as_the_whole_parse_reads_it(answer: bytes) -> None:
+    wire = bytearray(answer + b"HTTP/1.1 200 OK\r\n")  # the next answer's start follows
+    whole = h1.whole_ok(wire)
+    assert whole == len(answer)
+    status, _, _, body = h1.parse_response(wire, h1.head_end(wire), "POST")
+    assert status == 200 and body is not None and body.keep_alive and not body.chunked
+    assert len(answer) - len(wire) + len(b"HTTP/1.1 200 OK\r\n") + body.remaining == whole
+
+
+@pytest.mark.parametrize("answer", [
+    _UVICORN_OK[:-1],  # the body not whole yet
+    _UVICORN_OK[:40],  # nor the head
+    _UVICORN_OK.replace(b"200 OK", b"404 Not Found"),
+    _UVICORN_OK.replace(b"HTTP/1.1", b"HTTP/1.0"),
+    _UVICORN_OK.replace(b"server: uvicorn", b"connection: close"),
+    _UVICORN_OK.replace(b"server: uvicorn", b"Connection: keep-alive"),
+    _UVICORN_OK.replace(b"server: uvicorn", b"transfer-encoding: chunked"),
+    _UVICORN_OK.replace(b"server: uvicorn", b"content-length: 2"),  # twice
+    _UVICORN_OK.replace(b"content-length: 2", b"content-length: 2, 2"),
+    _UVICORN_OK.replace(b"content-length: 2", b"x-length: 2"),  # no length: the body runs to the end
+    _UVICORN_OK.replace(b"server: uvicorn\r\n", b"server: uvicorn\n"),  # a bare LF
+    _UVICORN_OK.replace(b"server: uvicorn", b"server: uvi\r\n corn"),  # obs-fold
+    _UVICORN_OK.replace(b"server: uvicorn", b"Bad Header: x"),
+    _UVICORN_OK.replace(b"server: uvicorn", b"server: a\rb"),
+])
+def test_any_other_answer_is_left_to_the_whole_parse(answer: bytes) -> None:
+    assert h1.whole_ok(bytearray(answer)) == 0
