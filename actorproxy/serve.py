@@ -102,11 +102,13 @@ async def serve_proxy(
 
 
 def connection_limits(config: ProxyConfig) -> ConnectionLimits:
-    """What a client may hold of the HTTP server (``--max-connections``, ``--body-timeout``, ``--body-min-rate``)."""
+    """What a client may hold of the HTTP server (``--max-connections``, ``--body-timeout``, ``--body-min-rate``,
+    ``--send-timeout``)."""
     server = config.server
     raise_open_files_limit()  # first: the default bound on connections is drawn from it
     return ConnectionLimits(body_grace=server.body_timeout, body_min_rate=server.body_min_rate,
-                            max_connections=server.max_connections or default_max_connections())
+                            max_connections=server.max_connections or default_max_connections(),
+                            send_stall=server.send_timeout)
 
 
 def asgi_of(app: QuartTrio) -> ASGIApp:

@@ -83,6 +83,13 @@ class ServerSettings:
         metavar="BYTES",
         help="bytes per second a request body must arrive at on average once --body-timeout has passed",
     )
+    send_timeout: float = setting(
+        120.0,
+        positive=True,
+        metavar="S",
+        help="seconds a reply may wait for its client to take a byte (a client that stops reading but keeps its "
+        "connection); then the client counts as gone: its turn is aborted, a drain keeps what it read",
+    )
     trajectory_dir: str | None = setting(
         None,
         metavar="DIR",

@@ -60,6 +60,21 @@ SLOW_BODY_EXTENSION = "actorproxy.body_too_slow"
 #: reply's deltas so (``runtime/turn_stream.py: Relay``). An empty body writes nothing and raises if a write
 #: failed (the client gone): the ASGI ``send`` returns silently then.
 SEND_NOW_EXTENSION = "actorproxy.send_now"
+
+
+def still_open(scope: Any) -> bool:
+    """Whether the reply under way in ``scope`` still has its client: a write that failed (the client gone, its
+    connection reset, or stalled past ``--send-timeout``) closed the connection, which the app's ``send`` does not
+    say (the :data:`SEND_NOW_EXTENSION`'s probe does). ``True`` on a server without the probe: it raises from
+    ``send`` instead."""
+    probe = (scope.get("extensions") or {}).get(SEND_NOW_EXTENSION)
+    if probe is None:
+        return True
+    try:
+        probe(b"")
+    except trio.BrokenResourceError:
+        return False
+    return True
 #: The scope extension that writes an interim ``102 Processing`` while no response has started
 #: (``await scope["extensions"][...]()``; nothing to an HTTP/1.0 client, which must get no 1xx, or once the
 #: response started). A client that skips 1xx responses (httpx, aiohttp) starts its read timeout over with each:

@@ -78,6 +78,9 @@ class ConnectionLimits:
     body_min_rate: float = 4096.0
     #: Connections served at once (``--max-connections``); ``None``: no bound.
     max_connections: int | None = None
+    #: Seconds a reply may wait for its client to take a byte (``--send-timeout``): then the client counts as gone
+    #: (a client that stops reading but keeps its connection would hold its request, and what it holds, for good).
+    send_stall: float | None = 120.0
 
 
 class Tracker(Protocol):
@@ -451,9 +454,14 @@ class ServerConnection:
         """Send ``data[sent:]``, waiting for the socket as needed (the caller holds the write lock)."""
         self.writes = 0
         try:
-            await send_rest(self.sock, [memoryview(data)], sent)
+            await send_rest(self.sock, [memoryview(data)], sent, self.server.limits.send_stall)
         except OSError:  # the client is gone (a reset, a broken pipe)
             self.closed = True
+        except trio.TooSlowError:  # it took no byte for --send-timeout seconds: as gone
+            log.info("a client took no byte of its reply for %g s: its connection is closed as if it had hung up",
+                     self.server.limits.send_stall)
+            self.closed = True
+            self.client_gone()
         except BaseException:  # cancelled while the socket was full: nothing after it can be framed
             self.closed = True
             raise

@@ -446,8 +446,10 @@ async def received(sock: socket.socket, size: int) -> bytes:
             await trio.lowlevel.wait_readable(sock)
 
 
-async def send_rest(sock: socket.socket, parts: list[memoryview], sent: int) -> None:
-    """Send ``parts`` after their first ``sent`` bytes, waiting for the socket between sends (no copy)."""
+async def send_rest(sock: socket.socket, parts: list[memoryview], sent: int, stall: float | None = None) -> None:
+    """Send ``parts`` after their first ``sent`` bytes, waiting for the socket between sends (no copy).
+
+    ``stall``: seconds the peer may take no byte at all (the socket stays full); then ``trio.TooSlowError``."""
     while True:
         while parts and sent >= len(parts[0]):
             sent -= len(parts[0])
@@ -455,5 +457,9 @@ async def send_rest(sock: socket.socket, parts: list[memoryview], sent: int) -> 
         if not parts:
             return
         parts[0] = parts[0][sent:]
-        await trio.lowlevel.wait_writable(sock)
+        if stall is None:
+            await trio.lowlevel.wait_writable(sock)
+        else:
+            with trio.fail_after(stall):
+                await trio.lowlevel.wait_writable(sock)
         sent = sent_now(sock, parts)

@@ -270,8 +270,8 @@ class Runtime:
         await self._after_read(query.drains_all)
         return result
 
-    async def read_reply(self, query: ReadQuery, keep: Callable[[tuple[Held, ...]], None] | None = None
-                         ) -> AsyncIterator[bytes]:
+    async def read_reply(self, query: ReadQuery, keep: Callable[[tuple[Held, ...]], None] | None = None,
+                         still_open: Callable[[], bool] | None = None) -> AsyncIterator[bytes]:
         """:meth:`read` as its JSON body in parts (``st.encode_parts``), to be sent one by one and each let go of
         once sent; all are serialised before anything is drained (a drain is all or nothing).
 
@@ -281,12 +281,14 @@ class Runtime:
         store, the memory it freed goes back to the system then. ``keep``: a drain's reply sent but
         for its last bytes deletes nothing yet; what it read goes to ``keep``, still held, for the
         caller to delete (:meth:`drained`) or let go of (:meth:`let_go`) later (a worker's part of a
-        drain across workers, settled once the merged reply reached the trainer).
+        drain across workers, settled once the merged reply reached the trainer). ``still_open``: whether
+        the reply still has its client, asked before anything is deleted (the server's ``send`` into a
+        connection a write closed returns as if it had sent).
         """
         if not query.drain:
             return _Parts(self, await ask(self.store, lambda r: st.Read(query, r, encode=True)), ())
         parts, held = await self._held_read(lambda r: st.Read(query, r, encode=True, hold=True))
-        return _Parts(self, parts, (held,), keep=keep)
+        return _Parts(self, parts, (held,), keep=keep, still_open=still_open)
 
     async def hold_read(self, query: ReadQuery) -> tuple[ReadResult, Held]:
         """A drain's read (``query.drain``) that deletes nothing yet: what it read is held (no other drain reads
@@ -307,11 +309,12 @@ class Runtime:
         return answer
 
     def delivered_reply(self, body: bytes, held: Sequence[Held], given_up: Callable[[], None] | None = None,
-                        keep: Callable[[tuple[Held, ...]], None] | None = None) -> AsyncIterator[bytes]:
+                        keep: Callable[[tuple[Held, ...]], None] | None = None,
+                        still_open: Callable[[], bool] | None = None) -> AsyncIterator[bytes]:
         """``body`` as a reply that deletes what ``held`` read once it was sent (but for its last two bytes, sent
-        after; ``keep``: handed to it instead, still held, as :meth:`read_reply`); a reply given up (the client
-        gone) lets it go, undeleted, and calls ``given_up``."""
-        return _Parts(self, [body], tuple(held), given_up, keep)
+        after; ``keep``, ``still_open``: as :meth:`read_reply`); a reply given up (the client gone) lets it go,
+        undeleted, and calls ``given_up``."""
+        return _Parts(self, [body], tuple(held), given_up, keep, still_open)
 
     async def drained(self, held: tuple[Held, ...]) -> None:
         """A drain's reply was sent but for its last bytes: delete what it read (``held``); after a drain of the
@@ -435,17 +438,19 @@ class _Parts:
     reply is cut short before them, so the trainer never takes a reply whose data stays in the store for the
     next drain. If the body is closed
     before its end (the client gone, its connection broken), or dropped unclosed, what it read is let go of,
-    undeleted, for the next drain, and ``given_up`` is called.
+    undeleted, for the next drain, and ``given_up`` is called; so it is when ``still_open`` says, before the
+    delete, that the client is gone (its next part raises ``trio.BrokenResourceError`` then).
     """
 
     def __init__(self, runtime: Runtime, parts: list[bytes], held: tuple[Held, ...],
                  given_up: Callable[[], None] | None = None,
-                 keep: Callable[[tuple[Held, ...]], None] | None = None) -> None:
+                 keep: Callable[[tuple[Held, ...]], None] | None = None,
+                 still_open: Callable[[], bool] | None = None) -> None:
         if held and len(parts[-1]) > _LAST_BYTES:  # its end ("]}"): left to write once it is deleted
             parts[-1:] = [parts[-1][:-_LAST_BYTES], parts[-1][-_LAST_BYTES:]]
         parts.reverse()
         self._runtime, self._parts, self._held, self._given_up = runtime, parts, held, given_up
-        self._keep = keep
+        self._keep, self._still_open = keep, still_open
 
     def __aiter__(self) -> _Parts:
         return self
@@ -453,6 +458,9 @@ class _Parts:
     async def __anext__(self) -> bytes:
         parts = self._parts
         if len(parts) == 1 and self._held:
+            if self._still_open is not None and not self._still_open():
+                await self.aclose()  # what it read is let go of, for the next drain
+                raise trio.BrokenResourceError("the client is gone: what the drain read was let go of")
             # Asked for the last bytes once every other byte is sent: what it read goes now (before the reply's
             # end, so a drain the trainer sends next comes after it), then they do.
             held, self._held, self._given_up = self._held, (), None

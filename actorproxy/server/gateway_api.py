@@ -20,6 +20,7 @@ import math
 import uuid
 from array import array
 from collections import OrderedDict
+from functools import partial
 from typing import Any
 
 import attrs
@@ -41,6 +42,7 @@ from ..errors import (
     RewardTimeout,
     StartupError,
 )
+from ..http.cycle import still_open
 from ..protocols.gateway_models import (
     Channel,
     CompleteBody,
@@ -383,7 +385,8 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
             await runtime.let_go(tuple(held))
             raise
         gateway.handoff.remove(groups)  # (no other fetch takes them; back in the queue if not delivered)
-        body = runtime.delivered_reply(reply, held, given_up=lambda: gateway.handoff.restore(groups))
+        body = runtime.delivered_reply(reply, held, given_up=lambda: gateway.handoff.restore(groups),
+                                       still_open=partial(still_open, request.scope))
         return Response(body, mimetype="application/json")
 
     return gateway

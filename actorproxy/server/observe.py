@@ -125,6 +125,8 @@ class Observer:
         try:
             async for chunk in body:
                 yield chunk
+        except trio.BrokenResourceError:  # the body found its client gone (a drain's before it deletes): it ends
+            info.status, info.error_code = 499, "client_disconnected"
         except (GeneratorExit, trio.Cancelled):
             info.status, info.error_code = 499, "client_disconnected"
             raise

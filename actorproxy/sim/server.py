@@ -180,8 +180,9 @@ def _quiet_drops() -> None:
         server_log.addFilter(_NoInjectedDrops())
 
 
-#: What a client may hold of the simulated server: a body has the app's ``BODY_TIMEOUT`` (600 s), connections no bound.
-_LIMITS = ConnectionLimits(body_grace=600.0, body_min_rate=1.0)
+#: What a client may hold of the simulated server: a body has the app's ``BODY_TIMEOUT`` (600 s), connections and a
+#: reply not read no bound (as the engines' own servers: the proxy reading a stream slowly is back-pressure).
+_LIMITS = ConnectionLimits(body_grace=600.0, body_min_rate=1.0, send_stall=None)
 
 
 async def serve_sim(

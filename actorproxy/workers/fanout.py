@@ -40,7 +40,7 @@ import trio
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..errors import Unauthorized
-from ..http.cycle import SEND_NOW_EXTENSION
+from ..http.cycle import still_open
 from ..schema import jsonio
 from ..server.admission import Admission, RequestHeaders
 from ..server.drain import ASGIApp, Message, Receive, Send
@@ -276,7 +276,7 @@ class FanOut:
             answered = [i for i, r in enumerate(results) if isinstance(r, Answer) and 200 <= r.status < 300]
             del results  # (the answers' bytes: what is sent is in parts)
             await _reply_parts(send, parts, more=True)
-            if not _still_open(scope):
+            if not still_open(scope):
                 answered = []
                 return  # the reply is left cut short: the server closes the connection
             unsettled = await self.settle_all(token, answered)
@@ -350,20 +350,6 @@ async def _reply_parts(send: Send, parts: list[bytes], *, more: bool = False) ->
 def _target(scope: Any) -> bytes:
     target: bytes = scope["raw_path"] + (b"?" + scope["query_string"] if scope["query_string"] else b"")
     return target
-
-
-def _still_open(scope: Any) -> bool:
-    """Whether the reply under way still has its client: a write that failed (the client gone, its connection
-    reset) closed the connection, silently (:data:`SEND_NOW_EXTENSION`'s probe says so). A server without the
-    probe raises from ``send`` instead."""
-    probe = (scope.get("extensions") or {}).get(SEND_NOW_EXTENSION)
-    if probe is None:
-        return True
-    try:
-        probe(b"")
-    except trio.BrokenResourceError:
-        return False
-    return True
 
 
 def _drains(body: bytes) -> bool:

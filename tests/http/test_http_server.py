@@ -271,6 +271,54 @@ async def test_a_client_that_does_not_read_holds_the_sender_back_and_gets_every_
         assert received > 1024 * 65536
 
 
+class Stuck(Firehose):
+    """A :class:`Firehose` that says whether it was told its client is gone (``http.disconnect``) or cancelled."""
+
+    def __init__(self, pieces: int) -> None:
+        super().__init__(pieces)
+        self.gone = trio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def told() -> None:
+            if (await receive())["type"] == "http.disconnect":
+                self.gone.set()
+                nursery.cancel_scope.cancel()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                await _start_plain_reply(receive, send)
+                nursery.start_soon(told)
+                for _ in range(self.pieces):
+                    await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
+                    self.sent += 1
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                nursery.cancel_scope.cancel()
+        except trio.Cancelled:
+            self.gone.set()
+            raise
+
+
+async def test_a_client_that_takes_no_byte_for_the_send_timeout_counts_as_gone(autojump_clock: Any) -> None:
+    """A client that stops reading but keeps its connection would hold its request (a turn's generation, what a
+    drain read) for good: once its reply waited ``send_stall`` seconds without a byte taken, the request is told
+    the client is gone and the connection closes."""
+    app = Stuck(pieces=1024)  # 64 MiB: far past the kernel's buffers
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(lambda task_status: HTTPServer(app, limits=ConnectionLimits(send_stall=30.0)).serve(
+            "127.0.0.1", 0, shutdown_trigger=stop.wait, task_status=task_status))
+        async with await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1])) as stream:
+            await stream.send_all(b"GET /stuck HTTP/1.1\r\nHost: h\r\n\r\n")
+            start = trio.current_time()
+            with trio.fail_after(600):
+                await app.gone.wait()
+            assert 30 <= trio.current_time() - start < 31
+            assert app.sent < 1024
+            data = await read_until(stream, b"never")  # what the kernel held, then the server's close
+            assert not data.endswith(b"0\r\n\r\n")
+        stop.set()
+
+
 class CutShort:
     """Streams 1 MiB pieces; the first one that has to wait for the reader is cancelled (mid-write), then it goes on."""
 

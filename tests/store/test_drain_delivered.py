@@ -9,6 +9,7 @@ last part is sent (then deleted) or its reply is given up (then let go, for the 
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from _asgi import open_client
 from _util import run_turn
 from trio.testing import wait_all_tasks_blocked
 
+from actorproxy import open_proxy
 from actorproxy.config import ProxyConfig
 from actorproxy.runtime import store_messages
 from actorproxy.runtime.runtime import Runtime, open_runtime
@@ -62,6 +64,23 @@ async def test_a_drain_whose_reply_is_not_sent_whole_deletes_nothing(
     assert sorted(s.trajectory_id for s in again.data) == ["a#0", "b#0"]
     assert len(again.steps or []) == 2
     assert (await runtime.read()).data == []  # that drain was delivered (in-process): gone
+
+
+async def test_a_drain_whose_client_is_found_gone_before_the_delete_deletes_nothing(runtime: Runtime) -> None:
+    """The server's ``send`` into a connection a write closed returns as if it had sent: the reply asks whether its
+    client is still there before it deletes, and ends (``BrokenResourceError``) without deleting if not."""
+    asked: list[int] = []
+
+    def still_open() -> bool:
+        asked.append(1)
+        return False
+
+    reply = await runtime.read_reply(ReadQuery(drain=True), still_open=still_open)
+    with pytest.raises(trio.BrokenResourceError):
+        async for _ in reply:
+            pass
+    assert asked == [1]  # asked once, before the delete (not for every part)
+    assert sorted(s.trajectory_id for s in (await runtime.read(drain=True)).data) == ["a#0", "b#0"]
 
 
 async def test_what_a_drain_holds_no_other_drain_reads_and_what_came_after_stays(runtime: Runtime) -> None:
@@ -192,3 +211,45 @@ async def test_a_dressage_batch_read_not_received_is_read_again(tokenizer: Any) 
             read = (await http.post("/trajectory/read", json={})).json()
             assert read["mode"] == "batch" and sum(len(group) for group in read["data"]) == 2
             assert (await http.post("/trajectory/read", json={})).json()["data"] == []
+
+
+async def test_a_trainer_that_stops_reading_a_drain_is_cut_after_the_send_timeout_and_loses_nothing(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A trainer that stops reading in the middle of a drain's reply, its connection left open (a hung process):
+    after ``--send-timeout`` seconds without a byte taken it counts as gone, and what the drain read is let go of
+    (never deleted by the rest of the reply written into the closed connection), for the next drain."""
+    caplog.set_level(logging.INFO, logger="actorproxy.access")
+    logged = trio.Event()
+    handler = logging.Handler()
+    handler.emit = lambda _: logged.set()  # type: ignore[method-assign]
+    logging.getLogger("actorproxy.access").addHandler(handler)
+    request.addfinalizer(lambda: logging.getLogger("actorproxy.access").removeHandler(handler))
+    engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.001))
+    config = ProxyConfig.of(port=0, send_timeout=30.0)
+    async with open_proxy(config, backend=engine, tokenizer=tokenizer) as running:
+        names = [f"s{i}" for i in range(150)]
+        for name in names:
+            engine.script("word " * 300, routing_key=name)
+        await _finalized(running.runtime, *names)
+        host, port = running.url.removeprefix("http://").rsplit(":", 1)
+        sock = trio.socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (the server's buffers fill sooner)
+        await sock.connect((host, int(port)))
+        body = orjson.dumps({"drain": True, "include_steps": True})
+        await sock.send(b"POST /trajectory/read HTTP/1.1\r\nhost: p\r\ncontent-type: application/json\r\n"
+                        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        assert (await sock.recv(4096)).startswith(b"HTTP/1.1 200")  # then it reads no more
+        start = trio.current_time()
+        with trio.fail_after(600):
+            await logged.wait()  # its request ended
+        assert 30 <= trio.current_time() - start <= 31
+        # (read in the runtime: under the autojump clock, a reply that waits for the kernel's acknowledgements may
+        # see the clock jump past the send timeout)
+        again = (await running.runtime.read(drain=True)).data
+        sock.close()
+    assert sorted(s.trajectory_id.partition("#")[0] for s in again) == sorted(names)
+    lines = [(r.fields["status"], r.fields.get("error")) for r in caplog.records  # type: ignore[attr-defined]
+             if r.name == "actorproxy.access" and r.fields["path"] == "/trajectory/read"]
+    assert lines[0] == (499, "client_disconnected"), lines
