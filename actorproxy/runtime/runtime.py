@@ -429,6 +429,11 @@ class Runtime:
         return int(await ask(self.registry, lambda r: CloseAll(reason, r)))
 
 
+class ClientGone(trio.BrokenResourceError):
+    """A drain's reply found its client gone before it deleted what it read (``still_open``): let go of, for the
+    next drain; nothing more of the reply is sent."""
+
+
 class _Parts:
     """A read's body parts (``Runtime.read_reply``, ``Runtime.delivered_reply``), each let go of as soon as it is
     taken (a drain's reply is never held whole).
@@ -439,7 +444,7 @@ class _Parts:
     next drain. If the body is closed
     before its end (the client gone, its connection broken), or dropped unclosed, what it read is let go of,
     undeleted, for the next drain, and ``given_up`` is called; so it is when ``still_open`` says, before the
-    delete, that the client is gone (its next part raises ``trio.BrokenResourceError`` then).
+    delete, that the client is gone (its next part raises :class:`ClientGone` then).
     """
 
     def __init__(self, runtime: Runtime, parts: list[bytes], held: tuple[Held, ...],
@@ -460,7 +465,7 @@ class _Parts:
         if len(parts) == 1 and self._held:
             if self._still_open is not None and not self._still_open():
                 await self.aclose()  # what it read is let go of, for the next drain
-                raise trio.BrokenResourceError("the client is gone: what the drain read was let go of")
+                raise ClientGone("the client is gone: what the drain read was let go of")
             # Asked for the last bytes once every other byte is sent: what it read goes now (before the reply's
             # end, so a drain the trainer sends next comes after it), then they do.
             held, self._held, self._given_up = self._held, (), None

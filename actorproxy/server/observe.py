@@ -31,7 +31,7 @@ from quart.wrappers.response import IterableBody
 from quart_trio import QuartTrio
 
 from ..http.cycle import SLOW_BODY_EXTENSION
-from ..runtime.runtime import Runtime
+from ..runtime.runtime import ClientGone, Runtime
 from ..schema.converter import CONVERTER
 from ..telemetry import CURRENT, RequestInfo
 from .request_metrics import RequestMetrics
@@ -125,7 +125,7 @@ class Observer:
         try:
             async for chunk in body:
                 yield chunk
-        except trio.BrokenResourceError:  # the body found its client gone (a drain's before it deletes): it ends
+        except ClientGone:  # the body found its client gone (a drain's, before it deletes): it ends
             info.status, info.error_code = 499, "client_disconnected"
         except (GeneratorExit, trio.Cancelled):
             info.status, info.error_code = 499, "client_disconnected"

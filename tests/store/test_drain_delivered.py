@@ -24,7 +24,7 @@ from trio.testing import wait_all_tasks_blocked
 from actorproxy import open_proxy
 from actorproxy.config import ProxyConfig
 from actorproxy.runtime import store_messages
-from actorproxy.runtime.runtime import Runtime, open_runtime
+from actorproxy.runtime.runtime import ClientGone, Runtime, open_runtime
 from actorproxy.server.app import create_app
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.store.base import ReadQuery
@@ -68,7 +68,7 @@ async def test_a_drain_whose_reply_is_not_sent_whole_deletes_nothing(
 
 async def test_a_drain_whose_client_is_found_gone_before_the_delete_deletes_nothing(runtime: Runtime) -> None:
     """The server's ``send`` into a connection a write closed returns as if it had sent: the reply asks whether its
-    client is still there before it deletes, and ends (``BrokenResourceError``) without deleting if not."""
+    client is still there before it deletes, and ends (``ClientGone``) without deleting if not."""
     asked: list[int] = []
 
     def still_open() -> bool:
@@ -76,7 +76,7 @@ async def test_a_drain_whose_client_is_found_gone_before_the_delete_deletes_noth
         return False
 
     reply = await runtime.read_reply(ReadQuery(drain=True), still_open=still_open)
-    with pytest.raises(trio.BrokenResourceError):
+    with pytest.raises(ClientGone):
         async for _ in reply:
             pass
     assert asked == [1]  # asked once, before the delete (not for every part)
