@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -326,3 +327,41 @@ async def test_a_refusal_logs_the_proxys_code_however_it_was_delivered(
     assert lines == {"plain": (503, "generation_paused"), "streamed": (503, "generation_paused"),
                      "/v1/messages": (400, "invalid_request"),
                      "/v1/messages/count_tokens": (400, "invalid_request")}, lines
+
+
+async def test_an_agent_that_stops_reading_its_stream_is_cut_after_the_send_timeout(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+) -> None:
+    """An agent that stops reading its stream, its connection left open (a hung process), held its turn and its
+    generation for good: once the reply waited ``--send-timeout`` seconds without a byte taken, the turn ends as
+    one whose agent hung up (aborted at the engine, ``client_disconnected``, a 499)."""
+    caplog.set_level(logging.INFO, logger="actorproxy.access")
+    logged = trio.Event()
+    handler = logging.Handler()
+    handler.emit = lambda _: logged.set()  # type: ignore[method-assign]
+    logging.getLogger("actorproxy.access").addHandler(handler)
+    request.addfinalizer(lambda: logging.getLogger("actorproxy.access").removeHandler(handler))
+    engine = SimEngine(tokenizer, SimConfig(token_interval=0.001))
+    engine.script("word " * 100000, routing_key="stuck")
+    config = ProxyConfig.of(port=0, send_timeout=30.0)
+    async with open_proxy(config, backend=engine, tokenizer=tokenizer) as running:
+        host, port = running.url.removeprefix("http://").rsplit(":", 1)
+        sock = trio.socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (the server's buffers fill sooner)
+        await sock.connect((host, int(port)))
+        body = json.dumps({"messages": HI, "max_tokens": 100000, "stream": True}).encode()
+        await sock.send(b"POST /v1/chat/completions HTTP/1.1\r\nhost: p\r\ncontent-type: application/json\r\n"
+                        b"x-session-id: stuck\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        assert (await sock.recv(4096)).startswith(b"HTTP/1.1 200")  # then it reads no more
+        with trio.fail_after(3600):
+            await logged.wait()  # its request ended
+        step = (await running.runtime.describe_session("stuck")).recent_steps[-1].step
+        sock.close()
+    lines = [(r.fields["status"], r.fields.get("error")) for r in caplog.records  # type: ignore[attr-defined]
+             if r.name == "actorproxy.access"]
+    assert lines == [(499, "client_disconnected")], lines
+    kept = len(step.output_ids)
+    assert step.status == "client_disconnected" and 0 < kept < 100000, (step.status, kept)
+    stats = engine.stats(step.rid)  # its generation was aborted where the agent's socket held it back
+    assert stats.aborted and len(stats.token_ids) == kept
