@@ -6,6 +6,7 @@ import gc
 import json
 import logging
 import queue
+import socket
 import threading
 from array import array
 from collections.abc import AsyncIterator, Iterator
@@ -225,6 +226,32 @@ async def hang_up_after(http: httpx.AsyncClient, path: str, body: dict[str, Any]
             seen += line.startswith(marker)
             if seen >= events:
                 return
+
+
+def access_logged(request: pytest.FixtureRequest) -> trio.Event:
+    """Set by the first line of the ``actorproxy.access`` log (a request ended), for the rest of the test."""
+    logged = trio.Event()
+    handler = logging.Handler()
+    handler.emit = lambda _: logged.set()  # type: ignore[method-assign]
+    logging.getLogger("actorproxy.access").addHandler(handler)
+    request.addfinalizer(lambda: logging.getLogger("actorproxy.access").removeHandler(handler))
+    return logged
+
+
+async def stop_reading_after_the_head(url: str, path: str, body: dict[str, Any],
+                                      headers: bytes = b"") -> trio.socket.SocketType:
+    """POST ``body`` to ``path`` from a client that takes the answer's head (a 200) and reads no more, its connection
+    left open (a hung process): the socket, for the caller to close. Its small receive buffer (4 KiB) makes the
+    server's buffers fill sooner."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await sock.connect((host, int(port)))
+    data = json.dumps(body).encode()
+    await sock.send(b"POST " + path.encode() + b" HTTP/1.1\r\nhost: p\r\ncontent-type: application/json\r\n"
+                    + headers + b"content-length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    assert (await sock.recv(4096)).startswith(b"HTTP/1.1 200")
+    return sock
 
 
 def chat_chunks(text: str) -> list[dict[str, Any]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,7 +23,7 @@ import pytest
 import trio
 import trio.testing
 from _asgi import open_client
-from _util import hang_up_after
+from _util import access_logged, hang_up_after, stop_reading_after_the_head
 from prometheus_client.parser import text_string_to_metric_families
 
 from actorproxy import ProxyConfig, open_proxy
@@ -337,23 +336,13 @@ async def test_an_agent_that_stops_reading_its_stream_is_cut_after_the_send_time
     generation for good: once the reply waited ``--send-timeout`` seconds without a byte taken, the turn ends as
     one whose agent hung up (aborted at the engine, ``client_disconnected``, a 499)."""
     caplog.set_level(logging.INFO, logger="actorproxy.access")
-    logged = trio.Event()
-    handler = logging.Handler()
-    handler.emit = lambda _: logged.set()  # type: ignore[method-assign]
-    logging.getLogger("actorproxy.access").addHandler(handler)
-    request.addfinalizer(lambda: logging.getLogger("actorproxy.access").removeHandler(handler))
+    logged = access_logged(request)
     engine = SimEngine(tokenizer, SimConfig(token_interval=0.001))
     engine.script("word " * 100000, routing_key="stuck")
     config = ProxyConfig.of(port=0, send_timeout=30.0)
     async with open_proxy(config, backend=engine, tokenizer=tokenizer) as running:
-        host, port = running.url.removeprefix("http://").rsplit(":", 1)
-        sock = trio.socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (the server's buffers fill sooner)
-        await sock.connect((host, int(port)))
-        body = json.dumps({"messages": HI, "max_tokens": 100000, "stream": True}).encode()
-        await sock.send(b"POST /v1/chat/completions HTTP/1.1\r\nhost: p\r\ncontent-type: application/json\r\n"
-                        b"x-session-id: stuck\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        assert (await sock.recv(4096)).startswith(b"HTTP/1.1 200")  # then it reads no more
+        sock = await stop_reading_after_the_head(running.url, "/v1/chat/completions", {
+            "messages": HI, "max_tokens": 100000, "stream": True}, b"x-session-id: stuck\r\n")
         with trio.fail_after(3600):
             await logged.wait()  # its request ended
         step = (await running.runtime.describe_session("stuck")).recent_steps[-1].step

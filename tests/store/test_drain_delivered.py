@@ -9,7 +9,6 @@ last part is sent (then deleted) or its reply is given up (then let go, for the 
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import orjson
 import pytest
 import trio
 from _asgi import open_client
-from _util import run_turn
+from _util import access_logged, run_turn, stop_reading_after_the_head
 from trio.testing import wait_all_tasks_blocked
 
 from actorproxy import open_proxy
@@ -221,11 +220,7 @@ async def test_a_trainer_that_stops_reading_a_drain_is_cut_after_the_send_timeou
     after ``--send-timeout`` seconds without a byte taken it counts as gone, and what the drain read is let go of
     (never deleted by the rest of the reply written into the closed connection), for the next drain."""
     caplog.set_level(logging.INFO, logger="actorproxy.access")
-    logged = trio.Event()
-    handler = logging.Handler()
-    handler.emit = lambda _: logged.set()  # type: ignore[method-assign]
-    logging.getLogger("actorproxy.access").addHandler(handler)
-    request.addfinalizer(lambda: logging.getLogger("actorproxy.access").removeHandler(handler))
+    logged = access_logged(request)
     engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.001))
     config = ProxyConfig.of(port=0, send_timeout=30.0)
     async with open_proxy(config, backend=engine, tokenizer=tokenizer) as running:
@@ -233,14 +228,8 @@ async def test_a_trainer_that_stops_reading_a_drain_is_cut_after_the_send_timeou
         for name in names:
             engine.script("word " * 300, routing_key=name)
         await _finalized(running.runtime, *names)
-        host, port = running.url.removeprefix("http://").rsplit(":", 1)
-        sock = trio.socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (the server's buffers fill sooner)
-        await sock.connect((host, int(port)))
-        body = orjson.dumps({"drain": True, "include_steps": True})
-        await sock.send(b"POST /trajectory/read HTTP/1.1\r\nhost: p\r\ncontent-type: application/json\r\n"
-                        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        assert (await sock.recv(4096)).startswith(b"HTTP/1.1 200")  # then it reads no more
+        drain = {"drain": True, "include_steps": True}
+        sock = await stop_reading_after_the_head(running.url, "/trajectory/read", drain)
         start = trio.current_time()
         with trio.fail_after(600):
             await logged.wait()  # its request ended
