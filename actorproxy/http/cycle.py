@@ -60,6 +60,11 @@ SLOW_BODY_EXTENSION = "actorproxy.body_too_slow"
 #: reply's deltas so (``runtime/turn_stream.py: Relay``). An empty body writes nothing and raises if a write
 #: failed (the client gone): the ASGI ``send`` returns silently then.
 SEND_NOW_EXTENSION = "actorproxy.send_now"
+#: The scope extension that writes an interim ``102 Processing`` while no response has started
+#: (``await scope["extensions"][...]()``; nothing to an HTTP/1.0 client, which must get no 1xx, or once the
+#: response started). A client that skips 1xx responses (httpx, aiohttp) starts its read timeout over with each:
+#: the turn lane sends one each ``--heartbeat-interval`` a call that does not stream waits.
+PROCESSING_EXTENSION = "actorproxy.processing"
 
 
 def still_open(scope: Any) -> bool:
@@ -75,11 +80,6 @@ def still_open(scope: Any) -> bool:
     except trio.BrokenResourceError:
         return False
     return True
-#: The scope extension that writes an interim ``102 Processing`` while no response has started
-#: (``await scope["extensions"][...]()``; nothing to an HTTP/1.0 client, which must get no 1xx, or once the
-#: response started). A client that skips 1xx responses (httpx, aiohttp) starts its read timeout over with each:
-#: the turn lane sends one each ``--heartbeat-interval`` a call that does not stream waits.
-PROCESSING_EXTENSION = "actorproxy.processing"
 
 
 class Date:
