@@ -18,13 +18,14 @@ delivered before the stream ends.
 from __future__ import annotations
 
 from array import array
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, Protocol
 
 import attrs
 
 from ..core.ids import uuid4_hex
+from ..http.sockets import WakeLater
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -149,7 +150,10 @@ class AbortBatch:
 #: Takes tokens relayed straight from the engine's read (``Generation.relay``): their ids, logprobs and
 #: the weight version that sampled them all. It answers whether to go on, or an awaitable of that to
 #: await before anything more is read (the agent reads slowly: back-pressure).
-TokenSink = Callable[[list[int], list[float], str], bool | Awaitable[bool]]
+TokenSink = Callable[[Sequence[int], Sequence[float], str], bool | Awaitable[bool]]
+#: Told an aborted generation's finish as the relay reads it, every token before it taken: ``False`` to
+#: wake the relaying task now, or where its wake-up waits (see ``Generation.relay``).
+FinishSink = Callable[[GenerateFinish], bool | WakeLater]
 
 
 class Generation(Protocol):
@@ -159,7 +163,11 @@ class Generation(Protocol):
     while only plain tokens come (one weight version, nothing else pending), each read's tokens
     go to ``take`` directly, without a :class:`TokenDelta` or an iteration each; the awaitable
     returns when anything else comes (iterate on for it), or when ``take`` answered ``False``.
-    ``None``: nothing to relay now (iterate).
+    ``None``: nothing to relay now (iterate). It may take ``ended`` too (a :data:`FinishSink`): once
+    an abort was asked, the read that brings the finish has its tokens taken by ``take`` in the read's
+    task, and then ``ended`` is told the finish there, before the relaying task wakes (it still iterates
+    the finish). A pause's thousand streams end in the relay hub's task, their tasks' own work after
+    the pause's answer.
     """
 
     rid: str

@@ -33,6 +33,7 @@ from .base import (
     AbortBatch,
     Backend,
     BackendError,
+    FinishSink,
     GenerateRequest,
     Generation,
     GenerationEvent,
@@ -304,12 +305,12 @@ class _PoolGeneration:
             return self._iterator.__anext__()
         return self._next_before_a_token()
 
-    def relay(self, take: TokenSink) -> Awaitable[None] | None:
+    def relay(self, take: TokenSink, ended: FinishSink | None = None) -> Awaitable[None] | None:
         """Once a token came (the generation stays on its engine), the engine's own relay, if it has one."""
         if not self._started:
             return None
         relay = getattr(self._generation, "relay", None)
-        return relay(take) if relay is not None else None
+        return relay(take, ended) if relay is not None else None
 
     async def _next_before_a_token(self) -> GenerationEvent:
         while True:

@@ -20,7 +20,8 @@ import trio
 
 from ..http.client import Response
 from ..http.errors import TransportError
-from .base import AbortBatch, BackendError, GenerateFinish, GenerationEvent, TokenSink
+from ..http.sockets import WakeLater
+from .base import AbortBatch, BackendError, FinishSink, GenerateFinish, GenerationEvent, TokenDelta, TokenSink
 from .connection import EngineHTTP, EngineResponse
 from .deltas import take_merged
 from .errors import backend_error, mapped_errors
@@ -56,6 +57,7 @@ class StreamedGeneration(Generic[P]):
         self._cut: str | None = None  # why the stream is cut locally (no engine acknowledgement)
         self._error: BackendError | None = None  # raised once the events before it are delivered
         self._take: TokenSink | None = None  # the relay's taker, while it relays
+        self._ended: FinishSink | None = None  # told an aborted stream's finish, while it relays
         self._go: bool | Awaitable[bool] = True  # what the taker answered a relayed read, when not True
 
     # -- engine-specific --------------------------------------------------
@@ -161,16 +163,17 @@ class StreamedGeneration(Generic[P]):
                 except BackendError as exc:
                     self._error = exc
 
-    def relay(self, take: TokenSink) -> Awaitable[None] | None:
-        """Give each read's plain tokens to ``take`` straight from the read (see ``Generation.relay``).
+    def relay(self, take: TokenSink, ended: FinishSink | None = None) -> Awaitable[None] | None:
+        """Give each read's plain tokens to ``take`` straight from the read (see ``Generation.relay``), and an
+        aborted stream's finish to ``ended`` as it is read (:meth:`_end_early`).
 
         ``None`` when something must be iterated first (an event pending, an error, the
         finish, a cut stream, an abort to send again): an aborted stream's last token comes
         with its finish, a thousand at once in a pause.
         """
-        return self._relay(take) if self._response is not None and not self._stopped() else None
+        return self._relay(take, ended) if self._response is not None and not self._stopped() else None
 
-    async def _relay(self, take: TokenSink) -> None:
+    async def _relay(self, take: TokenSink, ended: FinishSink | None) -> None:
         """The loop of :meth:`relay`: read, decode, and hand each read's run of tokens to ``take``.
 
         On a plain socket the task parks on the run's relay hub (``http/sockets.py: RelayHub``)
@@ -184,7 +187,7 @@ class StreamedGeneration(Generic[P]):
         response, parser = self._response, self._parser
         assert response is not None
         wire = response if type(response) is Response else None  # (else a test's stand-in: no socket of its own)
-        self._take = take
+        self._take, self._ended = take, ended
         parser.relaying = True  # (for the whole relay: its reads are the only decoding meanwhile)
         try:
             while not self._stopped():
@@ -204,14 +207,14 @@ class StreamedGeneration(Generic[P]):
                     return
         finally:
             parser.relaying = False
-            self._take = None  # (a reference to the turn: no cycle left behind)
+            self._take = self._ended = None  # (references to the turn: no cycle left behind)
 
     def _stopped(self) -> bool:
         """Something must be iterated (an event pending, an error, the finish, a cut stream, an abort to send again)."""
         return bool(self._pending or self._error is not None or self._finish_queued or self._cut is not None
                     or self._resend_abort)
 
-    def _arrived(self) -> bool:
+    def _arrived(self) -> bool | WakeLater:
         """The relay hub's call as bytes arrived for the parked :meth:`_relay`: ``True`` to wait on."""
         response = self._response
         assert type(response) is Response
@@ -228,10 +231,10 @@ class StreamedGeneration(Generic[P]):
             return False
         return True if more is None else self._relayed(more)
 
-    def _relayed(self, more: bool, lying: tuple[bytearray, int, int] | None = None) -> bool:
+    def _relayed(self, more: bool, lying: tuple[bytearray, int, int] | None = None) -> bool | WakeLater:
         """A read's bytes decoded (``more``: the body goes on; ``lying``: they lie there, not in the decoder's
-        buffer) and its run of plain tokens taken; ``True`` to read on. What the taker answered other than
-        ``True`` is left in ``_go``."""
+        buffer) and its run of plain tokens taken; ``True`` to read on (or where the reader's wake-up waits:
+        :meth:`_end_early`). What the taker answered other than ``True`` is left in ``_go``."""
         parser = self._parser
         try:
             self._decode(more, lying)
@@ -246,7 +249,35 @@ class StreamedGeneration(Generic[P]):
             if go is not True:
                 self._go = go
                 return False
+        elif self._finish_queued and self._abort_requested and self._ended is not None:
+            return self._end_early(self._ended)
         return not self._stopped()
+
+    def _end_early(self, ended: FinishSink) -> bool | WakeLater:
+        """An aborted stream's finish came in this read: its tokens taken here, then the finish told to ``ended``
+        (the relaying task still iterates it). ``False`` to wake the task now, or where its wake-up waits.
+
+        So a pause's thousand generations end as the hub reads their finishes, each recording what its
+        read brought first; their tasks' own steps can wait until the pause is answered. Anything but
+        tokens before the finish (an error, a cut), or a taker that does not answer ``True``, leaves the rest
+        to the task, as before.
+        """
+        pending = self._pending
+        finish = pending[-1]
+        if self._error is not None or self._cut is not None or type(finish) is not GenerateFinish:
+            return False
+        take = self._take
+        assert take is not None
+        while len(pending) > 1:
+            delta = pending[0]
+            if type(delta) is not TokenDelta:
+                return False
+            pending.popleft()
+            go = take(delta.token_ids, delta.logprobs, delta.weight_version)
+            if go is not True:
+                self._go = go
+                return False
+        return ended(finish)
 
     def abort_soon(self, batch: AbortBatch | None = None) -> Callable[[], Awaitable[None]] | None:
         """:meth:`abort`, begun now (see ``Generation.abort_soon``); the engine's own part is :meth:`_start_abort`."""

@@ -35,7 +35,7 @@ import trio
 from .errors import ConnectError, ConnectTimeout, ProtocolError, ReadTimeout, TransportError
 from .h1 import MAX_RESPONSE_HEAD, BodyDecoder, head_end, parse_response, request_head
 from .oneshot import Origin
-from .sockets import ClientConnection, RelayHub, SocketIO, relay_hub
+from .sockets import ClientConnection, RelayHub, SocketIO, WakeLater, relay_hub
 from .sse import SSEEvent, SSEParser
 
 __all__ = [
@@ -161,9 +161,10 @@ class Response:
             return None
         return relay_hub()
 
-    async def park(self, hub: RelayHub, arrived: Callable[[], bool]) -> bool:
+    async def park(self, hub: RelayHub, arrived: Callable[[], bool | WakeLater]) -> bool:
         """Wait while ``hub`` reads the body: ``arrived()`` is called in the hub's task as bytes come (to read them
-        with :meth:`received_now`), and returns ``True`` to wait on. Raises what :meth:`receive_into` would of a
+        with :meth:`received_now`), and returns ``True`` to wait on (or where the wake-up waits: see
+        :meth:`RelayHub.park`). Raises what :meth:`receive_into` would of a
         failed read (the connection is then closed); ``True`` when the server closed the connection (read on
         with :meth:`receive_into`: it says what that means)."""
         conn = self._conn

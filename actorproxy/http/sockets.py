@@ -43,6 +43,7 @@ import math
 import select
 import socket
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import outcome
 import trio
@@ -149,13 +150,17 @@ class ReadDeadlines:
             self._watching = False
 
 
+#: Where a parked reader's wake-up is handed, to be called later (:meth:`RelayHub.park`).
+WakeLater = Callable[[Callable[[], None]], None]
+
+
 class _Parked:
     """A reader parked on the hub: its task, connection, deadlines and callback."""
 
     __slots__ = ("task", "conn", "fd", "deadlines", "arrived", "woken")
 
     def __init__(self, task: trio.lowlevel.Task, conn: ClientConnection, fd: int, deadlines: ReadDeadlines,
-                 arrived: Callable[[], bool]) -> None:
+                 arrived: Callable[[], bool | WakeLater]) -> None:
         self.task = task
         self.conn = conn
         self.fd = fd
@@ -182,10 +187,13 @@ class RelayHub:
         """Readers parked now."""
         return len(self._parked)
 
-    async def park(self, conn: ClientConnection, deadlines: ReadDeadlines, arrived: Callable[[], bool]) -> bool:
+    async def park(self, conn: ClientConnection, deadlines: ReadDeadlines, arrived: Callable[[], bool | WakeLater]
+                   ) -> bool:
         """Wait while the hub reads ``conn``: each arrival's bytes go to ``conn.buf`` (or lie in ``conn.fresh``
         while ``conn.buf`` is empty) and ``arrived()`` is called, in the hub's task; it returns ``True`` to wait
-        on. Returns once it returned ``False`` (or the connection left the hub: :meth:`release`); raises as
+        on. Returns once it returned ``False`` (or the connection left the hub: :meth:`release`), or once the
+        wake-up it handed on was called when it returned where to hand it (a :data:`WakeLater`: the connection
+        leaves the hub at once, its reader wakes when told, with ``False``); raises as
         :meth:`SocketIO.fill` does when the read fails (the error, the read deadline, the connection closed).
         ``True`` at the end of file (nothing received: read it with :meth:`SocketIO.fill`). ``conn.sock``
         must be a plain socket.
@@ -313,8 +321,12 @@ class RelayHub:
                 if conn.fresh is not None:  # (what the callback left: before the buffer is received into again)
                     conn.buf += conn.fresh
                     conn.fresh = None
-            if not more or parked.get(reader.fd) is not reader:  # (or it left the hub meanwhile)
-                self._wake(reader, outcome.Value(False))
+            if more is not True or parked.get(reader.fd) is not reader:  # (or it left the hub meanwhile)
+                if isinstance(more, bool):
+                    self._wake(reader, outcome.Value(False))
+                else:  # woken when told; out of the hub now (if the body's end did not take it out already)
+                    self._leave(reader)
+                    more(partial(self._wake, reader, outcome.Value(False)))
                 return
             if conn.drained and not ended:
                 return
@@ -387,7 +399,7 @@ class SocketIO:
         finally:
             deadlines.disarm(conn)
 
-    async def park(self, hub: RelayHub, conn: ClientConnection, arrived: Callable[[], bool]) -> bool:
+    async def park(self, hub: RelayHub, conn: ClientConnection, arrived: Callable[[], bool | WakeLater]) -> bool:
         """Wait for ``conn``'s arrivals on ``hub`` (see :meth:`RelayHub.park`), within this client's read timeout."""
         return await hub.park(conn, self._deadlines, arrived)
 

@@ -56,6 +56,9 @@ ABORT_SLACK = 1.0
 #: However much keeps arriving, an aborted stream is cut after this many seconds (an
 #: engine that ignores its abort calls).
 ABORT_LIMIT = 120.0
+#: How many tasks held back through a pause's answer (:meth:`GenerationController.wake_later`) are woken a
+#: scheduler round: the pause's own task runs among the first, not after a thousand.
+RELEASE_SLICE = 64
 _ids = itertools.count(1)
 
 
@@ -195,6 +198,10 @@ class GenerationController:
         self._pending: list[_PendingPause] = []
         #: Set when a turn begins to wait while :meth:`expire_waiting` has nobody to watch.
         self._someone_waits = trio.Event()
+        #: Wake-ups of tasks whose generations a pause ended, held until no pause is pending (:meth:`wake_later`).
+        self._later: list[Callable[[], None]] = []
+        self._release = trio.Event()
+        self._releasing = False  # (:meth:`release_held` runs: else nothing is held back)
         self._pauses = 0
         self._resumes = 0
         self._aborted_total = 0
@@ -232,6 +239,36 @@ class GenerationController:
                     break
                 del self._waiting[key]
                 turn.give(None)  # the turn withdraws and answers 503
+
+    def wake_later(self) -> Callable[[Callable[[], None]], None] | None:
+        """Where a task whose generation a pause just ended may leave its wake-up, while a pause is pending.
+
+        A pause's thousand streams end in the relay hub's task as it reads their finishes
+        (``TurnGeneration._ended``); each stream's task then has its own step to run (leave the
+        generation, count the preemption, ask again), ~40 µs. Held back until no pause is pending,
+        those steps come after the pause's answer instead of before it. ``None``: wake now (no pause
+        pending, or nothing runs :meth:`release_held`).
+        """
+        return self._later.append if self._pending and self._releasing else None
+
+    async def release_held(self) -> None:
+        """Run by the runtime, for ever: wakes the tasks held back by :meth:`wake_later` once no pause is pending,
+        ``RELEASE_SLICE`` a scheduler round."""
+        self._releasing = True
+        try:
+            while True:
+                await self._release.wait()
+                self._release = trio.Event()
+                while self._later:
+                    woken, self._later = self._later[:RELEASE_SLICE], self._later[RELEASE_SLICE:]
+                    for wake in woken:
+                        wake()
+                    await trio.lowlevel.checkpoint()
+        finally:
+            self._releasing = False
+            held, self._later = self._later, []
+            for wake in held:  # (cancelled: they wake to their own cancellation)
+                wake()
 
     def withdraw(self, handle: GenerationHandle) -> None:
         """A turn stopped waiting for permission (its bound ran out or it was cancelled)."""
@@ -302,7 +339,7 @@ class GenerationController:
         return ack
 
     def _settle(self) -> None:
-        """Answer every pause whose generations have all ended."""
+        """Answer every pause whose generations have all ended (then the tasks held back wake: :meth:`wake_later`)."""
         for pending in [p for p in self._pending if not p.waiting_for]:
             self._pending.remove(pending)
             self._aborted_total += pending.aborted
@@ -311,6 +348,8 @@ class GenerationController:
                 PauseAck(mode=self.mode, aborted=pending.aborted, partial_tokens=pending.partial_tokens,
                          weight_version=self.weight_version, epoch=self.epoch),
             )
+        if self._later and not self._pending:
+            self._release.set()
 
     def resume(self, weight_version: str | None, *, bump_epoch: bool = False) -> ResumeAck:
         """Install the weight version (and epoch), run again, and wake the waiting turns."""

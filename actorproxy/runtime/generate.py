@@ -48,6 +48,7 @@ from ..engines.base import (
     SamplingParams,
 )
 from ..errors import Conflict, EngineError, Overloaded, ProxyError
+from ..http.sockets import WakeLater
 from ..tokenization.tokenizer import ChatTokenizer
 from .agent_channel import AgentChannel
 from .controller import ABORT_BOUND, ABORT_LIMIT, GenerationController, GenerationHandle, Permit, Waiting
@@ -173,6 +174,8 @@ class TurnGeneration:
         self._live: tuple[Generation, GenerationHandle, trio.CancelScope]
         #: The finish of a reply a stop sequence ended (the attempt's stream is left there).
         self._stop: GenerateFinish | None = None
+        #: The next attempt's handle and permission, asked when a pause's abort finish was read (:meth:`_ended`).
+        self._next: tuple[GenerationHandle, Permit | Waiting] | None = None
 
     def _new_parser(self) -> OutputParser:
         request, fmt = self.prepared.request, self._format
@@ -280,18 +283,31 @@ class TurnGeneration:
             try:
                 finish = await self._attempt(prompt, budget, handle)
                 interrupted = finish.reason == "abort" and handle.abort_requested
+            except BaseException:
+                if self._next is not None:  # (asked as the abort finish was read)
+                    self._withdraw(self._next[0])
+                    self._next = None
+                raise
             finally:
                 # Aborted: cut by the engine (or at the proxy's bound) after a pause asked; one the engine
-                # finished before the abort reached it is not (its step is whole, never preempted).
+                # finished before the abort reached it is not (its step is whole, never preempted). Ended
+                # already if the relay read the finish (_ended): then this does nothing.
                 self._controller.end(handle, aborted=interrupted)
+            ahead, self._next = self._next, None
             self._apply_finish(finish, start)
             if self.client_gone or not interrupted:
+                if ahead is not None:
+                    self._withdraw(ahead[0])
                 self.finish = finish
                 return finish
             step.preemptions += 1
-            # Asked again before anything else runs: once the pause is answered, this turn is among the waiting.
-            handle = GenerationHandle(step.session_id)
-            asked = self._controller.request(handle)
+            # Asked again before anything else runs (or as the relay read the finish): once the pause is
+            # answered, this turn is among the waiting.
+            if ahead is None:
+                handle = GenerationHandle(step.session_id)
+                asked = self._controller.request(handle)
+            else:
+                handle, asked = ahead
             try:
                 ended = await self._after_preemption(finish, start)
             except BaseException:
@@ -438,7 +454,7 @@ class TurnGeneration:
             go = self.take(event.token_ids, event.logprobs, event.weight_version)
             if go is not True and (isinstance(go, bool) or not await go):
                 return self._stop
-            if relay is not None and (relaying := relay(self.take)) is not None:
+            if relay is not None and (relaying := relay(self.take, self._ended)) is not None:
                 await relaying
                 if self._stop is not None:
                     return self._stop
@@ -476,6 +492,23 @@ class TurnGeneration:
             self._stop = GenerateFinish("stop", weight_version=version)
             return False
         return True
+
+    def _ended(self, finish: GenerateFinish) -> bool | WakeLater:
+        """The relay read an aborted stream's finish, every token before it taken (``FinishSink``).
+
+        A pause's abort: the generation ends with the controller now, in the reading task (the relay
+        hub's), and the next attempt asks for permission at once, as :meth:`_sample` would (so the pause
+        is answered with this turn among the waiting). This task's own steps (leaving the generation,
+        the preemption's count) may then wait until the pause is answered: where its wake-up waits, if
+        the controller holds one. ``False`` for any other finish: the task does it all, woken now.
+        """
+        handle = self._live[1]
+        if self.client_gone or self._stop is not None or finish.reason != "abort" or not handle.abort_requested:
+            return False
+        self._controller.end(handle, aborted=True)
+        following = GenerationHandle(handle.session_id)
+        self._next = (following, self._controller.request(following))
+        return self._controller.wake_later() or False
 
     async def _delivered(self, handing: Awaitable[None], version: str) -> bool:
         """:meth:`take`'s answer once the delta it began to write is written."""

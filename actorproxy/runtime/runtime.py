@@ -546,6 +546,7 @@ async def open_runtime(
         store_box = await nursery.start(store.run)
         controller = ctl.GenerationController(weight_version=info.weight_version)
         nursery.start_soon(controller.expire_waiting, config.preemption.pause_wait_timeout)
+        nursery.start_soon(controller.release_held)
         registry_box: trio.MemorySendChannel[RegistryMessage] | None = None
         samplings = Samplings(tok.stop_token_ids)  # every session's turns: one object per sampling setting
 

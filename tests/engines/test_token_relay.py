@@ -83,17 +83,17 @@ async def test_relayed_tokens_record_and_stream_what_their_events_do(
     relayed: list[int] = []
     relay = StreamedGeneration._relay
 
-    async def counted(self: Any, take: Any) -> None:
+    async def counted(self: Any, take: Any, ended: Any) -> None:
         def counting(ids: list[int], logprobs: list[float], version: str) -> Any:
             relayed.append(len(ids))
             return take(ids, logprobs, version)
 
-        await relay(self, counting)
+        await relay(self, counting, ended)
 
     monkeypatch.setattr(StreamedGeneration, "_relay", counted)
     fast = await _turns(tokenizer, kind, settings)
     assert sum(relayed) > 150  # most tokens came straight from the reads
-    monkeypatch.setattr(StreamedGeneration, "relay", lambda self, take: None)
+    monkeypatch.setattr(StreamedGeneration, "relay", lambda self, take, ended: None)
     relayed.clear()
     general = await _turns(tokenizer, kind, settings)
     assert relayed == []
