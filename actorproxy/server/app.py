@@ -17,12 +17,13 @@ any header.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 import attrs
 import trio
+from prometheus_client.registry import Collector
 from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
@@ -110,9 +111,11 @@ def admission_for(config: ProxyConfig) -> Admission:
                      reshape=reshape_error if config.server.api_dialect == "dressage" else None)
 
 
-def create_app(runtime: Runtime, admission: Admission | None = None) -> QuartTrio:
+def create_app(runtime: Runtime, admission: Admission | None = None, *,
+               collectors: Sequence[Collector] = ()) -> QuartTrio:
     """The HTTP app serving ``runtime``; ``admission``: the step it asks (``admission_for`` its config when not
-    given; a worker of ``--workers N`` passes the one its router and fan-out ask too)."""
+    given; a worker of ``--workers N`` passes the one its router and fan-out ask too); ``collectors``: more
+    metrics for its ``/metrics`` (a worker's holds, ``workers/holds.py: HoldMetrics``)."""
     app = _App("actorproxy")
     # Long generations stream for minutes: Quart's 60 s response timeout would cut them.
     app.config["RESPONSE_TIMEOUT"] = None
@@ -125,6 +128,8 @@ def create_app(runtime: Runtime, admission: Admission | None = None) -> QuartTri
     # Rendering a long prompt for count_tokens is blocking work: a few threads at most.
     render_limiter = trio.CapacityLimiter(4)
     observer = Observer()
+    for collector in collectors:
+        observer.registry.register(collector)
     observer.install(app)  # first: a request refused by the checks below is logged and counted too
     add_metrics_route(app, runtime, observer)
     add_ui_routes(app, runtime, observer)

@@ -34,7 +34,7 @@ import logging
 import os
 import secrets
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from werkzeug.exceptions import RequestEntityTooLarge
@@ -46,6 +46,9 @@ from ..server.admission import Admission, RequestHeaders
 from ..server.drain import ASGIApp, Message, Receive, Send
 from .merge import merge_history, merge_json, merge_metrics, read_parts
 from .routing import FANOUT_ROUTES, body_session, default_admission, is_gateway
+
+if TYPE_CHECKING:
+    from .holds import HoldMetrics
 
 log = logging.getLogger("actorproxy.workers")
 
@@ -140,8 +143,11 @@ def _dechunk(index: int, data: bytes) -> bytes:
 class FanOut:
     """ASGI middleware of a worker's public app: control routes answered for every worker (see the module doc)."""
 
-    def __init__(self, app: ASGIApp, workers: int, directory: str, admission: Admission | None = None) -> None:
+    def __init__(self, app: ASGIApp, workers: int, directory: str, admission: Admission | None = None, *,
+                 metrics: HoldMetrics | None = None) -> None:
         self.app, self.workers, self.directory = app, workers, directory
+        #: Where the settles that failed are counted (this worker's ``/metrics``).
+        self.metrics = metrics
         #: The app's own admission step: a request it refuses is answered by this worker's app, as one process does.
         self.admission = admission or default_admission()
 
@@ -319,7 +325,10 @@ class FanOut:
             async with trio.open_nursery() as nursery:
                 for index in range(self.workers):
                     nursery.start_soon(one, index)
-        return [i for i in delivered if i not in confirmed]
+        unsettled = [i for i in delivered if i not in confirmed]
+        if self.metrics is not None:
+            self.metrics.settles_failed += len(unsettled)
+        return unsettled
 
     async def ask_all(self, method: str, target: bytes, headers: list[tuple[bytes, bytes]],
                       body: bytes, hold: bytes = b"") -> list[Answer | WorkerUnavailable]:

@@ -18,11 +18,13 @@ kept if no settle came (the fanning worker died): held data is never held for go
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
 import attrs
 import trio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..errors import ProxyError
 from ..runtime.runtime import Runtime
@@ -115,6 +117,27 @@ class Holds:
                     log.warning("a drain across workers held data here for %.0f s without being settled (its "
                                 "fanning worker is gone?): let go of, for the next drain", self.seconds)
                     await self.runtime.let_go(hold.held)
+
+
+class HoldMetrics:
+    """A worker's drains across workers in its ``/metrics`` (a collector of its app's registry): the holds it keeps
+    (open now, let go of unsettled) and, as the fanning worker, the deletes of a delivered drain that a worker did
+    not confirm (counted by :meth:`.fanout.FanOut.settle_all`: what that worker answered comes again)."""
+
+    def __init__(self, holds: Holds) -> None:
+        self.holds = holds
+        self.settles_failed = 0
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("actorproxy_drain_holds_open",
+                                "Parts of drains across workers held here, waiting for their settle",
+                                value=len(self.holds))
+        yield CounterMetricFamily("actorproxy_drain_holds_expired",
+                                  f"Holds let go of because no settle came within {self.holds.seconds:.0f} s",
+                                  value=self.holds.expired)
+        yield CounterMetricFamily("actorproxy_drain_settles_failed",
+                                  "Workers that did not confirm the delete of a delivered drain this worker fanned out",
+                                  value=self.settles_failed)
 
 
 class PrivateApp:

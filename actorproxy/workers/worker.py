@@ -35,7 +35,7 @@ from ..server.http_server import HTTPServer
 from ..tokenization.tokenizer import ChatTokenizer
 from .fanout import FanOut, WorkerUnavailable, ask, control_path
 from .handoff import Router, remove_stale, serve_handoffs
-from .holds import Holds, PrivateApp
+from .holds import HoldMetrics, Holds, PrivateApp
 
 log = logging.getLogger("actorproxy.workers")
 
@@ -68,13 +68,14 @@ async def serve_worker(
     async with open_runtime(worker_config(config, index), tokenizer=tokenizer) as runtime:
         await take_rollout_state(runtime, index, workers, directory)
         admission = admission_for(runtime.config)  # the one step the app, the router and the fan-out ask
-        app = asgi_of(create_app(runtime, admission))
+        holds = Holds(runtime)  # this worker's parts of drains across workers, until they are settled
+        metrics = HoldMetrics(holds)
+        app = asgi_of(create_app(runtime, admission, collectors=[metrics]))
         tracker = InFlight()  # the requests in flight of both servers
         stop = trio.Event()
         limits = connection_limits(config)
-        holds = Holds(runtime)  # this worker's parts of drains across workers, until they are settled
         private = HTTPServer(PrivateApp(app, holds), tracker=tracker, limits=limits)
-        public = HTTPServer(FanOut(app, workers, directory, admission),
+        public = HTTPServer(FanOut(app, workers, directory, admission, metrics=metrics),
                             router=Router(index, workers, directory, admission), tracker=tracker, limits=limits)
         control = control_path(directory, index)
         remove_stale(control)

@@ -32,7 +32,7 @@ from actorproxy.server.app import create_app
 from actorproxy.server.http_server import HTTPServer
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.workers.fanout import SETTLE_PATH, FanOut, ask, control_path
-from actorproxy.workers.holds import HOLD_SECONDS, Holds, PrivateApp
+from actorproxy.workers.holds import HOLD_SECONDS, HoldMetrics, Holds, PrivateApp
 
 HI = [{"role": "user", "content": "hi"}]
 DRAIN = {"drain": True, "include_steps": True}
@@ -77,14 +77,17 @@ async def two_workers(tmp_path: Path, tokenizer: Any, *, other: Any = None) -> A
             await _finalized(runtime, "ab"[index])
             runtimes.append(runtime)
             holds.append(Holds(runtime))
+        metrics = [HoldMetrics(h) for h in holds]  # worker 0's: its private app's, and its fan-out's
         async with trio.open_nursery() as nursery:
             for index, runtime in enumerate(runtimes):
                 nursery.start_soon(holds[index].run)
-                await _serve_private(nursery, PrivateApp(asgi_of(create_app(runtime)), holds[index]), directory,
-                                     index, stop)
+                app = asgi_of(create_app(runtime, collectors=[metrics[index]]))
+                await _serve_private(nursery, PrivateApp(app, holds[index]), directory, index, stop)
             if other is not None:
                 await _serve_private(nursery, other, directory, 1, stop)
-            yield Workers(runtimes, holds, FanOut(asgi_of(create_app(runtimes[0])), 2, directory), directory)
+            public = FanOut(asgi_of(create_app(runtimes[0], collectors=[metrics[0]])), 2, directory,
+                            metrics=metrics[0])
+            yield Workers(runtimes, holds, public, directory)
             stop.set()
             nursery.cancel_scope.cancel()
 
@@ -207,6 +210,8 @@ async def test_a_worker_that_cannot_delete_is_named_and_its_data_comes_again(tmp
         assert _sessions(drained) == ["a#0", "z#0"] and drained["unsettled_workers"] == [1]
         assert [s["delivered"] for s in settles] == [True]
         assert (await workers.runtimes[0].read()).data == []
+        scraped = await ask(workers.directory, 0, "GET", b"/metrics", [], b"")
+        assert b"\nactorproxy_drain_settles_failed_total 1.0\n" in scraped.body
 
 
 async def test_the_public_socket_neither_holds_nor_settles(tmp_path: Path, tokenizer: Any) -> None:
@@ -237,10 +242,12 @@ async def test_an_unsettled_hold_expires_and_is_read_again(tokenizer: Any, autoj
         # blocked, so the clock would jump to the hold's expiry during it.
         autojump_clock.autojump_threshold = math.inf
         holds = Holds(runtime)
-        async with trio.open_nursery() as nursery, open_client(PrivateApp(create_app(runtime), holds)) as http:
+        app = PrivateApp(create_app(runtime, collectors=[HoldMetrics(holds)]), holds)
+        async with trio.open_nursery() as nursery, open_client(app) as http:
             nursery.start_soon(holds.run)
             held = await http.post("/trajectory/read", json=DRAIN, headers={"x-actorproxy-hold": "t1"})
             assert _sessions(held.json()) == ["a#0"] and len(holds) == 1
+            assert _holds_metrics((await http.get("/metrics")).text) == {"open": 1.0, "expired": 0.0}
             assert (await runtime.read(drain=True)).data == []  # held: no other drain reads it
             autojump_clock.jump(HOLD_SECONDS - 1)
             await wait_all_tasks_blocked()
@@ -248,11 +255,23 @@ async def test_an_unsettled_hold_expires_and_is_read_again(tokenizer: Any, autoj
             autojump_clock.jump(1)
             await wait_all_tasks_blocked()
             assert len(holds) == 0 and holds.expired == 1
+            assert _holds_metrics((await http.get("/metrics")).text) == {"open": 0.0, "expired": 1.0}
             again = await http.post("/trajectory/read", json=DRAIN)
             assert _sessions(again.json()) == ["a#0"]
             late = await http.post(SETTLE_PATH, json={"token": "t1", "delivered": True})
             assert late.status_code == 404 and late.json()["error"]["code"] == "unknown_hold"
             nursery.cancel_scope.cancel()
+
+
+def _holds_metrics(text: str) -> dict[str, float]:
+    """The holds' samples of a worker's /metrics text."""
+    names = {"actorproxy_drain_holds_open": "open", "actorproxy_drain_holds_expired_total": "expired"}
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in names:
+            found[names[name]] = float(value)
+    return found
 
 
 async def test_holds_are_bounded_and_a_bad_token_or_settle_is_a_400(tokenizer: Any) -> None:
