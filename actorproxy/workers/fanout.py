@@ -30,10 +30,12 @@ more than one worker they answer ``404 not_served_with_workers`` (run them with 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import secrets
 import socket
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -41,10 +43,11 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..errors import Unauthorized
 from ..http.cycle import still_open
+from ..http.h1 import MAX_RESPONSE_HEAD, ProtocolError, head_end, parse_response
 from ..schema import jsonio
 from ..server.admission import Admission, RequestHeaders
 from ..server.drain import ASGIApp, Message, Receive, Send
-from .merge import merge_history, merge_json, merge_metrics, read_parts
+from .merge import ReadSpool, merge_history, merge_json, merge_metrics, read_reply
 from .routing import FANOUT_ROUTES, body_session, default_admission, is_gateway
 
 if TYPE_CHECKING:
@@ -78,19 +81,26 @@ class WorkerUnavailable(Exception):
 class Answer:
     """One worker's HTTP answer."""
 
-    __slots__ = ("status", "headers", "body")
+    __slots__ = ("status", "headers", "body", "spool", "invalid")
 
     def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         self.status, self.headers, self.body = status, headers, body
+        #: A read's answer (:func:`ask` with ``spool``): its body's arrays, spooled as they came.
+        self.spool: ReadSpool | None = None
+        #: Why that body is not a read's answer (it was not read on).
+        self.invalid: str | None = None
 
     def header(self, name: bytes) -> bytes | None:
         return next((value for key, value in self.headers if key == name), None)
 
 
 async def ask(directory: str, index: int, method: str, target: bytes, headers: list[tuple[bytes, bytes]],
-              body: bytes, *, seconds: float = ASK_TIMEOUT, hold: bytes = b"") -> Answer:
+              body: bytes, *, seconds: float = ASK_TIMEOUT, hold: bytes = b"", spool: bool = False,
+              spool_dir: str | None = None) -> Answer:
     """One HTTP/1.1 request to worker ``index``'s private socket (``connection: close``), its whole answer
-    (``hold``: a drain's hold token, :mod:`.holds`)."""
+    (``hold``: a drain's hold token, :mod:`.holds`; ``spool``: a read of the whole store, its successful
+    answer's body given to a :class:`.merge.ReadSpool` as it arrives, never held whole, its temporary files in
+    ``spool_dir``)."""
     lines = [f"{method} ".encode() + target + b" HTTP/1.1", b"host: worker", b"connection: close",
              b"content-length: " + str(len(body)).encode()]
     lines += [name + b": " + value for name, value in headers if name not in _HOP]
@@ -103,12 +113,59 @@ async def ask(directory: str, index: int, method: str, target: bytes, headers: l
             await stream.send_all(b"\r\n".join(lines) + b"\r\n\r\n")
             if body:
                 await stream.send_all(body)  # the one copy every worker is sent
+            if spool:
+                return await _spooled(index, stream, spool_dir)
             received = bytearray()
             while data := await stream.receive_some(1 << 16):
                 received += data
     except (OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
         raise WorkerUnavailable(index, str(exc) or type(exc).__name__) from exc
     return _parse_answer(index, bytes(received))
+
+
+async def _spooled(index: int, stream: trio.SocketStream, directory: str | None) -> Answer:
+    """The answer coming on ``stream``: a successful one's body fed to a :class:`.merge.ReadSpool` piece by piece
+    (one that is not a read's is not read on: ``invalid`` says why), another's read whole."""
+    buf = bytearray()
+    while (end := head_end(buf)) < 0 and len(buf) <= MAX_RESPONSE_HEAD:
+        if not (data := await stream.receive_some(1 << 16)):
+            break
+        buf += data
+    try:
+        if end < 0:
+            raise ProtocolError("no head")
+        status, _, fields, framing = parse_response(buf, end, "POST")
+        if framing is None:
+            raise ProtocolError("a 1xx head")
+    except ProtocolError as exc:
+        raise WorkerUnavailable(index, f"no complete answer: {exc}") from exc
+    answer = Answer(status, [(k.encode(), v.encode("latin-1")) for k, v in fields.items()], b"")
+    spool = ReadSpool(directory) if 200 <= status < 300 else None
+    body = bytearray()
+    try:
+        while not framing.done:
+            piece = framing.read(buf)
+            if piece is None:
+                if data := await stream.receive_some(1 << 16):
+                    buf += data
+                else:
+                    framing.eof()
+            elif spool is not None:
+                spool.feed(piece)
+            else:
+                body += piece
+        if spool is not None:
+            spool.end()
+    except BaseException as exc:
+        if spool is not None:
+            spool.close()
+        if isinstance(exc, ProtocolError):
+            raise WorkerUnavailable(index, f"no complete answer: {exc}") from exc
+        if not isinstance(exc, ValueError):
+            raise
+        answer.invalid, spool = str(exc), None  # not a read's answer
+    answer.body, answer.spool = bytes(body), spool
+    return answer
 
 
 def _parse_answer(index: int, raw: bytes) -> Answer:
@@ -144,8 +201,11 @@ class FanOut:
     """ASGI middleware of a worker's public app: control routes answered for every worker (see the module doc)."""
 
     def __init__(self, app: ASGIApp, workers: int, directory: str, admission: Admission | None = None, *,
-                 metrics: HoldMetrics | None = None) -> None:
+                 metrics: HoldMetrics | None = None, spool_dir: str | None = None) -> None:
         self.app, self.workers, self.directory = app, workers, directory
+        #: Where the answers to a read of the whole store are spooled past a MiB (None: the system's temporary
+        #: directory; a worker gives its store's, a disk, where a tmpfs would hold them in memory).
+        self.spool_dir = spool_dir
         #: Where the settles that failed are counted (this worker's ``/metrics``).
         self.metrics = metrics
         #: The app's own admission step: a request it refuses is answered by this worker's app, as one process does.
@@ -197,11 +257,15 @@ class FanOut:
         if path == "/trajectory/read" and _drains(body):
             await self.drain(scope, send, body)
             return
-        results = await self.ask_all(scope["method"], _target(scope), list(scope["headers"]), body)
-        if path == "/trajectory/read":
-            parts = await self.read(send, results, draining=False)
-            if parts is not None:
-                await _reply_parts(send, [*parts, b"}"])
+        reading = path == "/trajectory/read"
+        results = await self.ask_all(scope["method"], _target(scope), list(scope["headers"]), body, spool=reading)
+        if reading:
+            try:
+                pieces = await self.read(send, results, draining=False)
+                if pieces is not None:
+                    await _reply_pieces(send, pieces, end=b"}")
+            finally:
+                _close(results)
             return
         merged = await self.merged(send, path, results)
         if merged is not None:
@@ -223,25 +287,25 @@ class FanOut:
         return answers, missing
 
     async def read(self, send: Send, results: list[Answer | WorkerUnavailable], *,
-                   draining: bool) -> list[bytes] | None:
-        """A read of the whole store: the workers' answers spliced (:func:`.merge.read_parts`), in parts but for
-        the closing ``}`` (``None``: the answer was sent: a failure). A drain that could not reach every worker
-        says which ones in ``missing_workers``: their data is still in their stores, for the next drain (the
-        others' goes out now)."""
+                   draining: bool) -> Iterator[bytes] | None:
+        """A read of the whole store: the workers' spooled answers spliced (:func:`.merge.read_reply`), in pieces
+        but for the closing ``}`` (``None``: the answer was sent: a failure). A drain that could not reach every
+        worker says which ones in ``missing_workers``: their data is still in their stores, for the next drain
+        (the others' goes out now)."""
         found = await self.answered(send, "/trajectory/read", results, draining=draining)
         if found is None:
             return None
         answers, missing = found
-        try:
-            parts = read_parts([a.body for a in answers])
-        except ValueError as exc:  # (a worker of another build?) nothing is merged, nothing drained
-            await reply(send, 502, error_body(f"a worker's read answer could not be merged: {exc}",
+        invalid = next((a.invalid for a in answers if a.invalid is not None), None)
+        if invalid is not None:  # (a worker of another build?) nothing is merged, nothing drained
+            await reply(send, 502, error_body(f"a worker's read answer could not be merged: {invalid}",
                                               "worker_answer_invalid", "server_error"))
             return None
-        if missing:
-            log.warning("a draining read could not reach worker(s) %s: their data waits for the next read", missing)
-            parts.append(b',"missing_workers":' + jsonio.dumps(missing))
-        return parts
+        pieces = read_reply([a.spool for a in answers if a.spool is not None])
+        if not missing:
+            return pieces
+        log.warning("a draining read could not reach worker(s) %s: their data waits for the next read", missing)
+        return itertools.chain(pieces, [b',"missing_workers":' + jsonio.dumps(missing)])
 
     async def merged(self, send: Send, path: str, results: list[Answer | WorkerUnavailable]) -> Any:
         """The workers' answers merged (``None``: the answer was sent: a failure, or ``/metrics``)."""
@@ -274,14 +338,15 @@ class FanOut:
         everything the workers hold, for the next drain."""
         token = secrets.token_urlsafe(18)
         answered: list[int] = []
+        results: list[Answer | WorkerUnavailable] = []
         try:
-            results = await self.ask_all("POST", _target(scope), list(scope["headers"]), body, token.encode())
-            parts = await self.read(send, results, draining=True)
-            if parts is None:
+            results = await self.ask_all("POST", _target(scope), list(scope["headers"]), body, token.encode(),
+                                         spool=True)
+            pieces = await self.read(send, results, draining=True)
+            if pieces is None:
                 return
             answered = [i for i, r in enumerate(results) if isinstance(r, Answer) and 200 <= r.status < 300]
-            del results  # (the answers' bytes: what is sent is in parts)
-            await _reply_parts(send, parts, more=True)
+            await _reply_pieces(send, pieces)
             if not still_open(scope):
                 answered = []
                 return  # the reply is left cut short: the server closes the connection
@@ -290,6 +355,7 @@ class FanOut:
             answered = []
             raise
         finally:
+            _close(results)
             if not answered:  # not delivered: every worker lets go of what it holds, for the next drain
                 await self.settle_all(token, [])
         if unsettled:
@@ -331,13 +397,15 @@ class FanOut:
         return unsettled
 
     async def ask_all(self, method: str, target: bytes, headers: list[tuple[bytes, bytes]],
-                      body: bytes, hold: bytes = b"") -> list[Answer | WorkerUnavailable]:
-        """Every worker's answer (or why there is none), in worker order; all asked at once."""
+                      body: bytes, hold: bytes = b"", *, spool: bool = False) -> list[Answer | WorkerUnavailable]:
+        """Every worker's answer (or why there is none), in worker order; all asked at once (``spool``: reads of
+        the whole store, :func:`ask`; :func:`_close` them once used)."""
         results: list[Answer | WorkerUnavailable] = [WorkerUnavailable(i, "not asked") for i in range(self.workers)]
 
         async def one(index: int) -> None:
             try:
-                results[index] = await ask(self.directory, index, method, target, headers, body, hold=hold)
+                results[index] = await ask(self.directory, index, method, target, headers, body, hold=hold,
+                                           spool=spool, spool_dir=self.spool_dir)
             except WorkerUnavailable as exc:
                 results[index] = exc
 
@@ -347,13 +415,20 @@ class FanOut:
         return results
 
 
-async def _reply_parts(send: Send, parts: list[bytes], *, more: bool = False) -> None:
-    """A JSON reply sent in ``parts``, each let go of once sent (``more``: its end is sent later)."""
+async def _reply_pieces(send: Send, pieces: Iterator[bytes], *, end: bytes | None = None) -> None:
+    """A JSON reply sent in ``pieces``, each let go of once sent, then ``end`` (``None``: its end is sent later)."""
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-    parts.reverse()
-    while parts:
-        part = parts.pop()
-        await send({"type": "http.response.body", "body": part, "more_body": more or bool(parts)})
+    for piece in pieces:
+        await send({"type": "http.response.body", "body": piece, "more_body": True})
+    if end is not None:
+        await send({"type": "http.response.body", "body": end})
+
+
+def _close(results: list[Answer | WorkerUnavailable]) -> None:
+    """Let go of the answers' spools (their temporary files)."""
+    for result in results:
+        if isinstance(result, Answer) and result.spool is not None:
+            result.spool.close()
 
 
 def _target(scope: Any) -> bytes:

@@ -75,8 +75,9 @@ async def serve_worker(
         stop = trio.Event()
         limits = connection_limits(config)
         private = HTTPServer(PrivateApp(app, holds), tracker=tracker, limits=limits)
-        public = HTTPServer(FanOut(app, workers, directory, admission, metrics=metrics),
-                            router=Router(index, workers, directory, admission), tracker=tracker, limits=limits)
+        fanout = FanOut(app, workers, directory, admission, metrics=metrics, spool_dir=spool_dir(runtime.config))
+        public = HTTPServer(fanout, router=Router(index, workers, directory, admission), tracker=tracker,
+                            limits=limits)
         control = control_path(directory, index)
         remove_stale(control)
         unix = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -92,6 +93,13 @@ async def serve_worker(
                                               shutdown_trigger=stop.wait))
             await nursery.start(_handoffs_until, directory, index, public, stop)
             task_status.started(RunningProxy(url, runtime))
+
+
+def spool_dir(config: ProxyConfig) -> str | None:
+    """Where the fan-out spools the answers to a read of the whole store: a durable store's directory (a disk,
+    where the system's temporary directory may be a tmpfs, memory); a store in memory has none (the system's)."""
+    directory = config.store.data_dir
+    return directory if os.path.isdir(directory) else None
 
 
 async def _holds_until(holds: Holds, stop: trio.Event) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import socket
+import tracemalloc
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
@@ -19,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import httpx
 import orjson
+import pytest
 import trio
 from _asgi import open_client, request_body
 from _util import run_turn
@@ -31,6 +34,7 @@ from actorproxy.serve import asgi_of
 from actorproxy.server.app import create_app
 from actorproxy.server.http_server import HTTPServer
 from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.workers import fanout, merge
 from actorproxy.workers.fanout import SETTLE_PATH, FanOut, ask, control_path
 from actorproxy.workers.holds import HOLD_SECONDS, HoldMetrics, Holds, PrivateApp
 
@@ -178,11 +182,15 @@ def _gated(release: trio.Event, served: trio.Event, app: Any) -> Any:
     return gated
 
 
-async def test_a_completed_drain_deletes_on_every_worker(tmp_path: Path, tokenizer: Any) -> None:
+async def test_a_completed_drain_deletes_on_every_worker(tmp_path: Path, tokenizer: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(merge, "SPOOL_BYTES", 64)  # each answer's arrays spooled to a file, read back in pieces
+    monkeypatch.setattr(merge, "PIECE_BYTES", 100)
     async with two_workers(tmp_path, tokenizer) as workers:
         async with open_client(workers.public) as http:
             drained = await http.post("/trajectory/read", json=DRAIN)
             assert drained.text.endswith("]}") and _sessions(drained.json()) == ["a#0", "b#0"]
+            assert len(drained.json()["steps"]) == 2
         for runtime in workers.runtimes:
             stats = await runtime.store_stats()
             assert (stats["segments"], stats["steps"], stats["sessions"]) == (0, 0, 0)
@@ -212,6 +220,88 @@ async def test_a_worker_that_cannot_delete_is_named_and_its_data_comes_again(tmp
         assert (await workers.runtimes[0].read()).data == []
         scraped = await ask(workers.directory, 0, "GET", b"/metrics", [], b"")
         assert b"\nactorproxy_drain_settles_failed_total 1.0\n" in scraped.body
+
+
+def _read_answer(pieces: list[bytes], *, settles: list[dict[str, Any]] | None = None) -> Any:
+    """A worker's private app that answers a read with ``pieces``, one body message each (a settle: 404, noted)."""
+
+    async def answering(scope: Any, receive: Any, send: Any) -> None:
+        body = await request_body(receive)
+        if scope["path"] == SETTLE_PATH:
+            if settles is not None:
+                settles.append(orjson.loads(body))
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b'{"error": {"code": "unknown_hold"}}'})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for i, piece in enumerate(pieces):
+            await send({"type": "http.response.body", "body": piece, "more_body": i < len(pieces) - 1})
+
+    return answering
+
+
+async def test_an_answer_that_is_not_a_reads_is_a_502_and_drains_nothing(tmp_path: Path, tokenizer: Any) -> None:
+    """Worker 1's answer starts as a read's and, pieces later, is not one: the trainer gets a 502 (no reply begun),
+    no worker is settled as delivered, and worker 0's part comes in the next drain."""
+    settles: list[dict[str, Any]] = []
+    pieces = [b'{"data":[', *(b'{"trajectory_id": "z#%d"},' % i for i in range(3)), b'{"trajectory_id": "z#3"}]',
+              b',"success":true}']
+    async with two_workers(tmp_path, tokenizer, other=_read_answer(pieces, settles=settles)) as workers:
+        async with open_client(workers.public) as http:
+            refused = await http.post("/trajectory/read", json=DRAIN)
+            assert refused.status_code == 502 and refused.json()["error"]["code"] == "worker_answer_invalid"
+            await wait_all_tasks_blocked()  # (the settles follow the reply)
+            assert [s["delivered"] for s in settles] == [False] and len(workers.holds[0]) == 0
+            assert _sessions((await http.post("/trajectory/read", json={"session_id": "a", "drain": True})).json()) \
+                == ["a#0"]
+
+
+async def test_a_reply_that_fails_once_begun_is_cut_and_deletes_nothing(tmp_path: Path, tokenizer: Any,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the spools back fails after the reply began (their disk): the trainer sees the reply cut, never a
+    whole-looking one, and no worker is settled as delivered: the next drain has it all."""
+
+    def failing(spools: list[merge.ReadSpool]) -> Any:
+        yield b'{"data":['
+        raise OSError("the spool's disk failed")
+
+    monkeypatch.setattr(fanout, "read_reply", failing)
+    async with two_workers(tmp_path, tokenizer) as workers:
+        async with open_client(workers.public) as http:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await http.post("/trajectory/read", json=DRAIN)
+            await wait_all_tasks_blocked()
+            assert [len(h) for h in workers.holds] == [0, 0]
+            monkeypatch.undo()
+            assert _sessions((await http.post("/trajectory/read", json=DRAIN)).json()) == ["a#0", "b#0"]
+
+
+async def test_the_fanning_worker_holds_no_whole_answer(tmp_path: Path, tokenizer: Any) -> None:
+    """A read of 25 MB from worker 1 goes through the fanning worker in pieces: its allocations peak far below the
+    answer's size (before, each answer was received whole and spliced from memory: twice its size at the peak)."""
+    element = b'{"trajectory_id": "z#0", "token_ids": [' + b",".join([b"151643"] * 2000) + b"]}"
+    pieces = [b'{"data":[' + element, *([b"," + element] * 1800), b"]}"]
+    size = sum(map(len, pieces))
+    scope = {"type": "http", "method": "POST", "path": "/trajectory/read", "raw_path": b"/trajectory/read",
+             "query_string": b"", "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1)}
+    received = 0
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def taken(message: dict[str, Any]) -> None:  # a trainer that takes each piece as it comes
+        nonlocal received
+        received += len(message.get("body", b""))
+
+    async with two_workers(tmp_path, tokenizer, other=_read_answer(pieces)) as workers:
+        tracemalloc.start()
+        try:
+            await workers.public(scope, receive, taken)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert size > 25_000_000 and received > size
+    assert peak < size / 4, f"{peak / 1e6:.1f} MB allocated at the peak for an answer of {size / 1e6:.1f} MB"
 
 
 async def test_the_public_socket_neither_holds_nor_settles(tmp_path: Path, tokenizer: Any) -> None:

@@ -24,7 +24,7 @@ from actorproxy.server.admission import RequestHeaders
 from actorproxy.server.http_server import HTTPServer
 from actorproxy.workers.fanout import FanOut, control_path
 from actorproxy.workers.handoff import Router, serve_handoffs
-from actorproxy.workers.merge import merge_history, merge_json, merge_metrics, read_parts
+from actorproxy.workers.merge import ReadSpool, merge_history, merge_json, merge_metrics, read_reply
 from actorproxy.workers.routing import NEED_BODY, body_session, head_session, owner, owner_key
 
 
@@ -184,25 +184,45 @@ async def test_a_session_whose_worker_is_down_gets_503_in_the_callers_format(tmp
         stop.set()
 
 
+def _spliced(bodies: list[bytes], piece: int) -> bytes:
+    """The workers' read answers, each given to its spool ``piece`` bytes at a time, spliced."""
+    spools = []
+    for body in bodies:
+        spool = ReadSpool()
+        for at in range(0, len(body), piece):
+            spool.feed(body[at:at + piece])
+        spool.end()
+        spools.append(spool)
+    return b"".join(read_reply(spools))
+
+
+@pytest.mark.parametrize("piece", [1, 3, 1 << 20])
 @pytest.mark.parametrize("steps", [False, True])
-def test_read_answers_are_spliced_as_the_json_merge_orders_them(steps: bool) -> None:
+def test_read_answers_are_spliced_as_the_json_merge_orders_them(steps: bool, piece: int) -> None:
     """Worker 0's segments first, then worker 1's (and the steps alike), empty answers and text that looks like
-    the arrays' ends included: the same value the JSON merge makes, without decoding an answer into objects."""
-    answers = [{"data": [{"trajectory_id": "a#0", "text": '],"steps":['}, {"trajectory_id": "b#0"}]},
+    the arrays' ends included: the same value the JSON merge makes, without decoding an answer into objects,
+    whatever pieces the answers arrive in."""
+    answers = [{"data": [{"trajectory_id": "a#0", "text": '],"steps":[ \\" {'}, {"trajectory_id": "b#0"}]},
                {"data": []}, {"data": [{"trajectory_id": "c#0", "ids": [1, 2]}]}]
     if steps:
         for i, answer in enumerate(answers):
             answer["steps"] = [{"step": i, "ids": [[i]]}] if i != 1 else []
     bodies = [orjson.dumps(a) for a in answers]
-    spliced = orjson.loads(b"".join(read_parts(bodies)) + b"}")
+    spliced = orjson.loads(_spliced(bodies, piece) + b"}")
     assert spliced == merge_json(answers)
-    assert b"".join(read_parts([b'{"data":[ ]}', b'{"data":[]}'])) == b'{"data":[]'
+    assert _spliced([b'{"data":[ ]}', b'{"data":[]}'], piece) == b'{"data":[]'
+    spaced = b' { "steps" : [ {"x" : 1} ] , "data" : [ {"a":[1]} ,{"b":"]"}] } '
+    assert _spliced([spaced, b'{"data":[{}]}'], piece) == b'{"data":[ {"a":[1]} ,{"b":"]"},{}],"steps":[ {"x" : 1} ]'
 
 
-@pytest.mark.parametrize("body", [b'{"data":{}}', b'{"data":[],"success":true}', b"[]", b"{", b'{"steps":[]}'])
-def test_an_answer_that_is_not_a_reads_is_not_spliced(body: bytes) -> None:
+@pytest.mark.parametrize("piece", [1, 1 << 20])
+@pytest.mark.parametrize("body", [b'{"data":{}}', b'{"data":[],"success":true}', b"[]", b"{", b'{"steps":[]}',
+                                  b'{"data":[1]}', b'{"data":[{},]}', b'{"data":[{}{}]}', b'{"data":[,{}]}',
+                                  b'{"data":[{"a":1,}]}', b'{"data":[]} x', b'{"data":[],"data":[]}',
+                                  b'{"data":[{"a":"]}', b'{"data":[}', b'{"data":[{"a":01}]}'])
+def test_an_answer_that_is_not_a_reads_is_not_spliced(body: bytes, piece: int) -> None:
     with pytest.raises(ValueError, match="not a read's answer"):
-        read_parts([b'{"data":[]}', body])
+        _spliced([b'{"data":[]}', body], piece)
 
 
 def test_the_dashboards_history_is_one_sample_per_second() -> None:
