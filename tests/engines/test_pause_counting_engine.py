@@ -267,6 +267,16 @@ class SessionStepsInThePause(trio.abc.Instrument):
             self.steps += 1
 
 
+async def pause_watched(client: httpx.AsyncClient, watch: trio.abc.Instrument) -> dict[str, Any]:
+    """An abort pause's acknowledgement, with ``watch`` instrumenting the run while it is asked and answered."""
+    trio.lowlevel.add_instrument(watch)
+    try:
+        ack: dict[str, Any] = (await client.post("/v1/rollout/pause", json={"mode": "abort"})).json()
+    finally:
+        trio.lowlevel.remove_instrument(watch)
+    return ack
+
+
 async def counting_turn(client: httpx.AsyncClient, i: int) -> None:
     """Session ``s{i}``'s streamed turn, read to its end."""
     body = {"messages": [{"role": "user", "content": "count"}], "stream": True, "max_tokens": 100}
@@ -289,11 +299,7 @@ async def test_every_stream_in_flight_gets_the_acknowledged_abort_and_keeps_exac
                         nursery.start_soon(counting_turn, client, i)
                     await engine.all_in_flight.wait()
                     sent = SentInThePausesStep(proxy)
-                    trio.lowlevel.add_instrument(sent)
-                    try:
-                        ack = (await client.post("/v1/rollout/pause", json={"mode": "abort"})).json()
-                    finally:
-                        trio.lowlevel.remove_instrument(sent)
+                    ack = await pause_watched(client, sent)
                     # Every abort call went out in the pause's own step, before any other task ran.
                     assert sent.sent == (1 if abort_all else STREAMS)
                     # Acknowledged only once every generation ended by its abort and was recorded.
@@ -334,11 +340,7 @@ async def test_a_pauses_streams_end_as_their_finishes_are_read_their_sessions_st
                     await engine.all_in_flight.wait()
                     await trio.testing.wait_all_tasks_blocked()
                     watch = SessionStepsInThePause(proxy)
-                    trio.lowlevel.add_instrument(watch)
-                    try:
-                        ack = (await client.post("/v1/rollout/pause", json={"mode": "abort"})).json()
-                    finally:
-                        trio.lowlevel.remove_instrument(watch)
+                    ack = await pause_watched(client, watch)
                     assert ack["aborted"] == STREAMS
                     assert ack["partial_tokens"] == sum(len(g.ids) for g in engine.generations)
                     assert watch.steps == 0
