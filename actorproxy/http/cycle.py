@@ -65,6 +65,10 @@ SEND_NOW_EXTENSION = "actorproxy.send_now"
 #: response started). A client that skips 1xx responses (httpx, aiohttp) starts its read timeout over with each:
 #: the turn lane sends one each ``--heartbeat-interval`` a call that does not stream waits.
 PROCESSING_EXTENSION = "actorproxy.processing"
+#: The scope extension that waits until every byte of the response written so far reached the client
+#: (``await scope["extensions"][...]()``: ``True``; ``False`` once it is gone, or took nothing for
+#: ``--send-timeout``): :meth:`ServerConnection.acknowledged`. See :func:`delivered`.
+ACKNOWLEDGED_EXTENSION = "actorproxy.acknowledged"
 
 
 def still_open(scope: Any) -> bool:
@@ -80,6 +84,19 @@ def still_open(scope: Any) -> bool:
     except trio.BrokenResourceError:
         return False
     return True
+
+
+async def delivered(scope: Any) -> bool:
+    """Whether the reply under way in ``scope`` reached its client so far: still open (:func:`still_open`) and every
+    byte written acknowledged by the client (:data:`ACKNOWLEDGED_EXTENSION`), waited for. A write returns once the
+    kernel has the bytes, so a reply that fits in the buffers is written whole whether or not the client ever
+    takes it (a broken network, a hung process): a drain asks this before it deletes what it sent. ``True`` on a
+    server without the extension while :func:`still_open` says so."""
+    acknowledged = (scope.get("extensions") or {}).get(ACKNOWLEDGED_EXTENSION)
+    if acknowledged is None:
+        await trio.lowlevel.checkpoint()
+        return still_open(scope)
+    return bool(await acknowledged())
 
 
 class Date:
@@ -119,7 +136,7 @@ class Cycle:
             "server": connection.local,
             "extensions": {DISCONNECT_EXTENSION: self.add_disconnect_callback, BODY_EXTENSION: self.body_now,
                            SLOW_BODY_EXTENSION: self.too_slow, SEND_NOW_EXTENSION: self.send_now,
-                           PROCESSING_EXTENSION: self.processing},
+                           PROCESSING_EXTENSION: self.processing, ACKNOWLEDGED_EXTENSION: connection.acknowledged},
         }
         self.on_disconnect: list[Callable[[], None]] = []
         self.body = body = h1.BodyDecoder.of_request(request)

@@ -29,10 +29,14 @@ request in tasks of its own).
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
+import math
 import os
 import select
 import socket
+import struct
+import termios
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, Protocol
 
@@ -450,6 +454,38 @@ class ServerConnection:
         finally:
             self.write_lock.release()
 
+    async def acknowledged(self) -> bool:
+        """Whether every byte written so far reached the client: the peer acknowledged it (Linux's ``SIOCOUTQ``:
+        the bytes of the send queue not yet acknowledged; on a Unix socket, not yet read), waited for up to
+        ``--send-timeout``. ``False`` once the connection is closed, or when the client took nothing more for that
+        long: then it counts as gone, as a write that stalled (:meth:`_send`). A socket whose queue cannot be
+        measured answers ``True`` while open.
+
+        A write returns once the kernel has the bytes: a reply that fits in the buffers is "sent" whether or not
+        the client ever takes it. A drain asks this before it deletes what it sent.
+        """
+        stall = self.server.limits.send_stall
+        deadline = trio.current_time() + (stall if stall is not None else math.inf)
+        pause = _ACK_FIRST_WAIT
+        while not self.closed:
+            try:
+                queued = struct.unpack("i", fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+            except (OSError, ValueError):  # (not measurable here, or the socket closed meanwhile)
+                return not self.closed
+            if not queued:
+                return True
+            now = trio.current_time()
+            if now >= deadline:
+                log.info("a client acknowledged none of the last %d bytes of its reply for %g s: its connection is "
+                         "closed as if it had hung up", queued, stall)
+                self.closed = True
+                self.client_gone()
+                return False
+            # No readiness event says "acknowledged": the queue is looked at again, less often as it waits.
+            await trio.sleep(min(pause, deadline - now))
+            pause = min(pause * 2, _ACK_LONGEST_WAIT)
+        return False
+
     async def _send(self, data: bytes, sent: int) -> None:
         """Send ``data[sent:]``, waiting for the socket as needed (the caller holds the write lock)."""
         self.writes = 0
@@ -467,6 +503,10 @@ class ServerConnection:
             raise
 
 
+#: Seconds a reply's wait for its client's acknowledgement (:meth:`ServerConnection.acknowledged`) first looks
+#: again, doubling up to the longest.
+_ACK_FIRST_WAIT = 0.001
+_ACK_LONGEST_WAIT = 0.1
 #: Clients reuse connections between requests (agents between turns); an idle one is closed after this many seconds.
 KEEP_ALIVE = 75.0
 #: Rollouts open hundreds of connections at once; a small listen backlog would reset them.

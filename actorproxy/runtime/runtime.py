@@ -271,7 +271,7 @@ class Runtime:
         return result
 
     async def read_reply(self, query: ReadQuery, keep: Callable[[tuple[Held, ...]], None] | None = None,
-                         still_open: Callable[[], bool] | None = None) -> AsyncIterator[bytes]:
+                         delivered: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[bytes]:
         """:meth:`read` as its JSON body in parts (``st.encode_parts``), to be sent one by one and each let go of
         once sent; all are serialised before anything is drained (a drain is all or nothing).
 
@@ -281,14 +281,15 @@ class Runtime:
         store, the memory it freed goes back to the system then. ``keep``: a drain's reply sent but
         for its last bytes deletes nothing yet; what it read goes to ``keep``, still held, for the
         caller to delete (:meth:`drained`) or let go of (:meth:`let_go`) later (a worker's part of a
-        drain across workers, settled once the merged reply reached the trainer). ``still_open``: whether
-        the reply still has its client, asked before anything is deleted (the server's ``send`` into a
-        connection a write closed returns as if it had sent).
+        drain across workers, settled once the merged reply reached the trainer). ``delivered``: whether
+        what was sent of the reply reached its client, asked (and waited for) before anything is deleted
+        (``http/cycle.py: delivered``: the server's ``send`` into a connection a write closed returns as if it
+        had sent, and a write returns once the kernel has the bytes).
         """
         if not query.drain:
             return _Parts(self, await ask(self.store, lambda r: st.Read(query, r, encode=True)), ())
         parts, held = await self._held_read(lambda r: st.Read(query, r, encode=True, hold=True))
-        return _Parts(self, parts, (held,), keep=keep, still_open=still_open)
+        return _Parts(self, parts, (held,), keep=keep, delivered=delivered)
 
     async def hold_read(self, query: ReadQuery) -> tuple[ReadResult, Held]:
         """A drain's read (``query.drain``) that deletes nothing yet: what it read is held (no other drain reads
@@ -310,11 +311,11 @@ class Runtime:
 
     def delivered_reply(self, body: bytes, held: Sequence[Held], given_up: Callable[[], None] | None = None,
                         keep: Callable[[tuple[Held, ...]], None] | None = None,
-                        still_open: Callable[[], bool] | None = None) -> AsyncIterator[bytes]:
+                        delivered: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[bytes]:
         """``body`` as a reply that deletes what ``held`` read once it was sent (but for its last two bytes, sent
-        after; ``keep``, ``still_open``: as :meth:`read_reply`); a reply given up (the client gone) lets it go,
+        after; ``keep``, ``delivered``: as :meth:`read_reply`); a reply given up (the client gone) lets it go,
         undeleted, and calls ``given_up``."""
-        return _Parts(self, [body], tuple(held), given_up, keep, still_open)
+        return _Parts(self, [body], tuple(held), given_up, keep, delivered)
 
     async def drained(self, held: tuple[Held, ...]) -> None:
         """A drain's reply was sent but for its last bytes: delete what it read (``held``); after a drain of the
@@ -430,7 +431,7 @@ class Runtime:
 
 
 class ClientGone(trio.BrokenResourceError):
-    """A drain's reply found its client gone before it deleted what it read (``still_open``): let go of, for the
+    """A drain's reply found its client gone before it deleted what it read (``delivered``): let go of, for the
     next drain; nothing more of the reply is sent."""
 
 
@@ -443,19 +444,19 @@ class _Parts:
     reply is cut short before them, so the trainer never takes a reply whose data stays in the store for the
     next drain. If the body is closed
     before its end (the client gone, its connection broken), or dropped unclosed, what it read is let go of,
-    undeleted, for the next drain, and ``given_up`` is called; so it is when ``still_open`` says, before the
-    delete, that the client is gone (its next part raises :class:`ClientGone` then).
+    undeleted, for the next drain, and ``given_up`` is called; so it is when ``delivered`` says, before the
+    delete, that what was sent did not reach the client (its next part raises :class:`ClientGone` then).
     """
 
     def __init__(self, runtime: Runtime, parts: list[bytes], held: tuple[Held, ...],
                  given_up: Callable[[], None] | None = None,
                  keep: Callable[[tuple[Held, ...]], None] | None = None,
-                 still_open: Callable[[], bool] | None = None) -> None:
+                 delivered: Callable[[], Awaitable[bool]] | None = None) -> None:
         if held and len(parts[-1]) > _LAST_BYTES:  # its end ("]}"): left to write once it is deleted
             parts[-1:] = [parts[-1][:-_LAST_BYTES], parts[-1][-_LAST_BYTES:]]
         parts.reverse()
         self._runtime, self._parts, self._held, self._given_up = runtime, parts, held, given_up
-        self._keep, self._still_open = keep, still_open
+        self._keep, self._delivered = keep, delivered
 
     def __aiter__(self) -> _Parts:
         return self
@@ -463,7 +464,7 @@ class _Parts:
     async def __anext__(self) -> bytes:
         parts = self._parts
         if len(parts) == 1 and self._held:
-            if self._still_open is not None and not self._still_open():
+            if self._delivered is not None and not await self._delivered():
                 await self.aclose()  # what it read is let go of, for the next drain
                 raise ClientGone("the client is gone: what the drain read was let go of")
             # Asked for the last bytes once every other byte is sent: what it read goes now (before the reply's

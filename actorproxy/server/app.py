@@ -30,7 +30,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..config import ProxyConfig
 from ..errors import BadRequest, ProxyError, StorageFull
-from ..http.cycle import still_open
+from ..http.cycle import delivered
 from ..protocols.anthropic import AnthropicFormat, parse_messages_body
 from ..protocols.format import TurnFormat
 from ..protocols.openai_chat import OpenAIChatFormat
@@ -246,19 +246,19 @@ def create_app(runtime: Runtime, admission: Admission | None = None, *,
         # held once its reply was sent but for its last bytes (HOLD_EXTENSION), deleted when settled.
         extensions: Any = request.scope.get("extensions") or {}
         keep: Callable[[tuple[Held, ...]], None] | None = extensions.get(HOLD_EXTENSION)
-        open_ = partial(still_open, request.scope)
+        reached = partial(delivered, request.scope)
         if dressage:
             answer, held = await dialect.read(body)
             if not held:
                 return _json(answer)
-            return Response(runtime.delivered_reply(jsonio.dumps(answer), held, keep=keep, still_open=open_),
+            return Response(runtime.delivered_reply(jsonio.dumps(answer), held, keep=keep, delivered=reached),
                             mimetype="application/json")
         if body.instance_id is not None or body.max_groups is not None or body.segment_view is not None:
             raise BadRequest("'instance_id', 'max_groups' and 'segment_view' are the Dressage dialect's read "
                              "fields (--api-dialect dressage)", param="instance_id")
         # serialised before a drain deletes anything
         query = ReadQuery(body.session_id, body.trajectory_id, body.drain, body.include_steps)
-        reply = await runtime.read_reply(query, keep, open_)
+        reply = await runtime.read_reply(query, keep, reached)
         return Response(reply, status=200, mimetype="application/json")
 
     @app.get("/trajectory/stats")

@@ -42,7 +42,7 @@ from ..errors import (
     RewardTimeout,
     StartupError,
 )
-from ..http.cycle import still_open
+from ..http.cycle import delivered
 from ..protocols.gateway_models import (
     Channel,
     CompleteBody,
@@ -386,7 +386,7 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
             raise
         gateway.handoff.remove(groups)  # (no other fetch takes them; back in the queue if not delivered)
         body = runtime.delivered_reply(reply, held, given_up=lambda: gateway.handoff.restore(groups),
-                                       still_open=partial(still_open, request.scope))
+                                       delivered=partial(delivered, request.scope))
         return Response(body, mimetype="application/json")
 
     return gateway

@@ -42,7 +42,7 @@ import trio
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..errors import Unauthorized
-from ..http.cycle import still_open
+from ..http.cycle import delivered
 from ..http.h1 import MAX_RESPONSE_HEAD, ProtocolError, head_end, parse_response
 from ..schema import jsonio
 from ..server.admission import Admission, RequestHeaders
@@ -347,7 +347,7 @@ class FanOut:
                 return
             answered = [i for i, r in enumerate(results) if isinstance(r, Answer) and 200 <= r.status < 300]
             await _reply_pieces(send, pieces)
-            if not still_open(scope):
+            if not await delivered(scope):
                 answered = []
                 return  # the reply is left cut short: the server closes the connection
             unsettled = await self.settle_all(token, answered)

@@ -24,6 +24,7 @@ from actorproxy import open_proxy
 from actorproxy.config import ProxyConfig
 from actorproxy.runtime import store_messages
 from actorproxy.runtime.runtime import ClientGone, Runtime, open_runtime
+from actorproxy.schema.converter import CONVERTER
 from actorproxy.server.app import create_app
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.store.base import ReadQuery
@@ -66,15 +67,16 @@ async def test_a_drain_whose_reply_is_not_sent_whole_deletes_nothing(
 
 
 async def test_a_drain_whose_client_is_found_gone_before_the_delete_deletes_nothing(runtime: Runtime) -> None:
-    """The server's ``send`` into a connection a write closed returns as if it had sent: the reply asks whether its
-    client is still there before it deletes, and ends (``ClientGone``) without deleting if not."""
+    """The server's ``send`` into a connection a write closed returns as if it had sent: the reply asks whether what
+    it sent reached its client before it deletes, and ends (``ClientGone``) without deleting if not."""
     asked: list[int] = []
 
-    def still_open() -> bool:
+    async def delivered() -> bool:
         asked.append(1)
+        await trio.lowlevel.checkpoint()
         return False
 
-    reply = await runtime.read_reply(ReadQuery(drain=True), still_open=still_open)
+    reply = await runtime.read_reply(ReadQuery(drain=True), delivered=delivered)
     with pytest.raises(ClientGone):
         async for _ in reply:
             pass
@@ -236,6 +238,39 @@ async def test_a_trainer_that_stops_reading_a_drain_is_cut_after_the_send_timeou
         assert 30 <= trio.current_time() - start <= 31
         # (read in the runtime: under the autojump clock, a reply that waits for the kernel's acknowledgements may
         # see the clock jump past the send timeout)
+        again = (await running.runtime.read(drain=True)).data
+        sock.close()
+    assert sorted(s.trajectory_id.partition("#")[0] for s in again) == sorted(names)
+    lines = [(r.fields["status"], r.fields.get("error")) for r in caplog.records  # type: ignore[attr-defined]
+             if r.name == "actorproxy.access" and r.fields["path"] == "/trajectory/read"]
+    assert lines[0] == (499, "client_disconnected"), lines
+
+
+async def test_a_drain_reply_that_fits_in_the_buffers_is_deleted_only_once_the_trainer_took_it(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A reply small enough for the kernel's buffers is written whole at once, whether or not the trainer ever reads
+    it (a hung process; over a network, a link that broke): the proxy waits for the trainer's acknowledgement of its
+    bytes before it deletes, and a trainer that takes none of them for ``--send-timeout`` seconds counts as gone:
+    nothing deleted, all of it there for the next drain."""
+    caplog.set_level(logging.INFO, logger="actorproxy.access")
+    logged = access_logged(request)
+    engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.001))
+    config = ProxyConfig.of(port=0, send_timeout=30.0, store_kind="memory")  # (no thread: the clock jumps)
+    async with open_proxy(config, backend=engine, tokenizer=tokenizer) as running:
+        names = [f"s{i}" for i in range(5)]
+        for name in names:
+            engine.script("word " * 60, routing_key=name)
+        await _finalized(running.runtime, *names)
+        drain = {"drain": True}
+        size = len(orjson.dumps(CONVERTER.unstructure(await running.runtime.read())))
+        # More than the trainer's kernel takes in for it (a 4 KiB receive buffer: about 6 KB), less than the
+        # proxy's takes into its send queue (16 KiB at first): the reply is written whole, and not acknowledged.
+        assert 10_000 < size < 14_000, size
+        sock = await stop_reading_after_the_head(running.url, "/trajectory/read", drain)
+        with trio.move_on_after(600):  # (a delete's store thread lets the autojump clock run on to here)
+            await logged.wait()  # its request ended
         again = (await running.runtime.read(drain=True)).data
         sock.close()
     assert sorted(s.trajectory_id.partition("#")[0] for s in again) == sorted(names)
