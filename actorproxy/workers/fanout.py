@@ -113,19 +113,15 @@ async def ask(directory: str, index: int, method: str, target: bytes, headers: l
             await stream.send_all(b"\r\n".join(lines) + b"\r\n\r\n")
             if body:
                 await stream.send_all(body)  # the one copy every worker is sent
-            if spool:
-                return await _spooled(index, stream, spool_dir)
-            received = bytearray()
-            while data := await stream.receive_some(1 << 16):
-                received += data
+            return await _answer(index, stream, spool, spool_dir)
     except (OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
         raise WorkerUnavailable(index, str(exc) or type(exc).__name__) from exc
-    return _parse_answer(index, bytes(received))
 
 
-async def _spooled(index: int, stream: trio.SocketStream, directory: str | None) -> Answer:
-    """The answer coming on ``stream``: a successful one's body fed to a :class:`.merge.ReadSpool` piece by piece
-    (one that is not a read's is not read on: ``invalid`` says why), another's read whole."""
+async def _answer(index: int, stream: trio.SocketStream, spool: bool, directory: str | None) -> Answer:
+    """The answer coming on ``stream``, read with the HTTP/1.1 codec (``http/h1.py``): with ``spool``, a successful
+    one's body fed to a :class:`.merge.ReadSpool` piece by piece (one that is not a read's is not read on:
+    ``invalid`` says why); any other read whole."""
     buf = bytearray()
     while (end := head_end(buf)) < 0 and len(buf) <= MAX_RESPONSE_HEAD:
         if not (data := await stream.receive_some(1 << 16)):
@@ -140,7 +136,7 @@ async def _spooled(index: int, stream: trio.SocketStream, directory: str | None)
     except ProtocolError as exc:
         raise WorkerUnavailable(index, f"no complete answer: {exc}") from exc
     answer = Answer(status, [(k.encode(), v.encode("latin-1")) for k, v in fields.items()], b"")
-    spool = ReadSpool(directory) if 200 <= status < 300 else None
+    reading = ReadSpool(directory) if spool and 200 <= status < 300 else None
     body = bytearray()
     try:
         while not framing.done:
@@ -150,51 +146,22 @@ async def _spooled(index: int, stream: trio.SocketStream, directory: str | None)
                     buf += data
                 else:
                     framing.eof()
-            elif spool is not None:
-                spool.feed(piece)
+            elif reading is not None:
+                reading.feed(piece)
             else:
                 body += piece
-        if spool is not None:
-            spool.end()
+        if reading is not None:
+            reading.end()
     except BaseException as exc:
-        if spool is not None:
-            spool.close()
+        if reading is not None:
+            reading.close()
         if isinstance(exc, ProtocolError):
             raise WorkerUnavailable(index, f"no complete answer: {exc}") from exc
-        if not isinstance(exc, ValueError):
+        if reading is None or not isinstance(exc, ValueError):
             raise
-        answer.invalid, spool = str(exc), None  # not a read's answer
-    answer.body, answer.spool = bytes(body), spool
+        answer.invalid, reading = str(exc), None  # not a read's answer (ReadSpool's ValueError)
+    answer.body, answer.spool = bytes(body), reading
     return answer
-
-
-def _parse_answer(index: int, raw: bytes) -> Answer:
-    head, sep, body = raw.partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ", 2)
-    if not sep or len(parts) < 2 or not parts[1].isdigit():
-        raise WorkerUnavailable(index, "no complete answer")
-    headers = []
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        headers.append((name.strip().lower(), value.strip()))
-    answer = Answer(int(parts[1]), headers, body)
-    if (answer.header(b"transfer-encoding") or b"").lower() == b"chunked":
-        answer.body = _dechunk(index, body)
-    return answer
-
-
-def _dechunk(index: int, data: bytes) -> bytes:
-    out, at = bytearray(), 0
-    while True:
-        end = data.find(b"\r\n", at)
-        if end < 0:
-            raise WorkerUnavailable(index, "a chunked answer cut short")
-        size = int(data[at:end].split(b";")[0], 16)
-        if size == 0:
-            return bytes(out)
-        out += data[end + 2:end + 2 + size]
-        at = end + 2 + size + 2
 
 
 class FanOut:
