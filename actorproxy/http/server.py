@@ -476,10 +476,7 @@ class ServerConnection:
                 return True
             now = trio.current_time()
             if now >= deadline:
-                log.info("a client acknowledged none of the last %d bytes of its reply for %g s: its connection is "
-                         "closed as if it had hung up", queued, stall)
-                self.closed = True
-                self.client_gone()
+                self._stalled(f"acknowledged none of the last {queued} bytes of its reply")
                 return False
             # No readiness event says "acknowledged": the queue is looked at again, less often as it waits.
             await trio.sleep(min(pause, deadline - now))
@@ -494,13 +491,17 @@ class ServerConnection:
         except OSError:  # the client is gone (a reset, a broken pipe)
             self.closed = True
         except trio.TooSlowError:  # it took no byte for --send-timeout seconds: as gone
-            log.info("a client took no byte of its reply for %g s: its connection is closed as if it had hung up",
-                     self.server.limits.send_stall)
-            self.closed = True
-            self.client_gone()
+            self._stalled("took no byte of its reply")
         except BaseException:  # cancelled while the socket was full: nothing after it can be framed
             self.closed = True
             raise
+
+    def _stalled(self, what: str) -> None:
+        """The client ``what`` for ``--send-timeout`` seconds: it counts as gone, as if it had hung up."""
+        log.info("a client %s for %g s: its connection is closed as if it had hung up", what,
+                 self.server.limits.send_stall)
+        self.closed = True
+        self.client_gone()
 
 
 #: Seconds a reply's wait for its client's acknowledgement (:meth:`ServerConnection.acknowledged`) first looks
