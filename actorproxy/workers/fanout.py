@@ -332,25 +332,26 @@ class FanOut:
         end = b',"unsettled_workers":' + jsonio.dumps(unsettled) + b"}" if unsettled else b"}"
         await send({"type": "http.response.body", "body": end})
 
-    async def settle_all(self, token: str, delivered: list[int]) -> list[int]:
-        """Settle ``token`` on every worker: those in ``delivered`` delete what they hold, the others let it go.
+    async def settle_all(self, token: str, answered: list[int]) -> list[int]:
+        """Settle ``token`` on every worker: those in ``answered`` (their part of the reply went out) delete what
+        they hold, the others let it go.
 
         Shielded (a cancelled reply still lets go) and bounded (``SETTLE_TIMEOUT``); returns the workers of
-        ``delivered`` that did not confirm their delete."""
+        ``answered`` that did not confirm their delete."""
         confirmed: set[int] = set()
 
         async def one(index: int) -> None:
-            settle = jsonio.dumps({"token": token, "delivered": index in delivered})
+            settle = jsonio.dumps({"token": token, "delivered": index in answered})
             try:
                 answer = await ask(self.directory, index, "POST", SETTLE_PATH.encode(), [], settle,
                                    seconds=SETTLE_TIMEOUT)
             except WorkerUnavailable as exc:
-                if index in delivered:
+                if index in answered:
                     log.warning("worker %d did not delete its part of a delivered drain: %s", index, exc)
                 return  # (one that held nothing, or is down, has nothing to let go of: its hold expires if any)
             if answer.status == 200:
                 confirmed.add(index)
-            elif index in delivered:
+            elif index in answered:
                 log.warning("worker %d did not delete its part of a delivered drain (%d): %s", index, answer.status,
                             answer.body[:300].decode(errors="replace"))
 
@@ -358,7 +359,7 @@ class FanOut:
             async with trio.open_nursery() as nursery:
                 for index in range(self.workers):
                     nursery.start_soon(one, index)
-        unsettled = [i for i in delivered if i not in confirmed]
+        unsettled = [i for i in answered if i not in confirmed]
         if self.metrics is not None:
             self.metrics.settles_failed += len(unsettled)
         return unsettled
