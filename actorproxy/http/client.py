@@ -329,7 +329,7 @@ class HTTP11Client:
         return await self._exchange(await self._connect(), method, head, body)
 
     async def _exchange(self, conn: ClientConnection, method: str, head: bytearray, body: bytes | None) -> Response:
-        unanswered = conn.reused  # nothing received yet on a kept connection: a failure retries
+        unanswered = conn.reused  # nothing received yet on a kept connection (see the rule below)
         try:
             conn.state.request(True, True)  # (its body goes with the head, whole)
             try:
@@ -341,8 +341,6 @@ class HTTP11Client:
                             raise ProtocolError(
                                 f"the response head is larger than {MAX_RESPONSE_HEAD // 1024} KiB")
                         if not await self._io.fill(conn):
-                            if unanswered:
-                                raise _Unused
                             raise ProtocolError("the server closed the connection before its response head ended")
                         unanswered = False
                     status, reason, headers, framing = parse_response(buf, end, method)
@@ -350,7 +348,9 @@ class HTTP11Client:
                         return Response(self, conn, status, reason, headers, framing)
                 raise ProtocolError(f"more than {_MAX_INFORMATIONAL} informational (1xx) responses")
             except TransportError as exc:
-                # Nothing received on a kept connection the server had closed: a failure but a timeout retries.
+                # The one retry rule: nothing received on a kept connection (the server had closed it, or closed
+                # or reset it on this request): once more on a new one. A timeout does not retry (the engine may
+                # be working on the request).
                 if unanswered and not isinstance(exc, ReadTimeout):
                     raise _Unused from exc
                 raise

@@ -20,7 +20,7 @@ import trio.testing
 from actorproxy.engines.base import BackendError
 from actorproxy.engines.errors import mapped_errors
 from actorproxy.http.client import HTTP11Client
-from actorproxy.http.errors import ConnectError, ReadTimeout
+from actorproxy.http.errors import ConnectError, ProtocolError, ReadTimeout
 from actorproxy.http.sockets import ClientConnection
 
 CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
@@ -33,7 +33,8 @@ def sized(body: bytes, *extra: bytes) -> bytes:
 
 class Server:
     def __init__(self, answer: Callable[[int, bytes], bytes | None]) -> None:
-        self.answer = answer  # (request number, request bytes) -> raw response (None: stay silent)
+        # (request number, request bytes) -> raw response (None: stay silent; b"": close without answering)
+        self.answer = answer
         self.accepted = 0
         self.requests: list[bytes] = []
         self.hangups = 0
@@ -61,6 +62,9 @@ class Server:
                 response = self.answer(len(self.requests), self.requests[-1])
                 if response is None:
                     await trio.sleep_forever()
+                if not response:
+                    await stream.aclose()
+                    return
                 await stream.send_all(response)
                 if self.close_after_each:
                     await stream.aclose()
@@ -118,6 +122,32 @@ async def test_a_kept_connection_the_engine_closed_is_replaced_without_an_error(
             response = await client.stream("GET", server.url + "/health")
             assert await response.aread() == b"ok"
         assert server.accepted == 3
+
+
+async def test_a_kept_connection_closed_on_the_request_is_retried_once_on_a_new_one() -> None:
+    answers = [sized(b"ok"), b"", sized(b"again"), b"", b""]
+    async with serving(lambda n, _: answers[n - 1]) as server:
+        client = HTTP11Client(server.url)
+        assert await (await client.stream("GET", server.url + "/a")).aread() == b"ok"
+        # Not stale when taken from the pool: the server closes once it has read the request.
+        assert await (await client.stream("GET", server.url + "/b")).aread() == b"again"
+        assert server.accepted == 2 and len(server.requests) == 3
+        # Once only: a new connection closed unanswered too is an error.
+        with pytest.raises(ProtocolError, match="closed the connection before its response head"):
+            await client.stream("GET", server.url + "/c")
+        assert server.accepted == 3 and len(server.requests) == 5
+        await client.aclose()
+
+
+async def test_a_kept_connection_that_times_out_is_not_retried(autojump_clock: Any) -> None:
+    answers = [sized(b"ok"), None]
+    async with serving(lambda n, _: answers[n - 1]) as server:
+        client = HTTP11Client(server.url, read_timeout=30.0)
+        assert await (await client.stream("GET", server.url + "/a")).aread() == b"ok"
+        with pytest.raises(ReadTimeout):
+            await client.stream("POST", server.url + "/generate", b"{}")
+        assert server.accepted == 1 and len(server.requests) == 2
+        await client.aclose()
 
 
 async def test_connection_close_and_a_body_left_unread_are_not_reused() -> None:
