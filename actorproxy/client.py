@@ -9,7 +9,9 @@ returns typed segments (:class:`~actorproxy.core.records.Segment`) the same way.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -114,11 +116,41 @@ class ProxyClient:
         trajectory_id: str | None = None,
         drain: bool = False,
         include_steps: bool = False,
+        lease: float | None = None,
     ) -> dict[str, Any]:
-        """Finalized segments (``{"data": [...]}``); ``drain=True`` removes them from the store."""
+        """Finalized segments (``{"data": [...]}``); ``drain=True`` removes them from the store.
+
+        ``lease`` (seconds, with ``drain``): nothing is removed until :meth:`acknowledge` is called with the
+        reply's ``lease["id"]``; without it in time, the next drain reads them again (:meth:`leased_drain`).
+        """
         body = {"drain": drain, "include_steps": include_steps,
-                **_given(session_id=session_id, trajectory_id=trajectory_id)}
+                **_given(session_id=session_id, trajectory_id=trajectory_id, lease=lease)}
         return dict(await self._post("/trajectory/read", body))
+
+    async def acknowledge(self, lease: str, *, release: bool = False) -> dict[str, Any]:
+        """A leased drain's data is safe with the trainer: removed from the store (``release=True``: given back,
+        for the next drain). :class:`ProxyError` 404 ``unknown_lease`` if its lease ended first."""
+        return dict(await self._post("/trajectory/ack", {"lease": lease, **_given(release=release or None)}))
+
+    @asynccontextmanager
+    async def leased_drain(
+        self, *, lease: float = 300.0, session_id: str | None = None, include_steps: bool = False
+    ) -> AsyncIterator[dict[str, Any]]:
+        """A drain whose data leaves the store only once the block ends without an error.
+
+        The block gets the read (``{"data": [...], "lease": {...}}``). Ending normally acknowledges it
+        (removed); an exception gives it back at once, for the next drain; a trainer that dies inside
+        the block loses nothing either: after ``lease`` seconds the next drain reads it again.
+        """
+        read = await self.read_trajectory(session_id=session_id, drain=True, include_steps=include_steps,
+                                          lease=lease)
+        try:
+            yield read
+        except BaseException:
+            with contextlib.suppress(ProxyError, httpx.HTTPError):  # (its lease ends anyway)
+                await self.acknowledge(read["lease"]["id"], release=True)
+            raise
+        await self.acknowledge(read["lease"]["id"])
 
     async def read_segments(
         self, *, session_id: str | None = None, trajectory_id: str | None = None, drain: bool = False

@@ -91,6 +91,10 @@ class TooManySessions(Overloaded, status=429, code="too_many_sessions", openai_t
     ``--max-sessions``) and none of its own is idle: another client's session is not taken for it."""
 
 
+class TooManyLeases(ProxyError, status=429, code="too_many_leases", openai_type="rate_limit_error"):
+    """The trainer holds ``MAX_LEASES`` leased drains it has not acknowledged: another waits for one of them."""
+
+
 class StorageFull(ProxyError, status=507, code="insufficient_storage", openai_type="server_error"):
     """The data could not be written where it was asked to go (disk full, no permission)."""
 

@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 import attrs
 
-from ..schema.converter import FieldError, at_least, ours
+from ..runtime.holds import LONGEST_LEASE
+from ..schema.converter import FieldError, at_least, at_most, ours
 
 
 def _non_empty(instance: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
@@ -41,6 +42,18 @@ class ReadBody:
     max_groups: int | None = attrs.field(default=None, validator=at_least(1))
     #: Dressage's segment view; ``lineage`` (a segment per unbroken conversation) is what is recorded.
     segment_view: Literal["lineage"] | None = None
+    #: A drain's: seconds what it read stays held for the trainer's ``POST /trajectory/ack`` (deleted then),
+    #: given back for the next drain if none came.
+    lease: float | None = attrs.field(default=None, validator=[at_least(1), at_most(LONGEST_LEASE)])
+
+
+@ours
+@attrs.frozen
+class AckBody:
+    """``POST /trajectory/ack``: a leased drain's data arrived (deleted), or is given back (``release``)."""
+
+    lease: str = attrs.field(validator=_non_empty)
+    release: bool = False
 
 
 @ours

@@ -45,6 +45,7 @@ from .backends import (
 )
 from .controller import PauseMode
 from .generate import Samplings
+from .holds import LONGEST_LEASE, Holds
 from .messages import (
     Census,
     ChatRequest,
@@ -67,6 +68,9 @@ from .still_waiting import StillWaiting
 from .turn_stream import Relay, TurnStream
 
 log = logging.getLogger(__name__)
+
+#: Leased drains not yet acknowledged, at most (another is refused: 429 ``too_many_leases``).
+MAX_LEASES = 64
 
 #: Events a turn may queue before the session waits for the ingress (backpressure).
 _TURN_EVENT_BUFFER = 16
@@ -107,6 +111,10 @@ class Runtime:
     #: routes' body memos (their messages and kept bodies) and the tokenizer's prompt cache drop what no
     #: turn used since the last drain (the drained sessions' conversations).
     after_drain: list[Callable[[], None]] = attrs.field(factory=list)
+    #: Leased drains' reads, held until the trainer acknowledges them (``POST /trajectory/ack``) or their lease
+    #: ends (``runtime/holds.py``; its task runs with the runtime's).
+    leases: Holds = attrs.field(init=False, default=attrs.Factory(
+        lambda self: Holds(self, limit=MAX_LEASES, seconds=LONGEST_LEASE, what="a leased drain"), takes_self=True))
 
     def check_admission(self) -> None:
         """Raise the refusal a new turn would get now (shutting down: 503; store full or failing: 507)."""
@@ -271,7 +279,8 @@ class Runtime:
         return result
 
     async def read_reply(self, query: ReadQuery, keep: Callable[[tuple[Held, ...]], None] | None = None,
-                         delivered: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[bytes]:
+                         delivered: Callable[[], Awaitable[bool]] | None = None, *, lead: bytes = b"",
+                         given_up: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
         """:meth:`read` as its JSON body in parts (``st.encode_parts``), to be sent one by one and each let go of
         once sent; all are serialised before anything is drained (a drain is all or nothing).
 
@@ -284,12 +293,15 @@ class Runtime:
         drain across workers, settled once the merged reply reached the trainer). ``delivered``: whether
         what was sent of the reply reached its client, asked (and waited for) before anything is deleted
         (``http/cycle.py: delivered``: the server's ``send`` into a connection a write closed returns as if it
-        had sent, and a write returns once the kernel has the bytes).
+        had sent, and a write returns once the kernel has the bytes). ``lead``: JSON members the reply's object
+        begins with (a lease's, ending in a comma); ``given_up``: as :meth:`delivered_reply`.
         """
         if not query.drain:
             return _Parts(self, await ask(self.store, lambda r: st.Read(query, r, encode=True)), ())
         parts, held = await self._held_read(lambda r: st.Read(query, r, encode=True, hold=True))
-        return _Parts(self, parts, (held,), keep=keep, delivered=delivered)
+        if lead:
+            parts[0] = b"{" + lead + parts[0][1:]
+        return _Parts(self, parts, (held,), given_up, keep, delivered)
 
     async def hold_read(self, query: ReadQuery) -> tuple[ReadResult, Held]:
         """A drain's read (``query.drain``) that deletes nothing yet: what it read is held (no other drain reads
@@ -565,6 +577,7 @@ async def open_runtime(
         runtime = Runtime(config, tok, engine, window, store_box, registry_box, controller, store.gauge,
                           sessions=registry, output_format=output_format)
         nursery.start_soon(runtime.still_waiting.run)
+        nursery.start_soon(runtime.leases.run)
         runtime.after_drain.append(tok.age_prompts)  # its prompts are the drained sessions' conversations
         runtime.after_drain.append(age_prompt_json)  # so are the engine requests' kept prompts
         try:

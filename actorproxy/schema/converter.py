@@ -36,10 +36,11 @@ converter's.
 from __future__ import annotations
 
 import math
+import operator
 import types
 import typing
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NewType, TypeVar
 
 import attrs
@@ -88,10 +89,18 @@ class FieldError(ValueError):
 
 def at_least(bound: float) -> Any:
     """An attrs validator: the value (unless ``None``) is at least ``bound`` (else a :class:`FieldError`)."""
+    return _bounded(bound, operator.ge, ">=")
 
+
+def at_most(bound: float) -> Any:
+    """An attrs validator: the value (unless ``None``) is at most ``bound`` (else a :class:`FieldError`)."""
+    return _bounded(bound, operator.le, "<=")
+
+
+def _bounded(bound: float, within: Callable[[Any, float], bool], word: str) -> Any:
     def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if value is not None and value < bound:
-            raise FieldError(f"must be >= {bound}, got {value}", field=attribute.name)
+        if value is not None and not within(value, bound):
+            raise FieldError(f"must be {word} {bound}, got {value}", field=attribute.name)
 
     return check
 

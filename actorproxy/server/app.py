@@ -17,6 +17,7 @@ any header.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -29,13 +30,13 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..config import ProxyConfig
-from ..errors import BadRequest, ProxyError, StorageFull
+from ..errors import BadRequest, NotFound, ProxyError, StorageFull, TooManyLeases
 from ..http.cycle import delivered
 from ..protocols.anthropic import AnthropicFormat, parse_messages_body
 from ..protocols.format import TurnFormat
 from ..protocols.openai_chat import OpenAIChatFormat
 from ..protocols.responses_format import ResponsesFormat
-from ..protocols.trainer import DiscardBody, FinalizeBody, ReadBody
+from ..protocols.trainer import AckBody, DiscardBody, FinalizeBody, ReadBody
 from ..runtime.runtime import Runtime
 from ..schema import jsonio
 from ..schema.converter import CONVERTER, structure
@@ -248,6 +249,9 @@ def create_app(runtime: Runtime, admission: Admission | None = None, *,
         keep: Callable[[tuple[Held, ...]], None] | None = extensions.get(HOLD_EXTENSION)
         reached = partial(delivered, request.scope)
         if dressage:
+            if body.lease is not None:
+                raise BadRequest("'lease' is not a read field of the Dressage dialect (its batch read drains)",
+                                 param="lease")
             answer, held = await dialect.read(body)
             if not held:
                 return _json(answer)
@@ -258,8 +262,34 @@ def create_app(runtime: Runtime, admission: Admission | None = None, *,
                              "fields (--api-dialect dressage)", param="instance_id")
         # serialised before a drain deletes anything
         query = ReadQuery(body.session_id, body.trajectory_id, body.drain, body.include_steps)
-        reply = await runtime.read_reply(query, keep, reached)
+        if body.lease is None:
+            return Response(await runtime.read_reply(query, keep, reached), status=200, mimetype="application/json")
+        if not body.drain or keep is not None:
+            raise BadRequest("'lease' holds what a drain reads until the trainer acknowledges it: it needs "
+                             '"drain": true', param="lease")
+        leases, lease = runtime.leases, secrets.token_urlsafe(18)
+        if not leases.reserve(lease):
+            raise TooManyLeases(f"{len(leases)} leased drains are not acknowledged yet (at most {leases.limit}): "
+                                "acknowledge or release them (POST /trajectory/ack)", param="lease")
+        try:
+            reply = await runtime.read_reply(
+                query, partial(leases.keep, lease, seconds=body.lease), reached, given_up=partial(
+                    leases.unreserve, lease, False), lead=b'"lease":' + jsonio.dumps(
+                    {"id": lease, "seconds": body.lease}) + b",")
+        except BaseException:
+            leases.unreserve(lease, False)
+            raise
         return Response(reply, status=200, mimetype="application/json")
+
+    @app.post("/trajectory/ack")
+    async def trajectory_ack() -> Response:
+        body = structure(await _body(), AckBody)
+        reads = await runtime.leases.settle(body.lease, not body.release)
+        if reads is None:
+            raise NotFound(f"no leased drain {body.lease!r} waits for its acknowledgement: its lease ended (what it "
+                           "read was given back, for the next drain) or it was acknowledged already",
+                           code="unknown_lease", param="lease")
+        return _json({"lease": body.lease, "status": "released" if body.release else "deleted"})
 
     @app.get("/trajectory/stats")
     async def trajectory_stats() -> Response:

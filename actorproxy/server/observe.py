@@ -261,6 +261,7 @@ async def gather_state(runtime: Runtime) -> dict[str, Any]:
         "pause": CONVERTER.unstructure(await runtime.pause_state()),
         "engines": statistics()["engines"] if statistics is not None else [],
         "last_pause_seconds": runtime.last_pause_seconds,
+        "leases": {"open": len(runtime.leases), "expired": runtime.leases.expired},
     }
 
 
@@ -370,6 +371,11 @@ class _Snapshot:
                      handoff.get("pending_groups"))
         yield _counter("actorproxy_handoff_dropped_groups", "Prompt groups dropped (--max-pending-groups)",
                        handoff.get("dropped_groups"))
+        leases = state.get("leases") or {}
+        yield _gauge("actorproxy_drain_leases_open", "Leased drains waiting for the trainer's acknowledgement",
+                     leases.get("open"))
+        yield _counter("actorproxy_drain_leases_expired",
+                       "Leased drains not acknowledged in time: what they read was given back", leases.get("expired"))
         token_in = state.get("token_in") or {}
         yield _gauge("actorproxy_token_in_generations_waiting",
                      "Token-in /generate results waiting for the /submit_steps that claims them",

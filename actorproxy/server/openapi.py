@@ -33,7 +33,7 @@ from werkzeug.exceptions import NotFound
 from ..errors import NotConfigured
 from ..protocols import gateway_models as gm
 from ..protocols.openai_types import ChatCompletionBody
-from ..protocols.trainer import DiscardBody, FinalizeBody, OpenSessionBody, PauseBody, ReadBody, ResumeBody
+from ..protocols.trainer import AckBody, DiscardBody, FinalizeBody, OpenSessionBody, PauseBody, ReadBody, ResumeBody
 from ..schema.converter import is_ours
 from .replies import is_anthropic_route
 
@@ -142,8 +142,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("/session/<path:session_id>", "GET"): Operation("A live session at a glance", _OPS, no_body=True,
                                                       errors=(401, 404)),
     ("/sessions", "GET"): Operation("Live sessions, newest first", _OPS, no_body=True, errors=(401,)),
-    ("/trajectory/read", "POST"): Operation("Finalized segments (drain: removed once serialised)", _TRAINER,
-                                            ReadBody, errors=(400, 401, 404)),
+    ("/trajectory/read", "POST"): Operation("Finalized segments (drain: removed once delivered; with a lease, once "
+                                            "acknowledged)", _TRAINER, ReadBody, errors=(400, 401, 404, 429)),
+    ("/trajectory/ack", "POST"): Operation("Acknowledge a leased drain (its data removed) or release it", _TRAINER,
+                                           AckBody, errors=(400, 401, 404)),
     ("/trajectory/stats", "GET"): Operation("Store, session and boundary statistics", _OPS, no_body=True,
                                             errors=(401,)),
     ("/v1/rollout/pause", "POST"): Operation("Pause generation (abort, wait or keep)", _TRAINER, PauseBody,

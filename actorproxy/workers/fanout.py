@@ -201,6 +201,12 @@ class FanOut:
             failed = self.admission.refusal(RequestEntityTooLarge(), method="POST", path=path)
             await reply(send, failed.status, jsonio.dumps(failed.data), close=True)
             return
+        if path == "/trajectory/read" and _leases(body):
+            await reply(send, 400, error_body(
+                "'lease' is not served with several workers: an acknowledgement would reach any of them; run "
+                "with --workers 1 for leased drains (docs/workers.md)", "not_served_with_workers",
+                "invalid_request_error", param="lease"))
+            return
         if path == "/trajectory/read" and body_session(body) is not None:  # one session: its owner routed it here
             await self.app(scope, _replay(body, receive), send)
             return
@@ -405,11 +411,19 @@ def _target(scope: Any) -> bytes:
 
 
 def _drains(body: bytes) -> bool:
+    return _read_field(body, "drain") is True
+
+
+def _leases(body: bytes) -> bool:
+    return _read_field(body, "lease") is not None
+
+
+def _read_field(body: bytes, name: str) -> Any:
     try:
         parsed = jsonio.loads(body) if body.strip() else {}
     except Exception:  # the workers answer the 400
-        return False
-    return isinstance(parsed, dict) and parsed.get("drain") is True
+        return None
+    return parsed.get(name) if isinstance(parsed, dict) else None
 
 
 async def read_body(receive: Receive, limit: int) -> bytes | None:
@@ -442,8 +456,8 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def error_body(message: str, code: str, kind: str) -> bytes:
-    return jsonio.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+def error_body(message: str, code: str, kind: str, param: str | None = None) -> bytes:
+    return jsonio.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
 async def reply(send: Send, status: int, body: bytes, *, content_type: bytes | None = None,

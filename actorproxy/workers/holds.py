@@ -17,24 +17,19 @@ kept if no settle came (the fanning worker died): held data is never held for go
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-import attrs
-import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..errors import ProxyError
+from ..runtime.holds import Holds
 from ..runtime.runtime import Runtime
 from ..schema import jsonio
 from ..server.app import HOLD_EXTENSION
 from ..server.drain import ASGIApp, Message, Receive, Send
-from ..store.base import Held
 from .fanout import HOLD_HEADER, SETTLE_PATH, error_body, read_body, reply
-
-log = logging.getLogger("actorproxy.workers")
 
 #: Holds a worker keeps at a time (each fanned-out drain in flight takes one on every worker).
 MAX_HOLDS = 16
@@ -44,79 +39,10 @@ HOLD_SECONDS = 600.0
 _TOKEN_CHARS = 64
 
 
-@attrs.define(eq=False)
-class _Hold:
-    held: tuple[Held, ...] | None = None  # None: its read is under way
-    deadline: float = 0.0
-
-
-class Holds:
-    """The holds of one worker, by token (see the module doc); :meth:`run` lets the expired ones go."""
-
-    def __init__(self, runtime: Runtime, *, limit: int = MAX_HOLDS, seconds: float = HOLD_SECONDS) -> None:
-        self.runtime, self.limit, self.seconds = runtime, limit, seconds
-        self._holds: dict[str, _Hold] = {}
-        self._kept = trio.Event()
-        #: Holds let go of because no settle came in time.
-        self.expired = 0
-
-    def __len__(self) -> int:
-        return len(self._holds)
-
-    def reserve(self, token: str) -> bool:
-        """Room for a read that holds under ``token`` (False: the token is taken, or ``limit`` holds are)."""
-        if token in self._holds or len(self._holds) >= self.limit:
-            return False
-        self._holds[token] = _Hold()
-        return True
-
-    def keep(self, token: str, held: tuple[Held, ...]) -> None:
-        """The read's answer was sent but for its last bytes: what it read waits, held, for its settle."""
-        self._holds[token] = _Hold(held, trio.current_time() + self.seconds)
-        self._kept.set()
-
-    def unreserve(self, token: str, answered: bool) -> None:
-        """The read under ``token`` ended without keeping anything: ``answered`` (its answer went out whole: it
-        held nothing, a read that drains nothing), an empty hold waits for its settle; else its room is free."""
-        hold = self._holds.get(token)
-        if hold is not None and hold.held is None:
-            if answered:
-                self.keep(token, ())
-            else:
-                del self._holds[token]
-
-    async def settle(self, token: str, delivered: bool) -> int | None:
-        """Delete what ``token`` holds (``delivered``) or let it go; ``None`` if it holds nothing (expired, unknown).
-
-        Returns how many reads it held. A delete that fails raises the store's error: what it read was let go
-        of (the store's ``Settle``), for the next drain."""
-        hold = self._holds.get(token)
-        if hold is None or hold.held is None:
-            return None
-        del self._holds[token]
-        if delivered and hold.held:
-            with trio.CancelScope(shield=True):  # (a settle is answered once deleted, never left half done)
-                await self.runtime.drained(hold.held)
-        else:
-            await self.runtime.let_go(hold.held)
-        return len(hold.held)
-
-    async def run(self) -> None:
-        """Let go of each kept hold whose settle did not come within ``seconds`` (its fanning worker died)."""
-        while True:
-            deadlines = [h.deadline for h in self._holds.values() if h.held is not None]
-            with trio.move_on_at(min(deadlines, default=float("inf"))):
-                await self._kept.wait()
-                self._kept = trio.Event()
-                continue
-            now = trio.current_time()
-            for token, hold in list(self._holds.items()):
-                if hold.held is not None and hold.deadline <= now:
-                    del self._holds[token]
-                    self.expired += 1
-                    log.warning("a drain across workers held data here for %.0f s without being settled (its "
-                                "fanning worker is gone?): let go of, for the next drain", self.seconds)
-                    await self.runtime.let_go(hold.held)
+def worker_holds(runtime: Runtime, *, limit: int = MAX_HOLDS, seconds: float = HOLD_SECONDS) -> Holds:
+    """A worker's holds of its parts of drains across workers (see the module doc)."""
+    return Holds(runtime, limit=limit, seconds=seconds,
+                 what=f"a drain across workers held here for {seconds:.0f} s (its fanning worker is gone?)")
 
 
 class HoldMetrics:

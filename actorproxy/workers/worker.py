@@ -27,6 +27,7 @@ import trio
 
 from ..config import ProxyConfig
 from ..http.in_flight import InFlight
+from ..runtime.holds import Holds
 from ..runtime.runtime import Runtime, open_runtime
 from ..schema import jsonio
 from ..serve import RunningProxy, asgi_of, bind_host, connection_limits, drain_then_stop
@@ -35,7 +36,7 @@ from ..server.http_server import HTTPServer
 from ..tokenization.tokenizer import ChatTokenizer
 from .fanout import FanOut, WorkerUnavailable, ask, control_path
 from .handoff import Router, remove_stale, serve_handoffs
-from .holds import HoldMetrics, Holds, PrivateApp
+from .holds import HoldMetrics, PrivateApp, worker_holds
 
 log = logging.getLogger("actorproxy.workers")
 
@@ -68,7 +69,7 @@ async def serve_worker(
     async with open_runtime(worker_config(config, index), tokenizer=tokenizer) as runtime:
         await take_rollout_state(runtime, index, workers, directory)
         admission = admission_for(runtime.config)  # the one step the app, the router and the fan-out ask
-        holds = Holds(runtime)  # this worker's parts of drains across workers, until they are settled
+        holds = worker_holds(runtime)  # this worker's parts of drains across workers, until they are settled
         metrics = HoldMetrics(holds)
         app = asgi_of(create_app(runtime, admission, collectors=[metrics]))
         tracker = InFlight()  # the requests in flight of both servers

@@ -59,6 +59,8 @@ ADMIN_CALLS = [
     ("POST", "/v1/rollout/resume", {"weight_version": "forged"}),
     ("GET", "/v1/rollout/pause_state", None),
     ("POST", "/trajectory/read", {"drain": True}),
+    ("POST", "/trajectory/read", {"drain": True, "lease": 60}),
+    ("POST", "/trajectory/ack", {"lease": "someone-elses"}),
     ("GET", "/trajectory/stats", None),
     ("POST", "/session/finalize", {"session_id": "victim"}),
     ("GET", "/session/victim", None),

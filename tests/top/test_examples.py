@@ -53,6 +53,13 @@ def test_gateway_examples_run(script: str, expected: str) -> None:
     assert expected in result.stdout
 
 
+def test_leased_drain_example_loses_nothing_to_a_killed_trainer() -> None:
+    result = _run(str(EXAMPLES / "leased_drain.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "after the lease ended: ['rollout-1#0', 'rollout-2#0', 'rollout-3#0']" in result.stdout
+    assert "acknowledged: 0 segments left" in result.stdout
+
+
 def test_durable_store_example_recovers_after_sigkill() -> None:
     result = _run(str(EXAMPLES / "durable_store.py"))
     assert result.returncode == 0, result.stdout + result.stderr

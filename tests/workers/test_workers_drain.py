@@ -29,6 +29,7 @@ from _util import run_turn
 from trio.testing import MockClock, wait_all_tasks_blocked
 
 from actorproxy.config import ProxyConfig
+from actorproxy.runtime.holds import Holds
 from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.serve import asgi_of
 from actorproxy.server.app import create_app
@@ -36,7 +37,7 @@ from actorproxy.server.http_server import HTTPServer
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.workers import fanout, merge
 from actorproxy.workers.fanout import SETTLE_PATH, FanOut, ask, control_path
-from actorproxy.workers.holds import HOLD_SECONDS, HoldMetrics, Holds, PrivateApp
+from actorproxy.workers.holds import HOLD_SECONDS, HoldMetrics, PrivateApp, worker_holds
 
 HI = [{"role": "user", "content": "hi"}]
 DRAIN = {"drain": True, "include_steps": True}
@@ -80,7 +81,7 @@ async def two_workers(tmp_path: Path, tokenizer: Any, *, other: Any = None) -> A
                                                                    tokenizer=tokenizer))
             await _finalized(runtime, "ab"[index])
             runtimes.append(runtime)
-            holds.append(Holds(runtime))
+            holds.append(worker_holds(runtime))
         metrics = [HoldMetrics(h) for h in holds]  # worker 0's: its private app's, and its fan-out's
         async with trio.open_nursery() as nursery:
             for index, runtime in enumerate(runtimes):
@@ -304,6 +305,20 @@ async def test_the_fanning_worker_holds_no_whole_answer(tmp_path: Path, tokenize
     assert peak < size / 4, f"{peak / 1e6:.1f} MB allocated at the peak for an answer of {size / 1e6:.1f} MB"
 
 
+async def test_a_leased_drain_is_refused_with_several_workers_and_drains_nothing(tmp_path: Path,
+                                                                                   tokenizer: Any) -> None:
+    """Its acknowledgement would reach any worker; only the one that read would hold the lease."""
+    async with two_workers(tmp_path, tokenizer) as workers:
+        async with open_client(workers.public) as http:
+            for body in ({**DRAIN, "lease": 60}, {"session_id": "a", "drain": True, "lease": 60}):
+                refused = await http.post("/trajectory/read", json=body)
+                assert refused.status_code == 400, refused.text
+                assert refused.json()["error"]["code"] == "not_served_with_workers"
+                assert refused.json()["error"]["param"] == "lease"
+            assert _sessions((await http.post("/trajectory/read", json=DRAIN)).json()) == ["a#0", "b#0"]
+        assert [len(r.leases) for r in workers.runtimes] == [0, 0]
+
+
 async def test_the_public_socket_neither_holds_nor_settles(tmp_path: Path, tokenizer: Any) -> None:
     """A caller's hold header is not honoured (not forwarded by the fan-out, ignored by the app) and the
     settle route is the private socket's alone."""
@@ -331,7 +346,7 @@ async def test_an_unsettled_hold_expires_and_is_read_again(tokenizer: Any, autoj
         # The clock moves by hand from here: a drain gives memory back in a thread, and a thread's task looks
         # blocked, so the clock would jump to the hold's expiry during it.
         autojump_clock.autojump_threshold = math.inf
-        holds = Holds(runtime)
+        holds = worker_holds(runtime)
         app = PrivateApp(create_app(runtime, collectors=[HoldMetrics(holds)]), holds)
         async with trio.open_nursery() as nursery, open_client(app) as http:
             nursery.start_soon(holds.run)
@@ -368,7 +383,7 @@ async def test_holds_are_bounded_and_a_bad_token_or_settle_is_a_400(tokenizer: A
     engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.001))
     async with open_runtime(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as runtime:
         await _finalized(runtime, "a")
-        holds = Holds(runtime, limit=1)
+        holds = worker_holds(runtime, limit=1)
         async with open_client(PrivateApp(create_app(runtime), holds)) as http:
             assert (await http.post("/trajectory/read", json=DRAIN, headers={"x-actorproxy-hold": "t1"})).is_success
             full = await http.post("/trajectory/read", json=DRAIN, headers={"x-actorproxy-hold": "t2"})

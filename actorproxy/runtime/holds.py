@@ -1,0 +1,114 @@
+"""What drains read, held (no other drain reads it, nothing deleted) under a token until they are settled.
+
+Two callers hold a drain's read until someone else says whether it arrived:
+
+- a trainer's leased drain (``"lease": seconds`` in ``POST /trajectory/read``): what it read
+  waits for the trainer's own ``POST /trajectory/ack`` (delete it, or give it back) once the
+  trainer has it safe, so nothing the trainer's process lost (a crash, a read it never made) is
+  deleted; the keeper is the runtime's :attr:`Runtime.leases <actorproxy.runtime.runtime.Runtime>`;
+- a worker's part of a drain across workers (``workers/holds.py``), settled by the fanning worker
+  once the merged reply reached the trainer.
+
+A hold is reserved before its read (:meth:`Holds.reserve`: bounded, at most ``limit`` at a time),
+kept once the read's reply was sent but for its last bytes (:meth:`Holds.keep`), and settled
+(:meth:`Holds.settle`); one that no settle came for within its seconds is let go of (for the next
+drain) by :meth:`Holds.run`, counted in :attr:`Holds.expired`: held data is never held for good.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+from ..store.base import Held
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+#: The longest lease a drain may take, in seconds: held data is never held for long.
+LONGEST_LEASE = 3600.0
+
+
+@attrs.define(eq=False)
+class _Hold:
+    held: tuple[Held, ...] | None = None  # None: its read is under way
+    deadline: float = 0.0
+
+
+class Holds:
+    """The holds of one keeper, by token (see the module doc); :meth:`run` lets the expired ones go.
+
+    ``what``: how the log names them when one expires (``"a leased drain"``).
+    """
+
+    def __init__(self, runtime: Runtime, *, limit: int, seconds: float, what: str) -> None:
+        self.runtime, self.limit, self.seconds, self.what = runtime, limit, seconds, what
+        self._holds: dict[str, _Hold] = {}
+        self._kept = trio.Event()
+        #: Holds let go of because no settle came in time.
+        self.expired = 0
+
+    def __len__(self) -> int:
+        return len(self._holds)
+
+    def reserve(self, token: str) -> bool:
+        """Room for a read that holds under ``token`` (False: the token is taken, or ``limit`` holds are)."""
+        if token in self._holds or len(self._holds) >= self.limit:
+            return False
+        self._holds[token] = _Hold()
+        return True
+
+    def keep(self, token: str, held: tuple[Held, ...], seconds: float | None = None) -> None:
+        """The read's reply was sent but for its last bytes: what it read waits, held, for its settle (at most
+        ``seconds``, by default the keeper's)."""
+        self._holds[token] = _Hold(held, trio.current_time() + (self.seconds if seconds is None else seconds))
+        self._kept.set()
+
+    def unreserve(self, token: str, answered: bool) -> None:
+        """The read under ``token`` ended without keeping anything: ``answered`` (its answer went out whole: it
+        held nothing, a read that drains nothing), an empty hold waits for its settle; else its room is free."""
+        hold = self._holds.get(token)
+        if hold is not None and hold.held is None:
+            if answered:
+                self.keep(token, ())
+            else:
+                del self._holds[token]
+
+    async def settle(self, token: str, delivered: bool) -> int | None:
+        """Delete what ``token`` holds (``delivered``) or let it go; ``None`` if it holds nothing (expired, unknown,
+        or its read is still under way).
+
+        Returns how many reads it held. A delete that fails raises the store's error: what it read was let go
+        of (the store's ``Settle``), for the next drain."""
+        hold = self._holds.get(token)
+        if hold is None or hold.held is None:
+            return None
+        del self._holds[token]
+        if delivered and hold.held:
+            with trio.CancelScope(shield=True):  # (a settle is answered once deleted, never left half done)
+                await self.runtime.drained(hold.held)
+        else:
+            await self.runtime.let_go(hold.held)
+        return len(hold.held)
+
+    async def run(self) -> None:
+        """Let go of each kept hold whose settle did not come within its seconds."""
+        while True:
+            deadlines = [h.deadline for h in self._holds.values() if h.held is not None]
+            with trio.move_on_at(min(deadlines, default=float("inf"))):
+                await self._kept.wait()
+                self._kept = trio.Event()
+                continue
+            now = trio.current_time()
+            for token, hold in list(self._holds.items()):
+                if hold.held is not None and hold.deadline <= now:
+                    del self._holds[token]
+                    self.expired += 1
+                    log.warning("%s was not settled in time: what it read is let go of, for the next drain",
+                                self.what)
+                    await self.runtime.let_go(hold.held)

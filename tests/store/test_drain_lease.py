@@ -1,0 +1,132 @@
+"""A leased drain: what it read is deleted only once the trainer acknowledges it, after it has it safe.
+
+A plain drain deletes what it read once the trainer's side acknowledged every byte of the reply
+(``test_drain_delivered.py``). That is as far as the proxy can see: a reply the trainer's kernel
+took whole, then lost with the trainer's process (it crashed, or never got to read it), was
+deleted. With ``"lease": seconds`` the drain deletes nothing: what it read stays held (no other
+drain reads it) until the trainer's ``POST /trajectory/ack`` deletes it or gives it back, and is
+given back, for the next drain, once the lease ends without one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from _asgi import open_client
+from _util import run_turn
+from test_drain_delivered import gone_after, hanging_up
+
+from actorproxy.config import ProxyConfig
+from actorproxy.runtime.runtime import Runtime, open_runtime
+from actorproxy.server.app import create_app
+from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.testing import open_simulated_proxy
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+async def _finalized(runtime: Runtime, *sessions: str) -> None:
+    for name in sessions:
+        await run_turn(runtime, name, HI)
+        await runtime.finalize(name)
+
+
+def _sessions(read: dict[str, Any]) -> list[str]:
+    return sorted(s["trajectory_id"] for s in read["data"])
+
+
+def _leases(metrics: str) -> tuple[str, str]:
+    lines = metrics.splitlines()
+    return (next(x for x in lines if x.startswith("actorproxy_drain_leases_open ")).split()[1],
+            next(x for x in lines if x.startswith("actorproxy_drain_leases_expired_total ")).split()[1])
+
+
+async def test_a_leased_drain_deletes_only_what_the_trainer_acknowledges(tokenizer: Any) -> None:
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
+        await _finalized(sim.runtime, "a", "b")
+        leased = (await http.post("/trajectory/read", json={"drain": True, "include_steps": True, "lease": 60})).json()
+        assert _sessions(leased) == ["a#0", "b#0"] and len(leased["steps"]) == 2
+        assert leased["lease"]["seconds"] == 60 and isinstance(leased["lease"]["id"], str)
+        # held for its trainer: no other drain reads it, and it is still in the store
+        assert (await http.post("/trajectory/read", json={"drain": True})).json() == {"data": []}
+        assert (await http.get("/trajectory/stats")).json()["segments"] == 2
+        assert _leases((await http.get("/metrics")).text) == ("1.0", "0.0")
+        acked = await http.post("/trajectory/ack", json={"lease": leased["lease"]["id"]})
+        assert acked.status_code == 200, acked.text
+        assert acked.json() == {"lease": leased["lease"]["id"], "status": "deleted"}
+        assert (await http.get("/trajectory/stats")).json()["segments"] == 0
+        again = await http.post("/trajectory/ack", json={"lease": leased["lease"]["id"]})
+        assert again.status_code == 404 and again.json()["error"]["code"] == "unknown_lease"
+        assert _leases((await http.get("/metrics")).text) == ("0.0", "0.0")
+
+
+async def test_a_released_lease_gives_its_data_to_the_next_drain(tokenizer: Any) -> None:
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
+        await _finalized(sim.runtime, "a")
+        leased = (await http.post("/trajectory/read", json={"drain": True, "lease": 60})).json()
+        released = await http.post("/trajectory/ack", json={"lease": leased["lease"]["id"], "release": True})
+        assert released.json() == {"lease": leased["lease"]["id"], "status": "released"}
+        assert _sessions((await http.post("/trajectory/read", json={"drain": True})).json()) == ["a#0"]
+
+
+async def test_a_lease_not_acknowledged_in_time_is_given_back(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The trainer read it, then died: nothing of it is lost, the next drain has it once the lease ended."""
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
+        await _finalized(sim.runtime, "a", "b")
+        leased = (await http.post("/trajectory/read", json={"drain": True, "lease": 30})).json()
+        assert _sessions(leased) == ["a#0", "b#0"]
+        await trio.sleep(29)
+        assert (await http.post("/trajectory/read", json={"drain": True})).json() == {"data": []}
+        await trio.sleep(2)
+        assert _sessions((await http.post("/trajectory/read", json={"drain": True, "lease": 30})).json()) == [
+            "a#0", "b#0"]
+        late = await http.post("/trajectory/ack", json={"lease": leased["lease"]["id"]})
+        assert late.status_code == 404  # the late acknowledgement deletes nothing: the new lease holds it
+        assert (await http.get("/trajectory/stats")).json()["segments"] == 2
+        assert _leases((await http.get("/metrics")).text) == ("1.0", "1.0")
+
+
+async def test_a_leased_drain_not_received_holds_no_lease(tokenizer: Any) -> None:
+    """A trainer that hung up mid-reply never got the lease: nothing waits for its acknowledgement."""
+    gone = trio.Event()
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim:
+        app = create_app(sim.runtime)
+        await _finalized(sim.runtime, "a")
+        async with open_client(hanging_up(app, gone, after=0)) as http:
+            await gone_after(http, "/trajectory/read", {"drain": True, "lease": 60}, gone, parts=0)
+        assert len(sim.runtime.leases) == 0
+        async with open_client(app) as http:
+            assert _sessions((await http.post("/trajectory/read", json={"drain": True})).json()) == ["a#0"]
+
+
+async def test_leases_are_bounded_and_bad_ones_refused(tokenizer: Any) -> None:
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
+        sim.runtime.leases.limit = 2
+        for body in ({"lease": 60}, {"drain": True, "lease": 0}, {"drain": True, "lease": 3601},
+                     {"drain": True, "lease": "60"}):
+            refused = await http.post("/trajectory/read", json=body)
+            assert refused.status_code == 400, (body, refused.text)
+            assert refused.json()["error"]["param"] == "lease", refused.text
+        for body in ({}, {"lease": ""}, {"lease": "x", "release": "yes"}, {"lease": "x", "other": 1}):
+            assert (await http.post("/trajectory/ack", json=body)).status_code == 400, body
+        first = (await http.post("/trajectory/read", json={"drain": True, "lease": 60})).json()["lease"]["id"]
+        await http.post("/trajectory/read", json={"drain": True, "lease": 60})
+        third = await http.post("/trajectory/read", json={"drain": True, "lease": 60})
+        assert third.status_code == 429 and third.json()["error"]["code"] == "too_many_leases", third.text
+        assert (await http.post("/trajectory/ack", json={"lease": first})).status_code == 200
+        assert (await http.post("/trajectory/read", json={"drain": True, "lease": 60})).status_code == 200
+
+
+async def test_the_dressage_dialect_refuses_a_lease_and_drains_nothing(tokenizer: Any) -> None:
+    config = ProxyConfig.of(port=0, api_dialect="dressage", min_group_size=1)
+    engine = SimEngine(tokenizer, SimConfig(seed=1, token_interval=0.001))
+    async with open_runtime(config, backend=engine, tokenizer=tokenizer) as runtime:
+        await _finalized(runtime, "a")
+        async with open_client(create_app(runtime)) as http:
+            refused = await http.post("/trajectory/read", json={"lease": 60})
+            assert refused.status_code == 400 and "lease" in refused.text, refused.text
+            read = (await http.post("/trajectory/read", json={})).json()
+            assert sum(len(group) for group in read["data"]) == 1
