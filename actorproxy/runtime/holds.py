@@ -63,6 +63,11 @@ class Holds:
         self._holds[token] = _Hold()
         return True
 
+    def sending(self, token: str) -> bool:
+        """Whether ``token``'s read is reserved and its reply still on its way (nothing kept yet)."""
+        hold = self._holds.get(token)
+        return hold is not None and hold.held is None
+
     def keep(self, token: str, held: tuple[Held, ...], seconds: float | None = None) -> None:
         """The read's reply was sent but for its last bytes: what it read waits, held, for its settle (at most
         ``seconds``, by default the keeper's)."""

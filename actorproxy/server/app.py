@@ -30,7 +30,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..config import ProxyConfig
-from ..errors import BadRequest, NotFound, ProxyError, StorageFull, TooManyLeases
+from ..errors import BadRequest, Conflict, NotFound, ProxyError, StorageFull, TooManyLeases
 from ..http.cycle import delivered
 from ..protocols.anthropic import AnthropicFormat, parse_messages_body
 from ..protocols.format import TurnFormat
@@ -284,6 +284,9 @@ def create_app(runtime: Runtime, admission: Admission | None = None, *,
     @app.post("/trajectory/ack")
     async def trajectory_ack() -> Response:
         body = structure(await _body(), AckBody)
+        if runtime.leases.sending(body.lease):
+            raise Conflict("that leased drain's reply is still being sent: acknowledge it once it was read whole",
+                           code="lease_reply_unfinished", param="lease")
         reads = await runtime.leases.settle(body.lease, not body.release)
         if reads is None:
             raise NotFound(f"no leased drain {body.lease!r} waits for its acknowledgement: its lease ended (what it "

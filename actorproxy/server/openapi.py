@@ -145,7 +145,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("/trajectory/read", "POST"): Operation("Finalized segments (drain: removed once delivered; with a lease, once "
                                             "acknowledged)", _TRAINER, ReadBody, errors=(400, 401, 404, 429)),
     ("/trajectory/ack", "POST"): Operation("Acknowledge a leased drain (its data removed) or release it", _TRAINER,
-                                           AckBody, errors=(400, 401, 404)),
+                                           AckBody, errors=(400, 401, 404, 409)),
     ("/trajectory/stats", "GET"): Operation("Store, session and boundary statistics", _OPS, no_body=True,
                                             errors=(401,)),
     ("/v1/rollout/pause", "POST"): Operation("Pause generation (abort, wait or keep)", _TRAINER, PauseBody,

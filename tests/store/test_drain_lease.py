@@ -10,14 +10,18 @@ given back, for the next drain, once the lease ends without one.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import orjson
+import pytest
 import trio
 from _asgi import open_client
 from _util import run_turn
 from test_drain_delivered import gone_after, hanging_up
 
 from actorproxy.config import ProxyConfig
+from actorproxy.runtime import store_messages
 from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.server.app import create_app
 from actorproxy.sim import SimConfig, SimEngine
@@ -130,3 +134,48 @@ async def test_the_dressage_dialect_refuses_a_lease_and_drains_nothing(tokenizer
             assert refused.status_code == 400 and "lease" in refused.text, refused.text
             read = (await http.post("/trajectory/read", json={})).json()
             assert sum(len(group) for group in read["data"]) == 1
+
+
+def slowed(app: Any, go_on: trio.Event) -> Any:
+    """``app`` whose reply's body waits for ``go_on`` after its first part (a trainer still reading it)."""
+
+    async def served(scope: Any, receive: Any, send: Any) -> None:
+        parts = 0
+
+        async def write(message: dict[str, Any]) -> None:
+            nonlocal parts
+            if message["type"] == "http.response.body" and message.get("body"):
+                parts += 1
+                if parts == 2:
+                    await go_on.wait()
+            await send(message)
+
+        await app(scope, receive, write)
+
+    return served
+
+
+async def test_a_lease_acknowledged_before_its_reply_was_read_whole_is_a_409(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The id comes in the reply's first bytes; the data is only safe with the trainer once it has it all."""
+    monkeypatch.setattr(store_messages, "PART_BYTES", 1000)  # a reply of several parts
+    go_on = trio.Event()
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim:
+        app = create_app(sim.runtime)
+        await _finalized(sim.runtime, "a", "b", "c")
+        async with open_client(slowed(app, go_on)) as trainer, open_client(app) as http:
+            async with trainer.stream("POST", "/trajectory/read", json={"drain": True, "include_steps": True,
+                                                                         "lease": 60}) as reply:
+                chunks = reply.aiter_raw()
+                first = await chunks.__anext__()
+                lease = re.search(rb'"lease":\{"id":"([^"]+)"', first)
+                assert lease is not None, first[:200]
+                early = await http.post("/trajectory/ack", json={"lease": lease[1].decode()})
+                assert early.status_code == 409 and early.json()["error"]["code"] == "lease_reply_unfinished"
+                go_on.set()
+                rest = b"".join([first, *[chunk async for chunk in chunks]])
+            assert len(orjson.loads(rest)["data"]) == 3
+            acked = await http.post("/trajectory/ack", json={"lease": lease[1].decode()})
+            assert acked.json()["status"] == "deleted"
+            assert (await http.get("/trajectory/stats")).json()["segments"] == 0
