@@ -15,6 +15,7 @@ import trio
 from . import __version__
 from .compat import add_compat_arguments, apply_compat, check_engine
 from .config import ProxyConfig
+from .config.sim_engine import SimConfig
 from .errors import StartupError
 from .logs import configure_logging
 from .reward_worker import RayRewardWorker
@@ -22,7 +23,6 @@ from .runtime import freed_memory
 from .serve import RunningProxy, serve_until_signal
 from .server.auth import exposure_problem
 from .settings_cli import add_settings_arguments, build_config, settings_from_namespace
-from .sim.config import SimConfig
 from .sim.server import RunningSim, SimServerSettings, serve_sim, served_engine
 from .startup import check_port, load_tokenizer_checked, probe_engines, shutdown_failure, startup_failure
 from .store.ray_pool import check_pool, exit_after_ray

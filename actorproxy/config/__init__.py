@@ -17,7 +17,8 @@ across the tree, so :meth:`ProxyConfig.of` also takes settings by bare name.
 
 The package: :mod:`.fields` (:func:`setting` and the validators),
 :mod:`.sections` (one class per section), :mod:`.tree` (:class:`ProxyConfig`
-and the converter that builds it).
+and the converter that builds it), :mod:`.sim_engine` (the simulated engine's
+``SimConfig``, whose defaults ``actorproxy sim`` and the ``--sim-*`` settings take).
 """
 
 from __future__ import annotations

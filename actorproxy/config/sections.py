@@ -20,6 +20,10 @@ from .fields import (
     setting,
     temperature_range,
 )
+from .sim_engine import SimConfig
+
+#: The simulated engine's own defaults: the ``--sim-*`` settings take theirs from here.
+_SIM = attrs.fields(SimConfig)
 
 
 @attrs.frozen
@@ -170,21 +174,22 @@ class EngineSettings:
         False,
         help="record the MoE experts of every token on each step (R3; SGLang needs --enable-return-routed-experts)",
     )
+    #: Not the engine's own default (``actorproxy sim``'s 0.02): the built-in engine gives a token every 10 ms.
     sim_token_interval: float = setting(
         0.01, positive=True, help="simulated engine: seconds between two sampled tokens"
     )
     sim_decode_steps: bool = setting(
-        False,
+        _SIM.decode_steps.default,
         help="simulated engine: decode in engine-wide steps, as a GPU engine batching every running request "
         "(a request joins the next step, all streams' tokens come together)",
     )
-    sim_seed: int = setting(0, help="simulated engine: random seed")
+    sim_seed: int = setting(_SIM.seed.default, help="simulated engine: random seed")
     sim_tool_call_probability: float = setting(
-        0.7, validator=probability,
+        _SIM.tool_call_probability.default, validator=probability,
         help="simulated engine: chance of a tool call after a user message, when tools are offered",
     )
     sim_followup_tool_call_probability: float | None = setting(
-        None, validator=probability,
+        _SIM.followup_tool_call_probability.default, validator=probability,
         help="simulated engine: chance of a tool call right after tool results (default: half of "
         "--sim-tool-call-probability, so tool loops end)",
     )

@@ -8,7 +8,7 @@ Tests use :func:`actorproxy.sim.server.open_sim_server` on port 0 and arm faults
 through :attr:`~actorproxy.sim.server.RunningSim.faults`.
 """
 
-from .config import SimConfig as SimConfig
+from ..config.sim_engine import SimConfig as SimConfig
 from .engine import SimEngine as SimEngine
 from .generation import SimGeneration as SimGeneration
 from .outputs import ScriptedOutput as ScriptedOutput

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 
 import trio
 
+from ..config.sim_engine import SimConfig
 from ..engines.base import (
     BackendError,
     GenerateRequest,
@@ -43,7 +44,6 @@ from ..engines.base import (
 )
 from ..tokenization.tokenizer import ChatTokenizer
 from .clock import Pacer, PauseClock
-from .config import SimConfig
 from .generation import SimGeneration
 from .outputs import Plan, ScriptedOutput, SimRequestStats
 from .policy import policy_text, prompt_logprobs, read_prompt, token_logprob

@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 import attrs
 
+from ..config.sim_engine import SimConfig
 from ..tokenization.tokenizer import ChatTokenizer
-from .config import SimConfig
 
 _WORDS = (
     "the model reads each file and checks what the tests expect before it changes "

@@ -17,8 +17,8 @@ from typing import Any, Literal
 import attrs
 import trio
 
+from ..config.sim_engine import SimConfig
 from ..engines.base import BackendError, GenerateFinish, GenerateRequest, TokenDelta
-from .config import SimConfig
 from .engine import SimEngine
 from .faults import DropConnection, SimFaults
 from .generation import SimGeneration

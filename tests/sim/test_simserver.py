@@ -20,6 +20,8 @@ from _asgi import open_sim_server as open_real_sim
 from trio.testing import MockClock
 
 from actorproxy.cli import build_parser, sim_settings_from_args
+from actorproxy.config import EngineSettings
+from actorproxy.runtime.backends import sim_config
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.sim.server import RunningSim, SimServerSettings, open_sim_server, served_engine
 from actorproxy.tokenization.tokenizer import ChatTokenizer
@@ -544,6 +546,18 @@ def test_sim_engine_defaults_are_the_engines() -> None:
     assert SimServerSettings(model_path="m").engine_config().model_id == "m"
     with pytest.raises(ValueError, match="model_path"):
         SimServerSettings(engine=served_engine(model_id="other"))
+
+
+def test_the_proxys_built_in_engine_defaults_are_the_engines() -> None:
+    """``actorproxy run --backend sim`` builds :class:`SimConfig`'s own defaults (one differs: a token every
+    10 ms), and each ``--sim-*`` setting is the engine field of its name."""
+    assert sim_config(EngineSettings()) == attrs.evolve(SimConfig(), token_interval=0.01)
+    named = {name.removeprefix("sim_") for name in attrs.fields_dict(EngineSettings) if name.startswith("sim_")}
+    assert named <= set(attrs.fields_dict(SimConfig))
+    changed = EngineSettings(sim_token_interval=0.5, sim_decode_steps=True, sim_seed=3, sim_tool_call_probability=0.1,
+                             sim_followup_tool_call_probability=0.2)
+    engine = sim_config(changed)
+    assert {name: getattr(engine, name) for name in named} == {name: getattr(changed, "sim_" + name) for name in named}
 
 
 async def test_reply_tokens_and_stream_interval(

@@ -1,4 +1,5 @@
-"""Settings of the simulated engine (shared by the engine and its output policy)."""
+"""Settings of the simulated engine (shared by the engine, its output policy, ``actorproxy sim``'s flags and
+the ``--sim-*`` settings of ``actorproxy run``, which take their defaults from here)."""
 
 from __future__ import annotations
 
