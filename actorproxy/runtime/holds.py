@@ -18,6 +18,7 @@ drain) by :meth:`Holds.run`, counted in :attr:`Holds.expired`: held data is neve
 from __future__ import annotations
 
 import logging
+import secrets
 from typing import TYPE_CHECKING
 
 import attrs
@@ -48,6 +49,9 @@ class Holds:
 
     def __init__(self, runtime: Runtime, *, limit: int, seconds: float, what: str) -> None:
         self.runtime, self.limit, self.seconds, self.what = runtime, limit, seconds, what
+        #: What every token :meth:`token` makes begins with: a worker of ``--workers N`` names itself there
+        #: (``w<i>.``), so that an acknowledgement reaching another worker finds the one that holds its lease.
+        self.prefix = ""
         self._holds: dict[str, _Hold] = {}
         self._kept = trio.Event()
         #: Holds let go of because no settle came in time.
@@ -55,6 +59,10 @@ class Holds:
 
     def __len__(self) -> int:
         return len(self._holds)
+
+    def token(self) -> str:
+        """A new token, unguessable, beginning with :attr:`prefix`."""
+        return self.prefix + secrets.token_urlsafe(18)
 
     def reserve(self, token: str) -> bool:
         """Room for a read that holds under ``token`` (False: the token is taken, or ``limit`` holds are)."""

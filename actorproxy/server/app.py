@@ -17,7 +17,6 @@ any header.
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -267,7 +266,8 @@ def create_app(runtime: Runtime, admission: Admission | None = None, *,
         if not body.drain or keep is not None:
             raise BadRequest("'lease' holds what a drain reads until the trainer acknowledges it: it needs "
                              '"drain": true', param="lease")
-        leases, lease = runtime.leases, secrets.token_urlsafe(18)
+        leases = runtime.leases
+        lease = leases.token()
         if not leases.reserve(lease):
             raise TooManyLeases(f"{len(leases)} leased drains are not acknowledged yet (at most {leases.limit}): "
                                 "acknowledge or release them (POST /trajectory/ack)", param="lease")

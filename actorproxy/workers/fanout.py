@@ -59,6 +59,8 @@ log = logging.getLogger("actorproxy.workers")
 HOLD_HEADER = b"x-actorproxy-hold"
 #: The private socket's route that settles a hold (:mod:`.holds`).
 SETTLE_PATH = "/_workers/settle"
+#: The trainer's acknowledgement of a leased drain: sent on to the worker that made the lease.
+ACK_PATH = "/trajectory/ack"
 #: Request headers not forwarded (this hop's own framing, and a caller's hold token: the fan-out sets its own).
 _HOP = frozenset({b"connection", b"content-length", b"transfer-encoding", b"expect", b"keep-alive", b"host",
                   HOLD_HEADER})
@@ -70,6 +72,21 @@ SETTLE_TIMEOUT = 60.0
 
 def control_path(directory: str, index: int) -> str:
     return os.path.join(directory, f"w{index}.http")
+
+
+def lease_prefix(index: int) -> str:
+    """What the ids of the leases worker ``index`` makes begin with (``runtime/holds.py``: ``Holds.prefix``)."""
+    return f"w{index}."
+
+
+def lease_worker(lease: str, workers: int) -> int | None:
+    """The worker whose lease ``lease`` is (:func:`lease_prefix`); ``None`` if it names none of ``workers``."""
+    head, dot, _ = lease.partition(".")
+    number = head[1:]
+    if not (dot and head[:1] == "w" and 0 < len(number) <= 6 and number.isascii() and number.isdigit()):
+        return None
+    index = int(number)
+    return index if index < workers else None
 
 
 class WorkerUnavailable(Exception):
@@ -168,8 +185,10 @@ class FanOut:
     """ASGI middleware of a worker's public app: control routes answered for every worker (see the module doc)."""
 
     def __init__(self, app: ASGIApp, workers: int, directory: str, admission: Admission | None = None, *,
-                 metrics: HoldMetrics | None = None, spool_dir: str | None = None) -> None:
+                 index: int = 0, metrics: HoldMetrics | None = None, spool_dir: str | None = None) -> None:
         self.app, self.workers, self.directory = app, workers, directory
+        #: This worker's: an acknowledgement of a lease another worker made goes there (:meth:`acknowledge`).
+        self.index = index
         #: Where the answers to a read of the whole store are spooled past a MiB (None: the system's temporary
         #: directory; a worker gives its store's, a disk, where a tmpfs would hold them in memory).
         self.spool_dir = spool_dir
@@ -189,7 +208,7 @@ class FanOut:
                 "sessions, which several workers serve; run it with --workers 1 (docs/workers.md)",
                 "not_served_with_workers", "invalid_request_error"))
             return
-        method = FANOUT_ROUTES.get(path)
+        method = "POST" if path == ACK_PATH else FANOUT_ROUTES.get(path)
         if method is None or method != scope["method"] or not self.admitted(scope):
             await self.app(scope, receive, send)  # answered as the single process answers it, before any body
             return
@@ -201,16 +220,37 @@ class FanOut:
             failed = self.admission.refusal(RequestEntityTooLarge(), method="POST", path=path)
             await reply(send, failed.status, jsonio.dumps(failed.data), close=True)
             return
-        if path == "/trajectory/read" and _leases(body):
-            await reply(send, 400, error_body(
-                "'lease' is not served with several workers: an acknowledgement would reach any of them; run "
-                "with --workers 1 for leased drains (docs/workers.md)", "not_served_with_workers",
-                "invalid_request_error", param="lease"))
+        if path == ACK_PATH:
+            await self.acknowledge(scope, receive, send, body)
             return
         if path == "/trajectory/read" and body_session(body) is not None:  # one session: its owner routed it here
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, _replay(body, receive), send)  # (a leased one: its lease is made there)
+            return
+        if path == "/trajectory/read" and _leases(body):
+            await reply(send, 400, error_body(
+                "'lease' with a drain of the whole store is not served with several workers yet: lease one "
+                "session's drain at a time (session_id), or run with --workers 1 (docs/workers.md)",
+                "not_served_with_workers", "invalid_request_error", param="lease"))
             return
         await self.fan_out(scope, receive, send, body)
+
+    async def acknowledge(self, scope: Any, receive: Receive, send: Send, body: bytes) -> None:
+        """``POST /trajectory/ack``: a lease another worker made (its id names it: :func:`lease_worker`) is
+        acknowledged there, over its private socket, its answer relayed as it is; any other (this worker's, or one
+        naming no worker: 404 ``unknown_lease``, a bad body: 400) is this worker's app's to answer."""
+        lease = _read_field(body, "lease")
+        index = lease_worker(lease, self.workers) if isinstance(lease, str) else None
+        if index is None or index == self.index:
+            await self.app(scope, _replay(body, receive), send)
+            return
+        try:
+            answer = await ask(self.directory, index, "POST", _target(scope), list(scope["headers"]), body,
+                               seconds=SETTLE_TIMEOUT)
+        except WorkerUnavailable as exc:
+            await reply(send, 503, error_body(f"{exc}: the lease is still held there until it ends",
+                                              "worker_unavailable", "server_error"), retry_after=True)
+            return
+        await reply(send, answer.status, answer.body, content_type=answer.header(b"content-type"))
 
     def admitted(self, scope: Any) -> bool:
         """Whether the app's admission step lets the request in, its announced body within the limit (else the

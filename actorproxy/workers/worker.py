@@ -34,7 +34,7 @@ from ..serve import RunningProxy, asgi_of, bind_host, connection_limits, drain_t
 from ..server.app import admission_for, create_app
 from ..server.http_server import HTTPServer
 from ..tokenization.tokenizer import ChatTokenizer
-from .fanout import FanOut, WorkerUnavailable, ask, control_path
+from .fanout import FanOut, WorkerUnavailable, ask, control_path, lease_prefix
 from .handoff import Router, remove_stale, serve_handoffs
 from .holds import HoldMetrics, PrivateApp, worker_holds
 
@@ -69,6 +69,7 @@ async def serve_worker(
     async with open_runtime(worker_config(config, index), tokenizer=tokenizer) as runtime:
         await take_rollout_state(runtime, index, workers, directory)
         admission = admission_for(runtime.config)  # the one step the app, the router and the fan-out ask
+        runtime.leases.prefix = lease_prefix(index)  # an acknowledgement reaching another worker comes here
         holds = worker_holds(runtime)  # this worker's parts of drains across workers, until they are settled
         metrics = HoldMetrics(holds)
         app = asgi_of(create_app(runtime, admission, collectors=[metrics]))
@@ -76,7 +77,8 @@ async def serve_worker(
         stop = trio.Event()
         limits = connection_limits(config)
         private = HTTPServer(PrivateApp(app, holds), tracker=tracker, limits=limits)
-        fanout = FanOut(app, workers, directory, admission, metrics=metrics, spool_dir=spool_dir(runtime.config))
+        fanout = FanOut(app, workers, directory, admission, index=index, metrics=metrics,
+                        spool_dir=spool_dir(runtime.config))
         public = HTTPServer(fanout, router=Router(index, workers, directory, admission), tracker=tracker,
                             limits=limits)
         control = control_path(directory, index)

@@ -53,6 +53,8 @@ async def test_a_request_the_admission_step_refuses_is_left_to_the_app_where_it_
                     ("/v1/rollout/pause", admin, theirs),  # too big: not read and fanned out
                     ("/session/finalize", {}, {"session_id": _of_worker(1)}),  # no admin token
                     ("/v1/rollout/pause", {}, {}),
+                    ("/trajectory/ack", {}, {"lease": "w1.x"}),  # no admin token: not sent on to worker 1
+                    ("/trajectory/ack", admin, {"lease": "w1.x", "pad": "x" * 200}),
                     ("/v1/chat/completions", {"x-api-key": "wrong"}, {"session_id": _of_worker(1)}),
                 ]:
                     answer = await http.post(path, headers=headers, json=body)
@@ -60,6 +62,9 @@ async def test_a_request_the_admission_step_refuses_is_left_to_the_app_where_it_
                 # Admitted: the router reads the body and hands the connection to worker 1 (not there: 503).
                 sent_on = await http.post("/session/finalize", headers=admin, json={"session_id": _of_worker(1)})
                 assert sent_on.status_code == 503
+                for lease, status in (("w1.x", 503), ("w0.x", 200), ("x", 200)):  # sent on to worker 1, or not
+                    acked = await http.post("/trajectory/ack", headers=admin, json={"lease": lease})
+                    assert acked.status_code == status, (lease, acked.text)
         stop.set()
 
 
@@ -79,6 +84,7 @@ REFUSED: list[tuple[str, str, dict[str, str], Any]] = [
         ("POST", "/trajectory/read", {}, {"session_id": s}),
     ]],
     ("POST", "/v1/rollout/pause", {}, {}),
+    ("POST", "/trajectory/ack", {}, {"lease": "w1.x"}),
     ("POST", "/v1/rollout/resume", {"authorization": "Bearer wrong"}, {}),
     ("GET", "/v1/rollout/pause_state", {}, None),
     ("POST", "/trajectory/read", {"authorization": f"Bearer {KEYS.session_key('s1')}"}, {}),

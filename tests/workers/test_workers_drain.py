@@ -36,7 +36,7 @@ from actorproxy.server.app import create_app
 from actorproxy.server.http_server import HTTPServer
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.workers import fanout, merge
-from actorproxy.workers.fanout import SETTLE_PATH, FanOut, ask, control_path
+from actorproxy.workers.fanout import SETTLE_PATH, FanOut, ask, control_path, lease_prefix
 from actorproxy.workers.holds import HOLD_SECONDS, HoldMetrics, PrivateApp, worker_holds
 
 HI = [{"role": "user", "content": "hi"}]
@@ -47,8 +47,12 @@ DRAIN = {"drain": True, "include_steps": True}
 class Workers:
     runtimes: list[Runtime]
     holds: list[Holds]
-    public: Any  # the fan-out in front of worker 0's app, as worker 0's public socket serves it
+    publics: list[Any]  # the fan-out in front of each worker's app, as its public socket serves it
     directory: str
+
+    @property
+    def public(self) -> Any:
+        return self.publics[0]
 
 
 async def _finalized(runtime: Runtime, *sessions: str) -> None:
@@ -90,9 +94,12 @@ async def two_workers(tmp_path: Path, tokenizer: Any, *, other: Any = None) -> A
                 await _serve_private(nursery, PrivateApp(app, holds[index]), directory, index, stop)
             if other is not None:
                 await _serve_private(nursery, other, directory, 1, stop)
-            public = FanOut(asgi_of(create_app(runtimes[0], collectors=[metrics[0]])), 2, directory,
-                            metrics=metrics[0])
-            yield Workers(runtimes, holds, public, directory)
+            publics = []
+            for index, runtime in enumerate(runtimes):
+                runtime.leases.prefix = lease_prefix(index)
+                publics.append(FanOut(asgi_of(create_app(runtime, collectors=[metrics[index]])), 2, directory,
+                                      index=index, metrics=metrics[index]))
+            yield Workers(runtimes, holds, publics, directory)
             stop.set()
             nursery.cancel_scope.cancel()
 
@@ -305,16 +312,35 @@ async def test_the_fanning_worker_holds_no_whole_answer(tmp_path: Path, tokenize
     assert peak < size / 4, f"{peak / 1e6:.1f} MB allocated at the peak for an answer of {size / 1e6:.1f} MB"
 
 
-async def test_a_leased_drain_is_refused_with_several_workers_and_drains_nothing(tmp_path: Path,
-                                                                                   tokenizer: Any) -> None:
-    """Its acknowledgement would reach any worker; only the one that read would hold the lease."""
+async def test_a_leased_read_of_one_session_is_acknowledged_on_another_worker(tmp_path: Path,
+                                                                              tokenizer: Any) -> None:
+    """Session "b" is worker 1's: its leased drain is made there, and its id names worker 1, so an acknowledgement
+    that reaches worker 0 is sent on to worker 1 (its answer relayed as it is)."""
+    async with two_workers(tmp_path, tokenizer) as workers:
+        async with open_client(workers.publics[1]) as owner, open_client(workers.public) as other:
+            leased = (await owner.post("/trajectory/read", json={"session_id": "b", "drain": True, "lease": 60})).json()
+            assert _sessions(leased) == ["b#0"] and leased["lease"]["id"].startswith("w1.")
+            assert len(workers.runtimes[1].leases) == 1
+            assert (await owner.post("/trajectory/read", json={"session_id": "b", "drain": True})).json()["data"] == []
+            for unknown in ("w1.nothing", "w2.x", "w.x", "nothing", "w0." + leased["lease"]["id"][3:]):
+                missing = await other.post("/trajectory/ack", json={"lease": unknown})
+                assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_lease", unknown
+            assert (await other.post("/trajectory/ack", json={"lease": 1})).status_code == 400
+            acked = await other.post("/trajectory/ack", json={"lease": leased["lease"]["id"]})
+            assert acked.status_code == 200, acked.text
+            assert acked.json() == {"lease": leased["lease"]["id"], "status": "deleted"}
+        assert (await workers.runtimes[1].store_stats())["segments"] == 0
+        assert [len(r.leases) for r in workers.runtimes] == [0, 0]
+
+
+async def test_a_leased_drain_of_the_whole_store_is_refused_with_several_workers_and_drains_nothing(
+        tmp_path: Path, tokenizer: Any) -> None:
     async with two_workers(tmp_path, tokenizer) as workers:
         async with open_client(workers.public) as http:
-            for body in ({**DRAIN, "lease": 60}, {"session_id": "a", "drain": True, "lease": 60}):
-                refused = await http.post("/trajectory/read", json=body)
-                assert refused.status_code == 400, refused.text
-                assert refused.json()["error"]["code"] == "not_served_with_workers"
-                assert refused.json()["error"]["param"] == "lease"
+            refused = await http.post("/trajectory/read", json={**DRAIN, "lease": 60})
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["code"] == "not_served_with_workers"
+            assert refused.json()["error"]["param"] == "lease"
             assert _sessions((await http.post("/trajectory/read", json=DRAIN)).json()) == ["a#0", "b#0"]
         assert [len(r.leases) for r in workers.runtimes] == [0, 0]
 
