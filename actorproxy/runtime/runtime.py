@@ -489,6 +489,7 @@ class _Parts:
                     await self._runtime.drained(held)
         if parts:
             return parts.pop()
+        self._given_up = None  # every part was sent (asked for the next once the last went out): not given up
         raise StopAsyncIteration
 
     async def aclose(self) -> None:

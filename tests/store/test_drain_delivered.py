@@ -8,6 +8,7 @@ last part is sent (then deleted) or its reply is given up (then let go, for the 
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -279,3 +280,19 @@ def _all_there_and_cut(again: list[Any], names: list[str], caplog: pytest.LogCap
     lines = [(r.fields["status"], r.fields.get("error")) for r in caplog.records  # type: ignore[attr-defined]
              if r.name == "actorproxy.access" and r.fields["path"] == "/trajectory/read"]
     assert lines[0] == (499, "client_disconnected"), lines
+
+
+async def test_a_fetch_batch_delivered_with_nothing_to_delete_does_not_come_again(tokenizer: Any) -> None:
+    """Its trajectories were drained with /trajectory/read first: the batch holds no data, and once its reply
+    went out whole its groups are handed over, not put back in the queue as if it had not been received."""
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
+        for uid in ("r0", "r1"):
+            assert (await http.post("/generate", json={"trajectory_uid": uid, "prompt_uid": "q", "messages": HI,
+                                                       "max_tokens": 4})).status_code == 200
+            assert (await http.post(f"/complete_trajectory/{uid}", json={"reward": 1.0})).status_code == 200
+        assert len((await http.post("/trajectory/read", json={"drain": True})).json()["data"]) == 2
+        fetch = {"groups": 1, "rollouts_per_group": 2, "timeout_s": 0}
+        batch = (await http.post("/trajectory/fetch_batch", json=fetch)).json()
+        assert batch["complete"] and [t["trajectory_id"] for t in batch["data"][0]["trajectories"]] == ["r0", "r1"]
+        gc.collect()
+        assert (await http.post("/trajectory/fetch_batch", json=fetch)).json() == {"data": [], "complete": False}
