@@ -222,9 +222,15 @@ class ProxyClient:
         body = _given(reward=reward, channel=channel)
         return await self._typed(f"/complete_trajectory/{trajectory_uid}", body, CompleteResult)
 
-    async def fetch_batch(self, groups: int, rollouts_per_group: int, *, timeout_s: float = 30.0) -> FetchBatchResult:
-        """Wait for ``groups`` complete prompt groups of ``rollouts_per_group`` and take them (drained)."""
-        body = {"groups": groups, "rollouts_per_group": rollouts_per_group, "timeout_s": timeout_s}
+    async def fetch_batch(self, groups: int, rollouts_per_group: int, *, timeout_s: float = 30.0,
+                          lease: float | None = None) -> FetchBatchResult:
+        """Wait for ``groups`` complete prompt groups of ``rollouts_per_group`` and take them (drained).
+
+        ``lease`` (seconds): removed from the store only once :meth:`acknowledge` is called with the result's
+        ``lease.id``; without it in time, its groups are handed out again, first.
+        """
+        body = {"groups": groups, "rollouts_per_group": rollouts_per_group, "timeout_s": timeout_s,
+                **_given(lease=lease)}
         return await self._typed("/trajectory/fetch_batch", body, FetchBatchResult)
 
     async def stats(self) -> dict[str, Any]:

@@ -6,7 +6,8 @@ N rollouts of one prompt (a GRPO group) each call ``generate`` turn by turn
 (running a fake tool between turns), score themselves with ``compute_reward``
 (the shipped ``gsm8k`` reward), and submit their steps with the reward on the
 last one (``is_last`` completes the trajectory); the trainer takes the whole
-group with ``fetch_batch``. Everything goes through :class:`ProxyClient`, whose
+group with a leased ``fetch_batch`` and acknowledges it once used (it leaves the
+store then). Everything goes through :class:`ProxyClient`, whose
 results are typed. Without ``--url`` it serves its own proxy over the
 simulated engine.
 """
@@ -60,14 +61,19 @@ async def run(url: str, rollouts: int) -> None:
         async with trio.open_nursery() as nursery:
             for i in range(rollouts):
                 nursery.start_soon(rollout, client, i, "gsm8k-17")
-        batch = await client.fetch_batch(1, rollouts, timeout_s=60)
-    [group] = batch.data
-    print(f"group {group.instance_id}: {len(group.trajectories)} rollouts, complete={batch.complete}")
-    for trajectory in group.trajectories:
-        for segment in trajectory.segments:
-            print(f"  {segment['trajectory_id']}: {segment['num_tokens']} tokens, "
-                  f"{segment['num_trained_tokens']} trained, reward {segment['reward']}, "
-                  f"step rewards {segment['metadata'].get('step_rewards')}")
+        # Leased: the group stays in the store until the trainer acknowledges it (a trainer that dies before
+        # then gets it handed out again after 300 s).
+        batch = await client.fetch_batch(1, rollouts, timeout_s=60, lease=300)
+        [group] = batch.data
+        print(f"group {group.instance_id}: {len(group.trajectories)} rollouts, complete={batch.complete}")
+        for trajectory in group.trajectories:
+            for segment in trajectory.segments:
+                print(f"  {segment['trajectory_id']}: {segment['num_tokens']} tokens, "
+                      f"{segment['num_trained_tokens']} trained, reward {segment['reward']}, "
+                      f"step rewards {segment['metadata'].get('step_rewards')}")
+        assert batch.lease is not None
+        await client.acknowledge(batch.lease.id)  # trained on (here: printed): now it leaves the store
+        print(f"acknowledged: {(await client.stats())['segments']} segments left in the store")
 
 
 async def main() -> None:

@@ -12,7 +12,8 @@ from typing import Any
 
 import attrs
 
-from ..schema.converter import ours
+from ..runtime.holds import LONGEST_LEASE
+from ..schema.converter import at_least, at_most, ours
 
 #: ``train`` goes to the training hand-off; any other channel (ours say ``validate``, Claw-R1's ``val``) never does.
 Channel = str
@@ -157,6 +158,9 @@ class FetchBatchBody:
     groups: int
     rollouts_per_group: int
     timeout_s: float = 30.0
+    #: Ours: seconds the batch stays held for ``POST /trajectory/ack`` (deleted then); given back (its groups
+    #: first in the queue again) if none came.
+    lease: float | None = attrs.field(default=None, validator=[at_least(1), at_most(LONGEST_LEASE)])
 
 
 # -- replies ------------------------------------------------------------------------------
@@ -260,9 +264,21 @@ class GroupBatch:
 
 
 @attrs.frozen
+class Lease:
+    """A leased drain's: what to acknowledge (``POST /trajectory/ack {"lease": id}``), within ``seconds``."""
+
+    id: str
+    seconds: float
+
+
+@attrs.frozen
 class FetchBatchResult:
+    __wire_omit_if_default__ = ("lease",)
+
     data: list[GroupBatch]
     complete: bool
+    #: Asked for with ``lease``: the batch is deleted once acknowledged.
+    lease: Lease | None = None
 
 
 @attrs.frozen

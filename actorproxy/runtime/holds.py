@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
+from ..errors import TooManyLeases
 from ..store.base import Held
 
 if TYPE_CHECKING:
@@ -39,6 +41,8 @@ LONGEST_LEASE = 3600.0
 class _Hold:
     held: tuple[Held, ...] | None = None  # None: its read is under way
     deadline: float = 0.0
+    #: Called when what it holds is let go of (released, or its time ran out), not when it is deleted.
+    let_go: Callable[[], None] | None = None
 
 
 class Holds:
@@ -71,16 +75,31 @@ class Holds:
         self._holds[token] = _Hold()
         return True
 
+    def new_lease(self) -> str:
+        """A fresh token, reserved for a trainer's leased drain; :class:`TooManyLeases` (429) at ``limit``."""
+        token = self.token()
+        if not self.reserve(token):
+            raise TooManyLeases(f"{len(self)} leased drains are not acknowledged yet (at most {self.limit}): "
+                                "acknowledge or release them (POST /trajectory/ack)", param="lease")
+        return token
+
     def sending(self, token: str) -> bool:
         """Whether ``token``'s read is reserved and its reply still on its way (nothing kept yet)."""
         hold = self._holds.get(token)
         return hold is not None and hold.held is None
 
-    def keep(self, token: str, held: tuple[Held, ...], seconds: float | None = None) -> None:
+    def keep(self, token: str, held: tuple[Held, ...], seconds: float | None = None,
+             let_go: Callable[[], None] | None = None) -> None:
         """The read's reply was sent but for its last bytes: what it read waits, held, for its settle (at most
-        ``seconds``, by default the keeper's)."""
-        self._holds[token] = _Hold(held, trio.current_time() + (self.seconds if seconds is None else seconds))
+        ``seconds``, by default the keeper's). ``let_go`` is called if it is let go of instead of deleted (a
+        batch's groups put back in the hand-off queue)."""
+        deadline = trio.current_time() + (self.seconds if seconds is None else seconds)
+        self._holds[token] = _Hold(held, deadline, let_go)
         self._kept.set()
+
+    def drop(self, token: str) -> None:
+        """Forget ``token``'s hold, settling nothing (its reply was given up, and lets go of what it read)."""
+        self._holds.pop(token, None)
 
     def unreserve(self, token: str, answered: bool) -> None:
         """The read under ``token`` ended without keeping anything: ``answered`` (its answer went out whole: it
@@ -102,12 +121,19 @@ class Holds:
         if hold is None or hold.held is None:
             return None
         del self._holds[token]
-        if delivered and hold.held:
-            with trio.CancelScope(shield=True):  # (a settle is answered once deleted, never left half done)
-                await self.runtime.drained(hold.held)
+        if delivered:
+            if hold.held:
+                with trio.CancelScope(shield=True):  # (a settle is answered once deleted, never left half done)
+                    await self.runtime.drained(hold.held)
         else:
-            await self.runtime.let_go(hold.held)
+            await self._let_go(hold)
         return len(hold.held)
+
+    async def _let_go(self, hold: _Hold) -> None:
+        assert hold.held is not None
+        if hold.let_go is not None:
+            hold.let_go()
+        await self.runtime.let_go(hold.held)
 
     async def run(self) -> None:
         """Let go of each kept hold whose settle did not come within its seconds."""
@@ -124,4 +150,4 @@ class Holds:
                     self.expired += 1
                     log.warning("%s was not settled in time: what it read is let go of, for the next drain",
                                 self.what)
-                    await self.runtime.let_go(hold.held)
+                    await self._let_go(hold)

@@ -29,7 +29,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..config import ProxyConfig
-from ..errors import BadRequest, Conflict, NotFound, ProxyError, StorageFull, TooManyLeases
+from ..errors import BadRequest, Conflict, NotFound, ProxyError, StorageFull
 from ..http.cycle import delivered
 from ..protocols.anthropic import AnthropicFormat, parse_messages_body
 from ..protocols.format import TurnFormat
@@ -267,17 +267,13 @@ def create_app(runtime: Runtime, admission: Admission | None = None, *,
             raise BadRequest("'lease' holds what a drain reads until the trainer acknowledges it: it needs "
                              '"drain": true', param="lease")
         leases = runtime.leases
-        lease = leases.token()
-        if not leases.reserve(lease):
-            raise TooManyLeases(f"{len(leases)} leased drains are not acknowledged yet (at most {leases.limit}): "
-                                "acknowledge or release them (POST /trajectory/ack)", param="lease")
+        lease = leases.new_lease()
         try:
-            reply = await runtime.read_reply(
-                query, partial(leases.keep, lease, seconds=body.lease), reached, given_up=partial(
-                    leases.unreserve, lease, False), lead=b'"lease":' + jsonio.dumps(
-                    {"id": lease, "seconds": body.lease}) + b",")
+            lead = b'"lease":' + jsonio.dumps({"id": lease, "seconds": body.lease}) + b","
+            reply = await runtime.read_reply(query, partial(leases.keep, lease, seconds=body.lease), reached,
+                                             lead=lead, given_up=partial(leases.drop, lease))
         except BaseException:
-            leases.unreserve(lease, False)
+            leases.drop(lease)
             raise
         return Response(reply, status=200, mimetype="application/json")
 

@@ -55,6 +55,7 @@ from ..protocols.gateway_models import (
     HandedTrajectory,
     InitBody,
     InitResult,
+    Lease,
     NotReady,
     ReadyResult,
     RegisterBody,
@@ -354,14 +355,18 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
             async with fetching:
                 groups, complete_ = gateway.handoff.peek(body.groups, body.rollouts_per_group)
                 if complete_ or trio.current_time() >= deadline:
-                    return await hand_over(groups, complete_)
+                    return await hand_over(groups, complete_, body.lease)
             # Another trainer took groups this call waited for: wait again until the deadline.
 
-    async def hand_over(groups: list[Group], complete_: bool) -> Response:
+    async def hand_over(groups: list[Group], complete_: bool, seconds: float | None) -> Response:
         """Read (holding what each trajectory's drain deletes), serialise, send, and only then delete: a reply
-        that cannot be built or is not received loses nothing, and its groups go back to the queue."""
+        that cannot be built or is not received loses nothing, and its groups go back to the queue. Leased
+        (``seconds``), the batch is deleted once the trainer acknowledges it, and given back (its groups
+        first in the queue again) if it does not in time."""
         found: dict[str, list[Segment]] = {}
         held: list[Held] = []
+        leases = runtime.leases
+        leased = Lease(leases.new_lease(), seconds) if seconds is not None else None
         try:
             for group in groups:
                 for item in group.trajectories:
@@ -378,14 +383,28 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
                     HandedTrajectory(item.trajectory_id, item.reward,
                                      [CONVERTER.unstructure(s) for s in found[item.trajectory_id]])
                     for item in group.trajectories]) for group in groups]
-                return encode_body(FetchBatchResult(data, complete_))
+                return encode_body(FetchBatchResult(data, complete_, leased))
 
             reply = await trio.to_thread.run_sync(serialise)
         except BaseException:
+            if leased is not None:
+                leases.drop(leased.id)
             await runtime.let_go(tuple(held))
             raise
         gateway.handoff.remove(groups)  # (no other fetch takes them; back in the queue if not delivered)
-        body = runtime.delivered_reply(reply, held, given_up=lambda: gateway.handoff.restore(groups),
+
+        def given_up() -> None:
+            gateway.handoff.restore(groups)
+            if leased is not None:
+                leases.drop(leased.id)
+
+        keep = None
+        if leased is not None:
+            back = partial(gateway.handoff.restore, groups)
+            if not held:  # (nothing read to hold: every trajectory was drained already) the groups wait for it
+                leases.keep(leased.id, (), leased.seconds, back)
+            keep = partial(leases.keep, leased.id, seconds=leased.seconds, let_go=back)
+        body = runtime.delivered_reply(reply, held, given_up=given_up, keep=keep,
                                        delivered=partial(delivered, request.scope))
         return Response(body, mimetype="application/json")
 

@@ -179,3 +179,56 @@ async def test_a_lease_acknowledged_before_its_reply_was_read_whole_is_a_409(
             acked = await http.post("/trajectory/ack", json={"lease": lease[1].decode()})
             assert acked.json()["status"] == "deleted"
             assert (await http.get("/trajectory/stats")).json()["segments"] == 0
+
+
+async def _two_completed(http: Any) -> None:
+    for uid in ("r0", "r1"):
+        assert (await http.post("/generate", json={"trajectory_uid": uid, "prompt_uid": "q", "messages": HI,
+                                                   "max_tokens": 4})).status_code == 200
+        assert (await http.post(f"/complete_trajectory/{uid}", json={"reward": 1.0})).status_code == 200
+
+
+async def test_a_leased_fetch_batch_is_deleted_only_once_acknowledged(tokenizer: Any) -> None:
+    """The gateway's hand-off by prompt group: the batch's data stays in the store and its groups out of the
+    queue until the trainer's acknowledgement."""
+    fetch = {"groups": 1, "rollouts_per_group": 2, "timeout_s": 0}
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
+        await _two_completed(http)
+        batch = (await http.post("/trajectory/fetch_batch", json={**fetch, "lease": 60})).json()
+        assert batch["complete"] and batch["lease"]["seconds"] == 60
+        assert [t["trajectory_id"] for t in batch["data"][0]["trajectories"]] == ["r0", "r1"]
+        assert (await http.post("/trajectory/fetch_batch", json=fetch)).json() == {"data": [], "complete": False}
+        assert (await http.get("/trajectory/stats")).json()["segments"] == 2
+        plain = (await http.post("/trajectory/fetch_batch", json=fetch)).json()
+        assert "lease" not in plain  # (a fetch without one answers as Claw-R1's does)
+        acked = await http.post("/trajectory/ack", json={"lease": batch["lease"]["id"]})
+        assert acked.json()["status"] == "deleted"
+        assert (await http.get("/trajectory/stats")).json()["segments"] == 0
+
+
+async def test_a_leased_fetch_batch_not_acknowledged_puts_its_groups_back_first(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    fetch = {"groups": 1, "rollouts_per_group": 2, "timeout_s": 0}
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
+        await _two_completed(http)
+        released = (await http.post("/trajectory/fetch_batch", json={**fetch, "lease": 30})).json()["lease"]["id"]
+        assert (await http.post("/trajectory/ack", json={"lease": released, "release": True})).status_code == 200
+        expiring = (await http.post("/trajectory/fetch_batch", json={**fetch, "lease": 30})).json()
+        assert [t["trajectory_id"] for t in expiring["data"][0]["trajectories"]] == ["r0", "r1"]
+        await trio.sleep(31)  # the trainer died: the lease ends, the group is first in the queue again
+        again = (await http.post("/trajectory/fetch_batch", json=fetch)).json()
+        assert again["complete"] and [len(t["segments"]) for t in again["data"][0]["trajectories"]] == [1, 1]
+        assert (await http.get("/trajectory/stats")).json()["segments"] == 0  # delivered, not leased: deleted
+
+
+async def test_a_leased_fetch_batch_whose_data_was_drained_already_still_settles(tokenizer: Any) -> None:
+    """Its trajectories were read with /trajectory/read first: nothing to hold, and the lease still answers."""
+    fetch = {"groups": 1, "rollouts_per_group": 2, "timeout_s": 0, "lease": 60}
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
+        await _two_completed(http)
+        assert len((await http.post("/trajectory/read", json={"drain": True})).json()["data"]) == 2
+        batch = (await http.post("/trajectory/fetch_batch", json=fetch)).json()
+        assert [len(t["segments"]) for t in batch["data"][0]["trajectories"]] == [0, 0]
+        assert (await http.post("/trajectory/ack", json={"lease": batch["lease"]["id"]})).status_code == 200
+        assert len(sim.runtime.leases) == 0

@@ -45,7 +45,7 @@ def test_dressage_command_line_example_runs() -> None:
     assert "segment sess-001#0" in result.stdout and "instance inst-001" in result.stdout
 
 
-@pytest.mark.parametrize(("script", "expected"), [("gateway_whitebox.py", "4 rollouts, complete=True"),
+@pytest.mark.parametrize(("script", "expected"), [("gateway_whitebox.py", "acknowledged: 0 segments left"),
                                                   ("gateway_blackbox.py", "queued for training: True")])
 def test_gateway_examples_run(script: str, expected: str) -> None:
     result = _run(str(EXAMPLES / script))
