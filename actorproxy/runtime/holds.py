@@ -124,7 +124,12 @@ class Holds:
         if delivered:
             if hold.held:
                 with trio.CancelScope(shield=True):  # (a settle is answered once deleted, never left half done)
-                    await self.runtime.drained(hold.held)
+                    try:
+                        await self.runtime.drained(hold.held)
+                    except BaseException:  # (let go of by the store: so is what waits with it)
+                        if hold.let_go is not None:
+                            hold.let_go()
+                        raise
         else:
             await self._let_go(hold)
         return len(hold.held)

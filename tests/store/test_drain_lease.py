@@ -21,6 +21,7 @@ from _util import run_turn
 from test_drain_delivered import gone_after, hanging_up
 
 from actorproxy.config import ProxyConfig
+from actorproxy.errors import StorageFull
 from actorproxy.runtime import store_messages
 from actorproxy.runtime.runtime import Runtime, open_runtime
 from actorproxy.server.app import create_app
@@ -232,3 +233,25 @@ async def test_a_leased_fetch_batch_whose_data_was_drained_already_still_settles
         assert [len(t["segments"]) for t in batch["data"][0]["trajectories"]] == [0, 0]
         assert (await http.post("/trajectory/ack", json={"lease": batch["lease"]["id"]})).status_code == 200
         assert len(sim.runtime.leases) == 0
+
+
+async def test_an_acknowledged_fetch_whose_delete_fails_puts_its_groups_back(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store could not delete (its disk): the trainer is told, and the batch is handed out again, data and
+    groups alike, not left in the store with its groups gone from the queue."""
+    fetch = {"groups": 1, "rollouts_per_group": 2, "timeout_s": 0}
+
+    async def failing(self: Runtime, held: Any) -> None:
+        await self.let_go(held)  # (what the store does when its delete fails)
+        raise StorageFull("disk I/O error")
+
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
+        await _two_completed(http)
+        lease = (await http.post("/trajectory/fetch_batch", json={**fetch, "lease": 60})).json()["lease"]["id"]
+        monkeypatch.setattr(Runtime, "drained", failing)
+        refused = await http.post("/trajectory/ack", json={"lease": lease})
+        assert refused.status_code == 507, refused.text
+        monkeypatch.undo()
+        again = (await http.post("/trajectory/fetch_batch", json=fetch)).json()
+        assert again["complete"] and [len(t["segments"]) for t in again["data"][0]["trajectories"]] == [1, 1]
