@@ -7,7 +7,8 @@ Two callers hold a drain's read until someone else says whether it arrived:
   trainer has it safe, so nothing the trainer's process lost (a crash, a read it never made) is
   deleted; the keeper is the runtime's :attr:`Runtime.leases <actorproxy.runtime.runtime.Runtime>`;
 - a worker's part of a drain across workers (``workers/holds.py``), settled by the fanning worker
-  once the merged reply reached the trainer.
+  once the merged reply reached the trainer; for a leased one, the fanning worker's leases keep
+  the drain (``elsewhere``: settling every worker's part) until the trainer's acknowledgement.
 
 A hold is reserved before its read (:meth:`Holds.reserve`: bounded, at most ``limit`` at a time),
 kept once the read's reply was sent but for its last bytes (:meth:`Holds.keep`), and settled
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -37,12 +38,18 @@ log = logging.getLogger(__name__)
 LONGEST_LEASE = 3600.0
 
 
+#: A hold whose data other processes hold (a leased drain across workers): it settles them, delivered or not,
+#: and returns those that did not confirm their delete.
+Elsewhere = Callable[[bool], Awaitable[list[int]]]
+
+
 @attrs.define(eq=False)
 class _Hold:
     held: tuple[Held, ...] | None = None  # None: its read is under way
     deadline: float = 0.0
     #: Called when what it holds is let go of (released, or its time ran out), not when it is deleted.
     let_go: Callable[[], None] | None = None
+    elsewhere: Elsewhere | None = None
 
 
 class Holds:
@@ -89,12 +96,13 @@ class Holds:
         return hold is not None and hold.held is None
 
     def keep(self, token: str, held: tuple[Held, ...], seconds: float | None = None,
-             let_go: Callable[[], None] | None = None) -> None:
+             let_go: Callable[[], None] | None = None, *, elsewhere: Elsewhere | None = None) -> None:
         """The read's reply was sent but for its last bytes: what it read waits, held, for its settle (at most
         ``seconds``, by default the keeper's). ``let_go`` is called if it is let go of instead of deleted (a
-        batch's groups put back in the hand-off queue)."""
+        batch's groups put back in the hand-off queue); ``elsewhere``: what it read is held by other processes,
+        which that settles (``held`` is empty then)."""
         deadline = trio.current_time() + (self.seconds if seconds is None else seconds)
-        self._holds[token] = _Hold(held, deadline, let_go)
+        self._holds[token] = _Hold(held, deadline, let_go, elsewhere)
         self._kept.set()
 
     def drop(self, token: str) -> None:
@@ -117,22 +125,40 @@ class Holds:
 
         Returns how many reads it held. A delete that fails raises the store's error: what it read was let go
         of (the store's ``Settle``), for the next drain."""
+        hold = self._take(token)
+        if hold is None:
+            return None
+        await self._settle(hold, delivered)
+        return len(hold.held or ())
+
+    async def acknowledge(self, token: str, delivered: bool) -> list[int] | None:
+        """A lease's :meth:`settle`: ``None`` if it holds nothing, else the workers that did not confirm their
+        delete (a leased drain across workers; none for one held here)."""
+        hold = self._take(token)
+        return None if hold is None else await self._settle(hold, delivered)
+
+    def _take(self, token: str) -> _Hold | None:
         hold = self._holds.get(token)
         if hold is None or hold.held is None:
             return None
         del self._holds[token]
-        if delivered:
-            if hold.held:
-                with trio.CancelScope(shield=True):  # (a settle is answered once deleted, never left half done)
-                    try:
-                        await self.runtime.drained(hold.held)
-                    except BaseException:  # (let go of by the store: so is what waits with it)
-                        if hold.let_go is not None:
-                            hold.let_go()
-                        raise
-        else:
+        return hold
+
+    async def _settle(self, hold: _Hold, delivered: bool) -> list[int]:
+        """Settle ``hold`` (taken out already); the workers that did not confirm their delete (``elsewhere``)."""
+        if hold.elsewhere is not None:
+            return await hold.elsewhere(delivered)
+        if not delivered:
             await self._let_go(hold)
-        return len(hold.held)
+        elif hold.held:
+            with trio.CancelScope(shield=True):  # (a settle is answered once deleted, never left half done)
+                try:
+                    await self.runtime.drained(hold.held)
+                except BaseException:  # (let go of by the store: so is what waits with it)
+                    if hold.let_go is not None:
+                        hold.let_go()
+                    raise
+        return []
 
     async def _let_go(self, hold: _Hold) -> None:
         assert hold.held is not None
@@ -155,4 +181,4 @@ class Holds:
                     self.expired += 1
                     log.warning("%s was not settled in time: what it read is let go of, for the next drain",
                                 self.what)
-                    await self._let_go(hold)
+                    await self._settle(hold, False)

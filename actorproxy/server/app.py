@@ -261,11 +261,11 @@ def create_app(runtime: Runtime, admission: Admission | None = None, *,
                              "fields (--api-dialect dressage)", param="instance_id")
         # serialised before a drain deletes anything
         query = ReadQuery(body.session_id, body.trajectory_id, body.drain, body.include_steps)
-        if body.lease is None:
-            return Response(await runtime.read_reply(query, keep, reached), status=200, mimetype="application/json")
-        if not body.drain or keep is not None:
+        if body.lease is not None and not body.drain:
             raise BadRequest("'lease' holds what a drain reads until the trainer acknowledges it: it needs "
                              '"drain": true', param="lease")
+        if body.lease is None or keep is not None:  # (held for a drain across workers: its fanning worker leases)
+            return Response(await runtime.read_reply(query, keep, reached), status=200, mimetype="application/json")
         leases = runtime.leases
         lease = leases.new_lease()
         try:
@@ -283,12 +283,14 @@ def create_app(runtime: Runtime, admission: Admission | None = None, *,
         if runtime.leases.sending(body.lease):
             raise Conflict("that leased drain's reply is still being sent: acknowledge it once it was read whole",
                            code="lease_reply_unfinished", param="lease")
-        reads = await runtime.leases.settle(body.lease, not body.release)
-        if reads is None:
+        unsettled = await runtime.leases.acknowledge(body.lease, not body.release)
+        if unsettled is None:
             raise NotFound(f"no leased drain {body.lease!r} waits for its acknowledgement: its lease ended (what it "
                            "read was given back, for the next drain) or it was acknowledged already",
                            code="unknown_lease", param="lease")
-        return _json({"lease": body.lease, "status": "released" if body.release else "deleted"})
+        # (a leased drain across workers: the workers that did not confirm their delete, their part comes again)
+        return _json({"lease": body.lease, "status": "released" if body.release else "deleted",
+                      **({"unsettled_workers": unsettled} if unsettled else {})})
 
     @app.get("/trajectory/stats")
     async def trajectory_stats() -> Response:

@@ -15,6 +15,8 @@ restarts). Pause and resume are idempotent, so the trainer retries them as they 
 A draining read of the whole store runs in two phases (:meth:`FanOut.drain`, :mod:`.holds`): every
 worker holds its part under a token until the merged reply was sent but for its last byte, then each
 deletes it (or lets it go, if the reply did not go out): a trainer whose connection breaks loses nothing.
+A leased one is settled by the trainer's ``POST /trajectory/ack`` instead, which any worker takes: a
+lease's id names the worker that keeps it (:func:`lease_prefix`), and another sends it on there.
 
 A fanned-out request gets the single process's checks first, before its body is read: another
 method (``POST /health``, ``HEAD``, ``OPTIONS``), a caller without the admin token, a
@@ -36,21 +38,25 @@ import os
 import secrets
 import socket
 from collections.abc import Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from ..errors import Unauthorized
+from ..errors import TooManyLeases, Unauthorized
 from ..http.cycle import delivered
 from ..http.h1 import MAX_RESPONSE_HEAD, ProtocolError, head_end, parse_response
+from ..protocols.trainer import ReadBody
 from ..schema import jsonio
+from ..schema.converter import structure
 from ..server.admission import Admission, RequestHeaders
 from ..server.drain import ASGIApp, Message, Receive, Send
 from .merge import ReadSpool, merge_history, merge_json, merge_metrics, read_reply
 from .routing import FANOUT_ROUTES, body_session, default_admission, is_gateway
 
 if TYPE_CHECKING:
+    from ..runtime.holds import Holds
     from .holds import HoldMetrics
 
 log = logging.getLogger("actorproxy.workers")
@@ -59,11 +65,14 @@ log = logging.getLogger("actorproxy.workers")
 HOLD_HEADER = b"x-actorproxy-hold"
 #: The private socket's route that settles a hold (:mod:`.holds`).
 SETTLE_PATH = "/_workers/settle"
+#: The request header beside :data:`HOLD_HEADER` that says the hold is a leased drain's, of that many seconds: the
+#: worker holds its part that much longer (:mod:`.holds`).
+LEASE_HEADER = b"x-actorproxy-hold-lease"
 #: The trainer's acknowledgement of a leased drain: sent on to the worker that made the lease.
 ACK_PATH = "/trajectory/ack"
 #: Request headers not forwarded (this hop's own framing, and a caller's hold token: the fan-out sets its own).
 _HOP = frozenset({b"connection", b"content-length", b"transfer-encoding", b"expect", b"keep-alive", b"host",
-                  HOLD_HEADER})
+                  HOLD_HEADER, LEASE_HEADER})
 #: How long a worker may take to answer a fanned-out request (a pause waits for every generation to end).
 ASK_TIMEOUT = 900.0
 #: How long a worker may take to settle a drain (to delete what it held, committed).
@@ -112,17 +121,19 @@ class Answer:
 
 
 async def ask(directory: str, index: int, method: str, target: bytes, headers: list[tuple[bytes, bytes]],
-              body: bytes, *, seconds: float = ASK_TIMEOUT, hold: bytes = b"", spool: bool = False,
-              spool_dir: str | None = None) -> Answer:
+              body: bytes, *, seconds: float = ASK_TIMEOUT, hold: bytes = b"", lease: float | None = None,
+              spool: bool = False, spool_dir: str | None = None) -> Answer:
     """One HTTP/1.1 request to worker ``index``'s private socket (``connection: close``), its whole answer
-    (``hold``: a drain's hold token, :mod:`.holds`; ``spool``: a read of the whole store, its successful
-    answer's body given to a :class:`.merge.ReadSpool` as it arrives, never held whole, its temporary files in
-    ``spool_dir``)."""
+    (``hold``: a drain's hold token, :mod:`.holds`, ``lease``: its lease's seconds; ``spool``: a read of the whole
+    store, its successful answer's body given to a :class:`.merge.ReadSpool` as it arrives, never held whole, its
+    temporary files in ``spool_dir``)."""
     lines = [f"{method} ".encode() + target + b" HTTP/1.1", b"host: worker", b"connection: close",
              b"content-length: " + str(len(body)).encode()]
     lines += [name + b": " + value for name, value in headers if name not in _HOP]
     if hold:
         lines.append(HOLD_HEADER + b": " + hold)
+    if lease is not None:
+        lines.append(LEASE_HEADER + b": " + repr(lease).encode())
     try:
         with trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock, trio.fail_after(seconds):
             await sock.connect(control_path(directory, index))
@@ -185,10 +196,14 @@ class FanOut:
     """ASGI middleware of a worker's public app: control routes answered for every worker (see the module doc)."""
 
     def __init__(self, app: ASGIApp, workers: int, directory: str, admission: Admission | None = None, *,
-                 index: int = 0, metrics: HoldMetrics | None = None, spool_dir: str | None = None) -> None:
+                 index: int = 0, leases: Holds | None = None, metrics: HoldMetrics | None = None,
+                 spool_dir: str | None = None) -> None:
         self.app, self.workers, self.directory = app, workers, directory
         #: This worker's: an acknowledgement of a lease another worker made goes there (:meth:`acknowledge`).
         self.index = index
+        #: This worker's runtime's leases (``Runtime.leases``): a leased drain of the whole store fanned out here
+        #: is kept there, its acknowledgement settling every worker (:meth:`drain`); None: such a drain is refused.
+        self.leases = leases
         #: Where the answers to a read of the whole store are spooled past a MiB (None: the system's temporary
         #: directory; a worker gives its store's, a disk, where a tmpfs would hold them in memory).
         self.spool_dir = spool_dir
@@ -226,11 +241,11 @@ class FanOut:
         if path == "/trajectory/read" and body_session(body) is not None:  # one session: its owner routed it here
             await self.app(scope, _replay(body, receive), send)  # (a leased one: its lease is made there)
             return
-        if path == "/trajectory/read" and _leases(body):
+        if path == "/trajectory/read" and self.leases is None and _leases(body):
             await reply(send, 400, error_body(
-                "'lease' with a drain of the whole store is not served with several workers yet: lease one "
-                "session's drain at a time (session_id), or run with --workers 1 (docs/workers.md)",
-                "not_served_with_workers", "invalid_request_error", param="lease"))
+                "'lease' with a drain of the whole store is not served by this fan-out (it keeps no leases): lease "
+                "one session's drain at a time (session_id)", "not_served_with_workers", "invalid_request_error",
+                param="lease"))
             return
         await self.fan_out(scope, receive, send, body)
 
@@ -300,7 +315,7 @@ class FanOut:
         return answers, missing
 
     async def read(self, send: Send, results: list[Answer | WorkerUnavailable], *,
-                   draining: bool) -> Iterator[bytes] | None:
+                   draining: bool, lead: bytes = b"") -> Iterator[bytes] | None:
         """A read of the whole store: the workers' spooled answers spliced (:func:`.merge.read_reply`), in pieces
         but for the closing ``}`` (``None``: the answer was sent: a failure). A drain that could not reach every
         worker says which ones in ``missing_workers``: their data is still in their stores, for the next drain
@@ -314,7 +329,7 @@ class FanOut:
             await reply(send, 502, error_body(f"a worker's read answer could not be merged: {invalid}",
                                               "worker_answer_invalid", "server_error"))
             return None
-        pieces = read_reply([a.spool for a in answers if a.spool is not None])
+        pieces = read_reply([a.spool for a in answers if a.spool is not None], lead)
         if not missing:
             return pieces
         log.warning("a draining read could not reach worker(s) %s: their data waits for the next read", missing)
@@ -348,14 +363,28 @@ class FanOut:
         A worker whose delete is not confirmed (it died, its disk failed, its hold expired) is named in the
         reply's ``unsettled_workers``: what it answered was not deleted there, and comes again in a later
         drain (at least once, never lost). A reply given up (the trainer gone, the request cancelled) lets go of
-        everything the workers hold, for the next drain."""
-        token = secrets.token_urlsafe(18)
+        everything the workers hold, for the next drain.
+
+        A leased drain (``"lease": seconds``) is settled by the trainer's acknowledgement instead: the reply begins
+        with ``"lease"``, and once it was delivered this worker's :attr:`leases` keep it (bounded, as one process's)
+        until ``POST /trajectory/ack`` settles every worker (:meth:`settle_lease`) or its seconds pass (every
+        worker lets go). Each worker holds its part that much longer than a plain drain's (:data:`LEASE_HEADER`)."""
+        token, seconds = secrets.token_urlsafe(18), _lease(body) if self.leases is not None else None
+        lease = lead = None
+        if seconds is not None and self.leases is not None:
+            try:
+                lease = self.leases.new_lease()
+            except TooManyLeases as exc:
+                await reply(send, exc.status, jsonio.dumps(exc.to_openai()))  # (as one process answers it)
+                return
+            lead = b'"lease":' + jsonio.dumps({"id": lease, "seconds": seconds}) + b","
         answered: list[int] = []
         results: list[Answer | WorkerUnavailable] = []
+        kept = False
         try:
             results = await self.ask_all("POST", _target(scope), list(scope["headers"]), body, token.encode(),
-                                         spool=True)
-            pieces = await self.read(send, results, draining=True)
+                                         lease=seconds, spool=True)
+            pieces = await self.read(send, results, draining=True, lead=lead or b"")
             if pieces is None:
                 return
             answered = [i for i, r in enumerate(results) if isinstance(r, Answer) and 200 <= r.status < 300]
@@ -363,12 +392,19 @@ class FanOut:
             if not await delivered(scope):
                 answered = []
                 return  # the reply is left cut short: the server closes the connection
-            unsettled = await self.settle_all(token, answered)
+            if lease is not None and self.leases is not None:  # settled by the trainer's acknowledgement
+                self.leases.keep(lease, (), seconds, elsewhere=partial(self.settle_lease, token, answered))
+                kept = True
+                unsettled = []
+            else:
+                unsettled = await self.settle_all(token, answered)
         except BaseException:
             answered = []
             raise
         finally:
             _close(results)
+            if lease is not None and not kept and self.leases is not None:
+                self.leases.drop(lease)
             if not answered:  # not delivered: every worker lets go of what it holds, for the next drain
                 await self.settle_all(token, [])
         if unsettled:
@@ -377,6 +413,15 @@ class FanOut:
                         unsettled)
         end = b',"unsettled_workers":' + jsonio.dumps(unsettled) + b"}" if unsettled else b"}"
         await send({"type": "http.response.body", "body": end})
+
+    async def settle_lease(self, token: str, answered: list[int], delivered: bool) -> list[int]:
+        """A leased drain across workers acknowledged (``delivered``: deleted on the workers in ``answered``) or
+        released, or its lease ended (every worker lets go); the workers that did not confirm their delete."""
+        unsettled = await self.settle_all(token, answered if delivered else [])
+        if unsettled:
+            log.warning("a leased drain across workers was acknowledged but worker(s) %s did not confirm their "
+                        "delete: what they answered comes again in a later drain", unsettled)
+        return unsettled
 
     async def settle_all(self, token: str, answered: list[int]) -> list[int]:
         """Settle ``token`` on every worker: those in ``answered`` (their part of the reply went out) delete what
@@ -410,8 +455,9 @@ class FanOut:
             self.metrics.settles_failed += len(unsettled)
         return unsettled
 
-    async def ask_all(self, method: str, target: bytes, headers: list[tuple[bytes, bytes]],
-                      body: bytes, hold: bytes = b"", *, spool: bool = False) -> list[Answer | WorkerUnavailable]:
+    async def ask_all(self, method: str, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes,
+                      hold: bytes = b"", *, lease: float | None = None,
+                      spool: bool = False) -> list[Answer | WorkerUnavailable]:
         """Every worker's answer (or why there is none), in worker order; all asked at once (``spool``: reads of
         the whole store, :func:`ask`; :func:`_close` them once used)."""
         results: list[Answer | WorkerUnavailable] = [WorkerUnavailable(i, "not asked") for i in range(self.workers)]
@@ -419,7 +465,7 @@ class FanOut:
         async def one(index: int) -> None:
             try:
                 results[index] = await ask(self.directory, index, method, target, headers, body, hold=hold,
-                                           spool=spool, spool_dir=self.spool_dir)
+                                           lease=lease, spool=spool, spool_dir=self.spool_dir)
             except WorkerUnavailable as exc:
                 results[index] = exc
 
@@ -456,6 +502,16 @@ def _drains(body: bytes) -> bool:
 
 def _leases(body: bytes) -> bool:
     return _read_field(body, "lease") is not None
+
+
+def _lease(body: bytes) -> float | None:
+    """The seconds of the lease a drain asks for, read as the app reads them (``None``: none; a body the app
+    refuses: the workers answer its 400)."""
+    try:
+        read = structure(jsonio.loads(body) if body.strip() else {}, ReadBody)
+    except Exception:
+        return None
+    return read.lease if read.drain else None
 
 
 def _read_field(body: bytes, name: str) -> Any:

@@ -12,7 +12,10 @@ Only the private socket serves this (:class:`PrivateApp` sits in front of the ap
 public socket's app neither knows the settle route (404) nor reads the header, and the fan-out
 never forwards a caller's ``x-actorproxy-hold``. The holds are bounded: at most ``MAX_HOLDS`` at a
 time (another is refused, ``503 too_many_holds``), each let go of ``HOLD_SECONDS`` after it was
-kept if no settle came (the fanning worker died): held data is never held for good.
+kept if no settle came (the fanning worker died): held data is never held for good. A leased drain's
+part (the ``x-actorproxy-hold-lease`` header beside the token: its lease's seconds, at most
+``LONGEST_LEASE``) is held that many seconds longer, so that it outlives the trainer's lease,
+which the fanning worker keeps.
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..errors import ProxyError
-from ..runtime.holds import Holds
+from ..runtime.holds import LONGEST_LEASE, Holds
 from ..runtime.runtime import Runtime
 from ..schema import jsonio
 from ..server.app import HOLD_EXTENSION
 from ..server.drain import ASGIApp, Message, Receive, Send
-from .fanout import HOLD_HEADER, SETTLE_PATH, error_body, read_body, reply
+from .fanout import HOLD_HEADER, LEASE_HEADER, SETTLE_PATH, error_body, read_body, reply
 
 #: Holds a worker keeps at a time (each fanned-out drain in flight takes one on every worker).
 MAX_HOLDS = 16
@@ -43,6 +46,18 @@ def worker_holds(runtime: Runtime, *, limit: int = MAX_HOLDS, seconds: float = H
     """A worker's holds of its parts of drains across workers (see the module doc)."""
     return Holds(runtime, limit=limit, seconds=seconds,
                  what=f"a drain across workers held here for {seconds:.0f} s (its fanning worker is gone?)")
+
+
+def _lease_seconds(headers: list[tuple[bytes, bytes]]) -> float | None:
+    """The seconds of the lease :data:`.fanout.LEASE_HEADER` names (0: none; ``None``: not a lease's seconds)."""
+    value = next((v for k, v in headers if k == LEASE_HEADER), None)
+    if value is None:
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if 1 <= seconds <= LONGEST_LEASE else None
 
 
 class HoldMetrics:
@@ -84,16 +99,20 @@ class PrivateApp:
             await self.app(scope, receive, send)
             return
         name = token.decode("ascii", "replace")
-        if not (0 < len(name) <= _TOKEN_CHARS and name.isascii() and name.isprintable()):
-            await reply(send, 400, error_body("a hold token is 1 to 64 printable ASCII characters",
-                                              "invalid_hold", "invalid_request_error"))
+        seconds = _lease_seconds(scope["headers"])
+        if not (0 < len(name) <= _TOKEN_CHARS and name.isascii() and name.isprintable()) or seconds is None:
+            await reply(send, 400, error_body(
+                f"a hold token is 1 to 64 printable ASCII characters; its lease, 1 to {LONGEST_LEASE:.0f} seconds",
+                "invalid_hold", "invalid_request_error"))
             return
         if not self.holds.reserve(name):
             await reply(send, 503, error_body(
                 f"this worker holds {len(self.holds)} drains (at most {self.holds.limit}) or that token already: "
                 "retry once they are settled", "too_many_holds", "server_error"), retry_after=True)
             return
-        extensions = {**(scope.get("extensions") or {}), HOLD_EXTENSION: partial(self.holds.keep, name)}
+        # (a leased drain's part: held while the trainer's lease runs, and as long as a plain drain's part besides)
+        keep = partial(self.holds.keep, name, seconds=self.holds.seconds + seconds)
+        extensions = {**(scope.get("extensions") or {}), HOLD_EXTENSION: keep}
         answered = False
 
         async def sending(message: Message) -> None:

@@ -259,14 +259,15 @@ class ReadSpool:
         self._start = end
 
 
-def read_reply(spools: list[ReadSpool]) -> Iterator[bytes]:
+def read_reply(spools: list[ReadSpool], lead: bytes = b"") -> Iterator[bytes]:
     """The workers' ``/trajectory/read`` answers as one answer, in pieces of at most ``PIECE_BYTES``, but for its
     closing ``}`` (see the module doc): ``{"data":[...]`` with every worker's segments, worker 0's first, then
-    ``,"steps":[...]`` when they were asked for. An empty array adds nothing."""
+    ``,"steps":[...]`` when they were asked for. An empty array adds nothing. ``lead``: members (each ending in
+    ``,``) that come first (a leased drain's ``"lease"``)."""
     for key in _READ_KEYS:
         if not any(key in spool.arrays for spool in spools):
             continue
-        head = b'{"data":[' if key == "data" else b',"' + key.encode() + b'":['
+        head = b"{" + lead + b'"data":[' if key == "data" else b',"' + key.encode() + b'":['
         for spool in spools:
             if key not in spool.filled:
                 continue

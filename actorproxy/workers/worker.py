@@ -77,7 +77,7 @@ async def serve_worker(
         stop = trio.Event()
         limits = connection_limits(config)
         private = HTTPServer(PrivateApp(app, holds), tracker=tracker, limits=limits)
-        fanout = FanOut(app, workers, directory, admission, index=index, metrics=metrics,
+        fanout = FanOut(app, workers, directory, admission, index=index, leases=runtime.leases, metrics=metrics,
                         spool_dir=spool_dir(runtime.config))
         public = HTTPServer(fanout, router=Router(index, workers, directory, admission), tracker=tracker,
                             limits=limits)

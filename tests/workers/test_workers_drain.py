@@ -98,7 +98,7 @@ async def two_workers(tmp_path: Path, tokenizer: Any, *, other: Any = None) -> A
             for index, runtime in enumerate(runtimes):
                 runtime.leases.prefix = lease_prefix(index)
                 publics.append(FanOut(asgi_of(create_app(runtime, collectors=[metrics[index]])), 2, directory,
-                                      index=index, metrics=metrics[index]))
+                                      index=index, leases=runtime.leases, metrics=metrics[index]))
             yield Workers(runtimes, holds, publics, directory)
             stop.set()
             nursery.cancel_scope.cancel()
@@ -205,10 +205,8 @@ async def test_a_completed_drain_deletes_on_every_worker(tmp_path: Path, tokeniz
         assert [len(h) for h in workers.holds] == [0, 0]
 
 
-async def test_a_worker_that_cannot_delete_is_named_and_its_data_comes_again(tmp_path: Path, tokenizer: Any) -> None:
-    """Worker 1 answers its part and then fails its delete (its disk, or it died): the reply says so, what it
-    answered stays there for a later drain, and worker 0's part is deleted (at least once, never lost)."""
-    settles: list[dict[str, Any]] = []
+def _failing_deletes(settles: list[dict[str, Any]]) -> Any:
+    """A worker's private app that answers a read with "z#0" and every settle with a failed delete (noted)."""
 
     async def failing(scope: Any, receive: Any, send: Any) -> None:
         body = await request_body(receive)
@@ -220,7 +218,14 @@ async def test_a_worker_that_cannot_delete_is_named_and_its_data_comes_again(tmp
         await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": answer})
 
-    async with two_workers(tmp_path, tokenizer, other=failing) as workers:
+    return failing
+
+
+async def test_a_worker_that_cannot_delete_is_named_and_its_data_comes_again(tmp_path: Path, tokenizer: Any) -> None:
+    """Worker 1 answers its part and then fails its delete (its disk, or it died): the reply says so, what it
+    answered stays there for a later drain, and worker 0's part is deleted (at least once, never lost)."""
+    settles: list[dict[str, Any]] = []
+    async with two_workers(tmp_path, tokenizer, other=_failing_deletes(settles)) as workers:
         async with open_client(workers.public) as http:
             drained = (await http.post("/trajectory/read", json={"drain": True})).json()
         assert _sessions(drained) == ["a#0", "z#0"] and drained["unsettled_workers"] == [1]
@@ -228,6 +233,19 @@ async def test_a_worker_that_cannot_delete_is_named_and_its_data_comes_again(tmp
         assert (await workers.runtimes[0].read()).data == []
         scraped = await ask(workers.directory, 0, "GET", b"/metrics", [], b"")
         assert b"\nactorproxy_drain_settles_failed_total 1.0\n" in scraped.body
+
+
+async def test_an_acknowledged_lease_names_a_worker_that_cannot_delete(tmp_path: Path, tokenizer: Any) -> None:
+    """As a plain drain's reply does: worker 1 fails its delete, so the acknowledgement says so, and what it answered
+    comes again; nothing was settled before the acknowledgement."""
+    settles: list[dict[str, Any]] = []
+    async with two_workers(tmp_path, tokenizer, other=_failing_deletes(settles)) as workers:
+        async with open_client(workers.public) as http:
+            leased = (await http.post("/trajectory/read", json={"drain": True, "lease": 60})).json()
+            assert _sessions(leased) == ["a#0", "z#0"] and settles == []
+            acked = (await http.post("/trajectory/ack", json={"lease": leased["lease"]["id"]})).json()
+        assert acked == {"lease": leased["lease"]["id"], "status": "deleted", "unsettled_workers": [1]}
+        assert [s["delivered"] for s in settles] == [True] and (await workers.runtimes[0].read()).data == []
 
 
 def _read_answer(pieces: list[bytes], *, settles: list[dict[str, Any]] | None = None) -> Any:
@@ -269,7 +287,7 @@ async def test_a_reply_that_fails_once_begun_is_cut_and_deletes_nothing(tmp_path
     """Reading the spools back fails after the reply began (their disk): the trainer sees the reply cut, never a
     whole-looking one, and no worker is settled as delivered: the next drain has it all."""
 
-    def failing(spools: list[merge.ReadSpool]) -> Any:
+    def failing(spools: list[merge.ReadSpool], lead: bytes = b"") -> Any:
         yield b'{"data":['
         raise OSError("the spool's disk failed")
 
@@ -333,16 +351,91 @@ async def test_a_leased_read_of_one_session_is_acknowledged_on_another_worker(tm
         assert [len(r.leases) for r in workers.runtimes] == [0, 0]
 
 
-async def test_a_leased_drain_of_the_whole_store_is_refused_with_several_workers_and_drains_nothing(
+async def _leased(http: httpx.AsyncClient, seconds: float) -> dict[str, Any]:
+    """A leased drain of the whole store: both workers' sessions, held for its lease on both."""
+    leased = await http.post("/trajectory/read", json={**DRAIN, "lease": seconds})
+    assert leased.status_code == 200, leased.text
+    assert leased.text.startswith('{"lease":{') and _sessions(leased.json()) == ["a#0", "b#0"]
+    assert leased.json()["lease"]["id"].startswith("w0.") and leased.json()["lease"]["seconds"] == seconds
+    assert len(leased.json()["steps"]) == 2
+    assert (await http.post("/trajectory/read", json=DRAIN)).json() == {"data": [], "steps": []}
+    return dict(leased.json()["lease"])
+
+
+async def _leased_one(http: httpx.AsyncClient) -> None:
+    leased = await http.post("/trajectory/read", json={**DRAIN, "lease": 60})
+    assert _sessions(leased.json()) == ["c#0"]
+
+
+async def _stored(workers: Workers) -> list[int]:
+    return [(await runtime.store_stats())["segments"] for runtime in workers.runtimes]
+
+
+async def test_a_leased_drain_of_the_whole_store_is_deleted_on_every_worker_once_acknowledged_anywhere(
         tmp_path: Path, tokenizer: Any) -> None:
+    """The lease is the fanning worker's (worker 0); each worker holds its part meanwhile; the acknowledgement
+    reaches worker 1's public app, which sends it on to worker 0, which settles both."""
+    async with two_workers(tmp_path, tokenizer) as workers:
+        async with open_client(workers.public) as http, open_client(workers.publics[1]) as other:
+            lease = await _leased(http, 60)
+            assert await _stored(workers) == [1, 1] and [len(h) for h in workers.holds] == [1, 1]
+            assert [len(r.leases) for r in workers.runtimes] == [1, 0]
+            acked = await other.post("/trajectory/ack", json={"lease": lease["id"]})
+            assert acked.status_code == 200, acked.text
+            assert acked.json() == {"lease": lease["id"], "status": "deleted"}
+            assert await _stored(workers) == [0, 0] and [len(h) for h in workers.holds] == [0, 0]
+            again = await other.post("/trajectory/ack", json={"lease": lease["id"]})
+            assert again.status_code == 404 and again.json()["error"]["code"] == "unknown_lease"
+            await _finalized(workers.runtimes[1], "c")
+            workers.runtimes[0].leases.limit = 1  # bounded as one process's: another waits for the first
+            await _leased_one(http)
+            full = await http.post("/trajectory/read", json={**DRAIN, "lease": 60})
+            assert full.status_code == 429 and full.json()["error"]["code"] == "too_many_leases", full.text
+            assert [len(h) for h in workers.holds] == [1, 1] and await _stored(workers) == [0, 1]  # (the first's)
+
+
+async def test_a_released_leased_drain_of_the_whole_store_is_read_again(tmp_path: Path, tokenizer: Any) -> None:
     async with two_workers(tmp_path, tokenizer) as workers:
         async with open_client(workers.public) as http:
-            refused = await http.post("/trajectory/read", json={**DRAIN, "lease": 60})
-            assert refused.status_code == 400, refused.text
-            assert refused.json()["error"]["code"] == "not_served_with_workers"
-            assert refused.json()["error"]["param"] == "lease"
+            lease = await _leased(http, 60)
+            released = await http.post("/trajectory/ack", json={"lease": lease["id"], "release": True})
+            assert released.json() == {"lease": lease["id"], "status": "released"}
+            assert [len(h) for h in workers.holds] == [0, 0] and await _stored(workers) == [1, 1]
             assert _sessions((await http.post("/trajectory/read", json=DRAIN)).json()) == ["a#0", "b#0"]
-        assert [len(r.leases) for r in workers.runtimes] == [0, 0]
+        assert await _stored(workers) == [0, 0]
+
+
+async def test_a_leased_drain_of_the_whole_store_not_acknowledged_is_given_back_on_every_worker(
+        tmp_path: Path, tokenizer: Any, autojump_clock: MockClock) -> None:
+    """The longest lease: the workers' parts stay held all of it (a plain drain's part is let go of after
+    HOLD_SECONDS), and once it ended, every worker lets go and the next drain reads it all."""
+    async with two_workers(tmp_path, tokenizer) as workers:
+        # From here the clock runs as a wall clock does, and leaps by hand: the workers answer over real sockets
+        # (and a thread's task looks blocked: jumping then would fire their timeouts).
+        autojump_clock.autojump_threshold, autojump_clock.rate = math.inf, 1.0
+        async with open_client(workers.public) as http:
+            lease = await _leased(http, 3600)
+            autojump_clock.jump(3590)
+            await wait_all_tasks_blocked()
+            assert [len(h) for h in workers.holds] == [1, 1] and len(workers.runtimes[0].leases) == 1
+            assert (await http.post("/trajectory/read", json=DRAIN)).json() == {"data": [], "steps": []}
+            autojump_clock.jump(10)
+            await _until(lambda: [len(h) for h in workers.holds] == [0, 0])
+            assert len(workers.runtimes[0].leases) == 0 and workers.runtimes[0].leases.expired == 1
+            assert await _stored(workers) == [1, 1]
+            late = await http.post("/trajectory/ack", json={"lease": lease["id"]})
+            assert late.status_code == 404 and late.json()["error"]["code"] == "unknown_lease"
+            assert _sessions((await http.post("/trajectory/read", json=DRAIN)).json()) == ["a#0", "b#0"]
+        assert await _stored(workers) == [0, 0]
+
+
+async def _until(done: Any) -> None:
+    """Let the other tasks run (their sockets' I/O included, which counts as blocked) until ``done()``."""
+    for _ in range(100_000):
+        if done():
+            return
+        await trio.lowlevel.checkpoint()
+    raise AssertionError("not done")
 
 
 async def test_the_public_socket_neither_holds_nor_settles(tmp_path: Path, tokenizer: Any) -> None:
@@ -417,6 +510,10 @@ async def test_holds_are_bounded_and_a_bad_token_or_settle_is_a_400(tokenizer: A
             assert full.headers["retry-after"] == "1"
             bad = await http.post("/trajectory/read", json=DRAIN, headers={"x-actorproxy-hold": "x" * 65})
             assert bad.status_code == 400
+            for seconds in ("0", "3601", "nan", "an hour"):  # a leased drain's part: 1 to LONGEST_LEASE seconds
+                bad = await http.post("/trajectory/read", json=DRAIN, headers={"x-actorproxy-hold": "t3",
+                                                                               "x-actorproxy-hold-lease": seconds})
+                assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_hold", seconds
             for wrong in (b"[]", b"{", b'{"token": "t1"}', b'{"token": 1, "delivered": true}'):
                 assert (await http.post(SETTLE_PATH, content=wrong)).status_code == 400
             settled = await http.post(SETTLE_PATH, json={"token": "t1", "delivered": True})
