@@ -180,3 +180,28 @@ def test_the_dressage_dialect_with_several_workers_is_refused_at_start(tmp_path:
                             timeout=120, cwd=tmp_path)
     assert result.returncode == 2
     assert "the Dressage dialect's batch read hands out prompt groups whole" in result.stderr
+
+
+async def test_a_leased_drain_is_acknowledged_through_whichever_worker_the_ack_lands_on(tmp_path: Path) -> None:
+    """The lease names the worker that keeps it (the one the drain landed on, for the whole store; the session's
+    owner, for one session), and each acknowledgement, on a new connection, lands on either worker."""
+    ours, theirs = _sessions()[0], _sessions()[-1]  # owned by worker 0 and by worker 1
+    async with run_workers(tmp_path) as proxy, _client(proxy) as client:
+        for session in (ours, theirs):
+            await _turn(client, session, [], "hi")
+            assert (await client.post("/session/finalize", json={"session_id": session})).is_success
+        leased = (await client.post("/trajectory/read", json={"drain": True, "lease": 60})).json()
+        assert sorted(s["parent_traj_id"] for s in leased["data"]) == sorted([ours, theirs])
+        assert re.fullmatch(r"w[01]\.\S+", leased["lease"]["id"]), leased["lease"]
+        assert (await client.post("/trajectory/read", json={"drain": True})).json()["data"] == []
+        acked = await client.post("/trajectory/ack", json={"lease": leased["lease"]["id"]})
+        assert acked.json() == {"lease": leased["lease"]["id"], "status": "deleted"}, acked.text
+        assert (await client.get("/trajectory/stats")).json()["segments"] == 0
+        await _turn(client, theirs, [], "again")
+        assert (await client.post("/session/finalize", json={"session_id": theirs})).is_success
+        one = (await client.post("/trajectory/read", json={"session_id": theirs, "drain": True, "lease": 60})).json()
+        assert [s["parent_traj_id"] for s in one["data"]] == [theirs] and one["lease"]["id"].startswith("w1.")
+        for status in (200, 404, 404, 404):  # (on either worker: sent on to worker 1 from worker 0)
+            acked = await client.post("/trajectory/ack", json={"lease": one["lease"]["id"]})
+            assert acked.status_code == status, acked.text
+        assert (await client.get("/trajectory/stats")).json()["segments"] == 0
