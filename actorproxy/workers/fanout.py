@@ -258,12 +258,13 @@ class FanOut:
         if index is None or index == self.index:
             await self.app(scope, _replay(body, receive), send)
             return
-        try:
-            answer = await ask(self.directory, index, "POST", _target(scope), list(scope["headers"]), body,
-                               seconds=SETTLE_TIMEOUT)
+        try:  # (within ASK_TIMEOUT: the answer waits for every worker's settle there, each within SETTLE_TIMEOUT)
+            answer = await ask(self.directory, index, "POST", _target(scope), list(scope["headers"]), body)
         except WorkerUnavailable as exc:
-            await reply(send, 503, error_body(f"{exc}: the lease is still held there until it ends",
-                                              "worker_unavailable", "server_error"), retry_after=True)
+            await reply(send, 503, error_body(
+                f"the worker that holds lease {lease!r} did not answer its acknowledgement: {exc} (a 404 "
+                "unknown_lease then says it was settled already, or its lease ended)", "worker_unavailable",
+                "server_error"), retry_after=True)
             return
         await reply(send, answer.status, answer.body, content_type=answer.header(b"content-type"))
 

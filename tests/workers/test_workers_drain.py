@@ -248,6 +248,35 @@ async def test_an_acknowledged_lease_names_a_worker_that_cannot_delete(tmp_path:
         assert [s["delivered"] for s in settles] == [True] and (await workers.runtimes[0].read()).data == []
 
 
+async def test_an_acknowledgement_sent_on_waits_for_the_settles_there(tmp_path: Path, tokenizer: Any,
+                                                                      autojump_clock: MockClock) -> None:
+    """Worker 1 answers a forwarded acknowledgement only once its own settles are done (each may take up to
+    SETTLE_TIMEOUT): worker 0 waits for that answer, rather than calling a deleted lease unavailable."""
+    asked, answer = trio.Event(), trio.Event()
+
+    async def settling(scope: Any, receive: Any, send: Any) -> None:
+        await request_body(receive)
+        asked.set()
+        await answer.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b'{"lease": "w1.x", "status": "deleted"}'})
+
+    async with two_workers(tmp_path, tokenizer, other=settling) as workers:
+        autojump_clock.autojump_threshold, autojump_clock.rate = math.inf, 1.0  # (real sockets: leaps by hand)
+        async with open_client(workers.public) as http, trio.open_nursery() as nursery:
+            acked: list[httpx.Response] = []
+
+            async def acknowledge() -> None:
+                acked.append(await http.post("/trajectory/ack", json={"lease": "w1.x"}))
+
+            nursery.start_soon(acknowledge)
+            await asked.wait()
+            autojump_clock.jump(fanout.SETTLE_TIMEOUT * 2)
+            await wait_all_tasks_blocked()
+            answer.set()
+        assert acked[0].status_code == 200 and acked[0].json() == {"lease": "w1.x", "status": "deleted"}
+
+
 def _read_answer(pieces: list[bytes], *, settles: list[dict[str, Any]] | None = None) -> Any:
     """A worker's private app that answers a read with ``pieces``, one body message each (a settle: 404, noted)."""
 
