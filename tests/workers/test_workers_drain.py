@@ -423,6 +423,18 @@ async def test_a_leased_drain_of_the_whole_store_is_deleted_on_every_worker_once
             assert [len(h) for h in workers.holds] == [1, 1] and await _stored(workers) == [0, 1]  # (the first's)
 
 
+async def test_a_bad_lease_on_a_drain_of_the_whole_store_is_a_400_and_drains_nothing(tmp_path: Path,
+                                                                                       tokenizer: Any) -> None:
+    async with two_workers(tmp_path, tokenizer) as workers:
+        async with open_client(workers.public) as http:
+            for lease in (0, 3601, "60", True, [60]):
+                refused = await http.post("/trajectory/read", json={**DRAIN, "lease": lease})
+                assert refused.status_code == 400, (lease, refused.text)
+                assert refused.json()["error"]["param"] == "lease", refused.text
+                assert await _stored(workers) == [1, 1] and [len(h) for h in workers.holds] == [0, 0]
+        assert [len(r.leases) for r in workers.runtimes] == [0, 0]
+
+
 async def test_a_released_leased_drain_of_the_whole_store_is_read_again(tmp_path: Path, tokenizer: Any) -> None:
     async with two_workers(tmp_path, tokenizer) as workers:
         async with open_client(workers.public) as http:
