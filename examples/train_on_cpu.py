@@ -383,8 +383,10 @@ async def train(args: argparse.Namespace, engine_url: str, model: Path, work: Pa
             # sync, fetched to check them as well (and the reward at the last weights); no training.
             for iteration in range(args.iterations + 1):
                 last = iteration == args.iterations
+                # Leased: the batch leaves the proxy's store only once it was trained on (acknowledged below);
+                # a trainer that dies before gets the same groups again after the lease.
                 fetching = asyncio.create_task(http.post("/trajectory/fetch_batch", json={
-                    "groups": args.prompts, "rollouts_per_group": args.group, "timeout_s": 600}))
+                    "groups": args.prompts, "rollouts_per_group": args.group, "timeout_s": 600, "lease": 3600}))
                 await asyncio.wait([fetching, playing], return_when=asyncio.FIRST_COMPLETED)
                 if playing.done():  # an agent failed: say why
                     fetching.cancel()
@@ -411,6 +413,7 @@ async def train(args: argparse.Namespace, engine_url: str, model: Path, work: Pa
                     "batch": str(path), "logprobs": str(work / f"logprobs-{iteration}.npz"),
                     "out": None if last else str(weights), "lr": args.lr, "steps": 0 if last else args.steps})
                 train_s = time.monotonic() - started
+                (await http.post("/trajectory/ack", json={"lease": fetched["lease"]["id"]})).raise_for_status()
                 logprobs = dict(np.load(work / f"logprobs-{iteration}.npz"))
                 row = {"iteration": iteration, "version": version, "reward": float(batch.rewards.mean()),
                        **reward_spread(batch),
