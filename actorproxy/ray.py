@@ -26,7 +26,7 @@ import attrs
 
 from .store.ray_pool import MAX_PENDING_GROUPS, SEND_TIMEOUT, DataPool, decode_payload, init_ray, pool_handle
 
-__all__ = ["DataPool", "DataPoolClient", "PromptGroup", "connect"]
+__all__ = ["DataPool", "DataPoolClient", "LeasedBatch", "PromptGroup", "connect"]
 
 #: ``DataPool`` is the pool's class, for a trainer that creates the pool itself (Claw-R1's does):
 #: ``DataPool = ray.remote(actorproxy.ray.DataPool)``, then ``DataPool.options(name=...).remote(config, backend)``.
@@ -43,6 +43,20 @@ class PromptGroup:
     segments: tuple[dict[str, Any], ...]
 
 
+@attrs.frozen
+class LeasedBatch:
+    """A leased fetch (:meth:`DataPoolClient.fetch_leased`): acknowledge ``lease_id`` within ``seconds``."""
+
+    lease_id: str
+    seconds: float
+    groups: list[PromptGroup]
+
+
+def _groups(raw: list[dict[str, Any]]) -> list[PromptGroup]:
+    return [PromptGroup(g["instance_id"], tuple(g["rollouts"]), tuple(decode_payload(s) for s in g["segments"]))
+            for g in raw]
+
+
 class DataPoolClient:
     """A handle on a named data pool."""
 
@@ -56,10 +70,25 @@ class DataPoolClient:
         # The pool answers within timeout_s; the margin covers a slow or restarting actor (then GetTimeoutError).
         raw = ray.get(self._handle.fetch_batch.remote(groups, rollouts_per_group, timeout_s),
                       timeout=timeout_s + SEND_TIMEOUT)
-        return [
-            PromptGroup(g["instance_id"], tuple(g["rollouts"]), tuple(decode_payload(s) for s in g["segments"]))
-            for g in raw
-        ]
+        return _groups(raw)
+
+    def fetch_leased(self, groups: int, rollouts_per_group: int, timeout_s: float = 60.0, *,
+                     lease: float = 300.0) -> LeasedBatch:
+        """As :meth:`fetch_batch`, but the groups leave the pool only once :meth:`acknowledge` is called with the
+        batch's ``lease_id``; if it is not within ``lease`` seconds (the trainer died, or this call timed out
+        after the pool answered), they are handed out again, first."""
+        import ray
+
+        raw = ray.get(self._handle.fetch_batch.remote(groups, rollouts_per_group, timeout_s, lease=lease),
+                      timeout=timeout_s + SEND_TIMEOUT)
+        return LeasedBatch(raw["lease"]["id"], float(raw["lease"]["seconds"]), _groups(raw["groups"]))
+
+    def acknowledge(self, lease_id: str, *, release: bool = False) -> bool:
+        """The leased batch was used: its groups are gone for good (``release``: given back, first in the queue);
+        False if its lease ended first (its groups were handed out again) or it was acknowledged already."""
+        import ray
+
+        return bool(ray.get(self._handle.acknowledge.remote(lease_id, release), timeout=SEND_TIMEOUT))
 
     def stats(self) -> dict[str, Any]:
         """Pending groups and segments, what was received, fetched, deduplicated and dropped, per source."""

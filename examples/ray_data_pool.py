@@ -72,19 +72,22 @@ def main() -> None:
             for client in clients:
                 client.close()
 
-            # The trainer's loop: complete prompt groups, oldest first.
+            # The trainer's loop: complete prompt groups, oldest first. Leased: a batch is gone from the pool only
+            # once acknowledged (a trainer that dies first, or whose call times out, gets it again after 300 s).
             trained = 0
             while trained < GROUPS:
-                for group in pool.fetch_batch(groups=1, rollouts_per_group=ROLLOUTS, timeout_s=60):
+                batch = pool.fetch_leased(groups=1, rollouts_per_group=ROLLOUTS, timeout_s=60, lease=300)
+                for group in batch.groups:
                     rewards = sorted(s["reward"] for s in group.segments)
                     tokens = sum(len(s["token_ids"]) for s in group.segments)
                     print(f"group {group.instance_id}: {len(group.rollouts)} rollouts, {len(group.segments)} "
                           f"segments, {tokens} tokens, rewards {rewards}")
                     trained += 1
+                assert pool.acknowledge(batch.lease_id)  # trained on: now it leaves the pool
             stats = pool.stats()
             print(f"pool: {stats['segments_received']} segments received from {len(stats['sources'])} replicas, "
                   f"{stats['groups_fetched']} groups fetched, {stats['pending_groups']} pending, "
-                  f"{stats['dropped_groups']} dropped")
+                  f"{stats['dropped_groups']} dropped, {stats['open_leases']} leases open")
             for proc in replicas:  # graceful: drain, flush, hand the rest to the pool, exit 0
                 proc.send_signal(signal.SIGTERM)
             print("replicas exited with", [proc.wait(timeout=120) for proc in replicas])

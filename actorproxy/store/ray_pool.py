@@ -13,9 +13,11 @@ until a trainer fetches complete groups (:mod:`actorproxy.ray`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import secrets
 import socket
 import sys
 import time
@@ -37,6 +39,10 @@ SEND_TIMEOUT = 30.0
 MAX_PENDING_GROUPS = 10_000
 #: Why a segment ends its rollout (the session is done): other reasons are mid-session boundaries.
 TERMINAL_REASONS = frozenset({"finalize", "idle_evicted", "shutdown", "recovered"})
+#: Leased fetches not yet acknowledged, at most (another fetch asking for a lease raises).
+MAX_POOL_LEASES = 64
+#: The longest lease a fetch may take, in seconds.
+LONGEST_POOL_LEASE = 3600.0
 #: The channel of a segment that names none (Claw-R1's default too).
 DEFAULT_CHANNEL = "train"
 #: Validation entries (``put_validate``) the pool keeps at most.
@@ -241,6 +247,15 @@ def claw_r1_calls(payloads: list[dict[str, Any]]) -> list[tuple[str, dict[str, A
     return calls
 
 
+@dataclass
+class _Taken:
+    """A group's rollouts a leased fetch took: put back as they were if the lease is not acknowledged."""
+
+    key: str
+    rollouts: dict[str, list[dict[str, Any]]]
+    channel: str
+
+
 class DataPool:
     """The pool's state: segments by prompt group, FIFO; runs as a Ray actor (asyncio).
 
@@ -269,6 +284,8 @@ class DataPool:
         self._shut: set[str | None] = set()
         self._validate: deque[Any] = deque(maxlen=MAX_VALIDATE_ENTRIES)
         self._last_fetch: dict[str, Any] | None = None
+        #: Leased fetches: lease id -> (when it ends, monotonic; the groups taken, to put back if not acknowledged).
+        self._leases: dict[str, tuple[float, list[_Taken]]] = {}
 
     def _event(self) -> asyncio.Event:
         if self._changed is None:
@@ -317,44 +334,90 @@ class DataPool:
         return [key for key, rollouts in self._groups.items()
                 if sum(self._done.get(r) == channel for r in rollouts) >= rollouts_per_group]
 
-    def _take(self, key: str, rollouts_per_group: int, channel: str) -> tuple[list[str], list[dict[str, Any]]]:
+    def _take(self, key: str, rollouts_per_group: int, channel: str,
+              leased: list[_Taken] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+        """Take a complete group's ``rollouts_per_group`` rollouts of ``channel`` (``leased``: what was taken is
+        noted there too, to be put back if the lease is not acknowledged)."""
         rollouts = self._groups[key]
         taken = [r for r in rollouts if self._done.get(r) == channel][:rollouts_per_group]
-        segments = [seg for r in taken for seg in rollouts.pop(r)]
+        kept = {r: rollouts.pop(r) for r in taken}
+        segments = [seg for r in taken for seg in kept[r]]
         for r in taken:
             self._done.pop(r, None)
         if not rollouts:
             del self._groups[key]
+        if leased is not None:
+            leased.append(_Taken(key, kept, channel))
         self._counts["groups_fetched"] += 1
         self._counts["segments_fetched"] += len(segments)
         return taken, segments
 
+    def _put_back(self, taken: list[_Taken]) -> None:
+        """Groups a lease took, first in the queue again, with their rollouts finished (what arrived for the same
+        groups meanwhile stays with them)."""
+        for item in reversed(taken):
+            self._groups[item.key] = {**item.rollouts, **self._groups.get(item.key, {})}
+            self._groups.move_to_end(item.key, last=False)
+            self._done.update(dict.fromkeys(item.rollouts, item.channel))
+        self._event().set()
+
+    def _expire(self) -> None:
+        """Put back the groups of every lease that ended unacknowledged (asked at each call: a trainer that died
+        finds its batch again at its next fetch)."""
+        now = time.monotonic()
+        for lease, (deadline, taken) in list(self._leases.items()):
+            if deadline <= now:
+                del self._leases[lease]
+                self._counts["leases_expired"] += 1
+                logging.getLogger(__name__).warning(
+                    "a leased fetch (%d groups) was not acknowledged in time: its groups are handed out again",
+                    len(taken))
+                self._put_back(taken)
+
+    def acknowledge(self, lease: str, release: bool = False) -> bool:
+        """A leased fetch used (its groups gone for good) or, ``release``, given back (first in the queue again);
+        False if no such lease is open (it ended, and its groups were handed out again, or it was acknowledged)."""
+        self._expire()
+        found = self._leases.pop(lease, None)
+        if found is None:
+            return False
+        if release:
+            self._counts["leases_released"] += 1
+            self._put_back(found[1])
+        return True
+
     async def _wait_for(self, groups: int, rollouts_per_group: int, channel: str, deadline: float | None) -> bool:
         """Wait until ``groups`` groups of ``channel`` are complete; False at the deadline or a shutdown."""
-        while len(self._complete(rollouts_per_group, channel)) < groups:
+        while True:
+            self._expire()  # (a lease that ends while this fetch waits gives its groups to it)
+            if len(self._complete(rollouts_per_group, channel)) >= groups:
+                return True
             if channel in self._shut or None in self._shut:
                 return False
             event = self._event()
             event.clear()
-            if deadline is None:
+            now = time.monotonic()
+            if deadline is not None and deadline <= now:
+                return False
+            wakes = [end for end, _ in self._leases.values()] + ([deadline] if deadline is not None else [])
+            if not wakes:
                 await event.wait()
                 continue
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            try:
-                await asyncio.wait_for(event.wait(), left)
-            except TimeoutError:
-                return False
-        return True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), max(min(wakes) - now, 0.0))
 
     async def fetch_batch(self, groups: int | None = None, rollouts_per_group: int | None = None,
                           timeout_s: float | None = None, *, batch_size: int | None = None,
-                          n_rollouts: int | None = None, channel: str = DEFAULT_CHANNEL) -> Any:
+                          n_rollouts: int | None = None, channel: str = DEFAULT_CHANNEL,
+                          lease: float | None = None) -> Any:
         """The first ``groups`` complete prompt groups (``rollouts_per_group`` finished rollouts each).
 
         Waits up to ``timeout_s`` for enough of them; then returns what is complete (maybe fewer), as
         ``[{"instance_id", "rollouts", "segments"}]``.
+
+        ``lease`` (seconds): the answer is ``{"lease": {"id", "seconds"}, "groups": [...]}``, and the groups are
+        gone for good only once :meth:`acknowledge` is called with the id; else, after ``lease`` seconds, they
+        are handed out again, first (a trainer that died, or whose ``ray.get`` timed out, loses nothing).
 
         Claw-R1's call, ``fetch_batch(batch_size=B, n_rollouts=N, channel=C)``, waits (without a deadline)
         for B complete groups of N (default: the config's ``n_rollouts``) and returns
@@ -365,13 +428,24 @@ class DataPool:
             return await self._fetch_steps(batch_size, n_rollouts or self._n_rollouts, channel)
         if groups is None or rollouts_per_group is None:
             raise TypeError("fetch_batch needs groups and rollouts_per_group (or Claw-R1's batch_size=)")
+        if lease is not None and not 1 <= lease <= LONGEST_POOL_LEASE:
+            raise ValueError(f"a lease is 1 to {LONGEST_POOL_LEASE:g} seconds, not {lease!r}")
+        self._expire()
+        if lease is not None and len(self._leases) >= MAX_POOL_LEASES:
+            raise RuntimeError(f"{len(self._leases)} leased fetches are not acknowledged yet (at most "
+                               f"{MAX_POOL_LEASES}): acknowledge or release them first")
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else 60.0)
         await self._wait_for(groups, rollouts_per_group, channel, deadline)
+        leased: list[_Taken] | None = [] if lease is not None else None
         out: list[dict[str, Any]] = []
         for key in self._complete(rollouts_per_group, channel)[:groups]:
-            taken, segments = self._take(key, rollouts_per_group, channel)
+            taken, segments = self._take(key, rollouts_per_group, channel, leased)
             out.append({"instance_id": key, "rollouts": taken, "segments": segments})
-        return out
+        if lease is None or leased is None:
+            return out
+        lease_id = secrets.token_urlsafe(18)
+        self._leases[lease_id] = (time.monotonic() + lease, leased)
+        return {"lease": {"id": lease_id, "seconds": lease}, "groups": out}
 
     async def _fetch_steps(self, batch_size: int, n_rollouts: int, channel: str) -> Any:
         if not await self._wait_for(batch_size, n_rollouts, channel, None):
@@ -424,14 +498,17 @@ class DataPool:
         }
 
     def stats(self) -> dict[str, Any]:
+        self._expire()
         return {
             "pending_groups": len(self._groups),
+            "open_leases": len(self._leases),
             "pending_segments": sum(len(s) for g in self._groups.values() for s in g.values()),
             "complete_rollouts": len(self._done),
             "max_pending_groups": self._max_groups,
             "sources": dict(self._sources),
             **{k: self._counts[k] for k in ("segments_received", "duplicates", "groups_fetched",
-                                            "segments_fetched", "dropped_groups", "dropped_segments")},
+                                            "segments_fetched", "dropped_groups", "dropped_segments",
+                                            "leases_released", "leases_expired")},
         }
 
 

@@ -13,6 +13,7 @@ import pytest
 import trio
 from _proxyproc import REPO, ProxyProcess
 
+from actorproxy.store import ray_pool
 from actorproxy.store.ray_pool import DataPool
 
 # The tier installs or starts something big: `-m "not heavy"` leaves it out (README.md).
@@ -45,6 +46,48 @@ def test_pool_hands_out_complete_groups_fifo_dedups_and_counts_drops() -> None:
         assert stats["dropped_groups"] == 1 and stats["dropped_segments"] == 1 and stats["duplicates"] == 1
         assert stats["pending_groups"] == 2 and stats["sources"] == {"p1": 5, "p2": 1}
         assert [g["instance_id"] for g in await pool.fetch_batch(5, 1, 0.0)] == ["g3", "g4"]  # FIFO
+
+    asyncio.run(scenario())
+
+
+def test_a_leased_fetch_is_gone_only_once_acknowledged_and_comes_back_first_if_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A trainer that died holding a batch (or whose ray.get timed out after the pool answered) gets it again."""
+    clock = [1000.0]
+    monkeypatch.setattr(ray_pool.time, "monotonic", lambda: clock[0])
+
+    async def scenario() -> None:
+        pool = DataPool()
+        await pool.put([_payload("a#0", "g1"), _payload("b#0", "g2"), _payload("c#0", "g3")], "p1")
+        first = await pool.fetch_batch(1, 1, 0.0, lease=30)
+        assert [g["instance_id"] for g in first["groups"]] == ["g1"] and first["lease"]["seconds"] == 30
+        released = await pool.fetch_batch(1, 1, 0.0, lease=30)
+        assert [g["instance_id"] for g in released["groups"]] == ["g2"]
+        assert pool.stats()["open_leases"] == 2 and pool.stats()["pending_groups"] == 1
+        assert pool.acknowledge(released["lease"]["id"], release=True)  # given back at once, first
+        assert [g["instance_id"] for g in await pool.fetch_batch(1, 1, 0.0)] == ["g2"]
+        clock[0] += 31  # the first trainer died: its lease ended
+        assert [g["instance_id"] for g in await pool.fetch_batch(5, 1, 0.0)] == ["g1", "g3"]
+        assert not pool.acknowledge(first["lease"]["id"])  # too late: handed out again already
+        used = await pool.fetch_batch(1, 1, 0.0, lease=30)
+        assert used["groups"] == [] and pool.acknowledge(used["lease"]["id"])
+        stats = pool.stats()
+        assert (stats["open_leases"], stats["leases_released"], stats["leases_expired"]) == (0, 1, 1)
+        with pytest.raises(ValueError):
+            await pool.fetch_batch(1, 1, 0.0, lease=0)
+
+    asyncio.run(scenario())
+
+
+def test_a_fetch_waiting_for_groups_gets_those_of_a_lease_that_ends_meanwhile() -> None:
+    async def scenario() -> None:
+        pool = DataPool()
+        await pool.put([_payload("a#0", "g1")], "p1")
+        leased = await pool.fetch_batch(1, 1, 0.0, lease=1)
+        assert [g["instance_id"] for g in leased["groups"]] == ["g1"]
+        again = await pool.fetch_batch(1, 1, 10.0)  # (real time: the lease ends after 1 s, not the 10 s wait)
+        assert [g["instance_id"] for g in again] == ["g1"] and pool.stats()["leases_expired"] == 1
 
     asyncio.run(scenario())
 
