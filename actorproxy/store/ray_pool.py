@@ -354,11 +354,14 @@ class DataPool:
 
     def _put_back(self, taken: list[_Taken]) -> None:
         """Groups a lease took, first in the queue again, with their rollouts finished (what arrived for the same
-        groups meanwhile stays with them)."""
+        groups meanwhile stays with them; a rollout that went on meanwhile keeps its taken segments first, and is
+        finished as its newer ones say)."""
         for item in reversed(taken):
-            self._groups[item.key] = {**item.rollouts, **self._groups.get(item.key, {})}
+            group = self._groups.pop(item.key, {})
+            self._done.update({r: item.channel for r in item.rollouts if r not in group})
+            self._groups[item.key] = {r: [*segments, *group.pop(r, ())] for r, segments in item.rollouts.items()}
+            self._groups[item.key].update(group)
             self._groups.move_to_end(item.key, last=False)
-            self._done.update(dict.fromkeys(item.rollouts, item.channel))
         self._event().set()
 
     def _expire(self) -> None:

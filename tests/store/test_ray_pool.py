@@ -80,14 +80,33 @@ def test_a_leased_fetch_is_gone_only_once_acknowledged_and_comes_back_first_if_n
     asyncio.run(scenario())
 
 
+async def _g1_leased(seconds: float) -> tuple[DataPool, dict[str, Any]]:
+    """A pool whose one group, g1 (rollout a), a leased fetch took."""
+    pool = DataPool()
+    await pool.put([_payload("a#0", "g1")], "p1")
+    leased = await pool.fetch_batch(1, 1, 0.0, lease=seconds)
+    assert [g["instance_id"] for g in leased["groups"]] == ["g1"]
+    return pool, leased
+
+
 def test_a_fetch_waiting_for_groups_gets_those_of_a_lease_that_ends_meanwhile() -> None:
     async def scenario() -> None:
-        pool = DataPool()
-        await pool.put([_payload("a#0", "g1")], "p1")
-        leased = await pool.fetch_batch(1, 1, 0.0, lease=1)
-        assert [g["instance_id"] for g in leased["groups"]] == ["g1"]
+        pool, _ = await _g1_leased(1)
         again = await pool.fetch_batch(1, 1, 10.0)  # (real time: the lease ends after 1 s, not the 10 s wait)
         assert [g["instance_id"] for g in again] == ["g1"] and pool.stats()["leases_expired"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_given_back_lease_keeps_its_segments_beside_those_its_rollout_got_meanwhile() -> None:
+    """Its rollout went on while the batch was out (a segment after its last one): both are handed out again."""
+    async def scenario() -> None:
+        pool, leased = await _g1_leased(30)
+        await pool.put([_payload("a#1", "g1")], "p1")
+        assert pool.acknowledge(leased["lease"]["id"], release=True)
+        assert pool.stats()["pending_segments"] == 2
+        again = await pool.fetch_batch(1, 1, 0.0)
+        assert [s["meta"]["trajectory_id"] for s in again[0]["segments"]] == ["a#0", "a#1"]
 
     asyncio.run(scenario())
 
