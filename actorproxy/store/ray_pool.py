@@ -433,12 +433,10 @@ class DataPool:
             raise TypeError("fetch_batch needs groups and rollouts_per_group (or Claw-R1's batch_size=)")
         if lease is not None and not 1 <= lease <= LONGEST_POOL_LEASE:
             raise ValueError(f"a lease is 1 to {LONGEST_POOL_LEASE:g} seconds, not {lease!r}")
-        self._expire()
-        if lease is not None and len(self._leases) >= MAX_POOL_LEASES:
-            raise RuntimeError(f"{len(self._leases)} leased fetches are not acknowledged yet (at most "
-                               f"{MAX_POOL_LEASES}): acknowledge or release them first")
+        self._room_for(lease)
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else 60.0)
         await self._wait_for(groups, rollouts_per_group, channel, deadline)
+        self._room_for(lease)  # (again: other leased fetches that waited meanwhile may have taken the room)
         leased: list[_Taken] | None = [] if lease is not None else None
         out: list[dict[str, Any]] = []
         for key in self._complete(rollouts_per_group, channel)[:groups]:
@@ -449,6 +447,13 @@ class DataPool:
         lease_id = secrets.token_urlsafe(18)
         self._leases[lease_id] = (time.monotonic() + lease, leased)
         return {"lease": {"id": lease_id, "seconds": lease}, "groups": out}
+
+    def _room_for(self, lease: float | None) -> None:
+        """Raise if a leased fetch (``lease``) would open more than ``MAX_POOL_LEASES`` leases."""
+        self._expire()
+        if lease is not None and len(self._leases) >= MAX_POOL_LEASES:
+            raise RuntimeError(f"{len(self._leases)} leased fetches are not acknowledged yet (at most "
+                               f"{MAX_POOL_LEASES}): acknowledge or release them first")
 
     async def _fetch_steps(self, batch_size: int, n_rollouts: int, channel: str) -> Any:
         if not await self._wait_for(batch_size, n_rollouts, channel, None):

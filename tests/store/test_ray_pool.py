@@ -111,6 +111,22 @@ def test_a_given_back_lease_keeps_its_segments_beside_those_its_rollout_got_mean
     asyncio.run(scenario())
 
 
+def test_fetches_waiting_together_take_no_more_leases_than_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each passed the bound as it began to wait: the one that would go past it once the groups came takes none."""
+    monkeypatch.setattr(ray_pool, "MAX_POOL_LEASES", 2)
+
+    async def scenario() -> None:
+        pool = DataPool()
+        waiting = [asyncio.create_task(pool.fetch_batch(1, 1, 5.0, lease=30)) for _ in range(3)]
+        await asyncio.sleep(0)
+        await pool.put([_payload(f"{name}#0", f"g{name}") for name in "abc"], "p1")
+        done = await asyncio.gather(*waiting, return_exceptions=True)
+        assert sorted(type(d).__name__ for d in done) == ["RuntimeError", "dict", "dict"]
+        assert pool.stats()["open_leases"] == 2 and pool.stats()["pending_groups"] == 1
+
+    asyncio.run(scenario())
+
+
 @pytest.fixture(scope="module")
 def ray_cluster() -> Any:
     ray = pytest.importorskip("ray")
