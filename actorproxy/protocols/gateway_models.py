@@ -12,8 +12,8 @@ from typing import Any
 
 import attrs
 
-from ..runtime.holds import LONGEST_LEASE
 from ..schema.converter import at_least, at_most, ours
+from ..store.base import LONGEST_LEASE
 
 #: ``train`` goes to the training hand-off; any other channel (ours say ``validate``, Claw-R1's ``val``) never does.
 Channel = str

@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 import attrs
 
-from ..runtime.holds import LONGEST_LEASE
 from ..schema.converter import FieldError, at_least, at_most, ours
+from ..store.base import LONGEST_LEASE
 
 
 def _non_empty(instance: object, attribute: attrs.Attribute[Any], value: str | None) -> None:

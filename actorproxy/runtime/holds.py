@@ -27,6 +27,7 @@ import attrs
 import trio
 
 from ..errors import TooManyLeases
+from ..schema import jsonio
 from ..store.base import Held
 
 if TYPE_CHECKING:
@@ -34,13 +35,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The longest lease a drain may take, in seconds: held data is never held for long.
-LONGEST_LEASE = 3600.0
-
-
 #: A hold whose data other processes hold (a leased drain across workers): it settles them, delivered or not,
 #: and returns those that did not confirm their delete.
 Elsewhere = Callable[[bool], Awaitable[list[int]]]
+
+
+def lease_lead(lease: str, seconds: float) -> bytes:
+    """The JSON member a leased drain's reply begins with (``"lease": {"id", "seconds"}``, then a comma)."""
+    return b'"lease":' + jsonio.dumps({"id": lease, "seconds": seconds}) + b","
 
 
 @attrs.define(eq=False)

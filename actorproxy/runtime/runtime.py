@@ -26,7 +26,7 @@ from ..engines.engine_check import check_engine_tokenizer
 from ..engines.sglang.parse import SGLangParseClient
 from ..errors import BadRequest, EngineError, NotFound, Overloaded, ShutdownError, ShuttingDown
 from ..http.in_flight import InFlight
-from ..store.base import Held, ReadQuery
+from ..store.base import LONGEST_LEASE, MAX_LEASES, Held, ReadQuery
 from ..tokenization.detokenize import byte_table
 from ..tokenization.tokenizer import ChatTokenizer, load_tokenizer
 from . import collector, freed_memory
@@ -45,7 +45,7 @@ from .backends import (
 )
 from .controller import PauseMode
 from .generate import Samplings
-from .holds import LONGEST_LEASE, Holds
+from .holds import Holds
 from .messages import (
     Census,
     ChatRequest,
@@ -68,9 +68,6 @@ from .still_waiting import StillWaiting
 from .turn_stream import Relay, TurnStream
 
 log = logging.getLogger(__name__)
-
-#: Leased drains not yet acknowledged, at most (another is refused: 429 ``too_many_leases``).
-MAX_LEASES = 64
 
 #: Events a turn may queue before the session waits for the ingress (backpressure).
 _TURN_EVENT_BUFFER = 16

@@ -36,6 +36,7 @@ from ..protocols.format import TurnFormat
 from ..protocols.openai_chat import OpenAIChatFormat
 from ..protocols.responses_format import ResponsesFormat
 from ..protocols.trainer import AckBody, DiscardBody, FinalizeBody, ReadBody
+from ..runtime.holds import lease_lead
 from ..runtime.runtime import Runtime
 from ..schema import jsonio
 from ..schema.converter import CONVERTER, structure
@@ -269,9 +270,8 @@ def create_app(runtime: Runtime, admission: Admission | None = None, *,
         leases = runtime.leases
         lease = leases.new_lease()
         try:
-            lead = b'"lease":' + jsonio.dumps({"id": lease, "seconds": body.lease}) + b","
             reply = await runtime.read_reply(query, partial(leases.keep, lease, seconds=body.lease), reached,
-                                             lead=lead, given_up=partial(leases.drop, lease))
+                                             lead=lease_lead(lease, body.lease), given_up=partial(leases.drop, lease))
         except BaseException:
             leases.drop(lease)
             raise

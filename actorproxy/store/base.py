@@ -61,6 +61,13 @@ class ReadQuery:
         return NotFound(f"no segment {self.trajectory_id!r}", param="trajectory_id")
 
 
+#: The longest lease a trainer's drain or fetch may take, in seconds (every way a trainer takes data: the HTTP
+#: drains, ``fetch_batch``, the Ray data pool): held data is never held for long.
+LONGEST_LEASE = 3600.0
+#: Leases a trainer may hold unacknowledged, at most, per keeper (another is refused).
+MAX_LEASES = 64
+
+
 @attrs.define(eq=False)
 class Held:
     """What a drain read and delivers before it is deleted (:meth:`StoreBackend.hold`).

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import StartupError
+from .base import LONGEST_LEASE, MAX_LEASES
 from .codec import segment_json
 from .sqlite import SQLiteStore
 
@@ -39,10 +40,6 @@ SEND_TIMEOUT = 30.0
 MAX_PENDING_GROUPS = 10_000
 #: Why a segment ends its rollout (the session is done): other reasons are mid-session boundaries.
 TERMINAL_REASONS = frozenset({"finalize", "idle_evicted", "shutdown", "recovered"})
-#: Leased fetches not yet acknowledged, at most (another fetch asking for a lease raises).
-MAX_POOL_LEASES = 64
-#: The longest lease a fetch may take, in seconds.
-LONGEST_POOL_LEASE = 3600.0
 #: The channel of a segment that names none (Claw-R1's default too).
 DEFAULT_CHANNEL = "train"
 #: Validation entries (``put_validate``) the pool keeps at most.
@@ -431,8 +428,8 @@ class DataPool:
             return await self._fetch_steps(batch_size, n_rollouts or self._n_rollouts, channel)
         if groups is None or rollouts_per_group is None:
             raise TypeError("fetch_batch needs groups and rollouts_per_group (or Claw-R1's batch_size=)")
-        if lease is not None and not 1 <= lease <= LONGEST_POOL_LEASE:
-            raise ValueError(f"a lease is 1 to {LONGEST_POOL_LEASE:g} seconds, not {lease!r}")
+        if lease is not None and not 1 <= lease <= LONGEST_LEASE:
+            raise ValueError(f"a lease is 1 to {LONGEST_LEASE:g} seconds, not {lease!r}")
         self._room_for(lease)
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else 60.0)
         await self._wait_for(groups, rollouts_per_group, channel, deadline)
@@ -449,11 +446,11 @@ class DataPool:
         return {"lease": {"id": lease_id, "seconds": lease}, "groups": out}
 
     def _room_for(self, lease: float | None) -> None:
-        """Raise if a leased fetch (``lease``) would open more than ``MAX_POOL_LEASES`` leases."""
+        """Raise if a leased fetch (``lease``) would open more than ``MAX_LEASES`` leases."""
         self._expire()
-        if lease is not None and len(self._leases) >= MAX_POOL_LEASES:
+        if lease is not None and len(self._leases) >= MAX_LEASES:
             raise RuntimeError(f"{len(self._leases)} leased fetches are not acknowledged yet (at most "
-                               f"{MAX_POOL_LEASES}): acknowledge or release them first")
+                               f"{MAX_LEASES}): acknowledge or release them first")
 
     async def _fetch_steps(self, batch_size: int, n_rollouts: int, channel: str) -> Any:
         if not await self._wait_for(batch_size, n_rollouts, channel, None):

@@ -48,6 +48,7 @@ from ..errors import TooManyLeases, Unauthorized
 from ..http.cycle import delivered
 from ..http.h1 import MAX_RESPONSE_HEAD, ProtocolError, head_end, parse_response
 from ..protocols.trainer import ReadBody
+from ..runtime.holds import lease_lead
 from ..schema import jsonio
 from ..schema.converter import structure
 from ..server.admission import Admission, RequestHeaders
@@ -378,7 +379,7 @@ class FanOut:
             except TooManyLeases as exc:
                 await reply(send, exc.status, jsonio.dumps(exc.to_openai()))  # (as one process answers it)
                 return
-            lead = b'"lease":' + jsonio.dumps({"id": lease, "seconds": seconds}) + b","
+            lead = lease_lead(lease, seconds)
         answered: list[int] = []
         results: list[Answer | WorkerUnavailable] = []
         kept = False

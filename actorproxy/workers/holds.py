@@ -27,11 +27,12 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..errors import ProxyError
-from ..runtime.holds import LONGEST_LEASE, Holds
+from ..runtime.holds import Holds
 from ..runtime.runtime import Runtime
 from ..schema import jsonio
 from ..server.app import HOLD_EXTENSION
 from ..server.drain import ASGIApp, Message, Receive, Send
+from ..store.base import LONGEST_LEASE
 from .fanout import HOLD_HEADER, LEASE_HEADER, SETTLE_PATH, error_body, read_body, reply
 
 #: Holds a worker keeps at a time (each fanned-out drain in flight takes one on every worker).

@@ -113,7 +113,7 @@ def test_a_given_back_lease_keeps_its_segments_beside_those_its_rollout_got_mean
 
 def test_fetches_waiting_together_take_no_more_leases_than_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each passed the bound as it began to wait: the one that would go past it once the groups came takes none."""
-    monkeypatch.setattr(ray_pool, "MAX_POOL_LEASES", 2)
+    monkeypatch.setattr(ray_pool, "MAX_LEASES", 2)
 
     async def scenario() -> None:
         pool = DataPool()
