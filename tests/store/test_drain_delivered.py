@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,9 +122,8 @@ async def test_a_session_drain_given_up_is_read_again_and_others_are_not_held(ru
     assert (stats["sessions"], stats["segments"], stats["steps"], stats["tokens"]) == (0, 0, 0, 0)
 
 
-def hanging_up(app: Any, gone: trio.Event, *, after: int) -> Any:
-    """``app`` served to a trainer that reads ``after`` parts of a reply's body and hangs up once ``gone`` is
-    set: the server's next write fails then, as a socket's does once its peer is gone."""
+def before_each_part(app: Any, before: Callable[[int], Awaitable[None]]) -> Any:
+    """``app`` whose reply's body parts each wait for ``before(n)`` (``n``: the part's number, from 1) first."""
 
     async def served(scope: Any, receive: Any, send: Any) -> None:
         parts = 0
@@ -133,14 +132,24 @@ def hanging_up(app: Any, gone: trio.Event, *, after: int) -> Any:
             nonlocal parts
             if message["type"] == "http.response.body" and message.get("body"):
                 parts += 1
-                if parts > after:
-                    await gone.wait()
-                    raise OSError("the client hung up")
+                await before(parts)
             await send(message)
 
         await app(scope, receive, write)
 
     return served
+
+
+def hanging_up(app: Any, gone: trio.Event, *, after: int) -> Any:
+    """``app`` served to a trainer that reads ``after`` parts of a reply's body and hangs up once ``gone`` is
+    set: the server's next write fails then, as a socket's does once its peer is gone."""
+
+    async def before(part: int) -> None:
+        if part > after:
+            await gone.wait()
+            raise OSError("the client hung up")
+
+    return before_each_part(app, before)
 
 
 async def gone_after(http: Any, path: str, body: dict[str, Any], gone: trio.Event, *, parts: int) -> None:

@@ -18,7 +18,7 @@ import pytest
 import trio
 from _asgi import open_client
 from _util import run_turn
-from test_drain_delivered import gone_after, hanging_up
+from test_drain_delivered import before_each_part, gone_after, hanging_up
 
 from actorproxy.config import ProxyConfig
 from actorproxy.errors import StorageFull
@@ -140,20 +140,11 @@ async def test_the_dressage_dialect_refuses_a_lease_and_drains_nothing(tokenizer
 def slowed(app: Any, go_on: trio.Event) -> Any:
     """``app`` whose reply's body waits for ``go_on`` after its first part (a trainer still reading it)."""
 
-    async def served(scope: Any, receive: Any, send: Any) -> None:
-        parts = 0
+    async def before(part: int) -> None:
+        if part == 2:
+            await go_on.wait()
 
-        async def write(message: dict[str, Any]) -> None:
-            nonlocal parts
-            if message["type"] == "http.response.body" and message.get("body"):
-                parts += 1
-                if parts == 2:
-                    await go_on.wait()
-            await send(message)
-
-        await app(scope, receive, write)
-
-    return served
+    return before_each_part(app, before)
 
 
 async def test_a_lease_acknowledged_before_its_reply_was_read_whole_is_a_409(
