@@ -43,6 +43,16 @@ def temperature_range(_inst: Any, attribute: Any, value: Any) -> None:
         raise ValueError(f"--{attribute.name.replace('_', '-')} must be between 0 and 2, got {value}")
 
 
+def tool_call_json(_inst: Any, attribute: Any, value: Any) -> None:
+    from .sim_engine import parse_tool_call  # (a leaf module of this package: no cycle)
+
+    if value is not None:
+        try:
+            parse_tool_call(value)
+        except ValueError as exc:
+            raise ValueError(f"--{attribute.name.replace('_', '-')}: {exc}") from None
+
+
 def probability(_inst: Any, attribute: Any, value: Any) -> None:
     if value is not None and not 0.0 <= value <= 1.0:
         raise ValueError(f"--{attribute.name.replace('_', '-')} must be between 0 and 1, got {value}")

@@ -19,6 +19,7 @@ from .fields import (
     recompute_logprobs_from_env,
     setting,
     temperature_range,
+    tool_call_json,
 )
 from .sim_engine import SimConfig
 
@@ -192,6 +193,12 @@ class EngineSettings:
         _SIM.followup_tool_call_probability.default, validator=probability,
         help="simulated engine: chance of a tool call right after tool results (default: half of "
         "--sim-tool-call-probability, so tool loops end)",
+    )
+    sim_tool_call: str | None = setting(
+        None, validator=tool_call_json, metavar="JSON",
+        help='simulated engine: the call it makes after a user message whenever the prompt offers that tool, '
+        'instead of a random one: {"name": "<tool>", "arguments": {...}} (for a tool whose arguments must mean '
+        "something to the agent; after tool results it samples as usual)",
     )
 
 

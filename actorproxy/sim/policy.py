@@ -199,7 +199,10 @@ def policy_text(view: PromptView, rng: random.Random, config: SimConfig) -> str:
     if view.last_turn == "tool":
         later = config.followup_tool_call_probability
         p = p / 2 if later is None else later
-    if view.tools and rng.random() < p:
+    scripted = config.tool_call
+    if scripted is not None and view.last_turn == "user" and any(name == scripted[0] for name, _ in view.tools):
+        parts.append(f'<tool_call>\n{{"name": {json.dumps(scripted[0])}, "arguments": {scripted[1]}}}\n</tool_call>')
+    elif view.tools and rng.random() < p:
         calls = []
         for _ in range(2 if rng.random() < config.parallel_tool_call_probability else 1):
             name, params = rng.choice(view.tools)

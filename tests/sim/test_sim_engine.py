@@ -387,6 +387,21 @@ async def test_after_tool_responses_calls_less_often(
         assert tokenizer.tool_call_start_id not in ids_of(deltas)
 
 
+async def test_a_set_call_is_made_whenever_its_tool_is_offered(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    call = ("search", '{"query": "the agent named this", "n": 3}')
+    engine = SimEngine(tokenizer, SimConfig(tool_call_probability=0.0, tool_call=call))
+    for seed in range(5):
+        deltas, _, _ = await run(engine, req(prompt(tokenizer, tools=TOOLS), seed=seed))
+        assert tool_calls(tokenizer, ids_of(deltas)) == [
+            {"name": "search", "arguments": {"query": "the agent named this", "n": 3}}]
+    # Not after tool results, and not where the tool is not offered: the random policy, as before.
+    for request in (prompt(tokenizer, tools=TOOLS, after_tool=True), prompt(tokenizer, tools=[WEATHER])):
+        deltas, _, _ = await run(engine, req(request))
+        assert tokenizer.tool_call_start_id not in ids_of(deltas)
+
+
 async def test_no_tools_no_calls(tokenizer: ChatTokenizer, autojump_clock: MockClock) -> None:
     engine = SimEngine(tokenizer, SimConfig(tool_call_probability=1.0))
     deltas, _, _ = await run(engine, req(prompt(tokenizer)))

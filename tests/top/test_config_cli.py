@@ -136,3 +136,9 @@ def test_the_simulated_engines_tool_call_chances() -> None:
     assert default.config.tool_call_probability == 0.7 and default.config.followup_tool_call_probability is None
     assert not default.config.decode_steps
     assert main(["run", "--sim-tool-call-probability", "1.5"]) == 2
+    task = '{"name": "task", "arguments": {"subagent_type": "general"}}'
+    scripted = make_backend(_config("--sim-tool-call", task), load_tokenizer(None))
+    assert isinstance(scripted, SimEngine) and scripted.config.tool_call == ("task", '{"subagent_type": "general"}')
+    assert default.config.tool_call is None
+    for bad in ("task", "[]", '{"name": "task"}', '{"name": "", "arguments": {}}', '{"name": "t", "arguments": 3}'):
+        assert main(["run", "--sim-tool-call", bad]) == 2
