@@ -46,6 +46,10 @@ BOUNDARY_REASONS = frozenset(get_args(BoundaryReason))
 
 ConversationKey = tuple[Any, Any]
 
+#: The first half of the key of a sub-agent the agent named (``(AGENT_NAMED, its session id)``): a
+#: :func:`conversation_key` holds message keys (tuples) or ``None``, never a string, so the two never meet.
+AGENT_NAMED = "agent-named"
+
 
 def conversation_key(messages: list[dict[str, Any]]) -> ConversationKey:
     """The keys of a conversation's system prompt (``None`` without one) and first other message."""
@@ -107,13 +111,13 @@ class Conversations:
         self.active = Lane((None, None))
         #: The lane that continued first: the main conversation (``None`` while none has).
         self.settled: Lane | None = None
-        #: Sub-agent child sessions by (system prompt, first message) key.
+        #: Sub-agent child sessions by (system prompt, first message) key, or by the name the agent gave one.
         self.children: dict[ConversationKey, str] = {}
         #: The last turn's key and the messages it was read from (its system prompts and first other message,
         #: all frozen): a turn opening with those very messages has that key (:meth:`key`).
         self._keyed: tuple[list[dict[str, Any]], ConversationKey] = ([], (None, None))
 
-    def route(self, messages: list[dict[str, Any]]) -> str | None:
+    def route(self, messages: list[dict[str, Any]], sub_agent: str | None = None) -> str | None:
         """Make the turn's conversation the active lane, or return the child session it moves to.
 
         A conversation is known by its system prompt and first message. The
@@ -123,7 +127,17 @@ class Conversations:
         own while no lane has continued yet; after that it is a sub-agent
         (Claude Code's Task agents) and goes to a child session, matched by its
         system prompt and first message.
+
+        ``sub_agent``: the agent said the turn is a sub-agent's and named it
+        (opencode's ``X-Parent-Session-Id``): it goes to the child session kept for
+        that name, whatever its messages, which may open as the main
+        conversation's do (opencode's sub-agent has the main agent's system prompt).
         """
+        if sub_agent is not None and self._sub_agents:
+            named = (AGENT_NAMED, sub_agent)
+            child = self.children.get(named) or self._new_child(named)
+            if child is not None:
+                return child
         key = self.key(messages)
         main = self.settled or (self.lanes[0] if self.lanes and not self._side_calls else None)
         lanes = [main, *(lane for lane in self.lanes if lane is not main)] if main else self.lanes

@@ -19,6 +19,9 @@ class Identity:
     #: Who opens the session, for the per-client session bound (``key:<session>`` for an agent's session key,
     #: ``addr:<ip>`` otherwise); ``None``: the trainer (the admin token) or a program embedding the proxy.
     client: str | None = None
+    #: A sub-agent's call that says so (opencode's ``X-Parent-Session-Id``): the sub-agent's own session id, as the
+    #: agent names it. The session sends its turns to a child session of its own, one per such id.
+    sub_agent: str | None = None
 
 
 @attrs.frozen

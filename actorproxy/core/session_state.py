@@ -158,7 +158,7 @@ class SessionState:
         # cut list is the session's own (a new one each turn, never changed after): the turn keeps it as it is,
         # and a caller in this process may go on appending to its own list.
         request = holding(request, self.message_cut.cut(request.messages))
-        child = self._talks.route(request.messages)
+        child = self._talks.route(request.messages, identity.sub_agent)
         if child is not None:
             return Moved(child)
         lane = self._talks.active

@@ -27,6 +27,9 @@ def _clean(value: str | None, name: str) -> str | None:
 
 #: The headers that name a session, in the order they are asked (after the URL, before the body).
 SESSION_HEADERS = ("X-Session-Id", "X-Claude-Code-Session-Id", "X-SMG-Routing-Key")
+#: The session that started this one, as the agent names it: opencode sends it on a sub-agent's calls (its task
+#: tool), beside the sub-agent's own ``X-Session-Id``.
+PARENT_HEADER = "X-Parent-Session-Id"
 
 
 def url_mount(path: str, suffixes: Iterable[str]) -> tuple[str, str | None, str | None] | None:
@@ -61,14 +64,31 @@ def named_session(headers: Any, url_session: str | None = None) -> str | None:
     and by the router of ``--workers``, which sends the request to the worker that will serve
     it as this session. ``headers.get`` gives a repeated header's first value: an empty one
     names nothing, and the next header is asked (never the second value). A value too long or
-    with control characters is :class:`BadRequest`.
+    with control characters is :class:`BadRequest`. A sub-agent's call that names itself and
+    its parent (:func:`sub_agent_of`) is its parent's, unless the URL names the session.
     """
     session = _clean(url_session, "the session id in the URL")
+    if session is None and (named := sub_agent_of(headers)) is not None:
+        return named[0]
     for name in SESSION_HEADERS:
         if session is not None:
             return session
         session = _clean(headers.get(name), name)
     return session
+
+
+def sub_agent_of(headers: Any) -> tuple[str, str] | None:
+    """``(parent, sub-agent)``: the sessions a sub-agent's call names, its parent's and its own; ``None`` for any
+    other call.
+
+    An agent that runs sub-agents of its own may say so: opencode sends every call's ``X-Session-Id``, and a
+    sub-agent's (its task tool) also :data:`PARENT_HEADER`. Both must be there and differ.
+    """
+    parent = _clean(headers.get(PARENT_HEADER), PARENT_HEADER)
+    if parent is None:
+        return None
+    own = _clean(headers.get("X-Session-Id"), "X-Session-Id")
+    return None if own is None or own == parent else (parent, own)
 
 
 def resolve_identity(
@@ -85,10 +105,13 @@ def resolve_identity(
     """Who a request belongs to; the first source that names a value wins.
 
     Session: the URL (``/sess/{id}/...``, ``/{trajectory_uid}/{prompt_uid}/...``),
+    ``X-Parent-Session-Id`` with ``X-Session-Id`` (a sub-agent's call, below),
     ``X-Session-Id``, ``X-Claude-Code-Session-Id`` (Claude Code sends it on every
     call), ``X-SMG-Routing-Key``, the body's ``session_id``. Prompt group: the
     URL's ``prompt_uid``, ``X-Instance-Id``, ``instance_id``. Turn: ``X-Turn-Id``,
-    ``turn_id``. Anthropic's ``metadata.user_id`` is not a session id.
+    ``turn_id``. Anthropic's ``metadata.user_id`` is not a session id. A call that
+    names its session and its parent's (:func:`sub_agent_of`) is a sub-agent's:
+    ``sub_agent`` is its own session id, by which the session keeps its child.
 
     ``confined_to`` is the session an agent's session key is for: it names the
     session when nothing else does, and any other session is refused (401).
@@ -114,4 +137,5 @@ def resolve_identity(
         turn_id=_clean(headers.get("X-Turn-Id"), "X-Turn-Id") or _clean(body_turn, "turn_id"),
         rollout_id=_clean(headers.get("X-Rollout-Id"), "X-Rollout-Id"),
         client=client,
+        sub_agent=None if (sub := sub_agent_of(headers)) is None else sub[1],
     )

@@ -11,9 +11,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from agent_harness import REPO, Proxy, base_env, check_recording, run_client
+from agent_harness import LOST, REPO, Proxy, base_env, check_recording, run_client, running_proxy
 from wirelog import WireLog
 
 # The tier installs or starts something big: `-m "not heavy"` leaves it out (README.md).
@@ -75,23 +76,27 @@ enabled = false
     assert len(steps) == len(wire.entries)
 
 
-def test_opencode(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
-    session = "opencode"
-    env = base_env(tmp_path / "home", agent_bin)
-    config = {
+def _opencode_config(port: int, session: str) -> dict[str, Any]:
+    """docs/agents.md's opencode configuration, its base URL at ``port`` and ``session``."""
+    return {
         "$schema": "https://opencode.ai/config.json",
         "provider": {"actorproxy": {
             "npm": "@ai-sdk/openai-compatible",
             "name": "actorproxy",
-            "options": {"baseURL": f"http://127.0.0.1:{wire.port}/sess/{session}/v1", "apiKey": "unused"},
+            "options": {"baseURL": f"http://127.0.0.1:{port}/sess/{session}/v1", "apiKey": "unused"},
             "models": {"actorproxy": {"name": "actorproxy"}},
         }},
         "model": "actorproxy/actorproxy",
         "autoupdate": False,
         "share": "disabled",
     }
-    env.update(OPENCODE_CONFIG_CONTENT=json.dumps(config), OPENCODE_DISABLE_AUTOUPDATE="1",
-               OPENCODE_DISABLE_MODELS_FETCH="1")
+
+
+def test_opencode(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
+    session = "opencode"
+    env = base_env(tmp_path / "home", agent_bin)
+    env.update(OPENCODE_CONFIG_CONTENT=json.dumps(_opencode_config(wire.port, session)),
+               OPENCODE_DISABLE_AUTOUPDATE="1", OPENCODE_DISABLE_MODELS_FETCH="1")
     done = run_client([str(agent_bin / "opencode"), "run", PROMPT], cwd=_workdir(tmp_path), env=env, wire=wire)
     assert done.stdout.strip(), done.stderr
     _, steps = check_recording(proxy, session, wire)
@@ -100,6 +105,42 @@ def test_opencode(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) 
     assert len(titles) == 1, titles
     side = [(s["trajectory_id"], s["step_indices"]) for s in proxy.read(session) if s["metadata"].get("side_call")]
     assert side == [(f"{titles[0]['session_id']}#{titles[0]['segment_index']}", [titles[0]["step_index"]])], side
+
+
+#: The simulated model's first call whenever the task tool is offered: opencode's own general sub-agent.
+TASK_CALL = json.dumps({"name": "task", "arguments": {
+    "description": "read the notes", "prompt": "Read notes.txt and report what it says.", "subagent_type": "general"}})
+
+
+def test_opencode_sub_agent(agent_bin: Path, tmp_path: Path) -> None:
+    """opencode's task tool: the sub-agent opens with the main agent's very system prompt, so only the headers
+    opencode sends (``X-Session-Id``, ``X-Parent-Session-Id``) tell it apart; it is a child session, and the main
+    conversation stays one segment."""
+    session = "opencode-task"
+    with running_proxy(tmp_path, "--sim-tool-call", TASK_CALL) as proxy, \
+            WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
+        env = base_env(tmp_path / "home", agent_bin)
+        env.update(OPENCODE_CONFIG_CONTENT=json.dumps(_opencode_config(wire.port, session)),
+                   OPENCODE_DISABLE_AUTOUPDATE="1", OPENCODE_DISABLE_MODELS_FETCH="1")
+        done = run_client([str(agent_bin / "opencode"), "run", PROMPT], cwd=_workdir(tmp_path), env=env, wire=wire)
+        assert done.stdout.strip(), done.stderr
+        calls = [e for e in wire.entries if e["path"].endswith("/chat/completions")]
+        by_sub_agent = [e for e in calls if any(k.lower() == "x-parent-session-id" for k in e["headers"])]
+        assert by_sub_agent, wire.summary()  # (opencode ran its sub-agent, and said so)
+        segments, steps = proxy.session(session)
+        summary = json.dumps([(s["trajectory_id"], s["num_steps"], s["start_reason"], s["metadata"].get("sub_agent"),
+                               s["metadata"].get("side_call")) for s in segments])
+        main = [s for s in segments
+                if s["trajectory_id"].startswith(f"{session}#") and not s["metadata"].get("side_call")]
+        assert [(s["start_reason"], s["num_steps"] >= 2) for s in main] == [("session_start", True)], summary
+        lost = [(s["session_id"], s["step_index"], s["boundary_reason"]) for s in steps if s["boundary_reason"] in LOST]
+        assert not lost, f"segments started on a lost match: {lost}; segments {summary}"
+        # Every call the sub-agent made is a step of the child session, and nothing else is.
+        child = [s for s in steps if s["session_id"] == f"{session}/sub-1"]
+        assert len(child) == len(by_sub_agent) >= 1
+        assert {s["session_id"] for s in steps} == {session, f"{session}/sub-1"}
+        assert all(s["metadata"]["sub_agent"] == "sub-1" for s in segments if s["trajectory_id"].startswith(
+            f"{session}/sub-1#")), summary
 
 
 def test_openai_agents_sdk(proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:

@@ -42,6 +42,9 @@ def test_the_session_is_found_where_resolve_identity_finds_it() -> None:
     turn = b"/v1/chat/completions"
     assert _head(turn, (b"x-session-id", b" s1 ")) == "s1"
     assert _head(turn, (b"x-claude-code-session-id", b"cc")) == "cc"
+    # opencode's sub-agent: its parent's session (the worker that keeps its child), unless the URL names one.
+    sub = ((b"x-session-id", b"ses_child"), (b"x-parent-session-id", b"ses_main"))
+    assert _head(turn, *sub) == "ses_main" and _head(b"/sess/r/v1/chat/completions", *sub) == "r"
     assert _head(b"/sess/s%202/v1/messages") == "s 2"
     assert _head(b"/sess/s%2F2/v1/messages") is None  # the app's URL map matches no route: 404 where it lands
     assert _head(b"/traj/prompt/v1/chat/completions") == "traj"
