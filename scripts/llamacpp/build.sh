@@ -22,6 +22,14 @@ CACHE="$CACHE_ROOT/llamacpp"
 SERVER="$CACHE/$LLAMACPP_VERSION/bin/llama-server"
 MODEL="$CACHE/models/$MODEL_NAME"
 VOCAB="$CACHE/$LLAMACPP_VERSION/vocab"
+# How llama-server is configured; kept beside the binary, which is reused only if built this way. CPU only, Release,
+# static, for this machine's instruction set (GGML_NATIVE) but without AMX: a virtual machine may report AMX in
+# /proc/cpuinfo and still fault on its first tile instruction (ldtilecfg: SIGSEGV as the model's first batch is
+# computed), and a 270M model gains nothing from it.
+BUILD_FLAGS="-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON"
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+STAMP="$CACHE/$LLAMACPP_VERSION/bin/llama-server.flags"
 # The test-vector vocabularies kept (one per tokenizer family; the others are larger and alike).
 VOCABS="llama-spm phi-3 qwen2 qwen35 llama-bpe gpt-2 starcoder refact command-r mpt"
 
@@ -46,7 +54,8 @@ copy_vocab() {  # $1: the llama.cpp source tree
 
 build_server() {
     local work src
-    if [[ -x "$SERVER" ]] && "$SERVER" --version >/dev/null 2>&1; then
+    if [[ -x "$SERVER" ]] && [[ "$(cat "$STAMP" 2>/dev/null)" == "$BUILD_FLAGS $NO_AMX" ]] \
+        && "$SERVER" --version >/dev/null 2>&1; then
         log "llama-server $LLAMACPP_VERSION cached at $SERVER"
         if [[ ! -d "$VOCAB" ]]; then
             work="$(mktemp -d "${TMPDIR:-/tmp}/llamacpp-build.XXXXXX")"
@@ -60,17 +69,17 @@ build_server() {
     # The sdist's setup.py runs `cmake llama.cpp && cmake --build .` and builds every tool; we
     # configure the same tree but build only the server target. No network at build time: the
     # prebuilt web UI is not fetched, no HTTPS support is needed for a loopback server.
-    log "configuring (Release, CPU, static)"
-    cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
-        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON >"$work/configure.log" 2>&1 \
-        || { cat "$work/configure.log" >&2; exit 1; }
+    log "configuring (Release, CPU, static, no AMX)"
+    # shellcheck disable=SC2086  # (the flags are words)
+    cmake -S "$src" -B "$work/build" $BUILD_FLAGS -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" \
+        >"$work/configure.log" 2>&1 || { cat "$work/configure.log" >&2; exit 1; }
     log "building llama-server with -j$JOBS (log: $work/build.log)"
     nice -n 19 cmake --build "$work/build" --config Release --target llama-server -j"$JOBS" \
         >"$work/build.log" 2>&1 || { tail -50 "$work/build.log" >&2; exit 1; }
     mkdir -p "$(dirname "$SERVER")"
     cp "$work/build/bin/llama-server" "$SERVER.tmp"
     mv "$SERVER.tmp" "$SERVER"
+    echo "$BUILD_FLAGS $NO_AMX" > "$STAMP"
     copy_vocab "$src"
     rm -rf "$work"
     log "built $SERVER"
