@@ -80,6 +80,10 @@ class Conflict(ProxyError, status=409, code="conflict"):
     """The request contradicts the state it acts on."""
 
 
+class Gone(ProxyError, status=410, code="gone", openai_type="not_found_error"):
+    """What the request names existed and ended, for good (a lease not acknowledged in time)."""
+
+
 class Overloaded(ProxyError, status=503, code="overloaded", openai_type="server_error"):
     """Too many sessions or a full queue; the caller should retry later (``Retry-After: 1`` unless set)."""
 

@@ -14,21 +14,29 @@ A hold is reserved before its read (:meth:`Holds.reserve`: bounded, at most ``li
 kept once the read's reply was sent but for its last bytes (:meth:`Holds.keep`), and settled
 (:meth:`Holds.settle`); one that no settle came for within its seconds is let go of (for the next
 drain) by :meth:`Holds.run`, counted in :attr:`Holds.expired`: held data is never held for good.
+
+A settle is idempotent: the keeper remembers how each of its last ``REMEMBERED`` settled tokens ended
+(:class:`Settled`: deleted, released, expired, or its delete failed; oldest forgotten first), so an
+acknowledgement that comes again (its first's reply was lost, or two raced) is answered as the first
+was, once the first's settle is over (:meth:`Holds.acknowledge`); only a token never made here, or
+forgotten, is unknown.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
-from ..errors import TooManyLeases
+from ..errors import ProxyError, TooManyLeases
 from ..schema import jsonio
-from ..store.base import Held
+from ..store.base import REMEMBERED, Held
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -43,6 +51,31 @@ Elsewhere = Callable[[bool], Awaitable[list[int]]]
 def lease_lead(lease: str, seconds: float) -> bytes:
     """The JSON member a leased drain's reply begins with (``"lease": {"id", "seconds"}``, then a comma)."""
     return b'"lease":' + jsonio.dumps({"id": lease, "seconds": seconds}) + b","
+
+
+@attrs.frozen
+class Settled:
+    """How a settled hold ended, as its keeper remembers it (:meth:`Holds.acknowledge`)."""
+
+    #: ``deleted`` (settled delivered), ``released`` (settled not delivered: let go of), ``expired`` (no settle
+    #: came within its seconds: let go of) or ``failed`` (its delete failed: the store let go of it).
+    status: str
+    #: When it was settled (wall clock, seconds since the epoch).
+    at: float
+    #: A leased drain across workers: the workers that did not confirm their delete (their part comes again).
+    unsettled: tuple[int, ...] = ()
+    #: ``failed``: the store's error (``None``: it was not one the proxy names).
+    error: ProxyError | None = None
+    #: Answered to a settle that came after the one that settled it (or while that one was under way).
+    repeated: bool = False
+
+
+@attrs.define(eq=False)
+class _Settling:
+    """A settle under way: another settle of its token waits for its outcome."""
+
+    done: trio.Event = attrs.Factory(trio.Event)
+    outcome: Settled | None = None
 
 
 @attrs.define(eq=False)
@@ -67,6 +100,10 @@ class Holds:
         self.prefix = ""
         self._holds: dict[str, _Hold] = {}
         self._kept = trio.Event()
+        #: Settles under way, and how the last ``remember`` settled tokens ended (oldest first).
+        self._settling: dict[str, _Settling] = {}
+        self._settled: OrderedDict[str, Settled] = OrderedDict()
+        self.remember = REMEMBERED
         #: Holds let go of because no settle came in time.
         self.expired = 0
 
@@ -122,22 +159,35 @@ class Holds:
                 del self._holds[token]
 
     async def settle(self, token: str, delivered: bool) -> int | None:
-        """Delete what ``token`` holds (``delivered``) or let it go; ``None`` if it holds nothing (expired, unknown,
-        or its read is still under way).
+        """Delete what ``token`` holds (``delivered``) or let it go; ``None`` if it holds nothing (settled already,
+        expired, unknown, or its read is still under way).
 
         Returns how many reads it held. A delete that fails raises the store's error: what it read was let go
         of (the store's ``Settle``), for the next drain."""
         hold = self._take(token)
         if hold is None:
             return None
-        await self._settle(hold, delivered)
+        await self._settle_as(token, hold, delivered)
         return len(hold.held or ())
 
-    async def acknowledge(self, token: str, delivered: bool) -> list[int] | None:
-        """A lease's :meth:`settle`: ``None`` if it holds nothing, else the workers that did not confirm their
-        delete (a leased drain across workers; none for one held here)."""
+    async def acknowledge(self, token: str, delivered: bool) -> Settled | None:
+        """A lease's :meth:`settle`, idempotent: how it ended (``unsettled``: for a leased drain across workers, the
+        workers that did not confirm their delete).
+
+        A token settled already answers how it ended then (``repeated``), whatever this one asks: a settle still
+        under way is waited for. ``None``: a token never made here, forgotten (see :attr:`remember`), or whose
+        read is under way. A delete that fails raises the store's error, and a repeat answers it again
+        (``failed``)."""
         hold = self._take(token)
-        return None if hold is None else await self._settle(hold, delivered)
+        if hold is not None:
+            return await self._settle_as(token, hold, delivered)
+        settling = self._settling.get(token)
+        if settling is not None:
+            await settling.done.wait()
+            ended = settling.outcome
+        else:
+            ended = self._settled.get(token)
+        return None if ended is None else attrs.evolve(ended, repeated=True)
 
     def _take(self, token: str) -> _Hold | None:
         hold = self._holds.get(token)
@@ -145,6 +195,25 @@ class Holds:
             return None
         del self._holds[token]
         return hold
+
+    async def _settle_as(self, token: str, hold: _Hold, delivered: bool, status: str | None = None) -> Settled:
+        """:meth:`_settle` ``hold`` (taken out under ``token``), and remember how it ended (``status``, or
+        ``deleted`` / ``released`` by ``delivered``); a settle of ``token`` meanwhile waits for it."""
+        settling = self._settling[token] = _Settling()
+        outcome = Settled("failed", time.time())
+        try:
+            unsettled = await self._settle(hold, delivered)
+            outcome = Settled(status or ("deleted" if delivered else "released"), time.time(), tuple(unsettled))
+        except Exception as exc:
+            outcome = Settled("failed", time.time(), error=exc if isinstance(exc, ProxyError) else None)
+            raise
+        finally:
+            del self._settling[token]
+            self._settled[token] = settling.outcome = outcome
+            while len(self._settled) > self.remember:
+                self._settled.popitem(last=False)
+            settling.done.set()
+        return outcome
 
     async def _settle(self, hold: _Hold, delivered: bool) -> list[int]:
         """Settle ``hold`` (taken out already); the workers that did not confirm their delete (``elsewhere``)."""
@@ -183,4 +252,4 @@ class Holds:
                     self.expired += 1
                     log.warning("%s was not settled in time: what it read is let go of, for the next drain",
                                 self.what)
-                    await self._settle(hold, False)
+                    await self._settle_as(token, hold, False, "expired")

@@ -16,8 +16,10 @@ any header.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -29,18 +31,18 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ..config import ProxyConfig
-from ..errors import BadRequest, Conflict, NotFound, ProxyError, StorageFull
+from ..errors import BadRequest, Conflict, Gone, NotFound, ProxyError, StorageFull
 from ..http.cycle import delivered
 from ..protocols.anthropic import AnthropicFormat, parse_messages_body
 from ..protocols.format import TurnFormat
 from ..protocols.openai_chat import OpenAIChatFormat
 from ..protocols.responses_format import ResponsesFormat
 from ..protocols.trainer import AckBody, DiscardBody, FinalizeBody, ReadBody
-from ..runtime.holds import lease_lead
+from ..runtime.holds import Settled, lease_lead
 from ..runtime.runtime import Runtime
 from ..schema import jsonio
 from ..schema.converter import CONVERTER, structure
-from ..store.base import Held, ReadQuery
+from ..store.base import REMEMBERED, Held, ReadQuery
 from ..telemetry import CURRENT
 from ..trajectory_file import write_trajectory_file
 from . import auth
@@ -283,14 +285,7 @@ def create_app(runtime: Runtime, admission: Admission | None = None, *,
         if runtime.leases.sending(body.lease):
             raise Conflict("that leased drain's reply is still being sent: acknowledge it once it was read whole",
                            code="lease_reply_unfinished", param="lease")
-        unsettled = await runtime.leases.acknowledge(body.lease, not body.release)
-        if unsettled is None:
-            raise NotFound(f"no leased drain {body.lease!r} waits for its acknowledgement: its lease ended (what it "
-                           "read was given back, for the next drain) or it was acknowledged already",
-                           code="unknown_lease", param="lease")
-        # (a leased drain across workers: the workers that did not confirm their delete, their part comes again)
-        return _json({"lease": body.lease, "status": "released" if body.release else "deleted",
-                      **({"unsettled_workers": unsettled} if unsettled else {})})
+        return _json(acknowledged(body.lease, await runtime.leases.acknowledge(body.lease, not body.release)))
 
     @app.get("/trajectory/stats")
     async def trajectory_stats() -> Response:
@@ -325,6 +320,27 @@ def create_app(runtime: Runtime, admission: Admission | None = None, *,
 
     add_rollout_routes(app, lane, runtime, dialect if dressage else None)
     return app
+
+
+def acknowledged(lease: str, ended: Settled | None) -> dict[str, Any]:
+    """``POST /trajectory/ack``'s answer for how lease ``lease`` ended: 200 ``deleted`` / ``released`` (``repeated``
+    when an acknowledgement settled it before; ``unsettled_workers``: a leased drain across workers whose workers
+    did not all confirm their delete, their part comes again), else the error that says what became of its data."""
+    if ended is None:
+        raise NotFound(f"no leased drain {lease!r} was made here, or it was settled so long ago that it is forgotten "
+                       f"(the last {REMEMBERED} are remembered)", code="unknown_lease", param="lease")
+    if ended.status == "expired":
+        when = datetime.fromtimestamp(ended.at, UTC).isoformat(timespec="seconds")
+        raise Gone(f"leased drain {lease!r} was not acknowledged in time: it was given back at {when}, nothing of it "
+                   "deleted, and what it read comes again in a later drain", code="lease_expired", param="lease")
+    if ended.status == "failed":  # (the first acknowledgement's own error, answered again)
+        if ended.error is not None:
+            raise copy.copy(ended.error)
+        raise Gone(f"leased drain {lease!r} could not be deleted (its acknowledgement failed): it was given back, "
+                   "and what it read comes again in a later drain", code="lease_delete_failed", param="lease")
+    return {"lease": lease, "status": ended.status,
+            **({"unsettled_workers": list(ended.unsettled)} if ended.unsettled else {}),
+            **({"repeated": True} if ended.repeated else {})}
 
 
 def _refuse_shadowed_route(app: QuartTrio) -> None:

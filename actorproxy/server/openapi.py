@@ -145,7 +145,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("/trajectory/read", "POST"): Operation("Finalized segments (drain: removed once delivered; with a lease, once "
                                             "acknowledged)", _TRAINER, ReadBody, errors=(400, 401, 404, 429)),
     ("/trajectory/ack", "POST"): Operation("Acknowledge a leased drain (its data removed) or release it", _TRAINER,
-                                           AckBody, errors=(400, 401, 404, 409)),
+                                           AckBody, errors=(400, 401, 404, 409, 410)),
     ("/trajectory/stats", "GET"): Operation("Store, session and boundary statistics", _OPS, no_body=True,
                                             errors=(401,)),
     ("/v1/rollout/pause", "POST"): Operation("Pause generation (abort, wait or keep)", _TRAINER, PauseBody,
@@ -175,9 +175,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
 _MOUNTS = re.compile(r"^(/sess/<url_session>|/<url_session>/<url_instance>)(?=/v1/)")
 _PARAM = re.compile(r"<(?:[a-z]+:)?([a-z_]+)>")
 _REASONS = {400: "Bad request", 401: "Unauthorized", 404: "Not found", 409: "Conflict with what was recorded",
-            422: "The reward function failed", 501: "Not configured", 502: "Engine error",
-            503: "Not ready or overloaded", 504: "Timed out", 507: "Store full",
-            408: "The request body came too slowly", 413: "The request body is too large"}
+            410: "Ended for good (a lease not acknowledged in time)", 422: "The reward function failed",
+            501: "Not configured", 502: "Engine error", 503: "Not ready or overloaded", 504: "Timed out",
+            507: "Store full", 408: "The request body came too slowly", 413: "The request body is too large"}
 
 
 def operation_for(rule: str, method: str) -> Operation | None:

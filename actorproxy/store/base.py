@@ -66,6 +66,9 @@ class ReadQuery:
 LONGEST_LEASE = 3600.0
 #: Leases a trainer may hold unacknowledged, at most, per keeper (another is refused).
 MAX_LEASES = 64
+#: Settled leases a keeper remembers, at most, how each ended (a repeated acknowledgement is answered as the first
+#: was): the oldest is forgotten first.
+REMEMBERED = 4096
 
 
 @attrs.define(eq=False)

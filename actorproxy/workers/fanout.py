@@ -252,7 +252,8 @@ class FanOut:
 
     async def acknowledge(self, scope: Any, receive: Receive, send: Send, body: bytes) -> None:
         """``POST /trajectory/ack``: a lease another worker made (its id names it: :func:`lease_worker`) is
-        acknowledged there, over its private socket, its answer relayed as it is; any other (this worker's, or one
+        acknowledged there, over its private socket, its answer relayed as it is (that worker's keeper remembers how
+        the lease ended: a repeat answers as the first did); any other (this worker's, or one
         naming no worker: 404 ``unknown_lease``, a bad body: 400) is this worker's app's to answer."""
         lease = _read_field(body, "lease")
         index = lease_worker(lease, self.workers) if isinstance(lease, str) else None
@@ -263,9 +264,9 @@ class FanOut:
             answer = await ask(self.directory, index, "POST", _target(scope), list(scope["headers"]), body)
         except WorkerUnavailable as exc:
             await reply(send, 503, error_body(
-                f"the worker that holds lease {lease!r} did not answer its acknowledgement: {exc} (a 404 "
-                "unknown_lease then says it was settled already, or its lease ended)", "worker_unavailable",
-                "server_error"), retry_after=True)
+                f"the worker that holds lease {lease!r} did not answer its acknowledgement: {exc} (retry it: a "
+                "repeated acknowledgement is answered as the first was, once that one is settled)",
+                "worker_unavailable", "server_error"), retry_after=True)
             return
         await reply(send, answer.status, answer.body, content_type=answer.header(b"content-type"))
 

@@ -19,6 +19,7 @@ import trio
 from _asgi import open_client
 from _util import run_turn
 from test_drain_delivered import before_each_part, gone_after, hanging_up
+from trio.testing import wait_all_tasks_blocked
 
 from actorproxy.config import ProxyConfig
 from actorproxy.errors import StorageFull
@@ -61,9 +62,57 @@ async def test_a_leased_drain_deletes_only_what_the_trainer_acknowledges(tokeniz
         assert acked.status_code == 200, acked.text
         assert acked.json() == {"lease": leased["lease"]["id"], "status": "deleted"}
         assert (await http.get("/trajectory/stats")).json()["segments"] == 0
-        again = await http.post("/trajectory/ack", json={"lease": leased["lease"]["id"]})
-        assert again.status_code == 404 and again.json()["error"]["code"] == "unknown_lease"
         assert _leases((await http.get("/metrics")).text) == ("0.0", "0.0")
+
+
+async def test_an_acknowledgement_sent_again_is_answered_as_the_first_was(tokenizer: Any) -> None:
+    """Its first answer was lost (or timed out): the trainer sends it again and learns the data was deleted, not
+    that the lease is unknown; a release sent after it is told the same, and changes nothing."""
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
+        await _finalized(sim.runtime, "a", "b")
+        lease = (await http.post("/trajectory/read", json={"drain": True, "lease": 60})).json()["lease"]["id"]
+        assert (await http.post("/trajectory/ack", json={"lease": lease})).json() == {"lease": lease,
+                                                                                   "status": "deleted"}
+        for body in ({"lease": lease}, {"lease": lease, "release": True}):
+            again = await http.post("/trajectory/ack", json=body)
+            assert again.status_code == 200, again.text
+            assert again.json() == {"lease": lease, "status": "deleted", "repeated": True}
+        assert (await http.get("/trajectory/stats")).json()["segments"] == 0
+        unknown = await http.post("/trajectory/ack", json={"lease": "never-made"})
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_lease", unknown.text
+
+
+async def test_acknowledgements_racing_a_delete_wait_for_it(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second comes while the first's delete is under way: both are answered once it is done, alike."""
+    gate, deleting = trio.Event(), trio.Event()
+    drained = Runtime.drained
+
+    async def slow(self: Runtime, held: Any) -> None:
+        deleting.set()
+        await gate.wait()
+        await drained(self, held)
+
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, open_client(create_app(sim.runtime)) as http:
+        await _finalized(sim.runtime, "a")
+        lease = (await http.post("/trajectory/read", json={"drain": True, "lease": 60})).json()["lease"]["id"]
+        monkeypatch.setattr(Runtime, "drained", slow)
+        answers: list[Any] = []
+
+        async def acknowledge() -> None:
+            answers.append(await http.post("/trajectory/ack", json={"lease": lease}))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(acknowledge)
+            await deleting.wait()
+            nursery.start_soon(acknowledge)
+            await wait_all_tasks_blocked()
+            waited = list(answers)
+            gate.set()
+        assert waited == []  # (the second did not answer before the delete was done)
+        assert [(a.status_code, a.json()) for a in answers] == [(200, {"lease": lease, "status": "deleted"}),
+                                                                (200, {"lease": lease, "status": "deleted",
+                                                                       "repeated": True})]
+        assert (await http.get("/trajectory/stats")).json()["segments"] == 0
 
 
 async def test_a_released_lease_gives_its_data_to_the_next_drain(tokenizer: Any) -> None:
@@ -72,6 +121,8 @@ async def test_a_released_lease_gives_its_data_to_the_next_drain(tokenizer: Any)
         leased = (await http.post("/trajectory/read", json={"drain": True, "lease": 60})).json()
         released = await http.post("/trajectory/ack", json={"lease": leased["lease"]["id"], "release": True})
         assert released.json() == {"lease": leased["lease"]["id"], "status": "released"}
+        acked = await http.post("/trajectory/ack", json={"lease": leased["lease"]["id"]})  # (it deletes nothing)
+        assert acked.json() == {"lease": leased["lease"]["id"], "status": "released", "repeated": True}
         assert _sessions((await http.post("/trajectory/read", json={"drain": True})).json()) == ["a#0"]
 
 
@@ -89,7 +140,8 @@ async def test_a_lease_not_acknowledged_in_time_is_given_back(
         assert _sessions((await http.post("/trajectory/read", json={"drain": True, "lease": 30})).json()) == [
             "a#0", "b#0"]
         late = await http.post("/trajectory/ack", json={"lease": leased["lease"]["id"]})
-        assert late.status_code == 404  # the late acknowledgement deletes nothing: the new lease holds it
+        assert late.status_code == 410, late.text  # the late acknowledgement deletes nothing: the new lease holds it
+        assert late.json()["error"]["code"] == "lease_expired" and "given back at" in late.json()["error"]["message"]
         assert (await http.get("/trajectory/stats")).json()["segments"] == 2
         assert _leases((await http.get("/metrics")).text) == ("1.0", "1.0")
 
@@ -196,6 +248,8 @@ async def test_a_leased_fetch_batch_is_deleted_only_once_acknowledged(tokenizer:
         acked = await http.post("/trajectory/ack", json={"lease": batch["lease"]["id"]})
         assert acked.json()["status"] == "deleted"
         assert (await http.get("/trajectory/stats")).json()["segments"] == 0
+        again = await http.post("/trajectory/ack", json={"lease": batch["lease"]["id"]})
+        assert again.json() == {"lease": batch["lease"]["id"], "status": "deleted", "repeated": True}
 
 
 async def test_a_leased_fetch_batch_not_acknowledged_puts_its_groups_back_first(
@@ -209,6 +263,8 @@ async def test_a_leased_fetch_batch_not_acknowledged_puts_its_groups_back_first(
         expiring = (await http.post("/trajectory/fetch_batch", json={**fetch, "lease": 30})).json()
         assert [t["trajectory_id"] for t in expiring["data"][0]["trajectories"]] == ["r0", "r1"]
         await trio.sleep(31)  # the trainer died: the lease ends, the group is first in the queue again
+        late = await http.post("/trajectory/ack", json={"lease": expiring["lease"]["id"]})
+        assert late.status_code == 410 and late.json()["error"]["code"] == "lease_expired", late.text
         again = (await http.post("/trajectory/fetch_batch", json=fetch)).json()
         assert again["complete"] and [len(t["segments"]) for t in again["data"][0]["trajectories"]] == [1, 1]
         assert (await http.get("/trajectory/stats")).json()["segments"] == 0  # delivered, not leased: deleted
@@ -244,5 +300,7 @@ async def test_an_acknowledged_fetch_whose_delete_fails_puts_its_groups_back(
         refused = await http.post("/trajectory/ack", json={"lease": lease})
         assert refused.status_code == 507, refused.text
         monkeypatch.undo()
+        again = await http.post("/trajectory/ack", json={"lease": lease})  # told the same: nothing was deleted
+        assert (again.status_code, again.json()) == (507, refused.json())
         again = (await http.post("/trajectory/fetch_batch", json=fetch)).json()
         assert again["complete"] and [len(t["segments"]) for t in again["data"][0]["trajectories"]] == [1, 1]

@@ -201,7 +201,9 @@ async def test_a_leased_drain_is_acknowledged_through_whichever_worker_the_ack_l
         assert (await client.post("/session/finalize", json={"session_id": theirs})).is_success
         one = (await client.post("/trajectory/read", json={"session_id": theirs, "drain": True, "lease": 60})).json()
         assert [s["parent_traj_id"] for s in one["data"]] == [theirs] and one["lease"]["id"].startswith("w1.")
-        for status in (200, 404, 404, 404):  # (on either worker: sent on to worker 1 from worker 0)
+        for repeated in (False, True, True, True):  # (on either worker: sent on to worker 1 from worker 0)
             acked = await client.post("/trajectory/ack", json={"lease": one["lease"]["id"]})
-            assert acked.status_code == status, acked.text
+            assert acked.status_code == 200, acked.text  # (sent again: answered as the first, by worker 1)
+            assert acked.json() == {"lease": one["lease"]["id"], "status": "deleted",
+                                    **({"repeated": True} if repeated else {})}, acked.text
         assert (await client.get("/trajectory/stats")).json()["segments"] == 0

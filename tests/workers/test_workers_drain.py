@@ -244,7 +244,9 @@ async def test_an_acknowledged_lease_names_a_worker_that_cannot_delete(tmp_path:
             leased = (await http.post("/trajectory/read", json={"drain": True, "lease": 60})).json()
             assert _sessions(leased) == ["a#0", "z#0"] and settles == []
             acked = (await http.post("/trajectory/ack", json={"lease": leased["lease"]["id"]})).json()
+            again = (await http.post("/trajectory/ack", json={"lease": leased["lease"]["id"]})).json()
         assert acked == {"lease": leased["lease"]["id"], "status": "deleted", "unsettled_workers": [1]}
+        assert again == {**acked, "repeated": True}  # (the workers are not settled again)
         assert [s["delivered"] for s in settles] == [True] and (await workers.runtimes[0].read()).data == []
 
 
@@ -413,8 +415,10 @@ async def test_a_leased_drain_of_the_whole_store_is_deleted_on_every_worker_once
             assert acked.status_code == 200, acked.text
             assert acked.json() == {"lease": lease["id"], "status": "deleted"}
             assert await _stored(workers) == [0, 0] and [len(h) for h in workers.holds] == [0, 0]
-            again = await other.post("/trajectory/ack", json={"lease": lease["id"]})
-            assert again.status_code == 404 and again.json()["error"]["code"] == "unknown_lease"
+            for client, body in ((other, {"lease": lease["id"]}), (http, {"lease": lease["id"], "release": True})):
+                again = await client.post("/trajectory/ack", json=body)  # (its answer lost: sent again, anywhere)
+                assert again.status_code == 200, again.text
+                assert again.json() == {"lease": lease["id"], "status": "deleted", "repeated": True}
             await _finalized(workers.runtimes[1], "c")
             workers.runtimes[0].leases.limit = 1  # bounded as one process's: another waits for the first
             await _leased_one(http)
@@ -441,6 +445,8 @@ async def test_a_released_leased_drain_of_the_whole_store_is_read_again(tmp_path
             lease = await _leased(http, 60)
             released = await http.post("/trajectory/ack", json={"lease": lease["id"], "release": True})
             assert released.json() == {"lease": lease["id"], "status": "released"}
+            acked = await http.post("/trajectory/ack", json={"lease": lease["id"]})
+            assert acked.json() == {"lease": lease["id"], "status": "released", "repeated": True}
             assert [len(h) for h in workers.holds] == [0, 0] and await _stored(workers) == [1, 1]
             assert _sessions((await http.post("/trajectory/read", json=DRAIN)).json()) == ["a#0", "b#0"]
         assert await _stored(workers) == [0, 0]
@@ -454,7 +460,7 @@ async def test_a_leased_drain_of_the_whole_store_not_acknowledged_is_given_back_
         # From here the clock runs as a wall clock does, and leaps by hand: the workers answer over real sockets
         # (and a thread's task looks blocked: jumping then would fire their timeouts).
         autojump_clock.autojump_threshold, autojump_clock.rate = math.inf, 1.0
-        async with open_client(workers.public) as http:
+        async with open_client(workers.public) as http, open_client(workers.publics[1]) as other:
             lease = await _leased(http, 3600)
             autojump_clock.jump(3590)
             await wait_all_tasks_blocked()
@@ -464,8 +470,9 @@ async def test_a_leased_drain_of_the_whole_store_not_acknowledged_is_given_back_
             await _until(lambda: [len(h) for h in workers.holds] == [0, 0])
             assert len(workers.runtimes[0].leases) == 0 and workers.runtimes[0].leases.expired == 1
             assert await _stored(workers) == [1, 1]
-            late = await http.post("/trajectory/ack", json={"lease": lease["id"]})
-            assert late.status_code == 404 and late.json()["error"]["code"] == "unknown_lease"
+            for client in (http, other):  # (worker 1 sends it on to worker 0, and relays its answer)
+                late = await client.post("/trajectory/ack", json={"lease": lease["id"]})
+                assert late.status_code == 410 and late.json()["error"]["code"] == "lease_expired", late.text
             assert _sessions((await http.post("/trajectory/read", json=DRAIN)).json()) == ["a#0", "b#0"]
         assert await _stored(workers) == [0, 0]
 
