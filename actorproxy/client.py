@@ -129,8 +129,17 @@ class ProxyClient:
 
     async def acknowledge(self, lease: str, *, release: bool = False) -> dict[str, Any]:
         """A leased drain's data is safe with the trainer: removed from the store (``release=True``: given back,
-        for the next drain). :class:`ProxyError` 404 ``unknown_lease`` if its lease ended first."""
-        return dict(await self._post("/trajectory/ack", {"lease": lease, **_given(release=release or None)}))
+        for the next drain); the answer's ``status`` says which it was (``"repeated": true``: this lease was
+        settled before, and ``status`` says how).
+
+        An acknowledgement is idempotent, so one whose answer is lost on the way (a transport error) is sent once
+        more. :class:`ProxyError` 410 ``lease_expired`` if its lease ended first (given back: it comes again in a
+        later drain), 404 ``unknown_lease`` for a lease the proxy never made or no longer remembers."""
+        body = {"lease": lease, **_given(release=release or None)}
+        try:
+            return dict(await self._post("/trajectory/ack", body))
+        except httpx.TransportError:
+            return dict(await self._post("/trajectory/ack", body))
 
     @asynccontextmanager
     async def leased_drain(

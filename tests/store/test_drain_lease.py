@@ -13,14 +13,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import trio
-from _asgi import open_client
+from _asgi import InProcessTransport, open_client
 from _util import run_turn
 from test_drain_delivered import before_each_part, gone_after, hanging_up
 from trio.testing import wait_all_tasks_blocked
 
+from actorproxy.client import ProxyClient
 from actorproxy.config import ProxyConfig
 from actorproxy.errors import StorageFull
 from actorproxy.runtime import store_messages
@@ -113,6 +115,34 @@ async def test_acknowledgements_racing_a_delete_wait_for_it(tokenizer: Any, monk
                                                                 (200, {"lease": lease, "status": "deleted",
                                                                        "repeated": True})]
         assert (await http.get("/trajectory/stats")).json()["segments"] == 0
+
+
+class _LosingFirstAck(httpx.AsyncBaseTransport):
+    """``inner``, but the answer to the first acknowledgement is lost once the proxy gave it (a connection reset)."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner, self.lost = inner, 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.url.path == "/trajectory/ack" and not self.lost:
+            self.lost += 1
+            await response.aread()
+            raise httpx.ReadError("connection reset by peer", request=request)
+        return response
+
+
+async def test_the_client_sends_again_an_acknowledgement_whose_answer_was_lost(tokenizer: Any) -> None:
+    """``ProxyClient.leased_drain`` acknowledges once the block ends: the answer is lost after the delete, the client
+    sends it once more and is told it was deleted, rather than failing the trainer's step."""
+    async with open_simulated_proxy(tokenizer=tokenizer) as sim, trio.open_nursery() as nursery:
+        await _finalized(sim.runtime, "a")
+        losing = _LosingFirstAck(InProcessTransport(create_app(sim.runtime), nursery))
+        async with ProxyClient("http://proxy", transport=losing) as client:
+            async with client.leased_drain(lease=60) as read:
+                assert _sessions(read) == ["a#0"]
+            assert losing.lost == 1 and (await client.stats())["segments"] == 0
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_released_lease_gives_its_data_to_the_next_drain(tokenizer: Any) -> None:
