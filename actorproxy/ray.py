@@ -24,9 +24,17 @@ from typing import Any
 
 import attrs
 
-from .store.ray_pool import MAX_PENDING_GROUPS, SEND_TIMEOUT, DataPool, decode_payload, init_ray, pool_handle
+from .store.ray_pool import (
+    MAX_PENDING_GROUPS,
+    SEND_TIMEOUT,
+    Acknowledgement,
+    DataPool,
+    decode_payload,
+    init_ray,
+    pool_handle,
+)
 
-__all__ = ["DataPool", "DataPoolClient", "LeasedBatch", "PromptGroup", "connect"]
+__all__ = ["Acknowledgement", "DataPool", "DataPoolClient", "LeasedBatch", "PromptGroup", "connect"]
 
 #: ``DataPool`` is the pool's class, for a trainer that creates the pool itself (Claw-R1's does):
 #: ``DataPool = ray.remote(actorproxy.ray.DataPool)``, then ``DataPool.options(name=...).remote(config, backend)``.
@@ -83,12 +91,16 @@ class DataPoolClient:
                       timeout=timeout_s + SEND_TIMEOUT)
         return LeasedBatch(raw["lease"]["id"], float(raw["lease"]["seconds"]), _groups(raw["groups"]))
 
-    def acknowledge(self, lease_id: str, *, release: bool = False) -> bool:
-        """The leased batch was used: its groups are gone for good (``release``: given back, first in the queue);
-        False if its lease ended first (its groups were handed out again) or it was acknowledged already."""
+    def acknowledge(self, lease_id: str, *, release: bool = False) -> Acknowledgement:
+        """The leased batch was used: its groups are gone for good (``release``: given back, first in the queue).
+
+        The answer's ``status`` says how the lease ended, true for ``deleted`` or ``released``. It is idempotent:
+        one sent again (its ``ray.get`` timed out) answers as the first did (``repeated``); false if its lease
+        ended first (``expired``: its groups were handed out again) or the pool does not know it (``unknown``)."""
         import ray
 
-        return bool(ray.get(self._handle.acknowledge.remote(lease_id, release), timeout=SEND_TIMEOUT))
+        answer: Acknowledgement = ray.get(self._handle.acknowledge.remote(lease_id, release), timeout=SEND_TIMEOUT)
+        return answer
 
     def stats(self) -> dict[str, Any]:
         """Pending groups and segments, what was received, fetched, deduplicated and dropped, per source."""

@@ -83,7 +83,8 @@ def main() -> None:
                     print(f"group {group.instance_id}: {len(group.rollouts)} rollouts, {len(group.segments)} "
                           f"segments, {tokens} tokens, rewards {rewards}")
                     trained += 1
-                assert pool.acknowledge(batch.lease_id)  # trained on: now it leaves the pool
+                acked = pool.acknowledge(batch.lease_id)  # trained on: now it leaves the pool
+                assert acked.status == "deleted", acked  # (sent again after a timeout, it answers the same)
             stats = pool.stats()
             print(f"pool: {stats['segments_received']} segments received from {len(stats['sources'])} replicas, "
                   f"{stats['groups_fetched']} groups fetched, {stats['pending_groups']} pending, "

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import StartupError
-from .base import LONGEST_LEASE, MAX_LEASES
+from .base import LONGEST_LEASE, MAX_LEASES, REMEMBERED
 from .codec import segment_json
 from .sqlite import SQLiteStore
 
@@ -253,6 +253,25 @@ class _Taken:
     channel: str
 
 
+@dataclass(frozen=True)
+class Acknowledgement:
+    """What :meth:`DataPool.acknowledge` answers: how the lease ended. True when a trainer's acknowledgement settled
+    it (this one, or the earlier one it repeats: ``status`` says whether its groups were used or given back)."""
+
+    lease: str
+    #: ``deleted`` (its groups gone for good), ``released`` (given back, first in the queue), ``expired`` (not
+    #: acknowledged in time: its groups were handed out again) or ``unknown`` (never made by this pool, or forgotten:
+    #: it remembers the last ``REMEMBERED`` leases that ended).
+    status: str
+    #: An acknowledgement came before this one, or the lease expired before it: ``status`` is how it ended then.
+    repeated: bool = False
+    #: When it ended (wall clock, seconds since the epoch); ``None`` if unknown.
+    at: float | None = None
+
+    def __bool__(self) -> bool:
+        return self.status in ("deleted", "released")
+
+
 class DataPool:
     """The pool's state: segments by prompt group, FIFO; runs as a Ray actor (asyncio).
 
@@ -283,6 +302,8 @@ class DataPool:
         self._last_fetch: dict[str, Any] | None = None
         #: Leased fetches: lease id -> (when it ends, monotonic; the groups taken, to put back if not acknowledged).
         self._leases: dict[str, tuple[float, list[_Taken]]] = {}
+        #: How the last ``REMEMBERED`` leases ended (``deleted``, ``released``, ``expired``; when), oldest first.
+        self._ended: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     def _event(self) -> asyncio.Event:
         if self._changed is None:
@@ -368,23 +389,38 @@ class DataPool:
         for lease, (deadline, taken) in list(self._leases.items()):
             if deadline <= now:
                 del self._leases[lease]
+                self._end(lease, "expired")
                 self._counts["leases_expired"] += 1
                 logging.getLogger(__name__).warning(
                     "a leased fetch (%d groups) was not acknowledged in time: its groups are handed out again",
                     len(taken))
                 self._put_back(taken)
 
-    def acknowledge(self, lease: str, release: bool = False) -> bool:
-        """A leased fetch used (its groups gone for good) or, ``release``, given back (first in the queue again);
-        False if no such lease is open (it ended, and its groups were handed out again, or it was acknowledged)."""
+    def acknowledge(self, lease: str, release: bool = False) -> Acknowledgement:
+        """A leased fetch used (its groups gone for good) or, ``release``, given back (first in the queue again).
+
+        Idempotent: a lease that ended already answers how (``repeated``), whatever this call asks, and changes
+        nothing: ``deleted`` or ``released`` by an earlier acknowledgement, ``expired`` (false: its groups were
+        handed out again); ``unknown`` (false) for one never made here or forgotten."""
         self._expire()
         found = self._leases.pop(lease, None)
         if found is None:
-            return False
+            ended = self._ended.get(lease)
+            if ended is None:
+                return Acknowledgement(lease, "unknown")
+            return Acknowledgement(lease, ended[0], repeated=True, at=ended[1])
         if release:
             self._counts["leases_released"] += 1
             self._put_back(found[1])
-        return True
+        status, at = self._end(lease, "released" if release else "deleted")
+        return Acknowledgement(lease, status, at=at)
+
+    def _end(self, lease: str, status: str) -> tuple[str, float]:
+        """Remember that ``lease`` ended so (the last ``REMEMBERED``), and when."""
+        ended = self._ended[lease] = (status, time.time())
+        while len(self._ended) > REMEMBERED:
+            self._ended.popitem(last=False)
+        return ended
 
     async def _wait_for(self, groups: int, rollouts_per_group: int, channel: str, deadline: float | None) -> bool:
         """Wait until ``groups`` groups of ``channel`` are complete; False at the deadline or a shutdown."""

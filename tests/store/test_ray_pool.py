@@ -69,13 +69,44 @@ def test_a_leased_fetch_is_gone_only_once_acknowledged_and_comes_back_first_if_n
         assert [g["instance_id"] for g in await pool.fetch_batch(1, 1, 0.0)] == ["g2"]
         clock[0] += 31  # the first trainer died: its lease ended
         assert [g["instance_id"] for g in await pool.fetch_batch(5, 1, 0.0)] == ["g1", "g3"]
-        assert not pool.acknowledge(first["lease"]["id"])  # too late: handed out again already
+        late = pool.acknowledge(first["lease"]["id"])  # too late: handed out again already, and told so
+        assert not late and (late.status, late.repeated) == ("expired", True)
         used = await pool.fetch_batch(1, 1, 0.0, lease=30)
         assert used["groups"] == [] and pool.acknowledge(used["lease"]["id"])
         stats = pool.stats()
         assert (stats["open_leases"], stats["leases_released"], stats["leases_expired"]) == (0, 1, 1)
         with pytest.raises(ValueError):
             await pool.fetch_batch(1, 1, 0.0, lease=0)
+
+    asyncio.run(scenario())
+
+
+def test_an_acknowledgement_sent_again_answers_as_the_first_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer whose ray.get of its acknowledgement timed out sends it again: it learns how the lease ended, and
+    nothing changes (a release after a delete gives nothing back, a delete after a release deletes nothing)."""
+    monkeypatch.setattr(ray_pool, "REMEMBERED", 2, raising=False)
+
+    async def scenario() -> None:
+        pool = DataPool()
+        await pool.put([_payload("a#0", "g1"), _payload("b#0", "g2")], "p1")
+        used = (await pool.fetch_batch(1, 1, 0.0, lease=30))["lease"]["id"]
+        given = (await pool.fetch_batch(1, 1, 0.0, lease=30))["lease"]["id"]
+        first = pool.acknowledge(used)
+        assert first and (first.lease, first.status, first.repeated) == (used, "deleted", False)
+        for release in (False, True):
+            again = pool.acknowledge(used, release=release)
+            assert again and (again.status, again.repeated, again.at) == ("deleted", True, first.at)
+        assert pool.acknowledge(given, release=True).status == "released"
+        acked = pool.acknowledge(given)
+        assert acked and (acked.status, acked.repeated) == ("released", True)
+        assert [g["instance_id"] for g in await pool.fetch_batch(5, 1, 0.0)] == ["g2"]  # given back, once
+        assert pool.stats()["leases_released"] == 1
+        unknown = pool.acknowledge("never-made")
+        assert not unknown and unknown.status == "unknown"
+        third = (await pool.fetch_batch(1, 1, 0.0, lease=30))["lease"]["id"]
+        assert pool.acknowledge(third).status == "deleted"
+        assert pool.acknowledge(used).status == "unknown"  # the oldest of more than REMEMBERED is forgotten
+        assert pool.acknowledge(given).status == "released"
 
     asyncio.run(scenario())
 
