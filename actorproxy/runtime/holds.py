@@ -24,6 +24,7 @@ forgotten, is unknown.
 
 from __future__ import annotations
 
+import copy
 import logging
 import secrets
 import time
@@ -103,6 +104,7 @@ class Holds:
         #: Settles under way, and how the last ``remember`` settled tokens ended (oldest first).
         self._settling: dict[str, _Settling] = {}
         self._settled: OrderedDict[str, Settled] = OrderedDict()
+        #: How many settled tokens are remembered, at most.
         self.remember = REMEMBERED
         #: Holds let go of because no settle came in time.
         self.expired = 0
@@ -204,8 +206,8 @@ class Holds:
         try:
             unsettled = await self._settle(hold, delivered)
             outcome = Settled(status or ("deleted" if delivered else "released"), time.time(), tuple(unsettled))
-        except Exception as exc:
-            outcome = Settled("failed", time.time(), error=exc if isinstance(exc, ProxyError) else None)
+        except Exception as exc:  # (a copy kept: no traceback, whose frames would hold what it read)
+            outcome = Settled("failed", time.time(), error=copy.copy(exc) if isinstance(exc, ProxyError) else None)
             raise
         finally:
             del self._settling[token]

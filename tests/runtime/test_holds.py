@@ -131,3 +131,14 @@ async def test_the_keeper_remembers_a_bounded_number_of_settled_leases() -> None
     assert [getattr(await holds.acknowledge(lease, True), "status", None) for lease in leases[1:]] == [
         "deleted", "deleted"]
     assert await holds.acknowledge("never-made", True) is None
+
+
+async def test_a_failed_delete_is_remembered_without_its_traceback() -> None:
+    """What it read lives in the frames of the failed delete's traceback: the keeper keeps the error alone."""
+    holds, store = _keeper()
+    lease = _held(holds)
+    store.fail = StorageFull("disk I/O error")
+    with pytest.raises(StorageFull) as raised:
+        await holds.acknowledge(lease, True)
+    again = await holds.acknowledge(lease, True)
+    assert again is not None and again.error is not raised.value and again.error.__traceback__ is None
