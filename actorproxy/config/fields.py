@@ -44,11 +44,11 @@ def temperature_range(_inst: Any, attribute: Any, value: Any) -> None:
 
 
 def tool_call_json(_inst: Any, attribute: Any, value: Any) -> None:
-    from .sim_engine import parse_tool_call  # (a leaf module of this package: no cycle)
+    from .sim_engine import parse_tool_calls  # (a leaf module of this package: no cycle)
 
     if value is not None:
         try:
-            parse_tool_call(value)
+            parse_tool_calls(value)
         except ValueError as exc:
             raise ValueError(f"--{attribute.name.replace('_', '-')}: {exc}") from None
 

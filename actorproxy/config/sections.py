@@ -194,11 +194,11 @@ class EngineSettings:
         help="simulated engine: chance of a tool call right after tool results (default: half of "
         "--sim-tool-call-probability, so tool loops end)",
     )
-    sim_tool_call: str | None = setting(
+    sim_tool_calls: str | None = setting(
         None, validator=tool_call_json, metavar="JSON",
-        help='simulated engine: the call it makes after a user message whenever the prompt offers that tool, '
-        'instead of a random one: {"name": "<tool>", "arguments": {...}} (for a tool whose arguments must mean '
-        "something to the agent; after tool results it samples as usual)",
+        help='simulated engine: the call it makes on a conversation\'s first turn whenever the prompt offers that '
+        'tool, instead of a random one: {"name": "<tool>", "arguments": {...}}, or a list of them made together '
+        "(for a tool whose arguments must mean something to the agent; later turns sample as usual)",
     )
 
 

@@ -9,17 +9,19 @@ from typing import Any
 import attrs
 
 
-def parse_tool_call(text: str) -> tuple[str, str]:
-    """``(name, arguments as JSON text)`` of a call given as ``{"name": ..., "arguments": {...}}``; ``ValueError``
-    for anything else."""
+def parse_tool_calls(text: str) -> tuple[tuple[str, str], ...]:
+    """``(name, arguments as JSON text)`` of each call given, one as ``{"name": ..., "arguments": {...}}`` or several
+    (made together) as a list of them; ``ValueError`` for anything else."""
     try:
-        call: Any = json.loads(text)
+        given: Any = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"not JSON: {exc}") from None
-    if not isinstance(call, dict) or set(call) != {"name", "arguments"} or not isinstance(call["name"], str) \
-            or not call["name"] or not isinstance(call["arguments"], dict):
-        raise ValueError('expected {"name": "<tool>", "arguments": {...}}')
-    return call["name"], json.dumps(call["arguments"], ensure_ascii=False)
+    calls = given if isinstance(given, list) and given else [given]
+    for call in calls:
+        if not isinstance(call, dict) or set(call) != {"name", "arguments"} or not isinstance(call["name"], str) \
+                or not call["name"] or not isinstance(call["arguments"], dict):
+            raise ValueError('expected {"name": "<tool>", "arguments": {...}}, or a list of them')
+    return tuple((call["name"], json.dumps(call["arguments"], ensure_ascii=False)) for call in calls)
 
 
 @attrs.frozen
@@ -39,10 +41,11 @@ class SimConfig:
     followup_tool_call_probability: float | None = None
     #: Chance that a tool-calling turn makes two parallel calls.
     parallel_tool_call_probability: float = 0.2
-    #: ``(name, arguments as JSON text)``: the call made after a user message, whenever the prompt offers that tool,
-    #: instead of a random one (:func:`parse_tool_call`), for a tool whose arguments must mean something to the
-    #: agent (opencode's task tool names an agent). After tool results the model samples as usual.
-    tool_call: tuple[str, str] | None = None
+    #: ``(name, arguments as JSON text)`` of each call made on a conversation's first turn (no assistant turn before),
+    #: those whose tool the prompt offers, together, instead of a random one (:func:`parse_tool_calls`): for a tool
+    #: whose arguments must mean something to the agent (opencode's task tool names an agent). Later turns sample
+    #: as usual.
+    tool_calls: tuple[tuple[str, str], ...] = ()
     #: ``False``: the tokenizer's stop ids also end a generation (as EOS does in an engine).
     ignore_eos: bool = False
     #: Unseeded requests depend on the prompt alone; ``True`` mixes in the request

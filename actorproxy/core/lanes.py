@@ -129,9 +129,10 @@ class Conversations:
         system prompt and first message.
 
         ``sub_agent``: the agent said the turn is a sub-agent's and named it
-        (opencode's ``X-Parent-Session-Id``): it goes to the child session kept for
-        that name, whatever its messages, which may open as the main
-        conversation's do (opencode's sub-agent has the main agent's system prompt).
+        (Claude Code's agent id, opencode's ``X-Parent-Session-Id``): it goes to the
+        child session kept for that name, whatever its messages, which may open as
+        the main conversation's do (opencode's sub-agent has the main agent's system
+        prompt) or as another sub-agent's (two Task agents of one type given one task).
         """
         if sub_agent is not None and self._sub_agents:
             named = (AGENT_NAMED, sub_agent)

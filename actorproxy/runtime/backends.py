@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..config import ProxyConfig
-from ..config.sim_engine import parse_tool_call
+from ..config.sim_engine import parse_tool_calls
 from ..core.parser import default_tool_call_format
 from ..core.template_probe import probe_template
 from ..engines.base import Backend, BackendError, ModelInfo
@@ -76,7 +76,7 @@ def sim_config(engines: EngineSettings) -> SimConfig:
         decode_steps=engines.sim_decode_steps,
         tool_call_probability=engines.sim_tool_call_probability,
         followup_tool_call_probability=engines.sim_followup_tool_call_probability,
-        tool_call=None if engines.sim_tool_call is None else parse_tool_call(engines.sim_tool_call),
+        tool_calls=() if engines.sim_tool_calls is None else parse_tool_calls(engines.sim_tool_calls),
     )
 
 

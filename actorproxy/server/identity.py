@@ -30,6 +30,9 @@ SESSION_HEADERS = ("X-Session-Id", "X-Claude-Code-Session-Id", "X-SMG-Routing-Ke
 #: The session that started this one, as the agent names it: opencode sends it on a sub-agent's calls (its task
 #: tool), beside the sub-agent's own ``X-Session-Id``.
 PARENT_HEADER = "X-Parent-Session-Id"
+#: The sub-agent a call is from, as Claude Code names it on every call of one of its Task agents (and not on the
+#: main agent's), beside the conversation's ``X-Claude-Code-Session-Id``.
+AGENT_HEADER = "X-Claude-Code-Agent-Id"
 
 
 def url_mount(path: str, suffixes: Iterable[str]) -> tuple[str, str | None, str | None] | None:
@@ -64,11 +67,11 @@ def named_session(headers: Any, url_session: str | None = None) -> str | None:
     and by the router of ``--workers``, which sends the request to the worker that will serve
     it as this session. ``headers.get`` gives a repeated header's first value: an empty one
     names nothing, and the next header is asked (never the second value). A value too long or
-    with control characters is :class:`BadRequest`. A sub-agent's call that names itself and
-    its parent (:func:`sub_agent_of`) is its parent's, unless the URL names the session.
+    with control characters is :class:`BadRequest`. An opencode sub-agent's call, which names
+    itself and its parent (:func:`sub_agent_of`), is its parent's, unless the URL names the session.
     """
     session = _clean(url_session, "the session id in the URL")
-    if session is None and (named := sub_agent_of(headers)) is not None:
+    if session is None and (named := _parent_named(headers)) is not None:
         return named[0]
     for name in SESSION_HEADERS:
         if session is not None:
@@ -77,13 +80,22 @@ def named_session(headers: Any, url_session: str | None = None) -> str | None:
     return session
 
 
-def sub_agent_of(headers: Any) -> tuple[str, str] | None:
-    """``(parent, sub-agent)``: the sessions a sub-agent's call names, its parent's and its own; ``None`` for any
-    other call.
+def sub_agent_of(headers: Any) -> str | None:
+    """The sub-agent a call says it is from, by the agent's own name for it; ``None``: the call does not say.
 
-    An agent that runs sub-agents of its own may say so: opencode sends every call's ``X-Session-Id``, and a
-    sub-agent's (its task tool) also :data:`PARENT_HEADER`. Both must be there and differ.
+    Claude Code sends :data:`AGENT_HEADER` on every call of a Task agent. opencode sends every call's
+    ``X-Session-Id``, and a sub-agent's (its task tool) also :data:`PARENT_HEADER`: both must be there and differ,
+    and the sub-agent's own session id names it.
     """
+    agent = _clean(headers.get(AGENT_HEADER), AGENT_HEADER)
+    if agent is not None:
+        return agent
+    named = _parent_named(headers)
+    return None if named is None else named[1]
+
+
+def _parent_named(headers: Any) -> tuple[str, str] | None:
+    """``(parent, sub-agent)``: the sessions an opencode sub-agent's call names (:func:`sub_agent_of`)."""
     parent = _clean(headers.get(PARENT_HEADER), PARENT_HEADER)
     if parent is None:
         return None
@@ -110,8 +122,9 @@ def resolve_identity(
     call), ``X-SMG-Routing-Key``, the body's ``session_id``. Prompt group: the
     URL's ``prompt_uid``, ``X-Instance-Id``, ``instance_id``. Turn: ``X-Turn-Id``,
     ``turn_id``. Anthropic's ``metadata.user_id`` is not a session id. A call that
-    names its session and its parent's (:func:`sub_agent_of`) is a sub-agent's:
-    ``sub_agent`` is its own session id, by which the session keeps its child.
+    says it is a sub-agent's (:func:`sub_agent_of`: Claude Code's agent id, or
+    opencode's session and parent session) has ``sub_agent``, the agent's name for
+    it, by which the session keeps its child.
 
     ``confined_to`` is the session an agent's session key is for: it names the
     session when nothing else does, and any other session is refused (401).
@@ -137,5 +150,5 @@ def resolve_identity(
         turn_id=_clean(headers.get("X-Turn-Id"), "X-Turn-Id") or _clean(body_turn, "turn_id"),
         rollout_id=_clean(headers.get("X-Rollout-Id"), "X-Rollout-Id"),
         client=client,
-        sub_agent=None if (sub := sub_agent_of(headers)) is None else sub[1],
+        sub_agent=sub_agent_of(headers),
     )

@@ -65,6 +65,8 @@ class PromptView:
     #: ``(name, JSON schema of the parameters)`` of each tool offered.
     tools: Tools = ()
     last_turn: Literal["user", "tool"] = "user"
+    #: No assistant turn before the one asked for: the conversation's first turn.
+    first_turn: bool = True
     #: ``"on"``: write ``<think>`` first; ``"open"``: a ``<think>`` is open; ``"off"``: none.
     thinking: Literal["on", "open", "off"] = "off"
 
@@ -128,7 +130,9 @@ def read_prompt(tokenizer: ChatTokenizer, ids: array[int], raw: bytes = b"") -> 
     if tokenizer.think_start_id is not None and tokenizer.think_end_id is not None:
         if tokenizer.think_end_id not in tail:
             thinking = "open" if tokenizer.think_start_id in tail else "on"
-    return PromptView(tools, "tool" if is_tool else "user", thinking)
+    # The assistant turns' heads: the one the prompt ends with (asked for), and one for each before it.
+    assistant = array("i", [im_start, *tokenizer.encode("assistant")]).tobytes()
+    return PromptView(tools, "tool" if is_tool else "user", thinking=thinking, first_turn=raw.count(assistant) <= 1)
 
 
 def sample_value(schema: Any, rng: random.Random, depth: int = 0) -> Any:
@@ -199,9 +203,11 @@ def policy_text(view: PromptView, rng: random.Random, config: SimConfig) -> str:
     if view.last_turn == "tool":
         later = config.followup_tool_call_probability
         p = p / 2 if later is None else later
-    scripted = config.tool_call
-    if scripted is not None and view.last_turn == "user" and any(name == scripted[0] for name, _ in view.tools):
-        parts.append(f'<tool_call>\n{{"name": {json.dumps(scripted[0])}, "arguments": {scripted[1]}}}\n</tool_call>')
+    offered = {name for name, _ in view.tools}
+    scripted = [(name, args) for name, args in config.tool_calls if name in offered] if view.first_turn else []
+    if scripted:
+        parts.append("\n".join(f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {args}}}\n</tool_call>'
+                               for name, args in scripted))
     elif view.tools and rng.random() < p:
         calls = []
         for _ in range(2 if rng.random() < config.parallel_tool_call_probability else 1):

@@ -48,6 +48,46 @@ def test_claude_code(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Pat
     check_recording(proxy, session, wire)
 
 
+#: Two Task agents of one type, given one task, started together by the main agent's first reply (and a Read of the
+#: notes: a reader agent's first call, which has no Agent tool).
+READER = {"description": "read the notes", "prompt": "Read notes.txt and report what it says.",
+          "subagent_type": "reader"}
+
+
+def test_claude_code_task_agents(agent_bin: Path, tmp_path: Path) -> None:
+    """Two Task agents that open alike (one type, one task) run side by side: Claude Code names each one's calls
+    (``X-Claude-Code-Agent-Id``), and each is a child session of its own, one segment, with no lost match."""
+    session = "claude-code-agents"
+    read = {"name": "Read", "arguments": {"file_path": str(tmp_path / "work" / "notes.txt")}}
+    # No other call: Claude Code hands a Task agent's report over as a user message, and a random call after it
+    # could start agents again.
+    flags = ("--sim-tool-calls", json.dumps([{"name": "Agent", "arguments": READER}] * 2 + [read]),
+             "--sim-tool-call-probability", "0", "--sim-followup-tool-call-probability", "0")
+    with running_proxy(tmp_path, *flags) as proxy, \
+            WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
+        env = base_env(tmp_path / "home", agent_bin)
+        env.update(ANTHROPIC_BASE_URL=f"http://127.0.0.1:{wire.port}/sess/{session}", ANTHROPIC_AUTH_TOKEN="unused",
+                   CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
+        # A reader agent of its own, with Read only: it starts no agent itself.
+        agents = {"reader": {"description": "Reads files and reports what they say.",
+                             "prompt": "You read the files you are asked about and report briefly.", "tools": ["Read"]}}
+        done = run_client([str(agent_bin / "claude"), "-p", PROMPT, "--max-turns", "6", "--tools", "Read,Agent",
+                           "--agents", json.dumps(agents), "--permission-mode", "acceptEdits"],
+                          cwd=_workdir(tmp_path), env=env, wire=wire)
+        assert done.stdout.strip(), done.stderr
+        named = {v for e in wire.entries for k, v in e["headers"].items() if k.lower() == "x-claude-code-agent-id"}
+        assert len(named) == 2, wire.summary()  # (it ran both, and named them)
+        segments, steps = proxy.session(session)
+        summary = json.dumps([(s["trajectory_id"], s["num_steps"], s["start_reason"]) for s in segments])
+        lost = [(s["session_id"], s["step_index"], s["boundary_reason"]) for s in steps if s["boundary_reason"] in LOST]
+        assert not lost, f"segments started on a lost match: {lost}; segments {summary}"
+        children = sorted((s["trajectory_id"], s["num_steps"]) for s in segments if s["metadata"].get("sub_agent"))
+        assert children == [(f"{session}/sub-1#0", 2), (f"{session}/sub-2#0", 2)], summary
+        main = [s for s in segments
+                if s["trajectory_id"].startswith(f"{session}#") and not s["metadata"].get("side_call")]
+        assert [(s["start_reason"], s["num_steps"] >= 2) for s in main] == [("session_start", True)], summary
+
+
 def test_codex(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
     session = "codex"
     env = base_env(tmp_path / "home", agent_bin)
@@ -117,7 +157,7 @@ def test_opencode_sub_agent(agent_bin: Path, tmp_path: Path) -> None:
     opencode sends (``X-Session-Id``, ``X-Parent-Session-Id``) tell it apart; it is a child session, and the main
     conversation stays one segment."""
     session = "opencode-task"
-    with running_proxy(tmp_path, "--sim-tool-call", TASK_CALL) as proxy, \
+    with running_proxy(tmp_path, "--sim-tool-calls", TASK_CALL) as proxy, \
             WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
         env = base_env(tmp_path / "home", agent_bin)
         env.update(OPENCODE_CONFIG_CONTENT=json.dumps(_opencode_config(wire.port, session)),

@@ -1,4 +1,5 @@
-"""Sub-agents the agent names itself: opencode's ``X-Session-Id`` and ``X-Parent-Session-Id``.
+"""Sub-agents the agent names itself: opencode's ``X-Session-Id`` and ``X-Parent-Session-Id``, Claude Code's
+``X-Claude-Code-Agent-Id``.
 
 opencode's task tool runs a sub-agent with the main agent's very system prompt (its ``general``
 agent has no prompt of its own) and a task as its first message. Told apart by the conversation's
@@ -6,6 +7,11 @@ content alone, its turns would read as the main conversation rewritten, and the 
 would break in three. opencode says what they are: every call carries ``X-Session-Id`` (its own
 session), and a sub-agent's also ``X-Parent-Session-Id`` (the one that started it). The calls
 below are the ones a real run of opencode 1.18 sends, in its order, with its headers.
+
+Claude Code's Task agents of one type, given one task, open alike (its system prompt for that agent
+type, the task): by content they are one conversation, and two of them running side by side would
+rewrite each other's history at every turn. Claude Code names each: every call of a Task agent
+carries ``X-Claude-Code-Agent-Id`` (the main agent's none).
 """
 
 from __future__ import annotations
@@ -101,6 +107,9 @@ def test_what_the_headers_name() -> None:
     assert named_session(sub) == MAIN and named_session(sub, "rollout-7") == "rollout-7"
     identity = resolve_identity(sub)
     assert (identity.session_id, identity.sub_agent) == (MAIN, CHILD)
+    claude = httpx.Headers({"X-Claude-Code-Session-Id": "c", "x-claude-code-agent-id": "a12",
+                            "x-claude-code-parent-agent-id": "a7"})
+    assert named_session(claude) == "c" and resolve_identity(claude).sub_agent == "a12"
     assert resolve_identity(sub, url_session="r").sub_agent == CHILD
     # No sub-agent: no parent, a parent naming the session itself, or no session of its own to key it by.
     for headers in (_own(MAIN), _own(MAIN, MAIN)):
@@ -110,3 +119,37 @@ def test_what_the_headers_name() -> None:
     for bad in ("x" * 300, "a\tb"):
         with pytest.raises(BadRequest):
             resolve_identity(httpx.Headers(_own(CHILD, bad)))
+
+
+CC_SYSTEM = "You are a Claude agent. You read the files you are asked about and report briefly."
+
+
+async def _message(http: httpx.AsyncClient, messages: list[dict[str, Any]], agent: str | None) -> dict[str, Any]:
+    headers = {"X-Claude-Code-Session-Id": "cc-conversation", **({"x-claude-code-agent-id": agent} if agent else {})}
+    body = {"model": "claude", "max_tokens": 64, "system": CC_SYSTEM, "messages": messages}
+    reply = await http.post("/sess/cc-7/v1/messages", json=body, headers=headers)
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    assert isinstance(answer, dict)
+    return answer
+
+
+async def test_two_task_agents_that_open_alike_are_two_children(
+        proxy: RunningProxy, http: httpx.AsyncClient) -> None:
+    main = [{"role": "user", "content": "Look at notes.txt"}]
+    first = await _message(http, main, None)
+    task = [{"role": "user", "content": "Read notes.txt and report."}]
+    talks = {"a1": list(task), "a2": list(task)}
+    named = []
+    for _ in range(2):  # side by side: a turn of each in turn
+        for agent, messages in talks.items():
+            reply = await _message(http, messages, agent)
+            named.append(reply["actorproxy"]["session_id"])
+            messages += [{"role": "assistant", "content": reply["content"]}, {"role": "user", "content": "Go on."}]
+    main += [{"role": "assistant", "content": first["content"]}, {"role": "user", "content": "And?"}]
+    named.append((await _message(http, main, None))["actorproxy"]["session_id"])
+    assert named == ["cc-7/sub-1", "cc-7/sub-2", "cc-7/sub-1", "cc-7/sub-2", "cc-7"]
+    segments, steps = await finalized_at(proxy.url, "cc-7")
+    assert sorted((s["trajectory_id"], s["num_steps"], s["start_reason"]) for s in segments) == [
+        ("cc-7#0", 2, "session_start"), ("cc-7/sub-1#0", 2, "session_start"), ("cc-7/sub-2#0", 2, "session_start")]
+    assert len(steps) == 6

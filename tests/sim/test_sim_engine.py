@@ -391,13 +391,22 @@ async def test_a_set_call_is_made_whenever_its_tool_is_offered(
     tokenizer: ChatTokenizer, autojump_clock: MockClock
 ) -> None:
     call = ("search", '{"query": "the agent named this", "n": 3}')
-    engine = SimEngine(tokenizer, SimConfig(tool_call_probability=0.0, tool_call=call))
+    engine = SimEngine(tokenizer, SimConfig(tool_call_probability=0.0, tool_calls=(call,)))
     for seed in range(5):
         deltas, _, _ = await run(engine, req(prompt(tokenizer, tools=TOOLS), seed=seed))
         assert tool_calls(tokenizer, ids_of(deltas)) == [
             {"name": "search", "arguments": {"query": "the agent named this", "n": 3}}]
-    # Not after tool results, and not where the tool is not offered: the random policy, as before.
-    for request in (prompt(tokenizer, tools=TOOLS, after_tool=True), prompt(tokenizer, tools=[WEATHER])):
+    # Several, together: those whose tool is offered.
+    twice = SimEngine(tokenizer, SimConfig(tool_calls=(call, ("absent", "{}"), call)))
+    deltas, _, _ = await run(twice, req(prompt(tokenizer, tools=TOOLS)))
+    assert [c["name"] for c in tool_calls(tokenizer, ids_of(deltas))] == ["search", "search"]
+    # Not after an assistant turn (after tool results, or a user's next message), and not where the tool is not
+    # offered: the random policy, as before.
+    talk = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "Search."}]
+    later = tokenizer.encode(tokenizer.render(talk, tools=TOOLS))
+    assert read_prompt(tokenizer, later).last_turn == "user" and not read_prompt(tokenizer, later).first_turn
+    for request in (prompt(tokenizer, tools=TOOLS, after_tool=True), later, prompt(tokenizer, tools=[WEATHER])):
         deltas, _, _ = await run(engine, req(request))
         assert tokenizer.tool_call_start_id not in ids_of(deltas)
 

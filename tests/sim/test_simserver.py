@@ -555,8 +555,10 @@ def test_the_proxys_built_in_engine_defaults_are_the_engines() -> None:
     named = {name.removeprefix("sim_") for name in attrs.fields_dict(EngineSettings) if name.startswith("sim_")}
     assert named <= set(attrs.fields_dict(SimConfig))
     changed = EngineSettings(sim_token_interval=0.5, sim_decode_steps=True, sim_seed=3, sim_tool_call_probability=0.1,
-                             sim_followup_tool_call_probability=0.2)
+                             sim_followup_tool_call_probability=0.2, sim_tool_calls='{"name": "t", "arguments": {}}')
     engine = sim_config(changed)
+    assert engine.tool_calls == (("t", "{}"),)  # (given as JSON text)
+    named.discard("tool_calls")
     assert {name: getattr(engine, name) for name in named} == {name: getattr(changed, "sim_" + name) for name in named}
 
 

@@ -137,8 +137,11 @@ def test_the_simulated_engines_tool_call_chances() -> None:
     assert not default.config.decode_steps
     assert main(["run", "--sim-tool-call-probability", "1.5"]) == 2
     task = '{"name": "task", "arguments": {"subagent_type": "general"}}'
-    scripted = make_backend(_config("--sim-tool-call", task), load_tokenizer(None))
-    assert isinstance(scripted, SimEngine) and scripted.config.tool_call == ("task", '{"subagent_type": "general"}')
-    assert default.config.tool_call is None
-    for bad in ("task", "[]", '{"name": "task"}', '{"name": "", "arguments": {}}', '{"name": "t", "arguments": 3}'):
-        assert main(["run", "--sim-tool-call", bad]) == 2
+    scripted = make_backend(_config("--sim-tool-calls", task), load_tokenizer(None))
+    assert isinstance(scripted, SimEngine) and scripted.config.tool_calls == (("task", '{"subagent_type": "general"}'),)
+    assert default.config.tool_calls == ()
+    both = make_backend(_config("--sim-tool-calls", f"[{task}, {task}]"), load_tokenizer(None))
+    assert isinstance(both, SimEngine) and len(both.config.tool_calls) == 2
+    for bad in ("task", "[]", '{"name": "task"}', '{"name": "", "arguments": {}}', '{"name": "t", "arguments": 3}',
+                f"[{task}, 3]"):
+        assert main(["run", "--sim-tool-calls", bad]) == 2
