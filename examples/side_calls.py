@@ -1,10 +1,18 @@
-"""Side calls: an agent that first asks a title generator, then runs its loop (as opencode does).
+"""Side calls and a sub-agent: an agent that asks a title generator, runs its loop and starts a sub-agent (as
+opencode does).
 
 The title call has its own system prompt and is answered once; the agent loop
 goes on. The session's main trajectory is the loop, the title call a separate
 segment flagged ``metadata.side_call`` (``--side-calls train``; ``log`` keeps it
 as a step only). The first agent call also asks for ``logprobs``: the reply
 carries each sampled token with the logprob the trainer will read.
+
+After its first turn the agent runs a sub-agent, as opencode's task tool does:
+with the main agent's very system prompt and the task as its first message,
+naming itself and its parent in the headers opencode sends (every call's
+``X-Session-Id``, and the sub-agent's ``X-Parent-Session-Id``). Its two turns go
+to the child session ``<session>/sub-1`` (``metadata.sub_agent``), and the main
+loop stays one segment.
 
     python examples/side_calls.py                  # serves its own proxy (simulated engine)
     python examples/side_calls.py --url http://127.0.0.1:8800
@@ -27,17 +35,31 @@ TOOL: ChatCompletionFunctionToolParam = {"type": "function", "function": {
     "name": "read_file", "description": "Read a file.",
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
 TASK = "Look at notes.txt and tell me what it says."
+SYSTEM = "You are a coding agent. Use tools to read files."
+
+
+def sub_agent(base_url: str, parent: str) -> None:
+    """A sub-agent: the main agent's system prompt, a task of its own, two turns; named as opencode names one."""
+    own = f"ses_{uuid.uuid4().hex[:12]}"
+    client = openai.OpenAI(base_url=base_url, api_key="unused",
+                           default_headers={"X-Session-Id": own, "X-Parent-Session-Id": parent})
+    messages: list[Any] = [{"role": "system", "content": SYSTEM},
+                           {"role": "user", "content": "List the files here and report."}]
+    for turn in range(2):
+        reply = client.chat.completions.create(model="policy", messages=messages)
+        print(f"sub-agent turn {turn}: session {reply.model_extra['actorproxy']['session_id']}")  # type: ignore[index]
+        messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Go on."}]
 
 
 def agent(base_url: str, max_turns: int) -> None:
-    """The black box: a title call, then a tool loop (blocking)."""
-    client = openai.OpenAI(base_url=base_url, api_key="unused")
+    """The black box: a title call, then a tool loop that starts a sub-agent after its first turn (blocking)."""
+    main = f"ses_{uuid.uuid4().hex[:12]}"  # (the agent's own name for its session, as opencode sends it)
+    client = openai.OpenAI(base_url=base_url, api_key="unused", default_headers={"X-Session-Id": main})
     title = client.chat.completions.create(model="policy", messages=[
         {"role": "system", "content": "You are a title generator. Output only a short title."},
         {"role": "user", "content": f"Generate a title for this conversation:\n{TASK}"}])
     print(f"title call: {(title.choices[0].message.content or '')[:50]!r}")
-    messages: list[Any] = [{"role": "system", "content": "You are a coding agent. Use tools to read files."},
-                           {"role": "user", "content": TASK}]
+    messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
     for turn in range(max_turns):
         reply = client.chat.completions.create(model="policy", messages=messages, tools=[TOOL], logprobs=turn == 0)
         choice = reply.choices[0]
@@ -48,6 +70,8 @@ def agent(base_url: str, max_turns: int) -> None:
         messages.append(choice.message.model_dump(exclude_none=True))
         calls = choice.message.tool_calls or []
         print(f"turn {turn}: {len(calls)} tool call(s)")
+        if turn == 0:
+            sub_agent(base_url, main)
         if not calls:
             return
         for call in calls:
@@ -70,7 +94,8 @@ async def run(url: str, session: str, max_turns: int) -> None:
         payload = await client.read_trajectory(session_id=session)
         stats = await client.stats()
     for seg in payload["data"]:
-        kind = "side call" if seg["metadata"].get("side_call") else "main"
+        kind = "side call" if seg["metadata"].get("side_call") else (
+            "sub-agent" if seg["metadata"].get("sub_agent") else "main")
         print(f"segment {seg['trajectory_id']}  {kind}: {seg['num_steps']} step(s), steps {seg['step_indices']}, "
               f"{seg['num_tokens']} tokens")
     print("stats:", json.dumps({k: stats[k] for k in ("side_call_segments", "echo_tolerated", "boundaries")}))

@@ -69,7 +69,9 @@ def test_durable_store_example_recovers_after_sigkill() -> None:
 def test_side_calls_example_runs() -> None:
     result = _run(str(EXAMPLES / "side_calls.py"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("side call: 1 step(s), steps [0]") == 1 and "  main: " in result.stdout
+    assert result.stdout.count("side call: 1 step(s), steps [0]") == 1 and result.stdout.count("  main: ") == 1
+    assert "/sub-1#0  sub-agent: 2 step(s)" in result.stdout
+    assert "sub-agent turn 1: session side-calls-" in result.stdout
     assert '"side_call_segments": 1' in result.stdout and "turn 0 logprobs:" in result.stdout
 
 
