@@ -19,8 +19,9 @@ class Identity:
     #: Who opens the session, for the per-client session bound (``key:<session>`` for an agent's session key,
     #: ``addr:<ip>`` otherwise); ``None``: the trainer (the admin token) or a program embedding the proxy.
     client: str | None = None
-    #: A sub-agent's call that says so (Claude Code's ``X-Claude-Code-Agent-Id``, opencode's ``X-Parent-Session-Id``):
-    #: the sub-agent as the agent names it. The session sends its turns to a child session, one per name.
+    #: A sub-agent's call that says so (Claude Code's ``X-Claude-Code-Agent-Id``, Codex's ``thread-id``, opencode's
+    #: ``X-Parent-Session-Id``): the sub-agent as the agent names it. The session sends its turns to a child session,
+    #: one per name.
     sub_agent: str | None = None
 
 

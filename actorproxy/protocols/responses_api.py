@@ -12,8 +12,10 @@ conversation, so both record the same tokens:
   ``reasoning_content``, ``content`` and ``tool_calls``;
 - ``function_call_output`` becomes a ``tool`` message;
 - function tools (flat: ``{"type": "function", "name", "parameters"}``)
-  become chat function tools; other tool kinds (``web_search``,
-  ``namespace``, ...) are not offered to the model, since the proxy cannot run them.
+  become chat function tools, and so do the function tools of a ``namespace``
+  tool, by their own names (a call of one goes back with its ``namespace``);
+  hosted tools (``web_search``, ...) are not offered to the model, since their
+  server would run them and this one cannot.
 
 ``previous_response_id`` is resolved within the session by a
 :class:`ResponseHistory` the app keeps; ``store: false`` clients send the
@@ -42,6 +44,7 @@ from .responses_types import (
     FunctionTool,
     Item,
     MessageItem,
+    NamespaceTool,
     Part,
     ReasoningItem,
     RefusalPart,
@@ -228,21 +231,57 @@ def assemble_input(parts: Iterable[tuple[Any, Any, bool]]) -> list[dict[str, Any
 
 
 def convert_tools(tools: list[Any] | None, typed: list[Tool] | None) -> tuple[list[dict[str, Any]], list[str]]:
-    """Function tools as chat tools, and the kinds of the other tools (not offered to the model).
+    """Function tools as chat tools (a namespace's too, by their own names), and the kinds of the other tools (not
+    offered to the model).
 
     ``typed`` is ``tools`` structured (checked); the chat tools are made of the tools as sent, so the
-    prompt lists each as its client wrote it.
+    prompt lists each as its client wrote it. A namespace's function named as another offered function is a
+    :class:`BadRequest`: a call of it could not say which it is.
     """
-    converted, skipped = [], []
-    for tool, checked in zip(tools or [], typed or [], strict=True):
-        if not isinstance(checked, FunctionTool):
+    converted: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    #: Each offered function's name: whether a namespace offers it.
+    offered: dict[str, bool] = {}
+
+    def offer(function: dict[str, Any], namespaced: bool, where: str) -> None:
+        name = function["name"]
+        if name in offered and (namespaced or offered[name]):
+            raise BadRequest(f"{where}.name: {name!r} is offered twice, by a namespace and by another tool: this "
+                             "proxy offers a namespace's functions by their own names", param="tools")
+        offered[name] = namespaced or offered.get(name, False)
+        converted.append({"type": "function", "function": function})
+
+    for i, (tool, checked) in enumerate(zip(tools or [], typed or [], strict=True)):
+        if isinstance(checked, NamespaceTool):
+            for j, (member, inner) in enumerate(zip(tool.get("tools") or [], checked.tools, strict=True)):
+                if isinstance(inner, FunctionTool) and inner.function is None:
+                    offer(_flat_function(member), True, f"tools[{i}].tools[{j}]")
+                else:
+                    skipped.append(f"{checked.name}.{inner.type}")
+        elif not isinstance(checked, FunctionTool):
             skipped.append(checked.type)
         elif checked.function is not None:  # the chat shape, sent by some clients
-            converted.append({"type": "function", "function": tool["function"]})
+            offer(tool["function"], False, f"tools[{i}].function")
         else:
-            function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
-            converted.append({"type": "function", "function": function})
+            offer(_flat_function(tool), False, f"tools[{i}]")
     return converted, skipped
+
+
+def _flat_function(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A flat function tool's chat ``function``: its fields as sent."""
+    return {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
+
+
+def tool_namespaces(tools: Any) -> dict[str, str]:
+    """``{function name: namespace}`` of the function tools a ``namespace`` tool offers, in ``tools`` as sent
+    (checked already: :func:`convert_tools`)."""
+    found: dict[str, str] = {}
+    for tool in tools or ():
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            for member in tool.get("tools") or ():
+                if isinstance(member, dict) and member.get("type") == "function" and "function" not in member:
+                    found[member["name"]] = tool["name"]
+    return found
 
 
 def instructions_message(options: ResponsesOptions) -> dict[str, Any] | None:

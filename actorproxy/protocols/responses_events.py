@@ -28,7 +28,7 @@ from ..core.turn_events import TurnDone
 from ..errors import ProxyError
 from ..schema.jsonio import dumps
 from .openai_chat import sampled_logprobs
-from .responses_api import ENCRYPTED_PREFIX, Issued, ResponsesCall
+from .responses_api import ENCRYPTED_PREFIX, Issued, ResponsesCall, tool_namespaces
 
 
 def new_response_id() -> str:
@@ -59,9 +59,11 @@ _OPENED = {"reasoning": b',"summary":[],"content":[]', "message": b',"role":"ass
 class _Items:
     """The output items of one response, as JSON text: ids derived from the response id, in the order opened."""
 
-    def __init__(self, response_id: str, *, include_encrypted: bool) -> None:
+    def __init__(self, response_id: str, *, include_encrypted: bool, tools: Any = None) -> None:
         self._stem = response_id.removeprefix("resp_")
         self._include_encrypted = include_encrypted
+        #: The namespace of each function a ``namespace`` tool of the request offers (``tools``, as sent).
+        self._namespaces = tool_namespaces(tools) if tools else {}
         #: The items completed, in order.
         self.done: list[Issued] = []
         #: The sampled tokens' logprobs' JSON, once known, when the client asked for them (on the message's text).
@@ -96,6 +98,12 @@ class _Items:
         self.done.append(issued)
         return issued
 
+    def call_members(self, call_id: str, name: str) -> bytes:
+        """A function call item's ``call_id`` and ``name`` members, and its ``namespace`` when one offers it."""
+        members = b',"call_id":' + dumps(call_id) + b',"name":' + dumps(name)
+        namespace = self._namespaces.get(name)
+        return members if namespace is None else members + b',"namespace":' + dumps(namespace)
+
     def text_part(self, text: bytes) -> bytes:
         """A message's ``output_text`` part with this (encoded) text."""
         return b'{"type":"output_text","text":' + text + b',"annotations":[],"logprobs":' + self.logprobs + b"}"
@@ -107,7 +115,7 @@ class _Items:
         if output.content or not output.tool_calls:
             self.complete("message", self.new_id("message"), dumps(output.content))
         for call in output.tool_calls:
-            members = b',"call_id":' + dumps(call.id) + b',"name":' + dumps(call.name)
+            members = self.call_members(call.id, call.name)
             self.complete("function_call", self.new_id("function_call"), dumps(call.arguments), members)
         return self.done
 
@@ -136,7 +144,7 @@ def response_reply(call: ResponsesCall, done: TurnDone, *, response_id: str, mod
                    tokenizer: Any = None) -> tuple[bytes, list[Issued]]:
     """The whole response object's JSON, and its output items; ``tokenizer`` (when the call asked for logprobs)
     spells the sampled tokens."""
-    made = _Items(response_id, include_encrypted=call.include_encrypted)
+    made = _Items(response_id, include_encrypted=call.include_encrypted, tools=call.echo.get("tools"))
     if tokenizer is not None:
         made.logprobs = dumps(sampled_logprobs(tokenizer, done))
     items = made.of(done.output)
@@ -160,7 +168,7 @@ class ResponseEventWriter:
         self._call = call
         self._tokenizer = tokenizer  # when the call asked for logprobs: they go out with the text's end
         self._response_id, self._model, self._created_at = response_id, model, int(time.time())
-        self._items = _Items(response_id, include_encrypted=call.include_encrypted)
+        self._items = _Items(response_id, include_encrypted=call.include_encrypted, tools=call.echo.get("tools"))
         self._sequence = 0
         #: The open item: its kind, id, a call's ``call_id`` and ``name`` members and its name's JSON, its JSON
         #: as added.
@@ -232,7 +240,7 @@ class ResponseEventWriter:
         item_id = self._items.new_id(kind)
         index = len(self._items.done)
         name_json = dumps(name)
-        call = b',"call_id":' + dumps(call_id) + b',"name":' + name_json if kind == "function_call" else b""
+        call = self._items.call_members(call_id, name) if kind == "function_call" else b""
         added = _Items.opened(kind, item_id, call)
         self._open = (kind, item_id, call, name_json, added)
         self._where = b',"item_id":' + dumps(item_id) + b',"output_index":%d' % index

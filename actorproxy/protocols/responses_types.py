@@ -123,7 +123,8 @@ def _input(instance: object, attribute: attrs.Attribute[Any], value: str | list[
 
 @attrs.frozen
 class Tool:
-    """A tool: its ``type``; a tool of another kind than ``function`` is a bare ``Tool``, not offered."""
+    """A tool: its ``type``; a tool of another kind than ``function`` or ``namespace`` is a bare ``Tool``, not
+    offered (a hosted tool, such as ``web_search``, which the model's server would run)."""
 
     type: str
 
@@ -150,7 +151,16 @@ class FunctionTool(Tool):
     parameters: dict[str, Any] | None = None
 
 
-Tool.__wire_tags__ = {"function": FunctionTool}  # type: ignore[attr-defined]
+@attrs.frozen(kw_only=True)
+class NamespaceTool(Tool):
+    """Tools grouped under a name (Codex's ``multi_agent_v1``: ``spawn_agent``, ``wait_agent``, ...): its function
+    tools are offered to the model by their own names, and a call of one goes back with its ``namespace``."""
+
+    name: str = attrs.field(validator=named)
+    tools: list[Tool] = attrs.field(factory=list)
+
+
+Tool.__wire_tags__ = {"function": FunctionTool, "namespace": NamespaceTool}  # type: ignore[attr-defined]
 
 
 @attrs.frozen

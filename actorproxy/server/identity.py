@@ -33,6 +33,9 @@ PARENT_HEADER = "X-Parent-Session-Id"
 #: The sub-agent a call is from, as Claude Code names it on every call of one of its Task agents (and not on the
 #: main agent's), beside the conversation's ``X-Claude-Code-Session-Id``.
 AGENT_HEADER = "X-Claude-Code-Agent-Id"
+#: Codex's own header, on every call it makes: its ``session-id`` and ``thread-id`` headers then name its
+#: conversation and the thread of the agent that calls (a sub-agent's thread differs from the session).
+CODEX_HEADER = "X-Codex-Turn-Metadata"
 
 
 def url_mount(path: str, suffixes: Iterable[str]) -> tuple[str, str | None, str | None] | None:
@@ -83,13 +86,18 @@ def named_session(headers: Any, url_session: str | None = None) -> str | None:
 def sub_agent_of(headers: Any) -> str | None:
     """The sub-agent a call says it is from, by the agent's own name for it; ``None``: the call does not say.
 
-    Claude Code sends :data:`AGENT_HEADER` on every call of a Task agent. opencode sends every call's
+    Claude Code sends :data:`AGENT_HEADER` on every call of a Task agent. Codex sends its conversation's
+    ``session-id`` and the calling agent's ``thread-id`` (with :data:`CODEX_HEADER`): a thread that is not the
+    session's is a sub-agent's (its ``spawn_agent`` tool), named by the thread id. opencode sends every call's
     ``X-Session-Id``, and a sub-agent's (its task tool) also :data:`PARENT_HEADER`: both must be there and differ,
     and the sub-agent's own session id names it.
     """
     agent = _clean(headers.get(AGENT_HEADER), AGENT_HEADER)
     if agent is not None:
         return agent
+    if headers.get(CODEX_HEADER) is not None:  # (Codex: a thread other than its session's is a sub-agent's)
+        thread = _clean(headers.get("thread-id"), "thread-id")
+        return None if thread is None or thread == _clean(headers.get("session-id"), "session-id") else thread
     named = _parent_named(headers)
     return None if named is None else named[1]
 

@@ -88,9 +88,8 @@ def test_claude_code_task_agents(agent_bin: Path, tmp_path: Path) -> None:
         assert [(s["start_reason"], s["num_steps"] >= 2) for s in main] == [("session_start", True)], summary
 
 
-def test_codex(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
-    session = "codex"
-    env = base_env(tmp_path / "home", agent_bin)
+def _codex_home(tmp_path: Path, port: int, session: str) -> dict[str, str]:
+    """docs/agents.md's Codex configuration, its base URL at ``port`` and ``session``: the environment it needs."""
     codex_home = tmp_path / "home" / ".codex"
     codex_home.mkdir(parents=True)
     (codex_home / "config.toml").write_text(f"""\
@@ -100,14 +99,20 @@ check_for_update_on_startup = false
 
 [model_providers.actorproxy]
 name = "actorproxy"
-base_url = "http://127.0.0.1:{wire.port}/sess/{session}/v1"
+base_url = "http://127.0.0.1:{port}/sess/{session}/v1"
 env_key = "ACTORPROXY_API_KEY"
 wire_api = "responses"
 
 [analytics]
 enabled = false
 """)
-    env.update(CODEX_HOME=str(codex_home), ACTORPROXY_API_KEY="unused")
+    return {"CODEX_HOME": str(codex_home), "ACTORPROXY_API_KEY": "unused"}
+
+
+def test_codex(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
+    session = "codex"
+    env = base_env(tmp_path / "home", agent_bin)
+    env.update(_codex_home(tmp_path, wire.port, session))
     done = run_client([str(agent_bin / "codex"), "exec", "--skip-git-repo-check", PROMPT],
                       cwd=_workdir(tmp_path), env=env, wire=wire)
     assert done.stdout.strip(), done.stderr
@@ -130,6 +135,39 @@ def _opencode_config(port: int, session: str) -> dict[str, Any]:
         "autoupdate": False,
         "share": "disabled",
     }
+
+
+def test_codex_spawns_a_sub_agent(agent_bin: Path, tmp_path: Path) -> None:
+    """Codex offers its sub-agent tools as the ``multi_agent_v1`` namespace: the model is offered ``spawn_agent`` by
+    its own name, and its call goes back with the namespace, which Codex runs. The sub-agent (forked: the parent's
+    history first) calls on a thread of its own (``thread-id``), a child session of the session."""
+    session = "codex-spawn"
+    spawn = {"name": "spawn_agent", "arguments": {"message": "Read notes.txt and report.", "fork_context": True}}
+    # The parent's answer after the spawn takes a while (a token every 0.2 s), so that its sub-agent calls before
+    # `codex exec` ends with the parent's answer.
+    flags = ("--sim-tool-calls", json.dumps(spawn), "--sim-tool-call-probability", "0",
+             "--sim-followup-tool-call-probability", "0", "--sim-token-interval", "0.2")
+    with running_proxy(tmp_path, *flags) as proxy, \
+            WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
+        env = base_env(tmp_path / "home", agent_bin)
+        env.update(_codex_home(tmp_path, wire.port, session))
+        done = run_client([str(agent_bin / "codex"), "exec", "--skip-git-repo-check", PROMPT],
+                          cwd=_workdir(tmp_path), env=env, wire=wire)
+        assert "SpawnAgent" in done.stdout + done.stderr, done.stdout + done.stderr
+        # Codex ran the call: the parent's next request carries the call, with its namespace, and the agent's id.
+        items = [item for e in wire.entries for item in e["body"].get("input", []) if isinstance(item, dict)]
+        calls = [i for i in items if i.get("type") == "function_call" and i.get("name") == "spawn_agent"]
+        assert calls and {c.get("namespace") for c in calls} == {"multi_agent_v1"}, wire.summary()
+        outputs = [i["output"] for i in items if i.get("type") == "function_call_output"
+                   and i.get("call_id") == calls[0]["call_id"]]
+        assert outputs and "agent_id" in outputs[0], outputs
+        segments, steps = proxy.session(session)
+        summary = json.dumps([(s["trajectory_id"], s["num_steps"], s["start_reason"]) for s in segments])
+        # The sub-agent's call (cut short when the parent's answer ended the run, or not) is the child's.
+        assert [s["status"] for s in steps if s["session_id"] == f"{session}/sub-1"], (summary, steps)
+        assert {s["session_id"] for s in steps} == {session, f"{session}/sub-1"}, summary
+        main = [s for s in segments if s["trajectory_id"].startswith(f"{session}#")]
+        assert [(s["start_reason"], s["num_steps"]) for s in main] == [("session_start", 2)], summary
 
 
 def test_opencode(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:

@@ -110,6 +110,10 @@ def test_what_the_headers_name() -> None:
     claude = httpx.Headers({"X-Claude-Code-Session-Id": "c", "x-claude-code-agent-id": "a12",
                             "x-claude-code-parent-agent-id": "a7"})
     assert named_session(claude) == "c" and resolve_identity(claude).sub_agent == "a12"
+    # Codex: a thread that is not its session's, on a call with Codex's own header (not on another client's).
+    assert resolve_identity(httpx.Headers(_codex("t2")), url_session="r").sub_agent == "t2"
+    assert resolve_identity(httpx.Headers(_codex("cx-conversation")), url_session="r").sub_agent is None
+    assert resolve_identity(httpx.Headers({"session-id": "s", "thread-id": "t"}), url_session="r").sub_agent is None
     assert resolve_identity(sub, url_session="r").sub_agent == CHILD
     # No sub-agent: no parent, a parent naming the session itself, or no session of its own to key it by.
     for headers in (_own(MAIN), _own(MAIN, MAIN)):
@@ -153,3 +157,34 @@ async def test_two_task_agents_that_open_alike_are_two_children(
     assert sorted((s["trajectory_id"], s["num_steps"], s["start_reason"]) for s in segments) == [
         ("cc-7#0", 2, "session_start"), ("cc-7/sub-1#0", 2, "session_start"), ("cc-7/sub-2#0", 2, "session_start")]
     assert len(steps) == 6
+
+
+def _codex(thread: str) -> dict[str, str]:
+    """Codex's headers: its conversation, the calling agent's thread, its turn metadata."""
+    source = "user" if thread == "cx-conversation" else "subagent"
+    metadata = f'{{"thread_source": "{source}"}}'
+    return {"session-id": "cx-conversation", "thread-id": thread, "x-codex-turn-metadata": metadata}
+
+
+async def test_a_codex_sub_agents_thread_is_a_child(proxy: RunningProxy, http: httpx.AsyncClient) -> None:
+    """Codex's spawn_agent with fork_context: the sub-agent's thread starts with the parent's very history."""
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Look at notes.txt"}]
+    named = []
+
+    async def turn(thread: str, items: list[dict[str, Any]]) -> dict[str, Any]:
+        body = {"model": "m", "input": items, "store": False, "instructions": "You are Codex."}
+        reply = await http.post("/sess/cx-7/v1/responses", json=body, headers=_codex(thread))
+        assert reply.status_code == 200, reply.text
+        answer: dict[str, Any] = reply.json()
+        named.append(answer["actorproxy"]["session_id"])
+        return answer
+
+    first = await turn("cx-conversation", history)
+    history += [{"role": "assistant", "content": first["output"][-1]["content"][0]["text"]}]
+    fork = [*history, {"role": "user", "content": "Read notes.txt and report."}]
+    await turn("thread-b", fork)
+    await turn("cx-conversation", [*history, {"role": "user", "content": "And?"}])
+    assert named == ["cx-7", "cx-7/sub-1", "cx-7"]
+    segments, _ = await finalized_at(proxy.url, "cx-7")
+    assert sorted((s["trajectory_id"], s["num_steps"], s["start_reason"]) for s in segments) == [
+        ("cx-7#0", 2, "session_start"), ("cx-7/sub-1#0", 1, "session_start")]
