@@ -46,7 +46,7 @@ BOUNDARY_REASONS = frozenset(get_args(BoundaryReason))
 
 ConversationKey = tuple[Any, Any]
 
-#: The first half of the key of a sub-agent the agent named (``(AGENT_NAMED, its session id)``): a
+#: The first half of the key of a sub-agent the agent named (``(AGENT_NAMED, the agent's name for it)``): a
 #: :func:`conversation_key` holds message keys (tuples) or ``None``, never a string, so the two never meet.
 AGENT_NAMED = "agent-named"
 
@@ -129,10 +129,11 @@ class Conversations:
         system prompt and first message.
 
         ``sub_agent``: the agent said the turn is a sub-agent's and named it
-        (Claude Code's agent id, opencode's ``X-Parent-Session-Id``): it goes to the
-        child session kept for that name, whatever its messages, which may open as
-        the main conversation's do (opencode's sub-agent has the main agent's system
-        prompt) or as another sub-agent's (two Task agents of one type given one task).
+        (Claude Code's agent id, Codex's thread, opencode's ``X-Parent-Session-Id``):
+        it goes to the child session kept for that name, whatever its messages, which
+        may open as the main conversation's do (opencode's sub-agent has the main
+        agent's system prompt; Codex's forked one its whole history) or as another
+        sub-agent's (two Task agents of one type given one task).
         """
         if sub_agent is not None and self._sub_agents:
             named = (AGENT_NAMED, sub_agent)

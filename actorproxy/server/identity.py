@@ -130,9 +130,9 @@ def resolve_identity(
     call), ``X-SMG-Routing-Key``, the body's ``session_id``. Prompt group: the
     URL's ``prompt_uid``, ``X-Instance-Id``, ``instance_id``. Turn: ``X-Turn-Id``,
     ``turn_id``. Anthropic's ``metadata.user_id`` is not a session id. A call that
-    says it is a sub-agent's (:func:`sub_agent_of`: Claude Code's agent id, or
-    opencode's session and parent session) has ``sub_agent``, the agent's name for
-    it, by which the session keeps its child.
+    says it is a sub-agent's (:func:`sub_agent_of`: Claude Code's agent id, Codex's
+    thread, opencode's session and parent session) has ``sub_agent``, the agent's
+    name for it, by which the session keeps its child.
 
     ``confined_to`` is the session an agent's session key is for: it names the
     session when nothing else does, and any other session is refused (401).
