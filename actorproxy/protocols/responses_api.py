@@ -246,8 +246,8 @@ def convert_tools(tools: list[Any] | None, typed: list[Tool] | None) -> tuple[li
     def offer(function: dict[str, Any], namespaced: bool, where: str) -> None:
         name = function["name"]
         if name in offered and (namespaced or offered[name]):
-            raise BadRequest(f"{where}.name: {name!r} is offered twice, by a namespace and by another tool: this "
-                             "proxy offers a namespace's functions by their own names", param="tools")
+            raise BadRequest(f"{where}.name: {name!r} is offered twice, and one of them is a namespace's function: "
+                             "this proxy offers a namespace's functions by their own names", param="tools")
         offered[name] = namespaced or offered.get(name, False)
         converted.append({"type": "function", "function": function})
 

@@ -44,6 +44,11 @@ def test_a_namespaces_functions_are_offered_by_their_own_names() -> None:
     twice = [{**EXEC, "name": "spawn_agent"}, TOOLS[1]]
     with pytest.raises(BadRequest, match=r"tools\[1\]\.tools\[0\]\.name: 'spawn_agent' is offered twice"):
         convert_tools(twice, structure(twice, list[Tool], where="tools"))
+    inside = [{"type": "namespace", "name": "ns", "tools": [WAIT, WAIT]}]
+    with pytest.raises(BadRequest, match=r"tools\[0\]\.tools\[1\]\.name: 'wait_agent' is offered twice"):
+        convert_tools(inside, structure(inside, list[Tool], where="tools"))
+    # Two flat functions of one name are no namespace's: offered as sent, as before.
+    assert len(convert_tools([EXEC, EXEC], structure([EXEC, EXEC], list[Tool], where="tools"))[0]) == 2
     # A namespace's other tools (a custom one) are not offered, and say so.
     custom = [{"type": "namespace", "name": "ns", "tools": [{"type": "custom", "name": "c"}]}]
     assert convert_tools(custom, structure(custom, list[Tool], where="tools")) == ([], ["ns.custom"])
