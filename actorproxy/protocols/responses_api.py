@@ -248,7 +248,7 @@ def convert_tools(tools: list[Any] | None, typed: list[Tool] | None) -> tuple[li
         if name in offered and (namespaced or offered[name]):
             raise BadRequest(f"{where}.name: {name!r} is offered twice, and one of them is a namespace's function: "
                              "this proxy offers a namespace's functions by their own names", param="tools")
-        offered[name] = namespaced or offered.get(name, False)
+        offered[name] = namespaced  # (a name seen before was two flat functions': offered as sent)
         converted.append({"type": "function", "function": function})
 
     for i, (tool, checked) in enumerate(zip(tools or [], typed or [], strict=True)):

@@ -62,8 +62,10 @@ class _Items:
     def __init__(self, response_id: str, *, include_encrypted: bool, tools: Any = None) -> None:
         self._stem = response_id.removeprefix("resp_")
         self._include_encrypted = include_encrypted
-        #: The namespace of each function a ``namespace`` tool of the request offers (``tools``, as sent).
-        self._namespaces = tool_namespaces(tools) if tools else {}
+        #: The request's tools as sent: the namespace of a function call's name is looked up there once a call is
+        #: written (:meth:`call_members`), not for a reply that calls nothing.
+        self._tools = tools
+        self._namespaces: dict[str, str] | None = None
         #: The items completed, in order.
         self.done: list[Issued] = []
         #: The sampled tokens' logprobs' JSON, once known, when the client asked for them (on the message's text).
@@ -101,6 +103,8 @@ class _Items:
     def call_members(self, call_id: str, name: str) -> bytes:
         """A function call item's ``call_id`` and ``name`` members, and its ``namespace`` when one offers it."""
         members = b',"call_id":' + dumps(call_id) + b',"name":' + dumps(name)
+        if self._namespaces is None:
+            self._namespaces = tool_namespaces(self._tools)
         namespace = self._namespaces.get(name)
         return members if namespace is None else members + b',"namespace":' + dumps(namespace)
 

@@ -203,8 +203,10 @@ def policy_text(view: PromptView, rng: random.Random, config: SimConfig) -> str:
     if view.last_turn == "tool":
         later = config.followup_tool_call_probability
         p = p / 2 if later is None else later
-    offered = {name for name, _ in view.tools}
-    scripted = [(name, args) for name, args in config.tool_calls if name in offered] if view.first_turn else []
+    scripted = []
+    if config.tool_calls and view.first_turn:
+        offered = {name for name, _ in view.tools}
+        scripted = [(name, args) for name, args in config.tool_calls if name in offered]
     if scripted:
         parts.append("\n".join(f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {args}}}\n</tool_call>'
                                for name, args in scripted))
