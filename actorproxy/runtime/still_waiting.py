@@ -51,11 +51,16 @@ class StillWaiting:
                 await trio.sleep_until(at)
                 continue
             del due[send]
+            stats = send.statistics()
+            if not stats.open_receive_channels or not stats.open_send_channels:
+                continue  # its caller left (it had not removed it yet), or the turn is over
             due[send] = now + self.interval  # (last: the latest due time)
-            # Not when an event waits for the caller already: it stops waiting as it takes that one, and nothing
-            # it is told may come after its first event.
-            if send.statistics().current_buffer_used == 0:
+            # Only while the caller is blocked on its channel, and nothing is queued there. Nothing it is told
+            # may come after its first event, and that event may be on its way already with the buffer empty:
+            # handed straight to a caller blocked on the channel, which has not run yet (it is no longer blocked
+            # then). A caller still busy with the last telling (a heartbeat being written) is not told again.
+            if stats.tasks_waiting_receive and not stats.current_buffer_used:
                 try:
                     send.send_nowait(TURN_WAITING)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):  # (gone meanwhile: removed as it goes)
+                except trio.ClosedResourceError:  # (this clone closed, another still open)
                     due.pop(send, None)
