@@ -25,6 +25,8 @@ class RequestInfo:
     session: str | None = None
     status: int | None = None
     error_code: str | None = None
+    #: A 5xx's message (the access log's ``detail=``).
+    error_detail: str | None = None
     prompt_tokens: int | None = None
     sampled_tokens: int | None = None
     first_token_at: float | None = None

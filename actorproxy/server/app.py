@@ -74,7 +74,7 @@ def _error_response(admission: Admission, error: Exception) -> Response:
     failed = admission.refusal(error, method=request.method, path=request.path)
     info = CURRENT.get()
     if info is not None:  # the access log's code: the proxy's own, whatever the body's shape
-        info.error_code = failed.code
+        info.error_code, info.error_detail = failed.code, failed.detail
     response = _json(failed.data, failed.status)
     for name, value in failed.headers:
         response.headers[name] = value

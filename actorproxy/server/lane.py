@@ -207,6 +207,7 @@ class _Turn:
             return
         failed = self.lane.admission.refusal(error, method="POST", path=self.path)
         self.info.error_code = failed.code  # the proxy's own, whatever the body's shape (a streamed refusal's too)
+        self.info.error_detail = failed.detail
         extra = [(name.lower().encode(), value.encode("latin-1")) for name, value in failed.headers]
         await self.answer(failed.status, jsonio.dumps(failed.data), extra)
 
@@ -289,6 +290,7 @@ class _Turn:
             elif reply.failed is not None:
                 failed = self.lane.admission.refusal(reply.failed, method="POST", path=self.path)
                 self.info.status, self.info.error_code = failed.status, failed.code
+                self.info.error_detail = failed.detail
             self.lane.observer.finish(self.info)
             await reply.aclose()
 

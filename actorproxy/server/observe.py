@@ -197,6 +197,8 @@ class Observer:
             fields["ttft_ms"] = round((info.first_token_at - info.started) * 1000, 1)
         if info.error_code:
             fields["error"] = info.error_code
+            if info.error_detail:
+                fields["detail"] = _Quoted(info.error_detail[:300])
         if status >= 400 and self._suppressed((status, info.error_code, info.route), now):
             return
         log.log(level, _AccessLine(fields), extra={"fields": fields})
@@ -280,6 +282,15 @@ def add_metrics_route(app: QuartTrio, runtime: Runtime, observer: Observer) -> N
     async def metrics() -> Response:
         body = observer.render(_with_handoff(await gather_state(runtime), observer))
         return Response(body, status=200, content_type=CONTENT_TYPE_LATEST)
+
+
+class _Quoted(str):
+    """A field the text line quotes, as JSON (it has spaces); a JSON line has it as the string it is."""
+
+    __slots__ = ()
+
+    def __format__(self, spec: str) -> str:
+        return orjson.dumps(str(self)).decode()
 
 
 class _AccessLine:

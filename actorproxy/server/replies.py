@@ -36,6 +36,9 @@ class ErrorReply:
     data: Any
     headers: tuple[tuple[str, str], ...] = ()
     code: str = attrs.field(kw_only=True)
+    #: A server-side failure's message (5xx), for the access log (``detail=``): its ``error=`` alone does not say
+    #: what failed.
+    detail: str | None = attrs.field(default=None, kw_only=True)
 
 
 def is_anthropic_route(path: str) -> bool:
@@ -52,7 +55,7 @@ def error_reply(error: Exception, *, anthropic_shape: bool, method: str, path: s
     if isinstance(error, ProxyError):
         headers = (("Retry-After", str(int(error.retry_after))),) if error.retry_after is not None else ()
         return ErrorReply(error.status, _shaped(error.status, error.message, error.to_openai(), anthropic_shape),
-                          headers, code=error.code)
+                          headers, code=error.code, detail=error.message if error.status >= 500 else None)
     if isinstance(error, HTTPException):
         status = error.code or 500
         kind = "not_found_error" if status == 404 else "invalid_request_error"
@@ -66,4 +69,4 @@ def error_reply(error: Exception, *, anthropic_shape: bool, method: str, path: s
     log.exception("unexpected error handling %s %s", method, path, exc_info=error)
     message = f"internal error: {type(error).__name__}"
     body = {"error": {"message": message, "type": "server_error", "param": None, "code": "internal_error"}}
-    return ErrorReply(500, _shaped(500, message, body, anthropic_shape), code="internal_error")
+    return ErrorReply(500, _shaped(500, message, body, anthropic_shape), code="internal_error", detail=message)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 import httpx
@@ -149,3 +150,32 @@ async def test_every_metric_label_is_bounded_whatever_the_client_sends(http: htt
     statuses = {dict(labels)["status"] for name, labels in samples if "status" in dict(labels)}
     assert all(len(status) == 3 and status.isdigit() for status in statuses), statuses
     assert len(samples) < 400, len(samples)  # 160 odd requests: a few series, not one per method or path
+
+
+@pytest.mark.parametrize("shape", ["openai", "anthropic"])
+def test_a_server_side_failure_says_what_failed_in_its_access_line(
+    shape: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A 5xx's line carries its message (``detail=``, quoted in text); a refusal's (4xx) does not: its caller has it."""
+    import time
+
+    from actorproxy.errors import BadRequest, EngineError
+    from actorproxy.logs import TextFormatter
+    from actorproxy.server.observe import Observer
+    from actorproxy.server.replies import error_reply
+    from actorproxy.telemetry import RequestInfo
+
+    caplog.set_level(logging.INFO, logger="actorproxy.access")
+    observer = Observer()
+    path = "/v1/messages" if shape == "anthropic" else "/v1/chat/completions"
+    for error in (EngineError("inference engine failed: the stream ended"), BadRequest("no messages")):
+        failed = error_reply(error, anthropic_shape=shape == "anthropic", method="POST", path=path)
+        info = RequestInfo("POST", path, path, time.perf_counter(), status=failed.status, error_code=failed.code,
+                           error_detail=failed.detail)
+        observer.finish(info)
+    failure, refusal = (r for r in caplog.records if r.name == "actorproxy.access")
+    assert failure.fields["detail"] == "inference engine failed: the stream ended"  # type: ignore[attr-defined]
+    assert re.search(r' status=502 ms=[0-9.]+ error=engine_error detail="inference engine failed: the stream ended"$',
+                     TextFormatter().format(failure)), failure.getMessage()
+    assert json.loads(JsonFormatter().format(failure))["detail"] == "inference engine failed: the stream ended"
+    assert "detail" not in refusal.fields  # type: ignore[attr-defined]
