@@ -38,8 +38,10 @@ log = logging.getLogger(__name__)
 
 #: Lanes one session keeps before its main conversation is known; past it, new ones are sub-agents.
 MAX_LANES = 8
-#: Sub-agent child sessions one session may open; past it, turns stay in the session itself.
-MAX_SUB_AGENTS = 64
+#: Sub-agent child sessions one session may open; past it, turns stay in the session itself. A long agent run
+#: starts a sub-agent per task (each of Claude Code's Task agents has an id of its own), so the bound is far above
+#: what one run needs; the children are sessions, which the registry's ``--max-sessions`` bounds all together.
+MAX_SUB_AGENTS = 1024
 
 #: Reasons that close a segment because the conversation went on (not because the session ended).
 BOUNDARY_REASONS = frozenset(get_args(BoundaryReason))
@@ -113,6 +115,7 @@ class Conversations:
         self.settled: Lane | None = None
         #: Sub-agent child sessions by (system prompt, first message) key, or by the name the agent gave one.
         self.children: dict[ConversationKey, str] = {}
+        self._full = False  # (the warning that no more children open, given once)
         #: The last turn's key and the messages it was read from (its system prompts and first other message,
         #: all frozen): a turn opening with those very messages has that key (:meth:`key`).
         self._keyed: tuple[list[dict[str, Any]], ConversationKey] = ([], (None, None))
@@ -187,8 +190,10 @@ class Conversations:
         if not self._sub_agents:
             return None
         if len(self.children) >= MAX_SUB_AGENTS:
-            log.warning("session %s: %d sub-agents already; this turn stays in the session",
-                        self.session_id, MAX_SUB_AGENTS)
+            if not self._full:
+                self._full = True
+                log.warning("session %s: %d sub-agents already; turns of new ones stay in the session, and may break "
+                            "its segments", self.session_id, MAX_SUB_AGENTS)
             return None
         child = f"{self.session_id}/sub-{len(self.children) + 1}"
         self.children[key] = child
