@@ -161,13 +161,12 @@ def test_codex_spawns_a_sub_agent(agent_bin: Path, tmp_path: Path) -> None:
         outputs = [i["output"] for i in items if i.get("type") == "function_call_output"
                    and i.get("call_id") == calls[0]["call_id"]]
         assert outputs and "agent_id" in outputs[0], outputs
-        segments, steps = proxy.session(session)
-        summary = json.dumps([(s["trajectory_id"], s["num_steps"], s["start_reason"]) for s in segments])
-        # The sub-agent's call (cut short when the parent's answer ended the run, or not) is the child's.
-        assert [s["status"] for s in steps if s["session_id"] == f"{session}/sub-1"], (summary, steps)
-        assert {s["session_id"] for s in steps} == {session, f"{session}/sub-1"}, summary
-        main = [s for s in segments if s["trajectory_id"].startswith(f"{session}#")]
-        assert [(s["start_reason"], s["num_steps"]) for s in main] == [("session_start", 2)], summary
+        # The session is one main trajectory as any other run's; the sub-agent's call, cut short when the parent's
+        # answer ended the run (or not), is the child's.
+        main, steps = check_recording(proxy, session, wire)
+        assert (main["start_reason"], main["num_steps"]) == ("session_start", 2), main
+        assert [s["status"] for s in steps if s["session_id"] == f"{session}/sub-1"], steps
+        assert {s["session_id"] for s in steps} == {session, f"{session}/sub-1"}, steps
 
 
 def test_opencode(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
