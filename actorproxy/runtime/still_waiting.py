@@ -60,7 +60,4 @@ class StillWaiting:
             # handed straight to a caller blocked on the channel, which has not run yet (it is no longer blocked
             # then). A caller still busy with the last telling (a heartbeat being written) is not told again.
             if stats.tasks_waiting_receive and not stats.current_buffer_used:
-                try:
-                    send.send_nowait(TURN_WAITING)
-                except trio.ClosedResourceError:  # (this clone closed, another still open)
-                    due.pop(send, None)
+                send.send_nowait(TURN_WAITING)  # (both ends open, a caller blocked: it cannot raise)
