@@ -4,8 +4,10 @@ It works on token ids, not text: ``<think>``, ``</think>``, ``<tool_call>`` and
 ``</tool_call>`` are single tokens in the Qwen vocabulary, so those tags can
 never be split across stream chunks. Text between them is decoded incrementally
 (exact across multi-byte characters); inside a ``<tool_call>`` block it goes to
-a format-specific block parser (:mod:`.tool_parsers`) that streams each call as
-it grows: its name first, then fragments of its ``arguments`` JSON text.
+a format-specific block parser (:mod:`.tool_parsers`), which reads each call as it
+grows. A block's calls are streamed once the block closed and parsed, each as one
+piece (its id, name and ``arguments`` JSON text): a call is never shown before it is
+known to be one.
 
 Feeding a generation in any chunking and then calling :meth:`OutputParser.finish`
 gives the same result as feeding it at once, and the deltas concatenate to that
@@ -17,8 +19,10 @@ whitespace before it, as OpenAI returns it. While streaming, trailing whitespace
 is held back until more text follows, so the concatenated deltas equal the final strings.
 
 A tool call that does not parse is never dropped: the raw text of its block goes
-back as content and :attr:`OutputParser.tool_call_parse_error` is set. A client
-that streams may already have seen the start of such a call (see docs/parsers.md).
+back as content and :attr:`OutputParser.tool_call_parse_error` is set, streamed and
+not alike; no piece of it was streamed as a call (see docs/parsers.md). Otherwise a
+streaming agent would keep, run and echo back a call that the reply and the recorded
+step do not have, and its next turn would match nothing recorded.
 """
 
 from __future__ import annotations
@@ -154,9 +158,10 @@ class OutputParser:
         self._raw: list[str] = []  # the open block's text, for when it does not parse
         self._frame = ("", "")  # what surrounds the raw text of the open block
         self._block: BlockParser | None = None
-        self._slots: dict[int, int] = {}  # call of the open block -> its index in the reply
-        self._ids: dict[int, str] = {}  # index in the reply -> the id it was announced with
-        self._announced = 0  # calls announced so far (their indexes and ids are taken)
+        self._held: list[CallPiece] = []  # the open block's pieces: streamed once it closed and parsed
+        self._slots: dict[int, int] = {}  # call of the closing block -> its index in the reply
+        self._ids: dict[int, str] = {}  # index in the reply -> its id
+        self._announced = 0  # calls streamed so far (their indexes and ids are taken)
         self._calls: list[ToolCall] = []
         self.tool_call_parse_error = False
         self._skip = tokenizer.special_ids
@@ -265,8 +270,9 @@ class OutputParser:
             self._route(text, out)  # a block that runs to the end of the generation (Llama 3)
             self._close_block(out)
         elif self._mode == "tool":
-            # Cut off (max_tokens): the call can never complete, so stream nothing more of it.
+            # Cut off (max_tokens): the call can never complete; nothing of it was streamed.
             self._raw.append(text)
+            self._held = []
             self.tool_call_parse_error = True
             out.content.append(self._push_content(self._frame[0] + "".join(self._raw)))
             self._mode, self._block = "content", None
@@ -291,7 +297,7 @@ class OutputParser:
         elif self._mode == "tool":
             assert self._block is not None
             self._raw.append(text)
-            self._stream(self._block.feed(text), out)
+            self._held.extend(self._block.feed(text))
         elif self._bare_open:
             # Llama 3: a reply that opens with "{" is a call (held until its first non-space character).
             head = text.lstrip()
@@ -313,11 +319,12 @@ class OutputParser:
         self._flush_into(out)
         self._mode, self._block, self._frame = "tool", block, frame
         self._raw = []
+        self._held = []
         self._slots = {}
         self._bare_open = False
 
     def _stream(self, pieces: Iterable[CallPiece], out: _Out) -> None:
-        """Pieces as deltas; a new call takes the next index, pieces of one call merge."""
+        """A closed block's pieces as deltas: a new call takes the next index, the pieces of one call merge."""
         for piece in pieces:
             if piece.name is not None:
                 index = self._slots[piece.call] = self._announced
@@ -338,11 +345,12 @@ class OutputParser:
         assert self._block is not None
         result = self._block.close()
         self._block, self._mode = None, "content"
+        held, self._held = self._held, []
         if result is None:
             self.tool_call_parse_error = True
             out.content.append(self._push_content(self._frame[0] + "".join(self._raw) + self._frame[1]))
             return
-        self._stream(result.pieces, out)
+        self._stream((*held, *result.pieces), out)
         for call in result.calls:
             index = self._slots[call.call]
             self._calls.append(ToolCall(self._ids[index], call.name, call.arguments, call.parsed))

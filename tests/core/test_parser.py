@@ -36,13 +36,13 @@ def test_reasoning_content_and_calls(tokenizer: Any) -> None:
     assert content == out.content == "Let me look."
     assert [c[2] for c in calls] == ["get_weather", "search"]
     assert [c[1] for c in calls] == ["call_0", "call_1"]
-    # Arguments are the raw text the model wrote (no longer re-serialised), streamed in pieces.
+    # Arguments are the raw text the model wrote (no longer re-serialised), each call streamed whole.
     assert calls[0][3] == out.tool_calls[0].arguments == '{"city": "Zürich", "nested": {"a": [1, 2]}}'
     assert json.loads(calls[0][3]) == {"city": "Zürich", "nested": {"a": [1, 2]}}
     assert out.tool_calls[1].parsed == {"query": "café 🌞"}
     assert [c[0] for c in calls] == [0, 1]
     _, deltas = run(tokenizer, text)
-    assert sum(len(d.tool_calls) for d in deltas) > 2  # more pieces than the two calls' announcements
+    assert sum(len(d.tool_calls) for d in deltas) == 2  # one piece a call, as its block closes
     assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == [c[1:] for c in calls]
     assert not parser.tool_call_parse_error
 
@@ -54,9 +54,9 @@ def test_reasoning_opened_by_the_prompt(tokenizer: Any) -> None:
 
 def test_malformed_call_is_returned_as_content_and_flagged(tokenizer: Any) -> None:
     parser, _, content, calls = _run(tokenizer, "<tool_call>\n{\"name\": \"f\", \"arguments\": {oops}\n</tool_call>")
-    # The call was announced (name complete, arguments begun) before it failed: a streaming
-    # client saw its start; the reply itself has no call, the raw text as content, the flag.
-    assert calls == [(0, "call_0", "f", "{oops}")]
+    # Its name was complete and its arguments begun before it failed: nothing of it was streamed as a call. The
+    # reply has no call, the raw text as content (streamed too), the flag.
+    assert calls == []
     assert parser.output.tool_calls == () and parser.tool_call_parse_error
     assert content == '<tool_call>\n{"name": "f", "arguments": {oops}\n</tool_call>'
     parser, _, content, calls = _run(tokenizer, "<tool_call>\n[\"not\", \"a call\"]\n</tool_call>")

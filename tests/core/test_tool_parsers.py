@@ -56,23 +56,14 @@ def test_hermes_pieces_char_by_char() -> None:
     assert result.calls[0].arguments == '{"a": "}", "b": [1]}' and result.calls[0].parsed == {"a": "}", "b": [1]}
 
 
-def test_hermes_exact_delta_sequence(tokenizer: Any) -> None:
+def test_hermes_call_is_streamed_whole_as_its_block_closes(tokenizer: Any) -> None:
     text = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
     ids = tokenizer.encode(text).tolist()
     parser = OutputParser(tokenizer, tool_call_id=lambda i: f"call_{i}")
     per_token = [parser.feed([tid]).tool_calls for tid in ids]
-    pieces = [p for ps in per_token for p in ps]
-    assert pieces == [
-        ToolCallDelta(0, "call_0", "f", "{\""),
-        ToolCallDelta(0, arguments="x"),
-        ToolCallDelta(0, arguments='":'),
-        ToolCallDelta(0, arguments=" "),
-        ToolCallDelta(0, arguments="1"),
-        ToolCallDelta(0, arguments="}"),
-    ]
-    # The name went out long before the call closed, and nothing came at the close.
-    first = next(i for i, ps in enumerate(per_token) if ps)
-    assert ids[first:].index(tokenizer.tool_call_end_id) > 3 and per_token[-1] == ()
+    # Nothing of the call before its block closed and parsed, then all of it in one piece (docs/parsers.md).
+    assert per_token[:-1] == [()] * (len(ids) - 1) and ids[-1] == tokenizer.tool_call_end_id
+    assert per_token[-1] == (ToolCallDelta(0, "call_0", "f", '{"x": 1}'),)
     assert parser.output.tool_calls[0].arguments == '{"x": 1}'
 
 
@@ -86,16 +77,16 @@ def test_hermes_raw_arguments_are_kept(tokenizer: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("body", "arguments", "streamed_before_close"),
+    ("body", "arguments"),
     [
-        ('{"name": "f", "parameters": {"a": 1}}', '{"a": 1}', True),
-        ('{"arguments": {"a": 1}, "name": "f"}', '{"a": 1}', True),
-        ('{"name": "f", "arguments": "{\\"a\\": 1}"}', '{"a": 1}', True),
-        ('{"name": "f"}', "{}", False),
-        ('{"name":"f","arguments":{}}', "{}", True),
+        ('{"name": "f", "parameters": {"a": 1}}', '{"a": 1}'),
+        ('{"arguments": {"a": 1}, "name": "f"}', '{"a": 1}'),
+        ('{"name": "f", "arguments": "{\\"a\\": 1}"}', '{"a": 1}'),
+        ('{"name": "f"}', "{}"),
+        ('{"name":"f","arguments":{}}', "{}"),
     ],
 )
-def test_hermes_variants(tokenizer: Any, body: str, arguments: str, streamed_before_close: bool) -> None:
+def test_hermes_variants(tokenizer: Any, body: str, arguments: str) -> None:
     text = f"<tool_call>\n{body}\n</tool_call>"
     parser, deltas = run(tokenizer, text)
     assert not parser.tool_call_parse_error
@@ -104,13 +95,13 @@ def test_hermes_variants(tokenizer: Any, body: str, arguments: str, streamed_bef
     assert_stream_matches_output(parser, deltas)
     # The last deltas: </tool_call>, the end-of-turn token, the empty tail feed, finish.
     before_close = [p for d in deltas[:-4] for p in d.tool_calls]
-    assert bool(before_close) == streamed_before_close
+    assert before_close == []
 
 
 def test_double_encoded_arguments_arrive_whole_at_the_close(tokenizer: Any) -> None:
     parser, deltas = run(tokenizer, '<tool_call>\n{"name": "f", "arguments": "{\\"a\\": [1, 2]}"}\n</tool_call>')
     pieces = [p for d in deltas for p in d.tool_calls]
-    assert pieces == [ToolCallDelta(0, "call_0", "f", ""), ToolCallDelta(0, arguments='{"a": [1, 2]}')]
+    assert pieces == [ToolCallDelta(0, "call_0", "f", '{"a": [1, 2]}')]
 
 
 @pytest.mark.parametrize(
@@ -135,16 +126,16 @@ def test_hermes_malformed_blocks_become_content(tokenizer: Any, body: str) -> No
     assert "".join(d.content for d in deltas) == parser.output.content
 
 
-def test_malformed_after_announcement_keeps_its_index(tokenizer: Any) -> None:
+def test_a_good_call_after_a_malformed_one_is_the_replys_first(tokenizer: Any) -> None:
     text = (
         '<tool_call>\n{"name": "f", "arguments": {"a": }}\n</tool_call>\n'
         '<tool_call>\n{"name": "g", "arguments": {"b": 2}}\n</tool_call>'
     )
     parser, deltas = run(tokenizer, text)
     _, _, calls = streamed(deltas)
-    # The client saw the start of call 0; the good call is index 1 with the id it was streamed with.
-    assert calls[0][1] == "f" and calls[1] == ("call_1", "g", '{"b": 2}')
-    assert [(c.id, c.name) for c in parser.output.tool_calls] == [("call_1", "g")]
+    # Nothing of the malformed call was streamed: the good call is index 0, streamed as the reply has it.
+    assert calls == {0: ("call_0", "g", '{"b": 2}')}
+    assert [(c.id, c.name) for c in parser.output.tool_calls] == [("call_0", "g")]
     assert parser.tool_call_parse_error
 
 
