@@ -67,6 +67,9 @@ class SimEngine:
         self._keyed_scripts: dict[str, deque[ScriptedOutput]] = {}
         self._running: dict[str, SimGeneration] = {}
         self._history: OrderedDict[str, SimGeneration] = OrderedDict()
+        #: What generations stopped before their end had left (their plan, the tokens they gave), by the hash of
+        #: the prompt that continues them: their prompt and those tokens (:meth:`left_off`).
+        self._left_off: OrderedDict[bytes, tuple[Plan, int]] = OrderedDict()
         self._closed = False
         self._eos = frozenset(() if config.ignore_eos else tokenizer.stop_token_ids)
         self._filler = list(tokenizer.encode(" so"))  # one token in the usual vocabularies
@@ -203,6 +206,19 @@ class SimEngine:
         """The generation ``rid`` is over (delivered its last event, or was left)."""
         self._running.pop(rid, None)
 
+    def left_off(self, plan: Plan, given: int) -> None:
+        """A generation stopped (aborted, or left) after ``given`` tokens of ``plan``: a request whose prompt is its
+        prompt and those tokens (a partial rollout's) continues it, as a model goes on with its own text, with the
+        tokens and logprobs it would have given unstopped. Only the policy's plans (a script is the test's to give);
+        the last ``stats_capacity`` are kept."""
+        if plan.prompt_hash is None or given >= len(plan.ids):
+            return
+        continued = plan.prompt_hash.copy()
+        continued.update(plan.ids[:given].tobytes())
+        self._left_off[continued.digest()] = (plan, given)
+        while len(self._left_off) > self.config.stats_capacity:
+            self._left_off.popitem(last=False)
+
     def _request_key(self, request: GenerateRequest, raw: bytes) -> bytes:
         # Temperature 0 is greedy: the request seed must not matter.
         seed = None if request.sampling.temperature == 0 else request.sampling.seed
@@ -217,17 +233,23 @@ class SimEngine:
         key = self._request_key(request, raw)
         script = self._next_script(request.routing_key)
         tokens: Sequence[int]
+        given: Sequence[float] | None = None
+        hashed = None
         if script is not None:
             tokens, given, reason = script.token_ids, script.logprobs, script.finish
+        elif self.config.reply_tokens is not None:
+            n = self.config.reply_tokens
+            tokens, reason = [*(self._filler * n)[:n], self.tokenizer.eot_token_id], "stop"
         else:
-            if self.config.reply_tokens is not None:
-                n = self.config.reply_tokens
-                tokens = [*(self._filler * n)[:n], self.tokenizer.eot_token_id]
+            hashed = hashlib.blake2b(raw, digest_size=16)
+            left = self._left_off.pop(hashed.digest(), None) if self._left_off else None
+            if left is not None:  # a stopped generation's prompt and tokens: its rest
+                before, at = left
+                tokens, given, reason = before.ids[at:], before.logprobs[at:], before.reason
             else:
                 rng = random.Random(int.from_bytes(key[:8], "little"))
                 text = policy_text(read_prompt(self.tokenizer, ids, raw), rng, self.config)
-                tokens = [*self.tokenizer.encode(text), self.tokenizer.eot_token_id]
-            given, reason = None, "stop"
+                tokens, reason = [*self.tokenizer.encode(text), self.tokenizer.eot_token_id], "stop"
         limit = min(request.sampling.max_new_tokens, self.config.max_model_len - len(ids))
         stops = self._eos | frozenset(request.sampling.stop_token_ids)
         out, lps = array("i"), array("f")
@@ -244,7 +266,7 @@ class SimEngine:
                 reason, matched = "stop", tok
                 break
         message = "scripted abort" if reason == "abort" else ""
-        return Plan(out, lps, reason, matched, message, script is not None)
+        return Plan(out, lps, reason, matched, message, script is not None, hashed)
 
     async def abort_all(self) -> None:
         """Abort every running generation (each ends with reason ``"abort"``)."""

@@ -78,6 +78,7 @@ class SimGeneration:
             self._cancelled = True
             self._stop_at = min(self._stop_at, self._engine.clock.active())
             self._routed_prompt = None
+            self._engine.left_off(self._plan, self._next)
             self._close()
 
     def _close(self) -> None:
@@ -117,6 +118,7 @@ class SimGeneration:
             target = self._due(n) if n < len(plan.ids) else self._finish_time
             if target > self._stop_at:
                 await trio.lowlevel.checkpoint()
+                self._engine.left_off(plan, self._next)
                 return self._final("abort", None, "aborted")
             clock = self._engine.clock
             # Compared in wall time, the deadline slept to: active() = now - offset can stay a

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -68,3 +69,6 @@ class Plan:
     matched: int | None
     message: str
     scripted: bool
+    #: The prompt's hash (a ``hashlib.blake2b`` to go on from) when the policy made the output: an abort before its
+    #: end leaves the rest for a request that continues it (:meth:`SimEngine.left_off`).
+    prompt_hash: Any = None

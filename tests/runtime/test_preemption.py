@@ -65,6 +65,40 @@ async def test_pause_at_an_exact_token_then_resume_with_a_new_version(
             assert step["preemptions"] == 1 and step["status"] == "completed"
 
 
+async def test_a_partial_rollout_over_the_simulator_records_what_an_uninterrupted_turn_does(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Unscripted: the simulator's own policy. Interrupted after 6 tokens and continued after the resume, the turn
+    gives the agent and the step the very reply, ids and logprobs of the same turn never interrupted (the
+    simulator goes on with its own text, as a model does; its policy alone would start a new reply mid-way)."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    async with open_simulated_proxy(
+        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL, tool_call_probability=1.0),
+        partial_rollout=True,
+    ) as sim:
+        whole = await sim.chat("whole", USER, tools=tools, stream=True)
+        results: dict[str, TurnResult] = {}
+
+        async def turn() -> None:
+            results["cut"] = await sim.chat("cut", USER, tools=tools, stream=True)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(turn)
+            await sim.wait_for_tokens("cut", 6)
+            assert (await sim.pause())["aborted"] == 1
+            await trio.sleep(1.0)
+            await sim.resume()
+        [uncut], [cut] = await _steps(sim, "whole"), await _steps(sim, "cut")
+    assert cut["preemptions"] == 1 and uncut["preemptions"] == 0
+    assert cut["output_ids"] == uncut["output_ids"] and cut["output_logprobs"] == uncut["output_logprobs"]
+    assert whole.output is not None and results["cut"].output is not None
+    assert results["cut"].output.tool_calls and not cut["tool_call_parse_error"]
+    assert results["cut"].output.content == whole.output.content
+    assert [(c.name, c.arguments) for c in results["cut"].output.tool_calls] == [
+        (c.name, c.arguments) for c in whole.output.tool_calls]
+
+
 async def test_pause_with_a_thousand_sessions_in_flight(tokenizer: Any, autojump_clock: trio.testing.MockClock) -> None:
     async with open_simulated_proxy(
         tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL), partial_rollout=True,

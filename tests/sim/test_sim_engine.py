@@ -673,6 +673,45 @@ async def test_iteration_needs_the_block_and_rids_are_unique(
                 pass
 
 
+async def test_a_stopped_generation_continued_from_its_tokens_gives_the_rest_of_what_it_would_have(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    """Partial rollout asks the engine to go on from the prompt and the tokens it gave: a model goes on with its own
+    text, and so does the simulator (its random policy alone would start a new reply mid-way)."""
+    ids = prompt(tokenizer, tools=TOOLS, thinking=True)
+    whole, finish, _ = await run(SimEngine(tokenizer, SimConfig(seed=3)), req(ids, seed=7))
+    engine = SimEngine(tokenizer, SimConfig(seed=3))
+    for stop in ("abort", "cancel"):
+        async with engine.open_generation(req(ids, seed=7)) as gen:
+            given: list[tuple[float, TokenDelta]] = []
+            async for event in gen:
+                if not isinstance(event, TokenDelta):
+                    assert event.reason == "abort"
+                    break
+                given.append((trio.current_time(), event))
+                if len(given) == 5:
+                    if stop == "cancel":
+                        break  # the block left mid-way (a stream cut)
+                    await gen.abort()
+        assert ids_of(given) == ids_of(whole)[:5]
+        # Twice over: a continuation stopped again goes on from where it stopped.
+        more = array("i", [*ids, *ids_of(given)])
+        async with engine.open_generation(req(more, seed=11)) as gen:
+            later: list[tuple[float, TokenDelta]] = []
+            async for event in gen:
+                if isinstance(event, TokenDelta):
+                    later.append((trio.current_time(), event))
+                    if len(later) == 3:
+                        await gen.abort()
+        rest, end, _ = await run(engine, req(array("i", [*more, *ids_of(later)]), seed=11))
+        assert ids_of(given) + ids_of(later) + ids_of(rest) == ids_of(whole)
+        assert lps_of(given) + lps_of(later) + lps_of(rest) == lps_of(whole)
+        assert (end.reason, end.matched_stop) == (finish.reason, finish.matched_stop)
+    # Taken once: the same prompt again is a new request, answered by the policy.
+    again, _, _ = await run(engine, req(array("i", [*ids, *ids_of(whole)[:5]]), seed=7))
+    assert ids_of(again) != ids_of(whole)[5:]
+
+
 # -- weights, stats, info ------------------------------------------------------------
 
 
