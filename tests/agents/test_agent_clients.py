@@ -30,8 +30,8 @@ def _workdir(tmp_path: Path) -> Path:
     return work
 
 
-def test_claude_code(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
-    session = "claude-code"
+def run_claude_code(agent_bin: Path, wire: WireLog, tmp_path: Path, session: str) -> None:
+    """Claude Code headless on ``PROMPT``, its calls through ``wire`` in ``session``."""
     env = base_env(tmp_path / "home", agent_bin)
     env.update(
         ANTHROPIC_BASE_URL=f"http://127.0.0.1:{wire.port}/sess/{session}",
@@ -44,6 +44,11 @@ def test_claude_code(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Pat
     done = run_client([str(agent_bin / "claude"), "-p", PROMPT, "--max-turns", "12", "--tools", "Read,Edit",
                        "--permission-mode", "acceptEdits"], cwd=_workdir(tmp_path), env=env, wire=wire)
     assert done.stdout.strip(), done.stderr
+
+
+def test_claude_code(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
+    session = "claude-code"
+    run_claude_code(agent_bin, wire, tmp_path, session)
     assert all("/v1/messages" in e["path"] for e in wire.entries), [e["path"] for e in wire.entries]
     check_recording(proxy, session, wire)
 
@@ -109,13 +114,18 @@ enabled = false
     return {"CODEX_HOME": str(codex_home), "ACTORPROXY_API_KEY": "unused"}
 
 
-def test_codex(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
-    session = "codex"
+def run_codex(agent_bin: Path, wire: WireLog, tmp_path: Path, session: str) -> None:
+    """``codex exec`` on ``PROMPT``, its calls through ``wire`` in ``session``."""
     env = base_env(tmp_path / "home", agent_bin)
     env.update(_codex_home(tmp_path, wire.port, session))
     done = run_client([str(agent_bin / "codex"), "exec", "--skip-git-repo-check", PROMPT],
                       cwd=_workdir(tmp_path), env=env, wire=wire)
     assert done.stdout.strip(), done.stderr
+
+
+def test_codex(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
+    session = "codex"
+    run_codex(agent_bin, wire, tmp_path, session)
     assert all(e["path"].endswith("/v1/responses") for e in wire.entries), [e["path"] for e in wire.entries]
     _, steps = check_recording(proxy, session, wire)
     assert len(steps) == len(wire.entries)
@@ -174,13 +184,18 @@ def test_codex_spawns_a_sub_agent(agent_bin: Path, tmp_path: Path) -> None:
         assert {s["session_id"] for s in steps} == {session, f"{session}/sub-1"}, steps
 
 
-def test_opencode(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
-    session = "opencode"
+def run_opencode(agent_bin: Path, wire: WireLog, tmp_path: Path, session: str) -> None:
+    """``opencode run`` on ``PROMPT``, its calls through ``wire`` in ``session``."""
     env = base_env(tmp_path / "home", agent_bin)
     env.update(OPENCODE_CONFIG_CONTENT=json.dumps(_opencode_config(wire.port, session)),
                OPENCODE_DISABLE_AUTOUPDATE="1", OPENCODE_DISABLE_MODELS_FETCH="1")
     done = run_client([str(agent_bin / "opencode"), "run", PROMPT], cwd=_workdir(tmp_path), env=env, wire=wire)
     assert done.stdout.strip(), done.stderr
+
+
+def test_opencode(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
+    session = "opencode"
+    run_opencode(agent_bin, wire, tmp_path, session)
     _, steps = check_recording(proxy, session, wire)
     # Its title generator (another system prompt, sent before or beside the first agent call) is a side call.
     titles = [s for s in steps if "title generator" in json.dumps(s["new_messages"][:1])]

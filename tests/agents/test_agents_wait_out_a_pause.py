@@ -5,7 +5,8 @@ proxy counts a waiting turn, the "weight update" lasts three heartbeat intervals
 (``--heartbeat-interval 1``), then generation resumes. A streamed call that waited
 past the interval has had its reply started with heartbeats before its first event
 (``docs/endpoints.md``, streaming): each client must take that stream, finish without
-error and be recorded as one trajectory, as in ``test_agent_clients.py``.
+error and be recorded as one trajectory, as in ``test_agent_clients.py``. And the three at
+once with ``--partial-rollout`` while a trainer's updates cut their streams mid-way.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 
 import httpx
 import pytest
-from agent_harness import Proxy, base_env, running_proxy
+from agent_harness import Proxy, base_env, check_recording, running_proxy
+from test_agent_clients import run_claude_code, run_codex, run_opencode
 from test_agent_clients import test_claude_code as claude_code
 from test_agent_clients import test_codex as codex
 from test_agent_clients import test_opencode as opencode
@@ -123,3 +125,87 @@ def test_a_node_call_that_does_not_stream_outlasts_its_head_timeout(
     assert done.returncode == 0 and result["status"] == 200, (result, done.stderr[-2000:])
     assert result["finish"] in ("stop", "length"), result
     assert result["ms"] > UPDATE_SECONDS * 1000, result  # it did wait out the update
+
+
+class Trainer:
+    """Weight updates while the agents run (in a thread): whenever a generation is in flight, pause it (``abort``),
+    update for ``UPDATE`` seconds, resume with the next weight version; until :meth:`stop`."""
+
+    UPDATE = 0.3
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.http = httpx.Client(base_url=proxy.url, timeout=60)
+        self.aborted = self.updates = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self.http.get("/v1/rollout/pause_state").json()["in_flight"] == 0:
+                    time.sleep(0.05)  # polling another process's state: there is no event to wait on
+                    continue
+                ack = self.http.post("/v1/rollout/pause", json={"mode": "abort"}).json()
+                self.aborted += ack["aborted"]
+                time.sleep(self.UPDATE)  # the update itself: the scenario's length, not a settling wait
+                self.updates += 1
+                self.http.post("/v1/rollout/resume", json={"weight_version": str(self.updates)}).raise_for_status()
+                self._stop.wait(0.5)  # some generating between two updates
+        except BaseException as exc:  # noqa: BLE001 - reported by stop() in the test's thread
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        self.http.close()
+        if self.error is not None:
+            raise self.error
+
+
+def test_agent_clis_stream_through_weight_updates_with_partial_rollout(agent_bin: Path, tmp_path: Path) -> None:
+    """Claude Code, Codex and opencode at once while the trainer updates the weights whenever a generation is in
+    flight (docs/agents.md, Agent CLIs and weight updates). With ``--partial-rollout`` a streamed turn cut by a
+    pause goes on after the resume, under the new weights, in the same reply: each client finishes as if nothing
+    happened, and each session is one main trajectory whose cut steps hold every token once."""
+    runs = {"claude-code": run_claude_code, "codex": run_codex, "opencode": run_opencode}
+    wires: dict[str, WireLog] = {}
+    failed: dict[str, BaseException] = {}
+    with running_proxy(tmp_path, "--partial-rollout") as proxy:
+        port = int(proxy.url.rsplit(":", 1)[1])
+
+        def run(session: str) -> None:
+            home = tmp_path / session
+            home.mkdir()
+            try:
+                with WireLog(port, home / "wire.jsonl") as wires[session]:
+                    runs[session](agent_bin, wires[session], home, session)
+            except BaseException as exc:  # noqa: BLE001 - reported below, in the test's thread
+                failed[session] = exc
+
+        trainer = Trainer(proxy)
+        try:
+            agents = [threading.Thread(target=run, args=(session,)) for session in runs]
+            for agent in agents:
+                agent.start()
+            for agent in agents:
+                agent.join(timeout=300)
+        finally:
+            trainer.stop()
+        assert not failed, failed
+        assert trainer.aborted >= 1, "no update cut a generation"
+        preempted = []
+        for session, wire in wires.items():
+            _, steps = check_recording(proxy, session, wire)
+            preempted += [s for s in steps if s["preemptions"]]
+        # A cut step holds its tokens in the order the weight versions came (a step cut before its first token has
+        # one version only); at least one holds tokens of two.
+        assert preempted, "no recorded step was cut by an update"
+        spans = []
+        for step in preempted:
+            assert step["status"] == "completed" and len(step["output_ids"]) == len(step["output_logprobs"])
+            versions = step["concat_versions"][-len(step["output_ids"]):]
+            assert versions == sorted(versions), (step["session_id"], step["step_index"], versions)
+            spans.append(len(set(versions)))
+        assert max(spans) >= 2, spans
