@@ -219,7 +219,8 @@ class TurnGeneration:
         step.output = parser.output
         step.tool_call_parse_error = parser.tool_call_parse_error
         step.finish_reason = finish.reason
-        if self._format.parse_backend != "local":
+        # A streamed reply was parsed locally as its tokens came (the agent has it): the step records that parse.
+        if self._format.parse_backend != "local" and not self.prepared.request.stream:
             try:
                 await parse_remotely(self._format, self._tok, step, parser, self.prepared.request.tools,
                                      self._reasoning_open, self._call_id)

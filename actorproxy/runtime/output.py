@@ -64,10 +64,11 @@ async def parse_remotely(
     reasoning_open: bool,
     call_id: Callable[[int], str],
 ) -> None:
-    """Let SGLang's parsers decide the recorded output (``sglang_api``; ``hybrid`` falls back to ours).
+    """Let SGLang's parsers decide the recorded output of a reply that does not stream (``sglang_api``; ``hybrid``
+    falls back to ours).
 
-    Streamed deltas came from the local parser; the step and a non-streamed
-    reply take this result. Raises :class:`BackendError` when ``sglang_api``
+    A streamed reply is not asked about: its agent acts on the local parse it was streamed, which its step keeps
+    (``TurnGeneration``). Raises :class:`BackendError` when ``sglang_api``
     cannot parse.
     """
     assert fmt.client is not None

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from _util import WEATHER_TOOL
+from _util import WEATHER_TOOL, assemble_chat_stream, chat_chunks
 
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.engines.base import BackendError
@@ -121,6 +121,28 @@ async def test_sglang_parse_has_the_last_word(tokenizer: Any, mode: str) -> None
         _, [step] = await steps_of(remote, "s")
         assert step["output"] == {"content": "", "reasoning_content": "Hmm.", "tool_calls": []}
         assert step["tool_call_parse_error"]  # a block without a call: flagged
+
+
+@pytest.mark.parametrize("mode", ["sglang_api", "hybrid"])
+async def test_a_streamed_reply_records_what_was_streamed_and_its_echo_continues(tokenizer: Any, mode: str) -> None:
+    """The stream's deltas come from the local parse as the tokens arrive, before SGLang could be asked. Where SGLang
+    would differ (it drops the call of a function not offered), the step records what the agent was streamed: the
+    call it saw, ran and echoes back. Else its next turn matches nothing recorded (a new segment)."""
+    async with stack(tokenizer, mode) as (sim, [client]):
+        sim.engine.script(UNOFFERED_CALL, ANSWER)
+        body = {"messages": QUESTION, "tools": [WEATHER_TOOL], "stream": True}
+        streamed = assemble_chat_stream(chat_chunks(
+            (await client.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "s"})).text))
+        assert [c["function"]["name"] for c in streamed["calls"]] == ["get_time"]
+        assert not sim.state.parse_requests  # nobody asked
+        echo = {"role": "assistant", "content": streamed["content"], "reasoning_content": streamed["reasoning"],
+                "tool_calls": streamed["calls"]}
+        follow_up = [*QUESTION, echo, {"role": "tool", "tool_call_id": streamed["calls"][0]["id"], "content": "noon"}]
+        message, _ = reply_of(await chat(client, "s", follow_up))  # (not streamed: SGLang's parse)
+        assert message["content"] == "It is cold in Oslo."
+        segments, [first, _] = await steps_of(client, "s")
+        assert [c["function"]["name"] for c in first["output"]["tool_calls"]] == ["get_time"]
+        assert [s["start_reason"] for s in segments] == ["session_start"] and segments[0]["num_steps"] == 2
 
 
 async def test_hybrid_falls_back_to_the_local_parse(tokenizer: Any) -> None:

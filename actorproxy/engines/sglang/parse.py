@@ -180,7 +180,7 @@ def choose_output(
     tool_call_id: Callable[[int], str],
     stopped: bool = False,
 ) -> ParseOutcome:
-    """The output a step records and a non-streamed reply returns.
+    """The output a non-streamed reply returns and its step records (a streamed one keeps the local parse).
 
     ``local``: the local parse. ``sglang_api``: SGLang's parse (``remote``); its
     failure is raised. ``hybrid``: SGLang's parse, the local one if it failed.
