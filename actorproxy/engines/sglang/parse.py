@@ -186,8 +186,8 @@ def choose_output(
     failure is raised. ``hybrid``: SGLang's parse, the local one if it failed.
     A reply cut by a ``stop`` sequence always takes the local parse (SGLang's
     parsers know nothing of it). When SGLang found the same calls as we did
-    (names and parsed arguments), our calls are kept: their ids and raw
-    arguments are the ones streamed. ``text`` is :func:`completion_text`.
+    (names and parsed arguments), our calls are kept, with their ids and the
+    raw arguments the model wrote. ``text`` is :func:`completion_text`.
     """
     if mode == "local" or stopped:
         return ParseOutcome(local, local_error, "local")
