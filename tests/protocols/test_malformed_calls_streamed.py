@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 import httpx
-from _util import WEATHER_TOOL, assemble_chat_stream, chat_chunks, start_reasons
+from _util import WEATHER_TOOL, assemble_chat_stream, chat_chunks, sse_reference, start_reasons
 
 from actorproxy.sim import SimEngine
 
@@ -23,14 +23,9 @@ GOOD = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Bern", "days
 QUESTION = "Weather in Zürich?"
 
 
-def _sse(text: str) -> list[tuple[str, dict[str, Any]]]:
-    """``(event name, data)`` of each named event of a stream (comments and ``[DONE]`` left out)."""
-    events = []
-    for block in text.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.split("\n") if not line.startswith(":"))
-        if "data" in lines and lines["data"] != "[DONE]":
-            events.append((lines.get("event", ""), json.loads(lines["data"])))
-    return events
+def _sse(body: bytes) -> list[tuple[str, dict[str, Any]]]:
+    """``(event name, data)`` of each event of a stream, its data decoded (``[DONE]`` left out)."""
+    return [(name, json.loads(data)) for name, data in sse_reference(body) if data != b"[DONE]"]
 
 
 async def test_chat_streams_a_broken_call_as_the_content_it_is_and_its_echo_continues(
@@ -79,7 +74,7 @@ async def test_responses_streams_only_the_items_of_the_response_and_their_echo_c
     engine.script("Checking.\n" + BROKEN, "It is sunny.", routing_key=session)
     tools = [{"type": "function", **WEATHER_TOOL["function"]}]
     body: dict[str, Any] = {"model": "m", "input": QUESTION, "tools": tools, "stream": True, "store": False}
-    events = _sse((await http.post(f"/sess/{session}/v1/responses", json=body)).text)
+    events = _sse((await http.post(f"/sess/{session}/v1/responses", json=body)).content)
     # Codex keeps each item as its `output_item.done` tells it: those are the response's own items.
     done = [data["item"] for name, data in events if name == "response.output_item.done"]
     completed = events[-1][1]["response"]
@@ -97,7 +92,7 @@ async def test_anthropic_streams_only_the_blocks_of_the_message(http: httpx.Asyn
     function = WEATHER_TOOL["function"]
     tool = {"name": function["name"], "description": function["description"], "input_schema": function["parameters"]}
     body = {"model": "m", "max_tokens": 200, "tools": [tool], "messages": [{"role": "user", "content": QUESTION}]}
-    events = _sse((await http.post(f"/sess/{session}/v1/messages", json={**body, "stream": True})).text)
+    events = _sse((await http.post(f"/sess/{session}/v1/messages", json={**body, "stream": True})).content)
     started = [data["content_block"]["type"] for name, data in events if name == "content_block_start"]
     assert started == ["text"], started
     text = "".join(data["delta"].get("text", "") for name, data in events if name == "content_block_delta")
