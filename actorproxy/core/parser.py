@@ -324,22 +324,20 @@ class OutputParser:
         self._bare_open = False
 
     def _stream(self, pieces: Iterable[CallPiece], out: _Out) -> None:
-        """A closed block's pieces as deltas: a new call takes the next index, the pieces of one call merge."""
+        """A closed block's calls as deltas, one a call: each takes the next index, its pieces' arguments joined once
+        (a call of thousands of pieces is not rebuilt piece by piece)."""
+        heads: list[tuple[int, str]] = []  # (index, name) of each call, in order
+        parts: dict[int, list[str]] = {}
         for piece in pieces:
             if piece.name is not None:
                 index = self._slots[piece.call] = self._announced
                 self._announced += 1
                 self._ids[index] = piece.id or self._tool_call_id(index)
-                delta = ToolCallDelta(index, self._ids[index], piece.name, piece.arguments)
-            elif piece.arguments:
-                delta = ToolCallDelta(self._slots[piece.call], arguments=piece.arguments)
+                heads.append((index, piece.name))
+                parts[index] = [piece.arguments]
             else:
-                continue
-            last = out.calls[-1] if out.calls else None
-            if last is not None and last.index == delta.index and delta.id is None:
-                out.calls[-1] = attrs.evolve(last, arguments=last.arguments + delta.arguments)
-            else:
-                out.calls.append(delta)
+                parts[self._slots[piece.call]].append(piece.arguments)
+        out.calls.extend(ToolCallDelta(index, self._ids[index], name, "".join(parts[index])) for index, name in heads)
 
     def _close_block(self, out: _Out) -> None:
         assert self._block is not None
