@@ -138,6 +138,38 @@ async def test_a_crashed_worker_is_restarted_and_the_other_serves_meanwhile(tmp_
         assert proxy.process.wait() == 0
 
 
+async def _exited(pid: int) -> None:
+    """Wait for the process ``pid`` (not a child of ours) to exit."""
+    fd = os.pidfd_open(pid)
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
+
+
+async def test_a_killed_supervisors_workers_drain_and_remove_its_directory(tmp_path: Path) -> None:
+    sessions = _sessions()
+    ours, theirs = sessions[0], sessions[-1]  # owned by worker 0 and by worker 1
+    async with run_workers(tmp_path) as proxy, _client(proxy) as client:
+        for session in (ours, theirs):
+            await _turn(client, session, [], "before the supervisor is killed")
+        pids = [proxy.worker_pid(index) for index in range(WORKERS)]
+        # python -m actorproxy.workers.child DIR INDEX ...
+        directory = trio.Path((await trio.Path(f"/proc/{pids[0]}/cmdline").read_bytes()).split(b"\0")[3].decode())
+        assert await (directory / "config.pickle").exists()  # the settings, secrets included
+        proxy.process.kill()
+        await proxy.wait_log(r"the supervisor is gone: this worker drains and exits", count=WORKERS)
+        with trio.fail_after(60):
+            for pid in pids:
+                await _exited(pid)
+        assert not await directory.exists()
+    # Each worker finalized its open session into its store as it drained.
+    async with run_workers(tmp_path) as proxy, _client(proxy) as client:
+        read = (await client.post("/trajectory/read", json={})).json()
+        assert sorted(segment["parent_traj_id"] for segment in read["data"]) == sorted([ours, theirs])
+        assert {segment["boundary_reason"] for segment in read["data"]} == {"shutdown"}
+
+
 @pytest.mark.parametrize("store", ["memory", "ray"])
 def test_a_store_the_workers_cannot_share_is_refused_at_start(tmp_path: Path, store: str) -> None:
     result = subprocess.run([sys.executable, "-m", "actorproxy", "run", "--workers", "2", "--store", store,
