@@ -7,6 +7,7 @@ after 10 s) however the block exits.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shutil
@@ -178,7 +179,11 @@ def vllm_engine(kind: str = "default") -> Iterator[Server]:
     subprocess.run([sys.executable, str(REPO / "scripts" / "vllm" / "tiny_model.py"), str(model),
                     "--vllm-python", python], check=True, stdout=subprocess.DEVNULL)
     port = free_port()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    temp = Path(tempfile.gettempdir()) / f"vllm-tmp-{port}"  # vLLM leaves its sockets and rendezvous file there
+    temp.mkdir(exist_ok=True)
+    inductor = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"  # torch's cache, kept where it was
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(temp),
+           "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(inductor))}
     flags = ["--enable-scale-out"] if kind == "dev" else []
     if kind == "dev":
         env["VLLM_SERVER_DEV_MODE"] = "1"
@@ -203,3 +208,4 @@ def vllm_engine(kind: str = "default") -> Iterator[Server]:
                 process.wait(30)
             except subprocess.TimeoutExpired:
                 pass
+        shutil.rmtree(temp, ignore_errors=True)

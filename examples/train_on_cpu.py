@@ -29,10 +29,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import getpass
 import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,7 +87,11 @@ def start_vllm(python: Path, model: Path, log: Path) -> tuple[subprocess.Popen[b
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    temp = vllm_temp_directory(port)  # vLLM leaves its sockets and rendezvous file in its temporary directory
+    temp.mkdir(exist_ok=True)
+    inductor = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"  # torch's cache, kept where it was
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(temp),
+           "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(inductor))}
     args = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
             "--port", str(port), "--enforce-eager", "--max-model-len", "2048", "--enable-scale-out",
             "--dtype", "float32"]  # as the trainer computes: vLLM's CPU backend would cast to bfloat16
@@ -102,11 +108,15 @@ def start_vllm(python: Path, model: Path, log: Path) -> tuple[subprocess.Popen[b
         except httpx.HTTPError:
             pass
         time.sleep(1)  # vLLM loads for 1.5-3 minutes on 2 busy cores
-    stop_vllm(proc)
+    stop_vllm(proc, url)
     raise SystemExit(f"vLLM did not start within 900 s; its log: {log}")
 
 
-def stop_vllm(proc: subprocess.Popen[bytes]) -> None:
+def vllm_temp_directory(port: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"vllm-tmp-{port}"
+
+
+def stop_vllm(proc: subprocess.Popen[bytes], url: str) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -117,6 +127,7 @@ def stop_vllm(proc: subprocess.Popen[bytes]) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
+    shutil.rmtree(vllm_temp_directory(int(url.rsplit(":", 1)[1])), ignore_errors=True)
 
 
 # -- the trainer (torch, in the vLLM venv's Python) ------------------------------------------------
@@ -567,7 +578,7 @@ def main() -> None:
             httpx.post(f"{url}/collective_rpc", json=restore, timeout=300).raise_for_status()
     finally:
         if engine is not None:
-            stop_vllm(engine)
+            stop_vllm(engine, url)
     rows = result["iterations"]
     modes = "/".join(dict.fromkeys(result["sync_modes"].values())) or args.sync_mode
     plotted = write_plot(args.plot, rows, f"{model.name} on vLLM (float32), syncs: {modes}, "

@@ -9,11 +9,14 @@ engine-core process beside it): :func:`stop_vllm` ends the whole group. Once it 
 
 from __future__ import annotations
 
+import getpass
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -66,6 +69,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def temp_directory(port: int) -> Path:
+    """The temporary directory of the server on ``port``, removed by :func:`stop_vllm`: vLLM leaves its ZeroMQ
+    sockets and its rendezvous file (``vllm_dist_*``) in the temporary directory when it stops."""
+    return Path(tempfile.gettempdir()) / f"vllm-tmp-{port}"
+
+
+def private_temp(directory: Path) -> dict[str, str]:
+    """The environment that gives vLLM ``directory`` as its temporary directory, torch's compile cache kept where
+    it was (shared by every start)."""
+    shared = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    return {"TMPDIR": str(directory), "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(shared))}
+
+
 def launch_vllm(vllm: VLLMInstall, model: Path, kind: str, log: Path, port: int | None = None) -> Process:
     """Start a vLLM server of ``kind`` (``default`` or ``dev``); wait for it with :func:`wait_vllm`."""
     port = port or free_port()
@@ -75,7 +91,9 @@ def launch_vllm(vllm: VLLMInstall, model: Path, kind: str, log: Path, port: int 
         "--dtype", "float32",  # the model's own: vLLM's CPU backend would run it in bfloat16
         *FLAGS[kind],
     ]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    temp = temp_directory(port)
+    temp.mkdir(exist_ok=True)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **private_temp(temp)}
     if kind == "dev":
         env["VLLM_SERVER_DEV_MODE"] = "1"
     else:
@@ -144,17 +162,16 @@ def idle_engine(api_server: int) -> None:
 
 
 def stop_vllm(server: Process) -> None:
-    """End the server and its engine-core process (the whole process group)."""
+    """End the server and its engine-core process (the whole process group); remove its temporary directory."""
     try:
         os.killpg(server.proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        server.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
+        try:
+            server.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
         os.killpg(server.proc.pid, signal.SIGKILL)  # whatever is left of the group
     except ProcessLookupError:
         pass
-    server.proc.wait()
+    finally:
+        server.proc.wait()
+        shutil.rmtree(temp_directory(int(server.url.rsplit(":", 1)[1])), ignore_errors=True)
