@@ -41,6 +41,11 @@ class ProxyError(Exception):
         #: Seconds a client should wait before retrying (sent as ``Retry-After``).
         self.retry_after: float | None = self.default_retry_after
 
+    @property
+    def anthropic_message(self) -> str:
+        """The message on Anthropic's routes (where it is the only field a client reads)."""
+        return self.message
+
     def to_openai(self) -> dict[str, object]:
         return {
             "error": {
@@ -57,11 +62,33 @@ class BadRequest(ProxyError):
 
 
 class ContextOverflow(ProxyError, code="context_overflow"):
-    """The prompt does not fit the context window (``details``: the numbers, for Dressage's error shape)."""
+    """The prompt does not fit the context window, or is longer than ``--max-prompt-tokens``.
 
-    def __init__(self, message: str, *, param: str | None = None, details: dict[str, object] | None = None) -> None:
+    Worded as the APIs word it, since agent clients read the message to tell an overflow from
+    another 400 and then compact their history: OpenAI's "maximum context length is N tokens"
+    (Claude Code, opencode and LiteLLM look for it) and, on Anthropic's routes, Anthropic's
+    "prompt is too long: N tokens > M maximum" (Claude Code reads the two numbers). The code
+    stays ``context_overflow``. ``details``: the numbers, for Dressage's error shape.
+    """
+
+    def __init__(self, prompt_tokens: int, *, window: int, max_prompt_tokens: int | None = None,
+                 param: str | None = None, details: dict[str, object] | None = None) -> None:
+        if max_prompt_tokens is not None:
+            message = (f"This model's maximum prompt length is {max_prompt_tokens} tokens (--max-prompt-tokens). "
+                       f"However, your prompt is {prompt_tokens} tokens. Please reduce the length of the messages.")
+            most = max_prompt_tokens
+        else:
+            message = (f"This model's maximum context length is {window} tokens. However, your prompt is "
+                       f"{prompt_tokens} tokens, which leaves no room for a completion. Please reduce the length "
+                       "of the messages.")
+            most = window - 1  # a prompt must leave the window room for one token
         super().__init__(message, param=param)
+        self._anthropic = f"prompt is too long: {prompt_tokens} tokens > {most} maximum"
         self.details: dict[str, object] = dict(details or {})
+
+    @property
+    def anthropic_message(self) -> str:
+        return self._anthropic
 
 
 class StepLimitExceeded(ProxyError, code="max_steps_exceeded"):

@@ -106,13 +106,10 @@ def plan_prompt(
     details = {"phase": "input", "context_window": window, "input_tokens": prompt_len, "output_tokens": 0,
                "max_tokens": request.max_tokens, "session_id": session_id, "last_proxy_step_recorded": False}
     if limits.max_prompt_tokens is not None and prompt_len > limits.max_prompt_tokens:
-        raise ContextOverflow(
-            f"prompt is {prompt_len} tokens; the limit is {limits.max_prompt_tokens} (--max-prompt-tokens)",
-            param="messages", details=details,
-        )
+        raise ContextOverflow(prompt_len, window=window, max_prompt_tokens=limits.max_prompt_tokens,
+                              param="messages", details=details)
     if prompt_len >= window:
-        raise ContextOverflow(f"prompt is {prompt_len} tokens; the context window is {window}", param="messages",
-                              details=details)
+        raise ContextOverflow(prompt_len, window=window, param="messages", details=details)
     max_new = request.max_tokens or limits.default_max_tokens
     if limits.max_output_tokens is not None:
         max_new = min(max_new, limits.max_output_tokens)

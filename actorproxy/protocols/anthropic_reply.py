@@ -95,7 +95,7 @@ def error_json(status: int, message: str) -> dict[str, Any]:
 
 
 def proxy_error_json(error: ProxyError) -> dict[str, Any]:
-    return error_json(error.status, error.message)
+    return error_json(error.status, error.anthropic_message)
 
 
 class EventWriter:

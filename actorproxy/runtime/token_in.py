@@ -60,11 +60,10 @@ async def generate_tokens(runtime: Runtime, prompt_ids: array[int], *, max_new_t
     limits = config.limits
     prompt_len = len(prompt_ids)
     if limits.max_prompt_tokens is not None and prompt_len > limits.max_prompt_tokens:
-        raise ContextOverflow(f"prompt is {prompt_len} tokens; the limit is {limits.max_prompt_tokens} "
-                              "(--max-prompt-tokens, the gateway's --prompt-length)", param="prompt_ids")
+        raise ContextOverflow(prompt_len, window=runtime.context_window,
+                              max_prompt_tokens=limits.max_prompt_tokens, param="prompt_ids")
     if prompt_len >= runtime.context_window:
-        raise ContextOverflow(f"prompt is {prompt_len} tokens; the context window is {runtime.context_window}",
-                              param="prompt_ids")
+        raise ContextOverflow(prompt_len, window=runtime.context_window, param="prompt_ids")
     max_new = max_new_tokens or limits.default_max_tokens
     if limits.dynamic_max_tokens:
         max_new = min(max_new, runtime.context_window - prompt_len)

@@ -54,7 +54,8 @@ def error_reply(error: Exception, *, anthropic_shape: bool, method: str, path: s
     """The reply to ``error`` raised while serving ``method path`` (an unexpected one is logged)."""
     if isinstance(error, ProxyError):
         headers = (("Retry-After", str(int(error.retry_after))),) if error.retry_after is not None else ()
-        return ErrorReply(error.status, _shaped(error.status, error.message, error.to_openai(), anthropic_shape),
+        return ErrorReply(error.status, _shaped(error.status, error.anthropic_message, error.to_openai(),
+                                                anthropic_shape),
                           headers, code=error.code, detail=error.message if error.status >= 500 else None)
     if isinstance(error, HTTPException):
         status = error.code or 500

@@ -93,6 +93,39 @@ def test_claude_code_task_agents(agent_bin: Path, tmp_path: Path) -> None:
         assert [(s["start_reason"], s["num_steps"] >= 2) for s in main] == [("session_start", True)], summary
 
 
+def test_claude_code_takes_a_full_context_window_for_what_it_is(agent_bin: Path, tmp_path: Path) -> None:
+    """A prompt past the context window is refused in Anthropic's words, and Claude Code acts on it as it does on
+    Anthropic's API: it compacts the conversation (here the compaction's own request is too long too, and it ends
+    the run saying so), instead of sending the refused request again as it did another 400."""
+    session = "claude-code-full"
+    work = _workdir(tmp_path)
+    (work / "notes.txt").write_text("".join(f"Line {i}: the build is green and the release ships on Friday.\n"
+                                            for i in range(300)))  # ~4,500 tokens once read
+    read = {"name": "Read", "arguments": {"file_path": str(work / "notes.txt")}}
+    flags = ("--sim-tool-calls", json.dumps([read]), "--sim-tool-call-probability", "0",
+             "--sim-followup-tool-call-probability", "0", "--context-window", "6000")
+    with running_proxy(tmp_path, *flags) as proxy, \
+            WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
+        env = base_env(tmp_path / "home", agent_bin)
+        env.update(ANTHROPIC_BASE_URL=f"http://127.0.0.1:{wire.port}/sess/{session}", ANTHROPIC_AUTH_TOKEN="unused",
+                   CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
+        done = subprocess.run([str(agent_bin / "claude"), "-p", PROMPT, "--max-turns", "6", "--tools", "Read",
+                               "--permission-mode", "acceptEdits"], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=300, stdin=subprocess.DEVNULL)
+        calls = [e for e in wire.entries if "/v1/messages" in e["path"] and "count_tokens" not in e["path"]]
+        refused = [i for i, e in enumerate(calls) if e["status"] == 400]
+        assert refused, f"no call was refused: {wire.summary()}"
+        first = calls[refused[0]]
+        assert "prompt is too long:" in first["answer_head"], first["answer_head"]
+        assert calls[0]["status"] == 200  # the opening call fitted; the Read's result did not
+        after = calls[refused[0] + 1:]
+        assert after and after[0]["body"] != first["body"], \
+            f"Claude Code sent the refused request again: {wire.summary()}"
+        assert "prompt is too long" in (done.stdout + done.stderr).lower(), (done.returncode, done.stdout, done.stderr)
+        _, steps = proxy.session(session)
+        assert steps and steps[0]["prompt_tokens"] < 6000, steps  # the turn before the overflow is recorded
+
+
 def _codex_home(tmp_path: Path, port: int, session: str) -> dict[str, str]:
     """docs/agents.md's Codex configuration, its base URL at ``port`` and ``session``: the environment it needs."""
     codex_home = tmp_path / "home" / ".codex"
