@@ -141,9 +141,11 @@ def check_recording(proxy: Proxy, session_id: str, wire: WireLog) -> tuple[dict[
     # (Codex's spawn_agent runs it beside the parent, and `codex exec` exits with the parent's answer): its call
     # is cut, and recorded in its child session as the client's disconnect. Nothing else may be cut or refused.
     cut = [s for s in steps if s["session_id"] != session_id and s["status"] == "client_disconnected"]
-    # The proxy's own access log agrees: no 4xx or 5xx answer to anything the client sent, but those cut calls.
+    # The proxy's own access log agrees: no 4xx or 5xx answer to anything the client sent (its session's and its
+    # sub-agents' calls: other clients may share the proxy), but those cut calls.
+    own = re.compile(rf"(session=|/sess/){re.escape(session_id)}[/ ]")
     refused = [line for line in proxy.log.read_text().splitlines()
-               if "actorproxy.access" in line and re.search(r" status=[45]\d\d ", line)]
+               if "actorproxy.access" in line and re.search(r" status=[45]\d\d ", line) and own.search(line)]
     hung_up = [line for line in refused if " status=499 " in line and "error=client_disconnected" in line]
     assert len(refused) == len(hung_up) <= len(cut), "the proxy's log shows refused requests:\n" + "\n".join(refused)
     main = [s for s in segments if not s["metadata"].get("sub_agent") and not s["metadata"].get("side_call")]

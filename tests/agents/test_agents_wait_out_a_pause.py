@@ -101,13 +101,14 @@ HEAD_TIMEOUT_MS = 1500
 
 @pytest.mark.parametrize("mode", ["fetch", "ai-sdk"])
 def test_a_node_call_that_does_not_stream_outlasts_its_head_timeout(
-    mode: str, agent_bin: Path, proxy: Proxy, tmp_path: Path,
+    mode: str, agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path,
 ) -> None:
     """Node's fetch (undici), bare and under the Vercel AI SDK, calling without streaming during the update.
 
     Its head timeout (1.5 s) is shorter than the update (3.5 s once the call waits): each ``102 Processing``
     (``--processing-heartbeats auto``: Node's fetch is among the clients that take them) starts it over, and
-    the call gets its answer after the resume instead of ``UND_ERR_HEADERS_TIMEOUT``.
+    the call gets its answer after the resume instead of ``UND_ERR_HEADERS_TIMEOUT``. Through the wire log,
+    which passes each interim answer on as it came.
     """
     work = tmp_path / "work"
     work.mkdir()
@@ -116,7 +117,8 @@ def test_a_node_call_that_does_not_stream_outlasts_its_head_timeout(
     script.write_text((Path(__file__).parent / "node_fetch_wait.mjs").read_text())
     update = WeightUpdate(proxy)
     try:
-        done = subprocess.run([str(agent_bin / "node"), str(script), mode, proxy.url, str(HEAD_TIMEOUT_MS)],
+        done = subprocess.run([str(agent_bin / "node"), str(script), mode, f"http://127.0.0.1:{wire.port}",
+                               str(HEAD_TIMEOUT_MS)],
                               cwd=work, env=base_env(tmp_path / "home", agent_bin), capture_output=True, text=True,
                               timeout=120, stdin=subprocess.DEVNULL)
     finally:
@@ -125,6 +127,8 @@ def test_a_node_call_that_does_not_stream_outlasts_its_head_timeout(
     assert done.returncode == 0 and result["status"] == 200, (result, done.stderr[-2000:])
     assert result["finish"] in ("stop", "length"), result
     assert result["ms"] > UPDATE_SECONDS * 1000, result  # it did wait out the update
+    calls = [(e["status"], 102 in e.get("interim", ())) for e in wire.entries if e["method"] == "POST"]
+    assert calls == [(200, True)], wire.summary()
 
 
 class Trainer:

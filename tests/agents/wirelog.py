@@ -26,6 +26,27 @@ _SECRET = {"authorization", "x-api-key"}
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
 
 
+class _Interim:
+    """The socket's reader, handed to the response after an interim one (``http.client`` reads one response per
+    request, and takes a ``102 Processing`` for the answer)."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+
+    def makefile(self, mode: str) -> Any:
+        return self.reader
+
+
+def _final(answer: http.client.HTTPResponse, method: str, interim: Any) -> http.client.HTTPResponse:
+    """The final response after any interim ones (``1xx``), each passed to ``interim(status, reason)``."""
+    while 100 <= answer.status < 200:
+        interim(answer.status, answer.reason)
+        reader, answer.fp = answer.fp, None  # (a response closes its reader when it is collected)
+        answer = http.client.HTTPResponse(_Interim(reader), method=method)  # type: ignore[arg-type]
+        answer.begin()
+    return answer
+
+
 def _shorten(value: Any) -> Any:
     if isinstance(value, str) and len(value) > MAX_STRING:
         return value[:MAX_STRING] + f"... [{len(value)} chars]"
@@ -68,7 +89,13 @@ class WireLog:
                 headers["Content-Length"] = str(len(body))
                 try:
                     upstream.request(self.command, self.path, body=body, headers=headers)
-                    answer = upstream.getresponse()
+
+                    def interim(status: int, reason: str) -> None:  # passed on, as the proxy sent it
+                        self.wfile.write(f"HTTP/1.1 {status} {reason}\r\n\r\n".encode())
+                        self.wfile.flush()
+                        entry.setdefault("interim", []).append(status)
+
+                    answer = _final(upstream.getresponse(), self.command, interim)
                     entry["status"] = answer.status
                     self.send_response(answer.status)
                     for key, value in answer.getheaders():
