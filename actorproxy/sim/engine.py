@@ -51,6 +51,15 @@ from .policy import policy_text, prompt_logprobs, read_prompt, token_logprob
 ScriptItem = str | Sequence[int] | ScriptedOutput
 
 
+
+def _continuation_hash(routing_key: str | None, prompt: bytes) -> hashlib.blake2b:
+    """The hash a stopped generation is found by: its routing key's and its prompt's (then its tokens')."""
+    hashed = hashlib.blake2b(digest_size=16, person=b"sim-left-off")
+    key = (routing_key or "").encode()
+    hashed.update(len(key).to_bytes(4, "little") + key)
+    hashed.update(prompt)
+    return hashed
+
 class SimEngine:
     """A deterministic in-process engine implementing :class:`Backend` (``kind="sim"``)."""
 
@@ -207,10 +216,11 @@ class SimEngine:
         self._running.pop(rid, None)
 
     def left_off(self, plan: Plan, given: int) -> None:
-        """A generation stopped (aborted, or left) after ``given`` tokens of ``plan``: a request whose prompt is its
-        prompt and those tokens (a partial rollout's) continues it, as a model goes on with its own text, with the
-        tokens and logprobs it would have given unstopped. Only the policy's plans (a script is the test's to give);
-        the last ``stats_capacity`` are kept."""
+        """A generation stopped (aborted, or left) after ``given`` tokens of ``plan``: a request of its routing key
+        (its session) whose prompt is its prompt and those tokens (a partial rollout's) continues it, as a model
+        goes on with its own text, with the tokens and logprobs it would have given unstopped. Keyed by the session
+        too: a group's rollouts share their prompt, and a pause stops them all, often after as many tokens. Only the
+        policy's plans (a script is the test's to give); the last ``stats_capacity`` are kept."""
         if plan.prompt_hash is None or given >= len(plan.ids):
             return
         continued = plan.prompt_hash.copy()
@@ -241,7 +251,7 @@ class SimEngine:
             n = self.config.reply_tokens
             tokens, reason = [*(self._filler * n)[:n], self.tokenizer.eot_token_id], "stop"
         else:
-            hashed = hashlib.blake2b(raw, digest_size=16)
+            hashed = _continuation_hash(request.routing_key, raw)
             left = self._left_off.pop(hashed.digest(), None) if self._left_off else None
             if left is not None:  # a stopped generation's prompt and tokens: its rest
                 before, at = left

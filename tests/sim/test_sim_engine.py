@@ -712,6 +712,30 @@ async def test_a_stopped_generation_continued_from_its_tokens_gives_the_rest_of_
     assert ids_of(again) != ids_of(whole)[5:]
 
 
+async def test_stopped_generations_of_one_prompt_in_two_sessions_each_go_on_with_their_own(
+    tokenizer: ChatTokenizer, autojump_clock: MockClock
+) -> None:
+    """A group's rollouts share their prompt (GRPO's n samples), and a pause stops them all, often after as many
+    tokens: each session's continuation goes on with its own reply (one taking the other's left none for it)."""
+    ids = prompt(tokenizer, tools=TOOLS, thinking=True)
+    engine = SimEngine(tokenizer, SimConfig(seed=3))
+    whole, _, _ = await run(SimEngine(tokenizer, SimConfig(seed=3)), req(ids, seed=7, routing_key="a"))
+    given: dict[str, list[int]] = {}
+    for session in ("a", "b"):
+        async with engine.open_generation(req(ids, seed=7, routing_key=session)) as gen:
+            got: list[tuple[float, TokenDelta]] = []
+            async for event in gen:
+                if isinstance(event, TokenDelta):
+                    got.append((trio.current_time(), event))
+                    if len(got) == 5:
+                        await gen.abort()
+        given[session] = ids_of(got)
+    assert given["a"] == given["b"] == ids_of(whole)[:5]
+    for session in ("a", "b"):
+        rest, _, _ = await run(engine, req(array("i", [*ids, *given[session]]), seed=11, routing_key=session))
+        assert given[session] + ids_of(rest) == ids_of(whole), session
+
+
 # -- weights, stats, info ------------------------------------------------------------
 
 
