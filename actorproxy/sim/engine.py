@@ -51,7 +51,6 @@ from .policy import policy_text, prompt_logprobs, read_prompt, token_logprob
 ScriptItem = str | Sequence[int] | ScriptedOutput
 
 
-
 def _continuation_hash(routing_key: str | None, prompt: bytes) -> hashlib.blake2b:
     """The hash a stopped generation is found by: its routing key's and its prompt's (then its tokens')."""
     hashed = hashlib.blake2b(digest_size=16, person=b"sim-left-off")
@@ -59,6 +58,7 @@ def _continuation_hash(routing_key: str | None, prompt: bytes) -> hashlib.blake2
     hashed.update(len(key).to_bytes(4, "little") + key)
     hashed.update(prompt)
     return hashed
+
 
 class SimEngine:
     """A deterministic in-process engine implementing :class:`Backend` (``kind="sim"``)."""
