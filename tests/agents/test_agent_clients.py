@@ -30,15 +30,17 @@ def _workdir(tmp_path: Path) -> Path:
     return work
 
 
+def claude_code_env(agent_bin: Path, tmp_path: Path, wire: WireLog, session: str) -> dict[str, str]:
+    """docs/agents.md's Claude Code environment: its calls through ``wire`` in ``session``, a fresh home."""
+    env = base_env(tmp_path / "home", agent_bin)
+    env.update(ANTHROPIC_BASE_URL=f"http://127.0.0.1:{wire.port}/sess/{session}", ANTHROPIC_AUTH_TOKEN="unused",
+               CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
+    return env
+
+
 def run_claude_code(agent_bin: Path, wire: WireLog, tmp_path: Path, session: str) -> None:
     """Claude Code headless on ``PROMPT``, its calls through ``wire`` in ``session``."""
-    env = base_env(tmp_path / "home", agent_bin)
-    env.update(
-        ANTHROPIC_BASE_URL=f"http://127.0.0.1:{wire.port}/sess/{session}",
-        ANTHROPIC_AUTH_TOKEN="unused",
-        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-        DISABLE_AUTOUPDATER="1",
-    )
+    env = claude_code_env(agent_bin, tmp_path, wire, session)
     # Read and Edit only, edits accepted: the random policy's calls are mostly Edits, whose echo
     # comes back with the schema's default "replace_all": false added (one segment all the same).
     done = run_client([str(agent_bin / "claude"), "-p", PROMPT, "--max-turns", "12", "--tools", "Read,Edit",
@@ -70,9 +72,7 @@ def test_claude_code_task_agents(agent_bin: Path, tmp_path: Path) -> None:
              "--sim-tool-call-probability", "0", "--sim-followup-tool-call-probability", "0")
     with running_proxy(tmp_path, *flags) as proxy, \
             WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
-        env = base_env(tmp_path / "home", agent_bin)
-        env.update(ANTHROPIC_BASE_URL=f"http://127.0.0.1:{wire.port}/sess/{session}", ANTHROPIC_AUTH_TOKEN="unused",
-                   CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
+        env = claude_code_env(agent_bin, tmp_path, wire, session)
         # A reader agent of its own, with Read only: it starts no agent itself.
         agents = {"reader": {"description": "Reads files and reports what they say.",
                              "prompt": "You read the files you are asked about and report briefly.", "tools": ["Read"]}}
@@ -106,9 +106,7 @@ def test_claude_code_takes_a_full_context_window_for_what_it_is(agent_bin: Path,
              "--sim-followup-tool-call-probability", "0", "--context-window", "6000")
     with running_proxy(tmp_path, *flags) as proxy, \
             WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
-        env = base_env(tmp_path / "home", agent_bin)
-        env.update(ANTHROPIC_BASE_URL=f"http://127.0.0.1:{wire.port}/sess/{session}", ANTHROPIC_AUTH_TOKEN="unused",
-                   CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
+        env = claude_code_env(agent_bin, tmp_path, wire, session)
         done = subprocess.run([str(agent_bin / "claude"), "-p", PROMPT, "--max-turns", "6", "--tools", "Read",
                                "--permission-mode", "acceptEdits"], cwd=work, env=env, capture_output=True, text=True,
                               timeout=300, stdin=subprocess.DEVNULL)
