@@ -240,6 +240,33 @@ TASK_CALL = json.dumps({"name": "task", "arguments": {
     "description": "read the notes", "prompt": "Read notes.txt and report what it says.", "subagent_type": "general"}})
 
 
+def test_opencode_compacts_on_a_full_context_window_and_goes_on(agent_bin: Path, tmp_path: Path) -> None:
+    """opencode takes the refusal of a prompt past the window for an overflow (OpenAI's words): it asks for a summary
+    of the conversation and goes on from it, a rewritten history the session records as a new segment."""
+    session = "opencode-full"
+    work = _workdir(tmp_path)
+    (work / "notes.txt").write_text("".join(f"Line {i}: the build is green and the release ships on Friday.\n"
+                                            for i in range(300)))  # ~6,000 tokens once read
+    read = {"name": "read", "arguments": {"filePath": str(work / "notes.txt")}}
+    flags = ("--sim-tool-calls", json.dumps([read]), "--sim-tool-call-probability", "0",
+             "--sim-followup-tool-call-probability", "0", "--context-window", "9000")
+    with running_proxy(tmp_path, *flags) as proxy, \
+            WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
+        env = base_env(tmp_path / "home", agent_bin)
+        env.update(OPENCODE_CONFIG_CONTENT=json.dumps(_opencode_config(wire.port, session)),
+                   OPENCODE_DISABLE_AUTOUPDATE="1", OPENCODE_DISABLE_MODELS_FETCH="1")
+        subprocess.run([str(agent_bin / "opencode"), "run", PROMPT], cwd=work, env=env, capture_output=True,
+                       text=True, timeout=300, stdin=subprocess.DEVNULL)
+        refused = [i for i, e in enumerate(wire.entries) if e["status"] == 400]
+        assert refused, f"no call was refused: {wire.summary()}"
+        assert "maximum context length is 9000 tokens" in wire.entries[refused[0]]["answer_head"]
+        after = wire.entries[refused[0] + 1:]
+        assert after and after[0]["body"] != wire.entries[refused[0]]["body"], wire.summary()
+        assert any(e["status"] == 200 for e in after), wire.summary()  # it went on, within the window
+        _, steps = proxy.session(session)
+        assert "history_rewrite" in [s["boundary_reason"] for s in steps if s["session_id"] == session], steps
+
+
 def test_opencode_sub_agent(agent_bin: Path, tmp_path: Path) -> None:
     """opencode's task tool: the sub-agent opens with the main agent's very system prompt, so only the headers
     opencode sends (``X-Session-Id``, ``X-Parent-Session-Id``) tell it apart; it is a child session, and the main
