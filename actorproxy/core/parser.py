@@ -326,18 +326,17 @@ class OutputParser:
     def _stream(self, pieces: Iterable[CallPiece], out: _Out) -> None:
         """A closed block's calls as deltas, one a call: each takes the next index, its pieces' arguments joined once
         (a call of thousands of pieces is not rebuilt piece by piece)."""
-        heads: list[tuple[int, str]] = []  # (index, name) of each call, in order
-        parts: dict[int, list[str]] = {}
+        calls: dict[int, tuple[str, list[str]]] = {}  # index: (name, argument pieces), in the calls' order
         for piece in pieces:
             if piece.name is not None:
                 index = self._slots[piece.call] = self._announced
                 self._announced += 1
                 self._ids[index] = piece.id or self._tool_call_id(index)
-                heads.append((index, piece.name))
-                parts[index] = [piece.arguments]
+                calls[index] = (piece.name, [piece.arguments])
             else:
-                parts[self._slots[piece.call]].append(piece.arguments)
-        out.calls.extend(ToolCallDelta(index, self._ids[index], name, "".join(parts[index])) for index, name in heads)
+                calls[self._slots[piece.call]][1].append(piece.arguments)
+        out.calls.extend(ToolCallDelta(index, self._ids[index], name, "".join(arguments))
+                         for index, (name, arguments) in calls.items())
 
     def _close_block(self, out: _Out) -> None:
         assert self._block is not None
