@@ -30,6 +30,18 @@ def _workdir(tmp_path: Path) -> Path:
     return work
 
 
+def _a_read_past_the_window(tmp_path: Path, tool: str, path_field: str, *, window: int) -> tuple[Path, tuple[str, ...]]:
+    """The work directory with a long notes.txt (~6,000 tokens once read), and the proxy flags that make the
+    simulated model's first call a read of it (``tool`` with the path in ``path_field``) within a ``window``
+    too small for its result."""
+    work = _workdir(tmp_path)
+    (work / "notes.txt").write_text("".join(f"Line {i}: the build is green and the release ships on Friday.\n"
+                                            for i in range(300)))
+    read = {"name": tool, "arguments": {path_field: str(work / "notes.txt")}}
+    return work, ("--sim-tool-calls", json.dumps([read]), "--sim-tool-call-probability", "0",
+                  "--sim-followup-tool-call-probability", "0", "--context-window", str(window))
+
+
 def claude_code_env(agent_bin: Path, tmp_path: Path, wire: WireLog, session: str) -> dict[str, str]:
     """docs/agents.md's Claude Code environment: its calls through ``wire`` in ``session``, a fresh home."""
     env = base_env(tmp_path / "home", agent_bin)
@@ -98,12 +110,7 @@ def test_claude_code_takes_a_full_context_window_for_what_it_is(agent_bin: Path,
     Anthropic's API: it compacts the conversation (here the compaction's own request is too long too, and it ends
     the run saying so), instead of sending the refused request again as it did another 400."""
     session = "claude-code-full"
-    work = _workdir(tmp_path)
-    (work / "notes.txt").write_text("".join(f"Line {i}: the build is green and the release ships on Friday.\n"
-                                            for i in range(300)))  # ~4,500 tokens once read
-    read = {"name": "Read", "arguments": {"file_path": str(work / "notes.txt")}}
-    flags = ("--sim-tool-calls", json.dumps([read]), "--sim-tool-call-probability", "0",
-             "--sim-followup-tool-call-probability", "0", "--context-window", "6000")
+    work, flags = _a_read_past_the_window(tmp_path, "Read", "file_path", window=6000)
     with running_proxy(tmp_path, *flags) as proxy, \
             WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
         env = claude_code_env(agent_bin, tmp_path, wire, session)
@@ -215,11 +222,17 @@ def test_codex_spawns_a_sub_agent(agent_bin: Path, tmp_path: Path) -> None:
         assert {s["session_id"] for s in steps} == {session, f"{session}/sub-1"}, steps
 
 
-def run_opencode(agent_bin: Path, wire: WireLog, tmp_path: Path, session: str) -> None:
-    """``opencode run`` on ``PROMPT``, its calls through ``wire`` in ``session``."""
+def opencode_env(agent_bin: Path, tmp_path: Path, wire: WireLog, session: str) -> dict[str, str]:
+    """docs/agents.md's opencode environment: its calls through ``wire`` in ``session``, a fresh home."""
     env = base_env(tmp_path / "home", agent_bin)
     env.update(OPENCODE_CONFIG_CONTENT=json.dumps(_opencode_config(wire.port, session)),
                OPENCODE_DISABLE_AUTOUPDATE="1", OPENCODE_DISABLE_MODELS_FETCH="1")
+    return env
+
+
+def run_opencode(agent_bin: Path, wire: WireLog, tmp_path: Path, session: str) -> None:
+    """``opencode run`` on ``PROMPT``, its calls through ``wire`` in ``session``."""
+    env = opencode_env(agent_bin, tmp_path, wire, session)
     done = run_client([str(agent_bin / "opencode"), "run", PROMPT], cwd=_workdir(tmp_path), env=env, wire=wire)
     assert done.stdout.strip(), done.stderr
 
@@ -244,17 +257,10 @@ def test_opencode_compacts_on_a_full_context_window_and_goes_on(agent_bin: Path,
     """opencode takes the refusal of a prompt past the window for an overflow (OpenAI's words): it asks for a summary
     of the conversation and goes on from it, a rewritten history the session records as a new segment."""
     session = "opencode-full"
-    work = _workdir(tmp_path)
-    (work / "notes.txt").write_text("".join(f"Line {i}: the build is green and the release ships on Friday.\n"
-                                            for i in range(300)))  # ~6,000 tokens once read
-    read = {"name": "read", "arguments": {"filePath": str(work / "notes.txt")}}
-    flags = ("--sim-tool-calls", json.dumps([read]), "--sim-tool-call-probability", "0",
-             "--sim-followup-tool-call-probability", "0", "--context-window", "9000")
+    work, flags = _a_read_past_the_window(tmp_path, "read", "filePath", window=9000)
     with running_proxy(tmp_path, *flags) as proxy, \
             WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
-        env = base_env(tmp_path / "home", agent_bin)
-        env.update(OPENCODE_CONFIG_CONTENT=json.dumps(_opencode_config(wire.port, session)),
-                   OPENCODE_DISABLE_AUTOUPDATE="1", OPENCODE_DISABLE_MODELS_FETCH="1")
+        env = opencode_env(agent_bin, tmp_path, wire, session)
         subprocess.run([str(agent_bin / "opencode"), "run", PROMPT], cwd=work, env=env, capture_output=True,
                        text=True, timeout=300, stdin=subprocess.DEVNULL)
         refused = [i for i, e in enumerate(wire.entries) if e["status"] == 400]
@@ -274,9 +280,7 @@ def test_opencode_sub_agent(agent_bin: Path, tmp_path: Path) -> None:
     session = "opencode-task"
     with running_proxy(tmp_path, "--sim-tool-calls", TASK_CALL) as proxy, \
             WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
-        env = base_env(tmp_path / "home", agent_bin)
-        env.update(OPENCODE_CONFIG_CONTENT=json.dumps(_opencode_config(wire.port, session)),
-                   OPENCODE_DISABLE_AUTOUPDATE="1", OPENCODE_DISABLE_MODELS_FETCH="1")
+        env = opencode_env(agent_bin, tmp_path, wire, session)
         done = run_client([str(agent_bin / "opencode"), "run", PROMPT], cwd=_workdir(tmp_path), env=env, wire=wire)
         assert done.stdout.strip(), done.stderr
         calls = [e for e in wire.entries if e["path"].endswith("/chat/completions")]

@@ -112,6 +112,18 @@ async def run(
     raise AssertionError("stream ended without GenerateFinish")
 
 
+async def aborted_after(engine: SimEngine, request: GenerateRequest, n: int) -> list[tuple[float, TokenDelta]]:
+    """The tokens of a generation aborted once it gave ``n`` (with the clock time each arrived)."""
+    deltas: list[tuple[float, TokenDelta]] = []
+    async with engine.open_generation(request) as gen:
+        async for event in gen:
+            if isinstance(event, TokenDelta):
+                deltas.append((trio.current_time(), event))
+                if len(deltas) == n:
+                    await gen.abort()
+    return deltas
+
+
 async def events_while(gen: Generation, act: Callable[[], Awaitable[None]]) -> list[tuple[float, Any]]:
     """``gen``'s events with the clock time each arrived, while ``act`` runs in a task of its own."""
     got: list[tuple[float, Any]] = []
@@ -696,13 +708,7 @@ async def test_a_stopped_generation_continued_from_its_tokens_gives_the_rest_of_
         assert ids_of(given) == ids_of(whole)[:5]
         # Twice over: a continuation stopped again goes on from where it stopped.
         more = array("i", [*ids, *ids_of(given)])
-        async with engine.open_generation(req(more, seed=11)) as gen:
-            later: list[tuple[float, TokenDelta]] = []
-            async for event in gen:
-                if isinstance(event, TokenDelta):
-                    later.append((trio.current_time(), event))
-                    if len(later) == 3:
-                        await gen.abort()
+        later = await aborted_after(engine, req(more, seed=11), 3)
         rest, end, _ = await run(engine, req(array("i", [*more, *ids_of(later)]), seed=11))
         assert ids_of(given) + ids_of(later) + ids_of(rest) == ids_of(whole)
         assert lps_of(given) + lps_of(later) + lps_of(rest) == lps_of(whole)
@@ -722,14 +728,7 @@ async def test_stopped_generations_of_one_prompt_in_two_sessions_each_go_on_with
     whole, _, _ = await run(SimEngine(tokenizer, SimConfig(seed=3)), req(ids, seed=7, routing_key="a"))
     given: dict[str, list[int]] = {}
     for session in ("a", "b"):
-        async with engine.open_generation(req(ids, seed=7, routing_key=session)) as gen:
-            got: list[tuple[float, TokenDelta]] = []
-            async for event in gen:
-                if isinstance(event, TokenDelta):
-                    got.append((trio.current_time(), event))
-                    if len(got) == 5:
-                        await gen.abort()
-        given[session] = ids_of(got)
+        given[session] = ids_of(await aborted_after(engine, req(ids, seed=7, routing_key=session), 5))
     assert given["a"] == given["b"] == ids_of(whole)[:5]
     for session in ("a", "b"):
         rest, _, _ = await run(engine, req(array("i", [*ids, *given[session]]), seed=11, routing_key=session))
