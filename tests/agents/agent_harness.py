@@ -21,6 +21,7 @@ from wirelog import WireLog
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL = REPO / "scripts" / "agents" / "install.sh"
+INSTALL_PYTHON = REPO / "scripts" / "agents" / "install_python.sh"
 #: Seconds one client run may take (a few model turns on the simulated engine).
 RUN_TIMEOUT = 240
 

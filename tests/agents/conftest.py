@@ -4,7 +4,10 @@ The CLIs and the Vercel AI SDK (pinned in ``scripts/agents/package-lock.json``)
 and Node.js 22 they need are installed into a cache directory on first use by
 ``scripts/agents/install.sh``; with
 ``ACTORPROXY_AGENTS=latest`` the newest versions on npm are used instead. The
-tier is skipped only when npm itself cannot be reached.
+tier is skipped only when npm itself cannot be reached. The Python clients that
+bring dependencies of their own (mini-swe-agent, LiteLLM) get a venv of their own
+from ``scripts/agents/install_python.sh`` (pinned in ``python-clients.txt``); their
+tests are skipped only when PyPI cannot be reached.
 
 Each test starts a real ``actorproxy run`` (defaults: the built-in simulated
 engine) on a free port, puts a :class:`WireLog` in front of it, runs the client
@@ -17,12 +20,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_harness import INSTALL, Proxy, running_proxy
+from agent_harness import INSTALL, INSTALL_PYTHON, Proxy, running_proxy
 from wirelog import WireLog
 
 
@@ -52,6 +57,31 @@ def agent_bin() -> Path:
         pytest.fail("installing the agent CLIs failed although npm is reachable:\n"
                     + ("timed out" if install is None else install.stderr[-4000:]))
     return Path(install.stdout.strip().splitlines()[-1]) / "node_modules" / ".bin"
+
+
+def _pypi_reachable() -> tuple[bool, str]:
+    try:
+        probe = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--dest", tempfile.mkdtemp(),
+                                "--quiet", "mini-swe-agent"], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return False, "pip download timed out after 120 s"
+    return probe.returncode == 0, probe.stderr.strip()[-500:]
+
+
+@pytest.fixture(scope="session")
+def clients_python() -> Path:
+    """The Python of the Python clients' own venv (mini-swe-agent and LiteLLM), installed when missing."""
+    try:
+        install = subprocess.run(["bash", str(INSTALL_PYTHON)], capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        install = None
+    if install is None or install.returncode != 0:
+        reachable, detail = _pypi_reachable()
+        if not reachable:
+            pytest.skip(f"the Python agent clients skipped: PyPI is unreachable ({detail})")
+        pytest.fail("installing the Python agent clients failed although PyPI is reachable:\n"
+                    + ("timed out" if install is None else install.stderr[-4000:]))
+    return Path(install.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture

@@ -382,3 +382,47 @@ def test_pydantic_ai(proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
     assert all(e["path"].endswith("/v1/chat/completions") for e in wire.entries), [e["path"] for e in wire.entries]
     main, steps = check_recording(proxy, "pydantic-ai", wire)
     assert result["calls"] and main["num_steps"] == len(steps) == len(wire.entries) >= 2, (main, result)
+
+
+#: mini-swe-agent's bash tool, called by the simulated model on the first turn: a command that means something.
+CAT_NOTES = json.dumps({"name": "bash", "arguments": {"command": "cat notes.txt"}})
+
+
+@pytest.mark.parametrize("provider", ["hosted_vllm", "anthropic"])
+def test_mini_swe_agent(clients_python: Path, tmp_path: Path, provider: str) -> None:
+    """mini-swe-agent through LiteLLM (docs/agents.md's recipe), in its own venv: its tool loop stays one segment
+    (it sends each reply back as LiteLLM's ``model_dump()``, fields of its own included), and each reply without a
+    call, which it drops from its history and answers with its format error, ends its segment: the next one starts
+    with ``history_rewrite``, since the agent really did rewrite its history."""
+    session = f"mini-{provider}"
+    work = _workdir(tmp_path)
+    # The simulated model calls after a user message, never right after a tool result: each call's reply is kept,
+    # each next reply dropped (a format error, a user message, then a call again).
+    flags = ("--sim-tool-calls", CAT_NOTES, "--sim-followup-tool-call-probability", "0")
+    with running_proxy(tmp_path, *flags) as proxy, \
+            WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
+        base = f"http://127.0.0.1:{wire.port}/sess/{session}" + ("" if provider == "anthropic" else "/v1")
+        env = base_env(tmp_path / "home")
+        env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", MSWEA_SILENT_STARTUP="1",
+                   MSWEA_GLOBAL_CONFIG_DIR=str(tmp_path / "home" / "mini-swe-agent"))
+        script = Path(__file__).parent / "mini_swe_agent.py"
+        done = run_client([str(clients_python), str(script), f"{provider}/actorproxy", base, str(work), "6"],
+                          cwd=work, env=env, wire=wire)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        errors = [e for e in wire.entries if e.get("status", 599) >= 400]
+        assert not errors, [(e["path"], e.get("status"), e.get("answer_head", "")[:300]) for e in errors]
+        path = "/v1/messages" if provider == "anthropic" else "/v1/chat/completions"
+        assert all(path in e["path"] for e in wire.entries), [e["path"] for e in wire.entries]
+        segments, steps = proxy.session(session)
+    assert "cat notes.txt" in json.dumps(steps[0]["output"]), steps[0]["output"]  # its call ran...
+    roles = result["roles"]
+    assert roles[:4] == ["system", "user", "assistant", "tool"], roles  # ... and its result was sent back
+    assert result["calls"] == len(steps) == len(wire.entries) == 6, (result, len(steps))
+    assert [bool(step["output"]["tool_calls"]) for step in steps] == [True, False] * 3, [s["output"] for s in steps]
+    dropped = roles.count("user") - 1  # a format error answers each reply it dropped (the last one's too)
+    assert dropped == 3, roles
+    # A step follows its predecessor in the same segment exactly when the agent kept the predecessor's reply.
+    for before, after in zip(steps, steps[1:], strict=False):
+        kept = bool(before["output"]["tool_calls"])
+        assert (after["segment_index"] == before["segment_index"]) == kept, (before["output"], after)
+    assert [s["start_reason"] for s in segments] == ["session_start"] + ["history_rewrite"] * 2, segments
