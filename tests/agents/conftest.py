@@ -5,7 +5,7 @@ and Node.js 22 they need are installed into a cache directory on first use by
 ``scripts/agents/install.sh``; with
 ``ACTORPROXY_AGENTS=latest`` the newest versions on npm are used instead. The
 tier is skipped only when npm itself cannot be reached. The Python clients that
-bring dependencies of their own (mini-swe-agent, LiteLLM) get a venv of their own
+bring dependencies of their own (mini-swe-agent, LiteLLM, LangGraph, LangChain) get a venv of their own
 from ``scripts/agents/install_python.sh`` (pinned in ``python-clients.txt``); their
 tests are skipped only when PyPI cannot be reached.
 
@@ -70,7 +70,7 @@ def _pypi_reachable() -> tuple[bool, str]:
 
 @pytest.fixture(scope="session")
 def clients_python() -> Path:
-    """The Python of the Python clients' own venv (mini-swe-agent and LiteLLM), installed when missing."""
+    """The Python of the Python clients' own venv (mini-swe-agent, LiteLLM, LangGraph), installed when missing."""
     try:
         install = subprocess.run(["bash", str(INSTALL_PYTHON)], capture_output=True, text=True, timeout=1800)
     except subprocess.TimeoutExpired:

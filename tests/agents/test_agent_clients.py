@@ -384,6 +384,23 @@ def test_pydantic_ai(proxy: Proxy, wire: WireLog, tmp_path: Path) -> None:
     assert result["calls"] and main["num_steps"] == len(steps) == len(wire.entries) >= 2, (main, result)
 
 
+@pytest.mark.parametrize("mode", ["json", "stream"])
+@pytest.mark.parametrize("api", ["chat", "responses", "anthropic"])
+def test_langgraph(clients_python: Path, proxy: Proxy, wire: WireLog, tmp_path: Path, api: str, mode: str) -> None:
+    """LangGraph's ReAct agent over LangChain's ChatOpenAI (chat completions or the Responses API) or ChatAnthropic,
+    streamed or not, in the Python clients' venv: one main trajectory, every call of its tool loop in it."""
+    session = f"langgraph-{api}-{mode}"
+    base = f"http://127.0.0.1:{wire.port}/sess/{session}" + ("" if api == "anthropic" else "/v1")
+    script = Path(__file__).parent / "langgraph_agent.py"
+    done = run_client([str(clients_python), str(script), api, mode, base], cwd=tmp_path,
+                      env=base_env(tmp_path / "home"), wire=wire)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    path = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "anthropic": "/v1/messages"}[api]
+    assert all(e["path"].endswith(path) for e in wire.entries), [e["path"] for e in wire.entries]
+    main, steps = check_recording(proxy, session, wire)
+    assert result["calls"] and main["num_steps"] == len(steps) == len(wire.entries) >= 2, (main, result)
+
+
 #: mini-swe-agent's bash tool, called by the simulated model on the first turn: a command that means something.
 CAT_NOTES = json.dumps({"name": "bash", "arguments": {"command": "cat notes.txt"}})
 
