@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python agent clients for tests/agents that bring dependencies of their own (mini-swe-agent and
-# LiteLLM, which it calls models through; LangGraph and LangChain): a venv of their own, installed from the pinned
+# LiteLLM, which it calls models through; LangGraph and LangChain; smolagents): a venv of their own, installed from the pinned
 # python-clients.txt into a cache directory reused while that file (and the Python) is unchanged.
 # They run as their users run them, as a program beside the proxy, not inside the test venv.
 #

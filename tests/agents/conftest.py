@@ -5,9 +5,10 @@ and Node.js 22 they need are installed into a cache directory on first use by
 ``scripts/agents/install.sh``; with
 ``ACTORPROXY_AGENTS=latest`` the newest versions on npm are used instead. The
 tier is skipped only when npm itself cannot be reached. The Python clients that
-bring dependencies of their own (mini-swe-agent, LiteLLM, LangGraph, LangChain) get a venv of their own
-from ``scripts/agents/install_python.sh`` (pinned in ``python-clients.txt``); their
-tests are skipped only when PyPI cannot be reached.
+bring dependencies of their own (mini-swe-agent, LiteLLM, LangGraph, LangChain,
+smolagents) get a venv of their own from ``scripts/agents/install_python.sh``
+(pinned in ``python-clients.txt``); their tests are skipped only when PyPI cannot
+be reached.
 
 Each test starts a real ``actorproxy run`` (defaults: the built-in simulated
 engine) on a free port, puts a :class:`WireLog` in front of it, runs the client
@@ -70,7 +71,7 @@ def _pypi_reachable() -> tuple[bool, str]:
 
 @pytest.fixture(scope="session")
 def clients_python() -> Path:
-    """The Python of the Python clients' own venv (mini-swe-agent, LiteLLM, LangGraph), installed when missing."""
+    """The Python of the Python clients' own venv (scripts/agents/python-clients.txt), installed when missing."""
     try:
         install = subprocess.run(["bash", str(INSTALL_PYTHON)], capture_output=True, text=True, timeout=1800)
     except subprocess.TimeoutExpired:

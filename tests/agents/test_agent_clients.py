@@ -401,6 +401,26 @@ def test_langgraph(clients_python: Path, proxy: Proxy, wire: WireLog, tmp_path: 
     assert result["calls"] and main["num_steps"] == len(steps) == len(wire.entries) >= 2, (main, result)
 
 
+def test_smolagents_each_call_its_own_segment(clients_python: Path, tmp_path: Path) -> None:
+    """smolagents' ToolCallingAgent, in the Python clients' venv, writes its memory back as text: the model's call
+    as an assistant message "Calling tools: [...]", the tool's result as a user message "Observation: ...". The
+    tokens the model sampled are in no later prompt, so every call opens a segment (``history_rewrite``)."""
+    session = "smolagents"
+    flags = ("--sim-tool-calls", json.dumps({"name": "read_note", "arguments": {"name": "plan"}}))
+    with running_proxy(tmp_path, *flags) as proxy, \
+            WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
+        script = Path(__file__).parent / "smolagents_agent.py"
+        run_client([str(clients_python), str(script), f"http://127.0.0.1:{wire.port}/sess/{session}/v1"],
+                   cwd=tmp_path, env=base_env(tmp_path / "home"), wire=wire)
+        errors = [e for e in wire.entries if e.get("status", 599) >= 400]
+        assert not errors, [(e["path"], e.get("status"), e.get("answer_head", "")[:300]) for e in errors]
+        segments, steps = proxy.session(session)
+    echoed = [m for m in wire.entries[1]["body"]["messages"] if m["role"] == "assistant"]
+    assert "Calling tools:" in json.dumps(echoed[0]["content"]) and not echoed[0].get("tool_calls"), echoed
+    assert len(steps) == len(wire.entries) >= 2, (len(steps), len(wire.entries))
+    assert [s["start_reason"] for s in segments] == ["session_start"] + ["history_rewrite"] * (len(steps) - 1), segments
+
+
 #: mini-swe-agent's bash tool, called by the simulated model on the first turn: a command that means something.
 CAT_NOTES = json.dumps({"name": "bash", "arguments": {"command": "cat notes.txt"}})
 
