@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python agent clients for tests/agents that bring dependencies of their own (mini-swe-agent and
-# LiteLLM, which it calls models through; LangGraph and LangChain; smolagents): a venv of their own, installed from the pinned
-# python-clients.txt into a cache directory reused while that file (and the Python) is unchanged.
+# LiteLLM, which it calls models through; LangGraph and LangChain; smolagents): a venv of their own,
+# installed from the pinned python-clients.txt into a cache directory reused while that file (and the
+# Python) is unchanged.
 # They run as their users run them, as a program beside the proxy, not inside the test venv.
 #
 #   scripts/agents/install_python.sh     # prints the venv's python (stdout's only line); pip's output to stderr

@@ -61,11 +61,12 @@ def agent_bin() -> Path:
 
 
 def _pypi_reachable() -> tuple[bool, str]:
-    try:
-        probe = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--dest", tempfile.mkdtemp(),
-                                "--quiet", "mini-swe-agent"], capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        return False, "pip download timed out after 120 s"
+    with tempfile.TemporaryDirectory() as dest:
+        try:
+            probe = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--dest", dest, "--quiet",
+                                    "mini-swe-agent"], capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            return False, "pip download timed out after 120 s"
     return probe.returncode == 0, probe.stderr.strip()[-500:]
 
 
