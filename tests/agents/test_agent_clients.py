@@ -67,6 +67,44 @@ def test_claude_code(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Pat
     check_recording(proxy, session, wire)
 
 
+#: A second instruction, given by starting the CLI again on the session it saved.
+FOLLOW_UP = "Now say what you changed."
+
+
+def _runs_and_resume(kind: str, agent_bin: Path, wire: WireLog,
+                     tmp_path: Path) -> tuple[dict[str, str], list[list[str]]]:
+    """The environment and the two commands of ``kind``: a run on ``PROMPT``, then its own resume with ``FOLLOW_UP``."""
+    bin_ = str(agent_bin / {"claude_code": "claude", "codex": "codex", "opencode": "opencode"}[kind])
+    if kind == "claude_code":
+        flags = ["--max-turns", "6", "--tools", "Read,Edit", "--permission-mode", "acceptEdits"]
+        return claude_code_env(agent_bin, tmp_path, wire, kind), [[bin_, "-p", PROMPT, *flags],
+                                                                 [bin_, "-c", "-p", FOLLOW_UP, *flags]]
+    if kind == "codex":
+        env = {**base_env(tmp_path / "home", agent_bin), **_codex_home(tmp_path, wire.port, kind)}
+        return env, [[bin_, "exec", "--skip-git-repo-check", PROMPT],
+                     [bin_, "exec", "--skip-git-repo-check", "resume", "--last", FOLLOW_UP]]
+    env = opencode_env(agent_bin, tmp_path, wire, kind)
+    return env, [[bin_, "run", PROMPT], [bin_, "run", "--continue", FOLLOW_UP]]
+
+
+@pytest.mark.parametrize("kind", ["claude_code", "codex", "opencode"])
+def test_a_resumed_run_continues_its_trajectory(agent_bin: Path, proxy: Proxy, wire: WireLog, tmp_path: Path,
+                                                kind: str) -> None:
+    """A rollout that gives the agent a follow-up by starting the CLI again on its saved conversation (``claude -c``,
+    ``codex exec resume --last``, ``opencode run --continue``): the CLI rebuilds the conversation from its own
+    transcript, and the proxy takes it for the one it served, so both runs are one main trajectory."""
+    env, (first, resume) = _runs_and_resume(kind, agent_bin, wire, tmp_path)
+    work = _workdir(tmp_path)
+    run_client(first, cwd=work, env=env, wire=wire)
+    calls = len(wire.entries)
+    run_client(resume, cwd=work, env=env, wire=wire)
+    assert len(wire.entries) > calls, "the resumed run made no call"
+    main, steps = check_recording(proxy, kind, wire)
+    last = max(steps, key=lambda s: s["step_index"])
+    assert FOLLOW_UP in json.dumps([s["new_messages"] for s in steps if s["step_index"] in main["step_indices"]])
+    assert last["step_index"] in main["step_indices"] and main["step_indices"][0] < calls, (main, calls)
+
+
 #: Two Task agents of one type, given one task, started together by the main agent's first reply (and a Read of the
 #: notes: a reader agent's first call, which has no Agent tool).
 READER = {"description": "read the notes", "prompt": "Read notes.txt and report what it says.",
