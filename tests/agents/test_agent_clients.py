@@ -76,7 +76,8 @@ def _runs_and_resume(kind: str, agent_bin: Path, wire: WireLog,
     """The environment and the two commands of ``kind``: a run on ``PROMPT``, then its own resume with ``FOLLOW_UP``."""
     bin_ = str(agent_bin / {"claude_code": "claude", "codex": "codex", "opencode": "opencode"}[kind])
     if kind == "claude_code":
-        flags = ["--max-turns", "6", "--tools", "Read,Edit", "--permission-mode", "acceptEdits"]
+        # run_claude_code's cap: the random policy's loop reaches 6 turns in about 1 run of 32 (exit 1: max turns).
+        flags = ["--max-turns", "12", "--tools", "Read,Edit", "--permission-mode", "acceptEdits"]
         return claude_code_env(agent_bin, tmp_path, wire, kind), [[bin_, "-p", PROMPT, *flags],
                                                                  [bin_, "-c", "-p", FOLLOW_UP, *flags]]
     if kind == "codex":
