@@ -34,6 +34,10 @@ class Proxy:
     process: subprocess.Popen[str]
     log: Path
 
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
     def session(self, session_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Finalize ``session_id`` and read back its segments and steps (sub-agents and side calls included)."""
         with httpx.Client(base_url=self.url, timeout=60) as http:
@@ -82,6 +86,13 @@ def running_proxy(tmp_path: Path, *flags: str) -> Iterator[Proxy]:
             process.wait()
 
 
+@contextmanager
+def proxy_and_wire(tmp_path: Path, *flags: str) -> Iterator[tuple[Proxy, WireLog]]:
+    """:func:`running_proxy` with a :class:`WireLog` in front of it (its log ``tmp_path / "wire.jsonl"``)."""
+    with running_proxy(tmp_path, *flags) as proxy, WireLog(proxy.port, tmp_path / "wire.jsonl") as wire:
+        yield proxy, wire
+
+
 def wait_for_url(process: subprocess.Popen[str], log: Path) -> str:
     """The URL the proxy logs once it serves (it picked the free port itself)."""
     deadline = time.monotonic() + 120
@@ -127,15 +138,20 @@ def base_env(home: Path, agent_bin: Path | None = None) -> dict[str, str]:
 LOST = {"history_rewrite", "system_changed", "tool_schema_change", "tito_failure"}
 
 
+def assert_no_protocol_error(wire: WireLog) -> None:
+    """Every request the client sent got a 2xx."""
+    errors = [e for e in wire.entries if e.get("status", 599) >= 400]
+    assert not errors, "protocol errors:\n" + "\n".join(
+        f"{e['method']} {e['path']} -> {e.get('status')}: {e.get('answer_head', '')[:400]}" for e in errors)
+
+
 def check_recording(proxy: Proxy, session_id: str, wire: WireLog) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The session is one main trajectory: its longest-running conversation, in one segment.
 
     Returns the main segment and all steps. Sub-agent and side-call segments may
     exist beside it; every segment starts with its conversation, never on a lost match.
     """
-    errors = [e for e in wire.entries if e.get("status", 599) >= 400]
-    assert not errors, "protocol errors:\n" + "\n".join(
-        f"{e['method']} {e['path']} -> {e.get('status')}: {e.get('answer_head', '')[:400]}" for e in errors)
+    assert_no_protocol_error(wire)
     segments, steps = proxy.session(session_id)
     assert segments, f"nothing recorded for {session_id}"
     # A sub-agent the model started may still be calling when the client's run ends with the main agent's answer

@@ -23,7 +23,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,21 @@ def _npm_reachable(npm: str) -> tuple[bool, str]:
     return ping.returncode == 0, (ping.stderr or ping.stdout).strip()[-500:]
 
 
+def _installed(args: list[str], reachable: Callable[[], tuple[bool, str]], what: str, registry: str) -> Path:
+    """The last line ``args`` (an install script) prints; skipped when ``registry`` is unreachable, else failed."""
+    try:
+        install = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        install = None
+    if install is None or install.returncode != 0:
+        up, detail = reachable()
+        if not up:
+            pytest.skip(f"{what} skipped: {registry} is unreachable ({detail})")
+        pytest.fail(f"installing {what} failed although {registry} is reachable:\n"
+                    + ("timed out" if install is None else install.stderr[-4000:]))
+    return Path(install.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="session")
 def agent_bin() -> Path:
     """The install's ``node_modules/.bin``, installed when missing: ``node`` 22 and the clients' commands."""
@@ -47,17 +63,8 @@ def agent_bin() -> Path:
     if npm is None:
         pytest.skip("real agent CLI tier skipped: npm is not installed (it installs Node.js 22 and the clients)")
     args = ["bash", str(INSTALL)] + (["--latest"] if os.environ.get("ACTORPROXY_AGENTS") == "latest" else [])
-    try:
-        install = subprocess.run(args, capture_output=True, text=True, timeout=1800)
-    except subprocess.TimeoutExpired:
-        install = None
-    if install is None or install.returncode != 0:
-        reachable, detail = _npm_reachable(npm)
-        if not reachable:
-            pytest.skip(f"real agent CLI tier skipped: the npm registry is unreachable ({detail})")
-        pytest.fail("installing the agent CLIs failed although npm is reachable:\n"
-                    + ("timed out" if install is None else install.stderr[-4000:]))
-    return Path(install.stdout.strip().splitlines()[-1]) / "node_modules" / ".bin"
+    install = _installed(args, partial(_npm_reachable, npm), "the agent CLIs", "the npm registry")
+    return install / "node_modules" / ".bin"
 
 
 def _pypi_reachable() -> tuple[bool, str]:
@@ -73,17 +80,7 @@ def _pypi_reachable() -> tuple[bool, str]:
 @pytest.fixture(scope="session")
 def clients_python() -> Path:
     """The Python of the Python clients' own venv (scripts/agents/python-clients.txt), installed when missing."""
-    try:
-        install = subprocess.run(["bash", str(INSTALL_PYTHON)], capture_output=True, text=True, timeout=1800)
-    except subprocess.TimeoutExpired:
-        install = None
-    if install is None or install.returncode != 0:
-        reachable, detail = _pypi_reachable()
-        if not reachable:
-            pytest.skip(f"the Python agent clients skipped: PyPI is unreachable ({detail})")
-        pytest.fail("installing the Python agent clients failed although PyPI is reachable:\n"
-                    + ("timed out" if install is None else install.stderr[-4000:]))
-    return Path(install.stdout.strip().splitlines()[-1])
+    return _installed(["bash", str(INSTALL_PYTHON)], _pypi_reachable, "the Python agent clients", "PyPI")
 
 
 @pytest.fixture
@@ -96,8 +93,7 @@ def proxy(tmp_path: Path) -> Iterator[Proxy]:
 @pytest.fixture
 def wire(proxy: Proxy, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[WireLog]:
     """A recording forwarder in front of the proxy; its log is a file per test, shown on failure."""
-    port = int(proxy.url.rsplit(":", 1)[1])
-    with WireLog(port, tmp_path / f"wire-{request.node.name}.jsonl") as log:
+    with WireLog(proxy.port, tmp_path / f"wire-{request.node.name}.jsonl") as log:
         yield log
 
 

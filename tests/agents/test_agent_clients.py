@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_harness import LOST, REPO, Proxy, base_env, check_recording, run_client, running_proxy
+from agent_harness import (
+    LOST,
+    REPO,
+    Proxy,
+    assert_no_protocol_error,
+    base_env,
+    check_recording,
+    proxy_and_wire,
+    run_client,
+)
 from wirelog import WireLog
 
 # The tier installs or starts something big: `-m "not heavy"` leaves it out (README.md).
@@ -74,18 +83,19 @@ FOLLOW_UP = "Now say what you changed."
 def _runs_and_resume(kind: str, agent_bin: Path, wire: WireLog,
                      tmp_path: Path) -> tuple[dict[str, str], list[list[str]]]:
     """The environment and the two commands of ``kind``: a run on ``PROMPT``, then its own resume with ``FOLLOW_UP``."""
-    bin_ = str(agent_bin / {"claude_code": "claude", "codex": "codex", "opencode": "opencode"}[kind])
     if kind == "claude_code":
+        claude = str(agent_bin / "claude")
         # run_claude_code's cap: the random policy's loop reaches 6 turns in about 1 run of 32 (exit 1: max turns).
         flags = ["--max-turns", "12", "--tools", "Read,Edit", "--permission-mode", "acceptEdits"]
-        return claude_code_env(agent_bin, tmp_path, wire, kind), [[bin_, "-p", PROMPT, *flags],
-                                                                 [bin_, "-c", "-p", FOLLOW_UP, *flags]]
+        return claude_code_env(agent_bin, tmp_path, wire, kind), [[claude, "-p", PROMPT, *flags],
+                                                                 [claude, "-c", "-p", FOLLOW_UP, *flags]]
     if kind == "codex":
+        exec_ = [str(agent_bin / "codex"), "exec", "--skip-git-repo-check"]
         env = {**base_env(tmp_path / "home", agent_bin), **_codex_home(tmp_path, wire.port, kind)}
-        return env, [[bin_, "exec", "--skip-git-repo-check", PROMPT],
-                     [bin_, "exec", "--skip-git-repo-check", "resume", "--last", FOLLOW_UP]]
-    env = opencode_env(agent_bin, tmp_path, wire, kind)
-    return env, [[bin_, "run", PROMPT], [bin_, "run", "--continue", FOLLOW_UP]]
+        return env, [[*exec_, PROMPT], [*exec_, "resume", "--last", FOLLOW_UP]]
+    opencode = str(agent_bin / "opencode")
+    return opencode_env(agent_bin, tmp_path, wire, kind), [[opencode, "run", PROMPT],
+                                                          [opencode, "run", "--continue", FOLLOW_UP]]
 
 
 @pytest.mark.parametrize("kind", ["claude_code", "codex", "opencode"])
@@ -121,8 +131,7 @@ def test_claude_code_task_agents(agent_bin: Path, tmp_path: Path) -> None:
     # could start agents again.
     flags = ("--sim-tool-calls", json.dumps([{"name": "Agent", "arguments": READER}] * 2 + [read]),
              "--sim-tool-call-probability", "0", "--sim-followup-tool-call-probability", "0")
-    with running_proxy(tmp_path, *flags) as proxy, \
-            WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
+    with proxy_and_wire(tmp_path, *flags) as (proxy, wire):
         env = claude_code_env(agent_bin, tmp_path, wire, session)
         # A reader agent of its own, with Read only: it starts no agent itself.
         agents = {"reader": {"description": "Reads files and reports what they say.",
@@ -150,8 +159,7 @@ def test_claude_code_takes_a_full_context_window_for_what_it_is(agent_bin: Path,
     the run saying so), instead of sending the refused request again as it did another 400."""
     session = "claude-code-full"
     work, flags = _a_read_past_the_window(tmp_path, "Read", "file_path", window=6000)
-    with running_proxy(tmp_path, *flags) as proxy, \
-            WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
+    with proxy_and_wire(tmp_path, *flags) as (proxy, wire):
         env = claude_code_env(agent_bin, tmp_path, wire, session)
         done = subprocess.run([str(agent_bin / "claude"), "-p", PROMPT, "--max-turns", "6", "--tools", "Read",
                                "--permission-mode", "acceptEdits"], cwd=work, env=env, capture_output=True, text=True,
@@ -234,8 +242,7 @@ def test_codex_spawns_a_sub_agent(agent_bin: Path, tmp_path: Path) -> None:
     # `codex exec` ends with the parent's answer.
     flags = ("--sim-tool-calls", json.dumps(spawn), "--sim-tool-call-probability", "0",
              "--sim-followup-tool-call-probability", "0", "--sim-token-interval", "0.2")
-    with running_proxy(tmp_path, *flags) as proxy, \
-            WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
+    with proxy_and_wire(tmp_path, *flags) as (proxy, wire):
         env = base_env(tmp_path / "home", agent_bin)
         env.update(_codex_home(tmp_path, wire.port, session))
         done = run_client([str(agent_bin / "codex"), "exec", "--skip-git-repo-check", PROMPT],
@@ -297,8 +304,7 @@ def test_opencode_compacts_on_a_full_context_window_and_goes_on(agent_bin: Path,
     of the conversation and goes on from it, a rewritten history the session records as a new segment."""
     session = "opencode-full"
     work, flags = _a_read_past_the_window(tmp_path, "read", "filePath", window=9000)
-    with running_proxy(tmp_path, *flags) as proxy, \
-            WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
+    with proxy_and_wire(tmp_path, *flags) as (proxy, wire):
         env = opencode_env(agent_bin, tmp_path, wire, session)
         subprocess.run([str(agent_bin / "opencode"), "run", PROMPT], cwd=work, env=env, capture_output=True,
                        text=True, timeout=300, stdin=subprocess.DEVNULL)
@@ -317,8 +323,7 @@ def test_opencode_sub_agent(agent_bin: Path, tmp_path: Path) -> None:
     opencode sends (``X-Session-Id``, ``X-Parent-Session-Id``) tell it apart; it is a child session, and the main
     conversation stays one segment."""
     session = "opencode-task"
-    with running_proxy(tmp_path, "--sim-tool-calls", TASK_CALL) as proxy, \
-            WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
+    with proxy_and_wire(tmp_path, "--sim-tool-calls", TASK_CALL) as (proxy, wire):
         env = opencode_env(agent_bin, tmp_path, wire, session)
         done = run_client([str(agent_bin / "opencode"), "run", PROMPT], cwd=_workdir(tmp_path), env=env, wire=wire)
         assert done.stdout.strip(), done.stderr
@@ -446,13 +451,11 @@ def test_smolagents_each_call_its_own_segment(clients_python: Path, tmp_path: Pa
     tokens the model sampled are in no later prompt, so every call opens a segment (``history_rewrite``)."""
     session = "smolagents"
     flags = ("--sim-tool-calls", json.dumps({"name": "read_note", "arguments": {"name": "plan"}}))
-    with running_proxy(tmp_path, *flags) as proxy, \
-            WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
+    with proxy_and_wire(tmp_path, *flags) as (proxy, wire):
         script = Path(__file__).parent / "smolagents_agent.py"
         run_client([str(clients_python), str(script), f"http://127.0.0.1:{wire.port}/sess/{session}/v1"],
                    cwd=tmp_path, env=base_env(tmp_path / "home"), wire=wire)
-        errors = [e for e in wire.entries if e.get("status", 599) >= 400]
-        assert not errors, [(e["path"], e.get("status"), e.get("answer_head", "")[:300]) for e in errors]
+        assert_no_protocol_error(wire)
         segments, steps = proxy.session(session)
     echoed = [m for m in wire.entries[1]["body"]["messages"] if m["role"] == "assistant"]
     assert "Calling tools:" in json.dumps(echoed[0]["content"]) and not echoed[0].get("tool_calls"), echoed
@@ -475,8 +478,7 @@ def test_mini_swe_agent(clients_python: Path, tmp_path: Path, provider: str) -> 
     # The simulated model calls after a user message, never right after a tool result: each call's reply is kept,
     # each next reply dropped (a format error, a user message, then a call again).
     flags = ("--sim-tool-calls", CAT_NOTES, "--sim-followup-tool-call-probability", "0")
-    with running_proxy(tmp_path, *flags) as proxy, \
-            WireLog(int(proxy.url.rsplit(":", 1)[1]), tmp_path / "wire.jsonl") as wire:
+    with proxy_and_wire(tmp_path, *flags) as (proxy, wire):
         base = f"http://127.0.0.1:{wire.port}/sess/{session}" + ("" if provider == "anthropic" else "/v1")
         env = base_env(tmp_path / "home")
         env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", MSWEA_SILENT_STARTUP="1",
@@ -485,8 +487,7 @@ def test_mini_swe_agent(clients_python: Path, tmp_path: Path, provider: str) -> 
         done = run_client([str(clients_python), str(script), f"{provider}/actorproxy", base, str(work), "6"],
                           cwd=work, env=env, wire=wire)
         result = json.loads(done.stdout.strip().splitlines()[-1])
-        errors = [e for e in wire.entries if e.get("status", 599) >= 400]
-        assert not errors, [(e["path"], e.get("status"), e.get("answer_head", "")[:300]) for e in errors]
+        assert_no_protocol_error(wire)
         path = "/v1/messages" if provider == "anthropic" else "/v1/chat/completions"
         assert all(path in e["path"] for e in wire.entries), [e["path"] for e in wire.entries]
         segments, steps = proxy.session(session)
@@ -498,7 +499,5 @@ def test_mini_swe_agent(clients_python: Path, tmp_path: Path, provider: str) -> 
     dropped = roles.count("user") - 1  # a format error answers each reply it dropped (the last one's too)
     assert dropped == 3, roles
     # A step follows its predecessor in the same segment exactly when the agent kept the predecessor's reply.
-    for before, after in zip(steps, steps[1:], strict=False):
-        kept = bool(before["output"]["tool_calls"])
-        assert (after["segment_index"] == before["segment_index"]) == kept, (before["output"], after)
+    assert [step["segment_index"] for step in steps] == [0, 0, 1, 1, 2, 2], [(s["output"], s) for s in steps]
     assert [s["start_reason"] for s in segments] == ["session_start"] + ["history_rewrite"] * 2, segments

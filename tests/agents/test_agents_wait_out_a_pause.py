@@ -177,7 +177,7 @@ def test_agent_clis_stream_through_weight_updates_with_partial_rollout(agent_bin
     wires: dict[str, WireLog] = {}
     failed: dict[str, BaseException] = {}
     with running_proxy(tmp_path, "--partial-rollout") as proxy:
-        port = int(proxy.url.rsplit(":", 1)[1])
+        port = proxy.port
 
         def run(session: str) -> None:
             home = tmp_path / session
