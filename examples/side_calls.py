@@ -4,8 +4,9 @@ opencode does).
 The title call has its own system prompt and is answered once; the agent loop
 goes on. The session's main trajectory is the loop, the title call a separate
 segment flagged ``metadata.side_call`` (``--side-calls train``; ``log`` keeps it
-as a step only). The first agent call also asks for ``logprobs``: the reply
-carries each sampled token with the logprob the trainer will read.
+as a step only). The first agent call also asks for ``logprobs`` and
+``top_logprobs``: the reply carries each sampled token with the logprob the
+trainer will read, and the engine's two likeliest tokens at its place.
 
 After its first turn the agent runs a sub-agent, as opencode's task tool does:
 with the main agent's very system prompt and the task as its first message,
@@ -61,12 +62,16 @@ def agent(base_url: str, max_turns: int) -> None:
     print(f"title call: {(title.choices[0].message.content or '')[:50]!r}")
     messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
     for turn in range(max_turns):
-        reply = client.chat.completions.create(model="policy", messages=messages, tools=[TOOL], logprobs=turn == 0)
+        asked: dict[str, Any] = {"logprobs": True, "top_logprobs": 2} if turn == 0 else {}
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=[TOOL], **asked)
         choice = reply.choices[0]
         if choice.logprobs is not None and choice.logprobs.content:
             first = choice.logprobs.content[:3]
             print(f"turn 0 logprobs: {len(choice.logprobs.content)} tokens, first "
                   + ", ".join(f"{t.token!r}:{t.logprob:.3f}" for t in first))
+            alternatives = first[0].top_logprobs
+            print(f"turn 0 top_logprobs of the first token: {len(alternatives)}, "
+                  + ", ".join(f"{t.token!r}:{t.logprob:.3f}" for t in alternatives))
         messages.append(choice.message.model_dump(exclude_none=True))
         calls = choice.message.tool_calls or []
         print(f"turn {turn}: {len(calls)} tool call(s)")

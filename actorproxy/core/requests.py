@@ -40,6 +40,8 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     #: The agent reads the reply as a stream (it may already have seen part of it).
     stream: bool = False
+    #: How many alternatives of each sampled token the reply lists (OpenAI's ``top_logprobs``); 0: none.
+    top_logprobs: int = 0
 
 
 def holding(made: ChatRequest, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
@@ -48,7 +50,8 @@ def holding(made: ChatRequest, messages: list[dict[str, Any]], tools: list[dict[
     messages, and ``tools`` when given, by reference (built directly: ``attrs.evolve`` costs more than all of it)."""
     return ChatRequest(messages=messages, tools=made.tools if tools is None else tools, max_tokens=made.max_tokens,
                        temperature=made.temperature, top_p=made.top_p, seed=made.seed,
-                       enable_thinking=made.enable_thinking, stop=made.stop, stream=made.stream)
+                       enable_thinking=made.enable_thinking, stop=made.stop, stream=made.stream,
+                       top_logprobs=made.top_logprobs)
 
 
 def offered_tools(sent: Iterable[dict[str, Any]] | None, choice_none: bool) -> list[dict[str, Any]]:

@@ -10,6 +10,10 @@ from ..errors import ProxyError
 from .messages import AssistantOutput
 from .parser import OutputDelta
 
+#: A sampled token's most likely alternatives as the engine reported them: ``(token id, logprob)`` pairs, the
+#: likeliest first.
+TopLogprobs = tuple[tuple[int, float], ...]
+
 
 @attrs.frozen
 class TurnAccepted:
@@ -53,6 +57,8 @@ class TurnDone:
     ids: TurnIds | None = None
     #: When the first piece of a non-streamed reply was sampled (``time.perf_counter``), for time to first token.
     first_token_at: float | None = None
+    #: Each sampled token's most likely alternatives, when the call asked for ``top_logprobs``.
+    top_logprobs: list[TopLogprobs] | None = None
 
 
 @attrs.frozen

@@ -56,6 +56,9 @@ class SamplingParams:
     min_p: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    #: How many of each sampled token's most likely alternatives to report (OpenAI's ``top_logprobs``):
+    #: the generation's ``top_logprobs`` (see :class:`Generation`). 0: none asked, none read.
+    top_logprobs: int = 0
 
 
 @attrs.frozen
@@ -168,6 +171,10 @@ class Generation(Protocol):
     task, and then ``ended`` is told the finish there, before the relaying task wakes (it still iterates
     the finish). A pause's thousand streams end in the relay hub's task, their tasks' own work after
     the pause's answer.
+
+    A generation whose request asked for ``sampling.top_logprobs`` also offers ``top_logprobs``: a list of
+    :data:`~actorproxy.core.turn_events.TopLogprobs`, one for each token handed out so far, in their order
+    (read once the stream ended).
     """
 
     rid: str

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Generic, TypeVar
 
+from ..core.turn_events import TopLogprobs
 from ..errors import BadRequest
 from ..schema.converter import structure
 from .aborts import AbortBatcher
@@ -35,6 +36,13 @@ class EngineGeneration(StreamedGeneration[P], Generic[P, B]):
         super().__init__(backend.streams, request.rid, parser, abort_grace=backend.abort_grace)
         self._backend = backend
         self._request = request
+        if request.sampling.top_logprobs:
+            parser.top = []
+
+    @property
+    def top_logprobs(self) -> list[TopLogprobs] | None:
+        """Each token handed out's alternatives, when the request asked for them (``Generation``)."""
+        return self._parser.top
 
 
 class VersionedConnection(EngineConnection):

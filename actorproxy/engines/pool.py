@@ -29,6 +29,7 @@ from typing import Any
 import attrs
 import trio
 
+from ..core.turn_events import TopLogprobs
 from .base import (
     AbortBatch,
     Backend,
@@ -247,6 +248,11 @@ class _PoolGeneration:
     async def __aenter__(self) -> _PoolGeneration:
         await self.connect(set())
         return self
+
+    @property
+    def top_logprobs(self) -> list[TopLogprobs] | None:
+        """The engine's generation's alternatives of its tokens, when asked for (``Generation``)."""
+        return getattr(self._generation, "top_logprobs", None)
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self._leave()

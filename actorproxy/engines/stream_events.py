@@ -53,6 +53,7 @@ from typing import Annotated, Any, NoReturn
 import msgspec
 import orjson
 
+from ..core.turn_events import TopLogprobs
 from ..http.sse import SSEParser
 from .base import BackendError, GenerateFinish, GenerationEvent, TokenDelta, WeightVersionSpan
 from .deltas import parse_spans
@@ -119,6 +120,9 @@ class StreamDecoder:
         self.run_ids: list[int] = []
         self.run_logprobs: list[float] = []
         self._failing: list[GenerationEvent] = []  # the events of an event that failed (see fail)
+        #: Each token handed out's alternatives, in order, when the generation asked for them
+        #: (``SamplingParams.top_logprobs``: the client sets an empty list); ``None``: not asked, not read.
+        self.top: list[TopLogprobs] | None = None
 
     # -- engine-specific ----------------------------------------------------
 

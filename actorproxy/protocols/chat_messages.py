@@ -85,6 +85,7 @@ def chat_request(options: ChatOptions, messages: list[dict[str, Any]], sent_tool
         enable_thinking=thinking,
         stop=tuple(stop),
         stream=bool(options.stream),
+        top_logprobs=options.top_logprobs or 0,
     )
 
 

@@ -12,7 +12,7 @@ import attrs
 from ..core.ids import uuid4_hex
 from ..core.parser import OutputDelta
 from ..core.requests import ChatRequest, holding
-from ..core.turn_events import TurnAccepted, TurnDone
+from ..core.turn_events import TopLogprobs, TurnAccepted, TurnDone
 from ..errors import BadRequest, ProxyError
 from ..schema.converter import structure
 from ..schema.jsonio import dumps
@@ -98,16 +98,8 @@ def _byte_level_alphabet() -> dict[str, int]:
     return chars
 
 
-def token_logprobs(tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float]) -> list[dict[str, Any]]:
-    """OpenAI's ``logprobs.content``: each sampled token with its logprob and bytes.
-
-    A byte-level BPE vocabulary (Qwen, Llama 3, GLM, ...) gives each token's exact
-    bytes, so a character split over two tokens shows as its two byte runs; ``token``
-    is those bytes decoded (U+FFFD for a partial character). Other vocabularies give
-    the token decoded alone. ``top_logprobs`` is always empty: the engine returns
-    only the sampled token's logprob (see docs/endpoints.md).
-    """
-    hf = getattr(tokenizer, "hf", tokenizer)
+def _spelled(hf: Any, ids: Sequence[int], logprobs: Sequence[float]) -> list[dict[str, Any]]:
+    """Each token with its logprob and bytes (:func:`token_logprobs`' entries, without ``top_logprobs``)."""
     pieces = [str(p) for p in hf.convert_ids_to_tokens(list(ids))]
     alphabet = _byte_level_alphabet()
     content = []
@@ -118,14 +110,36 @@ def token_logprobs(tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float]
         else:
             text = str(hf.decode([token_id], skip_special_tokens=False))
             raw = text.encode("utf-8")
-        content.append({"token": text, "logprob": float(logprob), "bytes": list(raw), "top_logprobs": []})
+        content.append({"token": text, "logprob": float(logprob), "bytes": list(raw)})
+    return content
+
+
+def token_logprobs(tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float],
+                   top: Sequence[TopLogprobs] | None = None) -> list[dict[str, Any]]:
+    """OpenAI's ``logprobs.content``: each sampled token with its logprob and bytes, and its ``top_logprobs``.
+
+    A byte-level BPE vocabulary (Qwen, Llama 3, GLM, ...) gives each token's exact
+    bytes, so a character split over two tokens shows as its two byte runs; ``token``
+    is those bytes decoded (U+FFFD for a partial character). Other vocabularies give
+    the token decoded alone. ``top_logprobs`` lists ``top``'s alternatives of the token
+    (the engine's, the likeliest first), spelled the same way; empty when the call did
+    not ask for them.
+    """
+    hf = getattr(tokenizer, "hf", tokenizer)
+    content = _spelled(hf, ids, logprobs)
+    if top is None:
+        for entry in content:
+            entry["top_logprobs"] = []
+        return content
+    for entry, alternatives in zip(content, top, strict=False):
+        entry["top_logprobs"] = _spelled(hf, [a[0] for a in alternatives], [a[1] for a in alternatives])
     return content
 
 
 def sampled_logprobs(tokenizer: Any, done: TurnDone) -> list[dict[str, Any]]:
-    """:func:`token_logprobs` of every token a finished turn sampled."""
+    """:func:`token_logprobs` of every token a finished turn sampled (with the alternatives it asked for)."""
     ids = done.ids
-    return [] if ids is None else token_logprobs(tokenizer, ids.output_ids, ids.output_logprobs)
+    return [] if ids is None else token_logprobs(tokenizer, ids.output_ids, ids.output_logprobs, done.top_logprobs)
 
 
 def choice_logprobs(tokenizer: Any, done: TurnDone) -> dict[str, Any]:

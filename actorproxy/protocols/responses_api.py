@@ -284,6 +284,10 @@ def tool_namespaces(tools: Any) -> dict[str, str]:
     return found
 
 
+#: The ``include`` entry that asks for the sampled tokens' logprobs (and ``top_logprobs``' alternatives).
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
 def instructions_message(options: ResponsesOptions) -> dict[str, Any] | None:
     """The system message ``instructions`` make (none when absent or empty)."""
     text = _text(options.instructions)
@@ -308,6 +312,8 @@ def responses_request(
         top_p=options.top_p,
         enable_thinking=None if effort is None else effort != "none",
         stream=bool(options.stream),
+        # Listed with the logprobs, which only ``include`` asks for.
+        top_logprobs=(options.top_logprobs or 0) if LOGPROBS_INCLUDE in (options.include or ()) else 0,
     )
 
 
@@ -367,7 +373,7 @@ def parse_responses_body(
         previous_response_id=echo["previous_response_id"], store=echo["store"],
         include_encrypted="reasoning.encrypted_content" in include, echo=echo, echo_json=echo_json,
         session_id=options.session_id or None, has_instructions=bool(_text(options.instructions)),
-        logprobs="message.output_text.logprobs" in include,
+        logprobs=LOGPROBS_INCLUDE in include,
     )
 
 

@@ -38,7 +38,7 @@ from ..core.attempts import apply_finish, discard_attempt, record_tokens
 from ..core.parser import NOTHING, OutputParser
 from ..core.session_state import Prepared, TurnResult
 from ..core.tito import reasoning_opened_by_prompt
-from ..core.turn_events import TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed, TurnIds
+from ..core.turn_events import TopLogprobs, TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed, TurnIds
 from ..engines.base import (
     Backend,
     BackendError,
@@ -99,17 +99,18 @@ class Samplings:
 
     def __init__(self, stop_token_ids: tuple[int, ...]) -> None:
         self._stop = stop_token_ids
-        self._kept: dict[tuple[int, float, float, int | None], SamplingParams] = {}
+        self._kept: dict[tuple[int, float, float, int | None, int], SamplingParams] = {}
 
-    def of(self, max_new_tokens: int, temperature: float, top_p: float, seed: int | None) -> SamplingParams:
+    def of(self, max_new_tokens: int, temperature: float, top_p: float, seed: int | None,
+           top_logprobs: int = 0) -> SamplingParams:
         """The settings of a turn: kept ones when a turn asked for these before."""
-        key = (max_new_tokens, temperature, top_p, seed)
+        key = (max_new_tokens, temperature, top_p, seed, top_logprobs)
         sampling = self._kept.get(key)
         if sampling is None:
             if len(self._kept) >= _MAX_SAMPLINGS:
                 self._kept.clear()
-            sampling = self._kept[key] = SamplingParams(max_new_tokens, temperature, top_p,
-                                                        stop_token_ids=self._stop, seed=seed)
+            sampling = self._kept[key] = SamplingParams(max_new_tokens, temperature, top_p, stop_token_ids=self._stop,
+                                                        seed=seed, top_logprobs=top_logprobs)
         return sampling
 
 
@@ -126,6 +127,21 @@ class GenerationServices:
     #: The sampling settings turns ask for (a runtime's sessions share one).
     samplings: Samplings = attrs.field(
         default=attrs.Factory(lambda self: Samplings(self.tokenizer.stop_token_ids), takes_self=True))
+
+
+def likeliest(alternatives: TopLogprobs, k: int) -> TopLogprobs:
+    """The ``k`` likeliest of a token's alternatives as an engine lists them, the likeliest first, each id once.
+
+    vLLM puts the sampled token first and may list one more than the k likeliest beside it;
+    SGLang and llama.cpp list the k likeliest in order (then this changes nothing).
+    """
+    seen: set[int] = set()
+    out = []
+    for pair in sorted(alternatives, key=lambda pair: -pair[1]):  # (stable: an engine's own order among equals)
+        if pair[0] not in seen:
+            seen.add(pair[0])
+            out.append(pair)
+    return tuple(out[:k])
 
 
 class TurnGeneration:
@@ -147,7 +163,11 @@ class TurnGeneration:
         self._tok = tokenizer
         self._input_ids = prepared.input_ids
         self._sampling = services.samplings.of(step.max_new_tokens, prepared.temperature, prepared.top_p,
-                                               prepared.request.seed)
+                                               prepared.request.seed, prepared.request.top_logprobs)
+        #: Each recorded token's alternatives, when the turn asked for them (``top_logprobs``).
+        self._top: list[TopLogprobs] | None = [] if self._sampling.top_logprobs else None
+        #: The last attempt's generation, while its alternatives (``Generation.top_logprobs``) are to be kept.
+        self._attempt_generation: Generation | None = None
         self._format = services.output_format
         self._reasoning_open = reasoning_opened_by_prompt(tokenizer, prepared.input_ids[-8:])
         # Not a bound method: the parser keeps it, and a cycle through this turn would leave the
@@ -246,6 +266,7 @@ class TurnGeneration:
             # spans, a discarded attempt: core/attempts.py) is done by now.
             ids=TurnIds(self._input_ids, step.output_ids, step.output_logprobs, step.output_versions),
             first_token_at=self._agent.first_at,
+            top_logprobs=self._top,
         )
         try:
             tail = self._agent.held_then(tail)
@@ -284,6 +305,8 @@ class TurnGeneration:
             try:
                 finish = await self._attempt(prompt, budget, handle)
                 interrupted = finish.reason == "abort" and handle.abort_requested
+                if self._top is not None and not self.client_gone:
+                    self._keep_top(start)
             except BaseException:
                 if self._next is not None:  # (asked as the abort finish was read)
                     self._withdraw(self._next[0])
@@ -389,6 +412,8 @@ class TurnGeneration:
             # (GenerationHandle.bound_abort), or the agent gone (the drain's bound).
             with trio.CancelScope() as stream:
                 async with self._backend.open_generation(request) as generation:
+                    if self._top is not None:
+                        self._attempt_generation = generation
                     if not self._accepted:
                         # Told only once the engine took the generation: a turn refused before (a pause
                         # waited out, no healthy engine, a connection refused, the engine's own error
@@ -576,6 +601,25 @@ class TurnGeneration:
     def _apply_finish(self, finish: GenerateFinish, start: int) -> None:
         apply_finish(self.step, finish, start, self._experts)
 
+    def _keep_top(self, start: int) -> None:
+        """The alternatives of the attempt's recorded tokens (those from ``start``), as its generation reported them.
+
+        A stop sequence ends the reply at a token the engine's stream may have gone past: only
+        the recorded tokens' are kept. An engine that reported fewer than it sampled fails the
+        turn (502): its alternatives are not made up.
+        """
+        assert self._top is not None
+        recorded = len(self.step.output_ids) - start
+        got: list[TopLogprobs] | None = getattr(self._attempt_generation, "top_logprobs", None)
+        self._attempt_generation = None
+        if got is None or len(got) < recorded:
+            reported = "none" if got is None else len(got)
+            self.step.error = f"the engine reported top logprobs for {reported} of {recorded} tokens"
+            raise TurnFailure(EngineError(self.step.error, code="top_logprobs_missing"), "error")
+        del self._top[start:]
+        k = self._sampling.top_logprobs
+        self._top += [likeliest(alternatives, k) for alternatives in got[:recorded]]
+
     async def _discard(self, start: int) -> None:
         """Non-partial mode: keep the interrupted attempt on the step, out of training, and start over."""
         step = self.step
@@ -588,6 +632,8 @@ class TurnGeneration:
                 "aborted",
             )
         discard_attempt(step, start)
+        if self._top is not None:
+            del self._top[start:]
         self._experts = []
         self.parser = self._new_parser()
 

@@ -13,7 +13,7 @@ import trio
 from ..engines.base import FinishReason, GenerateFinish, GenerateRequest, GenerationEvent, TokenDelta
 from .clock import Wake
 from .outputs import Plan, SimRequestStats
-from .policy import routed_experts
+from .policy import alternatives, routed_experts
 
 if TYPE_CHECKING:
     from ..engines.base import AbortBatch
@@ -34,6 +34,7 @@ class SimGeneration:
         self._request: GenerateRequest | None = request
         self._prompt_len = len(request.input_ids)
         self._routing_key = request.routing_key
+        self._top = request.sampling.top_logprobs
         #: The prompt, kept only until the end when routed experts are asked for.
         self._routed_prompt: array[int] | None = None
         self._engine = engine
@@ -49,6 +50,14 @@ class SimGeneration:
         self._aborted = False
         self._cancelled = False
         self._sleeping: Wake | None = None  # while waiting for the next token's time
+
+    @property
+    def top_logprobs(self) -> list[tuple[tuple[int, float], ...]] | None:
+        """Each delivered token's alternatives (``policy.alternatives``), when the request asked for them."""
+        if not self._top:
+            return None
+        plan = self._plan
+        return [alternatives(plan.ids[i], plan.logprobs[i], self._top) for i in range(self._next)]
 
     def _due(self, index: int) -> float:
         return self._first + (index + 1) * self._engine.config.token_interval

@@ -26,6 +26,7 @@ from ..engines.llamacpp.protocol import (
 )
 from ..schema.converter import CONVERTER
 from . import wire
+from .policy import alternatives
 from .state import SimState, check_sampling, collect, default_max_tokens, run_generation
 
 
@@ -66,13 +67,18 @@ class _Completion:
             return ""  # control tokens render empty, as llama.cpp's token_to_piece does by default
         return self.state.engine.tokenizer.token_text(token_id)
 
-    def probability(self, token_id: int, logprob: float) -> dict[str, Any]:
+    def spelled(self, token_id: int) -> dict[str, Any]:
         text = self.piece(token_id)
-        entry: dict[str, Any] = {"id": token_id, "token": text, "bytes": list(text.encode())}
-        # Only the sampled token is known to the simulator: it is the whole top list.
+        return {"id": token_id, "token": text, "bytes": list(text.encode())}
+
+    def probability(self, token_id: int, logprob: float) -> dict[str, Any]:
+        """A ``completion_probabilities`` entry: the sampled token and its ``n_probs`` likeliest alternatives."""
+        top = alternatives(token_id, logprob, self.body.n_probs)
         if self.body.post_sampling_probs:
-            return entry | {"prob": math.exp(logprob), "top_probs": [entry | {"prob": math.exp(logprob)}]}
-        return entry | {"logprob": logprob, "top_logprobs": [entry | {"logprob": logprob}]}
+            return self.spelled(token_id) | {
+                "prob": math.exp(logprob), "top_probs": [self.spelled(t) | {"prob": math.exp(lp)} for t, lp in top]}
+        return self.spelled(token_id) | {
+            "logprob": logprob, "top_logprobs": [self.spelled(t) | {"logprob": lp} for t, lp in top]}
 
     def partial(self, token_id: int, logprob: float, index: int) -> dict[str, Any]:
         data: dict[str, Any] = {

@@ -45,6 +45,22 @@ def token_logprob(key: bytes, index: int, token_id: int) -> float:
     return _logprob_of(digest)
 
 
+def alternatives(token_id: int, logprob: float, k: int) -> tuple[tuple[int, float], ...]:
+    """The ``k`` likeliest tokens where ``token_id`` was sampled with ``logprob``, the likeliest first: the
+    sampled one and ``k - 1`` neighbours of its id sharing the rest of the probability, halving (float32-exact).
+
+    Deterministic, so a test can spell what a reply must list (an engine's ``top_logprobs``).
+    """
+    rest = max(1.0 - math.exp(logprob), 1e-30)
+    step = -1 if token_id >= k else 1
+    out = [(token_id, logprob)]
+    for i in range(1, k):
+        lp = float(struct.unpack("f", struct.pack("f", math.log(rest / 2**i)))[0])
+        out.append((token_id + step * i, lp))
+    out.sort(key=lambda pair: -pair[1])
+    return tuple(out)
+
+
 def _logprob_of(digest: bytes) -> float:
     """Map 8 hash bytes to a float32-exact logprob <= 0 (the shape ``token_logprob`` promises)."""
     u = int.from_bytes(digest[:4], "little") / 2**32

@@ -35,6 +35,7 @@ from ..same_named import build_from
 from ..schema import jsonio
 from ..schema.converter import CONVERTER
 from . import wire
+from .policy import alternatives
 from .state import Chunk, SimState, check_sampling, collect, run_generation
 
 
@@ -123,9 +124,12 @@ class _Writer:
             pairs = zip(self.lps[start:], self.ids[start:], strict=True)
             meta["output_token_logprobs"] = [[lp, i, None] for lp, i in pairs]
             if opts.top_logprobs_num > 0:
-                # Only the sampled token's logprob is known to the simulator.
+                # The prompt's: only the token's own logprob is known to the simulator. The output's: its
+                # likeliest ``top_logprobs_num`` (``policy.alternatives``), the sampled one not added (as SGLang).
+                k = opts.top_logprobs_num
                 meta["input_top_logprobs"] = [None if e[0] is None else [e] for e in self.input_lps]
-                meta["output_top_logprobs"] = [[e] for e in meta["output_token_logprobs"]]
+                meta["output_top_logprobs"] = [[[lp, t, None] for t, lp in alternatives(i, token_lp, k)]
+                                               for token_lp, i, _ in meta["output_token_logprobs"]]
         if finish is not None:
             meta["weight_versions"] = wire.weight_spans(self.versions)
             if finish.routed_experts is not None:

@@ -33,6 +33,7 @@ from ..engines.vllm.protocol import (
 from ..errors import BadRequest
 from ..schema.converter import CONVERTER
 from . import wire
+from .policy import alternatives
 from .state import Chunk, SimState, check_sampling, collect, default_max_tokens, run_generation
 
 
@@ -142,9 +143,16 @@ class _Writer:
         content = []
         for token_id, lp in zip(ids, lps, strict=True):
             entry: dict[str, Any] = {"token": f"token_id:{token_id}", "token_id": token_id, "logprob": lp}
-            top = [{"token": f"token_id:{token_id}", "logprob": lp, "bytes": None}] if self.call.logprobs else []
+            top = [{"token": f"token_id:{t}", "token_id": t, "logprob": v, "bytes": None}
+                   for t, v in self._likeliest(token_id, lp)] if self.call.logprobs else []
             content.append(entry | {"bytes": None, "top_logprobs": top})
         return {"content": content}
+
+    def _likeliest(self, token_id: int, logprob: float) -> list[tuple[int, float]]:
+        """What vLLM lists for ``logprobs: k``: the sampled token first, then the k likeliest but it
+        (``policy.alternatives``: the simulator's sampled token is always among them)."""
+        k = self.call.logprobs or 0
+        return [(token_id, logprob)] + [(t, v) for t, v in alternatives(token_id, logprob, k) if t != token_id]
 
     def completion_logprobs(self, ids: tuple[int, ...], lps: tuple[float, ...]) -> dict[str, Any] | None:
         if self.call.logprobs is None:
@@ -158,7 +166,8 @@ class _Writer:
             "text_offset": offsets,
             "token_logprobs": list(lps),
             "tokens": tokens,
-            "top_logprobs": [{t: lp} for t, lp in zip(tokens, lps, strict=True)],
+            "top_logprobs": [{self._token_str(t): v for t, v in self._likeliest(i, lp)}
+                             for i, lp in zip(ids, lps, strict=True)],
         }
 
     def finish_fields(self, finish: GenerateFinish) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from _util import SIM_ENGINES, WEATHER_TOOL, hang_up_after
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.sim.policy import alternatives
 from actorproxy.sim.server import RunningSim, SimServerSettings, open_sim_server, served_engine
 
 INTERVAL = 0.001
@@ -109,6 +110,44 @@ async def test_exact_tokens_through_each_engine(tokenizer: Any, kind: str, setti
             assert sampled_versions == ({0} if kind == "llamacpp" else {7})
         assert [ids for ids, _ in recorded] == emitted
         assert [lps for _, lps in recorded] == logprobs
+
+
+def _spelled_top(tokenizer: Any, token_id: int, logprob: float, k: int) -> list[tuple[float, bytes]]:
+    """The ``top_logprobs`` a reply lists for a token the engine sampled with ``logprob``: the simulated engine's
+    ``k`` likeliest, each a logprob and its bytes (checked where the token alone is a whole character)."""
+    return [(lp, tokenizer.decode([t]).encode()) for t, lp in alternatives(token_id, logprob, k)]
+
+
+def _listed_top(entry: dict[str, Any]) -> list[tuple[float, bytes]]:
+    return [(a["logprob"], bytes(a["bytes"])) for a in entry["top_logprobs"]]
+
+
+@pytest.mark.parametrize(("kind", "settings"), ENGINES)
+async def test_top_logprobs_are_the_engines_through_each_engine(
+    tokenizer: Any, kind: str, settings: dict[str, Any]
+) -> None:
+    """``top_logprobs: k`` lists each sampled token's k likeliest, as the engine reported them, the likeliest first:
+    the same in a JSON reply and a stream, for every engine protocol and stream shape."""
+    async with stack(tokenizer, kind, **settings) as (proxy, [sim], client):
+        sim.engine.script(ANSWER, ANSWER)
+        messages = [{"role": "user", "content": "Weather in Oslo?"}]
+        body = {"messages": messages, "logprobs": True, "top_logprobs": 4, "max_tokens": 64}
+        whole = (await client.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "t"})).json()
+        streamed = await client.post("/v1/chat/completions", json=body | {"stream": True},
+                                     headers={"X-Session-Id": "u"})
+        chunks = [json.loads(b[6:]) for b in streamed.text.split("\n\n") if b.startswith("data: {")]
+        stream_content = [entry for chunk in chunks for choice in chunk["choices"]
+                          for entry in (choice.get("logprobs") or {}).get("content", [])]
+        for session, content in (("t", whole["choices"][0]["logprobs"]["content"]), ("u", stream_content)):
+            await client.post("/session/finalize", json={"session_id": session})
+            data = (await client.post("/trajectory/read", json={"session_id": session, "include_steps": True})).json()
+            [step] = data["steps"]
+            assert len(content) == len(step["output_ids"]) > 5
+            for entry, token, logprob in zip(content, step["output_ids"], step["output_logprobs"], strict=True):
+                listed, expected = _listed_top(entry), _spelled_top(tokenizer, token, logprob, 4)
+                assert [lp for lp, _ in listed] == pytest.approx([lp for lp, _ in expected]), (session, token)
+                assert [b for (_, b), (_, want) in zip(listed, expected, strict=True) if b"\xef\xbf\xbd" not in want] \
+                    == [want for _, want in expected if b"\xef\xbf\xbd" not in want]
 
 
 async def test_client_disconnect_reaches_the_engine(tokenizer: Any) -> None:

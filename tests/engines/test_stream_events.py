@@ -32,8 +32,14 @@ def sse(payload: object) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def written(shape: str, groups: list[list[int]]) -> tuple[bytes, list[int], list[float]]:
-    """A stream of ``shape`` sending the tokens ``groups`` (an event each), then EOT; its ids and logprobs."""
+def likeliest(token: int, logprob: float, k: int) -> list[tuple[int, float]]:
+    """The alternatives a written stream lists for a token (:func:`written`'s ``top``), the likeliest first."""
+    return [(token + i, logprob - i) for i in range(k)]
+
+
+def written(shape: str, groups: list[list[int]], top: int = 0) -> tuple[bytes, list[int], list[float]]:
+    """A stream of ``shape`` sending the tokens ``groups`` (an event each), then EOT; its ids and logprobs.
+    ``top``: each token's ``top`` alternatives (:func:`likeliest`) in the engine's shape."""
     ids: list[int] = []
     lps: list[float] = []
     out = []
@@ -48,14 +54,25 @@ def written(shape: str, groups: list[list[int]]) -> tuple[bytes, list[int], list
             meta = {"id": "r", "finish_reason": {"type": "stop", "matched": EOT} if last else None,
                     "prompt_tokens": 3, "weight_version": "v1", "completion_tokens": len(ids), "cached_tokens": 0,
                     "output_token_logprobs": [[lp, t, None] for t, lp in zip(shown, shown_lps, strict=True)]}
+            if top:
+                meta["output_top_logprobs"] = [[[v, a, None] for a, v in likeliest(t, lp, top)]
+                                               for t, lp in zip(shown, shown_lps, strict=True)]
             out.append(sse({"text": " so" * len(shown), "output_ids": list(shown), "meta_info": meta}))
         elif shape == "vllm":
             choice = {"index": 0, "text": " so" * len(group), "token_ids": group,
                       "logprobs": {"tokens": [f"token_id:{t}" for t in group], "token_logprobs": new_lps},
                       "finish_reason": "stop" if last else None, "stop_reason": None}
+            if top:  # (the sampled token first, as vLLM lists it)
+                choice["logprobs"]["top_logprobs"] = [
+                    {f"token_id:{a}": v for a, v in [(t, lp), *likeliest(t, lp, top)[::-1]]}
+                    for t, lp in zip(group, new_lps, strict=True)]
             out.append(sse({"id": "cmpl-r", "object": "text_completion", "choices": [choice]}))
         else:
             probs = [{"id": t, "token": " so", "logprob": lp} for t, lp in zip(group, new_lps, strict=True)]
+            if top:
+                for entry in probs:
+                    entry["top_logprobs"] = [{"id": a, "token": " so", "logprob": v}
+                                             for a, v in likeliest(entry["id"], entry["logprob"], top)]
             out.append(sse({"index": 0, "content": " so" * len(group), "tokens": group, "stop": False,
                             "completion_probabilities": probs}))
     if shape == "vllm":
@@ -78,9 +95,11 @@ def decoder(shape: str) -> StreamDecoder:
     return LlamaCppStreamParser(stop_token_ids=(), max_new_tokens=10_000, prompt_len=3, version="v1")
 
 
-def read(shape: str, pieces: list[bytes]) -> list[GenerationEvent]:
-    """Every event of the stream given in ``pieces`` (each as one read brought it)."""
+def read(shape: str, pieces: list[bytes], top: list[Any] | None = None) -> list[GenerationEvent]:
+    """Every event of the stream given in ``pieces`` (each as one read brought it); the alternatives of its
+    tokens onto ``top``, when given."""
     dec = decoder(shape)
+    dec.top = top
     out: list[GenerationEvent] = []
     for piece in pieces:
         dec.buffer += piece
@@ -120,6 +139,32 @@ def test_the_same_bytes_split_anywhere_give_the_same_events(shape: str, groups: 
     assert (got_ids, got_lps) == (ids, lps)
     assert len(finishes) == 1 and finishes[0].reason == "stop"
     assert finishes[0].matched_stop == EOT
+
+
+@settings(max_examples=100, derandomize=True, database=None, deadline=None)
+@given(st.sampled_from(SHAPES), _groups, st.lists(st.integers(0, 1 << 20), max_size=12))
+def test_alternatives_are_read_for_every_token_however_the_bytes_split(
+    shape: str, groups: list[list[int]], points: list[int]
+) -> None:
+    """Asked for (``top``), each token's alternatives are read in the token's order: one list a token, every
+    token once (a cumulative event's repeated ones too, decoded whole or skipped), wherever the bytes split."""
+    groups = [g for g in groups if g or shape.startswith("sglang")]
+    raw, ids, lps = written(shape, groups, top=3)
+    for pieces in ([raw], cut(raw, points), [raw[i : i + 1] for i in range(len(raw))]):
+        top: list[Any] = []
+        assert flat(read(shape, pieces, top))[:2] == (ids, lps)
+        expected = [likeliest(t, lp, 3) for t, lp in zip(ids, lps, strict=True)]
+        if shape == "vllm":  # (listed as vLLM lists them: the sampled token first, then the others)
+            expected = [[(t, lp), *[a for a in alternatives[::-1] if a[0] != t]]
+                        for t, lp, alternatives in zip(ids, lps, expected, strict=True)]
+        assert top == [tuple(a) for a in expected]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_stream_without_the_alternatives_asked_for_is_an_error(shape: str) -> None:
+    raw, _, _ = written(shape, [[5], [6, 7]])
+    with pytest.raises(BackendError, match="top"):
+        read(shape, [raw], [])
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -15,6 +15,8 @@ from _util import finalized_at
 
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.sim.generation import SimGeneration
+from actorproxy.sim.policy import alternatives
 
 #: Multi-byte characters, so some characters are split over tokens (their bytes still add up).
 REPLY = "Grüße aus Zürich 🌍, das Wetter ist schön."
@@ -44,15 +46,22 @@ async def _asked(
     return got, steps
 
 
-def _check(content: list[Any], step: dict[str, Any], tokenizer: Any) -> None:
-    """One entry per sampled token, its recorded logprob, bytes that add up to the sampled text."""
+def _check(content: list[Any], step: dict[str, Any], tokenizer: Any, top: int = 0) -> None:
+    """One entry per sampled token, its recorded logprob, bytes that add up to the sampled text; ``top``
+    alternatives each, the engine's (``sim.policy.alternatives``), spelled as the sampled tokens are."""
     assert [c.logprob for c in content] == pytest.approx(step["output_logprobs"])
     assert len(content) == len(step["output_ids"]) > 10
     joined = b"".join(bytes(c.bytes) for c in content)
     assert joined == tokenizer.decode(step["output_ids"]).encode()
     assert joined.decode().startswith(REPLY)
-    assert all(c.top_logprobs == [] for c in content)
     assert all(c.logprob <= 0.0 for c in content)
+    for entry, token, logprob in zip(content, step["output_ids"], step["output_logprobs"], strict=True):
+        expected = alternatives(token, logprob, top) if top else ()
+        assert [a.logprob for a in entry.top_logprobs] == pytest.approx([lp for _, lp in expected])
+        for alternative, (token_id, _) in zip(entry.top_logprobs, expected, strict=True):
+            alone = tokenizer.decode([token_id])
+            if "\ufffd" not in alone:  # (a whole character: its bytes are the token's)
+                assert (alternative.token, bytes(alternative.bytes)) == (alone, alone.encode())
 
 
 async def test_json_reply_carries_the_sampled_tokens_logprobs(
@@ -67,21 +76,21 @@ async def test_json_reply_carries_the_sampled_tokens_logprobs(
     assert without.choices[0].logprobs is None
     assert with_lp.choices[0].logprobs.refusal is None
     content = with_lp.choices[0].logprobs.content
-    _check(content, steps[0], tokenizer)
+    _check(content, steps[0], tokenizer, top=3)
     # A character split over two tokens shows as two byte runs, not as two whole characters.
     assert any(c.token == "\ufffd" and len(c.bytes) < 3 for c in content)
 
 
 async def test_stream_carries_the_same_logprobs(proxy: RunningProxy, engine: SimEngine, tokenizer: Any) -> None:
     def ask(client: openai.OpenAI) -> Any:
-        with client.chat.completions.stream(model="m", messages=MESSAGES, logprobs=True) as stream:
+        with client.chat.completions.stream(model="m", messages=MESSAGES, logprobs=True, top_logprobs=2) as stream:
             for _ in stream:
                 pass
             return stream.get_final_completion()
 
     final, steps = await _asked(proxy, engine, "lps", ask)
     assert final.choices[0].message.content == REPLY
-    _check(final.choices[0].logprobs.content, steps[0], tokenizer)
+    _check(final.choices[0].logprobs.content, steps[0], tokenizer, top=2)
 
 
 async def test_bad_logprobs_fields_are_a_clear_400(proxy: RunningProxy) -> None:
@@ -109,7 +118,7 @@ async def test_responses_json_carries_the_sampled_tokens_logprobs(
     [text] = with_lp.output[-1].content
     assert text.text == REPLY
     assert without.output[-1].content[0].logprobs == []
-    _check(text.logprobs, steps[0], tokenizer)
+    _check(text.logprobs, steps[0], tokenizer, top=3)
 
 
 async def test_responses_stream_carries_the_same_logprobs(
@@ -117,16 +126,16 @@ async def test_responses_stream_carries_the_same_logprobs(
 ) -> None:
     def ask(client: openai.OpenAI) -> tuple[list[Any], Any]:
         with client.responses.stream(model="m", input="Say hello.", include=INCLUDE,  # type: ignore[list-item]
-                                     store=False) as stream:
+                                     top_logprobs=2, store=False) as stream:
             events = list(stream)
             return events, stream.get_final_response()
 
     (events, final), (step,) = await _asked(proxy, engine, "rlps", ask)
     [text] = final.output[-1].content
     assert text.text == REPLY
-    _check(text.logprobs, step, tokenizer)
+    _check(text.logprobs, step, tokenizer, top=2)
     [done] = [e for e in events if e.type == "response.output_text.done"]
-    _check(done.logprobs, step, tokenizer)
+    _check(done.logprobs, step, tokenizer, top=2)
 
 
 async def test_bad_responses_top_logprobs_is_a_clear_400(proxy: RunningProxy) -> None:
@@ -136,3 +145,20 @@ async def test_bad_responses_top_logprobs_is_a_clear_400(proxy: RunningProxy) ->
             reply = await http.post("/sess/bad/v1/responses", json=body)
             assert reply.status_code == 400, (value, reply.text)
             assert reply.json()["error"]["param"] == "top_logprobs", reply.text
+
+
+async def test_an_engine_that_does_not_report_alternatives_fails_the_turn(
+    proxy: RunningProxy, engine: SimEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``top_logprobs`` asked and the engine's generation reports none: a 502 naming it, not empty lists; the
+    same call without them is answered."""
+    monkeypatch.setattr(SimGeneration, "top_logprobs", property(lambda self: None))
+    engine.script(REPLY, REPLY, routing_key="nolp")
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as http:
+        body = {"messages": MESSAGES, "logprobs": True}
+        failed = await http.post("/sess/nolp/v1/chat/completions", json=body | {"top_logprobs": 2})
+        assert failed.status_code == 502, failed.text
+        assert failed.json()["error"]["code"] == "top_logprobs_missing"
+        assert "top logprobs for none of" in failed.json()["error"]["message"]
+        answered = await http.post("/sess/nolp/v1/chat/completions", json=body)
+        assert answered.status_code == 200, answered.text

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -210,6 +211,36 @@ def test_multi_turn_chat(proxy: Process, llama_server: Process, gemma: ChatToken
         # The three turns continue one another: one segment, whose prompts are prefixes.
         assert [s["boundary_reason"] for s in read["data"]] == ["finalize"], read["data"]
         check_steps_against_engine(http, llama_server, gemma, read, seen)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_top_logprobs_are_the_engines(proxy: Process, gemma: ChatTokenizer, stream: bool) -> None:
+    """``top_logprobs: 2`` on a greedy turn: each token lists llama-server's 2 likeliest (``n_probs``), the
+    likeliest first, spelled by the model's tokenizer; the first is the token sampled, with its logprob."""
+    session = session_id("top")
+    body = {"model": "gemma", "messages": [{"role": "user", "content": "Name a colour."}], "temperature": 0.0,
+            "max_tokens": 8, "logprobs": True, "top_logprobs": 2, "stream": stream}
+    with httpx.Client(timeout=300) as http:
+        content: list[Any] = []
+        with http.stream("POST", f"{proxy.url}/v1/chat/completions", json=body,
+                         headers={"X-Session-Id": session}) as got:
+            assert got.status_code == 200
+            if stream:
+                for line in got.iter_lines():
+                    if line.startswith("data: {"):
+                        for choice in json.loads(line[6:])["choices"]:
+                            content += (choice.get("logprobs") or {}).get("content") or []
+            else:
+                got.read()
+                content = got.json()["choices"][0]["logprobs"]["content"]
+        [step] = read_session(http, proxy, session)["steps"]
+    assert len(content) == len(step["output_ids"]) > 0
+    vocabulary = {gemma.decode([t]).encode() for t in range(gemma.vocab_size)}
+    for entry in content:
+        first, second = entry["top_logprobs"]
+        assert (first["token"], first["logprob"]) == (entry["token"], entry["logprob"])
+        assert first["logprob"] >= second["logprob"] and second["logprob"] > -100.0
+        assert bytes(second["bytes"]) in vocabulary, second
 
 
 def test_max_tokens_and_stop(proxy: Process, llama_server: Process, gemma: ChatTokenizer) -> None:

@@ -490,6 +490,65 @@ def test_an_engine_killed_and_restarted(
         assert_greedy(http, engine, read, read["steps"][0])
 
 
+def replay_top(http: httpx.Client, engine: Process, prompt: list[int], n: int, k: int) -> list[dict[int, float]]:
+    """vLLM's own greedy continuation of ``prompt``: each of ``n`` tokens' ``logprobs: k`` alternatives (the
+    sampled one first, then the k likeliest), by id."""
+    body = {
+        "model": served_model(http, engine), "prompt": prompt, "max_tokens": n, "temperature": 0.0, "logprobs": k,
+        "return_token_ids": True, "return_tokens_as_token_ids": True, "ignore_eos": True,
+        "skip_special_tokens": False,
+    }
+    got = http.post(f"{engine.url}/v1/completions", json=body)
+    assert got.status_code == 200, got.text
+    tops = got.json()["choices"][0]["logprobs"]["top_logprobs"]
+    return [{int(key.removeprefix("token_id:")): value for key, value in top.items()} for top in tops]
+
+
+def streamed_logprobs(http: httpx.Client, proxy: Process, session: str, body: dict[str, Any]) -> list[Any]:
+    """A streamed turn's ``logprobs.content`` entries, every chunk's, in order."""
+    content: list[Any] = []
+    with http.stream("POST", f"{proxy.url}/v1/chat/completions", json=body | {"stream": True},
+                     headers={"X-Session-Id": session}) as got:
+        assert got.status_code == 200
+        for line in got.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    content += (choice.get("logprobs") or {}).get("content") or []
+    return content
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_top_logprobs_are_vllms_own(
+    kind: str, stream: bool, vllm_servers: dict[str, Process], vllm_proxies: dict[str, Process]
+) -> None:
+    """``top_logprobs: 3`` through either API, JSON or streamed: each sampled token lists vLLM's own 3 likeliest
+    (its completions' ``logprobs: 3`` over the step's prompt), the likeliest first, spelled by the tokenizer."""
+    engine, proxy = vllm_servers[kind], vllm_proxies[kind]
+    session = session_id(f"top-{kind}")
+    tok = load_tokenizer(None)
+    body = {"model": "policy", "messages": [{"role": "user", "content": "Name a colour."}], "temperature": 0.0,
+            "max_tokens": 6, "logprobs": True, "top_logprobs": 3}
+    with httpx.Client(timeout=300) as http:
+        if stream:
+            content = streamed_logprobs(http, proxy, session, body)
+        else:
+            got = http.post(f"{proxy.url}/v1/chat/completions", json=body, headers={"X-Session-Id": session})
+            assert got.status_code == 200, got.text
+            content = got.json()["choices"][0]["logprobs"]["content"]
+        read = read_session(http, proxy, session)
+        [step] = read["steps"]
+        tops = replay_top(http, engine, step_prompt(read, step), len(step["output_ids"]), 3)
+    assert len(content) == len(step["output_ids"]) == 6
+    for entry, top in zip(content, tops, strict=True):
+        likeliest = sorted(top.items(), key=lambda pair: -pair[1])[:3]
+        assert [a["logprob"] for a in entry["top_logprobs"]] == [lp for _, lp in likeliest]
+        for alternative, (token_id, _) in zip(entry["top_logprobs"], likeliest, strict=True):
+            alone = tok.decode([token_id])
+            if "\ufffd" not in alone:
+                assert (alternative["token"], bytes(alternative["bytes"])) == (alone, alone.encode())
+
+
 @pytest.mark.parametrize("kind", KINDS)
 async def test_prompt_logprobs_are_the_sampled_ones(kind: str, vllm_servers: dict[str, Process]) -> None:
     """The client's prompt logprobs (the recompute of a rewritten prefix), through either API:

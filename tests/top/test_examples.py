@@ -73,6 +73,7 @@ def test_side_calls_example_runs() -> None:
     assert "/sub-1#0  sub-agent: 2 step(s)" in result.stdout
     assert "sub-agent turn 1: session side-calls-" in result.stdout
     assert '"side_call_segments": 1' in result.stdout and "turn 0 logprobs:" in result.stdout
+    assert "turn 0 top_logprobs of the first token: 2, " in result.stdout
 
 
 @pytest.mark.heavy

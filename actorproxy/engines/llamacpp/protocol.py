@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ...core.turn_events import TopLogprobs
 from ...schema.converter import CONVERTER, TokenIds, at_least
 from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams
 from ..connection import BodyTemplate
@@ -78,7 +79,7 @@ class CompletionRequest:
             repeat_last_n=0,
             seed=s.seed if s.seed is not None else -1,
             ignore_eos=False,
-            n_probs=1,
+            n_probs=max(s.top_logprobs, 1),  # (1: the sampled token's logprob alone)
             return_tokens=True,
             stream=True,
         )
@@ -154,6 +155,20 @@ def _entry_logprob(entry: object, token: int) -> float:
     return math.nan  # the sampled token is not among the reported ones
 
 
+def _alternatives(entry: Mapping[str, Any]) -> TopLogprobs:
+    """A probability entry's ``top_logprobs`` (asked with ``n_probs``): its ``id``/``logprob`` pairs."""
+    top = entry.get("top_logprobs")
+    if type(top) is not list:
+        raise BackendError(f"llama.cpp: a probability entry without top_logprobs: {entry!r:.200}")
+    out = []
+    for alternative in top:
+        if (type(alternative) is not dict or type(token := alternative.get("id")) is not int
+                or not isinstance(value := alternative.get("logprob"), int | float)):
+            raise BackendError(f"llama.cpp: malformed top_logprobs entry {alternative!r:.200}")
+        out.append((token, float(value)))
+    return tuple(out)
+
+
 class LlamaCppStreamParser(StreamDecoder):
     """Sans-IO reader of one ``/completion`` stream, enforcing stop ids and the limit."""
 
@@ -181,6 +196,8 @@ class LlamaCppStreamParser(StreamDecoder):
             # A streamed event's one token, its entry plain and naming it, neither the limit nor a stop id:
             # what the loop below makes of it, read directly (no generator, zip or ABC checks).
             self.ids.append(token)
+            if self.top is not None:
+                self.top.append(_alternatives(entry))
             return self.tokens(tokens, [value])
         if final and tokens == self.ids:
             tokens = []  # a final event repeating the whole output, not new tokens
@@ -194,6 +211,8 @@ class LlamaCppStreamParser(StreamDecoder):
         for token, entry in zip(tokens, probs, strict=False):
             ids.append(token)
             logprobs.append(_entry_logprob(entry, token))
+            if self.top is not None:
+                self.top.append(_alternatives(entry))
             ended = self._client_stop(len(self.ids) + len(ids), token)
             if ended is not None:
                 return self._out(ids, logprobs) + [ended]

@@ -19,6 +19,7 @@ import attrs
 import msgspec
 import orjson
 
+from ...core.turn_events import TopLogprobs
 from ...same_named import build_from
 from ...schema.converter import CONVERTER, TokenIds, at_least
 from ..base import (
@@ -110,7 +111,7 @@ def generate_bytes(request: GenerateRequest, routed_experts: bool) -> bytes:
             sampling_params=SGLangSamplingParams.of(request.sampling),
             return_logprob=True,
             logprob_start_len=-1,
-            top_logprobs_num=0,
+            top_logprobs_num=request.sampling.top_logprobs,
             return_routed_experts=routed_experts,
         ))
 
@@ -240,7 +241,7 @@ class SGLangStreamParser(StreamDecoder):
         read as JSON (its errors named as before). A stream known to be incremental only (from its
         second event): a cumulative stream's events are cut first.
         """
-        if not self._incremental or self._cut:
+        if not self._incremental or self._cut or self.top is not None:  # (the typed event has no alternatives)
             return False
         try:
             event = _TOKEN_EVENT.decode(raw[start:stop])
@@ -287,8 +288,11 @@ class SGLangStreamParser(StreamDecoder):
             if cut:
                 self._cut, self._cutter.tokens = 0, cut + 1
             new_ids, logprobs = ids, [value]
+            skipped = 0
         else:
-            new_ids, logprobs = self._new_tokens(ids, entries, completion)
+            new_ids, logprobs, skipped = self._new_tokens(ids, entries, completion)
+        if self.top is not None and new_ids:
+            self.top += _alternatives(meta.get("output_top_logprobs"), skipped, len(new_ids))
         spans = self.read_versions(meta)
         if spans:
             events = self._deltas(new_ids, logprobs, spans)
@@ -303,9 +307,10 @@ class SGLangStreamParser(StreamDecoder):
     def end(self, done: bool) -> list[GenerationEvent]:
         raise BackendError("SGLang: the stream ended without a finish_reason")
 
-    def _new_tokens(self, ids: object, entries: object, completion: object) -> tuple[list[int], list[float]]:
+    def _new_tokens(self, ids: object, entries: object, completion: object) -> tuple[list[int], list[float], int]:
         """The event's new token ids and their logprobs (``ids``: its ``output_ids``, ``entries``: its
-        ``output_token_logprobs``), without what it repeats (:meth:`_skip`, :meth:`_drop_repeat`), checked."""
+        ``output_token_logprobs``), without what it repeats (:meth:`_skip`, :meth:`_drop_repeat`), checked; and
+        how many of its entries come before them (those it repeats)."""
         if ids is None:  # older builds: the ids only inside the logprob entries
             ids = [entry[1] for entry in entries] if isinstance(entries, list) else []
         if not isinstance(ids, list):
@@ -321,7 +326,7 @@ class SGLangStreamParser(StreamDecoder):
         new_entries = entries[skip:] if skip and isinstance(entries, list) else entries
         if self._incremental is not False and type(completion) is int and completion < len(self.ids) + len(new_ids):
             new_ids, new_entries = self._drop_repeat(new_ids, new_entries, completion)
-        return new_ids, self._logprobs(new_ids, new_entries)
+        return new_ids, self._logprobs(new_ids, new_entries), skip
 
     def take_events(self, datas: list[tuple[str, bytes]], out: list[GenerationEvent]) -> None:
         """Events given one by one (another SSE shape): one the next repeats is not decoded (:meth:`_read_all`)."""
@@ -389,6 +394,8 @@ class SGLangStreamParser(StreamDecoder):
         """Undo what a failed event did before failing: the tokens past ``delivered`` and the run past its
         ``ran`` tokens of version ``run`` dropped, the cutter's memory of it too (the next is decoded whole)."""
         del self.ids[delivered:]
+        if self.top is not None:
+            del self.top[delivered:]
         self._failing = []
         if run is None:
             self.run_version = None
@@ -410,7 +417,9 @@ class SGLangStreamParser(StreamDecoder):
     def decode_span(self, raw: bytes | bytearray, start: int, stop: int) -> Any:
         """The JSON of event ``raw[start:stop]``; a cumulative event's without the tokens already read
         (:mod:`.cumulative`)."""
-        if not self._incremental:  # (an incremental stream has nothing repeated to cut: known from its second event)
+        # An incremental stream has nothing repeated to cut (known from its second event); the cutter knows
+        # nothing of the alternatives' array: an event with them is decoded whole.
+        if not self._incremental and self.top is None:
             cut, self._cut = self._cutter.cut(raw, start, stop, use=self._incremental is False)
             if cut is not None:
                 return orjson.loads(cut)
@@ -532,6 +541,23 @@ class SGLangStreamParser(StreamDecoder):
             routed_experts=experts if isinstance(experts, str) else None,
             weight_versions=spans,
         )
+
+
+def _alternatives(entries: object, skipped: int, count: int) -> list[TopLogprobs]:
+    """The alternatives of an event's ``count`` new tokens, after the ``skipped`` it repeats: its
+    ``output_top_logprobs``, a list of ``[logprob, id, text]`` per token (``null``: none), the likeliest first."""
+    if not isinstance(entries, list) or len(entries) < skipped + count:
+        got = len(entries) if isinstance(entries, list) else entries
+        raise BackendError(f"SGLang: {count} new tokens but output_top_logprobs {got!r:.200}")
+    out: list[TopLogprobs] = []
+    for top in entries[skipped : skipped + count]:
+        pairs = [] if top is None else top if isinstance(top, list) else [None]
+        kept = [(e[1], float(e[0])) for e in pairs
+                if isinstance(e, list) and len(e) >= 2 and type(e[1]) is int and isinstance(e[0], int | float)]
+        if len(kept) != len(pairs):
+            raise BackendError(f"SGLang: malformed output_top_logprobs entry {top!r:.200}")
+        out.append(tuple(kept))
+    return out
 
 
 class _TokenMeta(msgspec.Struct, forbid_unknown_fields=True):

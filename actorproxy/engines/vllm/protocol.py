@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import attrs
 import msgspec
 
+from ...core.turn_events import TopLogprobs
 from ...schema.converter import CONVERTER, TokenIds, at_least
 from ..base import (
     BackendError,
@@ -157,7 +158,8 @@ class CompletionRequest(SamplingFields):
     ) -> CompletionRequest:
         """Our completion of ``input_ids``: token ids back, named by id (``return_tokens_as_token_ids``)."""
         return cls(
-            **_sampling(s, logprobs=None if prompt_logprobs else 0, prompt_logprobs=prompt_logprobs),
+            # ``logprobs: k`` lists the sampled token and the k likeliest (k + 1 when it is not among them).
+            **_sampling(s, logprobs=None if prompt_logprobs else s.top_logprobs, prompt_logprobs=prompt_logprobs),
             prompt=TokenIds(input_ids),
             model=model,
             request_id=rid,
@@ -184,7 +186,11 @@ def _template(api: Api, sampling: SamplingParams, model: str | None) -> BodyTemp
         if api == "generate":
             return CONVERTER.unstructure(GenerateTokensRequest(
                 token_ids=TokenIds(array("i")), request_id="", stream=True,
-                stream_options=StreamOptions(include_usage=True), sampling_params=SamplingFields.of(sampling)))
+                stream_options=StreamOptions(include_usage=True),
+                # The generate route lists the sampled token and the likeliest ``logprobs - 1`` others when it is
+                # not among the ``logprobs`` likeliest: one more is asked, so the k likeliest are always there.
+                sampling_params=SamplingFields.of(sampling, logprobs=sampling.top_logprobs + 1 if sampling.top_logprobs
+                                                  else 0)))
         return CONVERTER.unstructure(CompletionRequest.of_tokens(array("i"), sampling, rid="", model=model))
 
     holes = ("token_ids" if api == "generate" else "prompt", "request_id")
@@ -302,6 +308,35 @@ def _one_logprob(raw: dict[str, Any], token: int) -> float | None:
     return None
 
 
+def _alternatives(raw: object, count: int) -> list[TopLogprobs]:
+    """The alternatives of a choice's ``count`` tokens (``raw``: its ``logprobs``), either shape: the generate
+    route's ``content[i].top_logprobs`` (``{"token_id", "logprob"}`` entries), completions' ``top_logprobs[i]``
+    (``{"token_id:N": logprob}``: ``return_tokens_as_token_ids``). The sampled token comes first in both,
+    the likeliest after it: the turn keeps the likeliest it asked for."""
+    tops: object = None
+    if isinstance(raw, Mapping):
+        content = raw.get("content")
+        if isinstance(content, list):  # generate / chat shape
+            tops = [entry.get("top_logprobs") if isinstance(entry, Mapping) else None for entry in content]
+        else:  # completions shape
+            tops = raw.get("top_logprobs")
+    if not isinstance(tops, list) or len(tops) != count:
+        raise BackendError(f"vLLM: {count} tokens but top logprobs {tops!r:.200}")
+    out: list[TopLogprobs] = []
+    for top in tops:
+        if isinstance(top, list):
+            pairs = [(_token_id(e), e.get("logprob")) if isinstance(e, Mapping) else (None, None) for e in top]
+        elif isinstance(top, Mapping):
+            pairs = [(_token_id({"token": key}), value) for key, value in top.items()]
+        else:
+            pairs = [(None, None)]
+        kept = [(t, float(v)) for t, v in pairs if type(t) is int and isinstance(v, int | float)]
+        if len(kept) != len(pairs):
+            raise BackendError(f"vLLM: malformed top logprobs {top!r:.200}")
+        out.append(tuple(kept))
+    return out
+
+
 class _TokenEntry(msgspec.Struct, forbid_unknown_fields=True):
     """A logprob entry of a generate chunk (:class:`_TokenChunk`), without top logprobs."""
 
@@ -368,6 +403,8 @@ class VLLMStreamParser(StreamDecoder):
         name, a malformed one) fails the decode or the checks after it, before anything changed:
         it is read as JSON (its errors named as before).
         """
+        if self.top is not None:  # (alternatives asked: the typed chunk has none)
+            return False
         try:
             chunk = _TOKEN_CHUNK.decode(raw[start:stop])
         except msgspec.MsgspecError:  # (not this kind of chunk, or malformed: decoded again as JSON, to say which)
@@ -424,6 +461,8 @@ class VLLMStreamParser(StreamDecoder):
             ints, floats = ids, [value]  # a streamed chunk's one token (what _tokens would make of it)
         else:
             ints, floats = self._tokens(raw, ids)
+        if self.top is not None and ints:
+            self.top += _alternatives(raw, len(ints))
         experts = choice.get("routed_experts")
         if isinstance(experts, str) and self._experts_wanted:
             self._experts = npy_to_int32_b64(experts)  # (a malformed one fails the chunk before its tokens count)
