@@ -142,10 +142,13 @@ class _Writer:
             return None
         content = []
         for token_id, lp in zip(ids, lps, strict=True):
-            entry: dict[str, Any] = {"token": f"token_id:{token_id}", "token_id": token_id, "logprob": lp}
-            top = [{"token": f"token_id:{t}", "token_id": t, "logprob": v, "bytes": None}
-                   for t, v in self._likeliest(token_id, lp)] if self.call.logprobs else []
-            content.append(entry | {"bytes": None, "top_logprobs": top})
+            # As vLLM 0.32 writes them: the sampled token's rank among the vocabulary, and its alternatives
+            # (``logprobs: 0`` too lists the sampled one there), each with its rank; no text.
+            ranked = alternatives(token_id, lp, max(self.call.logprobs or 0, 1) + 1)
+            ranks = {t: rank for rank, (t, _) in enumerate(ranked, 1)}
+            top = [{"token_id": t, "logprob": v, "rank": ranks.get(t, len(ranked))}
+                   for t, v in self._likeliest(token_id, lp)[: max(self.call.logprobs or 0, 1)]]
+            content.append({"token_id": token_id, "logprob": lp, "rank": ranks[token_id], "top_logprobs": top})
         return {"content": content}
 
     def _likeliest(self, token_id: int, logprob: float) -> list[tuple[int, float]]:
@@ -192,15 +195,20 @@ class _Writer:
     def generate_chunk(self, chunk: Chunk) -> dict[str, Any]:
         self.count += len(chunk.token_ids)
         self.versions += chunk.versions
+        # vLLM 0.32's chunk, every field it writes (a plain token's ``null``s included).
         choice: dict[str, Any] = {
             "index": 0,
-            "logprobs": self.tokens_logprobs(chunk.token_ids, chunk.logprobs),
             "finish_reason": None if chunk.finish is None else chunk.finish.reason,
+            "stop_reason": None if chunk.finish is None else self.stop_reason(chunk.finish),
             "token_ids": list(chunk.token_ids),
+            "routed_experts": None,
+            "sampling_mask": None,
+            "weight_versions": None,
+            "logprobs": self.tokens_logprobs(chunk.token_ids, chunk.logprobs),
         }
         if chunk.finish is not None:
             choice |= self.finish_fields(chunk.finish)
-        return {"request_id": self.call.response_id, "choices": [choice]}
+        return {"request_id": self.call.response_id, "usage": None, "output_mode": "tokens", "choices": [choice]}
 
     def completion_chunk(self, chunk: Chunk, *, created: int) -> dict[str, Any]:
         first = self.count == 0 and not self.versions

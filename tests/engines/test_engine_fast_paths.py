@@ -404,7 +404,14 @@ _VL_TYPED = [b'{"request_id":"r","choices":[{"index":0,"logprobs":{"content":[' 
              + b']},"finish_reason":null,"token_ids":[1009]}]}',
              b'{"choices":[{"logprobs":{"content":[{"token_id":1009,"logprob":-0.5}]},"token_ids":[1009]}]}',
              b'{"choices":[{"index":0,"weight_version":"v2","logprobs":{"content":[' + _VL_ENTRY
-             + b']},"token_ids":[1009]}]}']
+             + b']},"token_ids":[1009]}]}',
+             # vLLM 0.32's, as it wrote one (its nulls, the entry's rank, the sampled token among its top logprobs).
+             b'{"request_id":"generate-tokens-g2","usage":null,"output_mode":"tokens","choices":[{"index":0,'
+             b'"finish_reason":null,"stop_reason":null,"token_ids":[1009],"routed_experts":null,"sampling_mask":null,'
+             b'"weight_versions":null,"logprobs":{"content":[{"token_id":1009,"logprob":-11.5804443359375,"rank":7327,'
+             b'"top_logprobs":[{"token_id":1009,"logprob":-11.5804443359375,"rank":7327}]}]}}]}',
+             _VL_ENTRY.join([b'{"request_id":"r","choices":[{"index":0,"logprobs":{"content":[',
+                             b']},"token_ids":[1009]}]}']).replace(b"[]", b'[{"token_id":7,"logprob":-2.0}]')]
 
 
 def _vl_chunk(choice: bytes = b'"index":0', entry: bytes = _VL_ENTRY, ids: bytes = b"[1009]", top: bytes = b""
@@ -417,7 +424,6 @@ def _vl_chunk(choice: bytes = b'"index":0', entry: bytes = _VL_ENTRY, ids: bytes
     *_VL_TYPED,
     _vl_chunk(entry=_VL_ENTRY.replace(b"-0.5", b"-1")),  # an integer logprob
     _vl_chunk(entry=_VL_ENTRY.replace(b"-0.5", b"-1e400")),
-    _vl_chunk(entry=_VL_ENTRY.replace(b"[]", b'[{"token_id":7,"logprob":-2.0}]')),  # top logprobs
     _vl_chunk(entry=_VL_ENTRY.replace(b"1009,", b"1008,")),  # the entry names another token
     _vl_chunk(entry=_VL_ENTRY.replace(b'"token_id:1009"', b'"\xff"')),  # (not UTF-8)
     _vl_chunk(ids=b"[1009,1010]"),
@@ -431,7 +437,7 @@ def _vl_chunk(choice: bytes = b'"index":0', entry: bytes = _VL_ENTRY, ids: bytes
     _vl_chunk(top=b'"object":"error",'),
     _vl_chunk(top=b'"error":null,'),
     _vl_chunk()[:-2],  # cut short
-], ids=["plain", "bare", "version", "int-logprob", "huge-logprob", "top-logprobs", "other-id", "bad-utf8",
+], ids=["plain", "bare", "version", "vllm-0.32", "top-logprobs", "int-logprob", "huge-logprob", "other-id", "bad-utf8",
         "two-tokens", "huge-id", "index-1", "finish", "version-not-str", "spans", "unknown-field", "usage",
         "object-error", "error-null", "cut-short"])
 @pytest.mark.parametrize("relaying", [False, True])

@@ -231,8 +231,15 @@ async def test_vllm_generate_non_streaming_and_streaming(
     assert [i for c in token_chunks for i in c["choices"][0]["token_ids"]] == list(stats.token_ids)
     assert all(c["choices"][0]["finish_reason"] is None for c in token_chunks[:-1])
     assert token_chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    assert "weight_versions" in token_chunks[-1]["choices"][0]
-    assert "weight_versions" not in token_chunks[0]["choices"][0]
+    assert token_chunks[-1]["choices"][0]["weight_versions"]
+    # A plain token's chunk as vLLM 0.32 writes it: its nulls, the entry's rank, the sampled token alone listed.
+    first = token_chunks[0]
+    assert (first["usage"], first["output_mode"]) == (None, "tokens")
+    assert {k: first["choices"][0][k] for k in ("stop_reason", "routed_experts", "sampling_mask", "weight_versions")} \
+        == dict.fromkeys(("stop_reason", "routed_experts", "sampling_mask", "weight_versions"))
+    [entry] = first["choices"][0]["logprobs"]["content"]
+    assert set(entry) == {"token_id", "logprob", "rank", "top_logprobs"}
+    assert entry["top_logprobs"] == [{key: entry[key] for key in ("token_id", "logprob", "rank")}]
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(stats.token_ids)
 
 

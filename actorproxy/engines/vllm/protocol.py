@@ -337,14 +337,28 @@ def _alternatives(raw: object, count: int) -> list[TopLogprobs]:
     return out
 
 
-class _TokenEntry(msgspec.Struct, forbid_unknown_fields=True):
-    """A logprob entry of a generate chunk (:class:`_TokenChunk`), without top logprobs."""
+class _Alternative(msgspec.Struct, forbid_unknown_fields=True):
+    """An entry of a token's ``top_logprobs`` in a generate chunk: vLLM 0.32 lists the sampled token there even
+    for ``logprobs: 0`` (the reader reads alternatives only when asked: :meth:`VLLMStreamParser.read_common` is
+    then not used)."""
 
     token_id: Int64
     logprob: float | int
+    rank: Int64 | None = None
     token: str = ""
     bytes: list[Int64] | None = None
-    top_logprobs: tuple[()] = ()
+
+
+class _TokenEntry(msgspec.Struct, forbid_unknown_fields=True):
+    """A logprob entry of a generate chunk (:class:`_TokenChunk`): vLLM 0.32's ``token_id``, ``logprob``,
+    ``rank`` and ``top_logprobs``, or an older build's ``token`` and ``bytes``."""
+
+    token_id: Int64
+    logprob: float | int
+    rank: Int64 | None = None
+    token: str = ""
+    bytes: list[Int64] | None = None
+    top_logprobs: tuple[_Alternative, ...] = ()
 
 
 class _TokenLogprobs(msgspec.Struct, forbid_unknown_fields=True):
@@ -352,7 +366,8 @@ class _TokenLogprobs(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class _TokenChoice(msgspec.Struct, forbid_unknown_fields=True):
-    """A generate chunk's choice of plain tokens: no finish, stop reason, routed experts or version spans."""
+    """A generate chunk's choice of plain tokens: no finish, stop reason, routed experts, sampling mask or version
+    spans (vLLM 0.32 writes each of them, ``null``)."""
 
     token_ids: list[Int64]
     logprobs: _TokenLogprobs
@@ -360,6 +375,8 @@ class _TokenChoice(msgspec.Struct, forbid_unknown_fields=True):
     finish_reason: None = None
     stop_reason: None = None
     routed_experts: None = None
+    sampling_mask: None = None
+    weight_versions: None = None
     weight_version: str | None = None
 
 
@@ -370,6 +387,7 @@ class _TokenChunk(msgspec.Struct, forbid_unknown_fields=True):
     choices: list[_TokenChoice]
     request_id: str | None = None
     usage: None = None
+    output_mode: str | None = None
 
 
 _TOKEN_CHUNK = msgspec.json.Decoder(_TokenChunk)
