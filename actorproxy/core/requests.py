@@ -25,6 +25,38 @@ class Identity:
     sub_agent: str | None = None
 
 
+@attrs.frozen(cache_hash=True)
+class SamplingExtras:
+    """Sampling settings beyond temperature and top-p that a call asked for, by the engines' own names; the
+    engines' neutral values stand for those it did not ask for."""
+
+    #: -1: the whole vocabulary.
+    top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+
+#: What a call that asks for none of them samples with.
+_NEUTRAL = SamplingExtras()
+
+
+def sampling_extras(*, top_k: int | None = None, min_p: float | None = None, presence_penalty: float | None = None,
+                    frequency_penalty: float | None = None, repetition_penalty: float | None = None
+                    ) -> SamplingExtras | None:
+    """The extras a call's fields ask for (``None`` for a field not sent); ``None`` when all are neutral. A top-k
+    of 0 is the whole vocabulary (-1), as vLLM reads it."""
+    extras = SamplingExtras(
+        top_k=-1 if not top_k else top_k,
+        min_p=min_p or 0.0,
+        presence_penalty=presence_penalty or 0.0,
+        frequency_penalty=frequency_penalty or 0.0,
+        repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,
+    )
+    return None if extras == _NEUTRAL else extras
+
+
 @attrs.frozen
 class ChatRequest:
     """A chat call, protocol-neutral: what the session actor needs to run a turn."""
@@ -42,6 +74,8 @@ class ChatRequest:
     stream: bool = False
     #: How many alternatives of each sampled token the reply lists (OpenAI's ``top_logprobs``); 0: none.
     top_logprobs: int = 0
+    #: Top-k, min-p and penalties, when the call asked for any (``None``: the engines' neutral values).
+    extras: SamplingExtras | None = None
 
 
 def holding(made: ChatRequest, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
@@ -51,7 +85,7 @@ def holding(made: ChatRequest, messages: list[dict[str, Any]], tools: list[dict[
     return ChatRequest(messages=messages, tools=made.tools if tools is None else tools, max_tokens=made.max_tokens,
                        temperature=made.temperature, top_p=made.top_p, seed=made.seed,
                        enable_thinking=made.enable_thinking, stop=made.stop, stream=made.stream,
-                       top_logprobs=made.top_logprobs)
+                       top_logprobs=made.top_logprobs, extras=made.extras)
 
 
 def offered_tools(sent: Iterable[dict[str, Any]] | None, choice_none: bool) -> list[dict[str, Any]]:

@@ -56,6 +56,9 @@ class SamplingParams:
     min_p: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     #: How many of each sampled token's most likely alternatives to report (OpenAI's ``top_logprobs``):
     #: the generation's ``top_logprobs`` (see :class:`Generation`). 0: none asked, none read.
     top_logprobs: int = 0

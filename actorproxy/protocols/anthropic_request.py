@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from ..core.requests import ChatRequest, offered_tools
+from ..core.requests import ChatRequest, offered_tools, sampling_extras
 from ..errors import BadRequest
 from ..schema.converter import structure
 from .anthropic_types import (
@@ -156,6 +156,7 @@ def messages_request(
         enable_thinking=None if options.thinking is None else options.thinking.type != "disabled",
         stop=tuple(options.stop_sequences or ()),
         stream=bool(options.stream),
+        extras=sampling_extras(top_k=options.top_k),
     )
 
 

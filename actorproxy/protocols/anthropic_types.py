@@ -181,6 +181,7 @@ class MessagesOptions:
     thinking: ThinkingConfig | None = None
     temperature: float | None = attrs.field(default=None, validator=between(0.0, 1.0))
     top_p: float | None = attrs.field(default=None, validator=between(0.0, 1.0))
+    top_k: int | None = attrs.field(default=None, validator=at_least(0))
     stop_sequences: list[str] | None = attrs.field(default=None, validator=_stop_sequences)
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 import msgspec
 
-from ..core.requests import ChatRequest, offered_tools
+from ..core.requests import ChatRequest, offered_tools, sampling_extras
 from ..errors import BadRequest
 from ..schema.converter import structure
 from ..schema.jsonio import MAX_DEPTH
@@ -75,6 +75,11 @@ def chat_request(options: ChatOptions, messages: list[dict[str, Any]], sent_tool
     stop = [options.stop] if isinstance(options.stop, str) else list(options.stop or [])
     if options.top_logprobs is not None and not options.logprobs:
         raise BadRequest("'logprobs' must be true when 'top_logprobs' is set", param="top_logprobs")
+    if options.logit_bias:
+        raise BadRequest("'logit_bias' is not supported: the proxy samples from the policy's own distribution "
+                         "(docs/endpoints.md)", param="logit_bias")
+    if options.repetition_penalty == 0:
+        raise BadRequest("'repetition_penalty' must be greater than 0", param="repetition_penalty")
     return ChatRequest(
         messages=messages,
         tools=offered_tools(sent_tools, options.tool_choice == "none"),
@@ -86,6 +91,9 @@ def chat_request(options: ChatOptions, messages: list[dict[str, Any]], sent_tool
         stop=tuple(stop),
         stream=bool(options.stream),
         top_logprobs=options.top_logprobs or 0,
+        extras=sampling_extras(top_k=options.top_k, min_p=options.min_p, presence_penalty=options.presence_penalty,
+                               frequency_penalty=options.frequency_penalty,
+                               repetition_penalty=options.repetition_penalty),
     )
 
 

@@ -47,7 +47,7 @@ class TokenSampling:
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    #: Only 1.0 (no penalty) is served.
+    #: Passed to the engine (0 < value <= 2).
     repetition_penalty: float | None = None
     #: Return ``log_probs`` when true (a bool, or a count as vLLM takes it); they are recorded either way.
     logprobs: Any = None

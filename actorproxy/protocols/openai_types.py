@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 import attrs
 import msgspec
 
-from ..schema.converter import FieldError, between, named
+from ..schema.converter import FieldError, at_least, between, named
 
 MAX_STOP_SEQUENCES = 16
 #: OpenAI's bound on ``top_logprobs``.
@@ -155,6 +155,14 @@ class ChatOptions:
     top_p: float | None = attrs.field(default=None, validator=between(0.0, 1.0))
     logprobs: bool | None = None
     top_logprobs: int | None = attrs.field(default=None, validator=between(0, MAX_TOP_LOGPROBS))
+    presence_penalty: float | None = attrs.field(default=None, validator=between(-2.0, 2.0))
+    frequency_penalty: float | None = attrs.field(default=None, validator=between(-2.0, 2.0))
+    #: Refused unless empty (see ``chat_messages.chat_request``).
+    logit_bias: dict[str, Any] | None = None
+    #: vLLM's and SGLang's extensions of the API (their OpenAI servers take them): -1 or 0 is the whole vocabulary.
+    top_k: int | None = attrs.field(default=None, validator=at_least(-1))
+    min_p: float | None = attrs.field(default=None, validator=between(0.0, 1.0))
+    repetition_penalty: float | None = attrs.field(default=None, validator=between(0.0, 2.0))
     response_format: dict[str, Any] | None = None
     session_id: str | None = None
     instance_id: str | None = None

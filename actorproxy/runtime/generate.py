@@ -36,6 +36,7 @@ import trio
 from ..config import ProxyConfig
 from ..core.attempts import apply_finish, discard_attempt, record_tokens
 from ..core.parser import NOTHING, OutputParser
+from ..core.requests import SamplingExtras
 from ..core.session_state import Prepared, TurnResult
 from ..core.tito import reasoning_opened_by_prompt
 from ..core.turn_events import TopLogprobs, TurnAccepted, TurnDelta, TurnDone, TurnEvent, TurnFailed, TurnIds
@@ -99,18 +100,19 @@ class Samplings:
 
     def __init__(self, stop_token_ids: tuple[int, ...]) -> None:
         self._stop = stop_token_ids
-        self._kept: dict[tuple[int, float, float, int | None, int], SamplingParams] = {}
+        self._kept: dict[tuple[int, float, float, int | None, int, SamplingExtras | None], SamplingParams] = {}
 
     def of(self, max_new_tokens: int, temperature: float, top_p: float, seed: int | None,
-           top_logprobs: int = 0) -> SamplingParams:
+           top_logprobs: int = 0, extras: SamplingExtras | None = None) -> SamplingParams:
         """The settings of a turn: kept ones when a turn asked for these before."""
-        key = (max_new_tokens, temperature, top_p, seed, top_logprobs)
+        key = (max_new_tokens, temperature, top_p, seed, top_logprobs, extras)
         sampling = self._kept.get(key)
         if sampling is None:
             if len(self._kept) >= _MAX_SAMPLINGS:
                 self._kept.clear()
+            more = {} if extras is None else attrs.asdict(extras)
             sampling = self._kept[key] = SamplingParams(max_new_tokens, temperature, top_p, stop_token_ids=self._stop,
-                                                        seed=seed, top_logprobs=top_logprobs)
+                                                        seed=seed, top_logprobs=top_logprobs, **more)
         return sampling
 
 
@@ -163,7 +165,8 @@ class TurnGeneration:
         self._tok = tokenizer
         self._input_ids = prepared.input_ids
         self._sampling = services.samplings.of(step.max_new_tokens, prepared.temperature, prepared.top_p,
-                                               prepared.request.seed, prepared.request.top_logprobs)
+                                               prepared.request.seed, prepared.request.top_logprobs,
+                                               prepared.request.extras)
         #: Each recorded token's alternatives, when the turn asked for them (``top_logprobs``).
         self._top: list[TopLogprobs] | None = [] if self._sampling.top_logprobs else None
         #: The last attempt's generation, while its alternatives (``Generation.top_logprobs``) are to be kept.

@@ -25,7 +25,7 @@ import attrs
 import trio
 
 from ..core.records import Step, int_array
-from ..core.requests import ChatRequest
+from ..core.requests import ChatRequest, SamplingExtras
 from ..core.session_state import Prepared
 from ..core.turn_events import TURN_WAITING, TurnEvent, TurnFailed
 from ..errors import ContextOverflow, EngineError, ProxyError
@@ -44,7 +44,8 @@ MAX_UNCLAIMED = 100_000
 
 async def generate_tokens(runtime: Runtime, prompt_ids: array[int], *, max_new_tokens: int | None = None,
                           temperature: float | None = None, top_p: float | None = None,
-                          seed: int | None = None, waiting: Callable[[], Awaitable[object]] | None = None) -> Step:
+                          seed: int | None = None, extras: SamplingExtras | None = None,
+                          waiting: Callable[[], Awaitable[object]] | None = None) -> Step:
     """Generate from exactly ``prompt_ids``; the step holds the sampled ids, logprobs and versions.
 
     The sampling values are what the agent set (the gateway's ``sampling_params``); ``None`` takes the default.
@@ -74,7 +75,7 @@ async def generate_tokens(runtime: Runtime, prompt_ids: array[int], *, max_new_t
         temperature = limits.rollout_temperature
     elif temperature is None:
         temperature = 1.0
-    request = ChatRequest(messages=[], seed=seed)
+    request = ChatRequest(messages=[], seed=seed, extras=extras)
     # No session, so no conversation lane: only a session's commit reads it, and this step is never committed.
     prepared = Prepared(step, int_array(prompt_ids), [], temperature, 1.0 if top_p is None else top_p,
                         [], request, cast(Any, None))

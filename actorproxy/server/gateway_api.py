@@ -31,7 +31,7 @@ from quart_trio import QuartTrio
 
 from ..core.messages import output_as_message
 from ..core.records import Segment
-from ..core.requests import Identity
+from ..core.requests import Identity, sampling_extras
 from ..core.turn_events import TurnDone
 from ..errors import (
     BadRequest,
@@ -508,8 +508,8 @@ async def generate_tokens_in(runtime: Runtime, gateway: Gateway, body: TokenGene
     if body.image_data or body.video_data:
         raise BadRequest("images and videos are not supported: the proxy serves text models",
                          param="image_data" if body.image_data else "video_data")
-    if params.repetition_penalty not in (None, 1.0):
-        raise BadRequest("'sampling_params.repetition_penalty' other than 1.0 is not supported",
+    if params.repetition_penalty is not None and not 0.0 < params.repetition_penalty <= 2.0:
+        raise BadRequest("'sampling_params.repetition_penalty' must be in (0, 2]",
                          param="sampling_params.repetition_penalty")
     if params.max_tokens is not None and params.max_tokens < 1:
         raise BadRequest("'sampling_params.max_tokens' must be at least 1", param="sampling_params.max_tokens")
@@ -523,6 +523,7 @@ async def generate_tokens_in(runtime: Runtime, gateway: Gateway, body: TokenGene
     await store_unclaimed(runtime, gateway.generations, gateway.generations.expired())
     step = await generate_tokens(runtime, array("i", body.prompt_ids), max_new_tokens=params.max_tokens,
                                  temperature=params.temperature, top_p=params.top_p, seed=params.seed,
+                                 extras=sampling_extras(repetition_penalty=params.repetition_penalty),
                                  waiting=still_working(early))
     gateway.generations.add(step)
     reason = step.finish_reason or "stop"

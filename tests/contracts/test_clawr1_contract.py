@@ -22,7 +22,7 @@ import pytest
 
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.cli import build_parser, config_from_args
-from actorproxy.engines.base import GenerateRequest
+from actorproxy.engines.base import GenerateRequest, SamplingParams
 from actorproxy.errors import StartupError
 from actorproxy.reward_worker import RayRewardWorker
 from actorproxy.serve import RunningProxy
@@ -51,9 +51,11 @@ class RecordingEngine(SimEngine):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.prompts: list[list[int]] = []
+        self.samplings: list[SamplingParams] = []
 
     def open_generation(self, request: GenerateRequest) -> SimGeneration:
         self.prompts.append(list(request.input_ids))
+        self.samplings.append(request.sampling)
         return super().open_generation(request)
 
 
@@ -204,9 +206,19 @@ async def test_validation_steps_never_reach_the_training_batch(http: httpx.Async
     assert segment["metadata"]["channel"] == "val"
 
 
+async def test_a_repetition_penalty_reaches_the_engine(http: httpx.AsyncClient, engine: RecordingEngine) -> None:
+    prompt_ids = [1, 2, 3]
+    for penalty in (1.3, None):
+        sampling = {"max_tokens": 4} | ({} if penalty is None else {"repetition_penalty": penalty})
+        got = await http.post("/generate", json={"prompt_ids": prompt_ids, "sampling_params": sampling})
+        assert got.status_code == 200, got.text
+    assert [s.repetition_penalty for s in engine.samplings] == [1.3, 1.0]
+
+
 async def test_shipped_bodies_with_bad_fields_are_4xx(http: httpx.AsyncClient) -> None:
     bad = [
-        ("/generate", {"prompt_ids": [1, 2], "sampling_params": {"repetition_penalty": 1.3}}),
+        ("/generate", {"prompt_ids": [1, 2], "sampling_params": {"repetition_penalty": 0}}),
+        ("/generate", {"prompt_ids": [1, 2], "sampling_params": {"repetition_penalty": 2.5}}),
         ("/generate", {"prompt_ids": [1, -2], "sampling_params": {}}),
         ("/generate", {"prompt_ids": [1], "sampling_params": {"best_of": 2}}),
         ("/generate", {"prompt_ids": [1], "image_data": [{"url": "x"}]}),

@@ -550,6 +550,21 @@ def test_top_logprobs_are_vllms_own(
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_top_k_reaches_vllm(kind: str, vllm_servers: dict[str, Process], vllm_proxies: dict[str, Process]) -> None:
+    """``top_k: 1`` at temperature 1 through either API: vLLM samples its likeliest token each time, so the
+    step is its greedy replay, exactly (without ``top_k`` the random-weight model's reply at temperature 1 is not)."""
+    engine, proxy = vllm_servers[kind], vllm_proxies[kind]
+    session = session_id(f"topk-{kind}")
+    with httpx.Client(timeout=300) as http:
+        message, _ = proxy_chat(http, proxy, session, [{"role": "user", "content": "Name a colour."}],
+                                model="policy", stream=False, temperature=1.0, top_k=1, max_tokens=12)
+        read = read_session(http, proxy, session)
+        [step] = read["steps"]
+        assert len(step["output_ids"]) == 12
+        assert_greedy(http, engine, read, step)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 async def test_prompt_logprobs_are_the_sampled_ones(kind: str, vllm_servers: dict[str, Process]) -> None:
     """The client's prompt logprobs (the recompute of a rewritten prefix), through either API:
     over a prompt and its greedy reply they are the logprobs the reply was sampled with."""

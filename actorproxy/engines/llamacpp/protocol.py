@@ -76,7 +76,12 @@ class CompletionRequest:
             top_k=s.top_k if s.top_k > 0 else 0,  # 0: the whole vocabulary
             top_p=s.top_p,
             min_p=s.min_p,
-            repeat_last_n=0,
+            # The penalties' window (llama.cpp's penalties sampler uses it for all three): off unless one is asked.
+            repeat_last_n=-1 if (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) != (0.0, 0.0, 1.0)
+            else 0,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            repeat_penalty=s.repetition_penalty,
             seed=s.seed if s.seed is not None else -1,
             ignore_eos=False,
             n_probs=max(s.top_logprobs, 1),  # (1: the sampled token's logprob alone)

@@ -104,6 +104,9 @@ def _sampling(s: SamplingParams, *, logprobs: int | None, prompt_logprobs: int |
         "prompt_logprobs": prompt_logprobs,
         "skip_special_tokens": False,
         "ignore_eos": False,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "repetition_penalty": s.repetition_penalty,
     }
 
 
