@@ -7,6 +7,7 @@ SGLang's ``/generate`` answers a ``ValueError``.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -98,6 +99,7 @@ class _Writer:
         self.ids: list[int] = []
         self.lps: list[float] = []
         self.versions: list[str] = []
+        self.stamped = False  # the first event's ``response_sent_to_client_ts`` was written
         self.input_lps = prompt_lps
         # A cumulative stream's growing lists, kept as their JSON (``encoded``): every id, every logprob entry.
         self.ids_json = bytearray()
@@ -117,8 +119,14 @@ class _Writer:
             "prompt_tokens": len(self.req.input_ids),
             "completion_tokens": len(self.ids),
             "cached_tokens": 0,
+            # SGLang 0.5.23 writes these too: the cache's split (null without a cache hit) on every event, the
+            # time the first event was sent on that one.
+            "cached_tokens_details": None,
             "weight_version": version,
         }
+        if not self.stamped:
+            self.stamped = True
+            meta["response_sent_to_client_ts"] = time.time()
         if opts.return_logprob:
             meta["input_token_logprobs"] = self.input_lps
             pairs = zip(self.lps[start:], self.ids[start:], strict=True)

@@ -337,16 +337,23 @@ def _typed_as_json(make: Callable[[], StreamDecoder], events: list[bytes], relay
 
 _SG_META = b'"id":"r","finish_reason":null,"prompt_tokens":3,"completion_tokens":3,"weight_version":"v2",'
 _SG_ENTRIES = b'"output_token_logprobs":[[-0.5,1009,null]]'
-#: Every field SGLang 0.5's incremental event has with default flags, and ``dp_rank`` (several data-parallel ranks).
+#: Every field SGLang 0.5.23's incremental event has with default flags (tokenizer_manager.py), and ``dp_rank``
+#: (several data-parallel ranks): ``cached_tokens_details`` on every event, ``response_sent_to_client_ts`` on the
+#: first.
 _SG_REAL = (b'"num_retractions":0,"input_token_logprobs":[],"output_token_logprobs_length":1,"reasoning_tokens":0,'
-            b'"cached_tokens":0,"dp_rank":1,')
+            b'"cached_tokens":0,"cached_tokens_details":null,"dp_rank":1,')
+#: With a cache hit, on the first event, under ``--enable-metrics``.
+_SG_METRICS = (b'"cached_tokens":12,"cached_tokens_details":{"device":12,"host":0},"queue_time":0.002,'
+               b'"forward_entry_time":1796098592.5,"prefill_finished_time":1796098592.51,'
+               b'"response_sent_to_client_ts":1796098592.52,')
 _SG_TYPED = [b'{"text":" so","output_ids":[1009],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}}',
              b'{"output_ids":[1009],"meta_info":{' + _SG_META + b'"output_token_logprobs":[[-1,1009,"x"]]}}',
-             b'{"text":" so","output_ids":[1009],"meta_info":{' + _SG_META + _SG_REAL + _SG_ENTRIES + b'}}']
+             b'{"text":" so","output_ids":[1009],"meta_info":{' + _SG_META + _SG_REAL + _SG_ENTRIES + b'}}',
+             b'{"text":" so","output_ids":[1009],"meta_info":{' + _SG_META + _SG_METRICS + _SG_ENTRIES + b'}}']
 
 
 @pytest.mark.parametrize("event", [
-    *_SG_TYPED,  # (the second: an integer logprob; the third: a real SGLang's)
+    *_SG_TYPED,  # (the second: an integer logprob; the third and fourth: a real SGLang's)
     b'{"output_ids":[1009],"meta_info":{' + _SG_META + b'"output_token_logprobs":[[-0.5,1009]]}}',  # a short entry
     b'{"output_ids":[true],"meta_info":{' + _SG_META + b'"output_token_logprobs":[[-0.5,true,null]]}}',
     b'{"output_ids":[18446744073709551616],"meta_info":{' + _SG_META  # (orjson: a float)
@@ -366,8 +373,8 @@ _SG_TYPED = [b'{"text":" so","output_ids":[1009],"meta_info":{' + _SG_META + _SG
     b'{"output_ids":[1008],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}}',  # the entry names another token
     b'{"output_ids":[1009],"output_ids":[1009,1010],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}}',
     b'{"output_ids":[1009],"meta_info":{' + _SG_META + _SG_ENTRIES + b'}',  # cut short
-], ids=["plain", "int-logprob", "sglang-0.5", "short-entry", "bool-id", "huge-id", "huge-number", "huge-count",
-        "huge-logprob", "bad-utf8-field", "bad-utf8-text",
+], ids=["plain", "int-logprob", "sglang-0.5", "sglang-0.5-metrics", "short-entry", "bool-id", "huge-id",
+        "huge-number", "huge-count", "huge-logprob", "bad-utf8-field", "bad-utf8-text",
         "text-not-str", "error-null", "version-not-str", "repeat", "finish", "spans", "other-id", "key-twice",
         "cut-short"])
 @pytest.mark.parametrize("relaying", [False, True])

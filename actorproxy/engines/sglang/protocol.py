@@ -576,6 +576,16 @@ class _TokenMeta(msgspec.Struct, forbid_unknown_fields=True):
     output_token_logprobs_length: Int64 = 0
     input_token_logprobs: list[tuple[float, Int64, str | None]] = []
     dp_rank: Int64 | None = None  # (with several data-parallel ranks: which one serves the request)
+    # SGLang 0.5.23 writes these as well (tokenizer_manager.py): the cache's split on every event (null without a
+    # cache hit; "storage" and its backend with HiCache storage), the time the first event was sent on that one,
+    # and with --enable-metrics the request's times on every event.
+    cached_tokens_details: dict[str, Int64 | str] | None = None
+    response_sent_to_client_ts: float | None = None
+    queue_time: float | None = None
+    forward_entry_time: float | None = None
+    prefill_finished_time: float | None = None
+    storage_prefetch_wait: float | None = None
+    storage_staging_wait: float | None = None
 
 
 class _TokenEvent(msgspec.Struct, forbid_unknown_fields=True):
