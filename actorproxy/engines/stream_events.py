@@ -47,7 +47,7 @@ is what the events of that read would merge to (``engines/deltas.py: take_merged
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, NoReturn
 
 import msgspec
@@ -67,6 +67,18 @@ _COPIED_SPAN = 2048
 #: An integer of a typed event (:meth:`StreamDecoder.read_common`): one orjson reads as an integer too (it reads
 #: one past 64 bits as a float).
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+
+
+def checked_alternatives(pairs: Iterable[tuple[object, object]], what: str, raw: object) -> TopLogprobs:
+    """One token's alternatives from the ``(id, logprob)`` pairs an engine's reader found in ``raw`` (the token's
+    top logprobs as sent): each id an integer and each logprob a number, else a :class:`~.base.BackendError`
+    naming ``raw`` (``what``: the engine)."""
+    out = []
+    for token, value in pairs:
+        if type(token) is not int or not isinstance(value, int | float):
+            raise BackendError(f"{what}: malformed top logprobs {raw!r:.200}")
+        out.append((token, float(value)))
+    return tuple(out)
 
 
 def loads_span(raw: bytes | bytearray, start: int, stop: int) -> Any:

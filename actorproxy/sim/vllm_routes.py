@@ -142,18 +142,17 @@ class _Writer:
             return None
         content = []
         for token_id, lp in zip(ids, lps, strict=True):
-            # As vLLM 0.32 writes them: the sampled token's rank among the vocabulary, and its alternatives
-            # (``logprobs: 0`` too lists the sampled one there), each with its rank; no text.
-            ranked = alternatives(token_id, lp, max(self.call.logprobs or 0, 1) + 1)
-            ranks = {t: rank for rank, (t, _) in enumerate(ranked, 1)}
-            top = [{"token_id": t, "logprob": v, "rank": ranks.get(t, len(ranked))}
-                   for t, v in self._likeliest(token_id, lp)[: max(self.call.logprobs or 0, 1)]]
+            # As vLLM 0.32 writes them: the sampled token's rank, and its alternatives (``logprobs: 0`` too lists
+            # the sampled one there), each with its rank; no text.
+            listed = self._listed(token_id, lp)
+            ranks = {t: rank for rank, (t, _) in enumerate(sorted(listed, key=lambda pair: -pair[1]), 1)}
+            top = [{"token_id": t, "logprob": v, "rank": ranks[t]} for t, v in listed]
             content.append({"token_id": token_id, "logprob": lp, "rank": ranks[token_id], "top_logprobs": top})
         return {"content": content}
 
-    def _likeliest(self, token_id: int, logprob: float) -> list[tuple[int, float]]:
+    def _listed(self, token_id: int, logprob: float) -> list[tuple[int, float]]:
         """What vLLM lists for ``logprobs: k``: the sampled token first, then the k likeliest but it
-        (``policy.alternatives``: the simulator's sampled token is always among them)."""
+        (``policy.alternatives``: the simulator's sampled token is always among them; ``k`` 0: it alone)."""
         k = self.call.logprobs or 0
         return [(token_id, logprob)] + [(t, v) for t, v in alternatives(token_id, logprob, k) if t != token_id]
 
@@ -169,7 +168,7 @@ class _Writer:
             "text_offset": offsets,
             "token_logprobs": list(lps),
             "tokens": tokens,
-            "top_logprobs": [{self._token_str(t): v for t, v in self._likeliest(i, lp)}
+            "top_logprobs": [{self._token_str(t): v for t, v in self._listed(i, lp)}
                              for i, lp in zip(ids, lps, strict=True)],
         }
 

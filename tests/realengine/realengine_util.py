@@ -110,6 +110,24 @@ def session_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+def reply_logprobs(http: httpx.Client, proxy: Process, session: str, body: dict[str, Any], *, stream: bool
+                   ) -> list[Any]:
+    """A chat turn's ``logprobs.content`` entries: the JSON reply's, or (``stream``) every chunk's, in order."""
+    if not stream:
+        got = http.post(f"{proxy.url}/v1/chat/completions", json=body, headers={"X-Session-Id": session})
+        assert got.status_code == 200, got.text
+        return list(got.json()["choices"][0]["logprobs"]["content"])
+    content: list[Any] = []
+    with http.stream("POST", f"{proxy.url}/v1/chat/completions", json=body | {"stream": True},
+                     headers={"X-Session-Id": session}) as got:
+        assert got.status_code == 200
+        for line in got.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    content += (choice.get("logprobs") or {}).get("content") or []
+    return content
+
+
 def chat(http: httpx.Client, proxy: Process, session: str, messages: list[dict[str, Any]], *, model: str,
          stream: bool, **extra: Any) -> tuple[dict[str, Any], str]:
     """One turn through the proxy: the assistant message as the agent saw it (from the stream's deltas when

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from realengine_util import (
     Process,
     proxy_command,
     read_session,
+    reply_logprobs,
     session_id,
     start_proxy,
     stop,
@@ -219,20 +219,9 @@ def test_top_logprobs_are_the_engines(proxy: Process, gemma: ChatTokenizer, stre
     likeliest first, spelled by the model's tokenizer; the first is the token sampled, with its logprob."""
     session = session_id("top")
     body = {"model": "gemma", "messages": [{"role": "user", "content": "Name a colour."}], "temperature": 0.0,
-            "max_tokens": 8, "logprobs": True, "top_logprobs": 2, "stream": stream}
+            "max_tokens": 8, "logprobs": True, "top_logprobs": 2}
     with httpx.Client(timeout=300) as http:
-        content: list[Any] = []
-        with http.stream("POST", f"{proxy.url}/v1/chat/completions", json=body,
-                         headers={"X-Session-Id": session}) as got:
-            assert got.status_code == 200
-            if stream:
-                for line in got.iter_lines():
-                    if line.startswith("data: {"):
-                        for choice in json.loads(line[6:])["choices"]:
-                            content += (choice.get("logprobs") or {}).get("content") or []
-            else:
-                got.read()
-                content = got.json()["choices"][0]["logprobs"]["content"]
+        content = reply_logprobs(http, proxy, session, body, stream=stream)
         [step] = read_session(http, proxy, session)["steps"]
     assert len(content) == len(step["output_ids"]) > 0
     vocabulary = {gemma.decode([t]).encode() for t in range(gemma.vocab_size)}

@@ -30,7 +30,16 @@ from typing import Any
 
 import httpx
 import pytest
-from realengine_util import Process, read_session, session_id, start_proxy, stop, stream_errors, stream_until
+from realengine_util import (
+    Process,
+    read_session,
+    reply_logprobs,
+    session_id,
+    start_proxy,
+    stop,
+    stream_errors,
+    stream_until,
+)
 from realengine_util import chat as proxy_chat
 from vllm_util import MAX_MODEL_LEN, launch_vllm, stop_vllm, wait_vllm
 
@@ -504,19 +513,6 @@ def replay_top(http: httpx.Client, engine: Process, prompt: list[int], n: int, k
     return [{int(key.removeprefix("token_id:")): value for key, value in top.items()} for top in tops]
 
 
-def streamed_logprobs(http: httpx.Client, proxy: Process, session: str, body: dict[str, Any]) -> list[Any]:
-    """A streamed turn's ``logprobs.content`` entries, every chunk's, in order."""
-    content: list[Any] = []
-    with http.stream("POST", f"{proxy.url}/v1/chat/completions", json=body | {"stream": True},
-                     headers={"X-Session-Id": session}) as got:
-        assert got.status_code == 200
-        for line in got.iter_lines():
-            if line.startswith("data: {"):
-                for choice in json.loads(line[6:])["choices"]:
-                    content += (choice.get("logprobs") or {}).get("content") or []
-    return content
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_top_logprobs_are_vllms_own(
@@ -530,12 +526,7 @@ def test_top_logprobs_are_vllms_own(
     body = {"model": "policy", "messages": [{"role": "user", "content": "Name a colour."}], "temperature": 0.0,
             "max_tokens": 6, "logprobs": True, "top_logprobs": 3}
     with httpx.Client(timeout=300) as http:
-        if stream:
-            content = streamed_logprobs(http, proxy, session, body)
-        else:
-            got = http.post(f"{proxy.url}/v1/chat/completions", json=body, headers={"X-Session-Id": session})
-            assert got.status_code == 200, got.text
-            content = got.json()["choices"][0]["logprobs"]["content"]
+        content = reply_logprobs(http, proxy, session, body, stream=stream)
         read = read_session(http, proxy, session)
         [step] = read["steps"]
         tops = replay_top(http, engine, step_prompt(read, step), len(step["output_ids"]), 3)

@@ -21,7 +21,7 @@ from ...schema.converter import CONVERTER, TokenIds, at_least
 from ..base import BackendError, FinishReason, GenerateFinish, GenerationEvent, SamplingParams
 from ..connection import BodyTemplate
 from ..errors import error_message, stream_error_status
-from ..stream_events import StreamDecoder
+from ..stream_events import StreamDecoder, checked_alternatives
 
 if TYPE_CHECKING:
     from ..base import GenerateRequest
@@ -165,13 +165,8 @@ def _alternatives(entry: Mapping[str, Any]) -> TopLogprobs:
     top = entry.get("top_logprobs")
     if type(top) is not list:
         raise BackendError(f"llama.cpp: a probability entry without top_logprobs: {entry!r:.200}")
-    out = []
-    for alternative in top:
-        if (type(alternative) is not dict or type(token := alternative.get("id")) is not int
-                or not isinstance(value := alternative.get("logprob"), int | float)):
-            raise BackendError(f"llama.cpp: malformed top_logprobs entry {alternative!r:.200}")
-        out.append((token, float(value)))
-    return tuple(out)
+    pairs = [(a.get("id"), a.get("logprob")) if type(a) is dict else (None, None) for a in top]
+    return checked_alternatives(pairs, "llama.cpp", top)
 
 
 class LlamaCppStreamParser(StreamDecoder):

@@ -34,7 +34,7 @@ from ..base import (
 from ..connection import BodyTemplate
 from ..deltas import DEFAULT_VERSION, token_deltas, version_at
 from ..errors import http_status, stream_error_status
-from ..stream_events import Int64, StreamDecoder, loads_span
+from ..stream_events import Int64, StreamDecoder, checked_alternatives, loads_span
 from .cumulative import PrefixCutter, look
 
 GENERATE_PATH = "/generate"
@@ -551,12 +551,9 @@ def _alternatives(entries: object, skipped: int, count: int) -> list[TopLogprobs
         raise BackendError(f"SGLang: {count} new tokens but output_top_logprobs {got!r:.200}")
     out: list[TopLogprobs] = []
     for top in entries[skipped : skipped + count]:
-        pairs = [] if top is None else top if isinstance(top, list) else [None]
-        kept = [(e[1], float(e[0])) for e in pairs
-                if isinstance(e, list) and len(e) >= 2 and type(e[1]) is int and isinstance(e[0], int | float)]
-        if len(kept) != len(pairs):
-            raise BackendError(f"SGLang: malformed output_top_logprobs entry {top!r:.200}")
-        out.append(tuple(kept))
+        listed = [] if top is None else top if isinstance(top, list) else [None]
+        pairs = [(e[1], e[0]) if isinstance(e, list) and len(e) >= 2 else (None, None) for e in listed]
+        out.append(checked_alternatives(pairs, "SGLang", top))
     return out
 
 

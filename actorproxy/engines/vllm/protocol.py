@@ -35,7 +35,7 @@ from ..base import (
 from ..connection import BodyTemplate
 from ..deltas import DEFAULT_VERSION, token_deltas, version_at
 from ..errors import error_message, stream_error_status
-from ..stream_events import Int64, StreamDecoder
+from ..stream_events import Int64, StreamDecoder, checked_alternatives
 
 if TYPE_CHECKING:
     from ..base import GenerateRequest
@@ -333,10 +333,7 @@ def _alternatives(raw: object, count: int) -> list[TopLogprobs]:
             pairs = [(_token_id({"token": key}), value) for key, value in top.items()]
         else:
             pairs = [(None, None)]
-        kept = [(t, float(v)) for t, v in pairs if type(t) is int and isinstance(v, int | float)]
-        if len(kept) != len(pairs):
-            raise BackendError(f"vLLM: malformed top logprobs {top!r:.200}")
-        out.append(tuple(kept))
+        out.append(checked_alternatives(pairs, "vLLM", top))
     return out
 
 
