@@ -115,6 +115,9 @@ class TrainingBatch:
     #: Per row: the rollout and the segment (``<session>#<k>``) it came from.
     rollout_ids: tuple[str, ...]
     segment_ids: tuple[str, ...]
+    #: Per row: how its sampled tokens were drawn, the segment's ``metadata.sampling`` (one record when its steps
+    #: sampled alike, else one a step; ``None`` when not recorded).
+    samplings: tuple[Any, ...] = ()
 
     @property
     def num_rows(self) -> int:
@@ -138,6 +141,27 @@ class TrainingBatch:
 
         return {name: torch.from_numpy(np.ascontiguousarray(value)).to(device)
                 for name, value in self.arrays().items()}
+
+    def temperature(self) -> float:
+        """The one temperature every sampled token of the batch was drawn at: what the trainer divides its logits
+        by to compute logprobs comparable with :attr:`old_logprobs`.
+
+        A :class:`ValueError` names the segments when they were sampled at different temperatures, or a segment
+        that does not say (stored before the proxy recorded it): one temperature for the batch would then be wrong.
+        """
+        seen: dict[float, str] = {}
+        for segment, sampling in zip(self.segment_ids, self.samplings, strict=True):
+            records = sampling if isinstance(sampling, list) else [sampling]
+            for record in records:
+                if not isinstance(record, Mapping) or not isinstance(record.get("temperature"), int | float):
+                    raise ValueError(f"segment {segment!r} does not say at what temperature it was sampled")
+                seen.setdefault(float(record["temperature"]), segment)
+        if len(seen) > 1:
+            named = ", ".join(f"{temperature} ({segment!r})" for temperature, segment in sorted(seen.items()))
+            raise ValueError(f"the batch was sampled at several temperatures: {named}")
+        if not seen:
+            raise ValueError("the batch has no rows")
+        return next(iter(seen))
 
     def stale_tokens(self, version: int) -> int:
         """How many sampled tokens were sampled under a version other than ``version`` (off-policy)."""
@@ -206,6 +230,7 @@ def build_batch(
         instance_ids=tuple(instance for instance, _ in groups),
         rollout_ids=tuple(r[1] for r in rows),
         segment_ids=tuple(str(r[2].get("trajectory_id", "")) for r in rows),
+        samplings=tuple((r[2].get("metadata") or {}).get("sampling") for r in rows),
     )
 
 

@@ -121,12 +121,14 @@ async def main() -> None:
             for r in range(3):
                 uid = f"p{group}-r{r}"
                 messages = [{"role": "user", "content": f"What is {group} + {r}?"}]
-                await client.generate(uid, f"p{group}", messages, max_tokens=24)
+                await client.generate(uid, f"p{group}", messages, max_tokens=24, temperature=0.8)
                 await client.complete_trajectory(uid, reward=float(r == group))
         fetched = await client.fetch_batch(groups=2, rollouts_per_group=3)
     batch = build_batch(fetched)
     print(f"batch: {batch.num_rows} rows x {batch.input_ids.shape[1]} tokens, "
           f"{int(batch.loss_mask.sum())} sampled, advantages {[round(float(a), 3) for a in batch.advantages]}")
+    # The temperature the trainer divides its logits by (the engine's convention: docs/trajectories.md).
+    print(f"sampled at temperature {batch.temperature()}")
     for name, adapter in (("verl", to_verl), ("slime", to_slime), ("openrlhf", to_openrlhf),
                           ("skyrl", to_skyrl), ("trl", to_trl)):
         made = adapter(batch)

@@ -113,6 +113,10 @@ class Step:
     retry_of: int | None = None
     #: Set when a retry replaced this step (its status is then ``superseded``).
     superseded_by: int | None = None
+    #: How the output was sampled: temperature, top-p, top-k, min-p, the three penalties and the seed, by the
+    #: engines' own names (``runtime/generate.py: sampling_record``); shared by the steps that sampled alike,
+    #: never written to. ``None`` for a step the proxy did not sample (one a client submitted).
+    sampling: dict[str, Any] | None = None
     #: The engine's version labels behind ``output_versions`` (number -> label), e.g. ``{7: "weights-v7"}``.
     version_labels: dict[int, str] = attrs.field(factory=dict)
     created_at: float = attrs.field(factory=time.time)
@@ -257,6 +261,7 @@ def finish_segment(
         if s.routed_experts is not None or s.routed_experts_chunks is not None
     ]
     metadata.setdefault("tool_call_parse_errors", sum(s.tool_call_parse_error for s in steps))
+    metadata.setdefault("sampling", segment_sampling(steps))
     return Segment(
         trajectory_id=f"{session_id}#{segment_index}",
         parent_traj_id=parent_traj_id or session_id,
@@ -274,3 +279,13 @@ def finish_segment(
         metadata=metadata,
         routed_experts_parts=parts or None,
     )
+
+
+def segment_sampling(steps: list[Step]) -> dict[str, Any] | list[dict[str, Any] | None] | None:
+    """How a segment's sampled tokens were drawn: its steps' one ``sampling`` when they all sampled alike (the
+    common case), else each step's, in the order of ``step_indices``; ``None`` when no step was sampled here."""
+    records = [step.sampling for step in steps]
+    first = records[0] if records else None
+    if all(record is first or record == first for record in records):
+        return first
+    return records

@@ -100,20 +100,41 @@ class Samplings:
 
     def __init__(self, stop_token_ids: tuple[int, ...]) -> None:
         self._stop = stop_token_ids
-        self._kept: dict[tuple[int, float, float, int | None, int, SamplingExtras | None], SamplingParams] = {}
+        self._kept: dict[tuple[int, float, float, int | None, int, SamplingExtras | None],
+                         tuple[SamplingParams, dict[str, float | int | None]]] = {}
 
     def of(self, max_new_tokens: int, temperature: float, top_p: float, seed: int | None,
-           top_logprobs: int = 0, extras: SamplingExtras | None = None) -> SamplingParams:
-        """The settings of a turn: kept ones when a turn asked for these before."""
+           top_logprobs: int = 0, extras: SamplingExtras | None = None
+           ) -> tuple[SamplingParams, dict[str, float | int | None]]:
+        """The settings of a turn, and what its step records of them: kept ones when a turn asked for these before.
+
+        The record (a step's ``sampling``) is shared by every step that sampled alike: no one writes to it.
+        """
         key = (max_new_tokens, temperature, top_p, seed, top_logprobs, extras)
-        sampling = self._kept.get(key)
-        if sampling is None:
+        kept = self._kept.get(key)
+        if kept is None:
             if len(self._kept) >= _MAX_SAMPLINGS:
                 self._kept.clear()
             more = {} if extras is None else attrs.asdict(extras)
-            sampling = self._kept[key] = SamplingParams(max_new_tokens, temperature, top_p, stop_token_ids=self._stop,
-                                                        seed=seed, top_logprobs=top_logprobs, **more)
-        return sampling
+            sampling = SamplingParams(max_new_tokens, temperature, top_p, stop_token_ids=self._stop,
+                                      seed=seed, top_logprobs=top_logprobs, **more)
+            kept = self._kept[key] = (sampling, sampling_record(sampling))
+        return kept
+
+
+def sampling_record(sampling: SamplingParams) -> dict[str, float | int | None]:
+    """What a step records of how its tokens were sampled (``Step.sampling``): every setting that shapes the
+    distribution a token was drawn from, by the engines' own names; the budget is the step's ``max_new_tokens``."""
+    return {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        "repetition_penalty": sampling.repetition_penalty,
+        "seed": sampling.seed,
+    }
 
 
 @attrs.frozen
@@ -164,9 +185,9 @@ class TurnGeneration:
         self.step = step = prepared.step
         self._tok = tokenizer
         self._input_ids = prepared.input_ids
-        self._sampling = services.samplings.of(step.max_new_tokens, prepared.temperature, prepared.top_p,
-                                               prepared.request.seed, prepared.request.top_logprobs,
-                                               prepared.request.extras)
+        self._sampling, step.sampling = services.samplings.of(step.max_new_tokens, prepared.temperature,
+                                                              prepared.top_p, prepared.request.seed,
+                                                              prepared.request.top_logprobs, prepared.request.extras)
         #: Each recorded token's alternatives, when the turn asked for them (``top_logprobs``).
         self._top: list[TopLogprobs] | None = [] if self._sampling.top_logprobs else None
         #: The last attempt's generation, while its alternatives (``Generation.top_logprobs``) are to be kept.

@@ -114,6 +114,7 @@ def step_fields(step: Step, *, payloads: bool = True) -> dict[str, Any]:
         "prompt_tokens": step.prompt_len,
         "completion_tokens": out,
         "max_new_tokens": step.max_new_tokens,
+        "sampling": step.sampling,
         "message_count": step.message_count,
         "new_messages": step.new_messages,
         "tool_call_parse_error": step.tool_call_parse_error,

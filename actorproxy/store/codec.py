@@ -176,6 +176,7 @@ def decode_step(meta: dict[str, Any], blob: bytes) -> Step:
         prompt_len=int(meta.get("prompt_tokens", 0)),
         fragment_ids=int_array(frag),
         max_new_tokens=int(meta.get("max_new_tokens", 0)),
+        sampling=meta.get("sampling"),
         output_ids=int_array(out),
         output_logprobs=float_array(out_lp),
         output_versions=int_array(out_ver),

@@ -89,3 +89,58 @@ def test_each_engines_body_names_them_its_own_way() -> None:
     assert llamacpp["repeat_last_n"] == -1  # (the penalties' window: the whole context)
     neutral = orjson.loads(llamacpp_body(GenerateRequest(array("i", [1]), SamplingParams(max_new_tokens=8))))
     assert (neutral["repeat_last_n"], neutral["repeat_penalty"], neutral["top_k"]) == (0, 1.0, 0)
+
+
+#: What a step records of a turn that asked for ASKED at temperature 0.7 and seed 3.
+RECORDED = {"temperature": 0.7, "top_p": 1.0, "seed": 3, **ASKED}
+
+
+async def read_back(http: httpx.AsyncClient, session: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    assert (await http.post("/session/finalize", json={"session_id": session})).status_code == 200
+    payload = (await http.post("/trajectory/read", json={"session_id": session, "include_steps": True})).json()
+    return payload["data"], payload["steps"]
+
+
+async def two_turns(http: httpx.AsyncClient, session: str, first: dict[str, Any], second: dict[str, Any]) -> None:
+    reply = await http.post(f"/sess/{session}/v1/chat/completions", json={"messages": MESSAGES, **first})
+    assert reply.status_code == 200, reply.text
+    history = [*MESSAGES, reply.json()["choices"][0]["message"], {"role": "user", "content": "Again."}]
+    reply = await http.post(f"/sess/{session}/v1/chat/completions", json={"messages": history, **second})
+    assert reply.status_code == 200, reply.text
+
+
+async def test_the_trainer_reads_how_each_step_was_sampled(http: httpx.AsyncClient,
+                                                           sampled: list[SamplingParams]) -> None:
+    """A trainer that recomputes the logprobs must sample alike: each step says how, and so does its segment."""
+    asked = {"temperature": 0.7, "seed": 3, **ASKED}
+    await two_turns(http, "alike", asked, asked)
+    segments, steps = await read_back(http, "alike")
+    assert [step["sampling"] for step in steps] == [RECORDED, RECORDED]
+    assert [segment["metadata"]["sampling"] for segment in segments] == [RECORDED]
+    # What was recorded is what the engine was asked for.
+    assert {key: getattr(sampled[0], key) for key in RECORDED} == RECORDED
+
+    await two_turns(http, "mixed", asked, {})
+    segments, steps = await read_back(http, "mixed")
+    plain = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "presence_penalty": 0.0,
+             "frequency_penalty": 0.0, "repetition_penalty": 1.0, "seed": None}
+    assert [step["sampling"] for step in steps] == [RECORDED, plain]
+    # Steps that sampled differently: one record per step, in the order of `step_indices`.
+    assert [segment["metadata"]["sampling"] for segment in segments] == [[RECORDED, plain]]
+
+
+async def test_a_token_in_step_records_its_sampling_too(http: httpx.AsyncClient) -> None:
+    """The Claw-R1 gateway's flow: ids in, the step claimed by the ``/submit_steps`` that names its trajectory."""
+    prompt = [9707, 11, 1879]
+    reply = await http.post("/generate", json={"prompt_ids": prompt, "sampling_params": {
+        "max_tokens": 4, "temperature": 0.5, "top_p": 0.9, "repetition_penalty": 1.2}})
+    assert reply.status_code == 200, reply.text
+    submitted = await http.post("/submit_steps", json={"steps": [{
+        "trajectory_uid": "token-in", "prompt_uid": "p", "prompt_ids": prompt,
+        "response_ids": reply.json()["token_ids"], "reward": 1.0, "step_index": 0, "is_last": True}]})
+    assert submitted.status_code == 200, submitted.text
+    payload = (await http.post("/trajectory/read", json={"session_id": "token-in", "include_steps": True})).json()
+    [step] = payload["steps"]
+    assert step["sampling"] == {"temperature": 0.5, "top_p": 0.9, "top_k": -1, "min_p": 0.0, "presence_penalty": 0.0,
+                                "frequency_penalty": 0.0, "repetition_penalty": 1.2, "seed": None}
+    assert [segment["metadata"]["sampling"] for segment in payload["data"]] == [step["sampling"]]

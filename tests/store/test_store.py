@@ -140,6 +140,9 @@ async def test_journal_recovers_open_sessions_after_a_crash(tmp_path: Path, toke
         (seg,) = got["data"]
         assert seg["trajectory_id"] == "open#0" and seg["boundary_reason"] == "recovered"
         assert seg["metadata"]["recovered"] is True and seg["step_indices"] == [0, 1]
+        # How the steps were sampled survives the crash: the journal kept it.
+        assert seg["metadata"]["sampling"]["temperature"] == 1.0
+        assert [s["sampling"] for s in got["steps"]] == [seg["metadata"]["sampling"]] * 2
         assert [len(s["output_ids"]) for s in got["steps"]] == [t.done.completion_tokens for t in turns]
         assert seg["token_ids"] == got["steps"][0]["concat_token_ids"] + got["steps"][1]["concat_token_ids"]
         assert len(CONVERTER.unstructure(await runtime.read(session_id="done"))["data"]) == 1

@@ -96,7 +96,7 @@ def test_several_workers_example_runs() -> None:
 def test_training_adapters_example_runs() -> None:
     result = _run(str(EXAMPLES / "training_adapters.py"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "batch: 6 rows" in result.stdout
+    assert "batch: 6 rows" in result.stdout and "sampled at temperature 0.8" in result.stdout
     for trainer in ("verl", "slime", "openrlhf", "skyrl", "trl"):
         assert f"\n{trainer}: " in result.stdout
 

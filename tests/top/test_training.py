@@ -56,6 +56,7 @@ async def test_a_fetched_batch_is_one_padded_row_per_segment(
         assert batch.loss_mask[row, :n].tolist() == segment["loss_mask"] and not batch.loss_mask[row, n:].any()
         assert np.allclose(batch.old_logprobs[row, :n], segment["logprobs"])
         assert batch.versions[row, :n].tolist() == segment["versions"] and (batch.versions[row, n:] == -1).all()
+        assert batch.samplings[row] == segment["metadata"]["sampling"]
     # GRPO within each group; every segment of a rollout carries its rollout's advantage.
     expected = {f"g{g}-r{r}": a for g, rewards in REWARDS.items()
                 for r, a in enumerate(grpo_advantages(rewards))}
@@ -66,6 +67,7 @@ async def test_a_fetched_batch_is_one_padded_row_per_segment(
     token = batch.token_advantages()
     assert np.array_equal(token != 0, (batch.loss_mask == 1) & (batch.advantages[:, None] != 0))
     assert batch.stale_tokens(0) == 0 and batch.stale_tokens(1) == int(batch.loss_mask.sum())
+    assert batch.temperature() == 1.0
 
 
 def test_grpo_advantages_as_verl_computes_them() -> None:
@@ -96,3 +98,24 @@ def test_ray_pool_groups_missing_rewards_and_overlong_segments() -> None:
     with pytest.raises(ValueError, match="over max_length=2"):
         build_batch([group], max_length=2)
     assert split_prompt_response([1, 2, 3, 4], [0, 0, 1, 0]) == ([1, 2], [3, 4])
+
+
+def _fetched(samplings: list[Any]) -> dict[str, Any]:
+    """A fetched batch of one group, a rollout a segment, each segment's ``metadata.sampling`` as given."""
+    segment = {"token_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "logprobs": [0.0, -0.5, -0.25], "versions": [-1, 0, 0]}
+    trajectories = [{"trajectory_id": f"r{i}", "reward": 1.0,
+                     "segments": [{**segment, "trajectory_id": f"r{i}#0", "metadata": {"sampling": sampling}}]}
+                    for i, sampling in enumerate(samplings)]
+    return {"data": [{"instance_id": "g", "trajectories": trajectories}]}
+
+
+def test_the_batch_says_at_what_temperature_it_was_sampled() -> None:
+    """The trainer's logprobs are comparable with the recorded ones only at the temperature that sampled them."""
+    warm, cool = {"temperature": 0.7, "top_p": 1.0}, {"temperature": 1.0, "top_p": 1.0}
+    assert build_batch(_fetched([warm, [warm, warm]])).temperature() == 0.7
+    with pytest.raises(ValueError, match=r"several temperatures: 0\.7 \('r0#0'\), 1\.0 \('r1#0'\)"):
+        build_batch(_fetched([warm, cool])).temperature()
+    with pytest.raises(ValueError, match=r"several temperatures"):
+        build_batch(_fetched([[warm, cool]])).temperature()
+    with pytest.raises(ValueError, match=r"'r1#0' does not say"):
+        build_batch(_fetched([warm, None])).temperature()
