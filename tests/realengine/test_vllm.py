@@ -542,17 +542,23 @@ def test_top_logprobs_are_vllms_own(
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_top_k_reaches_vllm(kind: str, vllm_servers: dict[str, Process], vllm_proxies: dict[str, Process]) -> None:
-    """``top_k: 1`` at temperature 1 through either API: vLLM samples its likeliest token each time, so the
-    step is its greedy replay, exactly (without ``top_k`` the random-weight model's reply at temperature 1 is not)."""
+    """``top_k: 1`` at temperature 0.5 through either API: vLLM samples its likeliest token each time, so the
+    step is its greedy replay, exactly (without ``top_k`` the random-weight model's reply is not).
+
+    The logprobs too: vLLM's default ``--logprobs-mode raw_logprobs`` reports the model's own distribution
+    whatever the temperature (docs/trajectories.md), and the step says how it was sampled."""
     engine, proxy = vllm_servers[kind], vllm_proxies[kind]
     session = session_id(f"topk-{kind}")
     with httpx.Client(timeout=300) as http:
         message, _ = proxy_chat(http, proxy, session, [{"role": "user", "content": "Name a colour."}],
-                                model="policy", stream=False, temperature=1.0, top_k=1, max_tokens=12)
+                                model="policy", stream=False, temperature=0.5, top_k=1, max_tokens=12)
         read = read_session(http, proxy, session)
         [step] = read["steps"]
         assert len(step["output_ids"]) == 12
         assert_greedy(http, engine, read, step)
+        assert step["sampling"] == {"temperature": 0.5, "top_p": 1.0, "top_k": 1, "min_p": 0.0,
+                                    "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+                                    "seed": None}
 
 
 @pytest.mark.parametrize("kind", KINDS)
