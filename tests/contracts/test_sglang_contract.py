@@ -617,3 +617,24 @@ def test_pause_modes_are_sglangs(sgl: Contract) -> None:
     assert mode.default == "abort"
     continued = {f.name: f.default for f in msgspec.structs.fields(sgl.io.ContinueGenerationReqInput)}
     assert continued == {"rid": None, "http_worker_ipc": None, "torch_empty_cache": True}
+
+
+def test_its_logprobs_are_of_the_tempered_distribution(sgl: Contract) -> None:
+    """What docs/trajectories.md says of SGLang's logprobs, held to the release's sampler: on its standard path the
+    logits are divided by the temperature before the softmax the returned logprobs are the log of, unless the
+    server's environment sets ``SGLANG_RETURN_ORIGINAL_LOGPROB``; a greedy batch's are of the logits themselves."""
+    sampler = sgl.source.text("sglang/srt/layers/sampler.py")
+    tree = ast.parse(sampler)
+    env = [node for node in ast.walk(tree) if isinstance(node, ast.Assign)
+           and [getattr(t, "id", None) for t in node.targets] == ["SGLANG_RETURN_ORIGINAL_LOGPROB"]]
+    assert [ast.unparse(node.value) for node in env] == ["get_bool_env_var('SGLANG_RETURN_ORIGINAL_LOGPROB')"]
+    standard = sampler.index("# Standard path: do softmax and sample from probs.")
+    divided = sampler.index("logits.div_(sampling_info.temperatures)", standard)
+    probs = sampler.index("probs = logits", divided)
+    returned = sampler.index("else torch.log(probs)", probs)
+    assert standard < divided < probs < returned
+    greedy = sampler.index("if sampling_info.is_all_greedy:")
+    assert "original_logprobs = logprobs = torch.nn.functional.log_softmax(\n                    logits, dim=-1" \
+        in sampler[greedy:standard]
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "trajectories.md").read_text()
+    assert "`SGLANG_RETURN_ORIGINAL_LOGPROB=1`" in docs and f"SGLang ({SGLANG_VERSION})" in docs
