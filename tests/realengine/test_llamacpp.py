@@ -232,6 +232,28 @@ def test_top_logprobs_are_the_engines(proxy: Process, gemma: ChatTokenizer, stre
         assert bytes(second["bytes"]) in vocabulary, second
 
 
+def test_its_logprobs_are_the_models_own_at_any_temperature(llama_server: Process, gemma: ChatTokenizer) -> None:
+    """What docs/trajectories.md says of llama.cpp's logprobs, on the real server, with the body the proxy sends
+    (``n_probs`` without ``post_sampling_probs``): the sampled token's logprob is the model's own, the same at
+    temperature 0.3 as at 1 (``top_k: 1`` samples the same token at both); ``post_sampling_probs`` would give the
+    distribution the token was drawn from instead (here a probability of 1)."""
+    prompt = list(gemma.encode(gemma.render([{"role": "user", "content": "Name a colour."}])))
+
+    def first(temperature: float, **more: Any) -> dict[str, Any]:
+        body = {"prompt": prompt, "n_predict": 1, "temperature": temperature, "top_k": 1, "n_probs": 1,
+                "return_tokens": True, "stream": False, "cache_prompt": False, **more}
+        got = http.post(f"{llama_server.url}/completion", json=body)
+        assert got.status_code == 200, got.text
+        return dict(got.json()["completion_probabilities"][0])
+
+    with httpx.Client(timeout=300) as http:
+        warm, cool = first(1.0), first(0.3)
+        drawn = first(0.3, post_sampling_probs=True)
+    assert warm["id"] == cool["id"] == drawn["id"]
+    assert cool["logprob"] == pytest.approx(warm["logprob"], abs=1e-4) and warm["logprob"] < -1e-3
+    assert drawn["prob"] == pytest.approx(1.0)
+
+
 def test_max_tokens_and_stop(proxy: Process, llama_server: Process, gemma: ChatTokenizer) -> None:
     question = [{"role": "user", "content": "Write three sentences about the sea."}]
     with httpx.Client(timeout=300) as http:
