@@ -4,8 +4,11 @@ It runs in a Python with torch and transformers (the vLLM venv of scripts/vllm/i
 both) and needs nothing of actorproxy: ``train_on_cpu.py`` starts it as a child process and
 speaks to it in JSON lines on stdin/stdout, one request and one answer a line::
 
-    {"batch": "b.npz", "out": "weights-3", "lr": 0.01, "steps": 2}
+    {"batch": "b.npz", "out": "weights-3", "lr": 0.01, "steps": 2, "temperature": 0.8}
 
+``temperature`` (default 1) is the one the batch's tokens were drawn at (``TrainingBatch.temperature()``): the
+trainer's logprobs are of the model's distribution at it, as the engine's recorded ones are when vLLM runs with
+``--logprobs-mode processed_logprobs``.
 ``b.npz`` holds the arrays of ``actorproxy.training.build_batch``. The trainer answers with
 the file of its own logprobs of every token at the weights that sampled it (``current``: the
 weights it holds; ``previous``: the ones before its last update, kept for the tokens sampled
@@ -34,8 +37,10 @@ ROWS_PER_PASS = 8
 TIS_CAP = 2.0
 
 
-def sampled_logprobs(model: Any, arrays: dict[str, torch.Tensor], rows: slice) -> torch.Tensor:
-    """The model's logprob of each sampled token of ``rows`` (a flat tensor, in row-major token order).
+def sampled_logprobs(model: Any, arrays: dict[str, torch.Tensor], rows: slice, temperature: float) -> torch.Tensor:
+    """The logprob of each sampled token of ``rows`` (a flat tensor, in row-major token order) under the model's
+    distribution at ``temperature`` (the one the tokens were drawn from; a temperature of 0 is greedy, and its
+    logprobs are the model's own).
 
     The logits are computed only where a sampled token is predicted (position t - 1 of a
     token at t): the vocabulary is 151,936 wide.
@@ -48,13 +53,16 @@ def sampled_logprobs(model: Any, arrays: dict[str, torch.Tensor], rows: slice) -
     mask[:, 0] = False  # the first token of a row has no prediction
     at = mask.nonzero(as_tuple=True)
     logits = model.lm_head(hidden[at[0], at[1] - 1]).float()
+    if temperature > 0:
+        logits = logits / temperature
     return torch.log_softmax(logits, dim=-1).gather(1, ids[at].unsqueeze(1)).squeeze(1)
 
 
-def all_logprobs(model: Any, arrays: dict[str, torch.Tensor]) -> torch.Tensor:
+def all_logprobs(model: Any, arrays: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
     rows = arrays["input_ids"].shape[0]
     with torch.no_grad():
-        parts = [sampled_logprobs(model, arrays, slice(i, i + ROWS_PER_PASS)) for i in range(0, rows, ROWS_PER_PASS)]
+        parts = [sampled_logprobs(model, arrays, slice(i, i + ROWS_PER_PASS), temperature)
+                 for i in range(0, rows, ROWS_PER_PASS)]
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
@@ -74,8 +82,9 @@ class Trainer:
     def step(self, request: dict[str, Any]) -> dict[str, Any]:
         loaded = np.load(request["batch"])
         arrays = {name: torch.from_numpy(loaded[name]) for name in loaded.files}
-        current = all_logprobs(self.model, arrays)
-        previous = all_logprobs(self.previous, arrays)
+        temperature = float(request.get("temperature", 1.0))
+        current = all_logprobs(self.model, arrays, temperature)
+        previous = all_logprobs(self.previous, arrays, temperature)
         np.savez(request["logprobs"], current=current.numpy(), previous=previous.numpy())
         if not int(request["steps"]):
             return {"losses": [], "tokens": int(arrays["loss_mask"].sum()), "weights": None}
@@ -94,7 +103,7 @@ class Trainer:
             total = 0.0
             start = 0
             for i in range(0, mask.shape[0], ROWS_PER_PASS):
-                logprobs = sampled_logprobs(self.model, arrays, slice(i, i + ROWS_PER_PASS))
+                logprobs = sampled_logprobs(self.model, arrays, slice(i, i + ROWS_PER_PASS), temperature)
                 end = start + logprobs.shape[0]
                 weight = torch.exp(logprobs.detach() - recorded[start:end]).clamp(max=TIS_CAP)
                 loss = -(weight * advantages[start:end] * logprobs).sum() / tokens

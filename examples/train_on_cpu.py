@@ -94,7 +94,10 @@ def start_vllm(python: Path, model: Path, log: Path) -> tuple[subprocess.Popen[b
            "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(inductor))}
     args = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
             "--port", str(port), "--enforce-eager", "--max-model-len", "2048", "--enable-scale-out",
-            "--dtype", "float32"]  # as the trainer computes: vLLM's CPU backend would cast to bfloat16
+            "--dtype", "float32",  # as the trainer computes: vLLM's CPU backend would cast to bfloat16
+            # The logprobs of the distribution the tokens are drawn from (after the temperature), as the trainer
+            # computes them: vLLM's default reports the model's own (docs/trajectories.md).
+            "--logprobs-mode", "processed_logprobs"]
     with log.open("ab") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -165,11 +168,12 @@ class Agents:
     """G agents per prompt group, P groups ahead of the trainer at most, playing until stopped."""
 
     def __init__(self, proxy_url: str, http: httpx.AsyncClient, groups_ahead: int, group_size: int,
-                 max_tokens: int) -> None:
+                 max_tokens: int, temperature: float) -> None:
         self.proxy_url = proxy_url
         self.http = http
         self.group_size = group_size
         self.max_tokens = max_tokens
+        self.temperature = temperature
         self.budget = asyncio.Semaphore(groups_ahead)
         #: Per rollout (session): each turn's (text the agent received, finish reason, completion tokens).
         self.turns: dict[str, list[tuple[str, str, int]]] = {}
@@ -195,7 +199,7 @@ class Agents:
             for _ in range(TURNS):
                 stream = await client.chat.completions.create(  # type: ignore[call-overload]
                     model="policy", messages=messages, tools=TOOLS, max_tokens=self.max_tokens,
-                    temperature=1.0, stream=True, stream_options={"include_usage": True})
+                    temperature=self.temperature, stream=True, stream_options={"include_usage": True})
                 text, finish, count = "", None, -1
                 calls: dict[int, dict[str, Any]] = {}
                 async for chunk in stream:
@@ -378,7 +382,7 @@ async def train(args: argparse.Namespace, engine_url: str, model: Path, work: Pa
     try:
         async with httpx.AsyncClient(base_url=proxy.url, headers=admin, timeout=None) as http, \
                 httpx.AsyncClient(base_url=engine_url, timeout=None) as engine:
-            agents = Agents(proxy.url, http, args.prompts, args.group, args.max_tokens)
+            agents = Agents(proxy.url, http, args.prompts, args.group, args.max_tokens, args.temperature)
             version = 0
             # The engine starts from the trainer's weights (a server given by --engine-url may hold others).
             (await engine.post("/collective_rpc", json={
@@ -420,13 +424,18 @@ async def train(args: argparse.Namespace, engine_url: str, model: Path, work: Pa
                 np.savez(path, **saved)
                 weights = work / f"weights-{version + 1}"
                 started = time.monotonic()
+                # The temperature the batch says its tokens were drawn at (each step records it), not the
+                # one the agents were given: the trainer's logprobs are of that distribution.
+                temperature = batch.temperature()
                 answer = await asyncio.to_thread(trainer.step, {
                     "batch": str(path), "logprobs": str(work / f"logprobs-{iteration}.npz"),
-                    "out": None if last else str(weights), "lr": args.lr, "steps": 0 if last else args.steps})
+                    "out": None if last else str(weights), "lr": args.lr, "steps": 0 if last else args.steps,
+                    "temperature": temperature})
                 train_s = time.monotonic() - started
                 (await http.post("/trajectory/ack", json={"lease": fetched["lease"]["id"]})).raise_for_status()
                 logprobs = dict(np.load(work / f"logprobs-{iteration}.npz"))
-                row = {"iteration": iteration, "version": version, "reward": float(batch.rewards.mean()),
+                row = {"iteration": iteration, "version": version, "temperature": temperature,
+                       "reward": float(batch.rewards.mean()),
                        **reward_spread(batch),
                        **mismatch(batch, logprobs, version, version - 1),
                        "versions_in_batch": sorted({int(v) for v in batch.versions[sampled(batch)]}),
@@ -549,6 +558,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16, help="per turn")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps per iteration")
     parser.add_argument("--lr", type=float, default=3e-2)
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="the agents' sampling temperature (a vLLM given by --engine-url must then run with "
+                        "--logprobs-mode processed_logprobs, as the one started here does)")
     parser.add_argument("--sync-wait", type=float, default=30.0,
                         help="seconds a sync waits for a turn streaming text, to cut it (0: sync at once)")
     parser.add_argument("--sync-mode", choices=("abort", "keep", "both"), default="both",

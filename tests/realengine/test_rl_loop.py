@@ -7,7 +7,10 @@ flight (abort with partial rollout, keep frozen in vLLM); the batch played acros
 is fetched and checked too. Then it stops vLLM. What it holds the loop to:
 
 * the mismatch: every sampled token's logprob recomputed by the trainer at the weights that
-  sampled it is within 1e-3 of the recorded one on average and 1e-2 at most (both float32);
+  sampled it is within 1e-3 of the recorded one on average and 1e-2 at most (both float32), the
+  agents sampling at temperature 0.8: the trainer divides its logits by the temperature the batch
+  says its steps were sampled at, and vLLM reports the logprobs of that tempered distribution
+  (``--logprobs-mode processed_logprobs``; its default would be off by the temperature);
 * no token lost or sampled twice across any weight sync: every turn, those cut by a sync of
   either mode included, holds exactly the tokens its agent received (their count, their text),
   and the batches hold every token vLLM generated in the run (its own counter), no more;
@@ -32,6 +35,8 @@ ITERATIONS = 4
 PROMPTS, GROUP, TURNS = 2, 4, 2
 #: Longer turns than the example's default: more of them are in flight when a sync comes.
 MAX_TOKENS = 32
+#: Not 1: the recorded sampling, the trainer's temperature and vLLM's logprobs must agree.
+TEMPERATURE = 0.8
 
 
 @pytest.mark.timeout(1800)  # vLLM's start-up (1.5-3 minutes on 2 busy cores) and four iterations
@@ -39,7 +44,7 @@ def test_rl_loop_on_the_real_vllm(vllm_install: VLLMInstall, tmp_path: Path) -> 
     report = tmp_path / "report.json"
     args = [sys.executable, str(EXAMPLE), "--vllm-python", str(vllm_install.python),
             "--iterations", str(ITERATIONS), "--prompts", str(PROMPTS), "--group", str(GROUP),
-            "--max-tokens", str(MAX_TOKENS), "--sync-mode", "both",
+            "--max-tokens", str(MAX_TOKENS), "--sync-mode", "both", "--temperature", str(TEMPERATURE),
             "--work-dir", str(tmp_path / "work"), "--plot", str(tmp_path / "loop.png"), "--report", str(report)]
     done = subprocess.run(args, capture_output=True, text=True, timeout=1700, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
@@ -48,6 +53,8 @@ def test_rl_loop_on_the_real_vllm(vllm_install: VLLMInstall, tmp_path: Path) -> 
     # N trained iterations and the batch played across the last sync (checked, not trained on).
     assert [row["iteration"] for row in rows] == list(range(ITERATIONS + 1))
     assert [row["sync"] for row in rows] == ["abort", "keep"] * (ITERATIONS // 2) + [None], rows
+    # Every batch says it was sampled at the agents' temperature: each step recorded it.
+    assert {row["temperature"] for row in rows} == {TEMPERATURE}, rows
     for row in rows:
         # The mismatch, at the weights that sampled each token (the trainer holds the last two versions).
         assert row["checked_tokens"] > 0 and row["checked_tokens"] + row["unchecked"] == row["tokens"], row
