@@ -150,7 +150,8 @@ class TrainingBatch:
         that does not say (stored before the proxy recorded it): one temperature for the batch would then be wrong.
         """
         seen: dict[float, str] = {}
-        for segment, sampling in zip(self.segment_ids, self.samplings, strict=True):
+        samplings = self.samplings or (None,) * len(self.segment_ids)  # a batch made without them says nothing
+        for segment, sampling in zip(self.segment_ids, samplings, strict=True):
             records = sampling if isinstance(sampling, list) else [sampling]
             for record in records:
                 if not isinstance(record, Mapping) or not isinstance(record.get("temperature"), int | float):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import attrs
 import httpx
 import numpy as np
 import pytest
@@ -119,3 +120,5 @@ def test_the_batch_says_at_what_temperature_it_was_sampled() -> None:
         build_batch(_fetched([[warm, cool]])).temperature()
     with pytest.raises(ValueError, match=r"'r1#0' does not say"):
         build_batch(_fetched([warm, None])).temperature()
+    with pytest.raises(ValueError, match=r"'r0#0' does not say"):  # a batch made without them
+        attrs.evolve(build_batch(_fetched([warm])), samplings=()).temperature()
