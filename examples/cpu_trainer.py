@@ -6,9 +6,6 @@ speaks to it in JSON lines on stdin/stdout, one request and one answer a line::
 
     {"batch": "b.npz", "out": "weights-3", "lr": 0.01, "steps": 2, "temperature": 0.8}
 
-``temperature`` (default 1) is the one the batch's tokens were drawn at (``TrainingBatch.temperature()``): the
-trainer's logprobs are of the model's distribution at it, as the engine's recorded ones are when vLLM runs with
-``--logprobs-mode processed_logprobs``.
 ``b.npz`` holds the arrays of ``actorproxy.training.build_batch``. The trainer answers with
 the file of its own logprobs of every token at the weights that sampled it (``current``: the
 weights it holds; ``previous``: the ones before its last update, kept for the tokens sampled
@@ -16,6 +13,9 @@ under them), then takes ``steps`` optimizer steps and writes the new weights int
 directory laid out like the model (``config.json`` and ``model.safetensors``), for vLLM's
 ``reload_weights``. With ``"steps": 0`` it answers with the logprobs only (a batch checked, not
 trained on; ``out`` may be null). Everything runs in float32, as vLLM does on the CPU.
+``temperature`` (default 1) is the one the batch's tokens were drawn at (``TrainingBatch.temperature()``): the
+trainer's logprobs are of the model's distribution at it, as the engine's recorded ones are when vLLM runs with
+``--logprobs-mode processed_logprobs``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from _util import finalized_at
 
 from actorproxy.engines.base import GenerateRequest, SamplingParams
 from actorproxy.engines.llamacpp.protocol import completion_bytes as llamacpp_body
@@ -95,12 +96,6 @@ def test_each_engines_body_names_them_its_own_way() -> None:
 RECORDED = {"temperature": 0.7, "top_p": 1.0, "seed": 3, **ASKED}
 
 
-async def read_back(http: httpx.AsyncClient, session: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    assert (await http.post("/session/finalize", json={"session_id": session})).status_code == 200
-    payload = (await http.post("/trajectory/read", json={"session_id": session, "include_steps": True})).json()
-    return payload["data"], payload["steps"]
-
-
 async def two_turns(http: httpx.AsyncClient, session: str, first: dict[str, Any], second: dict[str, Any]) -> None:
     reply = await http.post(f"/sess/{session}/v1/chat/completions", json={"messages": MESSAGES, **first})
     assert reply.status_code == 200, reply.text
@@ -114,14 +109,14 @@ async def test_the_trainer_reads_how_each_step_was_sampled(http: httpx.AsyncClie
     """A trainer that recomputes the logprobs must sample alike: each step says how, and so does its segment."""
     asked = {"temperature": 0.7, "seed": 3, **ASKED}
     await two_turns(http, "alike", asked, asked)
-    segments, steps = await read_back(http, "alike")
+    segments, steps = await finalized_at(str(http.base_url), "alike")
     assert [step["sampling"] for step in steps] == [RECORDED, RECORDED]
     assert [segment["metadata"]["sampling"] for segment in segments] == [RECORDED]
     # What was recorded is what the engine was asked for.
     assert {key: getattr(sampled[0], key) for key in RECORDED} == RECORDED
 
     await two_turns(http, "mixed", asked, {})
-    segments, steps = await read_back(http, "mixed")
+    segments, steps = await finalized_at(str(http.base_url), "mixed")
     plain = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "presence_penalty": 0.0,
              "frequency_penalty": 0.0, "repetition_penalty": 1.0, "seed": None}
     assert [step["sampling"] for step in steps] == [RECORDED, plain]
