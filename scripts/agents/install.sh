@@ -28,6 +28,8 @@ mkdir -p "$root"
 # One install at a time (two test runs may start together); the second then finds it done.
 exec 9>"$root/.lock"
 flock 9
+source "$here/../cache.sh" agents/install  # (its prune_superseded)
+HASH_DIRS="$(printf '[0-9a-f]%.0s' {1..16})"  # (a glob: the installs of a lock, named by its hash)
 
 install_node() {  # Node.js $NODE_VERSION into $root/node-$NODE_VERSION/bin (once)
     local dir="$root/node-$NODE_VERSION" arch
@@ -45,6 +47,7 @@ install_node() {  # Node.js $NODE_VERSION into $root/node-$NODE_VERSION/bin (onc
 }
 
 install_node
+prune_superseded "$root/node-$NODE_VERSION" "$root"/node-*
 node_bin="$root/node-$NODE_VERSION/bin"
 # npm itself (a script run by `node`) then sees Node $NODE_VERSION and resolves releases for it.
 export PATH="$node_bin:$PATH"
@@ -71,10 +74,12 @@ case "${1:-}" in
     --latest)
         dir="$root/latest-$NODE_VERSION-$(date -u +%Y%m%d)"
         install_into "$dir" npm install --no-package-lock \
-            $(python3 -c 'import json,sys; print(" ".join(f"{n}@latest" for n in json.load(open(sys.argv[1]))["dependencies"]))' "$here/package.json") ;;
+            $(python3 -c 'import json,sys; print(" ".join(f"{n}@latest" for n in json.load(open(sys.argv[1]))["dependencies"]))' "$here/package.json")
+        prune_superseded "$dir" "$root"/latest-* ;;
     "")
         dir="$root/$(cat "$here/package-lock.json" <(echo "node $NODE_VERSION") | sha256sum | cut -c1-16)"
-        install_into "$dir" npm ci ;;
+        install_into "$dir" npm ci
+        prune_superseded "$dir" "$root"/$HASH_DIRS ;;
     *) echo "usage: $0 [--latest | --relock | --node]" >&2; exit 2 ;;
 esac
 echo "$dir"

@@ -16,6 +16,7 @@ mkdir -p "$root"
 # One install at a time (two test runs may start together); the second then finds it done.
 exec 9>"$root/.lock-python"
 flock 9
+source "$here/../cache.sh" agents/install_python  # (its prune_superseded)
 
 dir="$root/py-$(cat "$here/python-clients.txt" <("$python" --version) | sha256sum | cut -c1-16)"
 if [[ ! -f "$dir/.installed" ]]; then
@@ -25,4 +26,5 @@ if [[ ! -f "$dir/.installed" ]]; then
     touch "$dir.tmp/.installed"
     rm -rf "$dir" && mv "$dir.tmp" "$dir"
 fi
+prune_superseded "$dir" "$root"/py-*
 echo "$dir/bin/python"

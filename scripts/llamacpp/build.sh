@@ -130,6 +130,7 @@ EOF
 lock_cache "$CACHE/.build.lock"
 assemble_model
 build_server
+prune_superseded "$CACHE/$LLAMACPP_VERSION" "$CACHE"/[0-9]*
 echo "server=$SERVER"
 echo "model=$MODEL"
 echo "vocab=$VOCAB"

@@ -20,6 +20,7 @@ DEST="$CACHE_ROOT/sglang-src-$SGLANG_VERSION"
 lock_cache "$CACHE_ROOT/.sglang-src.lock"
 if [[ -f "$DEST/.complete" ]]; then
     log "sglang $SGLANG_VERSION source cached at $DEST"
+    prune_superseded "$DEST" "$CACHE_ROOT"/sglang-src-*
     echo "source=$DEST"
     exit 0
 fi
@@ -49,4 +50,5 @@ PY
 echo "$SGLANG_VERSION $WHEEL_SHA256" >"$work/src/.complete"
 rm -rf "$DEST" && mv "$work/src" "$DEST"
 log "unpacked $DEST"
+prune_superseded "$DEST" "$CACHE_ROOT"/sglang-src-*
 echo "source=$DEST"

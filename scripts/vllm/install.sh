@@ -53,5 +53,6 @@ else
     verify
     touch "$STAMP"
 fi
+prune_superseded "$VENV" "$CACHE_ROOT"/vllm-venv-*
 echo "python=$VENV/bin/python"
 echo "version=$VLLM_VERSION"
