@@ -99,7 +99,7 @@ def sim_engine(*flags: str) -> Iterator[Server]:
     """``actorproxy sim`` (every wire format, simulated sampling)."""
     port = free_port()
     command = [sys.executable, "-m", "actorproxy", "sim", "--port", str(port), "--log-level", "WARNING", *flags]
-    with running(command) as process:
+    with tempfile.TemporaryDirectory(prefix="actorproxy-sim-") as cwd, running(command, cwd=cwd) as process:
         url = f"http://127.0.0.1:{port}"
         wait_ready(url + "/health", process)
         yield Server(url, process.pid)
@@ -121,7 +121,9 @@ def proxy(backend: str, engine_url: str, *flags: str, under: Sequence[str] = ())
         own = [] if "--data-dir" in flags else ["--data-dir", data]
         command = [*under, sys.executable, "-m", "actorproxy", "run", "--port", str(port), "--backend", backend,
                    "--backend-url", engine_url, "--log-level", "WARNING", *own, *flags]
-        with running(command, grace=10.0 * slow) as process:
+        # Run from the temporary directory: ``python -m`` puts its working directory first on ``sys.path``, so a
+        # run from inside a checkout would run that checkout whatever ``PYTHONPATH`` says (an old tree's figures).
+        with running(command, grace=10.0 * slow, cwd=data) as process:
             url = f"http://127.0.0.1:{port}"
             wait_ready(url + "/health", process, timeout=120.0 * slow)
             yield Server(url, process.pid)

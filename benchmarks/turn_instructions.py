@@ -102,7 +102,7 @@ def main() -> None:
         command = [*tool, sys.executable, "-m", "actorproxy", "run", "--port", str(port), "--backend", "sglang",
                    "--backend-url", stub.url, "--log-level", "WARNING", "--data-dir", str(Path(tmp) / "data"),
                    "--max-sessions", "1000000", "--max-steps-per-session", "1000", *args.proxy_flag]
-        with running(command, stderr=subprocess.DEVNULL) as proxy:
+        with running(command, stderr=subprocess.DEVNULL, cwd=tmp) as proxy:  # (not a checkout: see processes.proxy)
             url = f"http://127.0.0.1:{port}"
             wait_ready(url + "/health", proxy, timeout=600)
             asyncio.run(clients(url, args.warmup, args.session_turns, "warm", args.concurrency, args.unique))
