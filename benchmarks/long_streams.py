@@ -82,6 +82,10 @@ PROMPT = list(range(1000, 1032))  # the direct clients' token-id prompt
 LITELLM_MODEL = "text-completion-openai/sim"  # LiteLLM's OpenAI text-completion provider: the sim's /v1/completions
 
 
+#: Where a chat stream's logprobs begin: every token's entry comes on its last chunk, after the text.
+_LISTED = b'"logprobs":{"content":['
+
+
 def words(data: bytes) -> int:
     """The word's occurrences in raw JSON events: after a space, or first in a string."""
     return data.count(b" so") + data.count(b'"so')
@@ -92,7 +96,7 @@ def run_clients(target: str, url: str, args: argparse.Namespace, streams: int, t
     """Run the clients' process against ``url``; the CPU of ``watch`` while every stream streams."""
     command = [sys.executable, str(Path(__file__)), "--clients", url, "--target", target, "--streams", str(streams),
                "--tokens", str(tokens), "--interval", str(interval), "--burst", str(burst),
-               "--timeout", str(args.timeout if timeout is None else timeout)]
+               "--timeout", str(args.timeout if timeout is None else timeout), "--top-logprobs", str(args.top_logprobs)]
     clients = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     pids = watch | {"clients": clients.pid}
     try:
@@ -153,26 +157,29 @@ def one_row(args: argparse.Namespace, shape: str, tokens: int, streams: int, int
 # -- the clients' process ----------------------------------------------------------
 
 
-def _request(target: str, host: str, i: int, tokens: int) -> bytes:
+def _request(target: str, host: str, i: int, tokens: int, top: int = 0) -> bytes:
+    """Stream ``i``'s request; ``top``: each token's likeliest alternatives asked for too (``--top-logprobs``)."""
     if target == "chat":
         path, extra = "/v1/chat/completions", f"X-Session-Id: long{i}\r\n"
         body: dict[str, Any] = {"messages": [{"role": "user", "content": f"Story {i}, please."}], "stream": True,
                                 "max_tokens": tokens + 1}
+        if top:
+            body |= {"logprobs": True, "top_logprobs": top}
     else:
         extra = f"Authorization: Bearer {LITELLM_KEY}\r\n" if target == "litellm" else ""
         # Each asks for what the proxy asks of that engine: the sampled ids and their logprobs.
         if target.startswith("sglang"):
             path = "/generate"
             body = {"input_ids": PROMPT, "stream": True, "return_logprob": True,
-                    "sampling_params": {"max_new_tokens": tokens + 1}}
+                    "sampling_params": {"max_new_tokens": tokens + 1}, "top_logprobs_num": top}
         elif target in ("vllm", "litellm"):  # LiteLLM: the same body, to be forwarded to vLLM's route
             path, body = "/v1/completions", {"prompt": PROMPT, "stream": True, "max_tokens": tokens + 1,
-                                             "logprobs": 0, "return_token_ids": True}
+                                             "logprobs": top, "return_token_ids": True}
             if target == "litellm":
                 body["model"] = LITELLM_MODEL
         else:
             path, body = "/completion", {"prompt": PROMPT, "stream": True, "n_predict": tokens + 1,
-                                         "n_probs": 1, "return_tokens": True}
+                                         "n_probs": max(top, 1), "return_tokens": True}
     raw = json.dumps(body).encode()
     return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{extra}"
             f"Connection: close\r\nContent-Length: {len(raw)}\r\n\r\n").encode() + raw
@@ -228,10 +235,10 @@ async def clients_main(args: argparse.Namespace) -> None:
     async def stream(i: int) -> None:
         nonlocal completed, first_any, last_any, started
         reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 24)
-        writer.write(_request(args.target, host, i, tokens))
+        writer.write(_request(args.target, host, i, tokens, args.top_logprobs))
         origin = 0.0
         tail = b""
-        ended = False
+        ended = listing = False
         try:
             while data := await reader.read(1 << 20):
                 now = time.monotonic()
@@ -249,8 +256,14 @@ async def clients_main(args: argparse.Namespace) -> None:
                 else:
                     if b'data: {"error"' in seen:
                         raise StreamFailed(seen[seen.find(b'data: {"error"') + 6:][:300].decode(errors="replace"))
-                    new = words(seen) - words(tail)
-                    tail = seen[-8:]
+                    if listing:  # (the logprobs' entries spell the word too: not counted)
+                        new = 0
+                    elif (mark := seen.find(_LISTED)) >= 0:
+                        listing = True
+                        new = words(seen[:mark]) - words(tail)
+                    else:
+                        new = words(seen) - words(tail)
+                    tail = seen[-len(_LISTED):]
                 if b"[DONE]" in seen or b'"stop":true' in seen:
                     ended = True  # (llama.cpp ends with its "stop": true event, no [DONE])
                 if new > 0:
@@ -299,6 +312,8 @@ async def clients_main(args: argparse.Namespace) -> None:
 
 def main(args: argparse.Namespace) -> None:
     print(f"load average before: {loadavg()}", flush=True)
+    if args.top_logprobs:
+        print(f"each token's {args.top_logprobs} likeliest alternatives asked for too", flush=True)
     if "litellm" in args.targets and not litellm_installed():
         args.targets.remove("litellm")
     head = (f"{'shape':<18} {'tokens':>6} {'streams':>7} {'interval':>8} {'burst':>5} {'steps':>5} {'via':<10} "
@@ -314,7 +329,7 @@ def main(args: argparse.Namespace) -> None:
                     for burst in args.burst:
                         for r in one_row(args, shape, tokens, streams, interval, burst):
                             r |= {"shape": shape, "tokens_per_stream": tokens, "interval": interval, "burst": burst,
-                                  "decode_steps": args.decode_steps}
+                                  "decode_steps": args.decode_steps, "top_logprobs": args.top_logprobs}
                             every.append(r)
                             us = f"{r['proxy_us_per_token']:.1f}" if "proxy_us_per_token" in r else "-"
                             sys_us = f"{r['proxy_sys_us_per_token']:.1f}" if "proxy_sys_us_per_token" in r else "-"
@@ -339,6 +354,8 @@ if __name__ == "__main__":
                         help="the engine decodes in steps (`actorproxy sim --decode-steps`): every stream's tokens "
                              "come out together each interval, as from a GPU engine batching them (column `steps`)")
     parser.add_argument("--no-direct", action="store_true", help="skip the engine-direct baseline")
+    parser.add_argument("--top-logprobs", type=int, default=0, metavar="K",
+                        help="ask for each token's K likeliest alternatives too (OpenAI's top_logprobs)")
     parser.add_argument("--targets", nargs="+", default=["actorproxy"], choices=["actorproxy", "litellm"],
                         help="besides the direct engine (default: actorproxy; litellm when the `litellm` command "
                              "is on PATH, else skipped with a printed line)")

@@ -2,6 +2,7 @@
 
     python benchmarks/relay_instructions.py [--shape sglang-incremental vllm] [--streams 2] [--tokens 200]
         [--interval 0.1] [--decode-steps] [--keep DIR] [--proxy-flag=--engine-health-interval=3600]
+        [--top-logprobs K]
 
 The engine (``actorproxy sim``, its own process, not traced) streams ``--tokens`` tokens a
 reply, one every ``--interval`` seconds per stream (``--decode-steps``: every stream's at the
@@ -69,7 +70,7 @@ def one_shape(args: argparse.Namespace, shape: str) -> None:
             clients = subprocess.Popen(
                 [sys.executable, str(HERE / "long_streams.py"), "--clients", url, "--target", "chat",
                  "--streams", str(args.streams), "--tokens", str(args.tokens), "--interval", str(args.interval),
-                 "--timeout", "600"], stdout=subprocess.PIPE, text=True)
+                 "--timeout", "600", "--top-logprobs", str(args.top_logprobs)], stdout=subprocess.PIPE, text=True)
             try:
                 assert clients.stdout is not None
                 line = clients.stdout.readline()
@@ -94,7 +95,8 @@ def one_shape(args: argparse.Namespace, shape: str) -> None:
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(out, args.keep / f"callgrind.{shape}.out")
-    steps = ", decode steps" if args.decode_steps else ""
+    steps = (", decode steps" if args.decode_steps else "") + (
+        f", {args.top_logprobs} alternatives a token" if args.top_logprobs else "")
     print(f"{shape:<18} {args.streams} streams x {args.tokens} tokens x {args.interval * 1000:g} ms{steps}: "
           f"{instructions:,} instructions over {tokens} tokens = {instructions / max(tokens, 1):,.0f} a token "
           f"({summary})", flush=True)
@@ -112,6 +114,8 @@ def main() -> None:
                         help="keep each shape's callgrind output file in DIR")
     parser.add_argument("--proxy-flag", action="append", default=[],
                         help="an extra `actorproxy run` argument (e.g. --proxy-flag=--engine-health-interval=3600)")
+    parser.add_argument("--top-logprobs", type=int, default=0, metavar="K",
+                        help="the turns ask for each token's K likeliest alternatives too (OpenAI's top_logprobs)")
     args = parser.parse_args()
     for shape in args.shape:
         one_shape(args, shape)

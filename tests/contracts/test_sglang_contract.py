@@ -28,9 +28,11 @@ import math
 import re
 import sys
 import time
+import types
 import typing
 from array import array
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,7 @@ from actorproxy.engines.base import (
 )
 from actorproxy.engines.connection import EngineOptions
 from actorproxy.engines.sglang.client import SGLangBackend
+from actorproxy.engines.sglang.cumulative import PrefixCutter
 from actorproxy.engines.sglang.parse import (
     SGLANG_REASONING_PARSER,
     SGLANG_REASONING_PARSERS,
@@ -118,12 +121,18 @@ class Contract:
         })  # fmt: skip
         self.slice_meta_info = manager._slice_streaming_output_meta_info
         methods = source.methods(TOKENIZER_MANAGER, "TokenizerManager", [
-            "detokenize_logprob_tokens", "_coalesce_streaming_chunks",
+            "detokenize_logprob_tokens", "_coalesce_streaming_chunks", "add_logprob_to_meta_info",
+            "detokenize_top_logprobs_tokens",
         ], {
             "_INCREMENTAL_STREAMING_META_INFO_KEYS": keys._INCREMENTAL_STREAMING_META_INFO_KEYS,
             "logger": logging.getLogger("sglang-contract"),
         })  # fmt: skip
         self.detokenize_logprob_tokens = methods.detokenize_logprob_tokens
+        #: ``TokenizerManager.add_logprob_to_meta_info`` (its ``self``: what the method calls on it).
+        self.add_logprobs = partial(methods.add_logprob_to_meta_info, types.SimpleNamespace(
+            detokenize_logprob_tokens=partial(methods.detokenize_logprob_tokens, None),
+            detokenize_top_logprobs_tokens=partial(methods.detokenize_top_logprobs_tokens, types.SimpleNamespace(
+                detokenize_logprob_tokens=partial(methods.detokenize_logprob_tokens, None)))))
         self.coalesce = methods._coalesce_streaming_chunks
         openai = source.definitions("sglang/srt/entrypoints/openai/protocol.py", ["ModelCard", "ModelList"], {
             "BaseModel": pydantic.BaseModel, "Field": pydantic.Field, "time": time,
@@ -280,23 +289,41 @@ class Stream:
     ``_slice_streaming_output_meta_info``, ``_coalesce_streaming_chunks`` and ``dumps_json``.
     """
 
-    def __init__(self, sgl: Contract, *, incremental: bool, version: str = "default") -> None:
+    def __init__(self, sgl: Contract, *, incremental: bool, version: str = "default", top: int = 0) -> None:
         self.sgl, self.incremental, self.version = sgl, incremental, version
         self.ids: list[int] = []
         self.entries: list[Any] = []  # the state's output_token_logprobs
+        #: ``top_logprobs_num``; when set, the logprobs are added by the release's ``add_logprob_to_meta_info``,
+        #: from this request state (a ``ReqState``'s logprob fields).
+        self.top = top
+        self.state = types.SimpleNamespace(
+            obj=types.SimpleNamespace(return_flat_raw_top_logprobs=False, return_flat_raw_output_top_logprobs=False),
+            **{f"{side}_{kind}": [] for side in ("input", "output") for kind in (
+                "token_logprobs_val", "token_logprobs_idx", "token_logprobs", "top_logprobs_val", "top_logprobs_idx",
+                "top_logprobs")})
         self.offset = 0  # last_output_offset
         self.queued: list[dict[str, Any]] = []
         self.frames: list[bytes] = []
 
-    def batch(self, ids: list[int], lps: list[float], *, finish: Any = None, spans: list[Any] | None = None) -> None:
-        """One scheduler output for this request (not yet read by the client)."""
+    def batch(self, ids: list[int], lps: list[float], *, finish: Any = None, spans: list[Any] | None = None,
+              top: list[tuple[list[float], list[int]]] = ()) -> None:
+        """One scheduler output for this request (not yet read by the client); ``top``: each token's alternatives
+        (their logprobs and ids), when the stream's ``top`` asks for them."""
         meta: dict[str, Any] = {
             "id": "rid", "finish_reason": finish.to_json() if finish is not None else None,
             "prompt_tokens": len(PROMPT), "weight_version": self.version, "num_retractions": 0,
         }  # fmt: skip
-        self.entries.extend(self.sgl.detokenize_logprob_tokens(None, lps, ids, False))
-        meta.update({"input_token_logprobs": [], "output_token_logprobs": self.entries,
-                     "output_token_logprobs_length": len(self.entries)})  # fmt: skip
+        if self.top:
+            state = self.state
+            state.output_token_logprobs_val += lps
+            state.output_token_logprobs_idx += ids
+            state.output_top_logprobs_val += [values for values, _ in top]
+            state.output_top_logprobs_idx += [alternatives for _, alternatives in top]
+            self.sgl.add_logprobs(meta, state, self.top, None, False, finish is not None)
+        else:
+            self.entries.extend(self.sgl.detokenize_logprob_tokens(None, lps, ids, False))
+            meta.update({"input_token_logprobs": [], "output_token_logprobs": self.entries,
+                         "output_token_logprobs_length": len(self.entries)})  # fmt: skip
         self.ids.extend(ids)
         meta.update({"reasoning_tokens": 0, "completion_tokens": len(self.ids), "cached_tokens": 2})
         if spans is not None:
@@ -504,6 +531,38 @@ async def test_streams_as_sglang_writes_them(sgl: Contract, incremental: bool, n
     assert tokens(deltas) == (IDS, LPS, ["7"] * len(IDS))
     assert (finish.reason, finish.matched_stop, finish.weight_version) == ("stop", EOT, "7")
     assert (finish.prompt_tokens, finish.cached_tokens) == (len(PROMPT), 2)
+
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
+async def test_alternatives_as_sglang_writes_them(sgl: Contract, incremental: bool, nursery: trio.Nursery) -> None:
+    # ``top_logprobs_num`` asked: each event's meta_info as the release's ``add_logprob_to_meta_info`` writes it
+    # (the alternatives after the logprobs, each token's ``[[logprob, id, null], ...]``). Ten reads of one token
+    # each: the cumulative stream's events are cut (the alternatives' array too) from its third on.
+    stream = Stream(sgl, incremental=incremental, version="7", top=2)
+    ids = [100 + i for i in range(10)]
+    lps = [-i / 4 for i in range(10)]
+    top = [([-i / 8, -i / 2 - 1], [200 + i, 300 + i]) for i in range(10)]
+    for i in range(10):
+        stream.batch(ids[i : i + 1], lps[i : i + 1], top=top[i : i + 1],
+                     finish=sgl.finish.FINISH_LENGTH(length=10) if i == 9 else None)
+        stream.read()
+    meta = orjson.loads(stream.frames[-1].removeprefix(b"data: "))["meta_info"]
+    assert list(meta).index("output_top_logprobs") > list(meta).index("output_token_logprobs")
+    engine = Recorder(sgl, {("POST", "/generate"): streamed(stream)})
+    backend = SGLangBackend(await engine.serve(nursery))
+    async with backend.open_generation(request(top_logprobs=2)) as gen:
+        events = [event async for event in gen]
+        alternatives = gen.top_logprobs
+    assert tokens([e for e in events if isinstance(e, TokenDelta)]) == (ids, lps, ["7"] * 10)
+    assert alternatives == [((200 + i, -i / 8), (300 + i, -i / 2 - 1)) for i in range(10)]
+    assert [body for _, path, body in engine.calls if path == "/generate"][-1]["top_logprobs_num"] == 2
+    if not incremental:  # the release's layout is the one the cutter cuts: each event after the first, to its new token
+        cutter, cut = PrefixCutter(), []
+        for frame in stream.frames:
+            raw = frame.removeprefix(b"data: ").rstrip(b"\n")
+            cut.append(cutter.cut(raw, top=True)[1])
+            cutter.tokens = len(orjson.loads(raw)["output_ids"])
+        assert cut == list(range(10))
 
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])

@@ -9,6 +9,7 @@ not recognise: those are decoded whole and must read the same.
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -25,15 +26,20 @@ from actorproxy.engines.sglang.protocol import SGLangStreamParser
 
 
 def event(ids: list[int], lps: list[float] | None, *, text: str = "", finish: Any = None, count: int | None = None,
-          spaced: bool = False, version: str = "default", entry_texts: list[str | None] | None = None) -> bytes:
+          spaced: bool = False, version: str = "default", entry_texts: list[str | None] | None = None,
+          top: list[list[tuple[float, int]] | None] | None = None) -> bytes:
     """An event as SGLang writes it (``meta_info``'s keys in its order); ``lps=None``: logprobs not asked;
-    ``entry_texts``: each logprob entry's text (``return_text_in_logprobs``), else ``null``."""
+    ``entry_texts``: each logprob entry's text (``return_text_in_logprobs``), else ``null``; ``top``: each
+    token's alternatives (``top_logprobs_num``; ``None``: SGLang's ``null`` for a token without them)."""
     meta: dict[str, Any] = {"id": "r", "finish_reason": finish, "prompt_tokens": 3, "weight_version": version}
     if lps is not None:
         meta["input_token_logprobs"] = []
         texts = entry_texts or [None] * len(ids)
         meta["output_token_logprobs"] = [[lp, t, s] for t, lp, s in zip(ids, lps, texts, strict=True)]
         meta["output_token_logprobs_length"] = len(ids)
+    if top is not None:
+        meta["input_top_logprobs"] = []
+        meta["output_top_logprobs"] = [None if alts is None else [[lp, t, None] for lp, t in alts] for alts in top]
     meta |= {"completion_tokens": len(ids) if count is None else count, "cached_tokens": 0}
     if count == -1:  # older builds: no count
         del meta["completion_tokens"]
@@ -131,21 +137,28 @@ class WholeEvents(SGLangStreamParser):
 @settings(max_examples=300, derandomize=True, database=None, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 4), _texts, st.lists(_entry_texts, min_size=4, max_size=4),
                           st.sampled_from(["v1", "v1", "v2"])), min_size=1, max_size=10),
-       st.booleans(), st.booleans(), st.sampled_from(["stop", "length", "queued-abort"]))
+       st.booleans(), st.booleans(), st.sampled_from(["stop", "length", "queued-abort"]), st.booleans())
 @example([(1, "", [']]', None, None, None], "v1"), (1, "", [']]', None, None, None], "v1"),
-          (1, "", [None] * 4, "v1")], False, True, "stop")
+          (1, "", [None] * 4, "v1")], False, True, "stop", False)
+@example([(1, "", [None] * 4, "v1"), (2, "", [None] * 4, "v1"), (0, "", [None] * 4, "v1"),
+          (4, "", [None] * 4, "v1")], False, True, "queued-abort", True)
 def test_any_cumulative_stream_reads_exactly_the_engines_tokens(
-    steps: list[tuple[int, str, list[str | None], str]], spaced: bool, counted: bool, ending: str
+    steps: list[tuple[int, str, list[str | None], str]], spaced: bool, counted: bool, ending: str, asked: bool
 ) -> None:
     # Whatever the texts (the event's, and each logprob entry's when SGLang returns text in logprobs: ``]]``,
     # quotes, backslashes, unicode), the cut reading reads the engine's tokens, as a whole-event decode of each
     # event does: the same ids, logprobs and versions, an event a read or all in one read (where the event before
-    # the queued abort's, which repeats only the last token, is skipped at first).
+    # the queued abort's, which repeats only the last token, is skipped at first); and with the alternatives
+    # ``asked``, the same alternatives.
     ids: list[int] = []
     lps: list[float] = []
     entry_texts: list[str | None] = []
     text = ""
     raws = []
+
+    def tops(n: int) -> list[list[tuple[float, int]] | None] | None:
+        return [alternatives(i) for i in range(n)] if asked else None
+
     version = "default"
     for n, piece, pieces, version in steps:
         ids += [100 + len(ids) + i for i in range(n)]
@@ -153,22 +166,31 @@ def test_any_cumulative_stream_reads_exactly_the_engines_tokens(
         entry_texts += pieces[:n]
         text += piece
         raws.append(event(list(ids), list(lps), text=text, spaced=spaced, count=None if counted else -1,
-                          version=version, entry_texts=list(entry_texts)))
+                          version=version, entry_texts=list(entry_texts), top=tops(len(ids))))
     if ending == "queued-abort" and ids:
         finish = {"type": "abort", "message": "Abort in waiting queue"}
         raws.append(event(ids[-1:], lps[-1:], finish=finish, count=len(ids), spaced=spaced, version=version,
-                          entry_texts=entry_texts[-1:]))
+                          entry_texts=entry_texts[-1:], top=None if tops(1) is None else tops(len(ids))[-1:]))
     else:
         finish = {"type": "length", "length": len(ids)} if ending == "length" else {"type": "stop", "matched": 1}
         raws.append(event(list(ids), list(lps), text=text, finish=finish, spaced=spaced, version=version,
-                          entry_texts=list(entry_texts)))
-    got_ids, got_lps, finishes = read(SGLangStreamParser(), raws)
+                          entry_texts=list(entry_texts), top=tops(len(ids))))
+
+    def reader(parser: SGLangStreamParser) -> SGLangStreamParser:
+        parser.top = [] if asked else None
+        return parser
+
+    got_ids, got_lps, finishes = read(reader(SGLangStreamParser()), raws)
     assert got_ids == ids and got_lps == lps
     assert len(finishes) == 1 and isinstance(finishes[0], GenerateFinish)
-    whole = read_stream(WholeEvents(), [sse(raws)])
+    whole_reader = reader(WholeEvents())
+    whole = read_stream(whole_reader, [sse(raws)])
     assert whole[:2] == (ids, lps)
+    assert whole_reader.top == ([tuple((t, lp) for lp, t in a or ()) for a in tops(len(ids)) or ()] if asked else None)
     for reads in ([sse([raw]) for raw in raws], [sse(raws)]):  # an event a read, or all in one read
-        assert read_stream(SGLangStreamParser(), reads)[:3] == whole[:3]
+        parser = reader(SGLangStreamParser())
+        assert read_stream(parser, reads)[:3] == whole[:3]
+        assert parser.top == whole_reader.top
 
 
 def sse(raws: list[bytes]) -> bytes:
@@ -223,26 +245,36 @@ def handed_out(out: list[GenerationEvent]) -> tuple[list[int], list[float], list
             [d.weight_version for d in deltas for _ in d.token_ids], [e for e in out if not isinstance(e, TokenDelta)])
 
 
+@pytest.mark.parametrize("asked", [False, True], ids=["plain", "alternatives"])
 @pytest.mark.parametrize("together", [False, True], ids=["a-read-each", "one-read"])
 def test_a_long_cumulative_stream_is_decoded_for_its_new_part_only_where_it_lies(
-    monkeypatch: pytest.MonkeyPatch, together: bool
+    monkeypatch: pytest.MonkeyPatch, together: bool, asked: bool
 ) -> None:
     # 300 tokens, one an event, with unicode and JSON-looking text: after the first two
     # events (the shape is learned from the second), what is decoded stays small however
     # long the events grow, and nothing goes through the SSE parser (no copy of the event).
+    # With the alternatives ``asked`` (``top_logprobs``), every event repeats each earlier
+    # token's too: their array is cut as the others are (decoded whole, relaying n tokens
+    # would decode O(n²) alternatives), and they are read as a whole-event decode reads them.
     sizes = decoded_sizes(monkeypatch)
     ids = [1000 + i for i in range(300)]
     lps = [-i / 64 for i in range(300)]
+    tops = [alternatives(n) for n in range(300)] if asked else None
     texts = ["é\"]],\"output_ids\":[ 日本 " * (n + 1) for n in range(300)]
-    raws = [event(ids[: n + 1], lps[: n + 1], text=texts[n]) for n in range(299)]
-    raws.append(event(ids, lps, text=texts[-1], finish={"type": "length", "length": 300}))
+    raws = [event(ids[: n + 1], lps[: n + 1], text=texts[n], top=tops and tops[: n + 1]) for n in range(299)]
+    raws.append(event(ids, lps, text=texts[-1], top=tops, finish={"type": "length", "length": 300}))
     events = [sse(raws) + b"data: [DONE]\n\n"] if together else [sse([raw]) for raw in raws] + [b"data: [DONE]\n\n"]
-    got_ids, got_lps, _, finishes = read_stream(SGLangStreamParser(), events)
+    parser, whole = SGLangStreamParser(), WholeEvents()
+    parser.top, whole.top = ([], []) if asked else (None, None)
+    got_ids, got_lps, _, finishes = read_stream(parser, events)
     assert (got_ids, got_lps) == (ids, lps)
     assert [type(f) for f in finishes] == [GenerateFinish]
+    read_stream(whole, events)
+    assert parser.top == whole.top and (parser.top is None or len(parser.top) == 300 and parser.top[3] == ()
+                                        and parser.top[4] == ((504, -4 / 9), (604, -4 / 5 - 1), (704, -4 / 3 - 2)))
     # Read together, the events the last repeats are not decoded at all: each token once.
     assert len(raws[-1]) > 15_000
-    assert sum(sizes[2:]) < len(raws[-1]) - len(texts[-1]) if together else max(sizes[2:]) < 400
+    assert sum(sizes[2:]) < len(raws[-1]) - len(texts[-1]) if together else max(sizes[2:]) < 400 + 200 * asked
 
 
 def test_without_logprobs_the_ids_alone_are_cut() -> None:
@@ -461,3 +493,51 @@ def test_a_long_cumulative_events_line_break_is_found_without_searching_what_it_
             cutter.tokens = len(ids)
     if logprobs:
         assert handed_out(out)[:2] == (ids, lps)
+
+
+def alternatives(n: int) -> list[tuple[float, int]] | None:
+    """Token ``n``'s alternatives in the tests below: three, or none (SGLang's ``null``) for every seventh."""
+    return None if n % 7 == 3 else [(-n / 9, 500 + n), (-n / 5 - 1, 600 + n), (-n / 3 - 2, 700 + n)]
+
+
+def test_alternatives_the_cut_cannot_vouch_for_are_decoded_whole() -> None:
+    # The alternatives' array is cut only where the previous event's ended at an entry's end; an entry with a
+    # text (``return_text_in_logprobs``, which the proxy does not ask for) or an array where the old one was not
+    # leaves the event to be decoded whole, and read the same.
+    cutter = PrefixCutter()
+    tops = [alternatives(n) for n in range(4)]
+    cutter.cut(event([1, 2], [-1.0, -2.0], top=tops[:2]), top=True)
+    cutter.tokens = 2
+    raw, cut = cutter.cut(event([1, 2, 3, 4], [-1.0, -2.0, -3.0, -4.0], top=tops), top=True)
+    assert cut == 2 and raw is not None
+    meta = orjson.loads(raw)["meta_info"]
+    assert meta["output_top_logprobs"] == [[[-2 / 9, 502, None], [-2 / 5 - 1, 602, None], [-2 / 3 - 2, 702, None]],
+                                           None]
+    assert meta["output_token_logprobs"] == [[-3.0, 3, None], [-4.0, 4, None]]
+    cutter.tokens = 4
+    shorter = [None] * 5  # the old alternatives are not where the previous event's ended: whole
+    assert cutter.cut(event([1, 2, 3, 4, 5], [-1.0] * 5, top=shorter), top=True) == (None, 0)
+    texted = orjson.loads(event([1, 2, 3, 4, 5, 6], [-1.0] * 6, top=[None] * 6))
+    texted["meta_info"]["output_top_logprobs"][-1] = [[-1.0, 9, ']],"'], [-2.0, 8, "]"]]
+    cutter.tokens = 5
+    plain = copy.copy(cutter)
+    assert plain.cut(event([1, 2, 3, 4, 5, 6], [-1.0] * 6, top=[None] * 6), top=True)[1] == 5
+    assert cutter.cut(orjson.dumps(texted), top=True) == (None, 0)
+    assert cutter.cut(event([1, 2], [-1.0, -2.0], top=None), top=True) == (None, 0)  # none sent: whole
+
+
+def test_alternatives_that_end_the_event_are_cut_too() -> None:
+    # The array may close ``meta_info`` (the simulator writes it there): its close is then the event's ``]}}``.
+    def last(raw: bytes) -> bytes:
+        payload = orjson.loads(raw)
+        payload["meta_info"]["output_top_logprobs"] = payload["meta_info"].pop("output_top_logprobs")
+        return orjson.dumps(payload)
+
+    tops = [alternatives(n) for n in range(5)]
+    cutter = PrefixCutter()
+    cutter.cut(last(event([1, 2, 3], [-1.0, -2.0, -3.0], top=tops[:3])), top=True)
+    cutter.tokens = 3
+    raw, cut = cutter.cut(last(event([1, 2, 3, 4, 5], [-1.0, -2.0, -3.0, -4.0, -5.0], top=tops)), top=True)
+    assert cut == 3 and raw is not None and raw.endswith(b"]}}")
+    assert orjson.loads(raw)["meta_info"]["output_top_logprobs"] == [
+        None, [[-4 / 9, 504, None], [-4 / 5 - 1, 604, None], [-4 / 3 - 2, 704, None]]]

@@ -10,7 +10,10 @@ the arrays begin, and builds the event to decode from the new elements and the s
 fields around them (the ``meta_info`` keys): the prefix is neither compared nor copied,
 and ``text`` is left out. It reads the event where it lies (``start``/``stop`` in the
 read's buffer): nothing of the event is copied but the new elements and those fields.
-Without logprobs asked (no ``output_token_logprobs`` key), only ``output_ids`` is cut.
+Without logprobs asked (no ``output_token_logprobs`` key), only ``output_ids`` is cut; with
+the alternatives asked (``top_logprobs_num``), ``meta_info.output_top_logprobs`` is cut too
+(its close found as :func:`_top_end` says; an event whose alternatives carry a text is
+decoded whole).
 
 What is checked instead, in O(1): each array holds, at the remembered length, the end of
 an element followed by a comma or its close, and ``output_ids`` ends its old part with
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 _IDS = b',"output_ids":['
 _LOGPROBS = b'"output_token_logprobs":['
+_TOP = b'"output_top_logprobs":['
 _OPEN = b'"finish_reason":null'
 _VERSION = b'"weight_version":'
 _SPANS = b'"weight_versions"'
@@ -47,7 +51,7 @@ _LONG = 1024
 _SEARCHED = 96 * 1024
 #: Where the arrays are searched for, before where they were in the previous event (its text may shrink).
 _SLACK = 256
-_COMMA, _OPEN_BRACKET, _CLOSE, _BACKSLASH = 0x2C, 0x5B, 0x5D, 0x5C
+_COMMA, _OPEN_BRACKET, _CLOSE, _BACKSLASH, _NULL_END, _BRACE = 0x2C, 0x5B, 0x5D, 0x5C, 0x6C, 0x7D
 _NONE = -1  # no output_token_logprobs (logprobs not asked)
 Bytes = bytes | bytearray
 
@@ -55,21 +59,24 @@ Bytes = bytes | bytearray
 class PrefixCutter:
     """Cuts the arrays' previous content out of each raw event (see module docstring)."""
 
-    __slots__ = ("_at", "_ids", "_last", "_logprobs", "tokens")
+    __slots__ = ("_at", "_ids", "_last", "_logprobs", "_top", "tokens")
 
     def __init__(self) -> None:
         self._at = 0  # where the previous event's output_ids began (from the event's start)
         self._ids = 0  # the length of its content (between the brackets), and of output_token_logprobs'
         self._logprobs = 0
+        self._top = 0  # and of output_top_logprobs' (when the alternatives are asked)
         self._last: Bytes = b""  # its last id, as written
         #: Tokens the remembered arrays hold (set by the reader once it decoded the event).
         self.tokens = 0
 
-    def cut(self, raw: Bytes, start: int = 0, stop: int | None = None, use: bool = True) -> tuple[bytes | None, int]:
+    def cut(self, raw: Bytes, start: int = 0, stop: int | None = None, use: bool = True, top: bool = False
+            ) -> tuple[bytes | None, int]:
         """The event ``raw[start:stop]`` without the tokens the previous event already had, and how many
         were cut; ``(None, 0)``: nothing was cut, decode the event whole.
 
-        ``use=False`` (a stream not known to be cumulative yet) only remembers the arrays.
+        ``use=False`` (a stream not known to be cumulative yet) only remembers the arrays. ``top``: the
+        alternatives were asked for (``top_logprobs_num``): ``output_top_logprobs`` is cut too (:func:`_top_end`).
         """
         if stop is None:
             stop = len(raw)
@@ -119,6 +126,19 @@ class PrefixCutter:
                 if lps_end <= at:
                     return self._forget()
             lps = lps_end - b
+        if top:  # the alternatives' array, after the logprobs' (SGLang writes it there)
+            k = raw.find(_TOP, lps_end, stop) if j >= 0 else -1
+            if k < 0:
+                return self._forget()
+            c = k + len(_TOP)
+            old_top = self._top
+            top_at = c + old_top
+            cut = cut and old_top > 0 and top_at < stop and raw[top_at - 1] in (_CLOSE, _NULL_END) and raw[top_at] in (
+                _COMMA, _CLOSE)
+            top_end = c if not cut and c < stop and raw[c] == _CLOSE else _top_end(raw, top_at - 1 if cut else c, stop)
+            if top_end < 0:
+                return self._forget()
+            self._top = top_end - c
         self._at, self._ids, self._logprobs = i - start, ids_end - a, lps
         if ids_end > a:
             self._last = raw[(raw.rfind(b",", a, ids_end) + 1 or a) : ids_end]  # (a copy: no bytes() of it)
@@ -129,7 +149,11 @@ class PrefixCutter:
         if j < 0:
             return b"".join((b'{"text":"","output_ids":[', new_ids, raw[ids_end:stop])), tokens
         new_lps = raw[end + 1 : lps_end] if lps_end > end else b""
-        return b"".join((b'{"text":"","output_ids":[', new_ids, raw[ids_end:b], new_lps, raw[lps_end:stop])), tokens
+        if not top:
+            return b"".join((b'{"text":"","output_ids":[', new_ids, raw[ids_end:b], new_lps, raw[lps_end:stop])), tokens
+        new_top = raw[top_at + 1 : top_end] if top_end > top_at else b""
+        return b"".join((b'{"text":"","output_ids":[', new_ids, raw[ids_end:b], new_lps, raw[lps_end:c], new_top,
+                         raw[top_end:stop])), tokens
 
     def look(self, raw: Bytes, start: int = 0, stop: int | None = None) -> tuple[bool, bytes | None]:
         """:func:`look` at event ``raw[start:stop]`` of this stream, without searching what it repeats.
@@ -195,9 +219,28 @@ class PrefixCutter:
         return first if first >= 0 else raw.find(b"\n", end, stop)
 
     def _forget(self) -> tuple[None, int]:
-        self._ids = self._logprobs = 0
+        self._ids = self._logprobs = self._top = 0
         self._last = b""
         return None, 0
+
+
+def _top_end(raw: Bytes, at: int, stop: int) -> int:
+    """Where the alternatives' array that goes on at ``at`` (outside any string: an old entry's last byte, or
+    the first entry's first) closes; ``-1``: not found as SGLang writes it, decode the event whole.
+
+    Its entries, ``[[logprob, id, null], ...]`` or ``null`` a token, hold no quote (the proxy
+    does not ask for their text), and a key follows the array: the first quote from ``at`` is
+    that key's, right after the array's ``],``. No quote: the array ends ``meta_info``, which
+    ends the event (``]}}``). A quote among the entries is a text's (it follows an id and its
+    comma, never a bracket): such an event is decoded whole.
+    """
+    quote = raw.find(b'"', at, stop)
+    if quote < 0:
+        end = stop - 3
+        return end if end > at and raw[end] == _CLOSE and raw[end + 1] == raw[end + 2] == _BRACE else -1
+    if quote - 2 <= at or raw[quote - 1] != _COMMA or raw[quote - 2] != _CLOSE:
+        return -1
+    return quote - 2
 
 
 def _close(raw: Bytes, at: int, stop: int, quote: int) -> int:

@@ -417,10 +417,9 @@ class SGLangStreamParser(StreamDecoder):
     def decode_span(self, raw: bytes | bytearray, start: int, stop: int) -> Any:
         """The JSON of event ``raw[start:stop]``; a cumulative event's without the tokens already read
         (:mod:`.cumulative`)."""
-        # An incremental stream has nothing repeated to cut (known from its second event); the cutter knows
-        # nothing of the alternatives' array: an event with them is decoded whole.
-        if not self._incremental and self.top is None:
-            cut, self._cut = self._cutter.cut(raw, start, stop, use=self._incremental is False)
+        # An incremental stream has nothing repeated to cut (known from its second event).
+        if not self._incremental:
+            cut, self._cut = self._cutter.cut(raw, start, stop, self._incremental is False, self.top is not None)
             if cut is not None:
                 return orjson.loads(cut)
         return loads_span(raw, start, stop)
