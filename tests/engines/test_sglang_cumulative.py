@@ -341,20 +341,27 @@ def test_an_incremental_stream_in_another_sse_shape_is_not_looked_at_for_repeats
     assert looked == []
 
 
-def test_events_read_together_are_searched_without_what_they_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("asked", [False, True], ids=["plain", "alternatives"])
+def test_events_read_together_are_searched_without_what_they_repeat(
+        monkeypatch: pytest.MonkeyPatch, asked: bool) -> None:
     # Whether an event the next repeats may be skipped is read from its keys; a long event's text and arrays
-    # as the previous event had them (no quote in them) are left out of the search: it stays small.
+    # as the previous event had them (no quote in them) are left out of the search: it stays small. With the
+    # alternatives ``asked``, theirs too.
     searched: list[int] = []
     look = cumulative.look
     monkeypatch.setattr(cumulative, "look", lambda raw, start=0, stop=None: searched.append(
         (len(raw) if stop is None else stop) - start) or look(raw, start, stop))
     ids = [1000 + i for i in range(400)]
     lps = [-i / 64 for i in range(400)]
-    raws = [event(ids[: n + 1], lps[: n + 1], text="ab é" * (n + 1)) for n in range(399)]
-    raws.append(event(ids, lps, text="ab é" * 400, finish={"type": "length", "length": 400}))
+    tops = [alternatives(n) for n in range(400)] if asked else None
+    raws = [event(ids[: n + 1], lps[: n + 1], text="ab é" * (n + 1), top=tops and tops[: n + 1]) for n in range(399)]
+    raws.append(event(ids, lps, text="ab é" * 400, top=tops, finish={"type": "length", "length": 400}))
     reads = [sse(raws[:300]), sse(raws[300:]) + b"data: [DONE]\n\n"]
-    got_ids, got_lps, _, finishes = read_stream(SGLangStreamParser(), reads)
+    parser = SGLangStreamParser()
+    parser.top = [] if asked else None
+    got_ids, got_lps, _, finishes = read_stream(parser, reads)
     assert (got_ids, got_lps) == (ids, lps) and [type(f) for f in finishes] == [GenerateFinish]
+    assert parser.top is None or parser.top == [tuple((t, lp) for lp, t in a or ()) for a in tops or ()]
     assert len(raws[300]) > 9_000
     # (The first read: nothing known to leave out. The second: what was not in the last event decoded, the 300th.)
     assert len(searched) == 300 + 100
@@ -541,3 +548,27 @@ def test_alternatives_that_end_the_event_are_cut_too() -> None:
     assert cut == 3 and raw is not None and raw.endswith(b"]}}")
     assert orjson.loads(raw)["meta_info"]["output_top_logprobs"] == [
         None, [[-4 / 9, 504, None], [-4 / 5 - 1, 604, None], [-4 / 3 - 2, 704, None]]]
+
+
+def test_a_long_events_line_break_is_not_searched_for_in_the_alternatives_it_repeats() -> None:
+    # Once the old content is long, the alternatives' old part is skipped like the other arrays': a line break
+    # forged there (an event cannot hold one: the previous event, which had that content, was one line) is not
+    # found, the event's own is.
+    ids = [100 + i for i in range(3001)]
+    lps = [-i / 7 for i in range(3001)]
+    tops = [alternatives(n) for n in range(3001)]
+    parser = SGLangStreamParser()
+    parser.top = []
+    out: list[GenerationEvent] = []
+    for n in (1, 3000):
+        framed = sse([event(ids[:n], lps[:n], top=tops[:n])])
+        assert parser.read_lying(bytearray(framed), 0, len(framed), out)
+    framed = sse([event(ids, lps, top=tops)])
+    forged = framed.find(b'"output_top_logprobs":[') + 5_000
+    raw = bytearray(framed)
+    raw[forged] = 0x0A
+    assert raw.find(b"\n") == forged
+    assert parser.line_break(raw, 0, len(raw)) == len(raw) - 2
+    assert parser.read_lying(bytearray(framed), 0, len(framed), out)
+    parser.run_into(out)
+    assert handed_out(out)[:2] == (ids, lps) and len(parser.top) == 3001

@@ -168,8 +168,8 @@ class PrefixCutter:
         """
         if stop is None:
             stop = len(raw)
-        old_ids, old_lps = self._ids, self._logprobs
-        if old_ids + old_lps < _LONG:
+        old_ids, old_lps, old_top = self._ids, self._logprobs, self._top
+        if old_ids + old_lps + old_top < _LONG:
             return look(raw, start, stop)
         text = start + len(_TEXT)
         i = raw.find(_IDS, max(text, start + self._at - _SLACK), stop)
@@ -182,7 +182,14 @@ class PrefixCutter:
         j = raw.find(_LOGPROBS, at, stop)
         b = j + len(_LOGPROBS)
         if j >= 0 and 0 < old_lps and b + old_lps < stop and raw.find(b'"', b, b + old_lps) < 0:
-            parts += (raw[at:b], raw[b + old_lps : stop])
+            parts.append(raw[at:b])
+            at = b + old_lps
+            k = raw.find(_TOP, at, stop) if old_top > 0 else -1  # (the alternatives', when they are cut)
+            c = k + len(_TOP)
+            if k >= 0 and c + old_top < stop and raw.find(b'"', c, c + old_top) < 0:
+                parts += (raw[at:c], raw[c + old_top : stop])
+            else:
+                parts.append(raw[at:stop])
         else:
             parts.append(raw[at:stop])
         return look(b" ".join(parts))
@@ -195,14 +202,14 @@ class PrefixCutter:
         read as one line: searched so in its turn, or whole); like the rest of what an event
         repeats, it is neither compared nor copied, and not searched either: the search
         (``memchr``, ~0.1 instruction a byte) covers the text and the new part, not the ~560 KB
-        an event repeats at 16,000 tokens. Anything else is searched whole, and so is an event whose old
-        content is under ``_SEARCHED``.
+        an event repeats at 16,000 tokens (nor the alternatives', when :meth:`cut` cuts them). Anything
+        else is searched whole, and so is an event whose old content is under ``_SEARCHED``.
         """
         if stop is None:
             stop = len(raw)
-        old_ids, old_lps = self._ids, self._logprobs
+        old_ids, old_lps, old_top = self._ids, self._logprobs, self._top
         was = self._at
-        if self.tokens <= 0 or old_ids <= 0 or old_ids + old_lps < _SEARCHED:
+        if self.tokens <= 0 or old_ids <= 0 or old_ids + old_lps + old_top < _SEARCHED:
             return raw.find(b"\n", start, stop)
         i = raw.find(_IDS, start + was - _SLACK if was > _SLACK else start, stop)
         at = i + len(_IDS) + old_ids
@@ -216,7 +223,14 @@ class PrefixCutter:
         if j < 0 or end >= stop or raw[end - 1] != _CLOSE:
             return raw.find(b"\n", at, stop)
         first = raw.find(b"\n", at, j)
-        return first if first >= 0 else raw.find(b"\n", end, stop)
+        if first >= 0 or old_top <= 0:
+            return first if first >= 0 else raw.find(b"\n", end, stop)
+        k = raw.find(_TOP, end, stop)  # (the alternatives' old content, when they are cut: not searched either)
+        top_at = k + len(_TOP) + old_top
+        if k < 0 or top_at >= stop or raw[top_at - 1] not in (_CLOSE, _NULL_END):
+            return raw.find(b"\n", end, stop)
+        first = raw.find(b"\n", end, k)
+        return first if first >= 0 else raw.find(b"\n", top_at, stop)
 
     def _forget(self) -> tuple[None, int]:
         self._ids = self._logprobs = self._top = 0
