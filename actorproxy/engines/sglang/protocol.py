@@ -419,7 +419,8 @@ class SGLangStreamParser(StreamDecoder):
         (:mod:`.cumulative`)."""
         # An incremental stream has nothing repeated to cut (known from its second event).
         if not self._incremental:
-            cut, self._cut = self._cutter.cut(raw, start, stop, self._incremental is False, self.top is not None)
+            cut, self._cut = self._cutter.cut(raw, start, stop, use=self._incremental is False,
+                                              top=self.top is not None)
             if cut is not None:
                 return orjson.loads(cut)
         return loads_span(raw, start, stop)
