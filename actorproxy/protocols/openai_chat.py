@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from functools import cache
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import attrs
@@ -16,6 +16,7 @@ from ..core.turn_events import TopLogprobs, TurnAccepted, TurnDone
 from ..errors import BadRequest, ProxyError
 from ..schema.converter import structure
 from ..schema.jsonio import dumps
+from ..tokenization.detokenize import byte_level_bytes, byte_table
 from .chat_messages import ChatBody, ChatMemo, chat_request, load_chat_body
 from .format import MemoFormat, ReplyInfo
 from .openai_types import ChatCompletionBody, ChatOptions
@@ -84,34 +85,39 @@ def _usage(done: TurnDone) -> bytes:
         done.prompt_tokens, done.completion_tokens, done.prompt_tokens + done.completion_tokens)
 
 
-@cache
-def _byte_level_alphabet() -> dict[str, int]:
-    """The byte-level BPE alphabet (GPT-2's): the printable character standing for each byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            chars[chr(byte)] = byte
-        else:
-            chars[chr(256 + extra)] = byte
-            extra += 1
-    return chars
+def _spelled_alone(hf: Any, token_id: int) -> tuple[str, bytes]:
+    """One token's text and bytes, asked of the tokenizer (a vocabulary with no byte table, an id outside it).
+
+    An id the tokenizer does not know (a model's vocabulary is often padded past the tokenizer's) has no text, as
+    the tokenizer decodes it."""
+    piece = hf.convert_ids_to_tokens([token_id])[0] if token_id >= 0 else None
+    if piece is None:
+        return "", b""
+    raw = byte_level_bytes(str(piece)) if piece else None
+    if raw is not None:
+        return raw.decode("utf-8", errors="replace"), raw
+    text = str(hf.decode([token_id], skip_special_tokens=False))
+    return text, text.encode("utf-8")
 
 
-def _spelled(hf: Any, ids: Sequence[int], logprobs: Sequence[float]) -> list[dict[str, Any]]:
-    """Each token with its logprob and bytes (:func:`token_logprobs`' entries, without ``top_logprobs``)."""
-    pieces = [str(p) for p in hf.convert_ids_to_tokens(list(ids))]
-    alphabet = _byte_level_alphabet()
-    content = []
-    for token_id, piece, logprob in zip(ids, pieces, logprobs, strict=False):
-        if piece and all(ch in alphabet for ch in piece):
-            raw = bytes(alphabet[ch] for ch in piece)
-            text = raw.decode("utf-8", errors="replace")
-        else:
-            text = str(hf.decode([token_id], skip_special_tokens=False))
-            raw = text.encode("utf-8")
-        content.append({"token": text, "logprob": float(logprob), "bytes": list(raw)})
-    return content
+def _speller(tokenizer: Any) -> Callable[[int], tuple[str, bytes]]:
+    """A function of a token id: its text and bytes (``token``, ``bytes`` of :func:`token_logprobs`' entries).
+
+    A byte-level vocabulary's bytes come from its byte table (``tokenization/detokenize.py: byte_table``, made
+    once per tokenizer, at start), so a token costs no call of the tokenizer's."""
+    table = byte_table(tokenizer) if hasattr(tokenizer, "hf") else None
+    hf = getattr(tokenizer, "hf", tokenizer)
+    if table is None:
+        return partial(_spelled_alone, hf)
+    size = len(table)
+
+    def spell(token_id: int) -> tuple[str, bytes]:
+        if 0 <= token_id < size:
+            raw = table[token_id]
+            return raw.decode("utf-8", errors="replace"), raw
+        return _spelled_alone(hf, token_id)
+
+    return spell
 
 
 def token_logprobs(tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float],
@@ -125,14 +131,17 @@ def token_logprobs(tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float]
     (the engine's, the likeliest first), spelled the same way; empty when the call did
     not ask for them.
     """
-    hf = getattr(tokenizer, "hf", tokenizer)
-    content = _spelled(hf, ids, logprobs)
-    if top is None:
-        for entry in content:
-            entry["top_logprobs"] = []
-        return content
-    for entry, alternatives in zip(content, top, strict=False):
-        entry["top_logprobs"] = _spelled(hf, [a[0] for a in alternatives], [a[1] for a in alternatives])
+    spell = _speller(tokenizer)
+    content: list[dict[str, Any]] = []
+    for token_id, logprob in zip(ids, logprobs, strict=False):
+        text, raw = spell(token_id)
+        content.append({"token": text, "logprob": float(logprob), "bytes": list(raw), "top_logprobs": []})
+    if top is not None:
+        for entry, alternatives in zip(content, top, strict=False):
+            listed: list[dict[str, Any]] = entry["top_logprobs"]
+            for token_id, logprob in alternatives:
+                text, raw = spell(token_id)
+                listed.append({"token": text, "logprob": float(logprob), "bytes": list(raw)})
     return content
 
 

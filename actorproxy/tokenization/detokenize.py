@@ -206,20 +206,24 @@ def _build_byte_table(tokenizer: ChatTokenizer) -> tuple[bytes, ...] | None:
     if getattr(hf, "clean_up_tokenization_spaces", False):
         # transformers then rewrites " ." to "." etc. after decoding: not per-token.
         return None
-    to_latin1, mapped_chars = _byte_level_maps()
     size = len(hf)
     tokens = hf.convert_ids_to_tokens(list(range(size)))
     table: list[bytes] = []
     for token in tokens:
         if token is None:
             table.append(b"")
-        elif token.translate(mapped_chars):
+        else:
             # A character outside the byte alphabet (some added tokens): the
             # ByteLevel decoder then passes the token's own UTF-8 bytes through.
-            table.append(token.encode("utf-8"))
-        else:
-            table.append(token.translate(to_latin1).encode("latin-1"))
+            raw = byte_level_bytes(token)
+            table.append(token.encode("utf-8") if raw is None else raw)
     return tuple(table)
+
+
+def byte_level_bytes(piece: str) -> bytes | None:
+    """The bytes a token's piece stands for in GPT-2's byte alphabet, or None if a character is outside it."""
+    to_latin1, mapped_chars = _byte_level_maps()
+    return None if piece.translate(mapped_chars) else piece.translate(to_latin1).encode("latin-1")
 
 
 @functools.cache

@@ -13,6 +13,7 @@ import pytest
 import trio
 from _util import finalized_at
 
+from actorproxy.protocols.openai_chat import token_logprobs
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.sim.generation import SimGeneration
@@ -62,6 +63,59 @@ def _check(content: list[Any], step: dict[str, Any], tokenizer: Any, top: int = 
             alone = tokenizer.decode([token_id])
             if "\ufffd" not in alone:  # (a whole character: its bytes are the token's)
                 assert (alternative.token, bytes(alternative.bytes)) == (alone, alone.encode())
+
+
+def _as_the_tokenizer_spells(tokenizer: Any, alphabet: dict[str, int], token_id: int) -> tuple[str, bytes]:
+    """A token's text and bytes asked of the tokenizer itself: its piece read through GPT-2's byte ``alphabet``,
+    or, for a piece outside it, the token decoded alone."""
+    piece = tokenizer.hf.convert_ids_to_tokens([token_id])[0]
+    if all(char in alphabet for char in piece):
+        raw = bytes(alphabet[char] for char in piece)
+        return raw.decode("utf-8", errors="replace"), raw
+    text = tokenizer.hf.decode([token_id], skip_special_tokens=False)
+    return text, text.encode()
+
+
+def test_every_token_of_the_vocabulary_is_spelled_as_the_tokenizer_spells_it(tokenizer: Any) -> None:
+    """Sampled tokens and alternatives alike, special tokens included (the alphabet: ``transformers``' own)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    alphabet = {char: byte for byte, char in bytes_to_unicode().items()}
+    ids = list(range(len(tokenizer.hf)))
+    top = [[(token_id, -2.0)] for token_id in reversed(ids)]
+    content = token_logprobs(tokenizer, ids, [-1.0] * len(ids), top)
+    for token_id, entry, mirrored in zip(ids, content, reversed(content), strict=True):
+        text, raw = _as_the_tokenizer_spells(tokenizer, alphabet, token_id)
+        assert (entry["token"], bytes(entry["bytes"]), entry["logprob"]) == (text, raw, -1.0), token_id
+        [alternative] = mirrored["top_logprobs"]  # (the alternative listed is the mirrored entry's)
+        assert (alternative["token"], bytes(alternative["bytes"]), alternative["logprob"]) == (text, raw, -2.0)
+
+
+def test_a_token_the_tokenizer_does_not_know_has_no_text(tokenizer: Any) -> None:
+    """A model's vocabulary is often padded past its tokenizer's (Qwen3: 151,936 rows, 151,669 tokens), and a
+    policy can sample a padding id: it decodes to nothing, so its entry has no text and no bytes."""
+    unknown = len(tokenizer.hf) + 3
+    assert tokenizer.decode([unknown]) == ""
+    [entry] = token_logprobs(tokenizer, [unknown], [-9.0], [[(unknown + 1, -9.5)]])
+    assert (entry["token"], entry["bytes"]) == ("", [])
+    assert [(a["token"], a["bytes"]) for a in entry["top_logprobs"]] == [("", [])]
+
+
+def test_a_byte_level_vocabulary_is_spelled_without_asking_the_tokenizer(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bytes of each token (and of each alternative) are the detokenizer's byte table's: a reply of thousands
+    of tokens with alternatives makes no call of the tokenizer's per token."""
+    ids = tokenizer.encode(REPLY * 20)
+    expected = token_logprobs(tokenizer, ids, [-0.5] * len(ids), [[(i, -1.0), (i + 1, -2.0)] for i in ids])
+
+    def asked(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the tokenizer was asked to spell a token")
+
+    for name in ("convert_ids_to_tokens", "decode"):
+        monkeypatch.setattr(tokenizer.hf, name, asked)
+    got = token_logprobs(tokenizer, ids, [-0.5] * len(ids), [[(i, -1.0), (i + 1, -2.0)] for i in ids])
+    assert got == expected
 
 
 async def test_json_reply_carries_the_sampled_tokens_logprobs(
