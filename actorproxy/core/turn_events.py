@@ -19,6 +19,8 @@ TopLogprobs = tuple[tuple[int, float], ...]
 class TurnAccepted:
     step_index: int
     prompt_tokens: int
+    #: The ids the engine was given (the step's own array, which nothing writes to after; a reader must not).
+    prompt_ids: array[int] | None = None
 
 
 @attrs.frozen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -15,7 +16,7 @@ from ..core.requests import ChatRequest, holding
 from ..core.turn_events import TopLogprobs, TurnAccepted, TurnDone
 from ..errors import BadRequest, ProxyError
 from ..schema.converter import structure
-from ..schema.jsonio import dumps
+from ..schema.jsonio import dumps, ids_json
 from ..tokenization.detokenize import byte_level_bytes, byte_table
 from .chat_messages import ChatBody, ChatMemo, chat_request, load_chat_body
 from .format import MemoFormat, ReplyInfo
@@ -36,6 +37,10 @@ class OpenAIChatCall:
     turn_id: str | None
     #: ``logprobs: true``: the reply carries the sampled tokens' logprobs.
     logprobs: bool = False
+    #: ``return_token_ids: true`` (vLLM's extension): the reply carries the prompt's ids and the sampled ids.
+    token_ids: bool = False
+    #: ``return_tokens_as_token_ids: true`` (vLLM's): each logprob's token is ``token_id:N``, not its text.
+    tokens_as_ids: bool = False
 
 
 def _include_usage(options: Any, by_default: bool) -> bool:
@@ -72,6 +77,8 @@ def parse_chat_body(body: Any, *, usage_by_default: bool = False) -> OpenAIChatC
         instance_id=call.instance_id,
         turn_id=call.turn_id,
         logprobs=bool(call.logprobs),
+        token_ids=bool(call.return_token_ids),
+        tokens_as_ids=bool(call.return_tokens_as_token_ids),
     )
 
 
@@ -100,11 +107,20 @@ def _spelled_alone(hf: Any, token_id: int) -> tuple[str, bytes]:
     return text, text.encode("utf-8")
 
 
-def _speller(tokenizer: Any) -> Callable[[int], tuple[str, bytes]]:
+def _placeholder(token_id: int) -> tuple[str, bytes]:
+    """A token named by its id, as vLLM's ``return_tokens_as_token_ids`` writes it: ``token_id:N``, and its bytes."""
+    text = f"token_id:{token_id}"
+    return text, text.encode()
+
+
+def _speller(tokenizer: Any, as_ids: bool = False) -> Callable[[int], tuple[str, bytes]]:
     """A function of a token id: its text and bytes (``token``, ``bytes`` of :func:`token_logprobs`' entries).
 
     A byte-level vocabulary's bytes come from its byte table (``tokenization/detokenize.py: byte_table``, made
-    once per tokenizer, at start), so a token costs no call of the tokenizer's."""
+    once per tokenizer, at start), so a token costs no call of the tokenizer's. ``as_ids``: the id's
+    placeholder (:func:`_placeholder`)."""
+    if as_ids:
+        return _placeholder
     table = byte_table(tokenizer) if hasattr(tokenizer, "hf") else None
     hf = getattr(tokenizer, "hf", tokenizer)
     if table is None:
@@ -121,7 +137,7 @@ def _speller(tokenizer: Any) -> Callable[[int], tuple[str, bytes]]:
 
 
 def token_logprobs(tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float],
-                   top: Sequence[TopLogprobs] | None = None) -> list[dict[str, Any]]:
+                   top: Sequence[TopLogprobs] | None = None, *, as_ids: bool = False) -> list[dict[str, Any]]:
     """OpenAI's ``logprobs.content``: each sampled token with its logprob and bytes, and its ``top_logprobs``.
 
     A byte-level BPE vocabulary (Qwen, Llama 3, GLM, ...) gives each token's exact
@@ -129,9 +145,10 @@ def token_logprobs(tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float]
     is those bytes decoded (U+FFFD for a partial character). Other vocabularies give
     the token decoded alone. ``top_logprobs`` lists ``top``'s alternatives of the token
     (the engine's, the likeliest first), spelled the same way; empty when the call did
-    not ask for them.
+    not ask for them. ``as_ids``: every token is written ``token_id:N`` instead (vLLM's
+    ``return_tokens_as_token_ids``), its bytes that text's.
     """
-    spell = _speller(tokenizer)
+    spell = _speller(tokenizer, as_ids)
     content: list[dict[str, Any]] = []
     for token_id, logprob in zip(ids, logprobs, strict=False):
         text, raw = spell(token_id)
@@ -145,15 +162,21 @@ def token_logprobs(tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float]
     return content
 
 
-def sampled_logprobs(tokenizer: Any, done: TurnDone) -> list[dict[str, Any]]:
+def sampled_logprobs(tokenizer: Any, done: TurnDone, *, as_ids: bool = False) -> list[dict[str, Any]]:
     """:func:`token_logprobs` of every token a finished turn sampled (with the alternatives it asked for)."""
     ids = done.ids
-    return [] if ids is None else token_logprobs(tokenizer, ids.output_ids, ids.output_logprobs, done.top_logprobs)
+    return [] if ids is None else token_logprobs(tokenizer, ids.output_ids, ids.output_logprobs, done.top_logprobs,
+                                                 as_ids=as_ids)
 
 
-def choice_logprobs(tokenizer: Any, done: TurnDone) -> dict[str, Any]:
+def choice_logprobs(tokenizer: Any, done: TurnDone, *, as_ids: bool = False) -> dict[str, Any]:
     """A choice's ``logprobs`` object for a finished turn."""
-    return {"content": sampled_logprobs(tokenizer, done), "refusal": None}
+    return {"content": sampled_logprobs(tokenizer, done, as_ids=as_ids), "refusal": None}
+
+
+def _ids(ids: array[int] | None) -> bytes:
+    """A token array's JSON (``null`` when the turn has none)."""
+    return b"null" if ids is None else ids_json(ids)
 
 
 def _head(kind: bytes, completion_id: str, model: str) -> bytes:
@@ -163,10 +186,12 @@ def _head(kind: bytes, completion_id: str, model: str) -> bytes:
 
 
 def completion_bytes(
-    done: TurnDone, *, completion_id: str, model: str, session_id: str, logprobs: dict[str, Any] | None = None
+    done: TurnDone, *, completion_id: str, model: str, session_id: str, logprobs: dict[str, Any] | None = None,
+    token_ids: bool = False,
 ) -> bytes:
     """The ``chat.completion`` reply's JSON bytes, written directly: no JSON value is built (the bytes its value
-    would give: ``tests/protocols/test_openai_completion.py``). Only ``logprobs``, when asked for, is a value."""
+    would give: ``tests/protocols/test_openai_completion.py``). Only ``logprobs``, when asked for, is a value.
+    ``token_ids``: the choice's ``token_ids`` and the reply's ``prompt_token_ids`` (vLLM's ``return_token_ids``)."""
     output = done.output
     calls = output.tool_calls
     parts = [_head(b"chat.completion", completion_id, model),
@@ -181,8 +206,13 @@ def completion_bytes(
                       dumps(call.name), b',"arguments":', dumps(call.arguments), b"}}")
         parts.append(b"]")
     parts += (b'},"finish_reason":', dumps(done.finish_reason), b',"logprobs":',
-              b"null" if logprobs is None else dumps(logprobs), b'}],"usage":', _usage(done),
-              b',"actorproxy":{"session_id":', dumps(done.session_id or session_id),
+              b"null" if logprobs is None else dumps(logprobs))
+    if token_ids:
+        parts += (b',"token_ids":', _ids(None if done.ids is None else done.ids.output_ids))
+    parts += (b'}],"usage":', _usage(done))
+    if token_ids:
+        parts += (b',"prompt_token_ids":', _ids(None if done.ids is None else done.ids.prompt_ids))
+    parts += (b',"actorproxy":{"session_id":', dumps(done.session_id or session_id),
               b',"step_index":%d,"tool_call_parse_error":%s}}'
               % (done.step_index, b"true" if done.tool_call_parse_error else b"false"))
     return b"".join(parts)
@@ -194,15 +224,20 @@ class ChunkWriter:
     Every frame is written as bytes directly, around the strings it carries: the chunk's fixed head
     (id, object, created, model) is encoded once a reply, and no chunk's JSON value is built (the
     same bytes it would give: ``tests/protocols/test_openai_chunks.py``). Only ``logprobs``, when
-    asked for, is a value (on the finish chunk).
+    asked for, is a value (on the finish chunk). ``token_ids`` (vLLM's ``return_token_ids``): the first
+    chunk carries ``prompt_token_ids``, the finish chunk's choice every sampled id (``token_ids``), as it
+    carries every logprob; ``tokens_as_ids``: the logprobs' tokens are written ``token_id:N``.
     """
 
     def __init__(
-        self, *, completion_id: str, model: str, include_usage: bool = False, tokenizer: Any = None
+        self, *, completion_id: str, model: str, include_usage: bool = False, tokenizer: Any = None,
+        token_ids: bool = False, tokens_as_ids: bool = False,
     ) -> None:
         self._include_usage = include_usage
         #: Set when the call asked for logprobs: they go out on the finish chunk.
         self._tokenizer = tokenizer
+        self._token_ids = token_ids
+        self._tokens_as_ids = tokens_as_ids
         #: Every frame begins with this: the chunk's head, left open.
         self._open = b"data: " + _head(b"chat.completion.chunk", completion_id, model)
         #: A frame with a choice: these, then its delta's members, then ``_tail`` (or its finish).
@@ -213,6 +248,10 @@ class ChunkWriter:
         self._reasoning = self._choice + b'"reasoning_content":'
 
     def start(self, accepted: TurnAccepted | None = None) -> bytes:
+        if self._token_ids:
+            prompt = _ids(None if accepted is None else accepted.prompt_ids)
+            return (self._open + b',"prompt_token_ids":' + prompt
+                    + b',"choices":[{"index":0,"delta":{"role":"assistant","content":""' + self._tail)
         return self._choice + b'"role":"assistant","content":""' + self._tail
 
     def heartbeat(self) -> bytes:
@@ -242,9 +281,12 @@ class ChunkWriter:
     def finish(self, done: TurnDone) -> bytes:
         # Deltas are parsed text, not tokens: the sampled tokens' logprobs all come with the last chunk
         # (clients append every chunk's logprobs.content, so the sum is the same).
-        logprobs = b"null" if self._tokenizer is None else dumps(choice_logprobs(self._tokenizer, done))
-        frames = [self._choice, b'},"finish_reason":', dumps(done.finish_reason), b',"logprobs":', logprobs,
-                  b"}]}\n\n"]
+        logprobs = (b"null" if self._tokenizer is None
+                    else dumps(choice_logprobs(self._tokenizer, done, as_ids=self._tokens_as_ids)))
+        frames = [self._choice, b'},"finish_reason":', dumps(done.finish_reason), b',"logprobs":', logprobs]
+        if self._token_ids:
+            frames += (b',"token_ids":', _ids(None if done.ids is None else done.ids.output_ids))
+        frames.append(b"}]}\n\n")
         if self._include_usage:
             frames += (self._open, b',"choices":[],"usage":', _usage(done), b"}\n\n")
         frames.append(b"data: [DONE]\n\n")
@@ -280,10 +322,11 @@ class OpenAIChatFormat(MemoFormat[OpenAIChatCall, ChatMemo]):
 
     def render(self, call: OpenAIChatCall, reply: ReplyInfo, done: TurnDone) -> bytes:
         tokenizer = self._logprobs_tokenizer(call)
-        logprobs = None if tokenizer is None else choice_logprobs(tokenizer, done)
+        logprobs = None if tokenizer is None else choice_logprobs(tokenizer, done, as_ids=call.tokens_as_ids)
         return completion_bytes(done, completion_id=reply.id, model=reply.model, session_id=reply.session_id,
-                                logprobs=logprobs)
+                                logprobs=logprobs, token_ids=call.token_ids)
 
     def writer(self, call: OpenAIChatCall, reply: ReplyInfo) -> ChunkWriter:
         return ChunkWriter(completion_id=reply.id, model=reply.model, include_usage=call.include_usage,
-                           tokenizer=self._logprobs_tokenizer(call))
+                           tokenizer=self._logprobs_tokenizer(call), token_ids=call.token_ids,
+                           tokens_as_ids=call.tokens_as_ids)

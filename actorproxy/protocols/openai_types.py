@@ -155,6 +155,10 @@ class ChatOptions:
     top_p: float | None = attrs.field(default=None, validator=between(0.0, 1.0))
     logprobs: bool | None = None
     top_logprobs: int | None = attrs.field(default=None, validator=between(0, MAX_TOP_LOGPROBS))
+    #: vLLM's extensions: the reply carries the prompt's ids and the sampled ids (``prompt_token_ids``,
+    #: ``choices[].token_ids``); each logprob's token is written ``token_id:N``.
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
     presence_penalty: float | None = attrs.field(default=None, validator=between(-2.0, 2.0))
     frequency_penalty: float | None = attrs.field(default=None, validator=between(-2.0, 2.0))
     #: Refused unless empty (see ``chat_messages.chat_request``).

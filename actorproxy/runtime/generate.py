@@ -444,7 +444,7 @@ class TurnGeneration:
                         # status) is a plain status with its error, streamed or not: no stream has started.
                         self._accepted = True
                         try:
-                            await self._agent.accept(TurnAccepted(step.index, step.prompt_len))
+                            await self._agent.accept(TurnAccepted(step.index, step.prompt_len, self._input_ids))
                         except GONE:
                             self._agent_left(generation, handle, stream)  # read on to the engine's abort finish
                     # A pause's abort is sent in the pause's own call (no task, no nursery per attempt);

@@ -638,3 +638,42 @@ def test_wait_pause_lets_generations_finish(
         assert step["preemptions"] == 0 and len(step["output_ids"]) == LONG
         assert_greedy(http, engine, read, step)
         assert len(set(output_versions(step))) == 1
+
+
+def _token_ids(http: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str], *, stream: bool
+               ) -> tuple[list[int], list[int]]:
+    """A chat call's ``prompt_token_ids`` and ``choices[0].token_ids``, as vLLM's ``return_token_ids`` places
+    them: on the reply, or (``stream``) the prompt's on the first chunk only, the sampled ones joined from every
+    chunk that has them."""
+    body = body | {"return_token_ids": True, "stream": stream}
+    if not stream:
+        got = http.post(f"{url}/v1/chat/completions", json=body, headers=headers)
+        assert got.status_code == 200, got.text
+        return got.json()["prompt_token_ids"], got.json()["choices"][0]["token_ids"]
+    events = []
+    with http.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers) as got:
+        assert got.status_code == 200
+        events = [json.loads(line[6:]) for line in got.iter_lines() if line.startswith("data: {")]
+    assert all("prompt_token_ids" not in event for event in events[1:])
+    sampled = [i for event in events for choice in event["choices"] for i in choice.get("token_ids") or ()]
+    return events[0]["prompt_token_ids"], sampled
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_return_token_ids_as_vllm_returns_them(
+    kind: str, stream: bool, vllm_servers: dict[str, Process], vllm_proxies: dict[str, Process]
+) -> None:
+    """Rollout code written for vLLM's chat route asks ``return_token_ids``: through the proxy it gets the same
+    fields, in the same places, with the same ids as from vLLM's own chat route (a first turn, greedy): the
+    prompt as vLLM renders it and the ids vLLM samples. The proxy's ids are the step it records."""
+    engine, proxy = vllm_servers[kind], vllm_proxies[kind]
+    session = session_id(f"ids-{kind}")
+    body = {"messages": [{"role": "user", "content": "Name a colour."}], "temperature": 0.0, "max_tokens": 6,
+            "chat_template_kwargs": {"enable_thinking": False}}
+    with httpx.Client(timeout=300) as http:
+        theirs = _token_ids(http, engine.url, body | {"model": served_model(http, engine)}, {}, stream=stream)
+        ours = _token_ids(http, proxy.url, body | {"model": "policy"}, {"X-Session-Id": session}, stream=stream)
+        [step] = read_session(http, proxy, session)["steps"]
+    assert ours == theirs
+    assert ours[1] == step["output_ids"] and len(ours[0]) == step["prompt_tokens"]

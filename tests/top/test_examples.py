@@ -66,6 +66,13 @@ def test_durable_store_example_recovers_after_sigkill() -> None:
     assert "boundary_reason=recovered" in result.stdout and "exited with 0" in result.stdout
 
 
+def test_token_ids_rollout_example_builds_the_recorded_segment() -> None:
+    result = _run(str(EXAMPLES / "token_ids_rollout.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "turn 1: prompt " in result.stdout  # a tool loop of several turns
+    assert "the agent's ids, loss mask and logprobs equal the segment's" in result.stdout
+
+
 def test_side_calls_example_runs() -> None:
     result = _run(str(EXAMPLES / "side_calls.py"))
     assert result.returncode == 0, result.stdout + result.stderr
