@@ -10,9 +10,10 @@ same instants, ``actorproxy sim --decode-steps``); the proxy (``actorproxy run``
 ``valgrind --tool=callgrind --instr-atstart=no``; ``long_streams.py``'s clients (their own
 process) open ``--streams`` streaming chat turns through it. The count is switched on
 (``callgrind_control -i on``) once every stream has its first token and off once the last
-one ended, so what is counted is the relaying of tokens only (no start-up, no prompt, no
-turn's end); the figure is the instructions of that window over the tokens the clients
-received in it. Use a slow pace (the default) so the proxy keeps up under valgrind, and
+one ended, so what is counted is the relaying of tokens and the replies' ends (the last
+chunk, with every token's logprobs when they are asked for: ``--top-logprobs``), not the
+start-up or the prompts; the figure is the instructions of that window over the tokens the
+clients received in it. Use a slow pace (the default) so the proxy keeps up under valgrind, and
 the same arguments for the runs compared: the proxy is the checkout on ``PYTHONPATH``, so
 old code is measured by running this script with ``PYTHONPATH`` at an old worktree.
 ``--keep DIR`` keeps each shape's callgrind output as ``DIR/callgrind.SHAPE.out``, to read
