@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -92,15 +93,31 @@ def _usage(done: TurnDone) -> bytes:
         done.prompt_tokens, done.completion_tokens, done.prompt_tokens + done.completion_tokens)
 
 
-def _spelled_alone(hf: Any, token_id: int) -> tuple[str, bytes]:
-    """One token's text and bytes, asked of the tokenizer (a vocabulary with no byte table, an id outside it).
+#: Per tokenizer without a byte table (SentencePiece vocabularies: a GGUF's for llama.cpp): each id's text and
+#: bytes spelled so far, an id the tokenizer knows each (so at most its vocabulary).
+_SPELLED: weakref.WeakKeyDictionary[Any, dict[int, tuple[str, bytes]]] = weakref.WeakKeyDictionary()
+
+
+def _spelled_alone(hf: Any, token_id: int, kept: dict[int, tuple[str, bytes]] | None = None) -> tuple[str, bytes]:
+    """One token's text and bytes, asked of the tokenizer (a vocabulary with no byte table, an id outside it);
+    ``kept``: the tokenizer's spellings so far (:data:`_SPELLED`), asked first and added to.
 
     An id the tokenizer does not know (a model's vocabulary is often padded past the tokenizer's) has no text, as
     the tokenizer decodes it."""
+    if kept is not None and (spelled := kept.get(token_id)) is not None:
+        return spelled
     piece = hf.convert_ids_to_tokens([token_id])[0] if token_id >= 0 else None
     if piece is None:
         return "", b""
-    raw = byte_level_bytes(str(piece)) if piece else None
+    spelled = _spelling(hf, token_id, str(piece))
+    if kept is not None:
+        kept[token_id] = spelled
+    return spelled
+
+
+def _spelling(hf: Any, token_id: int, piece: str) -> tuple[str, bytes]:
+    """A known token's text and bytes: its piece's, if it is in GPT-2's byte alphabet, else decoded alone."""
+    raw = byte_level_bytes(piece) if piece else None
     if raw is not None:
         return raw.decode("utf-8", errors="replace"), raw
     text = str(hf.decode([token_id], skip_special_tokens=False))
@@ -124,7 +141,11 @@ def _speller(tokenizer: Any, as_ids: bool = False) -> Callable[[int], tuple[str,
     table = byte_table(tokenizer) if hasattr(tokenizer, "hf") else None
     hf = getattr(tokenizer, "hf", tokenizer)
     if table is None:
-        return partial(_spelled_alone, hf)
+        try:
+            kept = _SPELLED.setdefault(tokenizer, {})
+        except TypeError:  # (an object with no weak reference: spelled afresh each time)
+            kept = None
+        return partial(_spelled_alone, hf, kept=kept)
     size = len(table)
 
     def spell(token_id: int) -> tuple[str, bytes]:

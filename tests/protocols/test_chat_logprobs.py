@@ -118,6 +118,37 @@ def test_a_byte_level_vocabulary_is_spelled_without_asking_the_tokenizer(
     assert got == expected
 
 
+class _SentencePiece:
+    """A vocabulary with no byte table (its pieces' "▁" is outside GPT-2's alphabet): each id is a word, and it
+    counts the calls it is asked."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str | None]:
+        self.calls += 1
+        return [f"\u2581w{i}" if i < 1000 else None for i in ids]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        self.calls += 1
+        return "".join(f" w{i}" for i in ids if i < 1000)
+
+
+def test_a_vocabulary_without_a_byte_table_spells_each_id_once() -> None:
+    """Each known id is asked of the tokenizer once, then kept (an unknown one is not: the kept spellings stay
+    within the vocabulary)."""
+    tokenizer = _SentencePiece()
+    ids = [5, 7, 5, 5, 1234, 7]
+    first = token_logprobs(tokenizer, ids, [-1.0] * len(ids), [[(9, -2.0), (5, -3.0)]] * len(ids))
+    asked = tokenizer.calls
+    assert [(e["token"], bytes(e["bytes"])) for e in first] == [
+        (" w5", b" w5"), (" w7", b" w7"), (" w5", b" w5"), (" w5", b" w5"), ("", b""), (" w7", b" w7")]
+    assert [a["token"] for a in first[0]["top_logprobs"]] == [" w9", " w5"]
+    assert token_logprobs(tokenizer, ids, [-1.0] * len(ids), [[(9, -2.0), (5, -3.0)]] * len(ids)) == first
+    assert tokenizer.calls - asked == 1  # the unknown id's question, again
+    assert asked == 3 * 2 + 1  # 5, 7 and 9 each a piece and a decode; 1234 a piece
+
+
 async def test_json_reply_carries_the_sampled_tokens_logprobs(
     proxy: RunningProxy, engine: SimEngine, tokenizer: Any
 ) -> None:
