@@ -157,6 +157,10 @@ def _speller(tokenizer: Any, as_ids: bool = False) -> Callable[[int], tuple[str,
     return spell
 
 
+#: OpenAI's logprob of a token too unlikely to have one (``-inf`` has no JSON number; vLLM writes this too).
+VERY_UNLIKELY = -9999.0
+
+
 def token_logprobs(tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float],
                    top: Sequence[TopLogprobs] | None = None, *, as_ids: bool = False) -> list[dict[str, Any]]:
     """OpenAI's ``logprobs.content``: each sampled token with its logprob and bytes, and its ``top_logprobs``.
@@ -167,19 +171,21 @@ def token_logprobs(tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float]
     the token decoded alone. ``top_logprobs`` lists ``top``'s alternatives of the token
     (the engine's, the likeliest first), spelled the same way; empty when the call did
     not ask for them. ``as_ids``: every token is written ``token_id:N`` instead (vLLM's
-    ``return_tokens_as_token_ids``), its bytes that text's.
+    ``return_tokens_as_token_ids``), its bytes that text's. A logprob below :data:`VERY_UNLIKELY`
+    (``-inf``: a probability of 0, which llama.cpp can report) is written as it.
     """
     spell = _speller(tokenizer, as_ids)
     content: list[dict[str, Any]] = []
     for token_id, logprob in zip(ids, logprobs, strict=False):
         text, raw = spell(token_id)
-        content.append({"token": text, "logprob": float(logprob), "bytes": list(raw), "top_logprobs": []})
+        content.append({"token": text, "logprob": max(float(logprob), VERY_UNLIKELY), "bytes": list(raw),
+                        "top_logprobs": []})
     if top is not None:
         for entry, alternatives in zip(content, top, strict=False):
             listed: list[dict[str, Any]] = entry["top_logprobs"]
             for token_id, logprob in alternatives:
                 text, raw = spell(token_id)
-                listed.append({"token": text, "logprob": float(logprob), "bytes": list(raw)})
+                listed.append({"token": text, "logprob": max(float(logprob), VERY_UNLIKELY), "bytes": list(raw)})
     return content
 
 

@@ -14,6 +14,7 @@ import trio
 from _util import finalized_at
 
 from actorproxy.protocols.openai_chat import token_logprobs
+from actorproxy.schema.jsonio import dumps
 from actorproxy.serve import RunningProxy
 from actorproxy.sim import SimConfig, SimEngine
 from actorproxy.sim.generation import SimGeneration
@@ -147,6 +148,15 @@ def test_a_vocabulary_without_a_byte_table_spells_each_id_once() -> None:
     assert token_logprobs(tokenizer, ids, [-1.0] * len(ids), [[(9, -2.0), (5, -3.0)]] * len(ids)) == first
     assert tokenizer.calls - asked == 1  # the unknown id's question, again
     assert asked == 3 * 2 + 1  # 5, 7 and 9 each a piece and a decode; 1234 a piece
+
+
+def test_a_token_of_probability_zero_is_very_unlikely_not_null(tokenizer: Any) -> None:
+    """``-inf`` (llama.cpp can report a probability of 0) has no JSON number: orjson would write ``null``, which
+    OpenAI's schema does not allow. It is written as OpenAI's (and vLLM's) ``-9999.0``, sampled or alternative."""
+    [entry] = token_logprobs(tokenizer, [9707], [float("-inf")], [[(9707, float("-inf")), (11, -1e6)]])
+    assert entry["logprob"] == -9999.0
+    assert [a["logprob"] for a in entry["top_logprobs"]] == [-9999.0, -9999.0]
+    assert b"null" not in dumps(entry)
 
 
 async def test_json_reply_carries_the_sampled_tokens_logprobs(
