@@ -19,6 +19,7 @@ from array import array
 import numpy as np
 import orjson
 
+from ..schema.jsonio import ids_json
 from ..schema.prefixes import Prefixes
 
 #: Prompts shorter than this are written whole (orjson takes ~20 µs for 4k ids).
@@ -48,7 +49,7 @@ class IdsJSON:
     def text(self, ids: array[int]) -> bytes:
         """``ids`` as a JSON array (exactly what orjson writes for them)."""
         if not self.takes(ids):
-            return orjson.dumps(np.frombuffer(ids, dtype=ids.typecode), option=_OPTIONS)
+            return ids_json(ids)
         return self.splice([b"", b""], [ids])
 
     def splice(self, pieces: list[bytes], arrays: list[array[int]]) -> bytes:

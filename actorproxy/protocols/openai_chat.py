@@ -141,11 +141,7 @@ def _speller(tokenizer: Any, as_ids: bool = False) -> Callable[[int], tuple[str,
     table = byte_table(tokenizer) if hasattr(tokenizer, "hf") else None
     hf = getattr(tokenizer, "hf", tokenizer)
     if table is None:
-        try:
-            kept = _SPELLED.setdefault(tokenizer, {})
-        except TypeError:  # (an object with no weak reference: spelled afresh each time)
-            kept = None
-        return partial(_spelled_alone, hf, kept=kept)
+        return partial(_spelled_alone, hf, kept=_SPELLED.setdefault(tokenizer, {}))
     size = len(table)
 
     def spell(token_id: int) -> tuple[str, bytes]:
