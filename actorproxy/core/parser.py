@@ -27,7 +27,7 @@ step do not have, and its next turn would match nothing recorded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import attrs
@@ -120,7 +120,8 @@ class OutputParser:
     ``tools`` are the request's tools: XML formats convert each parameter value
     by its JSON schema type. ``reasoning_format="none"`` treats think tags as
     plain content. ``tool_call_id(i)`` names the ``i``-th call announced in this
-    generation (unless the model wrote its own id: Kimi-K2).
+    generation (unless the model wrote its own id: Kimi-K2). ``stop_ids`` are the call's own stop
+    ids (vLLM's ``stop_token_ids``): like the tokenizer's end ids, they end the reply unshown.
     """
 
     def __init__(
@@ -130,6 +131,7 @@ class OutputParser:
         tool_call_id: Callable[[int], str],
         reasoning_open: bool = False,
         stop: tuple[str, ...] = (),
+        stop_ids: Collection[int] = (),
         tools: Sequence[Mapping[str, Any]] = (),
         tool_call_format: ToolCallFormat = "qwen3",
         reasoning_format: ReasoningFormat = "qwen3",
@@ -150,7 +152,7 @@ class OutputParser:
         self._block_start = token_id(tokenizer, spec.start) if spec is not None else None
         self._block_end = token_id(tokenizer, spec.end) if spec is not None and spec.end else None
         self._keep_special = spec is None or spec.keep_special
-        self._ends = frozenset((*tokenizer.stop_token_ids, *tokenizer.turn_end_ids))
+        self._ends = frozenset((*tokenizer.stop_token_ids, *tokenizer.turn_end_ids, *stop_ids))
         self._bare_open = spec is not None and spec.bare_start is not None  # the reply may still open with a call
         self._detok = IncrementalDetokenizer(tokenizer)
         self._reasoning = StrippedText()
@@ -164,7 +166,8 @@ class OutputParser:
         self._announced = 0  # calls streamed so far (their indexes and ids are taken)
         self._calls: list[ToolCall] = []
         self.tool_call_parse_error = False
-        self._skip = tokenizer.special_ids
+        # The call's own stop ids end the reply unseen, as the tokenizer's end ids do (vLLM shows neither).
+        self._skip = tokenizer.special_ids.union(stop_ids)
         self._stop = StopMatcher(stop) if stop else None
         #: A ``stop`` sequence appeared in the content: the caller should end the generation.
         self.stopped = False

@@ -36,6 +36,13 @@ class SamplingExtras:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    #: vLLM's ``min_tokens`` (SGLang's ``min_new_tokens``): no stop id is sampled before this many tokens.
+    min_tokens: int = 0
+    #: Sample on past the tokenizer's end-of-turn and end-of-text ids (to the budget, or to one of
+    #: ``stop_token_ids``).
+    ignore_eos: bool = False
+    #: Ids the call stops on besides the tokenizer's own, in the order sent (vLLM's ``stop_token_ids``).
+    stop_token_ids: tuple[int, ...] = ()
 
 
 #: What a call that asks for none of them samples with.
@@ -43,8 +50,9 @@ _NEUTRAL = SamplingExtras()
 
 
 def sampling_extras(*, top_k: int | None = None, min_p: float | None = None, presence_penalty: float | None = None,
-                    frequency_penalty: float | None = None, repetition_penalty: float | None = None
-                    ) -> SamplingExtras | None:
+                    frequency_penalty: float | None = None, repetition_penalty: float | None = None,
+                    min_tokens: int | None = None, ignore_eos: bool | None = None,
+                    stop_token_ids: Iterable[int] | None = None) -> SamplingExtras | None:
     """The extras a call's fields ask for (``None`` for a field not sent); ``None`` when all are neutral. A top-k
     of 0 is the whole vocabulary (-1), as vLLM reads it."""
     extras = SamplingExtras(
@@ -53,6 +61,9 @@ def sampling_extras(*, top_k: int | None = None, min_p: float | None = None, pre
         presence_penalty=presence_penalty or 0.0,
         frequency_penalty=frequency_penalty or 0.0,
         repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,
+        min_tokens=min_tokens or 0,
+        ignore_eos=bool(ignore_eos),
+        stop_token_ids=tuple(dict.fromkeys(stop_token_ids or ())),
     )
     return None if extras == _NEUTRAL else extras
 

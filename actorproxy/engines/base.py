@@ -59,6 +59,10 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    #: No stop id (``stop_token_ids``, or the model's end of text) is sampled before this many tokens.
+    min_tokens: int = 0
+    #: The engine does not stop on the model's end-of-text ids (then ``stop_token_ids`` holds only the call's own).
+    ignore_eos: bool = False
     #: How many of each sampled token's most likely alternatives to report (OpenAI's ``top_logprobs``):
     #: the generation's ``top_logprobs`` (see :class:`Generation`). 0: none asked, none read.
     top_logprobs: int = 0

@@ -80,6 +80,14 @@ def chat_request(options: ChatOptions, messages: list[dict[str, Any]], sent_tool
                          "(docs/endpoints.md)", param="logit_bias")
     if options.repetition_penalty == 0:
         raise BadRequest("'repetition_penalty' must be greater than 0", param="repetition_penalty")
+    if options.min_tokens and max_tokens is not None and options.min_tokens > max_tokens:
+        raise BadRequest(f"'min_tokens' must be at most max_tokens ({max_tokens}), got {options.min_tokens}",
+                         param="min_tokens")
+    if options.continue_final_message or options.add_generation_prompt is False:
+        # Each turn is the conversation so far plus the assistant's new turn: a prefilled reply is not one.
+        field = "continue_final_message" if options.continue_final_message else "add_generation_prompt"
+        raise BadRequest(f"'{field}' is not supported: every turn is rendered with the template's generation "
+                         "prompt (send the conversation without a prefilled assistant message)", param=field)
     return ChatRequest(
         messages=messages,
         tools=offered_tools(sent_tools, options.tool_choice == "none"),
@@ -93,7 +101,8 @@ def chat_request(options: ChatOptions, messages: list[dict[str, Any]], sent_tool
         top_logprobs=options.top_logprobs or 0,
         extras=sampling_extras(top_k=options.top_k, min_p=options.min_p, presence_penalty=options.presence_penalty,
                                frequency_penalty=options.frequency_penalty,
-                               repetition_penalty=options.repetition_penalty),
+                               repetition_penalty=options.repetition_penalty, min_tokens=options.min_tokens,
+                               ignore_eos=options.ignore_eos, stop_token_ids=options.stop_token_ids),
     )
 
 

@@ -23,6 +23,8 @@ import msgspec
 from ..schema.converter import FieldError, at_least, between, named
 
 MAX_STOP_SEQUENCES = 16
+#: How many ``stop_token_ids`` a call may add to the tokenizer's own.
+MAX_STOP_TOKEN_IDS = 64
 #: OpenAI's bound on ``top_logprobs``.
 MAX_TOP_LOGPROBS = 20
 
@@ -78,6 +80,12 @@ def _stop(instance: object, attribute: attrs.Attribute[Any], value: str | list[s
     stop = [value] if isinstance(value, str) else value or []
     if len(stop) > MAX_STOP_SEQUENCES or not all(0 < len(s) <= 256 for s in stop):
         raise FieldError(f"must be a string or an array of at most {MAX_STOP_SEQUENCES} non-empty strings",
+                         field=attribute.name)
+
+
+def _stop_ids(instance: object, attribute: attrs.Attribute[Any], value: list[int] | None) -> None:
+    if value is not None and (len(value) > MAX_STOP_TOKEN_IDS or any(tid < 0 for tid in value)):
+        raise FieldError(f"must be an array of at most {MAX_STOP_TOKEN_IDS} token ids (integers >= 0)",
                          field=attribute.name)
 
 
@@ -167,6 +175,14 @@ class ChatOptions:
     top_k: int | None = attrs.field(default=None, validator=at_least(-1))
     min_p: float | None = attrs.field(default=None, validator=between(0.0, 1.0))
     repetition_penalty: float | None = attrs.field(default=None, validator=between(0.0, 2.0))
+    #: vLLM's: no stop id is sampled before this many tokens; the tokenizer's end ids do not stop the reply; ids
+    #: that stop it besides the tokenizer's own (their text is not shown).
+    min_tokens: int | None = attrs.field(default=None, validator=at_least(0))
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = attrs.field(default=None, validator=_stop_ids)
+    #: vLLM's rendering switches: refused unless at their defaults (see ``chat_messages.chat_request``).
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None
     response_format: dict[str, Any] | None = None
     session_id: str | None = None
     instance_id: str | None = None

@@ -115,8 +115,13 @@ class Samplings:
         if kept is None:
             if len(self._kept) >= _MAX_SAMPLINGS:
                 self._kept.clear()
-            more = {} if extras is None else attrs.asdict(extras)
-            sampling = SamplingParams(max_new_tokens, temperature, top_p, stop_token_ids=self._stop,
+            more, stop = {}, self._stop
+            if extras is not None:
+                more = attrs.asdict(extras, filter=lambda field, value: field.name != "stop_token_ids")
+                # The call's own stop ids come after the tokenizer's (none of the tokenizer's with ignore_eos).
+                own = () if extras.ignore_eos else stop
+                stop = (*own, *(tid for tid in extras.stop_token_ids if tid not in own))
+            sampling = SamplingParams(max_new_tokens, temperature, top_p, stop_token_ids=stop,
                                       seed=seed, top_logprobs=top_logprobs, **more)
             kept = self._kept[key] = (sampling, sampling_record(sampling))
         return kept
@@ -134,6 +139,10 @@ def sampling_record(sampling: SamplingParams) -> dict[str, float | int | None]:
         "frequency_penalty": sampling.frequency_penalty,
         "repetition_penalty": sampling.repetition_penalty,
         "seed": sampling.seed,
+        # The stop ids are masked until min_tokens (the alternatives' logprobs are of what is left); llama.cpp
+        # masks the end-of-text ids for ignore_eos.
+        "min_tokens": sampling.min_tokens,
+        "ignore_eos": sampling.ignore_eos,
     }
 
 
@@ -228,6 +237,7 @@ class TurnGeneration:
             tool_call_id=self._call_id,
             reasoning_open=self._reasoning_open,
             stop=request.stop,
+            stop_ids=request.extras.stop_token_ids if request.extras is not None else (),
             tools=request.tools,
             tool_call_format=fmt.tool_call_format,
             reasoning_format=fmt.reasoning_format,

@@ -155,7 +155,7 @@ class SimEngine:
         A ``str`` is encoded with the tokenizer and gets the end-of-turn token appended
         unless its ids already end with it; a sequence of ints is used as is. A request
         takes from its routing key's queue first, then the global queue, then the
-        random policy. ``max_new_tokens``, ``stop_token_ids`` and EOS still apply.
+        random policy. ``max_new_tokens``, ``stop_token_ids``, EOS, ``min_tokens`` and ``ignore_eos`` still apply.
         """
         queue = self._scripts
         if routing_key is not None:
@@ -260,15 +260,31 @@ class SimEngine:
                 rng = random.Random(int.from_bytes(key[:8], "little"))
                 text = policy_text(read_prompt(self.tokenizer, ids, raw), rng, self.config)
                 tokens, reason = [*self.tokenizer.encode(text), self.tokenizer.eot_token_id], "stop"
-        limit = min(request.sampling.max_new_tokens, self.config.max_model_len - len(ids))
-        stops = self._eos | frozenset(request.sampling.stop_token_ids)
+        sampling = request.sampling
+        limit = min(sampling.max_new_tokens, self.config.max_model_len - len(ids))
+        stops = (frozenset() if sampling.ignore_eos else self._eos) | frozenset(sampling.stop_token_ids)
         out, lps = array("i"), array("f")
         matched: int | None = None
         if limit <= 0:
             reason, tokens = "length", ()
-        for i, tok in enumerate(tokens):
+        planned, filler = len(tokens), self._filler[0]
+        went_on = False  # a stop id was masked (min_tokens): the plan's end no longer ends the reply
+        i = 0
+        while len(out) < limit:
+            if i < planned:
+                tok = tokens[i]
+            elif sampling.ignore_eos or len(out) < sampling.min_tokens:
+                tok = filler  # the plan is spent: the policy goes on (ignore_eos) or must (min_tokens)
+            elif went_on:
+                tok = self.tokenizer.eot_token_id  # it went on to min_tokens: now it ends
+            else:
+                break
+            if tok in stops and len(out) < sampling.min_tokens:
+                tok, went_on = filler, True  # stop ids are masked until min_tokens: another token is sampled
             out.append(tok)
-            lps.append(given[i] if given is not None else token_logprob(key, i, tok))
+            lps.append(given[i] if given is not None and i < planned and tok == tokens[i]
+                       else token_logprob(key, i, tok))
+            i += 1
             if len(out) >= limit:  # length before stop ids, as SGLang checks them
                 reason = "length"
                 break

@@ -42,7 +42,7 @@ class _Completion:
         self.state = state
         self.body = body
         ids = wire.token_prompt(body.prompt, "prompt", vocab_size=state.engine.tokenizer.vocab_size)
-        check_sampling(state, body.stop, body.ignore_eos)
+        check_sampling(body.stop)
         limit = default_max_tokens(state, len(ids)) if body.n_predict < 0 else body.n_predict
         sampling = SamplingParams(
             max_new_tokens=limit,
@@ -51,6 +51,7 @@ class _Completion:
             top_k=body.top_k or -1,
             min_p=body.min_p,
             seed=None if body.seed < 0 else body.seed,
+            ignore_eos=bool(body.ignore_eos),
         )
         rid = uuid.uuid4().hex
         self.req = GenerateRequest(ids, sampling, rid=rid, routing_key=request.headers.get(ROUTING_HEADER))
@@ -59,7 +60,7 @@ class _Completion:
         self.settings = {
             "n_predict": body.n_predict, "temperature": body.temperature, "top_k": body.top_k, "top_p": body.top_p,
             "min_p": body.min_p, "seed": body.seed, "n_probs": body.n_probs,
-            "ignore_eos": state.engine.config.ignore_eos, "stream": body.stream, "cache_prompt": body.cache_prompt,
+            "ignore_eos": bool(body.ignore_eos), "stream": body.stream, "cache_prompt": body.cache_prompt,
         }  # fmt: skip
 
     def piece(self, token_id: int) -> str:

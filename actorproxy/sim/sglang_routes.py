@@ -71,9 +71,10 @@ def _parse(state: SimState, body: GenerateReqInput) -> tuple[GenerateRequest, _O
         raise wire.BadField("Either text, input_ids or input_embeds should be provided.")
     ids = wire.token_prompt(body.input_ids, "input_ids", vocab_size=state.engine.tokenizer.vocab_size)
     params = body.sampling_params or SGLangSamplingParams()
-    check_sampling(state, params.stop, params.ignore_eos)
+    check_sampling(params.stop)
     sampling = build_from(SamplingParams, params, stop_token_ids=tuple(params.stop_token_ids or ()),
-                          seed=params.sampling_seed)
+                          seed=params.sampling_seed, min_tokens=params.min_new_tokens,
+                          ignore_eos=bool(params.ignore_eos))
     if body.return_routed_experts and not state.settings.enable_return_routed_experts:
         raise wire.BadField("return_routed_experts needs the server flag --enable-return-routed-experts")
     generate = GenerateRequest(

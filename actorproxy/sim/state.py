@@ -334,9 +334,7 @@ def default_max_tokens(state: SimState, prompt_len: int) -> int:
     return max(0, state.engine.config.max_model_len - prompt_len)
 
 
-def check_sampling(state: SimState, stop: str | list[str] | None, ignore_eos: bool | None) -> None:
+def check_sampling(stop: str | list[str] | None) -> None:
     """Refuse what the simulator cannot honour rather than silently ignore it."""
     if stop:
         raise BadField("stop strings are not supported by the simulated engine; use stop_token_ids")
-    if ignore_eos is not None and ignore_eos != state.engine.config.ignore_eos:
-        raise BadField(f"this simulated engine runs with ignore_eos={state.engine.config.ignore_eos} for every request")

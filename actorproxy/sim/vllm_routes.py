@@ -76,7 +76,7 @@ def _parse(state: SimState, body: CompletionRequest | GenerateTokensRequest) -> 
     else:
         params = body.sampling_params or SamplingFields()
         ids = wire.token_prompt(body.token_ids, "token_ids", vocab_size=state.engine.tokenizer.vocab_size)
-    check_sampling(state, params.stop, params.ignore_eos)
+    check_sampling(params.stop)
     if params.n != 1:
         raise wire.BadField("the simulated engine supports n=1 only")
     if body.stream and params.prompt_logprobs is not None and params.prompt_logprobs != 0:
@@ -90,6 +90,8 @@ def _parse(state: SimState, body: CompletionRequest | GenerateTokensRequest) -> 
         min_p=params.min_p,
         stop_token_ids=tuple(params.stop_token_ids or ()),
         seed=params.seed,
+        min_tokens=params.min_tokens,
+        ignore_eos=bool(params.ignore_eos),
     )
     rid = body.request_id or uuid.uuid4().hex
     req = GenerateRequest(

@@ -150,6 +150,66 @@ async def test_top_logprobs_are_the_engines_through_each_engine(
                     == [want for _, want in expected if b"\xef\xbf\xbd" not in want]
 
 
+async def _steps(client: httpx.AsyncClient, session: str) -> list[dict[str, Any]]:
+    await client.post("/session/finalize", json={"session_id": session})
+    data = (await client.post("/trajectory/read", json={"session_id": session, "include_steps": True})).json()
+    steps: list[dict[str, Any]] = data["steps"]
+    return steps
+
+
+@pytest.mark.parametrize(("kind", "settings"), ENGINES)
+async def test_min_tokens_ignore_eos_and_stop_ids_through_each_engine(
+    tokenizer: Any, kind: str, settings: dict[str, Any]
+) -> None:
+    """vLLM's ``ignore_eos``, ``min_tokens`` and ``stop_token_ids`` change what is sampled, through every engine
+    protocol (llama-server has no ``min_tokens``: a 400 saying so); the call's own stop id ends the reply unshown,
+    and the session goes on after it."""
+    eot = tokenizer.eot_token_id
+    hi, dot = tokenizer.encode("Hi")[0], tokenizer.encode(".")[0]
+    filler = tokenizer.encode(" so")[0]
+    user = [{"role": "user", "content": "Greet."}]
+    async with stack(tokenizer, kind, **settings) as (proxy, [sim], client):
+        # ignore_eos: the end of turn is sampled as any token, and the reply runs to its budget.
+        sim.engine.script([hi, dot, eot])
+        reply = await client.post("/v1/chat/completions", json={"messages": user, "ignore_eos": True, "max_tokens": 6},
+                                  headers={"X-Session-Id": "long"})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["finish_reason"] == "length"
+        [step] = await _steps(client, "long")
+        assert step["output_ids"] == [hi, dot, eot, filler, filler, filler]
+        assert reply.json()["choices"][0]["message"]["content"] == "Hi. so so so"
+
+        # min_tokens: no stop id before 4 tokens; then the reply ends as the policy ends it.
+        sim.engine.script([hi, dot, eot])
+        reply = await client.post("/v1/chat/completions", json={"messages": user, "min_tokens": 4, "max_tokens": 9},
+                                  headers={"X-Session-Id": "min"})
+        if kind == "llamacpp":
+            assert reply.status_code == 400, reply.text
+            assert "min_tokens is not supported by llama.cpp" in reply.json()["error"]["message"]
+        else:
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["choices"][0]["finish_reason"] == "stop"
+            [step] = await _steps(client, "min")
+            assert step["output_ids"] == [hi, dot, filler, filler, eot]
+            assert step["sampling"]["min_tokens"] == 4
+
+        # stop_token_ids: the reply ends at the call's own stop id, whose text is not shown; the next turn
+        # continues the same segment.
+        sim.engine.script([hi, dot, hi, eot], [hi, eot])
+        body = {"messages": user, "stop_token_ids": [dot]}
+        reply = await client.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "stop"})
+        assert reply.status_code == 200, reply.text
+        choice = reply.json()["choices"][0]
+        assert (choice["finish_reason"], choice["message"]["content"]) == ("stop", "Hi")
+        history = [*user, choice["message"], {"role": "user", "content": "Again."}]
+        again = await client.post("/v1/chat/completions", json={**body, "messages": history},
+                                  headers={"X-Session-Id": "stop"})
+        assert again.status_code == 200, again.text
+        first, second = await _steps(client, "stop")
+        assert first["output_ids"] == [hi, dot]
+        assert first["segment_index"] == second["segment_index"]
+
+
 async def test_client_disconnect_reaches_the_engine(tokenizer: Any) -> None:
     async with stack(tokenizer, "sglang") as (proxy, [sim], client):
         sim.engine.script("word " * 600, routing_key="gone")

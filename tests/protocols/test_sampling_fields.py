@@ -59,12 +59,37 @@ async def test_chat_and_anthropic_fields_reach_the_engine(http: httpx.AsyncClien
     ({"min_p": 1.5}, "min_p"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
     ({"top_k": "5"}, "top_k"),
+    ({"min_tokens": -1}, "min_tokens"),
+    ({"min_tokens": 10, "max_tokens": 5}, "min_tokens"),
+    ({"min_tokens": 10, "max_completion_tokens": 5}, "min_tokens"),
+    ({"ignore_eos": "yes"}, "ignore_eos"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"stop_token_ids": ["13"]}, "stop_token_ids[0]"),
+    ({"stop_token_ids": 13}, "stop_token_ids"),
+    ({"stop_token_ids": list(range(65))}, "stop_token_ids"),
+    ({"continue_final_message": True}, "continue_final_message"),
+    ({"add_generation_prompt": False}, "add_generation_prompt"),
 ])
 async def test_a_field_the_engine_cannot_honour_is_a_clear_400(http: httpx.AsyncClient, extra: dict[str, Any],
                                                                param: str) -> None:
     reply = await http.post("/sess/bad/v1/chat/completions", json={"messages": MESSAGES, **extra})
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"] == param, reply.text
+
+
+async def test_the_calls_stop_ids_and_ignore_eos_reach_the_engine(http: httpx.AsyncClient, tokenizer: Any,
+                                                                  sampled: list[SamplingParams]) -> None:
+    """vLLM's ``stop_token_ids`` stop a reply besides the tokenizer's own ids; with ``ignore_eos`` only they do."""
+    own = [13, 11, 13]
+    for extra in ({"stop_token_ids": own}, {"stop_token_ids": own, "ignore_eos": True}, {"ignore_eos": True},
+                  {"min_tokens": 3, "ignore_eos": False, "continue_final_message": False,
+                   "add_generation_prompt": True}):
+        reply = await http.post("/sess/own/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4,
+                                                                       **extra})
+        assert reply.status_code == 200, reply.text
+    assert [(s.stop_token_ids, s.ignore_eos, s.min_tokens) for s in sampled] == [
+        ((*tokenizer.stop_token_ids, 13, 11), False, 0), ((13, 11), True, 0), ((), True, 0),
+        (tokenizer.stop_token_ids, False, 3)]
 
 
 async def test_a_negative_anthropic_top_k_is_a_clear_400(http: httpx.AsyncClient) -> None:
@@ -76,7 +101,7 @@ async def test_a_negative_anthropic_top_k_is_a_clear_400(http: httpx.AsyncClient
 
 def test_each_engines_body_names_them_its_own_way() -> None:
     sampling = SamplingParams(max_new_tokens=8, top_k=5, min_p=0.1, presence_penalty=0.5, frequency_penalty=-0.5,
-                              repetition_penalty=1.1)
+                              repetition_penalty=1.1, min_tokens=3, ignore_eos=True)
     request = GenerateRequest(array("i", [1, 2, 3]), sampling)
     sglang = orjson.loads(sglang_body(request, False))["sampling_params"]
     vllm = [orjson.loads(vllm_generate_body(request))["sampling_params"],
@@ -84,6 +109,9 @@ def test_each_engines_body_names_them_its_own_way() -> None:
     llamacpp = orjson.loads(llamacpp_body(request))
     for body in (sglang, *vllm):
         assert {key: body[key] for key in ASKED} == ASKED
+    assert (sglang["min_new_tokens"], sglang["ignore_eos"]) == (3, True)
+    assert [(body["min_tokens"], body["ignore_eos"]) for body in vllm] == [(3, True), (3, True)]
+    assert llamacpp["ignore_eos"] is True
     assert {key: llamacpp[key] for key in ("top_k", "min_p", "presence_penalty", "frequency_penalty",
                                            "repeat_penalty")} == dict(zip(
         ("top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty"), ASKED.values(), strict=True))
@@ -93,7 +121,7 @@ def test_each_engines_body_names_them_its_own_way() -> None:
 
 
 #: What a step records of a turn that asked for ASKED at temperature 0.7 and seed 3.
-RECORDED = {"temperature": 0.7, "top_p": 1.0, "seed": 3, **ASKED}
+RECORDED = {"temperature": 0.7, "top_p": 1.0, "seed": 3, **ASKED, "min_tokens": 0, "ignore_eos": False}
 
 
 async def two_turns(http: httpx.AsyncClient, session: str, first: dict[str, Any], second: dict[str, Any]) -> None:
@@ -118,7 +146,7 @@ async def test_the_trainer_reads_how_each_step_was_sampled(http: httpx.AsyncClie
     await two_turns(http, "mixed", asked, {})
     segments, steps = await finalized_at(str(http.base_url), "mixed")
     plain = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "presence_penalty": 0.0,
-             "frequency_penalty": 0.0, "repetition_penalty": 1.0, "seed": None}
+             "frequency_penalty": 0.0, "repetition_penalty": 1.0, "seed": None, "min_tokens": 0, "ignore_eos": False}
     assert [step["sampling"] for step in steps] == [RECORDED, plain]
     # Steps that sampled differently: one record per step, in the order of `step_indices`.
     assert [segment["metadata"]["sampling"] for segment in segments] == [[RECORDED, plain]]
@@ -137,5 +165,6 @@ async def test_a_token_in_step_records_its_sampling_too(http: httpx.AsyncClient)
     payload = (await http.post("/trajectory/read", json={"session_id": "token-in", "include_steps": True})).json()
     [step] = payload["steps"]
     assert step["sampling"] == {"temperature": 0.5, "top_p": 0.9, "top_k": -1, "min_p": 0.0, "presence_penalty": 0.0,
-                                "frequency_penalty": 0.0, "repetition_penalty": 1.2, "seed": None}
+                                "frequency_penalty": 0.0, "repetition_penalty": 1.2, "seed": None, "min_tokens": 0,
+                                "ignore_eos": False}
     assert [segment["metadata"]["sampling"] for segment in payload["data"]] == [step["sampling"]]

@@ -558,7 +558,7 @@ def test_top_k_reaches_vllm(kind: str, vllm_servers: dict[str, Process], vllm_pr
         assert_greedy(http, engine, read, step)
         assert step["sampling"] == {"temperature": 0.5, "top_p": 1.0, "top_k": 1, "min_p": 0.0,
                                     "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-                                    "seed": None}
+                                    "seed": None, "min_tokens": 0, "ignore_eos": False}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -677,3 +677,35 @@ def test_return_token_ids_as_vllm_returns_them(
         [step] = read_session(http, proxy, session)["steps"]
     assert ours == theirs
     assert ours[1] == step["output_ids"] and len(ours[0]) == step["prompt_tokens"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stop_ids_min_tokens_and_ignore_eos_as_vllm_samples_them(
+    kind: str, vllm_servers: dict[str, Process], vllm_proxies: dict[str, Process]
+) -> None:
+    """vLLM's ``stop_token_ids``, ``min_tokens`` and ``ignore_eos`` through the proxy sample what vLLM's own chat
+    route samples with them (a first turn, greedy): the call's stop id ends the reply at its first sampling, and
+    ``min_tokens`` holds it off."""
+    engine, proxy = vllm_servers[kind], vllm_proxies[kind]
+    body = {"messages": [{"role": "user", "content": "Name a colour."}], "temperature": 0.0, "max_tokens": 12,
+            "chat_template_kwargs": {"enable_thinking": False}}
+    with httpx.Client(timeout=300) as http:
+        model = served_model(http, engine)
+        _, plain = _token_ids(http, engine.url, body | {"model": model}, {}, stream=False)
+        stop = plain[2]
+        first = plain.index(stop)
+        asks = [{"stop_token_ids": [stop]}, {"stop_token_ids": [stop], "min_tokens": first + 2},
+                {"ignore_eos": True}]
+        sampled = []
+        for extra in asks:
+            _, theirs = _token_ids(http, engine.url, body | extra | {"model": model}, {}, stream=False)
+            session = session_id(f"stops-{kind}")
+            _, ours = _token_ids(http, proxy.url, body | extra | {"model": "policy"}, {"X-Session-Id": session},
+                                 stream=False)
+            [step] = read_session(http, proxy, session)["steps"]
+            assert ours == theirs == step["output_ids"], extra
+            sampled.append(ours)
+    stopped, held_off, ignored = sampled
+    assert stopped == plain[: first + 1]
+    assert stop not in held_off[: first + 2] and len(held_off) > first + 1
+    assert ignored[: len(plain)] == plain and len(ignored) == 12

@@ -14,6 +14,8 @@ final event, after an end-of-generation token), so the connection is kept; a tok
 means the engine is still decoding, and the connection is closed, which cancels the
 request in llama.cpp.
 
+``ignore_eos`` is sent as asked; ``min_tokens`` is refused (400): llama-server has no such setting.
+
 llama.cpp has no abort call: :meth:`Generation.abort` closes the stream and reports
 ``GenerateFinish("abort")`` after the tokens already received; it cannot acknowledge,
 so tokens the engine sampled but had not sent are lost. It has no weight versions
@@ -50,6 +52,10 @@ class LlamaCppGeneration(EngineGeneration[LlamaCppStreamParser, "LlamaCppBackend
         super().__init__(backend, request, parser)
 
     async def _open(self) -> EngineResponse:
+        if self._request.sampling.min_tokens:
+            # llama-server has no such setting, and its ignore_eos masks the end-of-text ids for the whole reply.
+            raise BackendError("min_tokens is not supported by llama.cpp (llama-server has no minimum length)",
+                               status=400)
         body = completion_bytes(self._request)
         response = await post_stream(self._client, self._backend.url(COMPLETION_PATH), body)
         await check_status(response, self.what)

@@ -83,7 +83,7 @@ class CompletionRequest:
             frequency_penalty=s.frequency_penalty,
             repeat_penalty=s.repetition_penalty,
             seed=s.seed if s.seed is not None else -1,
-            ignore_eos=False,
+            ignore_eos=s.ignore_eos,
             n_probs=max(s.top_logprobs, 1),  # (1: the sampled token's logprob alone)
             return_tokens=True,
             stream=True,

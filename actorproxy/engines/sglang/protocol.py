@@ -72,9 +72,9 @@ class SGLangSamplingParams:
 
     @classmethod
     def of(cls, s: SamplingParams) -> SGLangSamplingParams:
-        """``s``'s same-named settings; no stop strings, special tokens and stop tokens kept, EOS never ignored."""
+        """``s``'s same-named settings; no stop strings, special tokens and stop tokens kept."""
         return build_from(cls, s, stop=[], stop_token_ids=list(s.stop_token_ids), skip_special_tokens=False,
-                          no_stop_trim=True, ignore_eos=False, sampling_seed=s.seed)
+                          no_stop_trim=True, sampling_seed=s.seed, min_new_tokens=s.min_tokens)
 
 
 @attrs.frozen(kw_only=True)
