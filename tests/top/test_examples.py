@@ -73,6 +73,13 @@ def test_token_ids_rollout_example_builds_the_recorded_segment() -> None:
     assert "the agent's ids, loss mask and logprobs equal the segment's" in result.stdout
 
 
+def test_sampling_extensions_example_shapes_each_reply() -> None:
+    result = _run(str(EXAMPLES / "sampling_extensions.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "held off: " in result.stdout
+    assert "each field shaped the reply as asked, and each step records it" in result.stdout
+
+
 def test_side_calls_example_runs() -> None:
     result = _run(str(EXAMPLES / "side_calls.py"))
     assert result.returncode == 0, result.stdout + result.stderr
