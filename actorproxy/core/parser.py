@@ -121,7 +121,9 @@ class OutputParser:
     by its JSON schema type. ``reasoning_format="none"`` treats think tags as
     plain content. ``tool_call_id(i)`` names the ``i``-th call announced in this
     generation (unless the model wrote its own id: Kimi-K2). ``stop_ids`` are the call's own stop
-    ids (vLLM's ``stop_token_ids``): like the tokenizer's end ids, they end the reply unshown.
+    ids (vLLM's ``stop_token_ids``): like the tokenizer's end ids, they end the reply unshown, unless
+    ``include_stop`` (vLLM's ``include_stop_str_in_output``), which also keeps a ``stop`` sequence in the
+    content. No ``stop`` sequence ends in the text of the first ``min_tokens`` tokens (as vLLM matches them).
     """
 
     def __init__(
@@ -132,6 +134,8 @@ class OutputParser:
         reasoning_open: bool = False,
         stop: tuple[str, ...] = (),
         stop_ids: Collection[int] = (),
+        include_stop: bool = False,
+        min_tokens: int = 0,
         tools: Sequence[Mapping[str, Any]] = (),
         tool_call_format: ToolCallFormat = "qwen3",
         reasoning_format: ReasoningFormat = "qwen3",
@@ -167,8 +171,10 @@ class OutputParser:
         self._calls: list[ToolCall] = []
         self.tool_call_parse_error = False
         # The call's own stop ids end the reply unseen, as the tokenizer's end ids do (vLLM shows neither).
-        self._skip = tokenizer.special_ids.union(stop_ids)
-        self._stop = StopMatcher(stop) if stop else None
+        self._skip = tokenizer.special_ids if include_stop else tokenizer.special_ids.union(stop_ids)
+        self._stop = StopMatcher(stop, include=include_stop) if stop else None
+        #: Tokens still to come whose text no stop sequence may end in (the reply's first ``min_tokens``).
+        self._quiet = min_tokens if stop else 0
         #: A ``stop`` sequence appeared in the content: the caller should end the generation.
         self.stopped = False
         self._header: str | None = ""  # harmony: the header being read (None: in a body or between messages)
@@ -210,6 +216,32 @@ class OutputParser:
                     elif text := self._reasoning.push(text):
                         return _made(OutputDelta, (text, "", ()))
                 return NOTHING
+        if self._quiet:
+            return self._feed_quietly(token_ids)
+        return self._feed(token_ids)
+
+    def _feed_quietly(self, token_ids: Sequence[int]) -> OutputDelta:
+        """Tokens of which the first ones are still within ``min_tokens``: those are read unmatched by the stop
+        sequences, then the matcher is armed for the rest."""
+        stop, quiet = self._stop, self._quiet
+        assert stop is not None
+        stop.armed = False
+        first = self._feed(token_ids[:quiet])
+        self._quiet = max(0, quiet - len(token_ids))
+        if self._quiet:
+            return first
+        stop.armed = True
+        if len(token_ids) <= quiet:
+            return first
+        rest = self._feed(token_ids[quiet:])
+        if first is NOTHING:
+            return rest
+        if rest is NOTHING:
+            return first
+        return OutputDelta(first.reasoning + rest.reasoning, first.content + rest.content,
+                           first.tool_calls + rest.tool_calls)
+
+    def _feed(self, token_ids: Sequence[int]) -> OutputDelta:
         out = _Out()
         specials = self._specials
         run: list[int] = []  # ordinary tokens in a row: detokenized and routed together (same text, fewer calls)

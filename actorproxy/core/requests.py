@@ -87,6 +87,8 @@ class ChatRequest:
     top_logprobs: int = 0
     #: Top-k, min-p and penalties, when the call asked for any (``None``: the engines' neutral values).
     extras: SamplingExtras | None = None
+    #: The reply's text ends with the stop sequence or stop id that ended it (vLLM's ``include_stop_str_in_output``).
+    include_stop: bool = False
 
 
 def holding(made: ChatRequest, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
@@ -96,7 +98,7 @@ def holding(made: ChatRequest, messages: list[dict[str, Any]], tools: list[dict[
     return ChatRequest(messages=messages, tools=made.tools if tools is None else tools, max_tokens=made.max_tokens,
                        temperature=made.temperature, top_p=made.top_p, seed=made.seed,
                        enable_thinking=made.enable_thinking, stop=made.stop, stream=made.stream,
-                       top_logprobs=made.top_logprobs, extras=made.extras)
+                       top_logprobs=made.top_logprobs, extras=made.extras, include_stop=made.include_stop)
 
 
 def offered_tools(sent: Iterable[dict[str, Any]] | None, choice_none: bool) -> list[dict[str, Any]]:

@@ -42,12 +42,20 @@ class StopMatcher:
     Content passes through with the last ``len(longest stop) - 1`` characters
     held back, so a stop sequence split across chunks is still caught and never
     half-sent. After a match, :attr:`hit` is set and nothing more passes.
+
+    ``include``: the text ends with the stop sequence (vLLM's ``include_stop_str_in_output``), not before it.
+    While :attr:`armed` is false (the reply's first ``min_tokens``), text passes unmatched; a sequence found
+    once armed must end in text pushed since (it may begin in the held-back end of the text before), as vLLM
+    searches.
     """
 
-    def __init__(self, stops: tuple[str, ...]) -> None:
+    def __init__(self, stops: tuple[str, ...], *, include: bool = False) -> None:
         self._stops = tuple(s for s in stops if s)
         self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._include = include
         self._buffer = ""
+        self._quiet = 0  # characters at the buffer's start pushed while unarmed
+        self.armed = True
         self.hit = False
         #: The stop sequence that matched (Anthropic reports it as ``stop_sequence``).
         self.matched: str | None = None
@@ -56,10 +64,16 @@ class StopMatcher:
         if self.hit or not text:
             return ""
         buffer = self._buffer + text
-        found = [(at, stop) for stop in self._stops if (at := buffer.find(stop)) >= 0]
+        if not self.armed:
+            cut = max(0, len(buffer) - self._hold)
+            emitted, self._buffer = buffer[:cut], buffer[cut:]
+            self._quiet = len(self._buffer)
+            return emitted
+        quiet, self._quiet = self._quiet, 0
+        found = [(at, stop) for stop in self._stops if (at := buffer.find(stop, max(0, quiet - len(stop) + 1))) >= 0]
         if found:
             at, self.matched = min(found)
-            emitted = buffer[:at]
+            emitted = buffer[: at + len(self.matched)] if self._include else buffer[:at]
             self.hit = True
             self._buffer = ""
         else:

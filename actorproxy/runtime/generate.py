@@ -232,12 +232,15 @@ class TurnGeneration:
 
     def _new_parser(self) -> OutputParser:
         request, fmt = self.prepared.request, self._format
+        extras = request.extras
         return OutputParser(
             self._tok,
             tool_call_id=self._call_id,
             reasoning_open=self._reasoning_open,
             stop=request.stop,
-            stop_ids=request.extras.stop_token_ids if request.extras is not None else (),
+            stop_ids=extras.stop_token_ids if extras is not None else (),
+            include_stop=request.include_stop,
+            min_tokens=extras.min_tokens if extras is not None else 0,
             tools=request.tools,
             tool_call_format=fmt.tool_call_format,
             reasoning_format=fmt.reasoning_format,
@@ -428,8 +431,9 @@ class TurnGeneration:
     async def _attempt(self, prompt: array[int], budget: int, handle: GenerationHandle) -> GenerateFinish:
         step = self.step
         sampling = self._sampling
-        if budget != sampling.max_new_tokens:  # an attempt after a preemption: the budget left
-            sampling = attrs.evolve(sampling, max_new_tokens=budget)
+        if budget != sampling.max_new_tokens:  # an attempt after a preemption: the budget left (and minimum)
+            sampled = sampling.max_new_tokens - budget
+            sampling = attrs.evolve(sampling, max_new_tokens=budget, min_tokens=max(0, sampling.min_tokens - sampled))
         request = GenerateRequest(
             prompt,
             sampling,

@@ -151,6 +151,38 @@ def test_stop_sequence_after_a_space_keeps_the_space(tokenizer: Any, chunks: lis
     assert parser.stopped and content == parser.output.content == "Runs the sea and the "
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=40))
+def test_no_stop_sequence_ends_in_the_first_min_tokens(tokenizer: Any, chunks: list[int]) -> None:
+    """vLLM's rule: a stop sequence must end in the text after the first ``min_tokens`` tokens (it may begin
+    before), in any chunking."""
+    text = "Go. Go. Go. Go on, then go."
+    ids = tokenizer.encode(text)
+    # Up to the token that ends the second "Go.": the first two are in the quiet window, the third is not.
+    second = next(n for n in range(1, len(ids) + 1) if tokenizer.decode(ids[:n]).count("Go.") == 2)
+    parser, _, content, _ = _run(tokenizer, text, chunks=chunks, stop=("Go.",), min_tokens=second)
+    assert parser.stopped and content == parser.output.content == "Go. Go. "
+    # The window ends inside a sequence: the sequence that straddles it stops the reply.
+    parser, _, content, _ = _run(tokenizer, text, chunks=chunks, stop=("Go.",), min_tokens=second - 1)
+    assert parser.stopped and content == "Go. "
+    parser, _, content, _ = _run(tokenizer, text, chunks=chunks, stop=("Go.", "go."), min_tokens=len(ids))
+    assert not parser.stopped and content == text
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=30))
+def test_include_stop_keeps_the_stop_text(tokenizer: Any, chunks: list[int]) -> None:
+    """vLLM's ``include_stop_str_in_output``: the content ends with the stop sequence, and a stop id's text is
+    shown."""
+    parser, _, content, _ = _run(tokenizer, "Runs the sea and the see more", chunks=chunks, stop=("see",),
+                                 include_stop=True)
+    assert parser.stopped and content == parser.output.content == "Runs the sea and the see"
+    dot = tokenizer.encode(".")[0]
+    _, _, shown, _ = _run(tokenizer, "Hi.", chunks=chunks, stop_ids=(dot,), include_stop=True)
+    _, _, hidden, _ = _run(tokenizer, "Hi.", chunks=chunks, stop_ids=(dot,))
+    assert (shown, hidden) == ("Hi.", "Hi")
+
+
 def test_stop_sequence_absent_changes_nothing(tokenizer: Any) -> None:
     parser, _, content, _ = _run(tokenizer, "plain answer", stop=("###",))
     assert not parser.stopped and content == "plain answer"

@@ -69,6 +69,7 @@ async def test_chat_and_anthropic_fields_reach_the_engine(http: httpx.AsyncClien
     ({"stop_token_ids": list(range(65))}, "stop_token_ids"),
     ({"continue_final_message": True}, "continue_final_message"),
     ({"add_generation_prompt": False}, "add_generation_prompt"),
+    ({"include_stop_str_in_output": 1}, "include_stop_str_in_output"),
 ])
 async def test_a_field_the_engine_cannot_honour_is_a_clear_400(http: httpx.AsyncClient, extra: dict[str, Any],
                                                                param: str) -> None:
@@ -90,6 +91,22 @@ async def test_the_calls_stop_ids_and_ignore_eos_reach_the_engine(http: httpx.As
     assert [(s.stop_token_ids, s.ignore_eos, s.min_tokens) for s in sampled] == [
         ((*tokenizer.stop_token_ids, 13, 11), False, 0), ((13, 11), True, 0), ((), True, 0),
         (tokenizer.stop_token_ids, False, 3)]
+
+
+async def test_stop_sequences_wait_for_min_tokens_and_include_stop_keeps_them(http: httpx.AsyncClient,
+                                                                             engine: SimEngine) -> None:
+    """vLLM's rules for ``stop`` strings: none ends in the first ``min_tokens`` tokens' text, and
+    ``include_stop_str_in_output`` keeps the one that ended the reply."""
+    text = "Go. Go. Go. Go on."
+    engine.script(text, routing_key="late")
+    engine.script(text, routing_key="kept")
+    late = await http.post("/sess/late/v1/chat/completions", json={"messages": MESSAGES, "stop": ["Go."],
+                                                                   "min_tokens": 4})
+    kept = await http.post("/sess/kept/v1/chat/completions", json={"messages": MESSAGES, "stop": ["Go."],
+                                                                   "include_stop_str_in_output": True})
+    assert [reply.status_code for reply in (late, kept)] == [200, 200], (late.text, kept.text)
+    assert [(r.json()["choices"][0]["message"]["content"], r.json()["choices"][0]["finish_reason"])
+            for r in (late, kept)] == [("Go. Go. ", "stop"), ("Go.", "stop")]
 
 
 async def test_a_negative_anthropic_top_k_is_a_clear_400(http: httpx.AsyncClient) -> None:

@@ -8,8 +8,9 @@ import pytest
 import trio
 import trio.testing
 
-from actorproxy.core.requests import ChatRequest, Identity
+from actorproxy.core.requests import ChatRequest, Identity, sampling_extras
 from actorproxy.core.turn_events import TurnDelta
+from actorproxy.engines.base import GenerateRequest
 from actorproxy.sim import SimConfig
 from actorproxy.testing import SimulatedProxy, TurnResult, open_simulated_proxy
 
@@ -63,6 +64,42 @@ async def test_pause_at_an_exact_token_then_resume_with_a_new_version(
             assert step["output_ids"] == ids  # every token once, in order
             assert step["concat_versions"][-len(ids):] == [0] * pause_at + [1] * (len(ids) - pause_at)
             assert step["preemptions"] == 1 and step["status"] == "completed"
+
+
+async def test_a_resumed_generation_asks_for_the_minimum_left(
+    tokenizer: Any, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partial rollout's continuation asks for what is left of the turn: its budget and its ``min_tokens``."""
+    ids = _ids(tokenizer, "Once upon a time there was a very long story indeed.")
+    async with open_simulated_proxy(
+        tokenizer=tokenizer, sim_config=SimConfig(token_interval=INTERVAL), partial_rollout=True
+    ) as sim:
+        asked: list[tuple[int, int]] = []
+        opened = sim.engine.open_generation
+
+        def recording(request: GenerateRequest) -> Any:
+            asked.append((request.sampling.max_new_tokens, request.sampling.min_tokens))
+            return opened(request)
+
+        monkeypatch.setattr(sim.engine, "open_generation", recording)
+        pause_at = 5
+        sim.engine.script(ids, routing_key="s")
+        sim.engine.script(ids[pause_at:], routing_key="s")
+        request = ChatRequest(messages=USER, max_tokens=64, extras=sampling_extras(min_tokens=8))
+        done: list[Any] = []
+
+        async def turn() -> None:
+            async with await sim.runtime.start_turn(request, Identity("s")) as events:
+                done.extend([event async for event in events])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(turn)
+            await sim.wait_for_tokens("s", pause_at)
+            assert (await sim.pause())["partial_tokens"] == pause_at
+            await sim.resume(weight_version="1")
+        [step] = await _steps(sim, "s")
+        assert step["output_ids"] == ids and step["preemptions"] == 1
+        assert asked == [(64, 8), (64 - pause_at, 8 - pause_at)]
 
 
 async def test_a_partial_rollout_over_the_simulator_records_what_an_uninterrupted_turn_does(
