@@ -61,6 +61,22 @@ def _check(message: Any) -> FrozenMessage:
     return frozen
 
 
+#: vLLM's chat extensions the proxy does not honour, each refused when set (not null, false or empty), and why.
+UNHONOURED = (
+    ("use_beam_search", "the proxy samples: a trajectory is what the policy sampled"),
+    ("watermarking", "the proxy samples from the policy's own distribution"),
+    ("allowed_token_ids", "the proxy samples from the policy's own distribution"),
+    ("bad_words", "the proxy samples from the policy's own distribution"),
+    ("repetition_detection", "the proxy does not cut a reply the policy is still sampling"),
+    ("thinking_token_budget", "the proxy does not end the policy's reasoning for it"),
+    ("truncate_prompt_tokens", "the engine is given the whole prompt (a longer one is a 400)"),
+    ("chat_template", "the proxy renders with its tokenizer's template (actorproxy run --tokenizer)"),
+    ("documents", "the proxy's template renders messages and tools only"),
+    ("prompt_logprobs", "the reply carries the sampled tokens' logprobs only"),
+    ("logprob_token_ids", "the reply carries the sampled tokens' logprobs and top_logprobs only"),
+)
+
+
 def chat_request(options: ChatOptions, messages: list[dict[str, Any]], sent_tools: Sequence[Any]) -> ChatRequest:
     """The request a chat body's typed fields ask for, with these messages; :class:`BadRequest` naming a field
     the converter takes but the call refuses (the rules across fields)."""
@@ -83,6 +99,10 @@ def chat_request(options: ChatOptions, messages: list[dict[str, Any]], sent_tool
     if options.min_tokens and max_tokens is not None and options.min_tokens > max_tokens:
         raise BadRequest(f"'min_tokens' must be at most max_tokens ({max_tokens}), got {options.min_tokens}",
                          param="min_tokens")
+    for name, why in UNHONOURED:
+        value = getattr(options, name)
+        if value is not None and value is not False and value != []:
+            raise BadRequest(f"'{name}' is not supported: {why} (docs/endpoints.md)", param=name)
     if options.continue_final_message or options.add_generation_prompt is False:
         # Each turn is the conversation so far plus the assistant's new turn: a prefilled reply is not one.
         field = "continue_final_message" if options.continue_final_message else "add_generation_prompt"

@@ -185,6 +185,18 @@ class ChatOptions:
     #: vLLM's rendering switches: refused unless at their defaults (see ``chat_messages.chat_request``).
     continue_final_message: bool | None = None
     add_generation_prompt: bool | None = None
+    #: vLLM's extensions the proxy does not honour: refused when set (``chat_messages.UNHONOURED``).
+    use_beam_search: bool | None = None
+    watermarking: bool | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
+    chat_template: str | None = None
+    documents: list[Any] | None = None
+    thinking_token_budget: Any = None
+    repetition_detection: Any = None
+    prompt_logprobs: int | None = None
+    logprob_token_ids: list[int] | None = None
     response_format: dict[str, Any] | None = None
     session_id: str | None = None
     instance_id: str | None = None

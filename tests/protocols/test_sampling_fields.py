@@ -70,6 +70,17 @@ async def test_chat_and_anthropic_fields_reach_the_engine(http: httpx.AsyncClien
     ({"continue_final_message": True}, "continue_final_message"),
     ({"add_generation_prompt": False}, "add_generation_prompt"),
     ({"include_stop_str_in_output": 1}, "include_stop_str_in_output"),
+    ({"use_beam_search": True}, "use_beam_search"),
+    ({"watermarking": True}, "watermarking"),
+    ({"allowed_token_ids": [9707]}, "allowed_token_ids"),
+    ({"bad_words": ["no"]}, "bad_words"),
+    ({"repetition_detection": {"max_pattern_size": 8}}, "repetition_detection"),
+    ({"thinking_token_budget": 64}, "thinking_token_budget"),
+    ({"truncate_prompt_tokens": 100}, "truncate_prompt_tokens"),
+    ({"chat_template": "{{ messages }}"}, "chat_template"),
+    ({"documents": [{"title": "a", "text": "b"}]}, "documents"),
+    ({"prompt_logprobs": 0}, "prompt_logprobs"),
+    ({"logprob_token_ids": [9707]}, "logprob_token_ids"),
 ])
 async def test_a_field_the_engine_cannot_honour_is_a_clear_400(http: httpx.AsyncClient, extra: dict[str, Any],
                                                                param: str) -> None:
@@ -82,9 +93,11 @@ async def test_the_calls_stop_ids_and_ignore_eos_reach_the_engine(http: httpx.As
                                                                   sampled: list[SamplingParams]) -> None:
     """vLLM's ``stop_token_ids`` stop a reply besides the tokenizer's own ids; with ``ignore_eos`` only they do."""
     own = [13, 11, 13]
+    unset = {"use_beam_search": False, "watermarking": None, "allowed_token_ids": [], "bad_words": [],
+             "truncate_prompt_tokens": None, "prompt_logprobs": None, "documents": None}  # as vLLM's defaults
     for extra in ({"stop_token_ids": own}, {"stop_token_ids": own, "ignore_eos": True}, {"ignore_eos": True},
                   {"min_tokens": 3, "ignore_eos": False, "continue_final_message": False,
-                   "add_generation_prompt": True}):
+                   "add_generation_prompt": True, **unset}):
         reply = await http.post("/sess/own/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4,
                                                                        **extra})
         assert reply.status_code == 200, reply.text
