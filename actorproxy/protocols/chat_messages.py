@@ -123,7 +123,7 @@ def chat_request(options: ChatOptions, messages: list[dict[str, Any]], sent_tool
                                frequency_penalty=options.frequency_penalty,
                                repetition_penalty=options.repetition_penalty, min_tokens=options.min_tokens,
                                ignore_eos=options.ignore_eos, stop_token_ids=options.stop_token_ids),
-        include_stop=bool(options.include_stop_str_in_output),
+        include_stop=bool(options.include_stop_str_in_output or options.no_stop_trim),
     )
 
 

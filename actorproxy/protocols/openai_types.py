@@ -180,8 +180,9 @@ class ChatOptions:
     min_tokens: int | None = attrs.field(default=None, validator=at_least(0))
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = attrs.field(default=None, validator=_stop_ids)
-    #: vLLM's: the reply's text ends with the stop sequence or stop id that ended it.
+    #: vLLM's: the reply's text ends with the stop sequence or stop id that ended it (SGLang's ``no_stop_trim``).
     include_stop_str_in_output: bool | None = None
+    no_stop_trim: bool | None = None
     #: vLLM's rendering switches: refused unless at their defaults (see ``chat_messages.chat_request``).
     continue_final_message: bool | None = None
     add_generation_prompt: bool | None = None

@@ -117,9 +117,13 @@ async def test_stop_sequences_wait_for_min_tokens_and_include_stop_keeps_them(ht
                                                                    "min_tokens": 4})
     kept = await http.post("/sess/kept/v1/chat/completions", json={"messages": MESSAGES, "stop": ["Go."],
                                                                    "include_stop_str_in_output": True})
-    assert [reply.status_code for reply in (late, kept)] == [200, 200], (late.text, kept.text)
+    engine.script(text, routing_key="sglang")
+    untrimmed = await http.post("/sess/sglang/v1/chat/completions", json={"messages": MESSAGES, "stop": ["Go."],
+                                                                          "no_stop_trim": True})  # SGLang's name
+    replies = (late, kept, untrimmed)
+    assert [reply.status_code for reply in replies] == [200, 200, 200], [reply.text for reply in replies]
     assert [(r.json()["choices"][0]["message"]["content"], r.json()["choices"][0]["finish_reason"])
-            for r in (late, kept)] == [("Go. Go. ", "stop"), ("Go.", "stop")]
+            for r in replies] == [("Go. Go. ", "stop"), ("Go.", "stop"), ("Go.", "stop")]
 
 
 async def test_a_negative_anthropic_top_k_is_a_clear_400(http: httpx.AsyncClient) -> None:
