@@ -171,7 +171,7 @@ class OutputParser:
         self._calls: list[ToolCall] = []
         self.tool_call_parse_error = False
         # The call's own stop ids end the reply unseen, as the tokenizer's end ids do (vLLM shows neither).
-        self._skip = tokenizer.special_ids if include_stop else tokenizer.special_ids.union(stop_ids)
+        self._skip = tokenizer.special_ids.union(stop_ids) if stop_ids and not include_stop else tokenizer.special_ids
         self._stop = StopMatcher(stop, include=include_stop) if stop else None
         #: Tokens still to come whose text no stop sequence may end in (the reply's first ``min_tokens``).
         self._quiet = min_tokens if stop else 0
