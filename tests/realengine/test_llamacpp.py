@@ -7,7 +7,7 @@
   client saw; the turns continue one another (one segment per session);
 * a pause in the middle of a streamed generation: the stream resumes and the recorded output is
   still the engine's greedy continuation;
-* max_tokens and stop strings.
+* max_tokens and stop strings; vLLM's ignore_eos and stop_token_ids, and min_tokens refused (llama-server has none).
 """
 
 from __future__ import annotations
@@ -276,6 +276,31 @@ def test_max_tokens_and_stop(proxy: Process, llama_server: Process, gemma: ChatT
                                max_tokens=60, stop=[stop])
             assert finish == "stop"
             assert got == full[:at] and got.endswith(" ")
+
+
+def test_ignore_eos_and_the_calls_stop_ids(proxy: Process, gemma: ChatTokenizer) -> None:
+    """vLLM's sampling extensions in front of llama-server: ``ignore_eos`` is sent (the reply runs to its budget,
+    no end-of-generation id sampled, the step records it); a stop id of the call's own, which the client enforces,
+    ends a reply at its first sampling; ``min_tokens``, which llama-server has not, is a 400 saying so."""
+    question = [{"role": "user", "content": "Say hi."}]
+    with httpx.Client(timeout=300) as http:
+        session = session_id("ignores")
+        _, finish = chat(http, proxy, session, question, stream=True, max_tokens=40, ignore_eos=True)
+        [ignored] = read_session(http, proxy, session)["steps"]
+        assert finish == "length" and len(ignored["output_ids"]) == 40
+        assert not set(ignored["output_ids"]) & set(gemma.stop_token_ids)
+        assert ignored["sampling"]["ignore_eos"] is True
+        session = session_id("plain")
+        chat(http, proxy, session, question, stream=False, max_tokens=40)
+        [plain] = read_session(http, proxy, session)["steps"]
+        stop = plain["output_ids"][1]
+        session = session_id("own-stop")
+        _, finish = chat(http, proxy, session, question, stream=False, max_tokens=40, stop_token_ids=[stop])
+        [stopped] = read_session(http, proxy, session)["steps"]
+        assert finish == "stop" and stopped["output_ids"][-1] == stop and stop not in stopped["output_ids"][:-1]
+        refused = http.post(f"{proxy.url}/v1/chat/completions", headers={"X-Session-Id": session_id("min")},
+                            json={"model": "gemma", "messages": question, "min_tokens": 4})
+        assert refused.status_code == 400 and "min_tokens is not supported by llama.cpp" in refused.text
 
 
 def test_pause_in_the_middle_of_a_generation(proxy: Process, llama_server: Process, gemma: ChatTokenizer) -> None:
