@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from _util import SIM_ENGINES, WEATHER_TOOL, hang_up_after
+from _util import SIM_ENGINES, WEATHER_TOOL, finalized_at, hang_up_after
 
 from actorproxy import ProxyConfig, open_proxy
 from actorproxy.serve import RunningProxy
@@ -150,13 +150,6 @@ async def test_top_logprobs_are_the_engines_through_each_engine(
                     == [want for _, want in expected if b"\xef\xbf\xbd" not in want]
 
 
-async def _steps(client: httpx.AsyncClient, session: str) -> list[dict[str, Any]]:
-    await client.post("/session/finalize", json={"session_id": session})
-    data = (await client.post("/trajectory/read", json={"session_id": session, "include_steps": True})).json()
-    steps: list[dict[str, Any]] = data["steps"]
-    return steps
-
-
 @pytest.mark.parametrize(("kind", "settings"), ENGINES)
 async def test_min_tokens_ignore_eos_and_stop_ids_through_each_engine(
     tokenizer: Any, kind: str, settings: dict[str, Any]
@@ -175,7 +168,7 @@ async def test_min_tokens_ignore_eos_and_stop_ids_through_each_engine(
                                   headers={"X-Session-Id": "long"})
         assert reply.status_code == 200, reply.text
         assert reply.json()["choices"][0]["finish_reason"] == "length"
-        [step] = await _steps(client, "long")
+        _, [step] = await finalized_at(proxy.url, "long")
         assert step["output_ids"] == [hi, dot, eot, filler, filler, filler]
         assert reply.json()["choices"][0]["message"]["content"] == "Hi. so so so"
 
@@ -189,7 +182,7 @@ async def test_min_tokens_ignore_eos_and_stop_ids_through_each_engine(
         else:
             assert reply.status_code == 200, reply.text
             assert reply.json()["choices"][0]["finish_reason"] == "stop"
-            [step] = await _steps(client, "min")
+            _, [step] = await finalized_at(proxy.url, "min")
             assert step["output_ids"] == [hi, dot, filler, filler, eot]
             assert step["sampling"]["min_tokens"] == 4
 
@@ -205,7 +198,7 @@ async def test_min_tokens_ignore_eos_and_stop_ids_through_each_engine(
         again = await client.post("/v1/chat/completions", json={**body, "messages": history},
                                   headers={"X-Session-Id": "stop"})
         assert again.status_code == 200, again.text
-        first, second = await _steps(client, "stop")
+        _, [first, second] = await finalized_at(proxy.url, "stop")
         assert first["output_ids"] == [hi, dot]
         assert first["segment_index"] == second["segment_index"]
 
