@@ -60,7 +60,9 @@ class _Completion:
         self.settings = {
             "n_predict": body.n_predict, "temperature": body.temperature, "top_k": body.top_k, "top_p": body.top_p,
             "min_p": body.min_p, "seed": body.seed, "n_probs": body.n_probs,
-            "ignore_eos": bool(body.ignore_eos), "stream": body.stream, "cache_prompt": body.cache_prompt,
+            # As the engine runs it: the request's, else the server's own setting.
+            "ignore_eos": sampling.ignore_eos or state.engine.config.ignore_eos,
+            "stream": body.stream, "cache_prompt": body.cache_prompt,
         }  # fmt: skip
 
     def piece(self, token_id: int) -> str:

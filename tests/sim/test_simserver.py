@@ -321,6 +321,17 @@ async def test_llamacpp_completion(sim: Sim, prompt: list[int], autojump_clock: 
     assert lines[-1]["stop_type"] == "limit" and [line["tokens"][0] for line in lines[:-1]] == list(stats.token_ids[:5])
 
 
+async def test_llamacpp_reports_the_ignore_eos_it_runs_with(tokenizer: ChatTokenizer, prompt: list[int],
+                                                              autojump_clock: MockClock) -> None:
+    """``generation_settings.ignore_eos`` is the request's, else the server's own setting, as llama-server says."""
+    for server, asked, runs in ((False, None, False), (False, True, True), (True, None, True)):
+        engine = SimEngine(tokenizer, SimConfig(token_interval=INTERVAL, ignore_eos=server))
+        async with open_sim_client(engine, SimServerSettings(port=0)) as (_, http):
+            body = {"prompt": prompt, "n_predict": 4} | ({} if asked is None else {"ignore_eos": asked})
+            data = (await http.post("/completion", json=body)).json()
+        assert data["generation_settings"]["ignore_eos"] is runs, (server, asked)
+
+
 # -- faults ---------------------------------------------------------------------------------
 
 
