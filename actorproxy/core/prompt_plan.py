@@ -110,11 +110,16 @@ def plan_prompt(
                               param="messages", details=details)
     if prompt_len >= window:
         raise ContextOverflow(prompt_len, window=window, param="messages", details=details)
-    max_new = request.max_tokens or limits.default_max_tokens
-    if limits.max_output_tokens is not None:
-        max_new = min(max_new, limits.max_output_tokens)
-    if limits.dynamic_max_tokens:
-        max_new = min(max_new, window - prompt_len)
+    max_new, bound = (request.max_tokens, "max_tokens") if request.max_tokens else (
+        limits.default_max_tokens, "the default max_tokens (--default-max-tokens)")
+    if limits.max_output_tokens is not None and limits.max_output_tokens < max_new:
+        max_new, bound = limits.max_output_tokens, "--max-output-tokens"
+    if limits.dynamic_max_tokens and window - prompt_len < max_new:
+        max_new, bound = window - prompt_len, f"the context window's room after the prompt's {prompt_len} tokens"
+    least = request.extras.min_tokens if request.extras is not None else 0
+    if least > max_new:  # as vLLM and SGLang refuse it, by name and before the engine is asked
+        raise BadRequest(f"'min_tokens' is {least}, but this turn may generate at most {max_new} tokens ({bound})",
+                         param="min_tokens")
     return PromptPlan(plan, input_ids, fragment, new_messages, max_new, rebuilt, fragment_failed)
 
 

@@ -75,6 +75,9 @@ def _parse(state: SimState, body: GenerateReqInput) -> tuple[GenerateRequest, _O
     sampling = build_from(SamplingParams, params, stop_token_ids=tuple(params.stop_token_ids or ()),
                           seed=params.sampling_seed, min_tokens=params.min_new_tokens,
                           ignore_eos=bool(params.ignore_eos))
+    if sampling.min_tokens > sampling.max_new_tokens:  # SGLang's SamplingParams.verify refuses it, as it words it
+        raise wire.BadField(f"min_new_tokens must be in [0, max_new_tokens({sampling.max_new_tokens})], "
+                            f"got {sampling.min_tokens}.")
     if body.return_routed_experts and not state.settings.enable_return_routed_experts:
         raise wire.BadField("return_routed_experts needs the server flag --enable-return-routed-experts")
     generate = GenerateRequest(

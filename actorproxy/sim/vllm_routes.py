@@ -93,6 +93,9 @@ def _parse(state: SimState, body: CompletionRequest | GenerateTokensRequest) -> 
         min_tokens=params.min_tokens,
         ignore_eos=bool(params.ignore_eos),
     )
+    if sampling.min_tokens > sampling.max_new_tokens:  # vLLM's SamplingParams refuses it, as it words it
+        raise wire.BadField(f"min_tokens must be less than or equal to max_tokens={sampling.max_new_tokens}, "
+                            f"got {sampling.min_tokens}.")
     rid = body.request_id or uuid.uuid4().hex
     req = GenerateRequest(
         ids,

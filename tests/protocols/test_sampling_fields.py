@@ -202,3 +202,20 @@ async def test_a_token_in_step_records_its_sampling_too(http: httpx.AsyncClient)
                                 "frequency_penalty": 0.0, "repetition_penalty": 1.2, "seed": None, "min_tokens": 0,
                                 "ignore_eos": False}
     assert [segment["metadata"]["sampling"] for segment in payload["data"]] == [step["sampling"]]
+
+
+@pytest.mark.parametrize(("asked", "bound"), [({}, "at most 4096 tokens (the default max_tokens"),
+                                              ({"max_tokens": 100_000}, "tokens (the context window's room after")])
+async def test_min_tokens_above_the_turns_budget_is_a_400_naming_it(http: httpx.AsyncClient,
+                                                                    sampled: list[SamplingParams],
+                                                                    asked: dict[str, int], bound: str) -> None:
+    """A ``min_tokens`` above what the turn may generate (the default budget, or ``max_tokens`` cut to the context
+    window's room) is refused by the proxy, naming the field and the budget, before the engine is asked."""
+    reply = await http.post("/sess/long/v1/chat/completions", json={"messages": MESSAGES, "min_tokens": 90_000,
+                                                                    **asked})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "min_tokens"
+    assert "'min_tokens' is 90000, but this turn may generate at most" in error["message"], error
+    assert bound in error["message"], error
+    assert sampled == []

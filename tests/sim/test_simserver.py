@@ -332,6 +332,23 @@ async def test_llamacpp_reports_the_ignore_eos_it_runs_with(tokenizer: ChatToken
         assert data["generation_settings"]["ignore_eos"] is runs, (server, asked)
 
 
+async def test_a_minimum_above_the_budget_is_refused_as_each_engine_words_it(sim: Sim, prompt: list[int]) -> None:
+    """vLLM's and SGLang's sampling checks: ``min_tokens`` (``min_new_tokens``) above the budget is a 400."""
+    _, http = sim
+    sglang = await http.post("/generate", json={"input_ids": prompt,
+                                                "sampling_params": {"max_new_tokens": 4, "min_new_tokens": 5}})
+    vllm = await http.post("/inference/v1/generate", json={"token_ids": prompt,
+                                                           "sampling_params": {"max_tokens": 4, "min_tokens": 5}})
+    completions = await http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4, "min_tokens": 5})
+    assert [r.status_code for r in (sglang, vllm, completions)] == [400, 400, 400]
+    assert sglang.json()["error"]["message"] == "min_new_tokens must be in [0, max_new_tokens(4)], got 5."
+    assert vllm.json()["error"]["message"] == completions.json()["error"]["message"] == (
+        "min_tokens must be less than or equal to max_tokens=4, got 5.")
+    fits = await http.post("/generate", json={"input_ids": prompt,
+                                              "sampling_params": {"max_new_tokens": 4, "min_new_tokens": 4}})
+    assert fits.status_code == 200, fits.text
+
+
 # -- faults ---------------------------------------------------------------------------------
 
 
