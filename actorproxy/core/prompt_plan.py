@@ -116,7 +116,11 @@ def plan_prompt(
         max_new, bound = limits.max_output_tokens, "--max-output-tokens"
     if limits.dynamic_max_tokens and window - prompt_len < max_new:
         max_new, bound = window - prompt_len, f"the context window's room after the prompt's {prompt_len} tokens"
-    least = request.extras.min_tokens if request.extras is not None else 0
+    extras = request.extras
+    least = extras.min_tokens if extras is not None else 0
+    if extras is not None and extras.stop_token_ids and max(extras.stop_token_ids) >= tokenizer.id_bound:
+        raise BadRequest(f"'stop_token_ids' holds {max(extras.stop_token_ids)}, which is no token id of the model "
+                         f"(ids are below {tokenizer.id_bound})", param="stop_token_ids")
     if least > max_new:  # as vLLM and SGLang refuse it, by name and before the engine is asked
         raise BadRequest(f"'min_tokens' is {least}, but this turn may generate at most {max_new} tokens ({bound})",
                          param="min_tokens")

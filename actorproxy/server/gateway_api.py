@@ -247,7 +247,7 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
             raise BadRequest("'multi_modal_data' is not supported: the proxy serves text models",
                              param="multi_modal_data")
         for kind in ("prompt_ids", "response_ids"):
-            _token_ids(getattr(body, kind), kind)
+            _token_ids(getattr(body, kind), kind, runtime.tokenizer.id_bound)
         if reward_worker is not None:
             await reward_worker.connected()
             score, extra = await reward_worker.worker.score(
@@ -316,7 +316,7 @@ def add_gateway_routes(app: QuartTrio, runtime: Runtime, policy: AccessPolicy) -
         query = request.args.get("channel")  # Claw-R1's flows name the channel here (validation: "val")
         channel = _channel(query, "channel (query)") if query is not None else None
         body: SubmitStepsBody = await _body(SubmitStepsBody)
-        by_trajectory = _submitted(body)
+        by_trajectory = _submitted(body, runtime.tokenizer.id_bound)
         for uid, steps in by_trajectory.items():  # every check before anything is applied
             await submit_to(uid, steps, apply=False)
         attached = external = 0
@@ -446,14 +446,16 @@ MAX_SUBMITTED_STEPS = 4096
 _MAX_INT32 = 2**31 - 1
 
 
-def _token_ids(ids: list[int], name: str) -> None:
-    """400 naming the first entry that is not a token id."""
-    bad = next((i for i, token in enumerate(ids) if not 0 <= token <= _MAX_INT32), None)
+def _token_ids(ids: list[int], name: str, bound: int) -> None:
+    """400 naming the first entry that is not a token id of the model (below ``bound``, the tokenizer's
+    ``id_bound``): an engine would be asked to embed it, or a trainer to train on it."""
+    bad = next((i for i, token in enumerate(ids) if not 0 <= token < bound), None)
     if bad is not None:
-        raise BadRequest(f"'{name}[{bad}]' is not a token id", param=f"{name}[{bad}]")
+        raise BadRequest(f"'{name}[{bad}]' is not a token id of the model (ids are 0 to {bound - 1}), "
+                         f"got {ids[bad]}", param=f"{name}[{bad}]")
 
 
-def _submitted(body: SubmitStepsBody) -> dict[str, list[SubmittedStep]]:
+def _submitted(body: SubmitStepsBody, id_bound: int) -> dict[str, list[SubmittedStep]]:
     """The steps by trajectory (in step order), after every check that needs no session (400 naming the field)."""
     if not body.steps:
         raise BadRequest("'steps' must hold at least one step", param="steps")
@@ -472,7 +474,7 @@ def _submitted(body: SubmitStepsBody) -> dict[str, list[SubmittedStep]]:
         if not 0 <= step.step_index <= _MAX_INT32:
             raise BadRequest(f"'{where}.step_index' must be a non-negative integer", param=f"{where}.step_index")
         for kind in ("prompt_ids", "response_ids"):
-            _token_ids(getattr(step, kind), f"{where}.{kind}")
+            _token_ids(getattr(step, kind), f"{where}.{kind}", id_bound)
         logprobs = step.rollout_log_probs
         if logprobs is not None and len(logprobs) != len(step.response_ids):
             raise BadRequest(f"'{where}.rollout_log_probs' has {len(logprobs)} values for {len(step.response_ids)} "
@@ -519,7 +521,7 @@ async def generate_tokens_in(runtime: Runtime, gateway: Gateway, body: TokenGene
         raise BadRequest("'sampling_params.top_p' must be in (0, 1]", param="sampling_params.top_p")
     if not body.prompt_ids:
         raise BadRequest("'prompt_ids' must hold at least one token id", param="prompt_ids")
-    _token_ids(body.prompt_ids, "prompt_ids")
+    _token_ids(body.prompt_ids, "prompt_ids", runtime.tokenizer.id_bound)
     await store_unclaimed(runtime, gateway.generations, gateway.generations.expired())
     step = await generate_tokens(runtime, array("i", body.prompt_ids), max_new_tokens=params.max_tokens,
                                  temperature=params.temperature, top_p=params.top_p, seed=params.seed,

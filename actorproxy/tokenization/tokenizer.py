@@ -8,6 +8,7 @@ gives the built-in ``qwen3`` tokenizer with our Qwen3-compatible template;
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 from array import array
@@ -46,6 +47,7 @@ class ChatTokenizer:
         eot_token_id: int | None = None,
         stop_token_ids: Sequence[int] = (),
         trusted_template: bool = False,
+        model_vocab_size: int | None = None,
     ) -> None:
         self.hf = hf
         self.name = name
@@ -54,6 +56,11 @@ class ChatTokenizer:
         if not getattr(hf, "chat_template", None):
             raise ValueError(f"tokenizer {name!r} has no chat template")
         self.vocab_size: int = len(hf)
+        #: Ids from here up are no token of the model: an engine indexes its embedding and logits with an id, and
+        #: one past them is refused by some (vLLM) and kills others (SGLang's scheduler). The larger of the
+        #: tokenizer's size and the model's ``vocab_size`` (Qwen3's model has 267 ids more, which a model with
+        #: random weights may sample).
+        self.id_bound: int = max(self.vocab_size, model_vocab_size or 0)
         self.think_start_id = self._id_of(THINK_START)
         self.think_end_id = self._id_of(THINK_END)
         self.tool_call_start_id = self._id_of(TOOL_CALL_START)
@@ -254,7 +261,21 @@ def load_tokenizer(path: str | None = None, cache_dir: str | None = None) -> Cha
     if is_gguf(path):
         return load_gguf_chat_tokenizer(path)
     hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return ChatTokenizer(hf, name=os.path.basename(os.path.normpath(path)))
+    return ChatTokenizer(hf, name=os.path.basename(os.path.normpath(path)), model_vocab_size=model_vocab_size(path))
+
+
+def model_vocab_size(path: str) -> int | None:
+    """The model's ``vocab_size`` from ``config.json`` beside its tokenizer (a multimodal model's text model's);
+    ``None`` when the directory holds no readable one."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    text = config.get("text_config")
+    size = config.get("vocab_size", text.get("vocab_size") if isinstance(text, dict) else None)
+    return size if type(size) is int and size > 0 else None
 
 
 def load_gguf_chat_tokenizer(path: str | Path) -> ChatTokenizer:

@@ -219,3 +219,16 @@ async def test_min_tokens_above_the_turns_budget_is_a_400_naming_it(http: httpx.
     assert "'min_tokens' is 90000, but this turn may generate at most" in error["message"], error
     assert bound in error["message"], error
     assert sampled == []
+
+
+async def test_a_stop_id_that_is_no_token_of_the_model_is_a_400(http: httpx.AsyncClient, tokenizer: Any,
+                                                                sampled: list[SamplingParams]) -> None:
+    """A stop id is an index into the engine's logits (SGLang's ``min_new_tokens`` masks them with a scatter that an
+    id past the vocabulary kills its scheduler with): one the model has no token for is refused, naming it."""
+    reply = await http.post("/sess/far/v1/chat/completions", json={"messages": MESSAGES, "min_tokens": 2,
+                                                                   "stop_token_ids": [13, tokenizer.id_bound]})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "stop_token_ids"
+    assert f"holds {tokenizer.id_bound}, which is no token id of the model" in error["message"], error
+    assert sampled == []

@@ -175,6 +175,34 @@ async def test_bad_input_is_a_4xx_in_openai_format_and_records_nothing(
     assert (await http.get("/sessions")).json()["total"] == 0
 
 
+async def test_ids_that_are_no_token_of_the_model_are_a_400_naming_them(http: httpx.AsyncClient, engine: SimEngine,
+                                                                        tokenizer: Any) -> None:
+    """A token id the model has no row for would be an engine's embedding index (SGLang's scheduler dies of one) or
+    a trainer's: the token-in routes refuse it by its place, before an engine is asked or anything is kept."""
+    bound = tokenizer.id_bound
+    asked: list[Any] = []
+    opened = engine.open_generation
+    engine.open_generation = lambda request: asked.append(request) or opened(request)  # type: ignore[method-assign]
+    step = {"trajectory_uid": "t", "prompt_uid": "p", "step_index": 0, "prompt_ids": [9707],
+            "response_ids": [13, bound], "reward": 1.0, "policy_version": 0, "is_last": True}
+    replies = {
+        "prompt_ids[1]": await http.post("/generate", json={"prompt_ids": [9707, bound],
+                                                            "sampling_params": {"max_tokens": 4}}),
+        "steps[0].response_ids[1]": await http.post("/submit_steps", json={"steps": [step]}),
+        "response_ids[0]": await http.post("/compute_reward", json={"prompt_ids": [9707], "response_ids": [2**31 - 1]}),
+    }
+    for param, reply in replies.items():
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["param"] == param
+        assert f"is not a token id of the model (ids are 0 to {bound - 1})" in error["message"], error
+    assert asked == []
+    stats = (await http.get("/trajectory/stats")).json()
+    assert stats["segments"] == 0 and stats["steps"] == 0
+    fits = await http.post("/generate", json={"prompt_ids": [9707, bound - 1], "sampling_params": {"max_tokens": 2}})
+    assert fits.status_code == 200, fits.text
+
+
 async def test_ready_and_no_reward_function(engine: SimEngine, tokenizer: Any) -> None:
     async with open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as running:
         async with httpx.AsyncClient(base_url=running.url) as http:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,6 +94,22 @@ def test_tokenizer_json_is_built_once_then_reused(
     assert fresh is not tokenizer
     sample = "Hello <think>\nx\n</think> 世界 🫠 <|im_end|>"
     assert fresh.encode(sample) == tokenizer.encode(sample)
+
+
+@pytest.mark.parametrize(("config", "bound"), [
+    ({"vocab_size": 151936}, 151936),  # Qwen3's model: 267 rows past the tokenizer's ids
+    ({"text_config": {"vocab_size": 152064}}, 152064),  # a multimodal model's text model
+    ({"vocab_size": 1000}, 151669),  # never below the tokenizer's own ids
+    (None, 151669),  # no config.json: the tokenizer's size
+    ({"vocab_size": "big"}, 151669),
+])
+def test_the_id_bound_is_the_models_vocabulary_when_its_config_says(tmp_path: Path, tokenizer: ChatTokenizer,
+                                                                    config: Any, bound: int) -> None:
+    tokenizer.hf.save_pretrained(tmp_path)
+    if config is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+    assert tokenizer.id_bound == tokenizer.vocab_size == 151669
+    assert load_tokenizer(str(tmp_path)).id_bound == bound
 
 
 ENCODE_SAMPLES = [
