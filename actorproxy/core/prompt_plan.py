@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from ..config import ProxyConfig
+from ..config import LimitSettings, ProxyConfig
 from ..errors import BadRequest, ContextOverflow
 from ..tokenization.message_fields import kept
 from ..tokenization.tokenizer import ChatTokenizer
@@ -110,12 +110,7 @@ def plan_prompt(
                               param="messages", details=details)
     if prompt_len >= window:
         raise ContextOverflow(prompt_len, window=window, param="messages", details=details)
-    max_new, bound = (request.max_tokens, "max_tokens") if request.max_tokens else (
-        limits.default_max_tokens, "the default max_tokens (--default-max-tokens)")
-    if limits.max_output_tokens is not None and limits.max_output_tokens < max_new:
-        max_new, bound = limits.max_output_tokens, "--max-output-tokens"
-    if limits.dynamic_max_tokens and window - prompt_len < max_new:
-        max_new, bound = window - prompt_len, f"the context window's room after the prompt's {prompt_len} tokens"
+    max_new, bound = turn_budget(limits, request.max_tokens, window=window, prompt_len=prompt_len)
     extras = request.extras
     least = extras.min_tokens if extras is not None else 0
     if extras is not None and extras.stop_token_ids and max(extras.stop_token_ids) >= tokenizer.id_bound:
@@ -125,6 +120,19 @@ def plan_prompt(
         raise BadRequest(f"'min_tokens' is {least}, but this turn may generate at most {max_new} tokens ({bound})",
                          param="min_tokens")
     return PromptPlan(plan, input_ids, fragment, new_messages, max_new, rebuilt, fragment_failed)
+
+
+def turn_budget(limits: LimitSettings, asked: int | None, *, window: int, prompt_len: int) -> tuple[int, str]:
+    """The most tokens a generation may sample, and what set it: the ``max_tokens`` asked (else
+    ``--default-max-tokens``), cut to ``--max-output-tokens`` and, with ``--dynamic-max-tokens``, to the context
+    window's room after the prompt."""
+    budget, bound = (asked, "max_tokens") if asked else (
+        limits.default_max_tokens, "the default max_tokens (--default-max-tokens)")
+    if limits.max_output_tokens is not None and limits.max_output_tokens < budget:
+        budget, bound = limits.max_output_tokens, "--max-output-tokens"
+    if limits.dynamic_max_tokens and window - prompt_len < budget:
+        budget, bound = window - prompt_len, f"the context window's room after the prompt's {prompt_len} tokens"
+    return budget, bound
 
 
 def _rebuilt_prefix(

@@ -45,6 +45,11 @@ class SamplingExtras:
     stop_token_ids: tuple[int, ...] = ()
 
 
+#: A top-k this large is every model's whole vocabulary (SGLang's own value for it), sent as -1: SGLang keeps a
+#: batch's top-ks as 32-bit integers, and a larger one kills its scheduler; vLLM reads any top-k past its
+#: vocabulary as the whole of it.
+WHOLE_VOCABULARY = 1 << 30
+
 #: What a call that asks for none of them samples with.
 _NEUTRAL = SamplingExtras()
 
@@ -54,9 +59,9 @@ def sampling_extras(*, top_k: int | None = None, min_p: float | None = None, pre
                     min_tokens: int | None = None, ignore_eos: bool | None = None,
                     stop_token_ids: Iterable[int] | None = None) -> SamplingExtras | None:
     """The extras a call's fields ask for (``None`` for a field not sent); ``None`` when all are neutral. A top-k
-    of 0 is the whole vocabulary (-1), as vLLM reads it."""
+    of 0, or of :data:`WHOLE_VOCABULARY` and more, is the whole vocabulary (-1), as vLLM reads it."""
     extras = SamplingExtras(
-        top_k=-1 if not top_k else top_k,
+        top_k=-1 if not top_k or top_k >= WHOLE_VOCABULARY else top_k,
         min_p=min_p or 0.0,
         presence_penalty=presence_penalty or 0.0,
         frequency_penalty=frequency_penalty or 0.0,

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from ..schema.converter import at_least, at_most, ours
+from ..schema.converter import at_least, at_most, int64, ours
 from ..store.base import LONGEST_LEASE
 
 #: ``train`` goes to the training hand-off; any other channel (ours say ``validate``, Claw-R1's ``val``) never does.
@@ -53,7 +53,7 @@ class TokenSampling:
     logprobs: Any = None
     #: The engine serves one model: any name is accepted.
     model: str | None = None
-    seed: int | None = None
+    seed: int | None = attrs.field(default=None, validator=int64)
 
 
 @ours

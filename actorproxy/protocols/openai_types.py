@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 import attrs
 import msgspec
 
-from ..schema.converter import FieldError, at_least, between, named
+from ..schema.converter import FieldError, at_least, between, int64, named
 
 MAX_STOP_SEQUENCES = 16
 #: How many ``stop_token_ids`` a call may add to the tokenizer's own.
@@ -151,7 +151,7 @@ class ChatOptions:
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     n: int | None = attrs.field(default=None, validator=_one)
-    seed: int | None = None
+    seed: int | None = attrs.field(default=None, validator=int64)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     chat_template_kwargs: dict[str, Any] | None = None

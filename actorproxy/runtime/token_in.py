@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 import trio
 
+from ..core.prompt_plan import turn_budget
 from ..core.records import Step, int_array
 from ..core.requests import ChatRequest, SamplingExtras
 from ..core.session_state import Prepared
@@ -65,9 +66,7 @@ async def generate_tokens(runtime: Runtime, prompt_ids: array[int], *, max_new_t
                               max_prompt_tokens=limits.max_prompt_tokens, param="prompt_ids")
     if prompt_len >= runtime.context_window:
         raise ContextOverflow(prompt_len, window=runtime.context_window, param="prompt_ids")
-    max_new = max_new_tokens or limits.default_max_tokens
-    if limits.dynamic_max_tokens:
-        max_new = min(max_new, runtime.context_window - prompt_len)
+    max_new, _ = turn_budget(limits, max_new_tokens, window=runtime.context_window, prompt_len=prompt_len)
     owner = f"generate-{uuid.uuid4().hex}"
     step = Step(index=0, session_id=owner, segment_index=0, turn_id=None, instance_id=None, new_messages=[],
                 message_count=0, prompt_len=prompt_len, fragment_ids=int_array(prompt_ids), max_new_tokens=max_new)

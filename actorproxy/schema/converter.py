@@ -339,6 +339,12 @@ def named(instance: Any, attribute: attrs.Attribute[Any], value: str | None) -> 
         raise FieldError("must be a non-empty string", field=attribute.name)
 
 
+def int64(instance: Any, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    """An attrs validator: the value (unless ``None``) fits a signed 64-bit integer, as engines store a seed."""
+    if value is not None and not -(2**63) <= value < 2**63:
+        raise FieldError(f"must be a 64-bit integer (from -2**63 to 2**63 - 1), got {value}", field=attribute.name)
+
+
 def between(low: float, high: float) -> Any:
     """An attrs validator: the value (unless ``None``) is in ``[low, high]`` (else a :class:`FieldError`)."""
 

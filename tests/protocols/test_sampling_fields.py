@@ -81,6 +81,8 @@ async def test_chat_and_anthropic_fields_reach_the_engine(http: httpx.AsyncClien
     ({"documents": [{"title": "a", "text": "b"}]}, "documents"),
     ({"prompt_logprobs": 0}, "prompt_logprobs"),
     ({"logprob_token_ids": [9707]}, "logprob_token_ids"),
+    ({"seed": 2**63}, "seed"),
+    ({"seed": -(2**63) - 1}, "seed"),
 ])
 async def test_a_field_the_engine_cannot_honour_is_a_clear_400(http: httpx.AsyncClient, extra: dict[str, Any],
                                                                param: str) -> None:
@@ -232,3 +234,21 @@ async def test_a_stop_id_that_is_no_token_of_the_model_is_a_400(http: httpx.Asyn
     assert error["param"] == "stop_token_ids"
     assert f"holds {tokenizer.id_bound}, which is no token id of the model" in error["message"], error
     assert sampled == []
+
+
+async def test_a_top_k_past_any_vocabulary_is_the_whole_vocabulary(http: httpx.AsyncClient,
+                                                                   sampled: list[SamplingParams]) -> None:
+    """SGLang keeps a batch's top-ks as 32-bit integers (a larger one kills its scheduler) and vLLM reads a top-k past
+    its vocabulary as all of it: such a top-k goes to the engine as -1, the whole vocabulary, and is recorded so;
+    a 64-bit seed is passed on whole."""
+    for top_k in (2**30, 10**12):
+        chat = await http.post("/sess/k/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2,
+                                                                    "top_k": top_k, "seed": 2**63 - 1})
+        anthropic = await http.post("/sess/a/v1/messages", json={"model": "m", "max_tokens": 2, "messages": MESSAGES,
+                                                                 "top_k": top_k})
+        assert (chat.status_code, anthropic.status_code) == (200, 200), (chat.text, anthropic.text)
+    large = await http.post("/sess/k/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2,
+                                                                 "top_k": 2**30 - 1})
+    assert large.status_code == 200, large.text
+    assert [s.top_k for s in sampled] == [-1, -1, -1, -1, 2**30 - 1]
+    assert sampled[0].seed == 2**63 - 1

@@ -203,6 +203,19 @@ async def test_ids_that_are_no_token_of_the_model_are_a_400_naming_them(http: ht
     assert fits.status_code == 200, fits.text
 
 
+async def test_token_in_generate_keeps_to_the_output_cap_and_a_64_bit_seed(engine: SimEngine, tokenizer: Any
+                                                                          ) -> None:
+    """``--max-output-tokens`` caps a token-in ``/generate`` as it caps a turn; a seed past 64 bits is a 400."""
+    async with open_proxy(ProxyConfig.of(port=0, max_output_tokens=3), backend=engine, tokenizer=tokenizer) as running:
+        async with httpx.AsyncClient(base_url=running.url) as http:
+            capped = await http.post("/generate", json={"prompt_ids": [9707], "sampling_params": {
+                "max_tokens": 50, "seed": -(2**63)}})
+            seed = await http.post("/generate", json={"prompt_ids": [9707], "sampling_params": {"seed": 2**63}})
+    assert capped.status_code == 200, capped.text
+    assert len(capped.json()["token_ids"]) <= 3 and capped.json()["stop_reason"] == "length", capped.text
+    assert seed.status_code == 400 and seed.json()["error"]["param"] == "sampling_params.seed", seed.text
+
+
 async def test_ready_and_no_reward_function(engine: SimEngine, tokenizer: Any) -> None:
     async with open_proxy(ProxyConfig.of(port=0), backend=engine, tokenizer=tokenizer) as running:
         async with httpx.AsyncClient(base_url=running.url) as http:
