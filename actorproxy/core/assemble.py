@@ -30,7 +30,7 @@ from .records import (
     build_segment,
     finish_segment,
     float_array,
-    int_array,
+    version_array,
     version_number,
 )
 from .spans import AssistantSpan, RenderedConversation, render_with_spans
@@ -101,13 +101,13 @@ def rebuild_prefix(
     )
     n = len(rendered.ids)
     mask = array("b", bytes(n))
-    versions = int_array([CONTEXT_VERSION]) * n
+    versions = version_array([CONTEXT_VERSION]) * n
     pairs, foreign = policy_spans(rendered, messages, steps)
     spans: list[tuple[int, int]] = []
     for span, step in pairs:
         width = span.end - span.start
         mask[span.start : span.end] = array("b", b"\x01" * width)
-        versions[span.start : span.end] = int_array([step_version(step)]) * width
+        versions[span.start : span.end] = version_array([step_version(step)]) * width
         spans.append((span.start, span.end))
     return RebuiltPrefix(rendered.ids, mask, versions, spans, foreign)
 

@@ -57,7 +57,7 @@ def apply_finish(step: Step, finish: GenerateFinish, start: int, experts: list[s
         lo, hi = start + span.start, min(start + span.end, len(versions))
         if hi > lo:
             number = version_number(span.version)
-            versions[lo:hi] = array("i", [number] * (hi - lo))
+            versions[lo:hi] = array("q", [number] * (hi - lo))
             step.version_labels[number] = span.version
     if finish.weight_versions:
         step.weight_version = finish.weight_versions[-1].version

@@ -7,8 +7,9 @@ are compact ``array`` objects, never lists of Python ints.
 
 Weight versions are integers on segments: the engine's version label (a string
 such as ``"12"`` or ``"step-12"``) maps to its trailing number, ``"default"``
-to 0. Context tokens (not sampled by the policy) carry version -1. The raw
-label stays on each step as ``weight_version``.
+to 0 (and so does a number past 64 bits). Context tokens (not sampled by the policy) carry version -1.
+The raw label stays on each step as ``weight_version``. Versions are 64-bit (``array('q')``): a label's
+number may be a step count or a timestamp in milliseconds, past 2**31.
 """
 
 from __future__ import annotations
@@ -42,13 +43,20 @@ def sub_agent_of(session_id: str) -> tuple[str, str] | None:
 
 @functools.lru_cache(maxsize=64)  # read for every delta of a stream, nearly always the same label
 def version_number(label: str | int | None) -> int:
-    """The integer form of an engine weight-version label (trailing digits, else 0)."""
+    """The integer form of an engine weight-version label (trailing digits, else 0; 0 too past 64 bits)."""
     if label is None:
         return 0
     if isinstance(label, int):
-        return label
-    match = _TRAILING_NUMBER.search(label.strip())
-    return int(match.group(1)) if match else 0
+        number = label
+    else:
+        match = _TRAILING_NUMBER.search(label.strip())
+        number = int(match.group(1)) if match else 0
+    return number if -(2**63) <= number < 2**63 else 0
+
+
+def version_array(values: Any = ()) -> array[int]:
+    """Per-token weight versions (64-bit)."""
+    return array("q", values)
 
 
 def int_array(values: Any = ()) -> array[int]:
@@ -79,7 +87,7 @@ class Step:
     rid: str = ""
     output_ids: array[int] = attrs.field(factory=int_array)
     output_logprobs: array[float] = attrs.field(factory=float_array)
-    output_versions: array[int] = attrs.field(factory=int_array)
+    output_versions: array[int] = attrs.field(factory=version_array)
     weight_version: str = ""
     finish_reason: str | None = None
     status: StepStatus = "running"
@@ -128,7 +136,7 @@ class Step:
         n = len(self.fragment_ids)
         if self.fragment_mask is not None and self.fragment_logprobs is not None and self.fragment_versions is not None:
             return self.fragment_mask, self.fragment_logprobs, self.fragment_versions
-        return array("b", bytes(n)), float_array(bytes(4 * n)), int_array([CONTEXT_VERSION]) * n
+        return array("b", bytes(n)), float_array(bytes(4 * n)), version_array([CONTEXT_VERSION]) * n
 
 
 @attrs.frozen(eq=False)
@@ -189,7 +197,7 @@ def build_segment(
     token_ids = int_array()
     loss_mask = array("b")
     logprobs = float_array()
-    versions = int_array()
+    versions = version_array()
     recomputed: list[list[int]] = []
     invalid: list[list[int]] = []
     for step in steps:

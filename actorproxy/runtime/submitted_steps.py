@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from ..core.records import Segment, Step, build_segment, float_array, int_array, version_number
+from ..core.records import Segment, Step, build_segment, float_array, int_array, version_array, version_number
 from ..core.session_state import SessionState
 from ..errors import Conflict
 from .actor import Reply
@@ -195,7 +195,7 @@ def _external_segment(state: SessionState, submitted: SubmittedStep, channel: st
         max_new_tokens=len(response),
         output_ids=int_array(response),
         output_logprobs=agent_logprobs if agent_logprobs is not None else float_array(bytes(4 * len(response))),
-        output_versions=int_array([version_number(submitted.policy_version)]) * len(response),
+        output_versions=version_array([version_number(submitted.policy_version)]) * len(response),
         weight_version=label,
         status="completed",
         in_segment=True,

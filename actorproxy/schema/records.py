@@ -270,7 +270,7 @@ def segment_from(
 def structure_segment(data: Any, _: Any = None) -> Segment:
     """The converter's structure hook for :class:`Segment`: a segment's JSON, its lists as the stores' arrays."""
     return segment_from(data, array("i", data["token_ids"]), array("b", data["loss_mask"]),
-                        array("f", data["logprobs"]), array("i", data["versions"]))
+                        array("f", data["logprobs"]), array("q", data["versions"]))
 
 
 #: A difference's JSON: its fields in order, the token ranges as lists (cattrs keeps a tuple a tuple).

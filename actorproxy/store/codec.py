@@ -19,7 +19,7 @@ from typing import Any, TypeVar, overload
 
 import orjson
 
-from ..core.records import Segment, Step, build_segment, float_array, int_array
+from ..core.records import Segment, Step, build_segment, float_array, int_array, version_array
 from ..schema.converter import CONVERTER
 from ..schema.records import StoredStep, segment_fields, segment_from, step_fields
 
@@ -109,14 +109,24 @@ def segment_meta(seg: Segment) -> dict[str, Any]:
 
 
 def segment_blobs(seg: Segment) -> tuple[bytes, bytes, bytes, bytes]:
-    return (seg.token_ids.tobytes(), seg.loss_mask.tobytes(), seg.logprobs.tobytes(), seg.versions.tobytes())
+    return (seg.token_ids.tobytes(), seg.loss_mask.tobytes(), seg.logprobs.tobytes(), _versions_blob(seg.versions))
+
+
+def _versions_blob(versions: array[int]) -> bytes:
+    """A segment's versions as 32-bit integers when they fit (every store written before versions were 64-bit
+    holds them so), else as 64-bit: :func:`decode_segment` tells the two apart by the blob's length."""
+    try:
+        return array("i", versions).tobytes()
+    except OverflowError:
+        return versions.tobytes()
 
 
 def decode_segment(meta: dict[str, Any], blobs: tuple[bytes, bytes, bytes, bytes]) -> Segment:
     """The :class:`Segment` of a stored row (its derived counts are recomputed from the arrays)."""
     tokens, mask, logprobs, versions = blobs
+    wide = len(versions) == 2 * len(tokens) > 0  # 8 bytes a token against the ids' 4 (_versions_blob)
     return segment_from(meta, array_from("i", tokens), array_from("b", mask), array_from("f", logprobs),
-                        array_from("i", versions))
+                        version_array(array_from("q" if wide else "i", versions)))
 
 
 def segment_json(meta: dict[str, Any], blobs: tuple[bytes, bytes, bytes, bytes]) -> dict[str, Any]:
@@ -179,14 +189,14 @@ def decode_step(meta: dict[str, Any], blob: bytes) -> Step:
         sampling=meta.get("sampling"),
         output_ids=int_array(out),
         output_logprobs=float_array(out_lp),
-        output_versions=int_array(out_ver),
+        output_versions=version_array(out_ver),
         weight_version=str(meta.get("weight_version", "")),
         status=meta.get("status", "completed"),
         in_segment=bool(meta.get("in_segment", True)),
         boundary_reason=meta.get("boundary_reason"),
     )
     if meta.get("prefix_rebuilt"):
-        step.fragment_mask, step.fragment_logprobs, step.fragment_versions = mask, frag_lp, frag_ver
+        step.fragment_mask, step.fragment_logprobs, step.fragment_versions = mask, frag_lp, version_array(frag_ver)
     step.rebuilt_spans = [(int(a), int(b)) for a, b in meta.get("rebuilt_spans", [])]
     step.logprobs_recomputed = bool(meta.get("logprobs_recomputed", False))
     step.logprobs_invalid = bool(meta.get("concat_logprobs_invalid", False))

@@ -279,14 +279,14 @@ async def test_a_token_in_generation_never_claimed_is_stored_at_shutdown(
 
 
 def test_waiting_generations_are_claimed_by_their_ids_and_age_out() -> None:
-    from actorproxy.core.records import Step, float_array, int_array
+    from actorproxy.core.records import Step, float_array, int_array, version_array
     from actorproxy.runtime.token_in import TokenInGenerations
 
     def generated(prompt: list[int], output: list[int]) -> Step:
         return Step(index=0, session_id="generate-x", segment_index=0, turn_id=None, instance_id=None,
                     new_messages=[], message_count=0, prompt_len=len(prompt), fragment_ids=int_array(prompt),
                     max_new_tokens=8, output_ids=int_array(output),
-                    output_logprobs=float_array([-0.5] * len(output)), output_versions=int_array([2] * len(output)))
+                    output_logprobs=float_array([-0.5] * len(output)), output_versions=version_array([2] * len(output)))
 
     waiting = TokenInGenerations(ttl=10.0)
     waiting.add(generated([1, 2], [7, 8, 9]))
@@ -312,7 +312,7 @@ def _segment(rollout: str, instance: str, *, channel: str | None = None, reason:
         metadata["trajectory_metadata"] = registered
     seg = Segment(trajectory_id=f"{rollout}#0", parent_traj_id=rollout, instance_id=instance, rollout_id=rollout,
                   segment_index=0, token_ids=array("i", [1, 2, 3, 4, 5]), loss_mask=array("b", [0, 0, 1, 0, 1]),
-                  logprobs=array("f", [0, 0, -0.5, 0, -0.25]), versions=array("i", [0, 0, 3, 0, 3]),
+                  logprobs=array("f", [0, 0, -0.5, 0, -0.25]), versions=array("q", [0, 0, 3, 0, 3]),
                   step_indices=(0, 1), start_reason="session_start", boundary_reason=reason, reward=1.0,
                   metadata={**metadata, "step_metadata": {"0": {"data_source": "gsm8k", "source": "generate"}}})
     return {"meta": segment_meta(seg), "arrays": list(segment_blobs(seg))}

@@ -26,7 +26,7 @@ def _step(index: int, **changes: object) -> Step:
                 prompt_len=3 * index + 3, fragment_ids=array("i", [7, 8, 9]), max_new_tokens=16,
                 created_at=1.5, first_token_at=2.5, finished_at=3.5)
     step.output_ids, step.output_logprobs = array("i", [11, 12]), array("f", [-0.25, -1.5])
-    step.output_versions = array("i", [4, 4])
+    step.output_versions = array("q", [4, 4])
     step.status, step.in_segment, step.finish_reason = "completed", True, "stop"
     return attrs.evolve(step, **changes)
 

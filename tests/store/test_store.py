@@ -328,13 +328,13 @@ def _varied(i: int) -> tuple[Segment, list[Step]]:
                     message_count=2 * k + 1, prompt_len=3, fragment_ids=array("i", [7, 8, i]), max_new_tokens=16,
                     created_at=1e-7 * i + 1.5, first_token_at=1e16 if i % 4 == 1 else None, finished_at=3.25)
         step.output_ids, step.output_logprobs = array("i", [11, i]), array("f", [-0.25, -1e-8 * i])
-        step.output_versions, step.status, step.in_segment = array("i", [4, 5]), "completed", True
+        step.output_versions, step.status, step.in_segment = array("q", [4, 5]), "completed", True
         if i % 5 == 2:
             step.discarded = [{"output_ids": [1], "logprobs": [float("-inf"), 1e-300]}]
             step.routed_experts, step.routed_experts_chunks = "AAAA", ["A", "B"]
         if i % 7 == 3 and k == 1:
             step.fragment_mask, step.rebuilt_spans = array("b", [0, 1, 1]), [(1, 3)]
-            step.fragment_logprobs, step.fragment_versions = array("f", [0.0, -0.5, -0.75]), array("i", [-1, 2, 2])
+            step.fragment_logprobs, step.fragment_versions = array("f", [0.0, -0.5, -0.75]), array("q", [-1, 2, 2])
         steps.append(step)
     metadata: dict[str, Any] = {"n": i, "big": 2**40, "tiny": 5e-324, "text": "\u00e9\x01\"\\"} if i % 2 else {}
     segment = build_segment(steps, session_id=f"v{i:02d}", instance_id=steps[0].instance_id, rollout_id=f"v{i:02d}",
