@@ -444,6 +444,8 @@ def reward_worker_for(runtime: Runtime) -> _RewardWorker:
 #: The most steps one /submit_steps may carry, and the largest token id or step index accepted.
 MAX_SUBMITTED_STEPS = 4096
 _MAX_INT32 = 2**31 - 1
+#: The largest 32-bit float: logprobs are kept as such.
+_F32 = 3.4028234663852886e38
 
 
 def _token_ids(ids: list[int], name: str, bound: int) -> None:
@@ -479,6 +481,10 @@ def _submitted(body: SubmitStepsBody, id_bound: int) -> dict[str, list[Submitted
         if logprobs is not None and len(logprobs) != len(step.response_ids):
             raise BadRequest(f"'{where}.rollout_log_probs' has {len(logprobs)} values for {len(step.response_ids)} "
                              "response ids", param=f"{where}.rollout_log_probs")
+        far = None if logprobs is None else next((i for i, v in enumerate(logprobs) if not -_F32 <= v <= _F32), None)
+        if far is not None:  # kept as 32-bit floats: it would be infinite there, and null in the trainer's JSON
+            raise BadRequest(f"'{where}.rollout_log_probs[{far}]' is past a 32-bit float's range",
+                             param=f"{where}.rollout_log_probs[{far}]")
         steps = by_trajectory.setdefault(uid, [])
         if any(s.step_index == step.step_index for s in steps):
             raise BadRequest(f"step {step.step_index} of trajectory {uid!r} is submitted twice",

@@ -196,6 +196,9 @@ async def test_ids_that_are_no_token_of_the_model_are_a_400_naming_them(http: ht
         error = reply.json()["error"]
         assert error["param"] == param
         assert f"is not a token id of the model (ids are 0 to {bound - 1})" in error["message"], error
+    far = await http.post("/submit_steps", json={"steps": [step | {"response_ids": [13, 14],
+                                                                   "rollout_log_probs": [-0.5, -1e300]}]})
+    assert far.status_code == 400 and far.json()["error"]["param"] == "steps[0].rollout_log_probs[1]", far.text
     assert asked == []
     stats = (await http.get("/trajectory/stats")).json()
     assert stats["segments"] == 0 and stats["steps"] == 0
