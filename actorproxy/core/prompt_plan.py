@@ -113,8 +113,9 @@ def plan_prompt(
     max_new, bound = turn_budget(limits, request.max_tokens, window=window, prompt_len=prompt_len)
     extras = request.extras
     least = extras.min_tokens if extras is not None else 0
-    if extras is not None and extras.stop_token_ids and max(extras.stop_token_ids) >= tokenizer.id_bound:
-        raise BadRequest(f"'stop_token_ids' holds {max(extras.stop_token_ids)}, which is no token id of the model "
+    farthest = max(extras.stop_token_ids, default=0) if extras is not None else 0
+    if farthest >= tokenizer.id_bound:  # an index into the engine's logits (SGLang does not check it)
+        raise BadRequest(f"'stop_token_ids' holds {farthest}, which is no token id of the model "
                          f"(ids are below {tokenizer.id_bound})", param="stop_token_ids")
     if least > max_new:  # as vLLM and SGLang refuse it, by name and before the engine is asked
         raise BadRequest(f"'min_tokens' is {least}, but this turn may generate at most {max_new} tokens ({bound})",

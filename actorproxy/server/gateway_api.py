@@ -441,7 +441,8 @@ def reward_worker_for(runtime: Runtime) -> _RewardWorker:
     ))
 
 
-#: The most steps one /submit_steps may carry, and the largest token id or step index accepted.
+#: The most steps one /submit_steps may carry, and the largest step index accepted (token ids: the tokenizer's
+#: ``id_bound``).
 MAX_SUBMITTED_STEPS = 4096
 _MAX_INT32 = 2**31 - 1
 #: The largest 32-bit float: logprobs are kept as such.
