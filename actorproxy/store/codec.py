@@ -109,22 +109,23 @@ def segment_meta(seg: Segment) -> dict[str, Any]:
 
 
 def segment_blobs(seg: Segment) -> tuple[bytes, bytes, bytes, bytes]:
-    return (seg.token_ids.tobytes(), seg.loss_mask.tobytes(), seg.logprobs.tobytes(), _versions_blob(seg.versions))
+    return (seg.token_ids.tobytes(), seg.loss_mask.tobytes(), seg.logprobs.tobytes(), _narrow(seg.versions).tobytes())
 
 
-def _versions_blob(versions: array[int]) -> bytes:
-    """A segment's versions as 32-bit integers when they fit (every store written before versions were 64-bit
-    holds them so), else as 64-bit: :func:`decode_segment` tells the two apart by the blob's length."""
+def _narrow(versions: array[int]) -> array[int]:
+    """Versions as 32-bit integers when they fit (every store written before versions were 64-bit holds them
+    so), else as they are (64-bit): a segment's blob is told apart by its length (:func:`decode_segment`), a
+    step's names its typecode."""
     try:
-        return array("i", versions).tobytes()
+        return array("i", versions)
     except OverflowError:
-        return versions.tobytes()
+        return versions
 
 
 def decode_segment(meta: dict[str, Any], blobs: tuple[bytes, bytes, bytes, bytes]) -> Segment:
     """The :class:`Segment` of a stored row (its derived counts are recomputed from the arrays)."""
     tokens, mask, logprobs, versions = blobs
-    wide = len(versions) == 2 * len(tokens) > 0  # 8 bytes a token against the ids' 4 (_versions_blob)
+    wide = len(versions) == 2 * len(tokens) > 0  # 8 bytes a token against the ids' 4 (_narrow)
     return segment_from(meta, array_from("i", tokens), array_from("b", mask), array_from("f", logprobs),
                         version_array(array_from("q" if wide else "i", versions)))
 
@@ -162,9 +163,8 @@ def step_blob(step: Step) -> bytes:
     mask, logprobs, versions = step.fragment_arrays()
     if mask.typecode != "b":
         mask = array("b", mask)
-    return pack_arrays(
-        [step.fragment_ids, step.output_ids, step.output_logprobs, step.output_versions, mask, logprobs, versions]
-    )
+    return pack_arrays([step.fragment_ids, step.output_ids, step.output_logprobs, _narrow(step.output_versions), mask,
+                        logprobs, _narrow(versions)])
 
 
 def stored_step(meta: dict[str, Any], blob: bytes) -> StoredStep:

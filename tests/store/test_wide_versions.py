@@ -8,8 +8,9 @@ from typing import Any
 import httpx
 
 from actorproxy import ProxyConfig, open_proxy
-from actorproxy.core.records import CONTEXT_VERSION, version_number
+from actorproxy.core.records import CONTEXT_VERSION, Step, float_array, int_array, version_array, version_number
 from actorproxy.sim import SimConfig, SimEngine
+from actorproxy.store.codec import decode_step, step_blob, step_meta, unpack_arrays
 
 LABEL = "run-20261202183000"  # 20,261,202,183,000: past 2**31, well inside 64 bits
 USER = [{"role": "user", "content": "hi"}]
@@ -50,3 +51,16 @@ async def test_a_version_past_32_bits_is_recorded_and_read_back_whole(tmp_path: 
 def test_a_number_past_64_bits_is_no_number() -> None:
     assert version_number("step-" + "9" * 30) == 0 and version_number(2**63) == 0
     assert version_number(2**63 - 1) == 2**63 - 1 and version_number("v-12") == 12
+
+
+def test_a_journaled_step_keeps_its_wide_versions_and_narrow_ones_stay_32_bit() -> None:
+    """What crash recovery reads back: the step's versions as recorded; 32-bit on disk when they fit."""
+    for versions, stored in (([20261202183000, 20261202183000], "q"), ([4, 5], "i")):
+        step = Step(index=0, session_id="s", segment_index=0, turn_id=None, instance_id=None, new_messages=[],
+                    message_count=1, prompt_len=2, fragment_ids=int_array([9707, 11]), max_new_tokens=2,
+                    output_ids=int_array([13, 14]), output_logprobs=float_array([-0.5, -0.25]),
+                    output_versions=version_array(versions), status="completed")
+        blob = step_blob(step)
+        assert unpack_arrays(blob)[3].typecode == stored
+        back = decode_step(step_meta(step), blob)
+        assert back.output_versions.tolist() == versions and back.output_versions.typecode == "q"
